@@ -1,0 +1,615 @@
+//! The executor: claim → run → complete, row by row of the table in DESIGN §3.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::budget::RetryBudget;
+use crate::class::RetryClass;
+use crate::ctx::Ctx;
+use crate::error::{BudgetKind, Error};
+use crate::failure::{Classify, FailureKind};
+use crate::flight::{Enter, Flights, Shared};
+use crate::key::{self, Fingerprint, Key, Scope};
+use crate::policy::Policy;
+use crate::store::{
+    Claim, ClaimRequest, Fence, MemoryStore, OnExpired, Outcome, Record, Store, StoreError,
+};
+use crate::tool::Tool;
+
+/// The runtime: a store, a default policy, a shared retry budget and the in-process single
+/// flight. Cheap to clone (one `Arc`); share one per process.
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    policy: Policy,
+    budget: Arc<RetryBudget>,
+    flights: Flights,
+    rng: Mutex<SmallRng>,
+    safe_fail_open: bool,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem").field("policy", &self.inner.policy).finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`Idem`].
+pub struct IdemBuilder {
+    store: Arc<dyn Store>,
+    policy: Policy,
+    budget: Option<Arc<RetryBudget>>,
+    seed: Option<u64>,
+    safe_fail_open: bool,
+}
+
+impl IdemBuilder {
+    /// The default policy for every tool; a tool's own options override it.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// A retry budget, possibly shared with other executors. Default: a new
+    /// `RetryBudget::default()`.
+    pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+    /// Seeds the jitter's random numbers, for reproducible tests. Default: seeded by the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    /// Lets `safe` tools with caching on run when the store is unavailable (fail open). Keyed and
+    /// never tools always fail closed. Default off.
+    pub fn safe_fail_open(mut self, on: bool) -> Self {
+        self.safe_fail_open = on;
+        self
+    }
+    /// The executor.
+    pub fn build(self) -> Idem {
+        let rng = match self.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        };
+        Idem {
+            inner: Arc::new(Inner {
+                store: self.store,
+                policy: self.policy,
+                budget: self.budget.unwrap_or_default(),
+                flights: Flights::default(),
+                rng: Mutex::new(rng),
+                safe_fail_open: self.safe_fail_open,
+            }),
+        }
+    }
+}
+
+impl Idem {
+    /// An executor on a new [`MemoryStore`] with the default policy.
+    pub fn in_memory() -> Idem {
+        Idem::builder(MemoryStore::new()).build()
+    }
+    /// An executor on `store` with the default policy.
+    pub fn new(store: impl Store) -> Idem {
+        Idem::builder(store).build()
+    }
+    /// A builder on `store`.
+    pub fn builder(store: impl Store) -> IdemBuilder {
+        Idem::builder_shared(Arc::new(store))
+    }
+    /// A builder on a store shared with others.
+    pub fn builder_shared(store: Arc<dyn Store>) -> IdemBuilder {
+        IdemBuilder {
+            store,
+            policy: Policy::default(),
+            budget: None,
+            seed: None,
+            safe_fail_open: false,
+        }
+    }
+    /// The handle through which tools are called in one run: the run id is part of every key.
+    pub fn run(&self, run_id: impl Into<String>) -> Run {
+        self.scope(Scope::run(run_id))
+    }
+    /// The handle for a full scope (tenant and run).
+    pub fn scope(&self, scope: Scope) -> Run {
+        Run { idem: self.clone(), scope: Arc::new(scope), caller_key: None, call_id: None }
+    }
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+    /// The shared retry budget.
+    pub fn retry_budget(&self) -> &Arc<RetryBudget> {
+        &self.inner.budget
+    }
+    /// The default policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+}
+
+/// A run: the scope of keys, and how tools are called. Cheap to clone.
+///
+/// ```
+/// # use idem_core::Idem;
+/// let idem = Idem::in_memory();
+/// let run = idem.run("conversation-42");
+/// // charge_card(&run, "cus_1".into(), 4900).await  -- a #[tool] fn takes the run first
+/// ```
+#[derive(Clone, Debug)]
+pub struct Run {
+    idem: Idem,
+    scope: Arc<Scope>,
+    caller_key: Option<Arc<str>>,
+    call_id: Option<Arc<str>>,
+}
+
+impl Run {
+    /// The scope of this run's keys.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    /// The executor.
+    pub fn idem(&self) -> &Idem {
+        &self.idem
+    }
+    /// The same run, but the next calls use `key` (the caller's own idempotency key) instead of
+    /// a key derived from the arguments. A fingerprint of the arguments is stored with it, and a
+    /// reuse with other arguments fails with [`Error::KeyReuseMismatch`].
+    pub fn with_idempotency_key(&self, key: impl Into<Arc<str>>) -> Run {
+        Run { caller_key: Some(key.into()), ..self.clone() }
+    }
+    /// The same run, with the agent's tool-call id (recorded as `gen_ai.tool.call.id`; not part
+    /// of the key: the model invents a new one for every repeat).
+    pub fn with_call_id(&self, id: impl Into<Arc<str>>) -> Run {
+        Run { call_id: Some(id.into()), ..self.clone() }
+    }
+    /// The caller-supplied idempotency key, if any.
+    pub fn caller_key(&self) -> Option<&str> {
+        self.caller_key.as_deref()
+    }
+
+    /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
+    /// or claim, run with retries, store the outcome, replay it for repeats.
+    ///
+    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]).
+    pub async fn call<T: Tool>(
+        &self,
+        tool: &T,
+        args: T::Args,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let def = tool.def();
+        let mut canonical = Vec::with_capacity(256);
+        T::write_intent(&args, &mut canonical)
+            .map_err(|source| Error::InvalidArguments { tool: def.name, source })?;
+        let fingerprint = key::fingerprint(&canonical);
+        let key = match &self.caller_key {
+            Some(k) => key::caller_key(&self.scope, def.name, k),
+            None => key::derive_key(&self.scope, def.name, &canonical),
+        };
+        let policy = self.idem.inner.policy.with_options(def.class, &def.options);
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = def.name,
+            gen_ai.tool.call.id = self.call_id.as_deref(),
+            idem.key = Empty,
+            idem.class = def.class.as_str(),
+            idem.attempt = Empty,
+            idem.outcome = Empty,
+            error.type = Empty,
+        );
+        if !span.is_disabled() {
+            span.record("otel.name", format!("execute_tool {}", def.name));
+            span.record("idem.key", key.as_str());
+        }
+        let call = Call {
+            inner: &self.idem.inner,
+            tool,
+            key,
+            fingerprint,
+            policy,
+            deadline: Instant::now() + policy.budget,
+            span: span.clone(),
+        };
+        let result = call.execute(args).instrument(span.clone()).await;
+        if let Err(e) = &result {
+            span.record("error.type", e.kind());
+        }
+        result
+    }
+}
+
+/// One call in progress.
+struct Call<'a, T: Tool> {
+    inner: &'a Inner,
+    tool: &'a T,
+    key: Key,
+    fingerprint: Fingerprint,
+    policy: Policy,
+    deadline: Instant,
+    span: tracing::Span,
+}
+
+/// What the leader hands to joiners, built only when someone joined.
+fn share<T: Tool>(
+    name: &'static str,
+    key: Key,
+    result: &Result<T::Output, Error<T::Error>>,
+) -> Shared {
+    Arc::new(match result {
+        Ok(out) => serde_json::to_string(out).map_err(|e| Error::ReplayFailed {
+            tool: name,
+            key,
+            reason: format!("the output could not be serialized: {e}"),
+        }),
+        Err(e) => Err(e
+            .try_retype(|err| serde_json::to_string(err).map_err(|_| ()))
+            .unwrap_or_else(|()| Error::ReplayFailed {
+                tool: name,
+                key,
+                reason: "the tool error could not be serialized".into(),
+            })),
+    })
+}
+
+impl<E> Error<E> {
+    /// A copy with the tool's error converted by `f`; `f`'s failure is returned as is.
+    fn try_retype<F, X>(&self, f: impl FnOnce(&E) -> Result<F, X>) -> Result<Error<F>, X> {
+        Ok(match self {
+            Error::Tool { tool, error } => Error::Tool { tool, error: f(error)? },
+            Error::InvalidArguments { tool, source } => {
+                Error::InvalidArguments { tool, source: source.clone() }
+            }
+            Error::StoreUnavailable { tool, source } => {
+                Error::StoreUnavailable { tool, source: source.clone() }
+            }
+            Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key: *key },
+            Error::KeyReuseMismatch { tool, key } => Error::KeyReuseMismatch { tool, key: *key },
+            Error::OutcomeUnknown { tool, key } => Error::OutcomeUnknown { tool, key: *key },
+            Error::Timeout { tool, timeout, attempt } => {
+                Error::Timeout { tool, timeout: *timeout, attempt: *attempt }
+            }
+            Error::BudgetExhausted { tool, budget } => {
+                Error::BudgetExhausted { tool, budget: *budget }
+            }
+            Error::ReplayFailed { tool, key, reason } => {
+                Error::ReplayFailed { tool, key: *key, reason: reason.clone() }
+            }
+        })
+    }
+}
+
+fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> Result<V, Error<E>> {
+    serde_json::from_str(json).map_err(|e| Error::ReplayFailed { tool, key, reason: e.to_string() })
+}
+
+/// How one attempt ended.
+enum Attempt<O, E> {
+    Done(Result<O, E>),
+    TimedOut,
+}
+
+impl<T: Tool> Call<'_, T> {
+    fn name(&self) -> &'static str {
+        self.tool.def().name
+    }
+
+    fn class(&self) -> RetryClass {
+        self.tool.def().class
+    }
+
+    fn outcome(&self, what: &'static str) {
+        self.span.record("idem.outcome", what);
+    }
+
+    async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
+        loop {
+            match self.inner.flights.enter(self.key, self.fingerprint) {
+                Enter::Mismatch => {
+                    return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
+                }
+                Enter::Join(mut slot) => {
+                    let waited =
+                        tokio::time::timeout_at(self.deadline, slot.wait_for(Option::is_some))
+                            .await;
+                    let shared = match waited {
+                        Err(_) => {
+                            return Err(Error::BudgetExhausted {
+                                tool: self.name(),
+                                budget: BudgetKind::WallClock,
+                            });
+                        }
+                        // The leader was cancelled before it finished: start over.
+                        Ok(Err(_)) => continue,
+                        Ok(Ok(v)) => match v.as_ref() {
+                            Some(shared) => Arc::clone(shared),
+                            None => continue,
+                        },
+                    };
+                    self.outcome("joined");
+                    return self.decode_shared(&shared);
+                }
+                Enter::Lead(leader) => {
+                    let result = self.lead(args).await;
+                    if leader.has_joiners() {
+                        leader.publish(share::<T>(self.name(), self.key, &result));
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    fn decode_shared(
+        &self,
+        shared: &Result<String, Error<String>>,
+    ) -> Result<T::Output, Error<T::Error>> {
+        match shared {
+            Ok(json) => decode(self.name(), self.key, json),
+            Err(e) => Err(e
+                .try_retype(|json| decode::<T::Error, T::Error>(self.name(), self.key, json))
+                .unwrap_or_else(|e| e)),
+        }
+    }
+
+    fn uses_store(&self) -> bool {
+        self.class() != RetryClass::Safe || self.policy.cache_safe
+    }
+
+    async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
+        if !self.uses_store() {
+            self.outcome("executed");
+            return self.attempts(args, None).await;
+        }
+        let on_expired = match self.class() {
+            RetryClass::Never => OnExpired::Unknown,
+            _ => OnExpired::TakeOver,
+        };
+        let store = &self.inner.store;
+        let fence = loop {
+            let req = ClaimRequest {
+                key: &self.key,
+                fingerprint: &self.fingerprint,
+                lease: self.policy.lease,
+                on_expired,
+            };
+            match store.claim(req).await {
+                Ok(Claim::Acquired { fence, .. }) => break fence,
+                Ok(Claim::InFlight { fence, lease_remaining }) => {
+                    let now = Instant::now();
+                    if now >= self.deadline {
+                        return Err(Error::BudgetExhausted {
+                            tool: self.name(),
+                            budget: BudgetKind::WallClock,
+                        });
+                    }
+                    let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
+                    if let Err(e) = store.wait(&self.key, fence, max).await {
+                        return Err(self.store_error(e));
+                    }
+                }
+                Ok(Claim::Completed(record)) => {
+                    self.outcome("replayed");
+                    return self.replay(record);
+                }
+                Ok(Claim::Unknown) => {
+                    self.outcome("unknown");
+                    return Err(Error::OutcomeUnknown { tool: self.name(), key: self.key });
+                }
+                Ok(Claim::Mismatch) => {
+                    return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
+                }
+                Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
+                    tracing::warn!(error = %e, "store unavailable; running safe tool without it");
+                    self.outcome("executed");
+                    return self.attempts(args, None).await;
+                }
+                Err(e) => return Err(self.store_error(e)),
+            }
+        };
+        self.outcome("executed");
+        self.attempts(args, Some(fence)).await
+    }
+
+    fn store_error(&self, e: StoreError) -> Error<T::Error> {
+        match e {
+            StoreError::LeaseLost => Error::LeaseLost { tool: self.name(), key: self.key },
+            source => Error::StoreUnavailable { tool: self.name(), source },
+        }
+    }
+
+    fn replay(&self, record: Record) -> Result<T::Output, Error<T::Error>> {
+        match record.outcome {
+            Outcome::Success(json) => decode(self.name(), self.key, &json),
+            Outcome::Failure(json) => {
+                Err(Error::Tool { tool: self.name(), error: decode(self.name(), self.key, &json)? })
+            }
+            Outcome::Unknown => Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }),
+        }
+    }
+
+    /// The attempts loop, holding `fence` (or none for a safe tool that does not use the store).
+    async fn attempts(
+        &self,
+        args: T::Args,
+        fence: Option<Fence>,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let budget = &self.inner.budget;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            self.span.record("idem.attempt", attempt);
+            let started = Instant::now();
+            let attempt_deadline = (started + self.policy.attempt_timeout).min(self.deadline);
+            let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
+            let ended = self.run_attempt(&cx, args.clone(), attempt_deadline).await;
+            let (failure, error) = match ended {
+                Attempt::Done(Ok(output)) => {
+                    budget.on_success();
+                    return self.finish_ok(fence, output).await;
+                }
+                Attempt::Done(Err(error)) => (error.classify(), Some(error)),
+                Attempt::TimedOut => (crate::failure::Failure::ambiguous(), None),
+            };
+            let as_error = |error: Option<T::Error>| match error {
+                Some(error) => Error::Tool { tool: self.name(), error },
+                None => Error::Timeout {
+                    tool: self.name(),
+                    timeout: attempt_deadline - started,
+                    attempt,
+                },
+            };
+            match (failure.kind, self.class()) {
+                (FailureKind::Permanent, _) => {
+                    let err = as_error(error);
+                    if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
+                        let json = serde_json::to_string(error).unwrap_or_default();
+                        let outcome = Outcome::Failure(json);
+                        self.store_outcome(fence, &outcome, self.policy.failure_ttl).await?;
+                    }
+                    return Err(err);
+                }
+                (FailureKind::Ambiguous, RetryClass::Never) => {
+                    budget.on_failure();
+                    if let Some(fence) = fence {
+                        self.store_outcome(fence, &Outcome::Unknown, self.policy.ttl).await?;
+                    }
+                    self.outcome("unknown");
+                    let _ = as_error(error);
+                    return Err(Error::OutcomeUnknown { tool: self.name(), key: self.key });
+                }
+                (FailureKind::Transient | FailureKind::Ambiguous, _) => {
+                    budget.on_failure();
+                    let stop = if attempt >= self.policy.attempts {
+                        Some(None)
+                    } else if !budget.can_retry() {
+                        Some(Some(BudgetKind::RetryBudget))
+                    } else {
+                        let ceiling = self.policy.backoff.ceiling(attempt);
+                        let jitter = self.jitter(ceiling);
+                        let pause = jitter.max(failure.retry_after.unwrap_or_default());
+                        if Instant::now() + pause >= self.deadline {
+                            Some(Some(BudgetKind::WallClock))
+                        } else {
+                            tokio::time::sleep(pause).await;
+                            None
+                        }
+                    };
+                    let Some(budget_kind) = stop else { continue };
+                    if let Some(fence) = fence {
+                        // Nothing is stored: a later call claims again and, for a keyed tool,
+                        // re-runs with the same key so the provider deduplicates.
+                        let _ = self.inner.store.release(&self.key, fence).await;
+                    }
+                    return Err(match budget_kind {
+                        None => as_error(error),
+                        Some(budget) => Error::BudgetExhausted { tool: self.name(), budget },
+                    });
+                }
+            }
+        }
+    }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+        Duration::from_nanos(rng.random_range(0..=nanos))
+    }
+
+    async fn finish_ok(
+        &self,
+        fence: Option<Fence>,
+        output: T::Output,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let Some(fence) = fence else { return Ok(output) };
+        let json = match serde_json::to_string(&output) {
+            Ok(json) => json,
+            Err(e) => {
+                // The effect happened but cannot be stored: keep the claim until its lease ends
+                // rather than invite a second run, and tell the caller.
+                return Err(Error::ReplayFailed {
+                    tool: self.name(),
+                    key: self.key,
+                    reason: format!("the output could not be serialized: {e}"),
+                });
+            }
+        };
+        match self.store_outcome(fence, &Outcome::Success(json), self.policy.ttl).await {
+            Ok(()) => Ok(output),
+            Err(Error::LeaseLost { tool, key }) => Err(Error::LeaseLost { tool, key }),
+            Err(e) => {
+                // The effect happened and the caller gets its result; the record stays in flight
+                // until its lease ends, then a keyed repeat re-runs with the same key and a never
+                // repeat answers OutcomeUnknown: nothing runs twice unprotected.
+                tracing::warn!(error = %e, "outcome not stored");
+                Ok(output)
+            }
+        }
+    }
+
+    async fn store_outcome(
+        &self,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), Error<T::Error>> {
+        self.inner
+            .store
+            .complete(&self.key, fence, outcome, ttl)
+            .await
+            .map_err(|e| self.store_error(e))
+    }
+
+    /// Runs one attempt under its timeout, renewing the lease every third of it.
+    async fn run_attempt(
+        &self,
+        cx: &Ctx,
+        args: T::Args,
+        deadline: Instant,
+    ) -> Attempt<T::Output, T::Error> {
+        let work = tokio::time::timeout_at(deadline, self.tool.run(cx, args));
+        let Some(fence) = cx.fence else {
+            return finish_attempt(work.await);
+        };
+        let period = (self.policy.lease / 3).max(Duration::from_millis(1));
+        let mut work = std::pin::pin!(work);
+        let renew_at = tokio::time::sleep(period);
+        let mut renew_at = std::pin::pin!(renew_at);
+        loop {
+            tokio::select! {
+                biased;
+                ended = &mut work => return finish_attempt(ended),
+                () = &mut renew_at => {
+                    if let Err(e) = self.inner.store.renew(&self.key, fence, self.policy.lease).await {
+                        // Keep running: stopping mid-effect is itself ambiguous. A lost lease
+                        // surfaces as LeaseLost when the outcome is stored.
+                        tracing::warn!(error = %e, "lease renewal failed");
+                    }
+                    renew_at.as_mut().reset(Instant::now() + period);
+                }
+            }
+        }
+    }
+}
+
+fn finish_attempt<O, E>(ended: Result<Result<O, E>, tokio::time::error::Elapsed>) -> Attempt<O, E> {
+    match ended {
+        Ok(r) => Attempt::Done(r),
+        Err(_) => Attempt::TimedOut,
+    }
+}

@@ -1,0 +1,165 @@
+//! Idempotency keys and argument fingerprints (DESIGN §4, spec in `docs/key-spec.md`).
+//!
+//! key = SHA-256 over a framed, versioned byte string: every field is preceded by its length as a
+//! big-endian u64, so `("a:b", "c")` and `("a", "b:c")` never meet. Shown as 64 lowercase hex
+//! digits.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+pub use crate::canonical::{KeyError, canonicalize, to_canonical_string};
+
+/// Domain tag of keys derived from the canonical arguments.
+pub const KEY_TAG: &[u8] = b"idem-key/v1";
+/// Domain tag of keys derived from a caller-supplied idempotency key.
+pub const CALLER_KEY_TAG: &[u8] = b"idem-caller-key/v1";
+/// Domain tag of argument fingerprints.
+pub const FINGERPRINT_TAG: &[u8] = b"idem-fingerprint/v1";
+
+/// 64 lowercase hex digits of a SHA-256 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Hex64([u8; 64]);
+
+impl Hex64 {
+    fn from_digest(digest: &[u8]) -> Self {
+        let mut out = [0u8; 64];
+        // `hex` writes exactly 2 bytes per input byte; a 32-byte digest fills 64.
+        if hex::encode_to_slice(digest, &mut out).is_err() {
+            unreachable_digest();
+        }
+        Hex64(out)
+    }
+    fn parse(s: &str) -> Option<Self> {
+        let bytes = s.as_bytes();
+        if bytes.len() != 64 || !bytes.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let mut out = [0u8; 64];
+        out.copy_from_slice(bytes);
+        Some(Hex64(out))
+    }
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+#[cold]
+fn unreachable_digest() {}
+
+/// An idempotency key: the identity of one intent (scope, tool, arguments). It is forwarded to
+/// providers as their `Idempotency-Key` (IETF draft-ietf-httpapi-idempotency-key-header).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(Hex64);
+
+impl Key {
+    /// The key as 64 lowercase hex digits.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+    /// Parses 64 lowercase hex digits (as stored); `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        Hex64::parse(s).map(Key)
+    }
+}
+
+/// SHA-256 of the canonical arguments: stored with every record so that a caller-supplied key
+/// reused with other arguments is refused ([`crate::Error::KeyReuseMismatch`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(Hex64);
+
+impl Fingerprint {
+    /// The fingerprint as 64 lowercase hex digits.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+    /// Parses 64 lowercase hex digits (as stored); `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        Hex64::parse(s).map(Fingerprint)
+    }
+}
+
+macro_rules! hex_fmt {
+    ($t:ty) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({})", stringify!($t), self.as_str())
+            }
+        }
+    };
+}
+hex_fmt!(Key);
+hex_fmt!(Fingerprint);
+
+/// Who an intent belongs to: the same arguments in another run or tenant are another intent.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Scope {
+    tenant: String,
+    run: String,
+}
+
+impl Scope {
+    /// A scope for one agent run (a conversation, a job, an MCP session).
+    pub fn run(run: impl Into<String>) -> Self {
+        Scope { tenant: String::new(), run: run.into() }
+    }
+    /// Sets the tenant (empty by default).
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+    /// The tenant; empty when none was set.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        &self.run
+    }
+}
+
+fn frame(h: &mut Sha256, field: &[u8]) {
+    h.update((field.len() as u64).to_be_bytes());
+    h.update(field);
+}
+
+fn framed(tag: &[u8], fields: &[&[u8]]) -> Hex64 {
+    let mut h = Sha256::new();
+    frame(&mut h, tag);
+    for field in fields {
+        frame(&mut h, field);
+    }
+    Hex64::from_digest(&h.finalize())
+}
+
+/// The key of an intent: `SHA-256(frame("idem-key/v1") ‖ frame(tenant) ‖ frame(run) ‖
+/// frame(tool) ‖ frame(canonical_args))`, where `frame(x) = u64_be(len(x)) ‖ x`.
+/// `canonical_args` is the RFC 8785 text from [`canonicalize`]; `tool` is the stable name.
+pub fn derive_key(scope: &Scope, tool: &str, canonical_args: &[u8]) -> Key {
+    Key(framed(
+        KEY_TAG,
+        &[scope.tenant.as_bytes(), scope.run.as_bytes(), tool.as_bytes(), canonical_args],
+    ))
+}
+
+/// The key of an intent named by the caller's own idempotency key (seed 002, IETF draft):
+/// `SHA-256(frame("idem-caller-key/v1") ‖ frame(tenant) ‖ frame(run) ‖ frame(tool) ‖
+/// frame(caller_key))`. Pair it with [`fingerprint`] so reuse with other arguments is refused.
+pub fn caller_key(scope: &Scope, tool: &str, caller_key: &str) -> Key {
+    Key(framed(
+        CALLER_KEY_TAG,
+        &[scope.tenant.as_bytes(), scope.run.as_bytes(), tool.as_bytes(), caller_key.as_bytes()],
+    ))
+}
+
+/// The fingerprint of canonical arguments: `SHA-256(frame("idem-fingerprint/v1") ‖
+/// frame(canonical_args))`.
+pub fn fingerprint(canonical_args: &[u8]) -> Fingerprint {
+    Fingerprint(framed(FINGERPRINT_TAG, &[canonical_args]))
+}

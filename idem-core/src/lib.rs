@@ -1,0 +1,48 @@
+//! # idem: tool calls that are safe to retry
+//!
+//! Agents retry at every layer: the HTTP client inside a tool, the framework, and the model
+//! re-calling a tool that timed out. idem gives every tool call an idempotency key derived from its
+//! intent (scope, stable tool name, RFC 8785 canonical arguments, SHA-256), claims that key
+//! atomically before the work, stores the outcome and replays it for every repeat, makes concurrent
+//! duplicates wait for the first result, and lets each tool declare how it may be retried with
+//! `#[tool(retry = "safe" | "keyed" | "never")]`.
+//!
+//! See `README.md` for a tour and `docs/key-spec.md` for the key derivation.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod budget;
+mod canonical;
+mod class;
+mod ctx;
+mod error;
+mod executor;
+mod failure;
+mod flight;
+pub mod key;
+mod policy;
+pub mod store;
+mod tool;
+
+pub use budget::RetryBudget;
+pub use class::{RetryClass, UnknownRetryClass};
+pub use ctx::Ctx;
+pub use error::{BudgetKind, Error};
+pub use executor::{Idem, IdemBuilder, Run};
+pub use failure::{Classify, Failure, FailureKind};
+pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
+pub use policy::{Backoff, Policy, ToolOptions};
+pub use store::{MemoryStore, Store, StoreError};
+pub use tool::{Tool, ToolDef};
+
+/// Declares an async fn as a tool: `#[tool(retry = "safe" | "keyed" | "never")]`.
+pub use idem_macros::tool;
+
+/// What generated code needs; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use schemars;
+    pub use serde;
+    pub use serde_json;
+}

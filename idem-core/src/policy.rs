@@ -1,0 +1,110 @@
+//! Retry policy: attempts, timeouts, budgets, leases and retention (DESIGN §6).
+
+use std::time::Duration;
+
+use crate::class::RetryClass;
+
+/// Exponential backoff with full jitter: before retry `n` (1-based) the executor sleeps
+/// `random(0, min(cap, base * 2^(n-1)))`, or the failure's retry-after hint if longer
+/// (AWS Architecture Blog, "Exponential Backoff and Jitter", 2015).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first retry's ceiling. Default 100 ms.
+    pub base: Duration,
+    /// The largest ceiling. Default 10 s.
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(10) }
+    }
+}
+
+impl Backoff {
+    /// The ceiling before retry `retry` (1-based): `min(cap, base * 2^(retry-1))`.
+    pub fn ceiling(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+}
+
+/// The effective policy of one call: executor defaults overridden by the tool's options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Attempts in all, the first included. Default 3; `never` tools always get 1.
+    pub attempts: u32,
+    /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s.
+    pub attempt_timeout: Duration,
+    /// Wall-clock budget of the whole call: attempts, backoff and waiting for a duplicate.
+    /// Default 120 s.
+    pub budget: Duration,
+    /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s.
+    pub lease: Duration,
+    /// Retention of a successful outcome. Default 24 h.
+    pub ttl: Duration,
+    /// Retention of a permanent failure (shorter, so a fixed cause can be retried). Default 1 h.
+    pub failure_ttl: Duration,
+    /// Backoff between attempts.
+    pub backoff: Backoff,
+    /// Whether `safe` tools store and replay their result for `ttl`. Default off: safe tools then
+    /// only share in-flight duplicates within the process and never touch the store.
+    pub cache_safe: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            attempts: 3,
+            attempt_timeout: Duration::from_secs(30),
+            budget: Duration::from_secs(120),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(24 * 3600),
+            failure_ttl: Duration::from_secs(3600),
+            backoff: Backoff::default(),
+            cache_safe: false,
+        }
+    }
+}
+
+/// The options a tool declares in `#[tool(...)]`; `None` keeps the executor's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ToolOptions {
+    /// `attempts = N`.
+    pub attempts: Option<u32>,
+    /// `timeout = "30s"`: per-attempt timeout.
+    pub attempt_timeout: Option<Duration>,
+    /// `budget = "2m"`: wall-clock budget of the whole call.
+    pub budget: Option<Duration>,
+    /// `lease = "30s"`.
+    pub lease: Option<Duration>,
+    /// `ttl = "24h"`: retention of the outcome.
+    pub ttl: Option<Duration>,
+}
+
+impl Policy {
+    /// This policy with a tool's options applied; a `never` tool gets exactly one attempt.
+    pub fn with_options(mut self, class: RetryClass, opts: &ToolOptions) -> Policy {
+        if let Some(v) = opts.attempts {
+            self.attempts = v;
+        }
+        if let Some(v) = opts.attempt_timeout {
+            self.attempt_timeout = v;
+        }
+        if let Some(v) = opts.budget {
+            self.budget = v;
+        }
+        if let Some(v) = opts.lease {
+            self.lease = v;
+        }
+        if let Some(v) = opts.ttl {
+            self.ttl = v;
+            self.failure_ttl = self.failure_ttl.min(v);
+        }
+        self.attempts = match class {
+            RetryClass::Never => 1,
+            _ => self.attempts.max(1),
+        };
+        self
+    }
+}

@@ -1,0 +1,256 @@
+//! The in-memory store: the default, for one process. Records live in a mutex-guarded map; leases
+//! and retention use tokio's clock (so tests can pause it); expired records are swept as the map
+//! grows and at least every sweep interval, so memory stays bounded by the live records.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use crate::key::{Fingerprint, Key};
+
+#[derive(Debug)]
+enum State {
+    InFlight { fence: Fence, lease_until: Instant },
+    Done { outcome: Outcome, expires: Instant },
+}
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    state: State,
+    /// Created when someone first waits on this record.
+    waiters: Option<Arc<Notify>>,
+}
+
+impl Entry {
+    fn wake(&mut self) {
+        if let Some(n) = self.waiters.take() {
+            n.notify_waiters();
+        }
+    }
+    /// Whether retention has removed this record (a done record past its TTL).
+    fn expired(&self, now: Instant) -> bool {
+        matches!(self.state, State::Done { expires, .. } if expires <= now)
+    }
+}
+
+#[derive(Debug)]
+struct Map {
+    entries: HashMap<Key, Entry>,
+    next_sweep: Instant,
+    /// Sweep when the map doubles past its size after the last sweep.
+    sweep_at_len: usize,
+}
+
+/// The in-memory [`Store`]: no setup, protects one process. Fences come from one counter, so
+/// they increase across releases and expiry.
+#[derive(Debug)]
+pub struct MemoryStore {
+    map: Mutex<Map>,
+    fences: AtomicU64,
+    sweep_interval: Duration,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const MIN_SWEEP_LEN: usize = 1024;
+
+impl MemoryStore {
+    /// An empty store that sweeps expired records at least every 60 s.
+    pub fn new() -> Self {
+        Self::with_sweep_interval(Duration::from_secs(60))
+    }
+
+    /// An empty store that sweeps expired records at least every `interval`.
+    pub fn with_sweep_interval(interval: Duration) -> Self {
+        MemoryStore {
+            map: Mutex::new(Map {
+                entries: HashMap::new(),
+                next_sweep: Instant::now() + interval,
+                sweep_at_len: MIN_SWEEP_LEN,
+            }),
+            fences: AtomicU64::new(0),
+            sweep_interval: interval,
+        }
+    }
+
+    /// Records held now, expired ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Map> {
+        // A panic while holding the lock cannot leave a half-written entry (every update is one
+        // assignment), so a poisoned map is still consistent.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn next_fence(&self) -> Fence {
+        Fence(self.fences.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    fn maybe_sweep(&self, map: &mut Map, now: Instant) {
+        if now < map.next_sweep && map.entries.len() < map.sweep_at_len {
+            return;
+        }
+        map.entries.retain(|_, e| !e.expired(now));
+        map.next_sweep = now + self.sweep_interval;
+        map.sweep_at_len = (map.entries.len() * 2).max(MIN_SWEEP_LEN);
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        self.maybe_sweep(&mut map, now);
+        let acquire = |fence| Entry {
+            fingerprint: *req.fingerprint,
+            state: State::InFlight { fence, lease_until: now + req.lease },
+            waiters: None,
+        };
+        let Some(entry) = map.entries.get_mut(req.key) else {
+            let fence = self.next_fence();
+            map.entries.insert(*req.key, acquire(fence));
+            return Ok(Claim::Acquired { fence, takeover: false });
+        };
+        if entry.expired(now) {
+            let fence = self.next_fence();
+            *entry = acquire(fence);
+            return Ok(Claim::Acquired { fence, takeover: false });
+        }
+        if entry.fingerprint != *req.fingerprint {
+            return Ok(Claim::Mismatch);
+        }
+        match &entry.state {
+            State::Done { outcome, .. } => Ok(Claim::Completed(Record {
+                fingerprint: entry.fingerprint,
+                outcome: outcome.clone(),
+            })),
+            State::InFlight { fence, lease_until } if *lease_until > now => {
+                Ok(Claim::InFlight { fence: *fence, lease_remaining: *lease_until - now })
+            }
+            State::InFlight { .. } => match req.on_expired {
+                OnExpired::Unknown => Ok(Claim::Unknown),
+                OnExpired::TakeOver => {
+                    let fence = self.next_fence();
+                    entry.wake();
+                    entry.state = State::InFlight { fence, lease_until: now + req.lease };
+                    Ok(Claim::Acquired { fence, takeover: true })
+                }
+            },
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        match map.entries.get_mut(key) {
+            Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
+                e.state = State::Done { outcome: outcome.clone(), expires: now + ttl };
+                e.wake();
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let mut map = self.lock();
+        match map.entries.get_mut(key) {
+            Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
+                e.wake();
+                map.entries.remove(key);
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        match map.entries.get_mut(key) {
+            Some(Entry { state: State::InFlight { fence: f, lease_until }, .. }) if *f == fence => {
+                *lease_until = now + lease;
+                Ok(())
+            }
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        let notify = {
+            let now = Instant::now();
+            let mut map = self.lock();
+            match map.entries.get_mut(key) {
+                Some(e) => match e.state {
+                    State::InFlight { fence: f, lease_until }
+                        if f == fence && lease_until > now =>
+                    {
+                        // Wake at lease expiry at the latest: a takeover needs a claim to happen.
+                        let until = (lease_until - now).min(max);
+                        (Arc::clone(e.waiters.get_or_insert_with(Default::default)), until)
+                    }
+                    _ => return Ok(()),
+                },
+                None => return Ok(()),
+            }
+        };
+        let (notify, until) = notify;
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        // `notify_waiters` wakes only registered futures: re-check after registering, so a
+        // completion between the unlock above and `enable` is not missed.
+        notified.as_mut().enable();
+        if !self.still_in_flight(key, fence) {
+            return Ok(());
+        }
+        let _ = tokio::time::timeout(until, notified).await;
+        Ok(())
+    }
+
+    async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        let mut map = self.lock();
+        Ok(match map.entries.remove(key) {
+            Some(mut e) => {
+                e.wake();
+                true
+            }
+            None => false,
+        })
+    }
+}
+
+impl MemoryStore {
+    fn still_in_flight(&self, key: &Key, fence: Fence) -> bool {
+        let now = Instant::now();
+        matches!(
+            self.lock().entries.get(key),
+            Some(Entry { state: State::InFlight { fence: f, lease_until }, .. })
+                if *f == fence && *lease_until > now
+        )
+    }
+}

@@ -1,0 +1,160 @@
+//! The store contract (DESIGN §5): one atomic claim, fenced completion, release and renewal,
+//! waiting for another owner's result, and retention.
+//!
+//! Every store passes the same conformance suite (`idem_core::conformance`, feature
+//! `conformance`). Each operation of a store is one atomic step on its backend: a conditional
+//! write, never a read followed by a write.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::key::{Fingerprint, Key};
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// A fencing token: strictly increasing for a key over the life of the store, across takeovers,
+/// releases and retention expiry. Only the holder of the current fence may complete, release or
+/// renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(pub u64);
+
+/// The terminal outcome of an intent, as stored and replayed.
+///
+/// Payloads are JSON text exactly as the tool's output or error serialized; a stored `0`,
+/// `false`, `""`, `[]`, `{}` or `null` replays as itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The tool returned `Ok`; JSON of its output.
+    Success(String),
+    /// The tool failed permanently; JSON of its error. Replayed as that error.
+    Failure(String),
+    /// A `never` tool failed ambiguously: the effect may have happened. Replayed as
+    /// [`OutcomeUnknown`](crate::Error::OutcomeUnknown) until reconciled.
+    Unknown,
+}
+
+/// A completed record: what claim returns for a repeat.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The fingerprint of the arguments the record was created with.
+    pub fingerprint: Fingerprint,
+    /// The stored outcome.
+    pub outcome: Outcome,
+}
+
+/// What to do when the key is held by a lease that expired without a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnExpired {
+    /// Take over with a new fence and run again (safe and keyed tools).
+    TakeOver,
+    /// Do not run again: answer [`Claim::Unknown`] (never tools). The record stays as it is, so a
+    /// late completion by the original owner (still holding the current fence) is accepted.
+    Unknown,
+}
+
+/// A claim request.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimRequest<'a> {
+    /// The idempotency key.
+    pub key: &'a Key,
+    /// The fingerprint of the canonical arguments.
+    pub fingerprint: &'a Fingerprint,
+    /// How long the lease lasts unless renewed.
+    pub lease: Duration,
+    /// What to do with an expired lease.
+    pub on_expired: OnExpired,
+}
+
+/// The answer to a claim: the only ways a claim can end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller owns the key until the lease ends and must run, then complete or release.
+    Acquired {
+        /// The fencing token to present with complete, release and renew.
+        fence: Fence,
+        /// A previous owner's lease had expired without a result.
+        takeover: bool,
+    },
+    /// Another owner holds a live lease: wait (see [`Store::wait`]) and claim again.
+    InFlight {
+        /// The current owner's fence.
+        fence: Fence,
+        /// Time left on its lease.
+        lease_remaining: Duration,
+    },
+    /// The intent has an outcome: replay it.
+    Completed(Record),
+    /// The lease expired without a result and the request said [`OnExpired::Unknown`].
+    Unknown,
+    /// The key exists with another fingerprint: a caller-supplied key was reused with other
+    /// arguments.
+    Mismatch,
+}
+
+/// A store failure.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached or failed the operation (connection refused, I/O error,
+    /// timeout). Nothing was written; retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
+    /// The fence presented is not the current one: another owner took over, or the record is gone.
+    #[error("lease lost: the fence is no longer current")]
+    LeaseLost,
+    /// A record or schema was written by another version of idem and is not understood. Nothing is
+    /// replayed from it.
+    #[error("incompatible record or schema: {0}; upgrade idem, or migrate the store")]
+    Incompatible(String),
+}
+
+impl StoreError {
+    /// Wraps any backend error as [`StoreError::Unavailable`].
+    pub fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        StoreError::Unavailable(Arc::from(e.into()))
+    }
+}
+
+/// An idempotency store. Implementations must make each method one atomic step.
+///
+/// Times (`lease`, `ttl`, `max`) are durations measured on the store's own clock (for the
+/// in-memory store: tokio's clock, so tests can pause it).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Atomically claims `req.key`: creates an in-flight record with a new fence when the key is
+    /// free (absent, released or expired by retention), takes over an expired lease
+    /// ([`OnExpired`]), or reports the record's state. A record whose fingerprint differs answers
+    /// [`Claim::Mismatch`] whatever its state.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+
+    /// Stores the outcome if `fence` is current; the record is then kept for `ttl` (retention)
+    /// and waiters are woken. [`StoreError::LeaseLost`] otherwise, and nothing is written.
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// Frees the key if `fence` is current (the next claim acquires it with a higher fence) and
+    /// wakes waiters. [`StoreError::LeaseLost`] otherwise.
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError>;
+
+    /// Extends the lease to `lease` from now if `fence` is current and the record is in flight.
+    /// [`StoreError::LeaseLost`] otherwise.
+    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError>;
+
+    /// Waits until the record of `key` may no longer be in flight under `fence` (completed,
+    /// released, taken over, expired), or `max` has passed, whichever is first. Returning is a
+    /// hint, not a promise: the caller claims again. Must never wait past `max`.
+    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError>;
+
+    /// Removes the record of `key` whatever its state (an operator's reconciliation of an unknown
+    /// outcome, or tests). Returns whether a record was removed.
+    async fn forget(&self, key: &Key) -> Result<bool, StoreError>;
+}

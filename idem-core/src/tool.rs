@@ -1,0 +1,52 @@
+//! What `#[tool]` generates: a [`Tool`] implementation with its [`ToolDef`].
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::canonical::KeyError;
+use crate::class::RetryClass;
+use crate::ctx::Ctx;
+use crate::failure::Classify;
+use crate::policy::ToolOptions;
+
+/// A tool's static definition: what the model sees and how the executor treats it.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolDef {
+    /// The stable name: part of every key, so renaming the Rust fn does not change keys.
+    pub name: &'static str,
+    /// The description for the model (the fn's doc comment).
+    pub description: &'static str,
+    /// How the tool may be retried.
+    pub class: RetryClass,
+    /// The options declared in the attribute.
+    pub options: ToolOptions,
+}
+
+/// A tool whose every call goes through the idem protocol. Implemented by `#[tool]`; implement it
+/// by hand only for tools built at run time.
+pub trait Tool: Send + Sync + 'static {
+    /// All arguments, as the model sends them (parameters marked `#[idem(skip)]` included).
+    type Args: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static;
+    /// The success value; stored as JSON and replayed.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+    /// The tool's error; permanent ones are stored as JSON and replayed.
+    type Error: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static;
+
+    /// The tool's definition.
+    fn def(&self) -> &'static ToolDef;
+
+    /// Writes the RFC 8785 canonical text of the arguments that make up the intent (all but the
+    /// skipped ones) into `out`. See [`crate::canonicalize`].
+    fn write_intent(args: &Self::Args, out: &mut Vec<u8>) -> Result<(), KeyError>;
+
+    /// Runs one attempt. Called by the executor only, after a successful claim.
+    fn run(
+        &self,
+        cx: &Ctx,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
+}
