@@ -223,3 +223,25 @@ async fn reconnects_after_connections_are_killed() {
     });
     assert_eq!(replayed, Some(want), "the store must reconnect by itself and replay");
 }
+
+#[path = "shared/executor.rs"]
+mod executor;
+
+/// Two executors, each with its own store on one database (as two processes).
+async fn two_stores() -> Option<(Arc<dyn Store>, Arc<dyn Store>)> {
+    let a = store().await?;
+    let b = PostgresStore::connect(&pg_url()).await.expect("connect");
+    Some((a, Arc::new(b)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_duplicates_across_processes_run_once() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::duplicates_across_executors_run_once(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_crashed_holder_is_taken_over() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::crashed_holder_is_taken_over(a, b).await;
+}
