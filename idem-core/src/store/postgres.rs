@@ -63,13 +63,28 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 ";
 
-/// Acquires when the key is absent, its retention ended, or its lease expired with the same
-/// fingerprint and the request takes over (`$4`); otherwise returns the row as the statement saw
-/// it. `alive`: the lease (in flight) or the retention (done) has not ended.
+/// Reads the row (`cur`, the statement's snapshot); attempts the upsert only when that row is
+/// absent or one the claim would take, so a replay, a live lease or a mismatch writes nothing
+/// (an `ON CONFLICT DO UPDATE` locks the row, which costs a WAL flush, even when its `WHERE`
+/// fails). The upsert acquires when the key is absent, its retention ended, or its lease expired
+/// with the same fingerprint and the request takes over (`$4`). `alive`: the lease (in flight)
+/// or the retention (done) has not ended.
 const CLAIM: &str = "
-WITH ins AS (
+WITH cur AS (
+    SELECT fence, takeover, fingerprint, state,
+           CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END AS alive,
+           (extract(epoch FROM lease_until - now()) * 1000)::bigint AS remaining_ms,
+           kind, payload
+    FROM idem_records WHERE key = $1::text
+),
+ins AS (
     INSERT INTO idem_records AS r (key, fingerprint, fence, state, lease_until, takeover)
-    VALUES ($1, $2, nextval('idem_fence'), 0, now() + $3::bigint * interval '1 millisecond', false)
+    SELECT $1::text, $2::text, nextval('idem_fence'), 0,
+           now() + $3::bigint * interval '1 millisecond', false
+    WHERE NOT EXISTS (
+        SELECT 1 FROM cur
+        WHERE cur.alive IS NOT FALSE
+           OR (cur.state = 0 AND (cur.fingerprint <> $2::text OR NOT $4::boolean)))
     ON CONFLICT (key) DO UPDATE SET
         fingerprint = EXCLUDED.fingerprint,
         fence = EXCLUDED.fence,
@@ -81,18 +96,17 @@ WITH ins AS (
         payload = NULL,
         waited = false
     WHERE (r.state = 1 AND r.expires_at <= now())
-       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint AND $4)
+       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint
+           AND $4::boolean)
     RETURNING r.fence, r.takeover
 )
 SELECT true, fence, takeover, NULL::text, NULL::smallint, NULL::boolean, NULL::bigint,
        NULL::smallint, NULL::text
 FROM ins
 UNION ALL
-SELECT false, fence, takeover, fingerprint, state,
-       CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
-       (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload
-FROM idem_records
-WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)";
+SELECT false, fence, takeover, fingerprint, state, alive, remaining_ms, kind, payload
+FROM cur
+WHERE NOT EXISTS (SELECT 1 FROM ins)";
 
 const COMPLETE: &str = "
 WITH u AS (
