@@ -354,6 +354,9 @@ fn write_int<I: itoa::Integer>(out: &mut Vec<u8>, v: I) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
+/// 2^53: every integer of smaller magnitude is exactly one double.
+const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
+
 fn write_f64(out: &mut Vec<u8>, v: f64) -> Result<(), Fail> {
     if !v.is_finite() {
         let name = if v.is_nan() {
@@ -368,6 +371,11 @@ fn write_f64(out: &mut Vec<u8>, v: f64) -> Result<(), Fail> {
     if v == 0.0 {
         // ECMAScript prints -0 as "0".
         out.push(b'0');
+    } else if v.fract() == 0.0 && v.abs() < MAX_SAFE_INTEGER {
+        // Fast path for whole amounts: below 2^53 every integer is a double one unit or less
+        // from its neighbours, so its shortest round-trip digits are its exact decimal digits,
+        // which is what Number::toString prints for values below 1e21.
+        write_int(out, v as i64);
     } else {
         out.extend_from_slice(ryu_js::Buffer::new().format_finite(v).as_bytes());
     }
@@ -1420,6 +1428,13 @@ mod tests {
             // writes in uppercase hex.
             let theirs = serde_json::to_string(&s).unwrap_or_default();
             prop_assert_eq!(text.to_lowercase(), theirs.to_lowercase());
+        }
+
+        #[test]
+        fn whole_floats_below_2_pow_53_print_as_ryu_js_does(n in -(1i64 << 53)..=(1i64 << 53)) {
+            let v = n as f64;
+            let want = if n == 0 { "0".to_owned() } else { ryu_js::Buffer::new().format_finite(v).to_owned() };
+            prop_assert_eq!(canon(&v), want);
         }
 
         #[test]
