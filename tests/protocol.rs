@@ -234,10 +234,8 @@ fn key_of(
     a: &ChargeArgs,
 ) -> (idem_core::Key, idem_core::Fingerprint) {
     let canonical = idem_core::to_canonical_string(a).unwrap();
-    (
-        idem_core::key::derive_key(scope, tool.def.name, canonical.as_bytes()),
-        idem_core::key::fingerprint(canonical.as_bytes()),
-    )
+    let key = idem_core::key::derive_key(scope, tool.def.name, canonical.as_bytes());
+    (key, idem_core::Fingerprint::of_derived_key(&key))
 }
 
 // ---------------------------------------------------------------------------------------------
