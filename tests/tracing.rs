@@ -87,7 +87,10 @@ mod spans {
 
     /// Every span seen: its name and its fields as text.
     #[derive(Clone, Default)]
-    pub struct Spans(pub Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>);
+    pub struct Spans(pub Arc<Mutex<Vec<SpanRecord>>>);
+
+    /// A span's name and its fields as text.
+    pub type SpanRecord = (String, Vec<(String, String)>);
 
     struct Fields(Vec<(String, String)>);
     impl Visit for Fields {
