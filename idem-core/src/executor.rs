@@ -451,6 +451,17 @@ impl<T: Tool> Call<'_, T> {
             attempt += 1;
             self.span.record("idem.attempt", attempt);
             let started = Instant::now();
+            if started >= self.deadline {
+                // Waiting for a duplicate used the whole budget: starting an attempt that would
+                // time out at once would only make its outcome ambiguous.
+                if let Some(fence) = fence {
+                    let _ = self.inner.store.release(&self.key, fence).await;
+                }
+                return Err(Error::BudgetExhausted {
+                    tool: self.name(),
+                    budget: BudgetKind::WallClock,
+                });
+            }
             let attempt_deadline = (started + self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
             let ended = self.run_attempt(&cx, args.clone(), attempt_deadline).await;
