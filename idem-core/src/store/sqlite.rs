@@ -442,6 +442,8 @@ impl Store for SqliteStore {
         }
         let sweep = self.sweep_due(now);
         self.call(move |conn| {
+            // Read the clock here, not before the hop: the blocking pool may have queued us.
+            let now = now_ms();
             let claim = claim_blocking(conn, key, fp, lease, on_expired, now)?;
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
