@@ -43,7 +43,11 @@ impl<T, E> ToolResult for Result<T, E> {
     type Err = E;
 }
 
-/// The bounds of a tool argument, with a message that says what to do.
+// The checks below test one bound each (`Serialize`): rustc reports one error per unmet bound,
+// and the derives and the `Tool` impl already report the others at the same span. These add the
+// message that says what to do.
+
+/// A tool argument's first bound, with a message that says what to do.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a tool argument: it must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
     label = "this parameter becomes a field of the tool's JSON arguments",
@@ -51,12 +55,9 @@ impl<T, E> ToolResult for Result<T, E> {
 )]
 pub trait ToolArg {}
 
-impl<T> ToolArg for T where
-    T: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static
-{
-}
+impl<T: Serialize + ?Sized> ToolArg for T {}
 
-/// The bounds of a tool's success value.
+/// A tool success type's first bound.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored and replayed: a tool's success type must be Serialize and Deserialize",
     label = "the result is stored as JSON and replayed to every repeat of the call",
@@ -64,9 +65,9 @@ impl<T> ToolArg for T where
 )]
 pub trait ToolOutput {}
 
-impl<T> ToolOutput for T where T: Serialize + DeserializeOwned + Send + 'static {}
+impl<T: Serialize + ?Sized> ToolOutput for T {}
 
-/// The bounds of a tool's error type.
+/// A tool error type's first bound.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a tool error: it must be Serialize, Deserialize, Display and Debug",
     label = "permanent failures are stored as JSON and replayed to every repeat of the call",
@@ -74,7 +75,7 @@ impl<T> ToolOutput for T where T: Serialize + DeserializeOwned + Send + 'static 
 )]
 pub trait ToolError {}
 
-impl<T> ToolError for T where T: Serialize + DeserializeOwned + Display + Debug + Send + 'static {}
+impl<T: Serialize + ?Sized> ToolError for T {}
 
 /// Checks, spanned at the user's parameter type.
 pub const fn assert_arg<T: ToolArg + ?Sized>() {}
@@ -148,9 +149,9 @@ where
         args.write_intent(out)
     }
 
-    fn run(&self, cx: &Ctx, args: A) -> impl Future<Output = Result<O, E>> + Send {
-        // An async block captures both borrows; the boxed future's single lifetime cannot.
-        async move { (self.body)(&self.receiver, cx, args).await }
+    // `async fn` captures both borrows; returning the boxed future (one lifetime) cannot.
+    async fn run(&self, cx: &Ctx, args: A) -> Result<O, E> {
+        (self.body)(&self.receiver, cx, args).await
     }
 }
 

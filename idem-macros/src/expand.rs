@@ -121,7 +121,9 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
 }
 
 /// Bounds checked at the user's spans, so rustc points at the parameter or the return type
-/// with a message that says what to derive.
+/// with a message that says what to derive. A free fn's `Tool` impl already reports its success
+/// and error types at the user's spans (`type Output = ..`), so they are checked here only for
+/// methods, whose tool type is generic.
 fn checks(model: &Model) -> TokenStream {
     let mut out = TokenStream::new();
     for p in &model.params {
@@ -130,6 +132,7 @@ fn checks(model: &Model) -> TokenStream {
     }
     let ret = &model.ret;
     match (&ret.ok, &ret.err) {
+        (Some(_), Some(_)) if !model.method => {}
         (Some(ok), Some(err)) => {
             out.extend(
                 quote_spanned! {ok.span()=> ::idem_core::__private::assert_output::<#ok>(); },

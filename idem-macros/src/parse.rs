@@ -27,6 +27,8 @@ pub struct DurationOpt {
 #[derive(Default)]
 pub struct Attr {
     pub retry: Option<(Class, LitStr)>,
+    /// `retry = ..` was written, valid or not (so a bad class is not also reported as missing).
+    pub retry_written: bool,
     pub name: Option<LitStr>,
     pub attempts: Option<(u32, LitInt)>,
     pub timeout: Option<DurationOpt>,
@@ -50,6 +52,10 @@ impl Errors {
     }
     pub fn spanned(&mut self, span: Span, msg: impl std::fmt::Display) {
         self.push(syn::Error::new(span, msg));
+    }
+    /// An error spanning all of `tokens` (a plain `Span` covers only the first token on stable).
+    pub fn at(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, msg));
     }
     pub fn into_result(self) -> Result<(), syn::Error> {
         match self.0 {
@@ -83,6 +89,7 @@ impl Attr {
         };
         match key.to_string().as_str() {
             "retry" => {
+                self.retry_written = true;
                 let lit: LitStr = meta.value()?.parse()?;
                 let class = match lit.value().as_str() {
                     "safe" => Class::Safe,
@@ -139,7 +146,7 @@ impl Attr {
                     Err(why) => errors.spanned(
                         lit.span(),
                         format!(
-                            "malformed duration {:?} for `{key}`: {why}; write a whole number followed by ms, s, m or h, like \"500ms\", \"30s\", \"2m\" or \"1h\"",
+                            "malformed duration {:?} for `{key}`: {why}. Write a whole number and a unit (ms, s, m, h) without a space: \"500ms\", \"30s\", \"2m\", \"1h\"",
                             lit.value()
                         ),
                     ),
@@ -182,27 +189,28 @@ fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
 }
 
 /// `"500ms"`, `"30s"`, `"2m"`, `"1h"`: a whole number and a unit, no spaces.
-pub fn parse_duration(s: &str) -> Result<Duration, &'static str> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = s.split_at(digits);
     if number.is_empty() {
-        return Err("it does not start with a number");
+        return Err("it does not start with a number".into());
     }
-    let n: u64 = number.parse().map_err(|_| "the number is too large")?;
+    let too_large = || "the number is too large".to_owned();
+    let n: u64 = number.parse().map_err(|_| too_large())?;
     let secs_per = match unit {
         "ms" => return nonzero(Duration::from_millis(n)),
         "s" => 1,
         "m" => 60,
         "h" => 3600,
-        "" => return Err("the unit is missing"),
-        _ => return Err("the unit is not one of ms, s, m, h"),
+        "" => return Err("the unit is missing".into()),
+        other => return Err(format!("unknown unit {other:?}")),
     };
-    let secs = n.checked_mul(secs_per).ok_or("the number is too large")?;
+    let secs = n.checked_mul(secs_per).ok_or_else(too_large)?;
     nonzero(Duration::from_secs(secs))
 }
 
-fn nonzero(d: Duration) -> Result<Duration, &'static str> {
-    if d.is_zero() { Err("it must be longer than zero") } else { Ok(d) }
+fn nonzero(d: Duration) -> Result<Duration, String> {
+    if d.is_zero() { Err("it must be longer than zero".into()) } else { Ok(d) }
 }
 
 /// The `#[idem(..)]` markers of one parameter.

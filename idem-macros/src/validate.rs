@@ -78,6 +78,7 @@ pub fn validate(
 
     let class = match &attr.retry {
         Some((class, _)) => *class,
+        None if attr.retry_written => Class::Safe,
         None => {
             errors.spanned(
                 Span::call_site(),
@@ -108,8 +109,8 @@ pub fn validate(
         errors.spanned(v.span(), "`#[tool]` does not support variadic parameters");
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.spanned(
-            sig.generics.span(),
+        errors.at(
+            &sig.generics,
             "`#[tool]` does not support generic parameters or where clauses: arguments are deserialized from the model's JSON into concrete types, so use concrete types",
         );
     }
@@ -133,17 +134,16 @@ pub fn validate(
         }
     };
 
-    if class == Class::Never {
-        if let Some((n, lit)) = &attr.attempts {
-            if *n > 1 {
-                errors.spanned(
-                    lit.span(),
-                    format!(
-                        "a `never` tool runs exactly one attempt: remove `attempts = {n}`, or declare retry = \"keyed\" if the provider deduplicates by the idempotency key"
-                    ),
-                );
-            }
-        }
+    if class == Class::Never
+        && let Some((n, lit)) = &attr.attempts
+        && *n > 1
+    {
+        errors.spanned(
+            lit.span(),
+            format!(
+                "a `never` tool runs exactly one attempt: remove `attempts = {n}`, or declare retry = \"keyed\" if the provider deduplicates by the idempotency key"
+            ),
+        );
     }
 
     let mut method = false;
@@ -159,13 +159,13 @@ pub fn validate(
                     );
                 }
                 if r.reference.is_none() || r.colon_token.is_some() {
-                    errors.spanned(
-                        r.span(),
+                    errors.at(
+                        r,
                         "`#[tool]` methods take `&self`: the tool holds its receiver in an `Arc` and calls it for every attempt and duplicate",
                     );
                 } else if r.mutability.is_some() {
-                    errors.spanned(
-                        r.span(),
+                    errors.at(
+                        r,
                         "`#[tool]` methods take `&self`, not `&mut self`: retries and concurrent duplicates share the receiver; keep state behind a `Mutex`",
                     );
                 }
@@ -177,8 +177,8 @@ pub fn validate(
                         pi.ident.clone()
                     }
                     other => {
-                        errors.spanned(
-                            other.span(),
+                        errors.at(
+                            other,
                             "tool parameters must be plain names, which become the fields of the JSON arguments: write `name: Type`",
                         );
                         continue;
@@ -196,10 +196,10 @@ pub fn validate(
                             );
                         }
                         if ctx.is_some() {
-                            errors.spanned(pt.span(), "only one context parameter is allowed");
+                            errors.at(pt, "only one context parameter is allowed");
                         } else if !first {
-                            errors.spanned(
-                                pt.span(),
+                            errors.at(
+                                pt,
                                 format!(
                                     "the context parameter comes first: `{}{ident}: &Ctx, ..`",
                                     if method { "&self, " } else { "" }
@@ -210,29 +210,29 @@ pub fn validate(
                         continue;
                     }
                     CtxShape::Other => {
-                        errors.spanned(
-                            pt.ty.span(),
+                        errors.at(
+                            &pt.ty,
                             format!("take the context by shared reference: `{ident}: &Ctx`"),
                         );
                         continue;
                     }
                     CtxShape::No => {}
                 }
-                if let Some(span) = find_impl_trait(&pt.ty) {
-                    errors.spanned(
-                        span,
+                if let Some(it) = find_impl_trait(&pt.ty) {
+                    errors.at(
+                        it,
                         "`impl Trait` cannot be a tool argument: arguments are deserialized from the model's JSON, so use a concrete type",
                     );
                 } else if let Type::Reference(r) = &*pt.ty {
-                    errors.spanned(
-                        r.span(),
+                    errors.at(
+                        r,
                         format!(
                             "tool parameter `{ident}` borrows: arguments are deserialized from JSON and stored, so take an owned type (`String` instead of `&str`, `Vec<T>` instead of `&[T]`)"
                         ),
                     );
                 } else if method && mentions_self(&pt.ty) {
-                    errors.spanned(
-                        pt.ty.span(),
+                    errors.at(
+                        &pt.ty,
                         "a method tool's parameter types cannot mention `Self`: name the type",
                     );
                 }
@@ -263,16 +263,17 @@ pub fn validate(
     }
 
     let ret = match &sig.output {
-        ReturnType::Default => {
-            errors.spanned(
-                sig.paren_token.span.close(),
-                format!(
-                    "tool `{fn_name}` must return `Result<T, E>`: `T` is stored and replayed to every repeat, `E` implements `idem_core::Classify`"
-                ),
+        ReturnType::Type(_, ty) if names_a_result(ty) => Some(split_result(ty)),
+        other => {
+            let msg = format!(
+                "tool `{fn_name}` must return `Result<T, E>` (or an alias named `..Result`): `T` is stored and replayed to every repeat, `E` implements `idem_core::Classify`"
             );
+            match other {
+                ReturnType::Type(_, ty) => errors.at(ty, msg),
+                ReturnType::Default => errors.spanned(sig.ident.span(), msg),
+            }
             None
         }
-        ReturnType::Type(_, ty) => Some(split_result(ty)),
     };
 
     let options = Options {
@@ -284,9 +285,7 @@ pub fn validate(
     };
     let description = doc_text(&item.attrs);
     let ret = ret?;
-    if attr.retry.is_none() {
-        return None;
-    }
+    attr.retry.as_ref()?;
     Some(Model { item, class, name, description, options, method, ctx, params, ret })
 }
 
@@ -335,11 +334,11 @@ fn ctx_shape(ty: &Type) -> CtxShape {
     }
 }
 
-fn find_impl_trait(ty: &Type) -> Option<Span> {
+fn find_impl_trait(ty: &Type) -> Option<syn::TypeImplTrait> {
     let mut found = None;
     visit_types(ty, &mut |t| {
         if let Type::ImplTrait(it) = t {
-            found.get_or_insert(it.span());
+            found.get_or_insert_with(|| it.clone());
         }
     });
     found
@@ -382,30 +381,30 @@ fn visit_types(ty: &Type, f: &mut dyn FnMut(&Type)) {
     }
 }
 
+/// A path whose last segment ends in `Result`: `Result<T, E>`, `io::Result<T>`, `PayResult<T>`.
+fn names_a_result(ty: &Type) -> bool {
+    match ty {
+        Type::Path(tp) => {
+            tp.path.segments.last().is_some_and(|s| s.ident.to_string().ends_with("Result"))
+        }
+        Type::Paren(p) => names_a_result(&p.elem),
+        Type::Group(g) => names_a_result(&g.elem),
+        _ => false,
+    }
+}
+
 /// `Result<T, E>` (any path ending in `Result` with two type arguments) → its parts.
 fn split_result(ty: &Type) -> Ret {
     let mut ret = Ret { ty: ty.clone(), ok: None, err: None };
-    if let Type::Path(tp) = ty {
-        if let Some(seg) = tp.path.segments.last() {
-            if seg.ident == "Result" {
-                if let syn::PathArguments::AngleBracketed(args) = &seg.arguments {
-                    let types: Vec<&Type> = args
-                        .args
-                        .iter()
-                        .filter_map(|a| match a {
-                            syn::GenericArgument::Type(t) => Some(t),
-                            _ => None,
-                        })
-                        .collect();
-                    if let [ok, err] = types[..] {
-                        if args.args.len() == 2 {
-                            ret.ok = Some(ok.clone());
-                            ret.err = Some(err.clone());
-                        }
-                    }
-                }
-            }
-        }
+    if let Type::Path(tp) = ty
+        && let Some(seg) = tp.path.segments.last()
+        && seg.ident == "Result"
+        && let syn::PathArguments::AngleBracketed(args) = &seg.arguments
+        && let [syn::GenericArgument::Type(ok), syn::GenericArgument::Type(err)] =
+            &args.args.iter().collect::<Vec<_>>()[..]
+    {
+        ret.ok = Some(ok.clone());
+        ret.err = Some(err.clone());
     }
     ret
 }
@@ -418,12 +417,11 @@ fn doc_text(attrs: &[syn::Attribute]) -> String {
         if !attr.path().is_ident("doc") {
             continue;
         }
-        if let syn::Meta::NameValue(nv) = &attr.meta {
-            if let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) = &nv.value {
-                let text = s.value();
-                for line in text.split('\n') {
-                    lines.push(line.strip_prefix(' ').unwrap_or(line).trim_end().to_owned());
-                }
+        if let syn::Meta::NameValue(nv) = &attr.meta
+            && let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) = &nv.value
+        {
+            for line in s.value().split('\n') {
+                lines.push(line.strip_prefix(' ').unwrap_or(line).trim_end().to_owned());
             }
         }
     }
