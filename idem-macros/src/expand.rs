@@ -91,7 +91,7 @@ fn def_static(model: &Model) -> TokenStream {
     let lease = duration(model.options.lease);
     let ttl = duration(model.options.ttl);
     quote! {
-        static DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
+        static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
             name: #name,
             description: #description,
             class: ::idem_core::RetryClass::#class,
@@ -185,8 +185,8 @@ fn intent_body(params: &[Param]) -> TokenStream {
     quote! {
         #[derive(::idem_core::__private::serde::Serialize)]
         #[serde(crate = "::idem_core::__private::serde")]
-        struct Intent<'a> { #(#idents: &'a #tys,)* }
-        ::idem_core::canonicalize(&Intent { #(#idents2: &args.#idents2,)* }, out)
+        struct __IdemIntent<'a> { #(#idents: &'a #tys,)* }
+        ::idem_core::canonicalize(&__IdemIntent { #(#idents2: &args.#idents2,)* }, out)
     }
 }
 
@@ -258,6 +258,7 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #args_doc]
         #header
+        #[allow(missing_docs)]
         #vis struct #args_ty {
             #(#vis #idents: #tys,)*
         }
@@ -276,7 +277,7 @@ fn expand_free(model: &Model) -> TokenStream {
             fn def(&self) -> &'static ::idem_core::ToolDef {
                 #checks
                 #def
-                &DEF
+                &__IDEM_DEF
             }
 
             fn write_intent(
@@ -307,7 +308,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let doc = &attrs.doc;
     let body_attrs = &attrs.body;
     let base = camel(ident);
-    let args_ty = format_ident!("{}Args", base);
+    let args_name = format!("{base}Args");
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
     let run = run_ident(model);
@@ -356,15 +357,16 @@ fn expand_method(model: &Model) -> TokenStream {
         {
             #checks
             #header
-            struct #args_ty {
+            #[serde(rename = #args_name)]
+            struct __IdemArgs {
                 #(#idents: #tys,)*
             }
-            impl ::core::convert::From<#tuple> for #args_ty {
+            impl ::core::convert::From<#tuple> for __IdemArgs {
                 fn from((#(#idents,)*): #tuple) -> Self {
-                    #args_ty { #(#idents),* }
+                    __IdemArgs { #(#idents),* }
                 }
             }
-            impl ::idem_core::__private::Intent for #args_ty {
+            impl ::idem_core::__private::Intent for __IdemArgs {
                 fn write_intent(
                     &self,
                     out: &mut ::std::vec::Vec<u8>,
@@ -376,8 +378,8 @@ fn expand_method(model: &Model) -> TokenStream {
             #def
             ::idem_core::__private::MethodTool::new(
                 ::std::sync::Arc::clone(self),
-                &DEF,
-                |recv, cx, args: #args_ty| {
+                &__IDEM_DEF,
+                |recv, cx, args: __IdemArgs| {
                     let _ = cx;
                     ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.#idents),*))
                 },
@@ -398,9 +400,10 @@ fn expand_method(model: &Model) -> TokenStream {
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
-            let tool = Self::#factory(self);
-            let args = ::idem_core::__private::make_args(&tool, (#(#idents,)*));
-            ::idem_core::Run::call(#run, &tool, args).await
+            let __idem_params = (#(#idents,)*);
+            let __idem_tool = Self::#factory(self);
+            let __idem_args = ::idem_core::__private::make_args(&__idem_tool, __idem_params);
+            ::idem_core::Run::call(#run, &__idem_tool, __idem_args).await
         }
     }
 }
