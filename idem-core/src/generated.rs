@@ -31,14 +31,14 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
     label = "not a `Result`",
     note = "`T` is stored and replayed to every repeat; `E` implements `idem_core::Classify`"
 )]
-pub trait ToolResult {
+pub trait ToolReturn {
     /// The success type.
     type Ok;
     /// The error type.
     type Err;
 }
 
-impl<T, E> ToolResult for Result<T, E> {
+impl<T, E> ToolReturn for Result<T, E> {
     type Ok = T;
     type Err = E;
 }
@@ -84,7 +84,7 @@ pub const fn assert_output<T: ToolOutput + ?Sized>() {}
 /// Checks, spanned at the user's error type.
 pub const fn assert_error<T: ToolError + Classify + ?Sized>() {}
 /// Checks, spanned at the user's return type.
-pub const fn assert_result<T: ToolResult + ?Sized>() {}
+pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 
 /// The part of the intent a method tool's arguments define: written by `#[tool]` for the
 /// arguments struct it declares inside the method's `..._tool()` constructor.

@@ -111,11 +111,11 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
     let ty = &model.ret.ty;
     let ok = match &model.ret.ok {
         Some(ok) => quote!(#ok),
-        None => quote!(<#ty as ::idem_core::__private::ToolResult>::Ok),
+        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Ok),
     };
     let err = match &model.ret.err {
         Some(err) => quote!(#err),
-        None => quote!(<#ty as ::idem_core::__private::ToolResult>::Err),
+        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Err),
     };
     (ok, err)
 }
@@ -145,8 +145,8 @@ fn checks(model: &Model) -> TokenStream {
             let ty = &ret.ty;
             out.extend(quote_spanned! {ty.span()=>
                 ::idem_core::__private::assert_result::<#ty>();
-                ::idem_core::__private::assert_output::<<#ty as ::idem_core::__private::ToolResult>::Ok>();
-                ::idem_core::__private::assert_error::<<#ty as ::idem_core::__private::ToolResult>::Err>();
+                ::idem_core::__private::assert_output::<<#ty as ::idem_core::__private::ToolReturn>::Ok>();
+                ::idem_core::__private::assert_error::<<#ty as ::idem_core::__private::ToolReturn>::Err>();
             });
         }
     }

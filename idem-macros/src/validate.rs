@@ -19,7 +19,7 @@ pub struct Param {
 }
 
 /// The return type: `Result<ok, err>` when written that way, else an alias resolved through
-/// `idem_core::__private::ToolResult`.
+/// `idem_core::__private::ToolReturn`.
 pub struct Ret {
     pub ty: Type,
     pub ok: Option<Type>,
