@@ -283,3 +283,45 @@ async fn safe_tool_runs_each_call_and_a_parameter_may_be_named_run() {
     // Safe tools without caching do not store results: each sequential call runs.
     assert_eq!(LOOKUPS.load(Ordering::SeqCst), 2);
 }
+
+static SLOW_CHARGES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn slow_charge(cx: &Ctx, customer: String) -> Result<String, PayError> {
+    // Long enough that every duplicate arrives while the first call is in flight.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    SLOW_CHARGES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{customer}:{}", cx.key()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_duplicates_join_the_first_call() {
+    let run = Idem::in_memory().run("r1");
+    let calls = (0..12).map(|_| {
+        let run = run.clone();
+        tokio::spawn(async move { slow_charge(&run, "cus_3".into()).await })
+    });
+    let answers: Vec<String> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    assert_eq!(answers.len(), 12);
+    assert!(answers.iter().all(|a| *a == answers[0]));
+    assert_eq!(SLOW_CHARGES.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn the_same_arguments_in_another_run_are_another_intent() {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    /// Counts its executions.
+    #[tool(retry = "keyed")]
+    async fn count_me(n: u32) -> Result<u32, PayError> {
+        Ok(RUNS.fetch_add(n, Ordering::SeqCst) + n)
+    }
+    let idem = Idem::in_memory();
+    count_me(&idem.run("a"), 1).await.unwrap();
+    count_me(&idem.run("a"), 1).await.unwrap();
+    count_me(&idem.run("b"), 1).await.unwrap();
+    assert_eq!(RUNS.load(Ordering::SeqCst), 2);
+}
