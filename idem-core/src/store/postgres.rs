@@ -485,8 +485,8 @@ async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool
     }
 }
 
-/// A PostgreSQL error whose text carries the server's message (tokio-postgres alone prints
-/// "db error" and keeps the message in its source).
+/// A PostgreSQL error whose text carries the server's message or the I/O cause (tokio-postgres
+/// alone prints "db error" or "error connecting to server" and keeps the rest in its source).
 #[derive(Debug)]
 struct PgError(tokio_postgres::Error);
 
@@ -494,7 +494,11 @@ impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_db_error() {
             Some(db) => write!(f, "{} {}: {}", db.severity(), db.code().code(), db.message()),
-            None => write!(f, "{}", self.0),
+            // "error connecting to server" alone hides the reason ("Connection refused").
+            None => match std::error::Error::source(&self.0) {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => write!(f, "{}", self.0),
+            },
         }
     }
 }
