@@ -24,6 +24,7 @@ pub mod key;
 mod policy;
 pub mod store;
 mod tool;
+pub mod toolset;
 
 pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
@@ -35,6 +36,7 @@ pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_stri
 pub use policy::{Backoff, Policy, ToolOptions};
 pub use store::{MemoryStore, Store, StoreError};
 pub use tool::{Tool, ToolDef};
+pub use toolset::{Annotations, DynTool, ToolDefinition, ToolResult, ToolSet, ToolSetError};
 
 /// Declares an async fn as a tool: `#[tool(retry = "safe" | "keyed" | "never")]`.
 pub use idem_macros::tool;
