@@ -52,7 +52,7 @@ use serde_json::{Map, Value};
 pub enum ServeError {
     /// The MCP handshake failed (the client closed the connection, or sent no `initialize`).
     #[error("the MCP session could not start: {0}")]
-    Initialize(#[from] rmcp::service::ServerInitializeError),
+    Initialize(#[source] Box<rmcp::service::ServerInitializeError>),
     /// The task serving the session panicked or was cancelled.
     #[error("the MCP session ended abnormally: {0}")]
     Join(#[from] tokio::task::JoinError),
@@ -132,7 +132,10 @@ impl IdemServer {
     ///
     /// Errors: [`ServeError`].
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
-        let running = self.serve(rmcp::transport::stdio()).await?;
+        let running = self
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| ServeError::Initialize(Box::new(e)))?;
         let reason = running.waiting().await?;
         tracing::debug!(?reason, "MCP session ended");
         Ok(())
