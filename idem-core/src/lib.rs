@@ -15,6 +15,8 @@
 mod budget;
 mod canonical;
 mod class;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod ctx;
 mod error;
 mod executor;
@@ -35,6 +37,8 @@ pub use executor::{Idem, IdemBuilder, Run};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use policy::{Backoff, Policy, ToolOptions};
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
 pub use store::{MemoryStore, Store, StoreError};
 pub use tool::{Tool, ToolDef};
 pub use toolset::{Annotations, DynTool, ToolDefinition, ToolResult, ToolSet, ToolSetError};
