@@ -24,11 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    Classify, Ctx, Failure, Idem, KeyError, RetryClass, Tool, ToolDef, ToolOptions, ToolSet,
-};
+use idem_core::{Classify, Ctx, Failure, Idem, ToolSet, tool};
 use idem_mcp::IdemServer;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
@@ -210,16 +207,7 @@ impl Provider {
     }
 }
 
-// The three tools, written as `#[tool]` expands them.
-
-#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
-struct ChargeArgs {
-    /// The customer id, e.g. `cus_1`.
-    customer: String,
-    /// The amount in cents (positive).
-    amount_cents: u64,
-}
-
+/// What `charge_card` returns.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Charge {
     charge_id: String,
@@ -227,46 +215,7 @@ struct Charge {
     amount_cents: u64,
 }
 
-struct ChargeCard(Arc<Provider>);
-
-static CHARGE_CARD: ToolDef = ToolDef {
-    name: "charge_card",
-    description: "Charge a customer's card. Returns the charge id.",
-    class: RetryClass::Keyed,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: None,
-    },
-};
-
-impl Tool for ChargeCard {
-    type Args = ChargeArgs;
-    type Output = Charge;
-    type Error = PaymentError;
-
-    fn def(&self) -> &'static ToolDef {
-        &CHARGE_CARD
-    }
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
-    }
-    async fn run(&self, cx: &Ctx, args: ChargeArgs) -> Result<Charge, PaymentError> {
-        // The key goes to the provider as its Idempotency-Key: a re-run after a takeover or an
-        // ambiguous failure is deduplicated there.
-        let c = self.0.charge(&args.customer, args.amount_cents, cx.key()).await?;
-        Ok(Charge { charge_id: c.id, customer: c.customer, amount_cents: c.amount_cents })
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
-struct BalanceArgs {
-    /// The customer id.
-    customer: String,
-}
-
+/// What `get_balance` returns.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Balance {
     customer: String,
@@ -274,42 +223,7 @@ struct Balance {
     balance_cents: i64,
 }
 
-struct GetBalance(Arc<Provider>);
-
-static GET_BALANCE: ToolDef = ToolDef {
-    name: "get_balance",
-    description: "A customer's balance: charged minus refunded, in cents.",
-    class: RetryClass::Safe,
-    options: CHARGE_CARD.options,
-};
-
-impl Tool for GetBalance {
-    type Args = BalanceArgs;
-    type Output = Balance;
-    type Error = PaymentError;
-
-    fn def(&self) -> &'static ToolDef {
-        &GET_BALANCE
-    }
-    fn write_intent(args: &BalanceArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
-    }
-    async fn run(&self, _cx: &Ctx, args: BalanceArgs) -> Result<Balance, PaymentError> {
-        let cents = self.0.balance(&args.customer).await;
-        let balance_cents = i64::try_from(cents)
-            .map_err(|_| PaymentError::Unavailable("balance out of range".into()))?;
-        Ok(Balance { customer: args.customer, balance_cents })
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
-struct RefundArgs {
-    /// The charge to refund, e.g. `ch_0001`.
-    charge_id: String,
-    /// The amount to refund, in cents.
-    amount_cents: u64,
-}
-
+/// What `refund` returns.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Refund {
     refund_id: String,
@@ -317,28 +231,46 @@ struct Refund {
     amount_cents: u64,
 }
 
-struct RefundTool(Arc<Provider>);
+/// The tools the model sees, over the provider.
+struct Payments {
+    provider: Provider,
+}
 
-static REFUND: ToolDef = ToolDef {
-    name: "refund",
-    description: "Refund (part of) a charge. The provider cannot deduplicate refunds: never retried.",
-    class: RetryClass::Never,
-    options: CHARGE_CARD.options,
-};
-
-impl Tool for RefundTool {
-    type Args = RefundArgs;
-    type Output = Refund;
-    type Error = PaymentError;
-
-    fn def(&self) -> &'static ToolDef {
-        &REFUND
+impl Payments {
+    /// Charge a customer's card `amount_cents` (in cents, positive). Returns the charge id.
+    /// Repeating the call with the same arguments returns the same charge.
+    #[tool(retry = "keyed")]
+    async fn charge_card(
+        &self,
+        cx: &Ctx,
+        customer: String,
+        amount_cents: u64,
+    ) -> Result<Charge, PaymentError> {
+        // The key goes to the provider as its Idempotency-Key: a re-run after a takeover or an
+        // ambiguous failure is deduplicated there.
+        let c = self.provider.charge(&customer, amount_cents, cx.key()).await?;
+        Ok(Charge { charge_id: c.id, customer: c.customer, amount_cents: c.amount_cents })
     }
-    fn write_intent(args: &RefundArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
+
+    /// A customer's balance: charged minus refunded, in cents.
+    #[tool(retry = "safe")]
+    async fn get_balance(&self, customer: String) -> Result<Balance, PaymentError> {
+        let cents = self.provider.balance(&customer).await;
+        let balance_cents = i64::try_from(cents)
+            .map_err(|_| PaymentError::Unavailable("balance out of range".into()))?;
+        Ok(Balance { customer, balance_cents })
     }
-    async fn run(&self, cx: &Ctx, args: RefundArgs) -> Result<Refund, PaymentError> {
-        let r = self.0.refund(&args.charge_id, args.amount_cents, cx.key()).await?;
+
+    /// Refund `amount_cents` (in cents) of the charge `charge_id`. The provider cannot
+    /// deduplicate refunds, so a refund is attempted once and never retried.
+    #[tool(retry = "never")]
+    async fn refund(
+        &self,
+        cx: &Ctx,
+        charge_id: String,
+        amount_cents: u64,
+    ) -> Result<Refund, PaymentError> {
+        let r = self.provider.refund(&charge_id, amount_cents, cx.key()).await?;
         Ok(Refund { refund_id: r.id, charge_id: r.charge_id, amount_cents: r.amount_cents })
     }
 }
@@ -396,11 +328,11 @@ fn executor(sqlite: Option<&Path>) -> Result<Idem, String> {
     }
 }
 
-fn tools(provider: &Arc<Provider>) -> Result<ToolSet, idem_core::ToolSetError> {
+fn tools(payments: &Arc<Payments>) -> Result<ToolSet, idem_core::ToolSetError> {
     ToolSet::new()
-        .with(ChargeCard(Arc::clone(provider)))?
-        .with(GetBalance(Arc::clone(provider)))?
-        .with(RefundTool(Arc::clone(provider)))
+        .with(payments.charge_card_tool())?
+        .with(payments.get_balance_tool())?
+        .with(payments.refund_tool())
 }
 
 #[tokio::main]
@@ -417,8 +349,8 @@ async fn main() -> std::process::ExitCode {
 async fn serve() -> Result<(), String> {
     let opts = parse_args()?;
     let idem = executor(opts.sqlite.as_deref())?;
-    let provider = Arc::new(Provider::open(opts.ledger)?);
-    let tools = tools(&provider).map_err(|e| e.to_string())?;
+    let payments = Arc::new(Payments { provider: Provider::open(opts.ledger)? });
+    let tools = tools(&payments).map_err(|e| e.to_string())?;
     IdemServer::new(tools, &idem)
         .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
         .with_instructions(
