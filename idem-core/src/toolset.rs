@@ -167,7 +167,8 @@ pub struct ToolResult {
     /// `{"error": {"kind", "message", "detail"?}}`, where `detail` is the tool's own error as JSON
     /// (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`).
     pub content: Value,
-    /// What the model reads: the output as compact JSON text, or `Error (<kind>): <message>`.
+    /// What the model reads: the output as compact JSON text (a string output as itself), or
+    /// `Error (<kind>): <message>`.
     pub text: String,
     /// Whether the call failed (MCP `isError`, Anthropic `is_error`).
     pub is_error: bool,
@@ -344,7 +345,7 @@ pub enum ToolSetError {
     #[error("a tool named `{0}` is already in the set; tool names must be unique")]
     DuplicateName(&'static str),
     /// The name breaks the MCP rule (spec 2025-11-25, "Tool names"): 1 to 128 characters from
-    /// `A-Z a-z 0-9 _ - .`.
+    /// `A-Z a-z 0-9 _ - .`. (OpenAI and Anthropic are stricter: no `.`, at most 64.)
     #[error(
         "tool name `{0}` is not valid: MCP (spec 2025-11-25, Tool names) allows 1 to 128 characters from A-Z, a-z, 0-9, `_`, `-` and `.`"
     )]

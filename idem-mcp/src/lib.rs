@@ -227,3 +227,105 @@ impl ServerHandler for IdemServer {
         self.call(request, meta).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use idem_core::{Classify, Failure, tool};
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+    #[error("declined")]
+    struct Declined;
+
+    impl Classify for Declined {
+        fn classify(&self) -> Failure {
+            Failure::permanent()
+        }
+    }
+
+    static ORDERS: AtomicU32 = AtomicU32::new(0);
+
+    /// Place an order.
+    #[tool(retry = "keyed")]
+    async fn place_order(item: String) -> Result<serde_json::Value, Declined> {
+        let n = ORDERS.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(json!({ "order": n, "item": item }))
+    }
+
+    fn server() -> IdemServer {
+        let tools = ToolSet::new().with(PlaceOrderTool).unwrap();
+        IdemServer::new(tools, &Idem::in_memory())
+    }
+
+    fn params(v: Value) -> CallToolRequestParams {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn meta(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn the_rmcp_tool_matches_the_tool_set_definition() {
+        let server = server();
+        let def = server.tools().definition("place_order").unwrap();
+        let tool = serde_json::to_value(to_mcp_tool(def)).unwrap();
+        assert_eq!(tool, def.to_mcp());
+        assert_eq!(tool["annotations"], json!({"readOnlyHint": false, "idempotentHint": true}));
+    }
+
+    #[tokio::test]
+    async fn unknown_tool_and_bad_meta_are_invalid_params() {
+        let server = server();
+        let Err(e) = server.call(params(json!({"name": "nope"})), Map::new()).await else {
+            panic!("an unknown tool was answered")
+        };
+        assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert_eq!(e.message, "Unknown tool: nope");
+        let call = params(json!({"name": "place_order", "arguments": {"item": "a"}}));
+        let Err(e) = server.call(call, meta(json!({"idem/idempotencyKey": ""}))).await else {
+            panic!("an empty idempotency key was accepted")
+        };
+        assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+    }
+
+    #[tokio::test]
+    async fn calls_are_scoped_to_the_meta_run_or_the_session() {
+        let (a, b) = (server(), server());
+        let before = ORDERS.load(Ordering::SeqCst);
+        let call = || params(json!({"name": "place_order", "arguments": {"item": "scope-test"}}));
+        let run = || meta(json!({"idem/run": "conv-1"}));
+        // Two sessions on one store would be two processes; here each server has its own
+        // in-memory store, so only the session scope is observable across them.
+        let complete = |r: CallResult| match r {
+            Ok(CallToolResponse::Complete(result)) => result,
+            other => panic!("not a complete result: {other:?}"),
+        };
+        let first = complete(a.call(call(), run()).await);
+        let again = complete(a.call(call(), run()).await);
+        assert_eq!(first, again);
+        a.call(call(), Map::new()).await.unwrap();
+        a.call(call(), Map::new()).await.unwrap();
+        b.call(call(), Map::new()).await.unwrap();
+        assert_eq!(ORDERS.load(Ordering::SeqCst) - before, 3, "conv-1, session a, session b");
+        assert_eq!(first.is_error, Some(false));
+        assert_eq!(first.structured_content.unwrap()["item"], "scope-test");
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_an_is_error_result() {
+        let server = server();
+        let call = params(json!({"name": "place_order", "arguments": {"item": 5}}));
+        let CallToolResponse::Complete(result) = server.call(call, Map::new()).await.unwrap()
+        else {
+            panic!("not a complete result")
+        };
+        assert_eq!(result.is_error, Some(true));
+        let text = serde_json::to_value(&result.content[0]).unwrap()["text"].clone();
+        assert!(text.as_str().unwrap().contains("field `item`"), "{text}");
+    }
+}
