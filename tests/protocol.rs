@@ -1275,3 +1275,71 @@ async fn records_abandoned_by_cancelled_callers_are_swept() {
     let _ = tokio::time::timeout(Duration::from_millis(1), run.call(&*tool, args("last", 0))).await;
     assert_eq!(store.len(), 1, "expired leases of re-runnable tools are swept");
 }
+
+/// A memory store whose `complete` fails as if the server went down after the claim.
+struct CompleteFails(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for CompleteFails {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.0.claim(req).await
+    }
+    async fn complete(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+        _: &idem_core::store::Outcome,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn release(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+    ) -> Result<(), StoreError> {
+        self.0.release(k, f).await
+    }
+    async fn renew(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+        l: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.renew(k, f, l).await
+    }
+    async fn wait(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+        m: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.wait(k, f, m).await
+    }
+    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+        self.0.forget(k).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
+    let idem = executor_on(Arc::new(CompleteFails(MemoryStore::new())), policy());
+    let run = idem.run("r");
+    // A never tool whose attempt was ambiguous: "unknown", not "nothing was executed".
+    let never = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::ChargeThenReset);
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    // Once its lease ends the claim reads as unknown too; the tool never runs again.
+    tokio::time::sleep(policy().lease * 2).await;
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    assert_eq!(never.runs(), 1);
+
+    // A declined card: the caller gets the decline, not a store error.
+    let keyed = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Decline);
+    let got = run.call(&*keyed, args("cus_2", 1)).await;
+    assert!(matches!(got, Err(Error::Tool { error: PayError::Declined(_), .. })), "{got:?}");
+    // A success: the caller gets the charge.
+    let ok = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    assert_eq!(run.call(&*ok, args("cus_3", 1)).await.unwrap(), "ch_1");
+}

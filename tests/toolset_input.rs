@@ -34,7 +34,10 @@ fn set() -> ToolSet {
 async fn malformed_text_arguments_are_refused_and_nothing_runs() {
     let (set, run) = (set(), Idem::in_memory().run("r"));
     let cases = [
-        (r#"{"customer":"c","amount_cents":5,"amount_cents":700000,"reference":1}"#, "duplicate field `amount_cents`"),
+        (
+            r#"{"customer":"c","amount_cents":5,"amount_cents":700000,"reference":1}"#,
+            "duplicate field `amount_cents`",
+        ),
         (r#"{"customer":"c","amount_cents":5,"reference":1} trailing"#, "not valid JSON"),
         (r#"{"customer":"c","amount_cents":5"#, "not valid JSON"),
         (r#"[1, 2]"#, "must be a JSON object, not an array"),
@@ -50,7 +53,8 @@ async fn malformed_text_arguments_are_refused_and_nothing_runs() {
     assert_eq!(RUNS.load(Ordering::SeqCst), 0, "no malformed call ran the tool");
 
     // Integers beyond 64 bits reach an i128 parameter exactly.
-    let big = r#"{"customer":"c","amount_cents":5,"reference":-170141183460469231731687303715884105728}"#;
+    let big =
+        r#"{"customer":"c","amount_cents":5,"reference":-170141183460469231731687303715884105728}"#;
     let result = set.call_text(&run, "charge", big).await;
     assert!(!result.is_error, "{result:?}");
     assert_eq!(result.content, json!("c:5:-170141183460469231731687303715884105728"));

@@ -575,8 +575,12 @@ impl<T: Tool> Call<'_, T> {
                         match serde_json::to_string(error) {
                             Ok(json) => {
                                 let outcome = Outcome::Failure(json);
-                                self.store_outcome(fence, &outcome, self.policy.failure_ttl)
-                                    .await?;
+                                let ttl = self.policy.failure_ttl;
+                                // Not stored (store down, lease lost): the caller still gets the
+                                // tool's answer; the claim ends with its lease.
+                                if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
+                                    tracing::warn!(error = %e, "permanent failure not stored");
+                                }
                             }
                             // A permanent failure means nothing happened: freeing the key is
                             // safe, and better than storing what cannot be replayed.
@@ -589,11 +593,15 @@ impl<T: Tool> Call<'_, T> {
                     budget.on_failure();
                     if let Some(fence) = fence {
                         // Kept until someone reconciles it, not for the retention of a result:
-                        // expiring it would let the tool run a second time.
-                        self.store_outcome(fence, &Outcome::Unknown, FOREVER).await?;
+                        // expiring it would let the tool run a second time. If the store cannot
+                        // take it, the claim stays in flight and reads as unknown once its lease
+                        // ends: either way the honest answer is "unknown", never "not executed".
+                        if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await
+                        {
+                            tracing::warn!(error = %e, "unknown outcome not stored");
+                        }
                     }
                     self.outcome("unknown");
-                    let _ = as_error(error);
                     return Err(Error::OutcomeUnknown { tool: self.name(), key: self.key });
                 }
                 (FailureKind::Transient | FailureKind::Ambiguous, _) => {
