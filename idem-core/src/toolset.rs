@@ -634,7 +634,9 @@ fn parse_args<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A,
             // Straight from the text into the typed arguments: a `Value` would keep only the last
             // of two duplicate keys, and turn integers beyond 64 bits into floats.
             let mut de = serde_json::Deserializer::from_str(text);
-            let typed = serde_path_to_error::deserialize(&mut de);
+            let object = text.trim_start().starts_with('{');
+            let typed =
+                if object { serde_path_to_error::deserialize(&mut de).map(Some) } else { Ok(None) };
             let syntax = |e: &serde_json::Error| {
                 let mut msg = format!(
                     "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
@@ -645,16 +647,17 @@ fn parse_args<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A,
                 msg
             };
             match typed {
-                Ok(args) => return de.end().map(|()| args).map_err(|e| syntax(&e)),
+                // serde's derives also accept an array for a struct: only an object will do, and
+                // anything else is parsed only to say what it is.
+                Ok(None) => {
+                    parsed = serde_json::from_str::<Value>(text).map_err(|e| syntax(&e))?;
+                    &parsed
+                }
+                Ok(Some(args)) => return de.end().map(|()| args).map_err(|e| syntax(&e)),
                 Err(e) if e.inner().is_syntax() || e.inner().is_eof() => {
                     return Err(syntax(e.inner()));
                 }
-                Err(e) if text.trim_start().starts_with('{') => return Err(field_error(tool, &e)),
-                // Not an object: say what it is, below.
-                Err(e) => {
-                    parsed = serde_json::from_str::<Value>(text).map_err(|_| syntax(e.inner()))?;
-                    &parsed
-                }
+                Err(e) => return Err(field_error(tool, &e)),
             }
         }
     };
