@@ -303,6 +303,12 @@ fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> R
     serde_json::from_str(json).map_err(|e| Error::ReplayFailed { tool, key, reason: e.to_string() })
 }
 
+/// What claiming ended with: this call owns the key, or it already has its answer.
+enum Owned<T: Tool> {
+    Fence(Fence),
+    Answer(Result<T::Output, Error<T::Error>>),
+}
+
 /// How one attempt ended.
 enum Attempt<O, E> {
     Done(Result<O, E>),
@@ -377,46 +383,58 @@ impl<T: Tool> Call<'_, T> {
             RetryClass::Never => OnExpired::Unknown,
             _ => OnExpired::TakeOver,
         };
+        match self.acquire(on_expired).await {
+            Ok(Owned::Fence(fence)) => {
+                self.outcome("executed");
+                self.attempts(args, Some(fence)).await
+            }
+            Ok(Owned::Answer(answer)) => answer,
+            Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
+                tracing::warn!(error = %e, "store unavailable; running safe tool without it");
+                self.outcome("executed");
+                self.attempts(args, None).await
+            }
+            Err(e) => Err(self.store_error(e)),
+        }
+    }
+
+    /// Claims until this call owns the key or has its answer: waits for another owner's
+    /// result, replays a stored one, or says why not. Bounded by the wall-clock budget.
+    async fn acquire(&self, on_expired: OnExpired) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
-        let fence = loop {
-            match self.claim(on_expired).await {
-                Ok(Claim::Acquired { fence, .. }) => break fence,
-                Ok(Claim::InFlight { fence, lease_remaining }) => {
+        let answer = |a| Ok(Owned::Answer(a));
+        loop {
+            match self.claim(on_expired).await? {
+                Claim::Acquired { fence, .. } => return Ok(Owned::Fence(fence)),
+                Claim::InFlight { fence, lease_remaining } => {
                     let now = Instant::now();
                     if now >= self.deadline {
-                        return Err(Error::BudgetExhausted {
-                            tool: self.name(),
-                            budget: BudgetKind::WallClock,
-                        });
+                        let budget = BudgetKind::WallClock;
+                        return answer(Err(Error::BudgetExhausted { tool: self.name(), budget }));
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
                     // A store that stops answering is caught by the next claim's timeout.
                     let waited = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
                     if let Ok(Err(e)) = waited {
-                        return Err(self.store_error(e));
+                        return Err(e);
                     }
                 }
-                Ok(Claim::Completed(record)) => {
+                Claim::Completed(record) => {
                     self.outcome("replayed");
-                    return self.replay(record);
+                    return answer(self.replay(record));
                 }
-                Ok(Claim::Unknown) => {
+                Claim::Unknown => {
                     self.outcome("unknown");
-                    return Err(Error::OutcomeUnknown { tool: self.name(), key: self.key });
+                    return answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }));
                 }
-                Ok(Claim::Mismatch) => {
-                    return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
+                Claim::Mismatch => {
+                    return answer(Err(Error::KeyReuseMismatch {
+                        tool: self.name(),
+                        key: self.key,
+                    }));
                 }
-                Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
-                    tracing::warn!(error = %e, "store unavailable; running safe tool without it");
-                    self.outcome("executed");
-                    return self.attempts(args, None).await;
-                }
-                Err(e) => return Err(self.store_error(e)),
             }
-        };
-        self.outcome("executed");
-        self.attempts(args, Some(fence)).await
+        }
     }
 
     /// One claim, bounded by the call's budget and the store timeout. A claim that does not
@@ -670,9 +688,10 @@ impl<T: Tool> Call<'_, T> {
                 });
             }
         };
-        match self.store_outcome(fence, &Outcome::Success(json), self.policy.ttl).await {
+        let outcome = Outcome::Success(json);
+        match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),
-            Err(Error::LeaseLost { tool, key }) => Err(Error::LeaseLost { tool, key }),
+            Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
             Err(e) => {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
@@ -680,6 +699,29 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %e, "outcome not stored");
                 Ok(output)
             }
+        }
+    }
+
+    /// This call's lease was taken over (it paused, or its renewals failed) after its work
+    /// succeeded. The new owner's outcome stands: wait for it and answer with it, so every caller
+    /// of the intent receives the same result. If the new owner gave up, this call's result
+    /// becomes the intent's (a keyed tool's provider deduplicated both runs by the key).
+    async fn after_lease_lost(
+        &self,
+        output: T::Output,
+        outcome: Outcome,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let lost = || Error::LeaseLost { tool: self.name(), key: self.key };
+        if self.class() == RetryClass::Never {
+            // Only an operator's `forget` takes a never tool's lease: do not guess.
+            return Err(lost());
+        }
+        match self.acquire(OnExpired::TakeOver).await {
+            Ok(Owned::Answer(answer)) => answer,
+            Ok(Owned::Fence(fence)) => {
+                self.store_outcome(fence, &outcome, self.policy.ttl).await.map(|()| output)
+            }
+            Err(_) => Err(lost()),
         }
     }
 
