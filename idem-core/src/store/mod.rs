@@ -13,8 +13,12 @@ use async_trait::async_trait;
 use crate::key::{Fingerprint, Key};
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder};
 
 /// A fencing token: strictly increasing for a key over the life of the store, across takeovers,
 /// releases and retention expiry. Only the holder of the current fence may complete, release or
