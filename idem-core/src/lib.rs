@@ -15,6 +15,8 @@
 mod budget;
 mod canonical;
 mod class;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod ctx;
 mod error;
 mod executor;

@@ -1,1 +1,33 @@
+//! Shared test support for the workspace's integration tests (not part of idem): service
+//! addresses and the rule for a service that cannot be reached.
 
+use std::fmt::Display;
+
+/// Whether the tests run under CI (`CI=true`): a missing service then fails the run.
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The PostgreSQL connection string for tests: `IDEM_PG_URL`, or the local default.
+pub fn pg_url() -> String {
+    std::env::var("IDEM_PG_URL")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
+}
+
+/// The Redis URL for tests: `IDEM_REDIS_URL`, or the local default.
+pub fn redis_url() -> String {
+    std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
+}
+
+/// The rule for an unreachable service: under `CI=true` the test fails (panics with the cause);
+/// otherwise it prints a skip line and the caller returns (`None`).
+pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<T> {
+    match connected {
+        Ok(v) => Some(v),
+        Err(e) if is_ci() => panic!("{service} is required under CI=true but unreachable: {e}"),
+        Err(e) => {
+            eprintln!("SKIP: {service} unreachable ({e}); set CI=true to make this a failure");
+            None
+        }
+    }
+}
