@@ -16,9 +16,9 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use memory::MemoryStore;
 
 /// A fencing token: strictly increasing for a key over the life of the store, across takeovers,
 /// releases and retention expiry. Only the holder of the current fence may complete, release or

@@ -523,9 +523,7 @@ fn bulk(v: Option<&Value>) -> Result<&[u8], StoreError> {
 
 fn fence_of(v: Option<&Value>) -> Result<Fence, StoreError> {
     let n = int(v)?;
-    u64::try_from(n)
-        .map(Fence)
-        .map_err(|_| StoreError::Incompatible(format!("negative fence {n}")))
+    u64::try_from(n).map(Fence).map_err(|_| StoreError::Incompatible(format!("negative fence {n}")))
 }
 
 fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, StoreError> {
@@ -632,12 +630,10 @@ impl Store for RedisStore {
         // Registered before subscribing and before the re-check below, so a message that
         // arrives in between is not missed.
         notified.as_mut().enable();
-        let subscribed = tokio::time::timeout_at(
-            deadline,
-            self.inner.sync_subscription(&interest.channel),
-        )
-        .await
-        .unwrap_or(false);
+        let subscribed =
+            tokio::time::timeout_at(deadline, self.inner.sync_subscription(&interest.channel))
+                .await
+                .unwrap_or(false);
         let mut poll = if subscribed { SUBSCRIBED_RECHECK } else { POLL_MIN };
         loop {
             let Some(lease_left) = self.peek(key, fence).await? else { return Ok(()) };
