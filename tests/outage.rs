@@ -1,0 +1,332 @@
+//! Store outage (issue 4 "Store outage"): the store's server goes away mid-run. Calls fail closed
+//! with `StoreUnavailable` and the tool body does not run while it is down; nothing runs twice
+//! unprotected; calls work again by themselves once it is back, with no new store or executor.
+//!
+//! Redis: the test runs its own `redis-server` on a free port (never the shared one), with an
+//! fsync-always append-only file so a crash loses nothing, and crashes (SIGKILL), restarts, hangs
+//! (SIGSTOP) and resumes (SIGCONT) it.
+
+#![cfg(feature = "redis")]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::store::RedisStore;
+use idem_core::{Classify, Ctx, Error, Failure, Idem, Policy, RetryClass, Run, Tool, ToolDef};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Never;
+
+impl std::fmt::Display for Never {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("never fails")
+    }
+}
+
+impl Classify for Never {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// Counts tool bodies and provider effects per intent; a gate lets the test hold bodies open.
+#[derive(Default)]
+struct Ledger {
+    bodies: Mutex<HashMap<(&'static str, u32), u32>>,
+    /// The fake provider: one effect per idempotency key for `charge`, none deduplicated for
+    /// `wire`.
+    provider: Mutex<HashMap<String, String>>,
+    effects: Mutex<HashMap<(&'static str, u32), u32>>,
+    gate: Option<Arc<Semaphore>>,
+}
+
+impl Ledger {
+    fn bodies(&self, tool: &'static str, intent: u32) -> u32 {
+        self.bodies.lock().unwrap().get(&(tool, intent)).copied().unwrap_or(0)
+    }
+    fn effects(&self, tool: &'static str, intent: u32) -> u32 {
+        self.effects.lock().unwrap().get(&(tool, intent)).copied().unwrap_or(0)
+    }
+    async fn run(&self, tool: &'static str, intent: u32, cx: &Ctx) -> String {
+        *self.bodies.lock().unwrap().entry((tool, intent)).or_default() += 1;
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
+        let effect = format!("{tool}-{intent}-attempt-{}", cx.attempt());
+        if tool == "charge" {
+            let mut provider = self.provider.lock().unwrap();
+            if let Some(charged) = provider.get(cx.key()) {
+                return charged.clone();
+            }
+            provider.insert(cx.key().to_owned(), effect.clone());
+        }
+        *self.effects.lock().unwrap().entry((tool, intent)).or_default() += 1;
+        effect
+    }
+}
+
+static CHARGE: ToolDef = ToolDef {
+    name: "charge",
+    description: "keyed",
+    class: RetryClass::Keyed,
+    options: idem_core::ToolOptions {
+        attempts: None,
+        attempt_timeout: None,
+        budget: None,
+        lease: None,
+        ttl: None,
+    },
+};
+static WIRE: ToolDef = ToolDef {
+    name: "wire",
+    description: "never",
+    class: RetryClass::Never,
+    options: CHARGE.options,
+};
+
+struct Charge(Arc<Ledger>);
+struct Wire(Arc<Ledger>);
+
+impl Tool for Charge {
+    type Args = u32;
+    type Output = String;
+    type Error = Never;
+    fn def(&self) -> &'static ToolDef {
+        &CHARGE
+    }
+    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
+        idem_core::canonicalize(args, out)
+    }
+    async fn run(&self, cx: &Ctx, intent: u32) -> Result<String, Never> {
+        Ok(self.0.run("charge", intent, cx).await)
+    }
+}
+
+impl Tool for Wire {
+    type Args = u32;
+    type Output = String;
+    type Error = Never;
+    fn def(&self) -> &'static ToolDef {
+        &WIRE
+    }
+    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
+        idem_core::canonicalize(args, out)
+    }
+    async fn run(&self, cx: &Ctx, intent: u32) -> Result<String, Never> {
+        Ok(self.0.run("wire", intent, cx).await)
+    }
+}
+
+/// A private redis-server: a free port, its own directory, an fsync-always AOF.
+struct Server {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    fn start() -> Option<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let dir = idem_tests::workers::temp_dir("outage-redis");
+        let mut server = Server { port, dir, child: None };
+        let started = server.spawn();
+        idem_tests::or_skip("redis-server (the binary, for a private server)", started)?;
+        Some(server)
+    }
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start redis-server: {e}"))?;
+        self.child = Some(child);
+        // Wait until it answers.
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err("redis-server did not start".into())
+    }
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+    fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let _ =
+                Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.signal("CONT");
+        self.crash();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn idem(server: &Server) -> Idem {
+    let store = RedisStore::builder(server.url()).open_lazy().expect("store");
+    let policy = Policy {
+        lease: Duration::from_millis(1500),
+        attempt_timeout: Duration::from_secs(30),
+        budget: Duration::from_secs(30),
+        ..Policy::default()
+    };
+    Idem::builder(store).policy(policy).build()
+}
+
+fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error<Never>>) {
+    match r {
+        Err(Error::StoreUnavailable { .. }) => {}
+        other => panic!("{what}: expected StoreUnavailable, got {other:?}"),
+    }
+}
+
+/// Calls until the store answers again (it must come back by itself), at most `tries` times.
+async fn until_back<T: Tool<Args = u32, Error = Never>>(
+    run: &Run,
+    tool: &T,
+    intent: u32,
+) -> T::Output
+where
+    T::Output: std::fmt::Debug,
+{
+    for _ in 0..100 {
+        match run.call(tool, intent).await {
+            Ok(out) => return out,
+            Err(Error::StoreUnavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("after the outage: {e}"),
+        }
+    }
+    panic!("the store did not come back by itself")
+}
+
+/// A bound on every call, so a hang fails the test instead of stalling it.
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("a call hung while the store was down")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_crash_fails_closed_and_recovers() {
+    let Some(mut server) = Server::start() else { return };
+    let ledger = Arc::new(Ledger::default());
+    let (charge, wire) = (Charge(ledger.clone()), Wire(ledger.clone()));
+    let idem = idem(&server);
+    let run = idem.run("outage-crash");
+
+    for i in 0..3 {
+        run.call(&charge, i).await.unwrap();
+        run.call(&wire, i).await.unwrap();
+    }
+
+    server.crash();
+    for i in 0..6 {
+        unavailable("charge while down", bounded(run.call(&charge, i)).await);
+        unavailable("wire while down", bounded(run.call(&wire, i)).await);
+    }
+    for i in 3..6 {
+        assert_eq!(ledger.bodies("charge", i), 0, "no body may run while the store is down");
+        assert_eq!(ledger.bodies("wire", i), 0, "no body may run while the store is down");
+    }
+
+    server.spawn().expect("restart redis-server");
+    until_back(&run, &charge, 0).await;
+    for i in 0..6 {
+        bounded(run.call(&charge, i)).await.unwrap();
+        bounded(run.call(&wire, i)).await.unwrap();
+    }
+    for i in 0..6 {
+        for tool in ["charge", "wire"] {
+            assert_eq!(ledger.bodies(tool, i), 1, "{tool} {i} ran exactly once across the outage");
+            assert_eq!(ledger.effects(tool, i), 1, "{tool} {i}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_crash_during_a_call_runs_nothing_twice() {
+    let Some(mut server) = Server::start() else { return };
+    let gate = Arc::new(Semaphore::new(0));
+    let ledger = Arc::new(Ledger { gate: Some(gate.clone()), ..Ledger::default() });
+    let (charge, wire) = (Arc::new(Charge(ledger.clone())), Arc::new(Wire(ledger.clone())));
+    let idem = idem(&server);
+    let run = idem.run("outage-mid-call");
+
+    // Both bodies start (their claims are stored), then the server crashes under them.
+    let first_charge = tokio::spawn({
+        let (run, charge) = (run.clone(), charge.clone());
+        async move { run.call(&*charge, 7).await }
+    });
+    let first_wire = tokio::spawn({
+        let (run, wire) = (run.clone(), wire.clone());
+        async move { run.call(&*wire, 7).await }
+    });
+    while ledger.bodies("charge", 7) + ledger.bodies("wire", 7) < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.crash();
+    gate.add_permits(2);
+    // The effects happened; their outcomes could not be stored. The callers still get them.
+    assert_eq!(bounded(first_charge).await.unwrap().unwrap(), "charge-7-attempt-1");
+    assert_eq!(bounded(first_wire).await.unwrap().unwrap(), "wire-7-attempt-1");
+
+    server.spawn().expect("restart redis-server");
+    gate.add_permits(100);
+    // The claims survived the crash, in flight: the keyed repeat takes over once the lease ends
+    // and re-runs with the same key (the provider deduplicates); the never repeat does not run.
+    let again = until_back(&run, &*charge, 7).await;
+    assert_eq!(again, "charge-7-attempt-1", "the provider's one charge is replayed");
+    assert_eq!(ledger.effects("charge", 7), 1, "exactly one charge");
+    match bounded(run.call(&*wire, 7)).await {
+        Err(Error::OutcomeUnknown { .. }) => {}
+        other => panic!("the wire's outcome is unknown after the crash, got {other:?}"),
+    }
+    assert_eq!(ledger.bodies("wire", 7), 1, "a never tool never runs twice");
+    assert_eq!(ledger.effects("wire", 7), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hang_fails_closed_within_the_timeout_and_recovers() {
+    let Some(server) = Server::start() else { return };
+    let ledger = Arc::new(Ledger::default());
+    let charge = Charge(ledger.clone());
+    let idem = idem(&server);
+    let run = idem.run("outage-hang");
+    run.call(&charge, 0).await.unwrap();
+
+    // A hung server (no answers, connections stay open): the response timeout fails the call.
+    server.signal("STOP");
+    unavailable("charge while hung", bounded(run.call(&charge, 1)).await);
+    unavailable("replay while hung", bounded(run.call(&charge, 0)).await);
+    assert_eq!(ledger.bodies("charge", 1), 0, "no body may run while the store hangs");
+    server.signal("CONT");
+
+    // The hung claim may still have reached the server once it resumed: then intent 1 is in
+    // flight with no owner until its lease ends, and is taken over. Either way it runs once.
+    until_back(&run, &charge, 1).await;
+    assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+    assert_eq!(ledger.bodies("charge", 0), 1);
+    assert_eq!(ledger.bodies("charge", 1), 1);
+}
