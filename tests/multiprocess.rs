@@ -10,6 +10,8 @@
 //! - No resumed worker overwrites a newer owner: the stored result of every intent comes from the
 //!   highest fence under which its body ran, and the stopped keyed worker got `LeaseLost`.
 
+#![cfg(any(feature = "redis", feature = "sqlite", feature = "postgres"))]
+
 use std::time::Duration;
 
 use idem_tests::workers::{self, Action, Ledger, Log, Spec};
@@ -183,4 +185,13 @@ async fn redis_exactly_once_across_processes() {
         return;
     }
     hammer(&url, "mp-redis").await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_exactly_once_across_processes() {
+    // One database file shared by every worker process of the machine.
+    let db = workers::temp_dir("mp-sqlite-db").join("idem.db");
+    hammer(&format!("sqlite://{}", db.display()), "mp-sqlite").await;
+    let _ = std::fs::remove_dir_all(db.parent().unwrap_or(&db));
 }

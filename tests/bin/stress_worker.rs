@@ -184,6 +184,12 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string());
     }
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        return idem_core::SqliteStore::open_url(url)
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .map_err(|e| e.to_string());
+    }
     Err(format!("no store compiled in for {url:?} (enable the matching cargo feature)"))
 }
 
