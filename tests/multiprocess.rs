@@ -106,54 +106,7 @@ async fn hammer(url: &str, tag: &str) -> String {
     let seen = workers::answers(&log);
     let ledger = Ledger::new(&dir);
 
-    for intent in 0..INTENTS {
-        let key = ("charge".to_owned(), intent);
-        let effects = ledger.effects("charge", intent);
-        assert_eq!(effects.len(), 1, "charge {intent}: exactly one effect, got {effects:?}");
-        let [(_, Ok(stored))] = &finals[&key][..] else {
-            panic!("charge {intent} must end with a result, got {:?}", finals[&key]);
-        };
-        let (effect, fence) = workers::receipt(stored);
-        assert_eq!(effect, effects[0], "charge {intent}: the stored result is the one effect");
-        let bodies = ledger.body_fences("charge", intent);
-        assert_eq!(
-            Some(fence),
-            bodies.iter().copied().max(),
-            "charge {intent}: the result must come from the newest owner (bodies {bodies:?})"
-        );
-        for (worker, answer) in seen.get(&key).into_iter().flatten() {
-            match answer {
-                Ok(json) => {
-                    assert_eq!(json, stored, "charge {intent}: {worker} got another result")
-                }
-                Err(kind) => assert!(
-                    worker == "stop-charge" && kind == "LeaseLost",
-                    "charge {intent}: {worker} got {kind}"
-                ),
-            }
-        }
-
-        let key = ("wire".to_owned(), intent);
-        let effects = ledger.effects("wire", intent);
-        let bodies = ledger.body_fences("wire", intent);
-        assert!(bodies.len() <= 1, "wire {intent}: a never tool ran {} times", bodies.len());
-        assert!(effects.len() <= 1, "wire {intent}: {} effects", effects.len());
-        let [(_, end)] = &finals[&key][..] else { panic!("wire {intent}: one final answer") };
-        match end {
-            Ok(stored) => {
-                let (effect, fence) = workers::receipt(stored);
-                assert_eq!(effects, vec![effect], "wire {intent}: the result is the one effect");
-                assert_eq!(bodies, vec![fence], "wire {intent}");
-            }
-            Err(kind) => assert_eq!(kind, "OutcomeUnknown", "wire {intent}"),
-        }
-        for (worker, answer) in seen.get(&key).into_iter().flatten() {
-            match answer {
-                Ok(json) => assert_eq!(Ok(json), end.as_ref(), "wire {intent}: {worker}"),
-                Err(kind) => assert_eq!(kind, "OutcomeUnknown", "wire {intent}: {worker}"),
-            }
-        }
-    }
+    workers::check(&ledger, &seen, &finals, INTENTS, &["stop-charge"], false);
 
     // What each disruption must have led to.
     let stop_charge = workers::answers(&log)[&("charge".to_owned(), 4)]

@@ -18,7 +18,8 @@
 //! Stdout, one line per event, flushed at once (the tests act on them):
 //! `BODY <tool> <intent> <fence>` when a body starts (claim held, nothing done yet),
 //! `EFFECT <tool> <intent> <fence>` after the effect, before the outcome is stored,
-//! `OK <tool> <intent> <json>` and `ERR <tool> <intent> <error kind> <message>` per call.
+//! `OK <tool> <intent> <json>` and `ERR <tool> <intent> <error kind> <message>` per call (a call
+//! that meets an unavailable store is repeated every 100 ms, printing each `StoreUnavailable`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -193,9 +194,22 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     Err(format!("no store compiled in for {url:?} (enable the matching cargo feature)"))
 }
 
+/// One call, like an agent would make it: while the store is unavailable, the same call is
+/// repeated every 100 ms (up to 30 s), each failure printed.
 async fn call<T: Tool<Args = u32, Output = Receipt>>(run: &Run, tool: &T, intent: u32) {
     let name = tool.def().name;
-    match run.call(tool, intent).await {
+    let mut tries = 0;
+    let answer = loop {
+        match run.call(tool, intent).await {
+            Err(e @ Error::StoreUnavailable { .. }) if tries < 300 => {
+                tries += 1;
+                say(format!("ERR {name} {intent} StoreUnavailable {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    match answer {
         Ok(r) => {
             say(format!("OK {name} {intent} {}", serde_json::to_string(&r).unwrap_or_default()))
         }
