@@ -456,28 +456,9 @@ impl Store for SqliteStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        let deadline = tokio::time::Instant::now() + max;
-        let mut pause = POLL_FIRST;
-        loop {
-            // Registered before the check, so a change by this store in between is not missed.
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let key = *key;
-            let held = self
-                .call(move |conn| {
-                    let params = params![key.as_str(), fence_param(fence), now_ms()];
-                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
-                })
-                .await?;
-            let now = tokio::time::Instant::now();
-            if !held || now >= deadline {
-                return Ok(());
-            }
-            let nap = pause.min(deadline - now);
-            let _ = tokio::time::timeout(nap, changed).await;
-            pause = (pause * 2).min(POLL_MAX);
-        }
+        // The deadline bounds everything, a statement stuck behind another process's lock
+        // included.
+        tokio::time::timeout(max, self.wait_inner(key, fence)).await.unwrap_or(Ok(()))
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
@@ -491,6 +472,28 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
+    async fn wait_inner(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let mut pause = POLL_FIRST;
+        loop {
+            // Registered before the check, so a change by this store in between is not missed.
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let key = *key;
+            let held = self
+                .call(move |conn| {
+                    let params = params![key.as_str(), fence_param(fence), now_ms()];
+                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
+                })
+                .await?;
+            if !held {
+                return Ok(());
+            }
+            let _ = tokio::time::timeout(pause, changed).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
     fn changed_or_lost(&self, changed: usize) -> Result<(), StoreError> {
         if changed == 1 {
             self.inner.changed.notify_waiters();
