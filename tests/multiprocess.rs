@@ -169,3 +169,14 @@ async fn sqlite_exactly_once_across_processes() {
     hammer(&format!("sqlite://{}", db.display()), "mp-sqlite").await;
     let _ = std::fs::remove_dir_all(db.parent().unwrap_or(&db));
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_exactly_once_across_processes() {
+    let url = idem_tests::pg_url();
+    let reachable = idem_core::PostgresStore::connect(&url).await.map(drop);
+    if idem_tests::or_skip("PostgreSQL", reachable).is_none() {
+        return;
+    }
+    hammer(&format!("pg:{url}"), "mp-postgres").await;
+}

@@ -4,7 +4,8 @@
 //! ```text
 //! idem-stress-worker <mode> <store-url> <ledger-dir> <run-id> <worker-id> <intents> <rounds> <lease-ms> [first]
 //! ```
-//! `mode` is `hammer` (call every intent of both tools `rounds` times, in a per-worker shuffled
+//! `store-url` is `redis://..`, `sqlite://PATH`, or `pg:` followed by a PostgreSQL connection
+//! string (libpq key=value or URL). `mode` is `hammer` (call every intent of both tools `rounds` times, in a per-worker shuffled
 //! order, starting with intent `first` if given) or `final` (call every intent of both tools
 //! once, in order). Two tools:
 //! - `charge` (keyed): its fake provider deduplicates by the forwarded idempotency key;
@@ -188,6 +189,13 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     #[cfg(feature = "sqlite")]
     if url.starts_with("sqlite:") {
         return idem_core::SqliteStore::open_url(url)
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .map_err(|e| e.to_string());
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(conninfo) = url.strip_prefix("pg:") {
+        return idem_core::PostgresStore::connect(conninfo)
+            .await
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string());
     }
