@@ -245,3 +245,13 @@ async fn executor_crashed_holder_is_taken_over() {
     let Some((a, b)) = two_stores().await else { return };
     executor::crashed_holder_is_taken_over(a, b).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_churn() {
+    let Some(first) = store().await else { return };
+    let mut stores: Vec<Arc<dyn Store>> = vec![first];
+    for _ in 0..3 {
+        stores.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    executor::mutual_exclusion_under_churn(stores).await;
+}

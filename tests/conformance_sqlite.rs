@@ -157,3 +157,12 @@ async fn executor_crashed_holder_is_taken_over() {
     let (a, b) = two_stores("exec-crash");
     executor::crashed_holder_is_taken_over(a, b).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_churn() {
+    let path = fresh_file("churn");
+    let stores: Vec<Arc<dyn Store>> = (0..4)
+        .map(|_| Arc::new(SqliteStore::open(&path).expect("open")) as Arc<dyn Store>)
+        .collect();
+    executor::mutual_exclusion_under_churn(stores).await;
+}
