@@ -642,15 +642,10 @@ mod ambiguous {
         }
     }
 
-    /// EXECUTOR BUG (executor.rs, `(FailureKind::Ambiguous, RetryClass::Never)`): when a `never`
-    /// tool fails ambiguously and the store is down as the executor records `Unknown`, the caller
-    /// receives `StoreUnavailable`, whose message says "was not called ... nothing was executed, retry
-    /// when the store is back", although the body ran and may have taken effect. It should be
-    /// `OutcomeUnknown` ("may have taken effect; do not retry"). Nothing runs twice (the record stays
-    /// in flight, so a retry answers `OutcomeUnknown` once the lease ends); the first answer is
-    /// dishonest. Remove the `ignore` once fixed.
+    /// A `never` tool fails ambiguously while the store is down, so `Unknown` cannot be stored:
+    /// the caller is told the outcome is unknown (the body ran), not that nothing was executed;
+    /// once the store is back and the lease has ended, a repeat does not run it again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "executor bug: an ambiguous never-tool failure during a store outage is reported as StoreUnavailable"]
     async fn redis_ambiguous_never_failure_during_outage_is_outcome_unknown() {
         let Some(mut server) = Server::start() else { return };
         let gate = Arc::new(Semaphore::new(0));
@@ -680,5 +675,22 @@ mod ambiguous {
                 )
             }
         }
+        server.spawn().expect("restart redis-server");
+        gate.add_permits(10);
+        let mut unknown = false;
+        for _ in 0..100 {
+            match bounded(run.call(&*send, 1)).await {
+                Err(Error::StoreUnavailable { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(Error::OutcomeUnknown { .. }) => {
+                    unknown = true;
+                    break;
+                }
+                other => panic!("a repeat must answer OutcomeUnknown, got {other:?}"),
+            }
+        }
+        assert!(unknown, "the store did not come back by itself");
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1, "never runs twice");
     }
 }
