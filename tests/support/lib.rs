@@ -33,3 +33,6 @@ pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<
         }
     }
 }
+
+/// Worker processes, their ledger and their answers (multi-process and outage tests).
+pub mod workers;
