@@ -624,7 +624,11 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
     // A resumes; its charge happens (its own provider) but it cannot store its result over B's:
     // its caller receives the result that stands, B's.
     let a_result = worker_a.await;
-    assert_eq!(a_result.unwrap(), "ch_1", "A's caller gets the new owner's result, not its own ch_2");
+    assert_eq!(
+        a_result.unwrap(),
+        "ch_1",
+        "A's caller gets the new owner's result, not its own ch_2"
+    );
     assert_eq!(slow.charges(), 2, "A's own charge did happen (in its provider)");
 
     // The record holds B's result.
