@@ -15,10 +15,14 @@ use crate::key::{Fingerprint, Key};
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 
 /// A fencing token: strictly increasing for a key over the life of the store, across takeovers,
 /// releases and retention expiry. Only the holder of the current fence may complete, release or

@@ -1,0 +1,502 @@
+//! The SQLite store (feature `sqlite`): embedded and durable, one file, shared by the processes of
+//! one machine.
+//!
+//! The database runs in WAL mode with a busy timeout, so several processes (each with its own
+//! [`SqliteStore`]) can use one file. Every operation is one conditional statement: a claim is
+//! `INSERT .. ON CONFLICT(key) DO UPDATE .. WHERE <free or expired> RETURNING ..`, and complete,
+//! release and renew are conditional on the fence. When the claim's conditional update does not
+//! fire, the row it conflicted with is read inside the same write transaction, so what the claim
+//! answers is what the write saw. Fences come from one counter per database (kept by a trigger in
+//! the same statement), so they increase across release, takeover, forget and retention expiry.
+//!
+//! Times are milliseconds since the Unix epoch on the machine's clock, shared by its processes.
+//! Waiting polls the record with backoff (2 ms doubling to 50 ms) and is woken at once by
+//! completions and releases made through the same [`SqliteStore`].
+//!
+//! Blocking SQLite calls run on tokio's blocking pool (`spawn_blocking`), one connection per
+//! store behind a mutex, with cached prepared statements.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::Notify;
+
+use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use crate::key::{Fingerprint, Key};
+
+/// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE idem_records (
+    key         TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    fence       INTEGER NOT NULL,
+    -- 0: in flight until lease_until (ms); 1: done, kept until expires_at (ms).
+    state       INTEGER NOT NULL,
+    lease_until INTEGER,
+    expires_at  INTEGER,
+    -- Outcome kind when done: 1 success, 2 failure, 3 unknown; payload is its JSON text.
+    kind        INTEGER,
+    payload     TEXT,
+    -- Whether the last acquisition took over an expired lease (read by RETURNING).
+    takeover    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
+INSERT INTO idem_meta (name, value) VALUES ('fence', 0);
+-- Every new fence is taken from the counter in the claim statement; the triggers move the
+-- counter in that same statement.
+CREATE TRIGGER idem_fence_insert AFTER INSERT ON idem_records BEGIN
+    UPDATE idem_meta SET value = NEW.fence WHERE name = 'fence' AND value < NEW.fence;
+END;
+CREATE TRIGGER idem_fence_update AFTER UPDATE OF fence ON idem_records BEGIN
+    UPDATE idem_meta SET value = NEW.fence WHERE name = 'fence' AND value < NEW.fence;
+END;
+";
+
+/// Acquires when the key is absent, when its record's retention ended (any fingerprint: the old
+/// record is gone whole), or when its lease expired, the fingerprint matches and the request
+/// takes over (`?5 = 1`).
+const CLAIM: &str = "
+INSERT INTO idem_records (key, fingerprint, fence, state, lease_until, takeover)
+VALUES (?1, ?2, (SELECT value + 1 FROM idem_meta WHERE name = 'fence'), 0, ?3 + ?4, 0)
+ON CONFLICT (key) DO UPDATE SET
+    fingerprint = excluded.fingerprint,
+    fence = excluded.fence,
+    takeover = (state = 0),
+    state = 0,
+    lease_until = excluded.lease_until,
+    expires_at = NULL,
+    kind = NULL,
+    payload = NULL
+WHERE (state = 1 AND expires_at <= ?3)
+   OR (state = 0 AND lease_until <= ?3 AND fingerprint = excluded.fingerprint AND ?5 = 1)
+RETURNING fence, takeover";
+
+const READ: &str = "
+SELECT fingerprint, fence, state, lease_until, expires_at, kind, payload
+FROM idem_records WHERE key = ?1";
+
+const COMPLETE: &str = "
+UPDATE idem_records
+SET state = 1, lease_until = NULL, expires_at = ?3 + ?4, kind = ?5, payload = ?6
+WHERE key = ?1 AND fence = ?2 AND state = 0";
+
+const RELEASE: &str = "DELETE FROM idem_records WHERE key = ?1 AND fence = ?2 AND state = 0";
+
+const RENEW: &str = "
+UPDATE idem_records SET lease_until = ?3 + ?4 WHERE key = ?1 AND fence = ?2 AND state = 0";
+
+/// Whether `key` is still in flight under `fence` with a live lease.
+const HELD: &str = "
+SELECT 1 FROM idem_records
+WHERE key = ?1 AND fence = ?2 AND state = 0 AND lease_until > ?3";
+
+const FORGET: &str = "DELETE FROM idem_records WHERE key = ?1";
+
+const SWEEP: &str = "
+DELETE FROM idem_records WHERE key IN (
+    SELECT key FROM idem_records WHERE state = 1 AND expires_at <= ?1 LIMIT 1000)";
+
+/// How often expired records are swept (ms); claims treat them as absent in between.
+const SWEEP_EVERY_MS: i64 = 60_000;
+/// How long a statement waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+const POLL_FIRST: Duration = Duration::from_millis(2);
+const POLL_MAX: Duration = Duration::from_millis(50);
+
+struct Inner {
+    conn: Mutex<Connection>,
+    /// Woken by this store's completions, releases and forgets (other processes: polling).
+    changed: Notify,
+    next_sweep_ms: AtomicI64,
+}
+
+/// The SQLite [`Store`]. Cheap to clone (clones share one connection).
+///
+/// Errors: [`StoreError::Unavailable`] when the file cannot be opened or a statement fails (I/O,
+/// locked past the 5 s busy timeout); [`StoreError::Incompatible`] for a database written with
+/// another schema version or a record this version cannot decode.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`, in WAL mode, and creates or checks
+    /// the schema. Blocks while it does (file I/O).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::with_connection(Connection::open(path).map_err(StoreError::unavailable)?)
+    }
+
+    /// Opens a database from a URL: `sqlite://PATH` or `sqlite:PATH` (a relative or absolute
+    /// path, e.g. `sqlite:///var/lib/idem.db`), or `sqlite::memory:` for a private in-memory
+    /// database.
+    pub fn open_url(url: &str) -> Result<Self, StoreError> {
+        let path =
+            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).ok_or_else(
+                || StoreError::unavailable(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
+            )?;
+        match path {
+            ":memory:" => Self::in_memory(),
+            "" => Err(StoreError::unavailable(format!("sqlite URL without a path: {url:?}"))),
+            path => Self::open(path),
+        }
+    }
+
+    /// A private in-memory database, gone when the store is dropped (tests).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::with_connection(Connection::open_in_memory().map_err(StoreError::unavailable)?)
+    }
+
+    fn with_connection(mut conn: Connection) -> Result<Self, StoreError> {
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
+        // `journal_mode` answers with the mode set ("memory" for in-memory databases).
+        let _mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(StoreError::unavailable)?;
+        conn.set_prepared_statement_cache_capacity(32);
+        init_schema(&mut conn)?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                changed: Notify::new(),
+                next_sweep_ms: AtomicI64::new(now_ms() + SWEEP_EVERY_MS),
+            }),
+        })
+    }
+
+    /// Removes every record whose retention ended (at most 1000 per call); returns how many.
+    /// Claims already treat them as absent; this only reclaims space. Runs on its own every 60 s
+    /// during claims.
+    pub async fn sweep(&self) -> Result<usize, StoreError> {
+        self.call(|conn| Ok(conn.prepare_cached(SWEEP)?.execute(params![now_ms()])?)).await
+    }
+
+    /// Runs `f` on the connection on tokio's blocking pool.
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, SqlError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        let joined = tokio::task::spawn_blocking(move || f(&mut inner.lock())).await;
+        match joined {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(StoreError::unavailable(e)),
+        }
+    }
+
+    fn sweep_due(&self, now: i64) -> bool {
+        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .inner
+                .next_sweep_ms
+                .compare_exchange(due, now + SWEEP_EVERY_MS, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic inside a call unwinds through rusqlite's Transaction, which rolls back: the
+        // connection is consistent even when the mutex is poisoned.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An error inside a blocking call: SQLite's, or a record that cannot be decoded.
+enum SqlError {
+    Sqlite(rusqlite::Error),
+    Incompatible(String),
+}
+
+impl From<rusqlite::Error> for SqlError {
+    fn from(e: rusqlite::Error) -> Self {
+        SqlError::Sqlite(e)
+    }
+}
+
+impl From<SqlError> for StoreError {
+    fn from(e: SqlError) -> Self {
+        match e {
+            SqlError::Sqlite(e) => StoreError::unavailable(e),
+            SqlError::Incompatible(m) => StoreError::Incompatible(m),
+        }
+    }
+}
+
+fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
+    let run = |conn: &mut Connection| -> Result<(), SqlError> {
+        // IMMEDIATE: two processes opening a new file at once create the schema once.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        )?;
+        let version: Option<i64> = tx
+            .query_row("SELECT value FROM idem_meta WHERE name = 'schema_version'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        match version {
+            Some(SCHEMA_VERSION) => {}
+            Some(v) => {
+                return Err(SqlError::Incompatible(format!(
+                    "the SQLite database has idem schema version {v}; this idem reads version \
+                     {SCHEMA_VERSION}"
+                )));
+            }
+            None => {
+                let records: i64 = tx.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'idem_records'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if records > 0 {
+                    return Err(SqlError::Incompatible(
+                        "the SQLite database has an idem_records table without a schema version"
+                            .into(),
+                    ));
+                }
+                tx.execute_batch(SCHEMA)?;
+                tx.execute(
+                    "INSERT INTO idem_meta (name, value) VALUES ('schema_version', ?1)",
+                    params![SCHEMA_VERSION],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    };
+    run(conn).map_err(StoreError::from)
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn fence_of(v: i64) -> Fence {
+    Fence(v as u64)
+}
+
+fn fence_param(f: Fence) -> i64 {
+    // Fences beyond i64 never come from this store; such a fence matches no row.
+    i64::try_from(f.0).unwrap_or(-1)
+}
+
+const SUCCESS: i64 = 1;
+const FAILURE: i64 = 2;
+const UNKNOWN: i64 = 3;
+
+fn encode(outcome: &Outcome) -> (i64, Option<&str>) {
+    match outcome {
+        Outcome::Success(json) => (SUCCESS, Some(json)),
+        Outcome::Failure(json) => (FAILURE, Some(json)),
+        Outcome::Unknown => (UNKNOWN, None),
+    }
+}
+
+fn decode(key: &Key, kind: Option<i64>, payload: Option<String>) -> Result<Outcome, SqlError> {
+    match (kind, payload) {
+        (Some(SUCCESS), Some(json)) => Ok(Outcome::Success(json)),
+        (Some(FAILURE), Some(json)) => Ok(Outcome::Failure(json)),
+        (Some(UNKNOWN), None) => Ok(Outcome::Unknown),
+        (kind, payload) => Err(SqlError::Incompatible(format!(
+            "the SQLite record of key {key} has an outcome this idem cannot read (kind {kind:?}, \
+             payload {})",
+            if payload.is_some() { "present" } else { "absent" }
+        ))),
+    }
+}
+
+struct Row {
+    fingerprint: String,
+    fence: i64,
+    state: i64,
+    lease_until: Option<i64>,
+    kind: Option<i64>,
+    payload: Option<String>,
+}
+
+fn claim_blocking(
+    conn: &mut Connection,
+    key: Key,
+    fp: Fingerprint,
+    lease: Duration,
+    on_expired: OnExpired,
+    now: i64,
+) -> Result<Claim, SqlError> {
+    let take_over = i64::from(on_expired == OnExpired::TakeOver);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let acquired = tx
+        .prepare_cached(CLAIM)?
+        .query_row(params![key.as_str(), fp.as_str(), now, ms(lease), take_over], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
+        })
+        .optional()?;
+    if let Some((fence, takeover)) = acquired {
+        tx.commit()?;
+        return Ok(Claim::Acquired { fence: fence_of(fence), takeover });
+    }
+    // The conditional update did not fire: read the row it conflicted with, still holding the
+    // write lock, so nothing changed in between.
+    let row = tx
+        .prepare_cached(READ)?
+        .query_row(params![key.as_str()], |r| {
+            Ok(Row {
+                fingerprint: r.get(0)?,
+                fence: r.get(1)?,
+                state: r.get(2)?,
+                lease_until: r.get(3)?,
+                kind: r.get(5)?,
+                payload: r.get(6)?,
+            })
+        })
+        .optional()?;
+    tx.commit()?;
+    let Some(row) = row else {
+        return Err(SqlError::Incompatible(format!(
+            "the claim of key {key} neither inserted nor found a record"
+        )));
+    };
+    if row.fingerprint != fp.as_str() {
+        return Ok(Claim::Mismatch);
+    }
+    match (row.state, row.lease_until) {
+        (1, _) => Ok(Claim::Completed(Record {
+            fingerprint: fp,
+            outcome: decode(&key, row.kind, row.payload)?,
+        })),
+        (0, Some(until)) if until > now => Ok(Claim::InFlight {
+            fence: fence_of(row.fence),
+            lease_remaining: Duration::from_millis((until - now) as u64),
+        }),
+        (0, Some(_)) => Ok(Claim::Unknown),
+        (state, _) => Err(SqlError::Incompatible(format!(
+            "the SQLite record of key {key} has an unknown state {state}"
+        ))),
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let (key, fp, lease, on_expired) = (*req.key, *req.fingerprint, req.lease, req.on_expired);
+        let now = now_ms();
+        let sweep = self.sweep_due(now);
+        self.call(move |conn| {
+            let claim = claim_blocking(conn, key, fp, lease, on_expired, now)?;
+            if sweep {
+                // Space only: a failed sweep is retried at the next interval.
+                let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
+            }
+            Ok(claim)
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key;
+        let outcome = outcome.clone();
+        let changed = self
+            .call(move |conn| {
+                let (kind, payload) = encode(&outcome);
+                let params =
+                    params![key.as_str(), fence_param(fence), now_ms(), ms(ttl), kind, payload];
+                Ok(conn.prepare_cached(COMPLETE)?.execute(params)?)
+            })
+            .await?;
+        self.changed_or_lost(changed)
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let key = *key;
+        let changed = self
+            .call(move |conn| {
+                Ok(conn
+                    .prepare_cached(RELEASE)?
+                    .execute(params![key.as_str(), fence_param(fence)])?)
+            })
+            .await?;
+        self.changed_or_lost(changed)
+    }
+
+    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        let key = *key;
+        let changed = self
+            .call(move |conn| {
+                let params = params![key.as_str(), fence_param(fence), now_ms(), ms(lease)];
+                Ok(conn.prepare_cached(RENEW)?.execute(params)?)
+            })
+            .await?;
+        if changed == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+    }
+
+    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + max;
+        let mut pause = POLL_FIRST;
+        loop {
+            // Registered before the check, so a change by this store in between is not missed.
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let key = *key;
+            let held = self
+                .call(move |conn| {
+                    let params = params![key.as_str(), fence_param(fence), now_ms()];
+                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
+                })
+                .await?;
+            let now = tokio::time::Instant::now();
+            if !held || now >= deadline {
+                return Ok(());
+            }
+            let nap = pause.min(deadline - now);
+            let _ = tokio::time::timeout(nap, changed).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
+    async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        let key = *key;
+        let removed = self
+            .call(move |conn| Ok(conn.prepare_cached(FORGET)?.execute(params![key.as_str()])?))
+            .await?;
+        self.inner.changed.notify_waiters();
+        Ok(removed > 0)
+    }
+}
+
+impl SqliteStore {
+    fn changed_or_lost(&self, changed: usize) -> Result<(), StoreError> {
+        if changed == 1 {
+            self.inner.changed.notify_waiters();
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+}

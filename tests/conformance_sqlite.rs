@@ -1,0 +1,135 @@
+//! The store conformance suite against the SQLite store: on one database file shared by every
+//! test of this process (each test opens its own store, so its own connection, as separate
+//! processes would), and on private in-memory databases.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use idem_core::SqliteStore;
+
+fn shared_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-conformance-{}.db", std::process::id()))
+}
+
+async fn file_store() -> Option<Arc<SqliteStore>> {
+    Some(Arc::new(SqliteStore::open(shared_file()).expect("open the SQLite file")))
+}
+
+idem_core::store_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    file_store().await
+);
+
+mod in_memory {
+    async fn store() -> Option<std::sync::Arc<idem_core::SqliteStore>> {
+        Some(std::sync::Arc::new(idem_core::SqliteStore::in_memory().expect("in-memory SQLite")))
+    }
+
+    idem_core::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        store().await
+    );
+}
+
+// What only the SQLite store has: a file shared by several stores (as by several processes),
+// a versioned schema, and records written by someone else.
+
+use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome};
+use idem_core::{Store, StoreError};
+use std::time::Duration;
+
+fn fresh_file(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-{name}-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_on_one_file_acquire_once() {
+    let path = fresh_file("race");
+    let stores: Vec<Arc<SqliteStore>> =
+        (0..4).map(|_| Arc::new(SqliteStore::open(&path).expect("open"))).collect();
+    let (key, fp) = idem_core::conformance::fresh_key("stores_on_one_file_acquire_once", "{}");
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let store = Arc::clone(&stores[i % stores.len()]);
+            tokio::spawn(async move {
+                let req = ClaimRequest {
+                    key: &key,
+                    fingerprint: &fp,
+                    lease: Duration::from_secs(30),
+                    on_expired: OnExpired::TakeOver,
+                };
+                store.claim(req).await.expect("claim")
+            })
+        })
+        .collect();
+    let mut acquired = 0;
+    for t in tasks {
+        if matches!(t.await.expect("task"), Claim::Acquired { .. }) {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 1, "32 claims through 4 connections on one file: exactly one acquires");
+}
+
+#[tokio::test]
+async fn other_schema_version_is_incompatible() {
+    let path = fresh_file("version");
+    drop(SqliteStore::open(&path).expect("create the schema"));
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute("UPDATE idem_meta SET value = 99 WHERE name = 'schema_version'", [])
+        .expect("bump version");
+    match SqliteStore::open(&path) {
+        Err(StoreError::Incompatible(m)) => {
+            assert!(m.contains("99"), "message names the version: {m}")
+        }
+        other => panic!("a database of schema version 99 must be Incompatible, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn undecodable_outcome_is_incompatible_not_replayed() {
+    let path = fresh_file("decode");
+    let store = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("undecodable_outcome", "{}");
+    let req = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::TakeOver,
+    };
+    let Claim::Acquired { fence, .. } = store.claim(req).await.expect("claim") else {
+        panic!("fresh key must be acquired")
+    };
+    store
+        .complete(&key, fence, &Outcome::Success("1".into()), Duration::from_secs(30))
+        .await
+        .expect("complete");
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute("UPDATE idem_records SET kind = 7 WHERE key = ?1", [key.as_str()])
+        .expect("write a future outcome kind");
+    match store.claim(req).await {
+        Err(StoreError::Incompatible(m)) => assert!(m.contains(key.as_str()), "names the key: {m}"),
+        other => panic!("an undecodable outcome must be Incompatible, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn open_url_forms() {
+    let path = fresh_file("url");
+    let store = SqliteStore::open_url(&format!("sqlite://{}", path.display())).expect("sqlite://");
+    drop(store);
+    assert!(path.exists(), "sqlite://PATH opens that file");
+    SqliteStore::open_url("sqlite::memory:").expect("in-memory URL");
+    for bad in ["postgres://x", "sqlite://", "/tmp/x.db"] {
+        assert!(
+            matches!(SqliteStore::open_url(bad), Err(StoreError::Unavailable(_))),
+            "{bad:?} must be refused"
+        );
+    }
+}
