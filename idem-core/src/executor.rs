@@ -1,6 +1,8 @@
 //! The executor: claim → run → complete, row by row of the table in DESIGN §3.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -195,10 +197,12 @@ impl Run {
         let mut canonical = Vec::with_capacity(256);
         T::write_intent(&args, &mut canonical)
             .map_err(|source| Error::InvalidArguments { tool: def.name, source })?;
-        let fingerprint = key::fingerprint(&canonical);
-        let key = match &self.caller_key {
-            Some(k) => key::caller_key(&self.scope, def.name, k),
-            None => key::derive_key(&self.scope, def.name, &canonical),
+        let (key, fingerprint) = match &self.caller_key {
+            Some(k) => (key::caller_key(&self.scope, def.name, k), key::fingerprint(&canonical)),
+            None => {
+                let key = key::derive_key(&self.scope, def.name, &canonical);
+                (key, Fingerprint::of_derived_key(&key))
+            }
         };
         let policy = self.idem.inner.policy.with_options(def.class, &def.options);
         let span = tracing::info_span!(
@@ -323,11 +327,8 @@ impl<T: Tool> Call<'_, T> {
                 Enter::Mismatch => {
                     return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
                 }
-                Enter::Join(mut slot) => {
-                    let waited =
-                        tokio::time::timeout_at(self.deadline, slot.wait_for(Option::is_some))
-                            .await;
-                    let shared = match waited {
+                Enter::Join(slot) => {
+                    let shared = match tokio::time::timeout_at(self.deadline, slot.wait()).await {
                         Err(_) => {
                             return Err(Error::BudgetExhausted {
                                 tool: self.name(),
@@ -335,20 +336,15 @@ impl<T: Tool> Call<'_, T> {
                             });
                         }
                         // The leader was cancelled before it finished: start over.
-                        Ok(Err(_)) => continue,
-                        Ok(Ok(v)) => match v.as_ref() {
-                            Some(shared) => Arc::clone(shared),
-                            None => continue,
-                        },
+                        Ok(None) => continue,
+                        Ok(Some(shared)) => shared,
                     };
                     self.outcome("joined");
                     return self.decode_shared(&shared);
                 }
                 Enter::Lead(leader) => {
                     let result = self.lead(args).await;
-                    if leader.has_joiners() {
-                        leader.publish(share::<T>(self.name(), self.key, &result));
-                    }
+                    leader.finish(|| share::<T>(self.name(), self.key, &result));
                     return result;
                 }
             }
@@ -478,9 +474,18 @@ impl<T: Tool> Call<'_, T> {
                 (FailureKind::Permanent, _) => {
                     let err = as_error(error);
                     if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
-                        let json = serde_json::to_string(error).unwrap_or_default();
-                        let outcome = Outcome::Failure(json);
-                        self.store_outcome(fence, &outcome, self.policy.failure_ttl).await?;
+                        match serde_json::to_string(error) {
+                            Ok(json) => {
+                                let outcome = Outcome::Failure(json);
+                                self.store_outcome(fence, &outcome, self.policy.failure_ttl)
+                                    .await?;
+                            }
+                            // A permanent failure means nothing happened: freeing the key is
+                            // safe, and better than storing what cannot be replayed.
+                            Err(_) => {
+                                let _ = self.inner.store.release(&self.key, fence).await;
+                            }
+                        }
                     }
                     return Err(err);
                 }
@@ -582,18 +587,29 @@ impl<T: Tool> Call<'_, T> {
         args: T::Args,
         deadline: Instant,
     ) -> Attempt<T::Output, T::Error> {
-        let work = tokio::time::timeout_at(deadline, self.tool.run(cx, args));
+        let mut work = std::pin::pin!(self.tool.run(cx, args));
+        // Most attempts of a fast tool finish on their first poll: no timer is armed for them.
+        if let Poll::Ready(ended) =
+            std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await
+        {
+            return Attempt::Done(ended);
+        }
+        let timeout = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let mut timeout = timeout;
         let Some(fence) = cx.fence else {
-            return finish_attempt(work.await);
+            return tokio::select! {
+                biased;
+                ended = &mut work => Attempt::Done(ended),
+                () = &mut timeout => Attempt::TimedOut,
+            };
         };
         let period = (self.policy.lease / 3).max(Duration::from_millis(1));
-        let mut work = std::pin::pin!(work);
-        let renew_at = tokio::time::sleep(period);
-        let mut renew_at = std::pin::pin!(renew_at);
+        let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
         loop {
             tokio::select! {
                 biased;
-                ended = &mut work => return finish_attempt(ended),
+                ended = &mut work => return Attempt::Done(ended),
+                () = &mut timeout => return Attempt::TimedOut,
                 () = &mut renew_at => {
                     if let Err(e) = self.inner.store.renew(&self.key, fence, self.policy.lease).await {
                         // Keep running: stopping mid-effect is itself ambiguous. A lost lease
@@ -604,12 +620,5 @@ impl<T: Tool> Call<'_, T> {
                 }
             }
         }
-    }
-}
-
-fn finish_attempt<O, E>(ended: Result<Result<O, E>, tokio::time::error::Elapsed>) -> Attempt<O, E> {
-    match ended {
-        Ok(r) => Attempt::Done(r),
-        Err(_) => Attempt::TimedOut,
     }
 }

@@ -1,10 +1,13 @@
 //! In-process single flight: duplicates of a call that is running in this executor join it and
 //! receive its result instead of touching the store.
+//!
+//! The common case has no duplicate, so a leader only inserts a map entry; the slot that joiners
+//! wait on is created by the first joiner.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -13,66 +16,112 @@ use crate::key::{Fingerprint, Key};
 /// JSON. Decoded by each joiner into its own typed value.
 pub(crate) type Shared = Arc<Result<String, Error<String>>>;
 
-type Slot = watch::Receiver<Option<Shared>>;
+/// Where joiners wait for the leader's result.
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// `Some` once the leader published; `None` inside when it was cancelled first.
+    result: OnceLock<Option<Shared>>,
+    notify: Notify,
+}
+
+impl Slot {
+    /// The leader's result, or `None` when the leader was cancelled (start over).
+    pub(crate) async fn wait(&self) -> Option<Shared> {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Register before looking, so a publish in between is not missed.
+            notified.as_mut().enable();
+            if let Some(result) = self.result.get() {
+                return result.clone();
+            }
+            notified.await;
+        }
+    }
+
+    fn set(&self, result: Option<Shared>) {
+        let _ = self.result.set(result);
+        self.notify.notify_waiters();
+    }
+}
+
+struct Entry {
+    fingerprint: Fingerprint,
+    slot: Option<Arc<Slot>>,
+    /// Tells this leader's entry from a later one for the same key.
+    generation: u64,
+}
 
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<HashMap<Key, (Fingerprint, Slot)>>,
+    map: Mutex<(HashMap<Key, Entry>, u64)>,
 }
 
 pub(crate) enum Enter<'a> {
-    /// This caller runs the call and must publish through the guard.
+    /// This caller runs the call and must finish through the guard.
     Lead(Leader<'a>),
     /// Another caller is running it: wait on the slot.
-    Join(Slot),
+    Join(Arc<Slot>),
     /// The running call has the same key and other arguments.
     Mismatch,
 }
 
 impl Flights {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (Fingerprint, Slot)>> {
+    fn lock(&self) -> MutexGuard<'_, (HashMap<Key, Entry>, u64)> {
         // Every update is a single insert or remove: a poisoned map is still consistent.
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn enter(&self, key: Key, fingerprint: Fingerprint) -> Enter<'_> {
-        let mut map = self.lock();
-        if let Some((fp, slot)) = map.get(&key) {
-            return if *fp == fingerprint { Enter::Join(slot.clone()) } else { Enter::Mismatch };
+        let mut guard = self.lock();
+        let (map, generations) = &mut *guard;
+        if let Some(entry) = map.get_mut(&key) {
+            if entry.fingerprint != fingerprint {
+                return Enter::Mismatch;
+            }
+            return Enter::Join(Arc::clone(entry.slot.get_or_insert_with(Default::default)));
         }
-        let (tx, rx) = watch::channel(None);
-        let map_rx = rx.clone();
-        map.insert(key, (fingerprint, rx));
-        Enter::Lead(Leader { flights: self, key, tx, rx: map_rx })
+        *generations += 1;
+        let generation = *generations;
+        map.insert(key, Entry { fingerprint, slot: None, generation });
+        Enter::Lead(Leader { flights: self, key, generation, finished: false })
     }
 }
 
-/// Held by the caller that runs a call. Dropping it without publishing (the caller was
-/// cancelled) closes the slot, and joiners start over.
+/// Held by the caller that runs a call. Dropping it without finishing (the caller was
+/// cancelled) wakes joiners with nothing, and they start over.
 pub(crate) struct Leader<'a> {
     flights: &'a Flights,
     key: Key,
-    tx: watch::Sender<Option<Shared>>,
-    rx: Slot,
+    generation: u64,
+    finished: bool,
 }
 
 impl Leader<'_> {
-    /// Whether anyone joined; the shared form is built only then.
-    pub(crate) fn has_joiners(&self) -> bool {
-        // The map and the leader hold one receiver each.
-        self.tx.receiver_count() > 2
+    /// Leaves the flight; when someone joined, hands them `share()`'s result.
+    pub(crate) fn finish(mut self, share: impl FnOnce() -> Shared) {
+        self.finished = true;
+        if let Some(slot) = self.take_slot() {
+            slot.set(Some(share()));
+        }
     }
 
-    pub(crate) fn publish(self, shared: Shared) {
-        self.tx.send_replace(Some(shared));
+    fn take_slot(&self) -> Option<Arc<Slot>> {
+        let mut guard = self.flights.lock();
+        let map = &mut guard.0;
+        match map.get(&self.key) {
+            Some(e) if e.generation == self.generation => map.remove(&self.key)?.slot,
+            _ => None,
+        }
     }
 }
 
 impl Drop for Leader<'_> {
     fn drop(&mut self) {
-        let mut map = self.flights.lock();
-        if map.get(&self.key).is_some_and(|(_, slot)| self.rx.same_channel(slot)) {
-            map.remove(&self.key);
+        if !self.finished
+            && let Some(slot) = self.take_slot()
+        {
+            slot.set(None);
         }
     }
 }

@@ -18,8 +18,16 @@ pub const CALLER_KEY_TAG: &[u8] = b"idem-caller-key/v1";
 pub const FINGERPRINT_TAG: &[u8] = b"idem-fingerprint/v1";
 
 /// 64 lowercase hex digits of a SHA-256 digest.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Hex64([u8; 64]);
+
+impl std::hash::Hash for Hex64 {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // A digest is uniformly distributed: its first 16 hex digits (64 bits) identify it well
+        // enough for a hash table, at a quarter of the hashing cost. Equal values hash equally.
+        state.write(&self.0[..16]);
+    }
+}
 
 impl Hex64 {
     fn from_digest(digest: &[u8]) -> Self {
@@ -64,8 +72,12 @@ impl Key {
     }
 }
 
-/// SHA-256 of the canonical arguments: stored with every record so that a caller-supplied key
-/// reused with other arguments is refused ([`crate::Error::KeyReuseMismatch`]).
+/// What identifies the arguments of a record: stored with every record so that a caller-supplied
+/// key reused with other arguments is refused ([`crate::Error::KeyReuseMismatch`]).
+///
+/// For a caller-supplied key it is [`fingerprint`] of the canonical arguments. For a key derived
+/// from the arguments it is the key itself ([`Fingerprint::of_derived_key`]): that key already
+/// commits to the arguments, so a second hash would prove nothing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint(Hex64);
 
@@ -77,6 +89,11 @@ impl Fingerprint {
     /// Parses 64 lowercase hex digits (as stored); `None` for anything else.
     pub fn parse(s: &str) -> Option<Self> {
         Hex64::parse(s).map(Fingerprint)
+    }
+    /// The fingerprint stored with a key from [`derive_key`]: the key's own digits. Derived and
+    /// caller-supplied keys are hashed under different domain tags, so they never share a record.
+    pub fn of_derived_key(key: &Key) -> Self {
+        Fingerprint(key.0)
     }
 }
 

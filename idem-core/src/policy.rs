@@ -108,3 +108,32 @@ impl Policy {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_ceiling_doubles_from_base_up_to_cap() {
+        let b = Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(1) };
+        let ms: Vec<u128> = (1..=6).map(|n| b.ceiling(n).as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(1), "no overflow");
+    }
+
+    #[test]
+    fn never_tools_get_one_attempt_whatever_the_options() {
+        let opts = ToolOptions { attempts: Some(5), ..Default::default() };
+        assert_eq!(Policy::default().with_options(RetryClass::Never, &opts).attempts, 1);
+        assert_eq!(Policy::default().with_options(RetryClass::Keyed, &opts).attempts, 5);
+        let zero = ToolOptions { attempts: Some(0), ..Default::default() };
+        assert_eq!(Policy::default().with_options(RetryClass::Safe, &zero).attempts, 1);
+    }
+
+    #[test]
+    fn a_short_ttl_also_shortens_failure_retention() {
+        let opts = ToolOptions { ttl: Some(Duration::from_secs(60)), ..Default::default() };
+        let p = Policy::default().with_options(RetryClass::Keyed, &opts);
+        assert_eq!((p.ttl, p.failure_ttl), (Duration::from_secs(60), Duration::from_secs(60)));
+    }
+}

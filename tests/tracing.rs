@@ -1,0 +1,197 @@
+//! Tracing: one `execute_tool` span per call, with its outcome, and never an argument value.
+//! (Its own test binary: a thread-local subscriber must not race other tests for the callsite's
+//! cached interest.)
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{Classify, Ctx, Failure, Idem, KeyError, RetryClass, Tool, ToolDef, ToolOptions};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Args {
+    customer: String,
+    amount_cents: u64,
+}
+
+fn args(customer: &str, amount_cents: u64) -> Args {
+    Args { customer: customer.into(), amount_cents }
+}
+
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("connection reset after the request was sent")]
+struct Reset;
+
+impl Classify for Reset {
+    fn classify(&self) -> Failure {
+        Failure::ambiguous()
+    }
+}
+
+/// Succeeds after 10 ms, or (`reset`) fails ambiguously.
+struct Charge {
+    def: &'static ToolDef,
+    reset: bool,
+    runs: AtomicUsize,
+}
+
+const fn def(class: RetryClass) -> ToolDef {
+    ToolDef {
+        name: "charge_card",
+        description: "",
+        class,
+        options: ToolOptions {
+            attempts: None,
+            attempt_timeout: None,
+            budget: None,
+            lease: None,
+            ttl: None,
+        },
+    }
+}
+static KEYED: ToolDef = def(RetryClass::Keyed);
+static NEVER: ToolDef = def(RetryClass::Never);
+
+impl Tool for Charge {
+    type Args = Args;
+    type Output = String;
+    type Error = Reset;
+    fn def(&self) -> &'static ToolDef {
+        self.def
+    }
+    fn write_intent(args: &Args, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        idem_core::canonicalize(args, out)
+    }
+    fn run(&self, _cx: &Ctx, _args: Args) -> impl Future<Output = Result<String, Reset>> + Send {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let reset = self.reset;
+        async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if reset { Err(Reset) } else { Ok("ch_1".to_owned()) }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tracing: one span per call, with the outcome, and never an argument value.
+
+mod spans {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// Every span seen: its name and its fields as text.
+    #[derive(Clone, Default)]
+    pub struct Spans(pub Arc<Mutex<Vec<SpanRecord>>>);
+
+    /// A span's name and its fields as text.
+    pub type SpanRecord = (String, Vec<(String, String)>);
+
+    struct Fields(Vec<(String, String)>);
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .push((field.name().to_owned(), format!("{value:?}").trim_matches('"').to_owned()));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.push((field.name().to_owned(), value.to_owned()));
+        }
+    }
+
+    struct Index(usize);
+
+    impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Spans {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut fields = Fields(Vec::new());
+            attrs.record(&mut fields);
+            let mut all = self.0.lock().unwrap();
+            all.push((attrs.metadata().name().to_owned(), fields.0));
+            if let Some(span) = ctx.span(id) {
+                span.extensions_mut().insert(Index(all.len() - 1));
+            }
+        }
+        fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+            let mut fields = Fields(Vec::new());
+            values.record(&mut fields);
+            if let Some(span) = ctx.span(id)
+                && let Some(Index(i)) = span.extensions().get::<Index>()
+            {
+                self.0.lock().unwrap()[*i].1.extend(fields.0);
+            }
+        }
+    }
+
+    impl Spans {
+        pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+            let guard =
+                tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()));
+            // Other tests run on other threads without a subscriber; their "never interested"
+            // answer must not stick to the callsite for this thread.
+            tracing::callsite::rebuild_interest_cache();
+            guard
+        }
+        /// The last value of `field` in each span named `execute_tool`.
+        pub fn field(&self, field: &str) -> Vec<Option<String>> {
+            let all = self.0.lock().unwrap();
+            all.iter()
+                .filter(|(name, _)| name == "execute_tool")
+                .map(|(_, fields)| {
+                    fields.iter().rev().find(|(k, _)| k == field).map(|(_, v)| v.clone())
+                })
+                .collect()
+        }
+        pub fn all_values(&self) -> String {
+            format!("{:?}", self.0.lock().unwrap())
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_call_has_one_span_with_its_outcome_and_no_argument_values() {
+    let spans = spans::Spans::default();
+    let _guard = spans.install();
+    let idem = Idem::in_memory();
+    let run = idem.run("r").with_call_id("call_abc");
+    let tool = Charge { def: &KEYED, reset: false, runs: AtomicUsize::new(0) };
+    let (a, b) = tokio::join!(
+        run.call(&tool, args("cus_secret_1", 4242)),
+        run.call(&tool, args("cus_secret_1", 4242))
+    );
+    a.unwrap();
+    b.unwrap();
+    run.call(&tool, args("cus_secret_1", 4242)).await.unwrap();
+    let never = Charge { def: &NEVER, reset: true, runs: AtomicUsize::new(0) };
+    let _ = run.call(&never, args("cus_secret_2", 4242)).await;
+    assert_eq!(tool.runs.load(Ordering::SeqCst) + never.runs.load(Ordering::SeqCst), 2);
+
+    assert_eq!(
+        spans.field("gen_ai.tool.name"),
+        vec![Some("charge_card".into()); 4],
+        "one span per call"
+    );
+    let mut outcomes = spans.field("idem.outcome");
+    outcomes[..2].sort();
+    let outcome = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        outcomes,
+        [outcome("executed"), outcome("joined"), outcome("replayed"), outcome("unknown")]
+    );
+    assert_eq!(spans.field("error.type"), [None, None, None, outcome("outcome_unknown")]);
+    assert_eq!(spans.field("gen_ai.tool.call.id"), vec![outcome("call_abc"); 4]);
+    assert_eq!(
+        spans.field("idem.class"),
+        [outcome("keyed"), outcome("keyed"), outcome("keyed"), outcome("never")]
+    );
+    let key = spans.field("idem.key")[0].clone().unwrap();
+    assert_eq!(key.len(), 64);
+    let text = spans.all_values();
+    assert!(
+        !text.contains("cus_secret") && !text.contains("4242"),
+        "argument values leaked: {text}"
+    );
+}
