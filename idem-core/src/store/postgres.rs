@@ -1,0 +1,627 @@
+//! The PostgreSQL store (feature `postgres`): shared by many processes and machines.
+//!
+//! A claim is one statement: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE <free or expired>
+//! RETURNING ..`, with the conflicting row read by the same statement (a CTE) when the update does
+//! not fire. Under READ COMMITTED that read uses the statement's snapshot, which can predate the
+//! row the conflict was decided on (a concurrent insert or takeover); the answer is then either
+//! still a state the key held during the call (reported as is) or one the claim would have taken
+//! (an empty or free-looking row): that case runs the statement again, each run atomic on its
+//! own. complete, release and renew are conditional on the fence in one statement.
+//!
+//! Leases and retention are measured on the server's clock (`now()`); fences come from the
+//! sequence `idem_fence`, so they increase across release, takeover, forget and retention expiry.
+//! Waiters are woken across processes by `LISTEN/NOTIFY` on the channel `idem_wake` (only records
+//! someone waits on send a notification, so the common path pays nothing for it), with bounded
+//! polling as the fallback, and never past the caller's `max`.
+//!
+//! Connections: a fixed set (4 by default) of pipelined tokio-postgres connections plus one
+//! listener connection, opened on demand and re-opened after a failure, so the store works again
+//! by itself once the server is back. Without TLS (`NoTls`).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Statement};
+
+use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use crate::key::{Fingerprint, Key};
+
+/// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The `LISTEN/NOTIFY` channel; the payload is the key.
+const CHANNEL: &str = "idem_wake";
+
+/// Serializes schema creation across processes (`pg_advisory_xact_lock`).
+const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
+
+const SCHEMA: &str = "
+CREATE SEQUENCE idem_fence AS bigint;
+CREATE TABLE idem_records (
+    key         text PRIMARY KEY,
+    fingerprint text NOT NULL,
+    fence       bigint NOT NULL,
+    -- 0: in flight until lease_until; 1: done, kept until expires_at.
+    state       smallint NOT NULL,
+    lease_until timestamptz,
+    expires_at  timestamptz,
+    -- Outcome kind when done: 1 success, 2 failure, 3 unknown; payload is its JSON text.
+    kind        smallint,
+    payload     text,
+    -- Whether the last acquisition took over an expired lease (read by RETURNING).
+    takeover    boolean NOT NULL DEFAULT false,
+    -- Whether someone waits on this holder: complete and release then NOTIFY.
+    waited      boolean NOT NULL DEFAULT false
+);
+CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
+";
+
+/// Acquires when the key is absent, its retention ended, or its lease expired with the same
+/// fingerprint and the request takes over (`$4`); otherwise returns the row as the statement saw
+/// it. `alive`: the lease (in flight) or the retention (done) has not ended.
+const CLAIM: &str = "
+WITH ins AS (
+    INSERT INTO idem_records AS r (key, fingerprint, fence, state, lease_until, takeover)
+    VALUES ($1, $2, nextval('idem_fence'), 0, now() + $3::bigint * interval '1 millisecond', false)
+    ON CONFLICT (key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint,
+        fence = EXCLUDED.fence,
+        takeover = (r.state = 0),
+        state = 0,
+        lease_until = EXCLUDED.lease_until,
+        expires_at = NULL,
+        kind = NULL,
+        payload = NULL,
+        waited = false
+    WHERE (r.state = 1 AND r.expires_at <= now())
+       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint AND $4)
+    RETURNING r.fence, r.takeover
+)
+SELECT true, fence, takeover, NULL::text, NULL::smallint, NULL::boolean, NULL::bigint,
+       NULL::smallint, NULL::text
+FROM ins
+UNION ALL
+SELECT false, fence, takeover, fingerprint, state,
+       CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
+       (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload
+FROM idem_records
+WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)";
+
+const COMPLETE: &str = "
+WITH u AS (
+    UPDATE idem_records
+    SET state = 1, lease_until = NULL, kind = $4, payload = $5,
+        expires_at = now() + $3::bigint * interval '1 millisecond'
+    WHERE key = $1 AND fence = $2 AND state = 0
+    RETURNING key, waited
+)
+SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM u";
+
+const RELEASE: &str = "
+WITH d AS (
+    DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state = 0 RETURNING key, waited
+)
+SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
+
+const RENEW: &str = "
+UPDATE idem_records SET lease_until = now() + $3::bigint * interval '1 millisecond'
+WHERE key = $1 AND fence = $2 AND state = 0";
+
+/// Marks the holder as waited on, if still in flight under the fence with a live lease; returns
+/// the lease remaining (ms).
+const MARK_WAITED: &str = "
+UPDATE idem_records SET waited = true
+WHERE key = $1 AND fence = $2 AND state = 0 AND lease_until > now()
+RETURNING (extract(epoch FROM lease_until - now()) * 1000)::bigint";
+
+const HELD: &str = "
+SELECT (extract(epoch FROM lease_until - now()) * 1000)::bigint FROM idem_records
+WHERE key = $1 AND fence = $2 AND state = 0 AND lease_until > now()";
+
+const FORGET: &str = "
+WITH d AS (DELETE FROM idem_records WHERE key = $1 RETURNING key)
+SELECT pg_notify('idem_wake', key) FROM d";
+
+const SWEEP: &str = "
+DELETE FROM idem_records WHERE key IN (
+    SELECT key FROM idem_records WHERE state = 1 AND expires_at <= now() LIMIT 1000)";
+
+/// Connections opened by [`PostgresStore::connect`].
+pub const DEFAULT_CONNECTIONS: usize = 4;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const SWEEP_EVERY_MS: i64 = 60_000;
+const POLL_FIRST: Duration = Duration::from_millis(2);
+/// Polling cap while the listener is down (polling is then the only wake-up).
+const POLL_MAX_UNLISTENED: Duration = Duration::from_millis(50);
+/// Polling cap while notifications flow (polling only covers a lost notification).
+const POLL_MAX_LISTENED: Duration = Duration::from_millis(500);
+/// How many times a claim re-runs when its snapshot predates the row it conflicted with.
+const CLAIM_RUNS: usize = 16;
+
+/// One connection with its prepared statements.
+struct Conn {
+    client: Client,
+    claim: Statement,
+    complete: Statement,
+    release: Statement,
+    renew: Statement,
+    mark_waited: Statement,
+    held: Statement,
+    forget: Statement,
+    sweep: Statement,
+}
+
+/// In-process waiters by key, woken by notifications and by this store's own writes.
+#[derive(Default)]
+struct Waiters {
+    map: Mutex<HashMap<Key, Arc<Notify>>>,
+}
+
+impl Waiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Notify>>> {
+        // Every update is one insert or remove: a poisoned map is still consistent.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn register(&self, key: Key) -> Arc<Notify> {
+        Arc::clone(self.lock().entry(key).or_default())
+    }
+    fn unregister(&self, key: &Key, notify: Arc<Notify>) {
+        let mut map = self.lock();
+        // Ours and the map's: nobody else waits on this key.
+        if Arc::strong_count(&notify) == 2 {
+            map.remove(key);
+        }
+    }
+    fn wake(&self, key: &Key) {
+        if let Some(n) = self.lock().get(key) {
+            n.notify_waiters();
+        }
+    }
+    fn wake_all(&self) {
+        for n in self.lock().values() {
+            n.notify_waiters();
+        }
+    }
+}
+
+struct Inner {
+    config: Config,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next_slot: AtomicUsize,
+    waiters: Arc<Waiters>,
+    listening: Arc<AtomicBool>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    next_sweep_ms: AtomicI64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.get_mut().ok().and_then(Option::take) {
+            task.abort();
+        }
+    }
+}
+
+/// The PostgreSQL [`Store`]. Cheap to clone (clones share the connections).
+///
+/// Errors: [`StoreError::Unavailable`] with the cause when the server cannot be reached or a
+/// statement fails (the next call reconnects); [`StoreError::Incompatible`] for a database with
+/// another schema version or a record this version cannot decode.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("connections", &self.inner.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects with a libpq-style connection string (`host=127.0.0.1 user=postgres dbname=app`)
+    /// or URL (`postgresql://user@host:5432/app`), with [`DEFAULT_CONNECTIONS`] connections,
+    /// and creates or checks the schema. Must run inside a tokio runtime.
+    ///
+    /// Fails with [`StoreError::Unavailable`] when the server cannot be reached (5 s connect
+    /// timeout unless the string sets `connect_timeout`) and [`StoreError::Incompatible`] when
+    /// the schema is from another version.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let config = Config::from_str(url).map_err(StoreError::unavailable)?;
+        Self::connect_with(config, DEFAULT_CONNECTIONS).await
+    }
+
+    /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
+    /// another schema) and `connections` connections (at least 1).
+    pub async fn connect_with(mut config: Config, connections: usize) -> Result<Self, StoreError> {
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let waiters = Arc::new(Waiters::default());
+        let listening = Arc::new(AtomicBool::new(false));
+        let listener =
+            tokio::spawn(listen(config.clone(), Arc::clone(&waiters), Arc::clone(&listening)));
+        let store = PostgresStore {
+            inner: Arc::new(Inner {
+                config,
+                slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
+                next_slot: AtomicUsize::new(0),
+                waiters,
+                listening,
+                listener: Mutex::new(Some(listener)),
+                next_sweep_ms: AtomicI64::new(local_ms() + SWEEP_EVERY_MS),
+            }),
+        };
+        // Opens the first connection now, so a wrong address or schema fails here.
+        store.conn().await?;
+        Ok(store)
+    }
+
+    /// Removes every record whose retention ended (at most 1000 per call); returns how many.
+    /// Claims already treat them as absent; this only reclaims space. Runs on its own every 60 s
+    /// during claims.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        let conn = self.conn().await?;
+        let swept = conn.client.execute(&conn.sweep, &[]).await;
+        swept.map_err(StoreError::unavailable)
+    }
+
+    /// A connection, opened (or re-opened after a failure) on demand.
+    async fn conn(&self) -> Result<Arc<Conn>, StoreError> {
+        let i = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+        let mut slot = self.inner.slots[i].lock().await;
+        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(Arc::clone(conn));
+        }
+        *slot = None;
+        let conn = Arc::new(open(&self.inner.config).await?);
+        *slot = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+
+    fn sweep_due(&self) -> bool {
+        let now = local_ms();
+        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .inner
+                .next_sweep_ms
+                .compare_exchange(due, now + SWEEP_EVERY_MS, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    async fn wait_inner(&self, key: &Key, fence: Fence, notify: &Notify) -> Result<(), StoreError> {
+        let mut pause = POLL_FIRST;
+        let mut first = true;
+        loop {
+            // Registered before the check, so a wake-up in between is not missed.
+            let woken = notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let conn = self.conn().await?;
+            let stmt = if first { &conn.mark_waited } else { &conn.held };
+            first = false;
+            let row = conn.client.query_opt(stmt, &[&key.as_str(), &fence_param(fence)]).await;
+            let Some(row) = row.map_err(StoreError::unavailable)? else { return Ok(()) };
+            let remaining: Option<i64> = row.get(0);
+            let cap = if self.inner.listening.load(Ordering::Relaxed) {
+                POLL_MAX_LISTENED
+            } else {
+                POLL_MAX_UNLISTENED
+            };
+            // Wake at lease expiry at the latest: a takeover needs a claim to happen.
+            let lease_left = Duration::from_millis(remaining.unwrap_or(0).max(1) as u64);
+            let _ = tokio::time::timeout(pause.min(lease_left), woken).await;
+            pause = (pause * 2).min(cap);
+        }
+    }
+}
+
+/// Opens one connection, checks or creates the schema, and prepares the statements.
+async fn open(config: &Config) -> Result<Conn, StoreError> {
+    let (mut client, connection) = config.connect(NoTls).await.map_err(StoreError::unavailable)?;
+    tokio::spawn(async move {
+        // Ends when the client is dropped or the connection breaks; the error resurfaces as
+        // the next statement's error.
+        let _ = connection.await;
+    });
+    ensure_schema(&mut client).await?;
+    let prepare = |sql| client.prepare(sql);
+    let (claim, complete, release, renew) =
+        tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
+            .map_err(StoreError::unavailable)?;
+    let (mark_waited, held, forget, sweep) =
+        tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
+            .map_err(StoreError::unavailable)?;
+    Ok(Conn { client, claim, complete, release, renew, mark_waited, held, forget, sweep })
+}
+
+const VERSION: &str = "SELECT value FROM idem_meta WHERE name = 'schema_version'";
+
+fn incompatible_version(v: i64) -> StoreError {
+    StoreError::Incompatible(format!(
+        "the PostgreSQL database has idem schema version {v}; this idem reads version \
+         {SCHEMA_VERSION}"
+    ))
+}
+
+async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
+    // The common case, one round trip: the schema exists at our version.
+    match client.query_opt(VERSION, &[]).await {
+        Ok(Some(row)) => {
+            let v: i64 = row.get(0);
+            return if v == SCHEMA_VERSION { Ok(()) } else { Err(incompatible_version(v)) };
+        }
+        Ok(None) => {}
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+        Err(e) => return Err(StoreError::unavailable(e)),
+    }
+    let tx = client.transaction().await.map_err(StoreError::unavailable)?;
+    let created = async {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
+        )
+        .await?;
+        if let Some(row) = tx.query_opt(VERSION, &[]).await? {
+            return Ok(Some(row.get::<_, i64>(0)));
+        }
+        let records: bool =
+            tx.query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[]).await?.get(0);
+        if records {
+            return Ok(Some(0));
+        }
+        tx.batch_execute(SCHEMA).await?;
+        tx.execute(
+            "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1)",
+            &[&SCHEMA_VERSION],
+        )
+        .await?;
+        Ok::<_, tokio_postgres::Error>(None)
+    }
+    .await
+    .map_err(StoreError::unavailable)?;
+    match created {
+        None => tx.commit().await.map_err(StoreError::unavailable),
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(0) => Err(StoreError::Incompatible(
+            "the PostgreSQL database has an idem_records table without a schema version".into(),
+        )),
+        Some(v) => Err(incompatible_version(v)),
+    }
+}
+
+/// The listener: one connection that `LISTEN`s on [`CHANNEL`] and wakes waiters by key;
+/// reconnects after a failure (waking everyone, since notifications may have been lost).
+async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            let driver = {
+                let waiters = Arc::clone(&waiters);
+                async move {
+                    while let Some(Ok(msg)) =
+                        std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                    {
+                        if let AsyncMessage::Notification(n) = msg
+                            && let Some(key) = Key::parse(n.payload())
+                        {
+                            waiters.wake(&key);
+                        }
+                    }
+                }
+            };
+            let subscribe = async {
+                if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_ok() {
+                    listening.store(true, Ordering::Relaxed);
+                    waiters.wake_all();
+                }
+                // Keeps the client (and so the connection) alive while the driver runs.
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                () = driver => {}
+                () = subscribe => {}
+            }
+            listening.store(false, Ordering::Relaxed);
+            waiters.wake_all();
+            backoff = Duration::from_millis(100);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The local clock in ms, only for scheduling sweeps (leases use the server's clock).
+fn local_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn fence_param(f: Fence) -> i64 {
+    // Fences beyond i64 never come from this store; such a fence matches no row.
+    i64::try_from(f.0).unwrap_or(-1)
+}
+
+const SUCCESS: i16 = 1;
+const FAILURE: i16 = 2;
+const UNKNOWN: i16 = 3;
+
+fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
+    match outcome {
+        Outcome::Success(json) => (SUCCESS, Some(json)),
+        Outcome::Failure(json) => (FAILURE, Some(json)),
+        Outcome::Unknown => (UNKNOWN, None),
+    }
+}
+
+fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outcome, StoreError> {
+    match (kind, payload) {
+        (Some(SUCCESS), Some(json)) => Ok(Outcome::Success(json)),
+        (Some(FAILURE), Some(json)) => Ok(Outcome::Failure(json)),
+        (Some(UNKNOWN), None) => Ok(Outcome::Unknown),
+        (kind, payload) => Err(StoreError::Incompatible(format!(
+            "the PostgreSQL record of key {key} has an outcome this idem cannot read (kind \
+             {kind:?}, payload {})",
+            if payload.is_some() { "present" } else { "absent" }
+        ))),
+    }
+}
+
+/// What one run of the claim statement means; `Retry` when its snapshot was older than the row
+/// the conflict was decided on.
+enum Step {
+    Done(Claim),
+    Retry,
+}
+
+fn decide(
+    key: &Key,
+    fp: &Fingerprint,
+    on_expired: OnExpired,
+    row: Option<tokio_postgres::Row>,
+) -> Result<Step, StoreError> {
+    let Some(row) = row else { return Ok(Step::Retry) };
+    let get = |e: tokio_postgres::Error| {
+        StoreError::Incompatible(format!("the PostgreSQL record of key {key}: {e}"))
+    };
+    let fence = Fence(row.try_get::<_, i64>(1).map_err(get)? as u64);
+    if row.try_get::<_, bool>(0).map_err(get)? {
+        return Ok(Step::Done(Claim::Acquired { fence, takeover: row.try_get(2).map_err(get)? }));
+    }
+    let fingerprint: String = row.try_get(3).map_err(get)?;
+    let state: i16 = row.try_get(4).map_err(get)?;
+    let alive: Option<bool> = row.try_get(5).map_err(get)?;
+    let alive = alive.unwrap_or(false);
+    // A row the statement would have taken: it saw an older version than the conflict did.
+    let free = match state {
+        1 => !alive,
+        _ => !alive && fingerprint == fp.as_str() && on_expired == OnExpired::TakeOver,
+    };
+    if free {
+        return Ok(Step::Retry);
+    }
+    if fingerprint != fp.as_str() {
+        return Ok(Step::Done(Claim::Mismatch));
+    }
+    Ok(Step::Done(match (state, alive) {
+        (1, _) => Claim::Completed(Record {
+            fingerprint: *fp,
+            outcome: decode(key, row.try_get(7).map_err(get)?, row.try_get(8).map_err(get)?)?,
+        }),
+        (0, true) => {
+            let remaining: Option<i64> = row.try_get(6).map_err(get)?;
+            Claim::InFlight {
+                fence,
+                lease_remaining: Duration::from_millis(remaining.unwrap_or(0).max(0) as u64),
+            }
+        }
+        (0, false) => Claim::Unknown,
+        (state, _) => {
+            return Err(StoreError::Incompatible(format!(
+                "the PostgreSQL record of key {key} has an unknown state {state}"
+            )));
+        }
+    }))
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let take_over = req.on_expired == OnExpired::TakeOver;
+        let lease = ms(req.lease);
+        for _ in 0..CLAIM_RUNS {
+            let conn = self.conn().await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&req.key.as_str(), &req.fingerprint.as_str(), &lease, &take_over];
+            let row = conn.client.query_opt(&conn.claim, &params).await;
+            let row = row.map_err(StoreError::unavailable)?;
+            if let Step::Done(claim) = decide(req.key, req.fingerprint, req.on_expired, row)? {
+                if self.sweep_due() {
+                    let store = self.clone();
+                    // Space only: a failed sweep is retried at the next interval.
+                    tokio::spawn(async move {
+                        let _ = store.sweep().await;
+                    });
+                }
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "the claim of key {} kept racing concurrent writers ({CLAIM_RUNS} runs)",
+            req.key
+        )))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let (kind, payload) = encode(outcome);
+        let conn = self.conn().await?;
+        let rows = conn
+            .client
+            .query(&conn.complete, &[&key.as_str(), &fence_param(fence), &ms(ttl), &kind, &payload])
+            .await;
+        self.done_or_lost(key, rows.map_err(StoreError::unavailable)?.len())
+    }
+
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let conn = self.conn().await?;
+        let rows = conn.client.query(&conn.release, &[&key.as_str(), &fence_param(fence)]).await;
+        self.done_or_lost(key, rows.map_err(StoreError::unavailable)?.len())
+    }
+
+    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        let conn = self.conn().await?;
+        let n = conn
+            .client
+            .execute(&conn.renew, &[&key.as_str(), &fence_param(fence), &ms(lease)])
+            .await;
+        if n.map_err(StoreError::unavailable)? == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+    }
+
+    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        let notify = self.inner.waiters.register(*key);
+        // The deadline bounds everything, a reconnect or a slow server included.
+        let r = tokio::time::timeout(max, self.wait_inner(key, fence, &notify)).await;
+        self.inner.waiters.unregister(key, notify);
+        r.unwrap_or(Ok(()))
+    }
+
+    async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        let conn = self.conn().await?;
+        let rows = conn.client.query(&conn.forget, &[&key.as_str()]).await;
+        let removed = !rows.map_err(StoreError::unavailable)?.is_empty();
+        self.inner.waiters.wake(key);
+        Ok(removed)
+    }
+}
+
+impl PostgresStore {
+    fn done_or_lost(&self, key: &Key, rows: usize) -> Result<(), StoreError> {
+        if rows == 1 {
+            self.inner.waiters.wake(key);
+            Ok(())
+        } else {
+            Err(StoreError::LeaseLost)
+        }
+    }
+}

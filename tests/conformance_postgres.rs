@@ -1,0 +1,225 @@
+//! The store conformance suite against the PostgreSQL store (`IDEM_PG_URL`; skipped when the
+//! server is unreachable, a failure under `CI=true`), plus what only this store has: several
+//! stores on one database, LISTEN/NOTIFY, a versioned schema, reconnection.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::PostgresStore;
+use idem_core::conformance::fresh_key;
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome};
+use idem_core::{Store, StoreError};
+use idem_tests::{or_skip, pg_url};
+use tokio_postgres::{Config, NoTls};
+
+async fn store() -> Option<Arc<PostgresStore>> {
+    or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).map(Arc::new)
+}
+
+idem_core::store_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    store().await
+);
+
+fn req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        fingerprint: fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::TakeOver,
+    }
+}
+
+async fn acquire(store: &dyn Store, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
+    match store.claim(req(key, fp)).await.expect("claim") {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+/// A raw client for checks behind the store's back.
+async fn raw(config: &Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(NoTls).await.expect("raw connect");
+    tokio::spawn(conn);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_on_one_database_acquire_once() {
+    let Some(first) = store().await else { return };
+    let mut stores = vec![first];
+    for _ in 0..3 {
+        stores.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    let (key, fp) = fresh_key("stores_on_one_database_acquire_once", "{}");
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let store = Arc::clone(&stores[i % stores.len()]);
+            tokio::spawn(async move { store.claim(req(&key, &fp)).await.expect("claim") })
+        })
+        .collect();
+    let mut acquired = 0;
+    for t in tasks {
+        if matches!(t.await.expect("task"), Claim::Acquired { .. }) {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 1, "32 claims through 4 stores on one database: exactly one acquires");
+}
+
+/// A waiter in another process is woken by NOTIFY: the holder's completion sends one on
+/// `idem_wake` with the key, once somebody waits on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_notifies_waiters_of_other_processes() {
+    let Some(holder) = store().await else { return };
+    let config = Config::from_str(&pg_url()).expect("config");
+    let (listener, mut conn) = config.connect(NoTls).await.expect("raw connect");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(msg)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = msg {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener.batch_execute("LISTEN idem_wake").await.expect("listen");
+
+    let (key, fp) = fresh_key("complete_notifies_waiters", "{}");
+    let fence = acquire(&*holder, &key, &fp).await;
+    let waiter = PostgresStore::connect(&pg_url()).await.expect("connect");
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.wait(&key, fence, Duration::from_secs(20)).await }
+    });
+    // Let the waiter register before the completion.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    holder
+        .complete(&key, fence, &Outcome::Success("1".into()), Duration::from_secs(30))
+        .await
+        .expect("complete");
+    let notified = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match rx.recv().await {
+                Some(payload) if payload == key.as_str() => return true,
+                Some(_) => continue,
+                None => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        notified,
+        Ok(true),
+        "completing a waited-on record must NOTIFY idem_wake with its key"
+    );
+    waiting.await.expect("task").expect("wait");
+    let got = waiter.claim(req(&key, &fp)).await.expect("claim");
+    assert!(matches!(got, Claim::Completed(_)), "the waiter then replays, got {got:?}");
+}
+
+/// A database of another schema version is refused, in a private schema so other tests on the
+/// same database are not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_schema_version_is_incompatible() {
+    let Some(_) = store().await else { return };
+    let base = Config::from_str(&pg_url()).expect("config");
+    let schema = format!("idem_test_version_{}", std::process::id());
+    let admin = raw(&base).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .expect("create schema");
+    let mut config = base.clone();
+    config.options(format!("-c search_path={schema}"));
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create the idem schema"));
+    admin
+        .batch_execute(&format!(
+            "UPDATE {schema}.idem_meta SET value = 99 WHERE name = 'schema_version'"
+        ))
+        .await
+        .expect("bump version");
+    let got = PostgresStore::connect_with(config, 1).await;
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop schema");
+    match got {
+        Err(StoreError::Incompatible(m)) => assert!(m.contains("99"), "names the version: {m}"),
+        other => panic!("schema version 99 must be Incompatible, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_outcome_is_incompatible_not_replayed() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("undecodable_outcome", "{}");
+    let fence = acquire(&*store, &key, &fp).await;
+    store
+        .complete(&key, fence, &Outcome::Success("1".into()), Duration::from_secs(30))
+        .await
+        .expect("complete");
+    let admin = raw(&Config::from_str(&pg_url()).expect("config")).await;
+    admin
+        .execute("UPDATE idem_records SET kind = 7 WHERE key = $1", &[&key.as_str()])
+        .await
+        .expect("write a future outcome kind");
+    match store.claim(req(&key, &fp)).await {
+        Err(StoreError::Incompatible(m)) => assert!(m.contains(key.as_str()), "names the key: {m}"),
+        other => panic!("an undecodable outcome must be Incompatible, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unavailable() {
+    // Port 1 on loopback: nothing listens, the connection is refused at once.
+    let got = PostgresStore::connect("host=127.0.0.1 port=1 user=postgres connect_timeout=2").await;
+    match got {
+        Err(e @ StoreError::Unavailable(_)) => {
+            let cause = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+            assert!(!cause.is_empty(), "Unavailable carries the cause");
+        }
+        other => panic!("an unreachable server must be Unavailable, got {other:?}"),
+    }
+}
+
+/// Connections killed by the server (as on a restart): calls fail as Unavailable at worst, and
+/// the same store works again by itself, with its records intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_connections_are_killed() {
+    let Some(_) = store().await else { return };
+    let app = format!("idem-reconnect-{}", std::process::id());
+    let mut config = Config::from_str(&pg_url()).expect("config");
+    config.application_name(&app);
+    let store = PostgresStore::connect_with(config.clone(), 2).await.expect("connect");
+    let (key, fp) = fresh_key("reconnects_after_connections_are_killed", "{}");
+    let fence = acquire(&store, &key, &fp).await;
+    store
+        .complete(&key, fence, &Outcome::Success("\"kept\"".into()), Duration::from_secs(30))
+        .await
+        .expect("complete");
+
+    let admin = raw(&Config::from_str(&pg_url()).expect("config")).await;
+    let killed = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("terminate");
+    assert!(killed >= 2, "the store's connections were killed ({killed})");
+
+    let mut replayed = None;
+    for _ in 0..5 {
+        match store.claim(req(&key, &fp)).await {
+            Ok(claim) => {
+                replayed = Some(claim);
+                break;
+            }
+            Err(StoreError::Unavailable(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("a broken connection must be Unavailable, got {e}"),
+        }
+    }
+    let want = Claim::Completed(idem_core::store::Record {
+        fingerprint: fp,
+        outcome: Outcome::Success("\"kept\"".into()),
+    });
+    assert_eq!(replayed, Some(want), "the store must reconnect by itself and replay");
+}
