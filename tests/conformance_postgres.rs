@@ -223,3 +223,35 @@ async fn reconnects_after_connections_are_killed() {
     });
     assert_eq!(replayed, Some(want), "the store must reconnect by itself and replay");
 }
+
+#[path = "shared/executor.rs"]
+mod executor;
+
+/// Two executors, each with its own store on one database (as two processes).
+async fn two_stores() -> Option<(Arc<dyn Store>, Arc<dyn Store>)> {
+    let a = store().await?;
+    let b = PostgresStore::connect(&pg_url()).await.expect("connect");
+    Some((a, Arc::new(b)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_duplicates_across_processes_run_once() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::duplicates_across_executors_run_once(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_crashed_holder_is_taken_over() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::crashed_holder_is_taken_over(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_churn() {
+    let Some(first) = store().await else { return };
+    let mut stores: Vec<Arc<dyn Store>> = vec![first];
+    for _ in 0..3 {
+        stores.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    executor::mutual_exclusion_under_churn(stores).await;
+}

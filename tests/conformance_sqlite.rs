@@ -133,3 +133,36 @@ async fn open_url_forms() {
         );
     }
 }
+
+#[path = "shared/executor.rs"]
+mod executor;
+
+/// Two executors, each with its own store on one file (as two processes).
+fn two_stores(name: &str) -> (Arc<dyn Store>, Arc<dyn Store>) {
+    let path = fresh_file(name);
+    (
+        Arc::new(SqliteStore::open(&path).expect("open")),
+        Arc::new(SqliteStore::open(&path).expect("open")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_duplicates_across_processes_run_once() {
+    let (a, b) = two_stores("exec-dup");
+    executor::duplicates_across_executors_run_once(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_crashed_holder_is_taken_over() {
+    let (a, b) = two_stores("exec-crash");
+    executor::crashed_holder_is_taken_over(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_churn() {
+    let path = fresh_file("churn");
+    let stores: Vec<Arc<dyn Store>> = (0..4)
+        .map(|_| Arc::new(SqliteStore::open(&path).expect("open")) as Arc<dyn Store>)
+        .collect();
+    executor::mutual_exclusion_under_churn(stores).await;
+}

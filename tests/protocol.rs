@@ -999,3 +999,33 @@ async fn a_cancelled_leader_does_not_strand_its_joiners() {
     assert_eq!(tool.runs(), 2);
     assert_eq!(tool.distinct_keys(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_that_waits_past_its_budget_stops_and_the_first_call_is_unaffected() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let patient =
+        executor_on(store.clone(), Policy { attempt_timeout: Duration::from_secs(60), ..policy() });
+    let hasty = executor_on(store, Policy { budget: Duration::from_secs(1), ..policy() });
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_secs(5)),
+    );
+    let run_a = patient.run("r");
+    let first = run_a.call(&*tool, args("cus_1", 4900));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = Instant::now();
+        let got = hasty.run("r").call(&*tool, args("cus_1", 4900)).await;
+        (got, started.elapsed())
+    };
+    let (first, (second, waited)) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), "ch_1");
+    assert!(
+        matches!(second, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
+        "{second:?}"
+    );
+    assert!(waited <= Duration::from_secs(1), "never waits past its budget: {waited:?}");
+    assert_eq!(tool.runs(), 1);
+}

@@ -11,11 +11,11 @@
 //! Use [`store_conformance_tests!`](crate::store_conformance_tests) to get one named
 //! `#[tokio::test]` per behaviour:
 //!
-//! ```ignore
+//! ```
 //! async fn store() -> Option<std::sync::Arc<idem_core::MemoryStore>> {
 //!     Some(std::sync::Arc::new(idem_core::MemoryStore::new()))
 //! }
-//! idem_core::store_conformance_tests!(#[tokio::test(start_paused = true)] store());
+//! idem_core::store_conformance_tests!(#[tokio::test(start_paused = true)] store().await);
 //! ```
 //!
 //! This module is test support: it panics on purpose when a store breaks the contract.

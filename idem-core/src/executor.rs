@@ -446,14 +446,36 @@ impl<T: Tool> Call<'_, T> {
         fence: Option<Fence>,
     ) -> Result<T::Output, Error<T::Error>> {
         let budget = &self.inner.budget;
+        let mut args = Some(args);
         let mut attempt = 0u32;
         loop {
             attempt += 1;
             self.span.record("idem.attempt", attempt);
             let started = Instant::now();
+            if started >= self.deadline {
+                // Waiting for a duplicate used the whole budget: starting an attempt that would
+                // time out at once would only make its outcome ambiguous.
+                if let Some(fence) = fence {
+                    let _ = self.inner.store.release(&self.key, fence).await;
+                }
+                return Err(Error::BudgetExhausted {
+                    tool: self.name(),
+                    budget: BudgetKind::WallClock,
+                });
+            }
             let attempt_deadline = (started + self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
-            let ended = self.run_attempt(&cx, args.clone(), attempt_deadline).await;
+            // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
+            let this_args = match args.take() {
+                Some(a) if attempt >= self.policy.attempts => a,
+                Some(a) => {
+                    let copy = a.clone();
+                    args = Some(a);
+                    copy
+                }
+                None => return Err(self.internal("arguments used up before the last attempt")),
+            };
+            let ended = self.run_attempt(&cx, this_args, attempt_deadline).await;
             let (failure, error) = match ended {
                 Attempt::Done(Ok(output)) => {
                     budget.on_success();
@@ -527,6 +549,16 @@ impl<T: Tool> Call<'_, T> {
                     });
                 }
             }
+        }
+    }
+
+    /// A broken invariant of the executor itself, reported rather than panicking.
+    #[cold]
+    fn internal(&self, what: &str) -> Error<T::Error> {
+        Error::ReplayFailed {
+            tool: self.name(),
+            key: self.key,
+            reason: format!("internal error in idem's executor: {what}; please report it"),
         }
     }
 

@@ -22,6 +22,7 @@ mod error;
 mod executor;
 mod failure;
 mod flight;
+mod generated;
 pub mod key;
 mod policy;
 pub mod store;
@@ -51,4 +52,6 @@ pub mod __private {
     pub use schemars;
     pub use serde;
     pub use serde_json;
+
+    pub use crate::generated::*;
 }

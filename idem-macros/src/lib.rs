@@ -1,8 +1,101 @@
-//! Placeholder while the macro is written.
+//! The `#[tool]` attribute of idem, re-exported as `idem_core::tool`.
+//!
+//! The pipeline is visible in the files: `parse` (the attribute and the parameter markers as
+//! written), `validate` (checks them against the fn, collecting every error) and `expand` (the
+//! generated items, or on failure the fn as written plus the errors).
+
 use proc_macro::TokenStream;
 
-/// See `idem_core::tool`.
+mod expand;
+mod parse;
+mod validate;
+
+/// Declares an async fn as a tool whose every call goes through idem's protocol.
+///
+/// ```ignore
+/// use idem_core::{tool, Ctx};
+///
+/// /// Charge a customer's card. Amounts are in cents.
+/// #[tool(retry = "keyed", timeout = "10s")]
+/// async fn charge_card(cx: &Ctx, customer: String, amount_cents: u64) -> Result<Charge, PaymentError> {
+///     payments.charge(&customer, amount_cents, cx.key()).await // the provider's Idempotency-Key
+/// }
+///
+/// // charge_card(&run, "cus_1".into(), 4900).await  -> Result<Charge, idem_core::Error<PaymentError>>
+/// ```
+///
+/// # What it generates
+/// For a free `async fn charge_card(..)`:
+/// - `charge_card(run: &Run, <params>)`: the typed call, same name and visibility, returning
+///   `Result<T, idem_core::Error<E>>`. It derives the key, claims it, runs, stores and replays
+///   through `idem_core::Run::call`. The body is moved into the
+///   tool's `Tool::run`, so there is no unprotected path to it.
+/// - `ChargeCardTool`: a unit struct implementing `idem_core::Tool`, the tool as a value for a tool
+///   set. Its `def()` is a `&'static ToolDef`: the stable name, the doc comment as description,
+///   the class and the options.
+/// - `ChargeCardArgs`: the arguments as the model sends them, one field per parameter (the
+///   context excluded), deriving `Serialize`, `Deserialize`, `JsonSchema` and `Clone` through
+///   idem-core (the crate needs no serde or schemars dependency of its own). Unknown fields are
+///   refused (`deny_unknown_fields`, `additionalProperties: false` in the schema): a field the
+///   model invents would otherwise be dropped silently while the model believes it was applied.
+///
+/// For a method `async fn charge_card(&self, ..)` in an `impl` block (tools usually hold clients):
+/// - `charge_card(self: &Arc<Self>, run: &Run, <params>)`: the typed call;
+/// - `charge_card_tool(self: &Arc<Self>) -> impl Tool<..> + Clone`: the tool as a value holding
+///   the receiver. An attribute on a method can only add items to its `impl` block, so the
+///   arguments type is declared inside this constructor and is reached as `<T as Tool>::Args`;
+/// - a hidden `__idem_tool_charge_card` holding the body. `Self` must be `Send + Sync + 'static`.
+///
+/// # Options
+/// - `retry = "safe" | "keyed" | "never"` (required): how the tool may be retried (see
+///   `idem_core::RetryClass`).
+/// - `name = ".."`: the stable name, part of every key (default: the fn name). 1 to 64 ASCII
+///   letters, digits, `_` or `-`, so OpenAI function names and MCP tool names accept it.
+/// - `attempts = N`: attempts in all, the first included (at least 1; a `never` tool allows 1).
+/// - `timeout`, `budget`, `lease`, `ttl`: the per-attempt timeout, the wall-clock budget of the
+///   whole call, the claim's lease and the retention of the outcome, written `"500ms"`, `"30s"`,
+///   `"2m"` or `"1h"` (a whole number and a unit, greater than zero). For `never`, `budget`,
+///   `timeout`, `lease` and `ttl` keep their meaning (a timeout then ends in "outcome unknown").
+/// - `skip(a, b)`, or `#[idem(skip)]` on a parameter: an argument that is not part of the intent
+///   (trace ids, nonces the model invents). It is still passed to the body but not in the key.
+///
+/// # Parameters
+/// - An optional first parameter `cx: &Ctx` (any path ending in `Ctx`) gives the body the
+///   idempotency key to forward, the attempt number and the deadline; it is not an argument.
+/// - The others need owned types that are `Serialize + DeserializeOwned + JsonSchema + Clone +
+///   Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics.
+/// - The return type is `Result<T, E>` (or an alias named `..Result`), `T: Serialize +
+///   DeserializeOwned`, `E: idem_core::Classify + Serialize + DeserializeOwned + Display + Debug`.
+///
+/// Mistakes are reported at the user's code, all at once, and the fn is still emitted as written
+/// so one mistake gives one message.
 #[proc_macro_attribute]
-pub fn tool(_attr: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut item: syn::ItemFn = match syn::parse(item.clone()) {
+        Ok(item) => item,
+        Err(e) => {
+            let message = syn::Error::new(
+                e.span(),
+                "`#[tool]` goes on an `async fn` (a free fn, or a method taking `&self`)",
+            );
+            let mut out: proc_macro2::TokenStream = item.into();
+            out.extend(message.to_compile_error());
+            return out.into();
+        }
+    };
+    let mut errors = parse::Errors::default();
+    let attr = parse::Attr::parse(attr.into(), &mut errors);
+    let param_attrs = validate::take_param_attrs(&mut item, &mut errors);
+    let fallback_item = item.clone();
+    let model = validate::validate(attr, item, param_attrs, &mut errors);
+    match (errors.into_result(), model) {
+        (Ok(()), Some(model)) => expand::expand(&model).into(),
+        (Err(e), _) => expand::fallback(&fallback_item, e).into(),
+        // validate returns no model only after recording an error; kept total for safety.
+        (Ok(()), None) => expand::fallback(
+            &fallback_item,
+            syn::Error::new(proc_macro2::Span::call_site(), "`#[tool]` could not be expanded"),
+        )
+        .into(),
+    }
 }

@@ -26,7 +26,9 @@ pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<
         Ok(v) => Some(v),
         Err(e) if is_ci() => panic!("{service} is required under CI=true but unreachable: {e}"),
         Err(e) => {
-            eprintln!("SKIP: {service} unreachable ({e}); set CI=true to make this a failure");
+            // Straight to stderr, past the test harness's capture, so the skip is seen.
+            let line = format!("SKIP: {service} unreachable ({e}); under CI=true this fails\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             None
         }
     }

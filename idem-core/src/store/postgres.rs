@@ -63,13 +63,28 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 ";
 
-/// Acquires when the key is absent, its retention ended, or its lease expired with the same
-/// fingerprint and the request takes over (`$4`); otherwise returns the row as the statement saw
-/// it. `alive`: the lease (in flight) or the retention (done) has not ended.
+/// Reads the row (`cur`, the statement's snapshot); attempts the upsert only when that row is
+/// absent or one the claim would take, so a replay, a live lease or a mismatch writes nothing
+/// (an `ON CONFLICT DO UPDATE` locks the row, which costs a WAL flush, even when its `WHERE`
+/// fails). The upsert acquires when the key is absent, its retention ended, or its lease expired
+/// with the same fingerprint and the request takes over (`$4`). `alive`: the lease (in flight)
+/// or the retention (done) has not ended.
 const CLAIM: &str = "
-WITH ins AS (
+WITH cur AS (
+    SELECT fence, takeover, fingerprint, state,
+           CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END AS alive,
+           (extract(epoch FROM lease_until - now()) * 1000)::bigint AS remaining_ms,
+           kind, payload
+    FROM idem_records WHERE key = $1::text
+),
+ins AS (
     INSERT INTO idem_records AS r (key, fingerprint, fence, state, lease_until, takeover)
-    VALUES ($1, $2, nextval('idem_fence'), 0, now() + $3::bigint * interval '1 millisecond', false)
+    SELECT $1::text, $2::text, nextval('idem_fence'), 0,
+           now() + $3::bigint * interval '1 millisecond', false
+    WHERE NOT EXISTS (
+        SELECT 1 FROM cur
+        WHERE cur.alive IS NOT FALSE
+           OR (cur.state = 0 AND (cur.fingerprint <> $2::text OR NOT $4::boolean)))
     ON CONFLICT (key) DO UPDATE SET
         fingerprint = EXCLUDED.fingerprint,
         fence = EXCLUDED.fence,
@@ -81,18 +96,17 @@ WITH ins AS (
         payload = NULL,
         waited = false
     WHERE (r.state = 1 AND r.expires_at <= now())
-       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint AND $4)
+       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint
+           AND $4::boolean)
     RETURNING r.fence, r.takeover
 )
 SELECT true, fence, takeover, NULL::text, NULL::smallint, NULL::boolean, NULL::bigint,
        NULL::smallint, NULL::text
 FROM ins
 UNION ALL
-SELECT false, fence, takeover, fingerprint, state,
-       CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
-       (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload
-FROM idem_records
-WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)";
+SELECT false, fence, takeover, fingerprint, state, alive, remaining_ms, kind, payload
+FROM cur
+WHERE NOT EXISTS (SELECT 1 FROM ins)";
 
 const COMPLETE: &str = "
 WITH u AS (
@@ -158,6 +172,28 @@ struct Conn {
     sweep: Statement,
 }
 
+/// One call's use of a connection.
+struct Held<'a> {
+    conn: Arc<Conn>,
+    _busy: Busy<'a>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        &self.conn
+    }
+}
+
+/// Counts a call in [`Inner::busy`] until dropped.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// In-process waiters by key, woken by notifications and by this store's own writes.
 #[derive(Default)]
 struct Waiters {
@@ -194,7 +230,9 @@ impl Waiters {
 struct Inner {
     config: Config,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
-    next_slot: AtomicUsize,
+    /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
+    /// first open only under concurrency.
+    busy: AtomicUsize,
     waiters: Arc<Waiters>,
     listening: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
@@ -236,7 +274,7 @@ impl PostgresStore {
     /// timeout unless the string sets `connect_timeout`) and [`StoreError::Incompatible`] when
     /// the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config = Config::from_str(url).map_err(StoreError::unavailable)?;
+        let config = Config::from_str(url).map_err(pg)?;
         Self::connect_with(config, DEFAULT_CONNECTIONS).await
     }
 
@@ -254,7 +292,7 @@ impl PostgresStore {
             inner: Arc::new(Inner {
                 config,
                 slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
-                next_slot: AtomicUsize::new(0),
+                busy: AtomicUsize::new(0),
                 waiters,
                 listening,
                 listener: Mutex::new(Some(listener)),
@@ -272,20 +310,22 @@ impl PostgresStore {
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let conn = self.conn().await?;
         let swept = conn.client.execute(&conn.sweep, &[]).await;
-        swept.map_err(StoreError::unavailable)
+        swept.map_err(pg)
     }
 
-    /// A connection, opened (or re-opened after a failure) on demand.
-    async fn conn(&self) -> Result<Arc<Conn>, StoreError> {
-        let i = self.inner.next_slot.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
+    /// A connection, opened (or re-opened after a failure) on demand, held until the returned
+    /// guard is dropped.
+    async fn conn(&self) -> Result<Held<'_>, StoreError> {
+        let busy = Busy(&self.inner.busy);
+        let i = busy.0.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
         let mut slot = self.inner.slots[i].lock().await;
         if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
-            return Ok(Arc::clone(conn));
+            return Ok(Held { conn: Arc::clone(conn), _busy: busy });
         }
         *slot = None;
         let conn = Arc::new(open(&self.inner.config).await?);
         *slot = Some(Arc::clone(&conn));
-        Ok(conn)
+        Ok(Held { conn, _busy: busy })
     }
 
     fn sweep_due(&self) -> bool {
@@ -307,12 +347,14 @@ impl PostgresStore {
             let woken = notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let conn = self.conn().await?;
-            let stmt = if first { &conn.mark_waited } else { &conn.held };
+            let row = {
+                let conn = self.conn().await?;
+                let stmt = if first { &conn.mark_waited } else { &conn.held };
+                conn.client.query_opt(stmt, &[&key.as_str(), &fence_param(fence)]).await
+            };
             first = false;
-            let row = conn.client.query_opt(stmt, &[&key.as_str(), &fence_param(fence)]).await;
-            let Some(row) = row.map_err(StoreError::unavailable)? else { return Ok(()) };
-            let remaining: Option<i64> = row.get(0);
+            let Some(row) = row.map_err(pg)? else { return Ok(()) };
+            let remaining: Option<i64> = row.try_get(0).map_err(pg)?;
             let cap = if self.inner.listening.load(Ordering::Relaxed) {
                 POLL_MAX_LISTENED
             } else {
@@ -328,7 +370,7 @@ impl PostgresStore {
 
 /// Opens one connection, checks or creates the schema, and prepares the statements.
 async fn open(config: &Config) -> Result<Conn, StoreError> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(StoreError::unavailable)?;
+    let (mut client, connection) = config.connect(NoTls).await.map_err(pg)?;
     tokio::spawn(async move {
         // Ends when the client is dropped or the connection breaks; the error resurfaces as
         // the next statement's error.
@@ -338,10 +380,10 @@ async fn open(config: &Config) -> Result<Conn, StoreError> {
     let prepare = |sql| client.prepare(sql);
     let (claim, complete, release, renew) =
         tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
-            .map_err(StoreError::unavailable)?;
+            .map_err(pg)?;
     let (mark_waited, held, forget, sweep) =
         tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
-            .map_err(StoreError::unavailable)?;
+            .map_err(pg)?;
     Ok(Conn { client, claim, complete, release, renew, mark_waited, held, forget, sweep })
 }
 
@@ -358,14 +400,14 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     // The common case, one round trip: the schema exists at our version.
     match client.query_opt(VERSION, &[]).await {
         Ok(Some(row)) => {
-            let v: i64 = row.get(0);
+            let v: i64 = row.try_get(0).map_err(pg)?;
             return if v == SCHEMA_VERSION { Ok(()) } else { Err(incompatible_version(v)) };
         }
         Ok(None) => {}
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
-        Err(e) => return Err(StoreError::unavailable(e)),
+        Err(e) => return Err(pg(e)),
     }
-    let tx = client.transaction().await.map_err(StoreError::unavailable)?;
+    let tx = client.transaction().await.map_err(pg)?;
     let created = async {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
         tx.batch_execute(
@@ -373,10 +415,12 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
         )
         .await?;
         if let Some(row) = tx.query_opt(VERSION, &[]).await? {
-            return Ok(Some(row.get::<_, i64>(0)));
+            return Ok(Some(row.try_get::<_, i64>(0)?));
         }
-        let records: bool =
-            tx.query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[]).await?.get(0);
+        let records: bool = tx
+            .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
+            .await?
+            .try_get(0)?;
         if records {
             return Ok(Some(0));
         }
@@ -389,9 +433,9 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
         Ok::<_, tokio_postgres::Error>(None)
     }
     .await
-    .map_err(StoreError::unavailable)?;
+    .map_err(pg)?;
     match created {
-        None => tx.commit().await.map_err(StoreError::unavailable),
+        None => tx.commit().await.map_err(pg),
         Some(SCHEMA_VERSION) => Ok(()),
         Some(0) => Err(StoreError::Incompatible(
             "the PostgreSQL database has an idem_records table without a schema version".into(),
@@ -439,6 +483,34 @@ async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// A PostgreSQL error whose text carries the server's message or the I/O cause (tokio-postgres
+/// alone prints "db error" or "error connecting to server" and keeps the rest in its source).
+#[derive(Debug)]
+struct PgError(tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{} {}: {}", db.severity(), db.code().code(), db.message()),
+            // "error connecting to server" alone hides the reason ("Connection refused").
+            None => match std::error::Error::source(&self.0) {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+fn pg(e: tokio_postgres::Error) -> StoreError {
+    StoreError::unavailable(PgError(e))
 }
 
 /// The local clock in ms, only for scheduling sweeps (leases use the server's clock).
@@ -549,7 +621,7 @@ impl Store for PostgresStore {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&req.key.as_str(), &req.fingerprint.as_str(), &lease, &take_over];
             let row = conn.client.query_opt(&conn.claim, &params).await;
-            let row = row.map_err(StoreError::unavailable)?;
+            let row = row.map_err(pg)?;
             if let Step::Done(claim) = decide(req.key, req.fingerprint, req.on_expired, row)? {
                 if self.sweep_due() {
                     let store = self.clone();
@@ -580,13 +652,13 @@ impl Store for PostgresStore {
             .client
             .query(&conn.complete, &[&key.as_str(), &fence_param(fence), &ms(ttl), &kind, &payload])
             .await;
-        self.done_or_lost(key, rows.map_err(StoreError::unavailable)?.len())
+        self.done_or_lost(key, rows.map_err(pg)?.len())
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let conn = self.conn().await?;
         let rows = conn.client.query(&conn.release, &[&key.as_str(), &fence_param(fence)]).await;
-        self.done_or_lost(key, rows.map_err(StoreError::unavailable)?.len())
+        self.done_or_lost(key, rows.map_err(pg)?.len())
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
@@ -595,7 +667,7 @@ impl Store for PostgresStore {
             .client
             .execute(&conn.renew, &[&key.as_str(), &fence_param(fence), &ms(lease)])
             .await;
-        if n.map_err(StoreError::unavailable)? == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+        if n.map_err(pg)? == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
@@ -609,7 +681,7 @@ impl Store for PostgresStore {
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let conn = self.conn().await?;
         let rows = conn.client.query(&conn.forget, &[&key.as_str()]).await;
-        let removed = !rows.map_err(StoreError::unavailable)?.is_empty();
+        let removed = !rows.map_err(pg)?.is_empty();
         self.inner.waiters.wake(key);
         Ok(removed)
     }

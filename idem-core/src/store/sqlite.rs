@@ -1,20 +1,24 @@
 //! The SQLite store (feature `sqlite`): embedded and durable, one file, shared by the processes of
 //! one machine.
 //!
-//! The database runs in WAL mode with a busy timeout, so several processes (each with its own
-//! [`SqliteStore`]) can use one file. Every operation is one conditional statement: a claim is
-//! `INSERT .. ON CONFLICT(key) DO UPDATE .. WHERE <free or expired> RETURNING ..`, and complete,
-//! release and renew are conditional on the fence. When the claim's conditional update does not
-//! fire, the row it conflicted with is read inside the same write transaction, so what the claim
-//! answers is what the write saw. Fences come from one counter per database (kept by a trigger in
-//! the same statement), so they increase across release, takeover, forget and retention expiry.
+//! The database runs in WAL mode with a busy timeout (5 s), so several processes (each with its
+//! own [`SqliteStore`]) can use one file. Every write is one conditional statement: a claim that
+//! may acquire is `INSERT .. ON CONFLICT(key) DO UPDATE .. WHERE <free or expired> RETURNING ..`,
+//! and complete, release and renew are conditional on the fence. When the claim's conditional
+//! update does not fire, the row it conflicted with is read inside the same write transaction, so
+//! the answer is what the write saw. A claim whose answer needs no write (a replay, a live lease,
+//! a mismatch) is answered by a plain read of the committed row first; the write path never
+//! relies on that read. Fences come from one counter per database, moved by a trigger in the
+//! claim statement, so they increase across release, takeover, forget and retention expiry.
 //!
 //! Times are milliseconds since the Unix epoch on the machine's clock, shared by its processes.
-//! Waiting polls the record with backoff (2 ms doubling to 50 ms) and is woken at once by
-//! completions and releases made through the same [`SqliteStore`].
+//! Waiting polls the record with backoff (2 ms doubling to 50 ms), is woken at once by
+//! completions and releases made through the same [`SqliteStore`], and never lasts past `max`.
 //!
 //! Blocking SQLite calls run on tokio's blocking pool (`spawn_blocking`), one connection per
-//! store behind a mutex, with cached prepared statements.
+//! store behind a mutex, with cached prepared statements. The one exception is the read-only
+//! claim answer above, made on the calling thread only when it cannot wait (connection free,
+//! busy timeout 0): a primary-key read takes microseconds, a blocking-pool hop tens of them.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -331,10 +335,62 @@ struct Row {
     fence: i64,
     state: i64,
     lease_until: Option<i64>,
+    expires_at: Option<i64>,
     kind: Option<i64>,
     payload: Option<String>,
 }
 
+fn read_row(conn: &Connection, key: &Key) -> Result<Option<Row>, SqlError> {
+    Ok(conn
+        .prepare_cached(READ)?
+        .query_row(params![key.as_str()], |r| {
+            Ok(Row {
+                fingerprint: r.get(0)?,
+                fence: r.get(1)?,
+                state: r.get(2)?,
+                lease_until: r.get(3)?,
+                expires_at: r.get(4)?,
+                kind: r.get(5)?,
+                payload: r.get(6)?,
+            })
+        })
+        .optional()?)
+}
+
+/// What a claim answers from a row, or `None` when the claim statement would take the row
+/// (the same conditions as [`CLAIM`]'s `WHERE`).
+fn answer(
+    key: &Key,
+    fp: &Fingerprint,
+    on_expired: OnExpired,
+    row: Row,
+    now: i64,
+) -> Result<Option<Claim>, SqlError> {
+    let same = row.fingerprint == fp.as_str();
+    match (row.state, row.lease_until, row.expires_at) {
+        (1, _, Some(expires)) if expires <= now => Ok(None),
+        _ if !same => Ok(Some(Claim::Mismatch)),
+        (1, _, _) => Ok(Some(Claim::Completed(Record {
+            fingerprint: *fp,
+            outcome: decode(key, row.kind, row.payload)?,
+        }))),
+        (0, Some(until), _) if until > now => Ok(Some(Claim::InFlight {
+            fence: fence_of(row.fence),
+            lease_remaining: Duration::from_millis((until - now) as u64),
+        })),
+        (0, Some(_), _) => match on_expired {
+            OnExpired::TakeOver => Ok(None),
+            OnExpired::Unknown => Ok(Some(Claim::Unknown)),
+        },
+        (state, _, _) => Err(SqlError::Incompatible(format!(
+            "the SQLite record of key {key} has an unknown state {state}"
+        ))),
+    }
+}
+
+/// A claim: answered by a plain read when the record is one the claim would not take (a
+/// replay, a live lease, a mismatch: nothing to write, and the read is a committed state), else
+/// by the conditional upsert, which decides on its own under the write lock.
 fn claim_blocking(
     conn: &mut Connection,
     key: Key,
@@ -343,6 +399,11 @@ fn claim_blocking(
     on_expired: OnExpired,
     now: i64,
 ) -> Result<Claim, SqlError> {
+    if let Some(row) = read_row(conn, &key)?
+        && let Some(claim) = answer(&key, &fp, on_expired, row, now)?
+    {
+        return Ok(claim);
+    }
     let take_over = i64::from(on_expired == OnExpired::TakeOver);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let acquired = tx
@@ -357,40 +418,16 @@ fn claim_blocking(
     }
     // The conditional update did not fire: read the row it conflicted with, still holding the
     // write lock, so nothing changed in between.
-    let row = tx
-        .prepare_cached(READ)?
-        .query_row(params![key.as_str()], |r| {
-            Ok(Row {
-                fingerprint: r.get(0)?,
-                fence: r.get(1)?,
-                state: r.get(2)?,
-                lease_until: r.get(3)?,
-                kind: r.get(5)?,
-                payload: r.get(6)?,
-            })
-        })
-        .optional()?;
+    let row = read_row(&tx, &key)?;
     tx.commit()?;
-    let Some(row) = row else {
-        return Err(SqlError::Incompatible(format!(
-            "the claim of key {key} neither inserted nor found a record"
-        )));
-    };
-    if row.fingerprint != fp.as_str() {
-        return Ok(Claim::Mismatch);
-    }
-    match (row.state, row.lease_until) {
-        (1, _) => Ok(Claim::Completed(Record {
-            fingerprint: fp,
-            outcome: decode(&key, row.kind, row.payload)?,
-        })),
-        (0, Some(until)) if until > now => Ok(Claim::InFlight {
-            fence: fence_of(row.fence),
-            lease_remaining: Duration::from_millis((until - now) as u64),
+    match row {
+        Some(row) => answer(&key, &fp, on_expired, row, now)?.ok_or_else(|| {
+            SqlError::Incompatible(format!(
+                "the claim of key {key} found a free record it did not take"
+            ))
         }),
-        (0, Some(_)) => Ok(Claim::Unknown),
-        (state, _) => Err(SqlError::Incompatible(format!(
-            "the SQLite record of key {key} has an unknown state {state}"
+        None => Err(SqlError::Incompatible(format!(
+            "the claim of key {key} neither inserted nor found a record"
         ))),
     }
 }
@@ -400,8 +437,13 @@ impl Store for SqliteStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let (key, fp, lease, on_expired) = (*req.key, *req.fingerprint, req.lease, req.on_expired);
         let now = now_ms();
+        if let Some(claim) = self.try_answer_inline(&key, &fp, on_expired, now) {
+            return Ok(claim);
+        }
         let sweep = self.sweep_due(now);
         self.call(move |conn| {
+            // Read the clock here, not before the hop: the blocking pool may have queued us.
+            let now = now_ms();
             let claim = claim_blocking(conn, key, fp, lease, on_expired, now)?;
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
@@ -456,28 +498,9 @@ impl Store for SqliteStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        let deadline = tokio::time::Instant::now() + max;
-        let mut pause = POLL_FIRST;
-        loop {
-            // Registered before the check, so a change by this store in between is not missed.
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let key = *key;
-            let held = self
-                .call(move |conn| {
-                    let params = params![key.as_str(), fence_param(fence), now_ms()];
-                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
-                })
-                .await?;
-            let now = tokio::time::Instant::now();
-            if !held || now >= deadline {
-                return Ok(());
-            }
-            let nap = pause.min(deadline - now);
-            let _ = tokio::time::timeout(nap, changed).await;
-            pause = (pause * 2).min(POLL_MAX);
-        }
+        // The deadline bounds everything, a statement stuck behind another process's lock
+        // included.
+        tokio::time::timeout(max, self.wait_inner(key, fence)).await.unwrap_or(Ok(()))
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
@@ -491,6 +514,52 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
+    async fn wait_inner(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let mut pause = POLL_FIRST;
+        loop {
+            // Registered before the check, so a change by this store in between is not missed.
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let key = *key;
+            let held = self
+                .call(move |conn| {
+                    let params = params![key.as_str(), fence_param(fence), now_ms()];
+                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
+                })
+                .await?;
+            if !held {
+                return Ok(());
+            }
+            let _ = tokio::time::timeout(pause, changed).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
+    /// The claim's read-only answer (a replay, a live lease, a mismatch), computed on the
+    /// calling thread when that cannot block: the connection is free and SQLite may not wait
+    /// for a lock (busy timeout 0; WAL readers do not wait for writers). A read of one row by
+    /// primary key takes microseconds, far less than a hop to the blocking pool. `None`: go the
+    /// blocking way (a write is needed, or the connection or a lock is busy).
+    fn try_answer_inline(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        on_expired: OnExpired,
+        now: i64,
+    ) -> Option<Claim> {
+        let conn = self.inner.conn.try_lock().ok()?;
+        conn.busy_timeout(Duration::ZERO).ok()?;
+        let answered = read_row(&conn, key)
+            .ok()
+            .flatten()
+            .and_then(|row| answer(key, fp, on_expired, row, now).ok().flatten());
+        if conn.busy_timeout(BUSY_TIMEOUT).is_err() {
+            return None;
+        }
+        answered
+    }
+
     fn changed_or_lost(&self, changed: usize) -> Result<(), StoreError> {
         if changed == 1 {
             self.inner.changed.notify_waiters();

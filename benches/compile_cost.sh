@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Compile cost of #[tool] (issue 3, "Measure"): `cargo check` wall time of a crate with N annotated
+# tools against the same crate with N plain async fns (same signatures and bodies), same deps.
+# A third crate, the plain fns plus one args struct each deriving Serialize, Deserialize,
+# JsonSchema and Clone, shows the floor of any tool whose arguments come from a model's JSON.
+#
+# Usage: benches/compile_cost.sh [N=100] [RUNS=5]
+# Dependencies are built once (warm-up); then each crate's own check is timed RUNS times after
+# touching its source, alternating the two crates; the median is reported.
+set -euo pipefail
+
+N=${1:-100}
+RUNS=${2:-5}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+# A private target dir: the crates depend on this checkout's idem-core by path.
+# Set COMPILE_COST_TARGET to keep the warmed dependencies between runs.
+export CARGO_TARGET_DIR="${COMPILE_COST_TARGET:-$WORK/target}"
+
+gen() { # gen NAME annotated|plain|derived
+  local dir="$WORK/$1"
+  mkdir -p "$dir/src"
+  cp "$ROOT/Cargo.lock" "$dir/Cargo.lock"
+  cat > "$dir/Cargo.toml" <<TOML
+[package]
+name = "$1"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+idem-core = { path = "$ROOT/idem-core" }
+serde = { version = "1", features = ["derive"] }
+
+[workspace]
+TOML
+  {
+    echo 'use serde::{Deserialize, Serialize};'
+    echo
+    echo '#[derive(Debug, Serialize, Deserialize)]'
+    echo 'pub struct AppError(pub String);'
+    echo 'impl std::fmt::Display for AppError {'
+    echo '    fn fmt(&self, f: &mut std::fmt::Formatter<'"'"'_>) -> std::fmt::Result { f.write_str(&self.0) }'
+    echo '}'
+    echo 'impl idem_core::Classify for AppError {'
+    echo '    fn classify(&self) -> idem_core::Failure { idem_core::Failure::permanent() }'
+    echo '}'
+    for i in $(seq 1 "$N"); do
+      echo
+      echo "/// Tool number $i."
+      if [ "$2" = annotated ]; then
+        case $((i % 3)) in
+          0) echo '#[idem_core::tool(retry = "safe")]' ;;
+          1) echo '#[idem_core::tool(retry = "keyed", timeout = "10s")]' ;;
+          2) echo '#[idem_core::tool(retry = "never")]' ;;
+        esac
+      fi
+      if [ "$2" = derived ]; then
+        echo '#[derive(serde::Serialize, serde::Deserialize, idem_core::__private::schemars::JsonSchema, Clone)]'
+        echo '#[schemars(crate = "idem_core::__private::schemars")]'
+        echo "pub struct Tool${i}Args { pub customer: String, pub amount_cents: u64 }"
+      fi
+      echo "pub async fn tool_$i(customer: String, amount_cents: u64) -> Result<String, AppError> {"
+      echo "    if amount_cents == 0 { return Err(AppError(customer)); }"
+      echo "    Ok(format!(\"{customer}:{amount_cents}:$i\"))"
+      echo "}"
+    done
+  } > "$dir/src/lib.rs"
+}
+
+gen tools_annotated annotated
+gen tools_plain plain
+gen tools_derived derived
+
+echo "warming dependencies (idem-core and its deps, built once)..." >&2
+(cd "$WORK/tools_annotated" && cargo check -q)
+(cd "$WORK/tools_plain" && cargo check -q)
+(cd "$WORK/tools_derived" && cargo check -q)
+
+time_check() { # prints "wall_s cpu_s" (cpu = user + sys of cargo and rustc)
+  local dir="$WORK/$1"
+  touch "$dir/src/lib.rs"
+  (cd "$dir" && /usr/bin/time -f '%e %U %S' -o "$WORK/time.txt" cargo check -q)
+  awk '{printf "%.2f %.2f\n", $1, $2 + $3}' "$WORK/time.txt"
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+
+a_wall=(); a_cpu=(); p_wall=(); p_cpu=(); d_wall=(); d_cpu=()
+for _ in $(seq 1 "$RUNS"); do
+  read -r w c < <(time_check tools_annotated); a_wall+=("$w"); a_cpu+=("$c")
+  read -r w c < <(time_check tools_plain); p_wall+=("$w"); p_cpu+=("$c")
+  read -r w c < <(time_check tools_derived); d_wall+=("$w"); d_cpu+=("$c")
+done
+
+m() { printf '%s\n' "$@" | median; }
+aw=$(m "${a_wall[@]}"); ac=$(m "${a_cpu[@]}"); pw=$(m "${p_wall[@]}"); pc=$(m "${p_cpu[@]}")
+dw=$(m "${d_wall[@]}"); dc=$(m "${d_cpu[@]}")
+printf 'rustc %s, %s cores, load average %s\n' "$(rustc --version | cut -d' ' -f2)" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'cargo check of one crate, %d fns, median of %d runs (dependencies warm)\n' "$N" "$RUNS"
+printf '                              wall      cpu (user+sys)\n'
+printf '  #[tool] annotated:          %5.2f s   %5.2f s   (wall runs: %s)\n' "$aw" "$ac" "${a_wall[*]}"
+printf '  plain async fns:            %5.2f s   %5.2f s   (wall runs: %s)\n' "$pw" "$pc" "${p_wall[*]}"
+printf '  plain + derived args:       %5.2f s   %5.2f s   (wall runs: %s)\n' "$dw" "$dc" "${d_wall[*]}"
+printf '  ratio annotated / plain:    %5.2fx    %5.2fx\n' "$(echo "$aw / $pw" | bc -l)" "$(echo "$ac / $pc" | bc -l)"
+printf '  ratio derived / plain:      %5.2fx    %5.2fx\n' "$(echo "$dw / $pw" | bc -l)" "$(echo "$dc / $pc" | bc -l)"
+printf '  ratio annotated / derived:  %5.2fx    %5.2fx\n' "$(echo "$aw / $dw" | bc -l)" "$(echo "$ac / $dc" | bc -l)"
+printf '  per tool over plain:        %5.1f ms wall\n' "$(echo "($aw - $pw) * 1000 / $N" | bc -l)"

@@ -1,0 +1,409 @@
+//! Expand: the model → the typed call, the arguments struct, the tool value and its
+//! `idem_core::Tool` implementation. Also what to emit when validation failed.
+
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{Attribute, Ident, ItemFn, Type};
+
+use crate::parse::Class;
+use crate::validate::{Model, Param};
+
+/// On failure: the fn as written (minus our parameter markers) and the errors, so that one
+/// mistake gives one message instead of one per call site.
+pub fn fallback(item: &ItemFn, error: syn::Error) -> TokenStream {
+    let errors = error.to_compile_error();
+    quote!(#item #errors)
+}
+
+pub fn expand(model: &Model) -> TokenStream {
+    if model.method { expand_method(model) } else { expand_free(model) }
+}
+
+/// The attributes of the user's fn, sorted: `cfg`s go on every generated item, docs on the typed
+/// call, the rest (lints, `tracing::instrument`, ...) on the body.
+struct Attrs<'a> {
+    cfg: Vec<&'a Attribute>,
+    doc: Vec<&'a Attribute>,
+    body: Vec<&'a Attribute>,
+}
+
+fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
+    let mut out = Attrs { cfg: Vec::new(), doc: Vec::new(), body: Vec::new() };
+    for attr in attrs {
+        let path = attr.path();
+        if path.is_ident("cfg") || path.is_ident("cfg_attr") {
+            out.cfg.push(attr);
+        } else if path.is_ident("doc") {
+            out.doc.push(attr);
+        } else {
+            out.body.push(attr);
+        }
+    }
+    out
+}
+
+fn camel(ident: &Ident) -> String {
+    ident
+        .unraw()
+        .to_string()
+        .split('_')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            match chars.next() {
+                Some(first) => first.to_uppercase().chain(chars).collect::<String>(),
+                None => String::new(),
+            }
+        })
+        .collect()
+}
+
+fn duration(d: Option<Duration>) -> TokenStream {
+    match d {
+        None => quote!(::core::option::Option::None),
+        Some(d) => {
+            let secs = d.as_secs();
+            let nanos = d.subsec_nanos();
+            quote!(::core::option::Option::Some(::core::time::Duration::new(#secs, #nanos)))
+        }
+    }
+}
+
+/// `static DEF: ToolDef = ..;`
+fn def_static(model: &Model) -> TokenStream {
+    let name = &model.name;
+    let description = &model.description;
+    let class = match model.class {
+        Class::Safe => quote!(Safe),
+        Class::Keyed => quote!(Keyed),
+        Class::Never => quote!(Never),
+    };
+    let attempts = match model.options.attempts {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
+    let timeout = duration(model.options.timeout);
+    let budget = duration(model.options.budget);
+    let lease = duration(model.options.lease);
+    let ttl = duration(model.options.ttl);
+    quote! {
+        static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
+            name: #name,
+            description: #description,
+            class: ::idem_core::RetryClass::#class,
+            options: ::idem_core::ToolOptions {
+                attempts: #attempts,
+                attempt_timeout: #timeout,
+                budget: #budget,
+                lease: #lease,
+                ttl: #ttl,
+            },
+        };
+    }
+}
+
+/// The success and error types.
+fn result_types(model: &Model) -> (TokenStream, TokenStream) {
+    let ty = &model.ret.ty;
+    let ok = match &model.ret.ok {
+        Some(ok) => quote!(#ok),
+        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Ok),
+    };
+    let err = match &model.ret.err {
+        Some(err) => quote!(#err),
+        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Err),
+    };
+    (ok, err)
+}
+
+/// Bounds checked at the user's spans, so rustc points at the parameter or the return type
+/// with a message that says what to derive. A free fn's `Tool` impl already reports its success
+/// and error types at the user's spans (`type Output = ..`), so they are checked here only for
+/// methods, whose tool type is generic.
+fn checks(model: &Model) -> TokenStream {
+    let mut out = TokenStream::new();
+    for p in &model.params {
+        let ty = &p.ty;
+        out.extend(quote_spanned! {ty.span()=> ::idem_core::__private::assert_arg::<#ty>(); });
+    }
+    let ret = &model.ret;
+    match (&ret.ok, &ret.err) {
+        (Some(_), Some(_)) if !model.method => {}
+        (Some(ok), Some(err)) => {
+            out.extend(
+                quote_spanned! {ok.span()=> ::idem_core::__private::assert_output::<#ok>(); },
+            );
+            out.extend(
+                quote_spanned! {err.span()=> ::idem_core::__private::assert_error::<#err>(); },
+            );
+        }
+        _ => {
+            let ty = &ret.ty;
+            out.extend(quote_spanned! {ty.span()=>
+                ::idem_core::__private::assert_result::<#ty>();
+                ::idem_core::__private::assert_output::<<#ty as ::idem_core::__private::ToolReturn>::Ok>();
+                ::idem_core::__private::assert_error::<<#ty as ::idem_core::__private::ToolReturn>::Err>();
+            });
+        }
+    }
+    quote!(const { #out })
+}
+
+/// The arguments struct's derives and serde/schemars settings.
+///
+/// Unknown fields are refused (`deny_unknown_fields`, and `additionalProperties: false` in the
+/// schema): a field the model invents (`"currency": "EUR"` on a tool without one) would otherwise
+/// be dropped silently while the model believes it was applied; refused, it comes back as an
+/// error naming the field, which the model can correct.
+fn args_header() -> TokenStream {
+    quote! {
+        #[derive(
+            ::idem_core::__private::serde::Serialize,
+            ::idem_core::__private::serde::Deserialize,
+            ::idem_core::__private::schemars::JsonSchema,
+            ::core::clone::Clone,
+        )]
+        #[serde(crate = "::idem_core::__private::serde", deny_unknown_fields)]
+        #[schemars(crate = "::idem_core::__private::schemars")]
+    }
+}
+
+/// The body of `write_intent`: the canonical text of the arguments not skipped. `args` is a
+/// `&ArgsStruct`.
+fn intent_body(params: &[Param]) -> TokenStream {
+    if params.iter().all(|p| !p.skip) {
+        return quote!(::idem_core::canonicalize(args, out));
+    }
+    let kept: Vec<&Param> = params.iter().filter(|p| !p.skip).collect();
+    let idents = kept.iter().map(|p| &p.ident);
+    let idents2 = idents.clone();
+    let tys = kept.iter().map(|p| &p.ty);
+    quote! {
+        #[derive(::idem_core::__private::serde::Serialize)]
+        #[serde(crate = "::idem_core::__private::serde")]
+        struct __IdemIntent<'a> { #(#idents: &'a #tys,)* }
+        ::idem_core::canonicalize(&__IdemIntent { #(#idents2: &args.#idents2,)* }, out)
+    }
+}
+
+/// The name of the typed call's run parameter: `run`, unless a parameter has that name.
+fn run_ident(model: &Model) -> Ident {
+    let taken = |name: &str| model.params.iter().any(|p| p.ident.unraw() == name);
+    let name = if !taken("run") {
+        "run"
+    } else if !taken("idem_run") {
+        "idem_run"
+    } else {
+        "__idem_run"
+    };
+    Ident::new(name, Span::call_site())
+}
+
+fn expand_free(model: &Model) -> TokenStream {
+    let item = &model.item;
+    let vis = &item.vis;
+    let ident = &item.sig.ident;
+    let attrs = sort_attrs(&item.attrs);
+    let cfg = &attrs.cfg;
+    let doc = &attrs.doc;
+    let body_attrs = &attrs.body;
+    let base = camel(ident);
+    let tool_ty = format_ident!("{}Tool", base, span = ident.span());
+    let args_ty = format_ident!("{}Args", base, span = ident.span());
+    let run = run_ident(model);
+    let (ok, err) = result_types(model);
+    let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
+    let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let def = def_static(model);
+    let checks = checks(model);
+    let intent = intent_body(&model.params);
+    let header = args_header();
+    let name = &model.name;
+    let fn_name = ident.unraw().to_string();
+
+    let args_doc = format!(
+        "The arguments of the tool `{name}` (see [`{fn_name}`]), as the model sends them: a JSON object with one field per parameter; unknown fields are refused."
+    );
+    let tool_doc = format!(
+        "The tool `{name}` as a value, for a tool set (see [`{fn_name}`]). Every call goes through idem's protocol."
+    );
+    let call_doc = format!(
+        " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`{tool_ty}`] is the tool as a value."
+    );
+
+    let mut inner = item.clone();
+    inner.vis = syn::Visibility::Inherited;
+    inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    let (cx_param, cx_arg) = match &model.ctx {
+        Some(_) => (quote!(cx), quote!(cx,)),
+        None => (quote!(_cx), quote!()),
+    };
+
+    quote! {
+        #(#cfg)*
+        #(#doc)*
+        #[doc = ""]
+        #[doc = #call_doc]
+        #vis async fn #ident(
+            #run: &::idem_core::Run,
+            #(#idents: #tys),*
+        ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>> {
+            ::idem_core::Run::call(#run, &#tool_ty, #args_ty { #(#idents),* }).await
+        }
+
+        #(#cfg)*
+        #[doc = #args_doc]
+        #header
+        #[allow(missing_docs)]
+        #vis struct #args_ty {
+            #(#vis #idents: #tys,)*
+        }
+
+        #(#cfg)*
+        #[doc = #tool_doc]
+        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
+        #vis struct #tool_ty;
+
+        #(#cfg)*
+        impl ::idem_core::Tool for #tool_ty {
+            type Args = #args_ty;
+            type Output = #ok;
+            type Error = #err;
+
+            fn def(&self) -> &'static ::idem_core::ToolDef {
+                #checks
+                #def
+                &__IDEM_DEF
+            }
+
+            fn write_intent(
+                args: &#args_ty,
+                out: &mut ::std::vec::Vec<u8>,
+            ) -> ::core::result::Result<(), ::idem_core::KeyError> {
+                #intent
+            }
+
+            fn run(
+                &self,
+                #cx_param: &::idem_core::Ctx,
+                args: #args_ty,
+            ) -> impl ::core::future::Future<Output = ::core::result::Result<#ok, #err>> + ::core::marker::Send {
+                #inner
+                #ident(#cx_arg #(args.#idents),*)
+            }
+        }
+    }
+}
+
+fn expand_method(model: &Model) -> TokenStream {
+    let item = &model.item;
+    let vis = &item.vis;
+    let ident = &item.sig.ident;
+    let attrs = sort_attrs(&item.attrs);
+    let cfg = &attrs.cfg;
+    let doc = &attrs.doc;
+    let body_attrs = &attrs.body;
+    let base = camel(ident);
+    let args_name = format!("{base}Args");
+    let hidden = format_ident!("__idem_tool_{}", ident.unraw());
+    let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
+    let run = run_ident(model);
+    let (ok, err) = result_types(model);
+    let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
+    let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let def = def_static(model);
+    let checks = checks(model);
+    let intent = intent_body(&model.params);
+    let header = args_header();
+    let name = &model.name;
+
+    let factory_doc = format!(
+        " The tool `{name}` as a value holding this receiver, for a tool set (see [`Self::{ident}`]). Every call goes through idem's protocol."
+    );
+    let call_doc = format!(
+        " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`Self::{factory}`] gives the tool as a value."
+    );
+
+    let mut inner = item.clone();
+    inner.vis = syn::Visibility::Inherited;
+    inner.sig.ident = hidden.clone();
+    inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    let cx_arg = match &model.ctx {
+        Some(_) => quote!(cx,),
+        None => quote!(),
+    };
+    let tuple = quote!((#(#tys,)*));
+
+    quote! {
+        #(#cfg)*
+        #[doc(hidden)]
+        #inner
+
+        #(#cfg)*
+        #[doc = #factory_doc]
+        #vis fn #factory(
+            self: &::std::sync::Arc<Self>,
+        ) -> impl ::idem_core::Tool<
+            Args: ::core::convert::From<#tuple>,
+            Output = #ok,
+            Error = #err,
+        > + ::core::clone::Clone + ::core::fmt::Debug + 'static
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        {
+            #checks
+            #header
+            #[serde(rename = #args_name)]
+            struct __IdemArgs {
+                #(#idents: #tys,)*
+            }
+            impl ::core::convert::From<#tuple> for __IdemArgs {
+                fn from((#(#idents,)*): #tuple) -> Self {
+                    __IdemArgs { #(#idents),* }
+                }
+            }
+            impl ::idem_core::__private::Intent for __IdemArgs {
+                fn write_intent(
+                    &self,
+                    out: &mut ::std::vec::Vec<u8>,
+                ) -> ::core::result::Result<(), ::idem_core::KeyError> {
+                    let args = self;
+                    #intent
+                }
+            }
+            #def
+            ::idem_core::__private::MethodTool::new(
+                ::std::sync::Arc::clone(self),
+                &__IDEM_DEF,
+                |recv, cx, args: __IdemArgs| {
+                    let _ = cx;
+                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.#idents),*))
+                },
+            )
+        }
+
+        #(#cfg)*
+        #(#doc)*
+        #[doc = ""]
+        #[doc = #call_doc]
+        #[doc = ""]
+        #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
+        #vis async fn #ident(
+            self: &::std::sync::Arc<Self>,
+            #run: &::idem_core::Run,
+            #(#idents: #tys),*
+        ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>>
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        {
+            let __idem_params = (#(#idents,)*);
+            let __idem_tool = Self::#factory(self);
+            let __idem_args = ::idem_core::__private::make_args(&__idem_tool, __idem_params);
+            ::idem_core::Run::call(#run, &__idem_tool, __idem_args).await
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Parse: the attribute's options and the parameters' `#[idem(..)]` markers, as written. Every
+//! mistake is collected; nothing is checked against the fn here (see `validate`).
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
+use syn::{Ident, LitInt, LitStr, Token};
+
+/// The options allowed in `#[tool(..)]`, for the "unknown option" message.
+pub const OPTIONS: &str = "retry, name, attempts, timeout, budget, lease, ttl, skip";
+
+/// How a tool may be retried (mirrors `idem_core::RetryClass`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Safe,
+    Keyed,
+    Never,
+}
+
+/// A duration option's value.
+pub struct DurationOpt {
+    pub value: Duration,
+}
+
+/// `#[tool(..)]` as written.
+#[derive(Default)]
+pub struct Attr {
+    pub retry: Option<(Class, LitStr)>,
+    /// `retry = ..` was written, valid or not (so a bad class is not also reported as missing).
+    pub retry_written: bool,
+    pub name: Option<LitStr>,
+    pub attempts: Option<(u32, LitInt)>,
+    pub timeout: Option<DurationOpt>,
+    pub budget: Option<DurationOpt>,
+    pub lease: Option<DurationOpt>,
+    pub ttl: Option<DurationOpt>,
+    /// `skip(a, b)`: parameters excluded from the key, named in the attribute.
+    pub skip: Vec<Ident>,
+}
+
+/// Collected errors, reported together (serde_derive's `Ctxt`).
+#[derive(Default)]
+pub struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, e: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+    pub fn spanned(&mut self, span: Span, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, msg));
+    }
+    /// An error spanning all of `tokens` (a plain `Span` covers only the first token on stable).
+    pub fn at(&mut self, tokens: impl quote::ToTokens, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, msg));
+    }
+    pub fn into_result(self) -> Result<(), syn::Error> {
+        match self.0 {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Attr {
+    /// Parses the attribute's tokens; syntax errors and bad values are added to `errors`.
+    pub fn parse(tokens: proc_macro2::TokenStream, errors: &mut Errors) -> Attr {
+        let mut attr = Attr::default();
+        let parser = syn::meta::parser(|meta| attr.option(meta, errors));
+        if let Err(e) = syn::parse::Parser::parse2(parser, tokens) {
+            errors.push(e);
+        }
+        attr
+    }
+
+    fn option(&mut self, meta: ParseNestedMeta<'_>, errors: &mut Errors) -> syn::Result<()> {
+        let Some(key) = meta.path.get_ident().cloned() else {
+            errors.spanned(
+                syn::spanned::Spanned::span(&meta.path),
+                format!("unknown option: expected one of {OPTIONS}"),
+            );
+            return skip_value(&meta);
+        };
+        let duplicate = |errors: &mut Errors| {
+            errors.spanned(key.span(), format!("`{key}` is given twice; keep one"));
+        };
+        match key.to_string().as_str() {
+            "retry" => {
+                self.retry_written = true;
+                let lit: LitStr = meta.value()?.parse()?;
+                let class = match lit.value().as_str() {
+                    "safe" => Class::Safe,
+                    "keyed" => Class::Keyed,
+                    "never" => Class::Never,
+                    other => {
+                        errors.spanned(
+                            lit.span(),
+                            format!(
+                                "unknown retry class `{other}`: expected \"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)"
+                            ),
+                        );
+                        return Ok(());
+                    }
+                };
+                if self.retry.is_some() {
+                    duplicate(errors);
+                } else {
+                    self.retry = Some((class, lit));
+                }
+            }
+            "name" => {
+                let lit: LitStr = meta.value()?.parse()?;
+                if self.name.is_some() {
+                    duplicate(errors);
+                } else {
+                    self.name = Some(lit);
+                }
+            }
+            "attempts" => {
+                let lit: LitInt = meta.value()?.parse()?;
+                match lit.base10_parse::<u32>() {
+                    Ok(0) => errors.spanned(
+                        lit.span(),
+                        "`attempts` counts the first attempt too: it must be at least 1",
+                    ),
+                    Ok(n) if self.attempts.is_none() => self.attempts = Some((n, lit)),
+                    Ok(_) => duplicate(errors),
+                    Err(_) => errors.spanned(
+                        lit.span(),
+                        "`attempts` must be a whole number from 1 to 4294967295",
+                    ),
+                }
+            }
+            "timeout" | "budget" | "lease" | "ttl" => {
+                let lit: LitStr = meta.value()?.parse()?;
+                let slot = match key.to_string().as_str() {
+                    "timeout" => &mut self.timeout,
+                    "budget" => &mut self.budget,
+                    "lease" => &mut self.lease,
+                    _ => &mut self.ttl,
+                };
+                match parse_duration(&lit.value()) {
+                    Err(why) => errors.spanned(
+                        lit.span(),
+                        format!(
+                            "malformed duration {:?} for `{key}`: {why}. Write a whole number and a unit (ms, s, m, h) without a space: \"500ms\", \"30s\", \"2m\", \"1h\"",
+                            lit.value()
+                        ),
+                    ),
+                    Ok(_) if slot.is_some() => duplicate(errors),
+                    Ok(value) => *slot = Some(DurationOpt { value }),
+                }
+            }
+            "skip" => {
+                meta.parse_nested_meta(|inner| {
+                    match inner.path.get_ident() {
+                        Some(ident) => self.skip.push(ident.clone()),
+                        None => errors.spanned(
+                            syn::spanned::Spanned::span(&inner.path),
+                            "`skip(..)` lists parameter names",
+                        ),
+                    }
+                    Ok(())
+                })?;
+            }
+            other => {
+                errors.spanned(
+                    key.span(),
+                    format!("unknown option `{other}`: expected one of {OPTIONS}"),
+                );
+                return skip_value(&meta);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Consumes `= value` or `(..)` after an unknown key, so parsing can go on to the next option.
+fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(Token![=]) {
+        let _: syn::Expr = meta.value()?.parse()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        let _: proc_macro2::Group = meta.input.parse()?;
+    }
+    Ok(())
+}
+
+/// `"500ms"`, `"30s"`, `"2m"`, `"1h"`: a whole number and a unit, no spaces.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = s.split_at(digits);
+    if number.is_empty() {
+        return Err("it does not start with a number".into());
+    }
+    let too_large = || "the number is too large".to_owned();
+    let n: u64 = number.parse().map_err(|_| too_large())?;
+    let secs_per = match unit {
+        "ms" => return nonzero(Duration::from_millis(n)),
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "" => return Err("the unit is missing".into()),
+        other => return Err(format!("unknown unit {other:?}")),
+    };
+    let secs = n.checked_mul(secs_per).ok_or_else(too_large)?;
+    nonzero(Duration::from_secs(secs))
+}
+
+fn nonzero(d: Duration) -> Result<Duration, String> {
+    if d.is_zero() { Err("it must be longer than zero".into()) } else { Ok(d) }
+}
+
+/// The `#[idem(..)]` markers of one parameter.
+#[derive(Default)]
+pub struct ParamAttr {
+    /// `#[idem(skip)]`, with the span of `skip`.
+    pub skip: Option<Span>,
+}
+
+impl ParamAttr {
+    /// Parses and removes the parameter's `#[idem(..)]` attributes.
+    pub fn take(attrs: &mut Vec<syn::Attribute>, errors: &mut Errors) -> ParamAttr {
+        let mut out = ParamAttr::default();
+        attrs.retain(|attr| {
+            if !attr.path().is_ident("idem") {
+                return true;
+            }
+            let parsed = attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("skip") {
+                    if out.skip.is_some() {
+                        errors.spanned(
+                            syn::spanned::Spanned::span(&meta.path),
+                            "`skip` is given twice; keep one",
+                        );
+                    }
+                    out.skip = Some(syn::spanned::Spanned::span(&meta.path));
+                    Ok(())
+                } else {
+                    errors.spanned(
+                        syn::spanned::Spanned::span(&meta.path),
+                        "unknown parameter option: the only one is `#[idem(skip)]`",
+                    );
+                    skip_value(&meta)
+                }
+            });
+            if let Err(e) = parsed {
+                errors.push(e);
+            }
+            false
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("30 s").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+}

@@ -1,0 +1,429 @@
+//! Validate: checks the fn and the options together and builds the model `expand` works from.
+//! Every mistake is collected and reported at once, each spanned at the user's code.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+
+use crate::parse::{Attr, Class, Errors, ParamAttr};
+
+/// A parameter that becomes a field of the tool's arguments.
+pub struct Param {
+    pub ident: Ident,
+    pub ty: Type,
+    /// Marked `#[idem(skip)]` (or named in `skip(..)`): an argument, not part of the key.
+    pub skip: bool,
+}
+
+/// The return type: `Result<ok, err>` when written that way, else an alias resolved through
+/// `idem_core::__private::ToolReturn`.
+pub struct Ret {
+    pub ty: Type,
+    pub ok: Option<Type>,
+    pub err: Option<Type>,
+}
+
+/// Options with values, ready to emit.
+#[derive(Default)]
+pub struct Options {
+    pub attempts: Option<u32>,
+    pub timeout: Option<Duration>,
+    pub budget: Option<Duration>,
+    pub lease: Option<Duration>,
+    pub ttl: Option<Duration>,
+}
+
+/// Everything `expand` needs.
+pub struct Model {
+    /// The user's fn, `#[idem(..)]` markers removed.
+    pub item: ItemFn,
+    pub class: Class,
+    /// The stable name (key and model-facing).
+    pub name: String,
+    pub description: String,
+    pub options: Options,
+    /// A method taking `&self`.
+    pub method: bool,
+    /// The context parameter's name, if declared.
+    pub ctx: Option<Ident>,
+    pub params: Vec<Param>,
+    pub ret: Ret,
+}
+
+/// Removes the parameters' `#[idem(..)]` markers from `item` (also done on failure, so the fn
+/// emitted as is does not add "cannot find attribute `idem`" to the real error).
+pub fn take_param_attrs(item: &mut ItemFn, errors: &mut Errors) -> Vec<ParamAttr> {
+    item.sig
+        .inputs
+        .iter_mut()
+        .map(|arg| match arg {
+            FnArg::Typed(pt) => ParamAttr::take(&mut pt.attrs, errors),
+            FnArg::Receiver(r) => ParamAttr::take(&mut r.attrs, errors),
+        })
+        .collect()
+}
+
+/// Checks `item` against `attr`.
+pub fn validate(
+    attr: Attr,
+    item: ItemFn,
+    param_attrs: Vec<ParamAttr>,
+    errors: &mut Errors,
+) -> Option<Model> {
+    let sig = &item.sig;
+    let fn_name = sig.ident.unraw().to_string();
+
+    let class = match &attr.retry {
+        Some((class, _)) => *class,
+        None if attr.retry_written => Class::Safe,
+        None => {
+            errors.spanned(
+                Span::call_site(),
+                format!(
+                    "tool `{fn_name}` must declare how it may be retried: #[tool(retry = \"safe\" | \"keyed\" | \"never\")]"
+                ),
+            );
+            Class::Safe
+        }
+    };
+
+    if sig.asyncness.is_none() {
+        errors.spanned(
+            sig.fn_token.span,
+            format!("`#[tool]` needs an `async fn`: write `async fn {fn_name}(..)`"),
+        );
+    }
+    if let Some(c) = &sig.constness {
+        errors.spanned(c.span, "`#[tool]` does not support `const fn`");
+    }
+    if let Some(u) = &sig.unsafety {
+        errors.spanned(u.span, "`#[tool]` does not support `unsafe fn`: a model can call a tool");
+    }
+    if let Some(abi) = &sig.abi {
+        errors.spanned(abi.span(), "`#[tool]` does not support `extern` fns");
+    }
+    if let Some(v) = &sig.variadic {
+        errors.spanned(v.span(), "`#[tool]` does not support variadic parameters");
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        errors.at(
+            &sig.generics,
+            "`#[tool]` does not support generic parameters or where clauses: arguments are deserialized from the model's JSON into concrete types, so use concrete types",
+        );
+    }
+
+    let name = match &attr.name {
+        Some(lit) => {
+            let name = lit.value();
+            if let Err(why) = check_name(&name) {
+                errors.spanned(lit.span(), why);
+            }
+            name
+        }
+        None => {
+            if let Err(why) = check_name(&fn_name) {
+                errors.spanned(
+                    sig.ident.span(),
+                    format!("{why}; or give a stable name: #[tool(name = \"..\")]"),
+                );
+            }
+            fn_name.clone()
+        }
+    };
+
+    if class == Class::Never
+        && let Some((n, lit)) = &attr.attempts
+        && *n > 1
+    {
+        errors.spanned(
+            lit.span(),
+            format!(
+                "a `never` tool runs exactly one attempt: remove `attempts = {n}`, or declare retry = \"keyed\" if the provider deduplicates by the idempotency key"
+            ),
+        );
+    }
+
+    let mut method = false;
+    let mut ctx: Option<Ident> = None;
+    let mut params = Vec::new();
+    for (index, (arg, pattr)) in sig.inputs.iter().zip(&param_attrs).enumerate() {
+        match arg {
+            FnArg::Receiver(r) => {
+                if let Some(span) = pattr.skip {
+                    errors.spanned(
+                        span,
+                        "the receiver is never part of the key; remove `#[idem(skip)]`",
+                    );
+                }
+                if r.reference.is_none() || r.colon_token.is_some() {
+                    errors.at(
+                        r,
+                        "`#[tool]` methods take `&self`: the tool holds its receiver in an `Arc` and calls it for every attempt and duplicate",
+                    );
+                } else if r.mutability.is_some() {
+                    errors.at(
+                        r,
+                        "`#[tool]` methods take `&self`, not `&mut self`: retries and concurrent duplicates share the receiver; keep state behind a `Mutex`",
+                    );
+                }
+                method = true;
+            }
+            FnArg::Typed(pt) => {
+                let ident = match &*pt.pat {
+                    Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                        pi.ident.clone()
+                    }
+                    other => {
+                        errors.at(
+                            other,
+                            "tool parameters must be plain names, which become the fields of the JSON arguments: write `name: Type`",
+                        );
+                        continue;
+                    }
+                };
+                match ctx_shape(&pt.ty) {
+                    CtxShape::Ref => {
+                        let first = index == usize::from(method);
+                        if let Some(span) = pattr.skip {
+                            errors.spanned(
+                                span,
+                                format!(
+                                    "the context parameter `{ident}` is never part of the key; remove `#[idem(skip)]`"
+                                ),
+                            );
+                        }
+                        if ctx.is_some() {
+                            errors.at(pt, "only one context parameter is allowed");
+                        } else if !first {
+                            errors.at(
+                                pt,
+                                format!(
+                                    "the context parameter comes first: `{}{ident}: &Ctx, ..`",
+                                    if method { "&self, " } else { "" }
+                                ),
+                            );
+                        }
+                        ctx = Some(ident);
+                        continue;
+                    }
+                    CtxShape::Other => {
+                        errors.at(
+                            &pt.ty,
+                            format!("take the context by shared reference: `{ident}: &Ctx`"),
+                        );
+                        continue;
+                    }
+                    CtxShape::No => {}
+                }
+                if let Some(it) = find_impl_trait(&pt.ty) {
+                    errors.at(
+                        it,
+                        "`impl Trait` cannot be a tool argument: arguments are deserialized from the model's JSON, so use a concrete type",
+                    );
+                } else if let Type::Reference(r) = &*pt.ty {
+                    errors.at(
+                        r,
+                        format!(
+                            "tool parameter `{ident}` borrows: arguments are deserialized from JSON and stored, so take an owned type (`String` instead of `&str`, `Vec<T>` instead of `&[T]`)"
+                        ),
+                    );
+                } else if method && mentions_self(&pt.ty) {
+                    errors.at(
+                        &pt.ty,
+                        "a method tool's parameter types cannot mention `Self`: name the type",
+                    );
+                }
+                params.push(Param { ident, ty: (*pt.ty).clone(), skip: pattr.skip.is_some() });
+            }
+        }
+    }
+
+    for skipped in &attr.skip {
+        if ctx.as_ref().is_some_and(|c| c == skipped) {
+            errors.spanned(
+                skipped.span(),
+                format!(
+                    "the context parameter `{skipped}` is never part of the key; remove it from `skip(..)`"
+                ),
+            );
+        } else if let Some(p) = params.iter_mut().find(|p| p.ident == *skipped) {
+            if p.skip {
+                errors.spanned(skipped.span(), format!("`{skipped}` is skipped twice; keep one"));
+            }
+            p.skip = true;
+        } else {
+            errors.spanned(
+                skipped.span(),
+                format!("cannot skip `{skipped}`: tool `{fn_name}` has no parameter of that name"),
+            );
+        }
+    }
+
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) if names_a_result(ty) => Some(split_result(ty)),
+        other => {
+            let msg = format!(
+                "tool `{fn_name}` must return `Result<T, E>` (or an alias named `..Result`): `T` is stored and replayed to every repeat, `E` implements `idem_core::Classify`"
+            );
+            match other {
+                ReturnType::Type(_, ty) => errors.at(ty, msg),
+                ReturnType::Default => errors.spanned(sig.ident.span(), msg),
+            }
+            None
+        }
+    };
+
+    let options = Options {
+        attempts: attr.attempts.map(|(n, _)| n),
+        timeout: attr.timeout.map(|d| d.value),
+        budget: attr.budget.map(|d| d.value),
+        lease: attr.lease.map(|d| d.value),
+        ttl: attr.ttl.map(|d| d.value),
+    };
+    let description = doc_text(&item.attrs);
+    let ret = ret?;
+    attr.retry.as_ref()?;
+    Some(Model { item, class, name, description, options, method, ctx, params, ret })
+}
+
+/// Tool names must be usable by every agent protocol: OpenAI function names are
+/// `^[a-zA-Z0-9_-]{1,64}$`, and MCP (spec 2025-11-25, "Tool names") allows a superset.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok_chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if name.is_empty() || name.len() > 64 || !ok_chars {
+        return Err(format!(
+            "tool name {name:?} is not usable by agents: use 1 to 64 ASCII letters, digits, `_` or `-` (OpenAI function names; MCP tool names)"
+        ));
+    }
+    Ok(())
+}
+
+enum CtxShape {
+    /// `&Ctx`
+    Ref,
+    /// `Ctx`, `&mut Ctx`
+    Other,
+    No,
+}
+
+fn is_ctx_path(ty: &Type) -> bool {
+    match ty {
+        Type::Path(tp) if tp.qself.is_none() => {
+            tp.path.segments.last().is_some_and(|s| s.ident == "Ctx" && s.arguments.is_empty())
+        }
+        Type::Paren(p) => is_ctx_path(&p.elem),
+        Type::Group(g) => is_ctx_path(&g.elem),
+        _ => false,
+    }
+}
+
+fn ctx_shape(ty: &Type) -> CtxShape {
+    match ty {
+        Type::Reference(r) if is_ctx_path(&r.elem) => {
+            if r.mutability.is_some() {
+                CtxShape::Other
+            } else {
+                CtxShape::Ref
+            }
+        }
+        other if is_ctx_path(other) => CtxShape::Other,
+        _ => CtxShape::No,
+    }
+}
+
+fn find_impl_trait(ty: &Type) -> Option<syn::TypeImplTrait> {
+    let mut found = None;
+    visit_types(ty, &mut |t| {
+        if let Type::ImplTrait(it) = t {
+            found.get_or_insert_with(|| it.clone());
+        }
+    });
+    found
+}
+
+fn mentions_self(ty: &Type) -> bool {
+    fn walk(ts: proc_macro2::TokenStream) -> bool {
+        ts.into_iter().any(|tt| match tt {
+            proc_macro2::TokenTree::Ident(i) => i == "Self",
+            proc_macro2::TokenTree::Group(g) => walk(g.stream()),
+            _ => false,
+        })
+    }
+    walk(quote::ToTokens::to_token_stream(ty))
+}
+
+/// Calls `f` on `ty` and on the types nested in it (generic arguments, tuples, arrays).
+fn visit_types(ty: &Type, f: &mut dyn FnMut(&Type)) {
+    f(ty);
+    match ty {
+        Type::Array(a) => visit_types(&a.elem, f),
+        Type::Slice(s) => visit_types(&s.elem, f),
+        Type::Group(g) => visit_types(&g.elem, f),
+        Type::Paren(p) => visit_types(&p.elem, f),
+        Type::Ptr(p) => visit_types(&p.elem, f),
+        Type::Reference(r) => visit_types(&r.elem, f),
+        Type::Tuple(t) => t.elems.iter().for_each(|e| visit_types(e, f)),
+        Type::Path(p) => {
+            for seg in &p.path.segments {
+                if let syn::PathArguments::AngleBracketed(args) = &seg.arguments {
+                    for arg in &args.args {
+                        if let syn::GenericArgument::Type(t) = arg {
+                            visit_types(t, f);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A path whose last segment ends in `Result`: `Result<T, E>`, `io::Result<T>`, `PayResult<T>`.
+fn names_a_result(ty: &Type) -> bool {
+    match ty {
+        Type::Path(tp) => {
+            tp.path.segments.last().is_some_and(|s| s.ident.to_string().ends_with("Result"))
+        }
+        Type::Paren(p) => names_a_result(&p.elem),
+        Type::Group(g) => names_a_result(&g.elem),
+        _ => false,
+    }
+}
+
+/// `Result<T, E>` (any path ending in `Result` with two type arguments) → its parts.
+fn split_result(ty: &Type) -> Ret {
+    let mut ret = Ret { ty: ty.clone(), ok: None, err: None };
+    if let Type::Path(tp) = ty
+        && let Some(seg) = tp.path.segments.last()
+        && seg.ident == "Result"
+        && let syn::PathArguments::AngleBracketed(args) = &seg.arguments
+        && let [syn::GenericArgument::Type(ok), syn::GenericArgument::Type(err)] =
+            &args.args.iter().collect::<Vec<_>>()[..]
+    {
+        ret.ok = Some(ok.clone());
+        ret.err = Some(err.clone());
+    }
+    ret
+}
+
+/// The doc comment as one text: lines joined with `\n`, the one space after `///` removed,
+/// leading and trailing blank lines dropped.
+fn doc_text(attrs: &[syn::Attribute]) -> String {
+    let mut lines = Vec::new();
+    for attr in attrs {
+        if !attr.path().is_ident("doc") {
+            continue;
+        }
+        if let syn::Meta::NameValue(nv) = &attr.meta
+            && let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) = &nv.value
+        {
+            for line in s.value().split('\n') {
+                lines.push(line.strip_prefix(' ').unwrap_or(line).trim_end().to_owned());
+            }
+        }
+    }
+    lines.join("\n").trim().to_owned()
+}

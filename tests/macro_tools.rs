@@ -1,0 +1,327 @@
+//! `#[tool]` end to end: generated tools called on `Idem::in_memory()`, counting side effects.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{Classify, Ctx, Error, Failure, Idem, RetryClass, Run, Tool, tool};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+enum PayError {
+    #[error("card declined")]
+    Declined,
+    #[error("provider unreachable")]
+    Unreachable,
+    #[error("provider timed out after sending")]
+    TimedOut,
+}
+
+impl Classify for PayError {
+    fn classify(&self) -> Failure {
+        match self {
+            PayError::Declined => Failure::permanent(),
+            PayError::Unreachable => Failure::transient(),
+            PayError::TimedOut => Failure::ambiguous(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Charge {
+    id: String,
+    amount_cents: u64,
+}
+
+/// Calls `tool` with JSON arguments, as a tool set does for a model's tool call.
+async fn call_json<T: Tool>(
+    run: &Run,
+    tool: &T,
+    json: serde_json::Value,
+) -> Result<T::Output, Error<T::Error>> {
+    let args: T::Args = serde_json::from_value(json).expect("arguments match the schema");
+    run.call(tool, args).await
+}
+
+static CHARGES: AtomicU32 = AtomicU32::new(0);
+
+/// Charge a customer's card.
+///
+/// The amount is in cents.
+#[tool(retry = "keyed")]
+async fn charge(cx: &Ctx, customer: String, amount_cents: u64) -> Result<Charge, PayError> {
+    let n = CHARGES.fetch_add(1, Ordering::SeqCst) + 1;
+    Ok(Charge { id: format!("ch_{n}_{customer}_{}", &cx.key()[..8]), amount_cents })
+}
+
+#[tokio::test]
+async fn keyed_tool_called_twice_with_same_args_runs_once() {
+    let run = Idem::in_memory().run("r1");
+    let first = charge(&run, "cus_1".into(), 4900).await.unwrap();
+    let again = charge(&run, "cus_1".into(), 4900).await.unwrap();
+    assert_eq!(first, again);
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 1);
+
+    let other = charge(&run, "cus_1".into(), 5000).await.unwrap();
+    assert_ne!(other.id, first.id);
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 2);
+
+    // The same intent from the model, by name with JSON arguments, is a replay too.
+    let by_json = call_json(
+        &run,
+        &ChargeTool,
+        serde_json::json!({"customer": "cus_1", "amount_cents": 4900}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(by_json, first);
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn doc_comment_is_the_description_and_fn_name_the_name() {
+    let def = ChargeTool.def();
+    assert_eq!(def.name, "charge");
+    assert_eq!(def.description, "Charge a customer's card.\n\nThe amount is in cents.");
+    assert_eq!(def.class, RetryClass::Keyed);
+    assert_eq!(def.options, idem_core::ToolOptions::default());
+}
+
+#[test]
+fn arguments_schema_lists_parameters_but_not_the_context_and_refuses_unknown_fields() {
+    let schema = serde_json::to_value(schemars::schema_for!(ChargeArgs)).unwrap();
+    let props = schema["properties"].as_object().unwrap();
+    let mut names: Vec<&str> = props.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["amount_cents", "customer"]);
+    assert_eq!(schema["additionalProperties"], serde_json::json!(false));
+
+    let invented = serde_json::json!({"customer": "c", "amount_cents": 1, "currency": "EUR"});
+    let Err(err) = serde_json::from_value::<ChargeArgs>(invented) else {
+        panic!("an invented field was accepted")
+    };
+    assert!(err.to_string().contains("unknown field `currency`"), "{err}");
+}
+
+static MAILS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn send_mail(
+    to: String,
+    body: String,
+    #[idem(skip)] request_id: String,
+) -> Result<u32, PayError> {
+    let _ = (to, body, request_id);
+    Ok(MAILS.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn skipped_parameter_does_not_change_the_key() {
+    let run = Idem::in_memory().run("r1");
+    let a = send_mail(&run, "a@x".into(), "hi".into(), "req-1".into()).await.unwrap();
+    let b = send_mail(&run, "a@x".into(), "hi".into(), "req-2".into()).await.unwrap();
+    assert_eq!((a, b), (1, 1));
+    assert_eq!(MAILS.load(Ordering::SeqCst), 1);
+    send_mail(&run, "a@x".into(), "other".into(), "req-3".into()).await.unwrap();
+    assert_eq!(MAILS.load(Ordering::SeqCst), 2);
+}
+
+static NOTES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed", skip(trace_id))]
+async fn add_note(text: String, trace_id: u64) -> Result<u32, PayError> {
+    let _ = (text, trace_id);
+    Ok(NOTES.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn skip_in_the_attribute_works_like_the_parameter_marker() {
+    let run = Idem::in_memory().run("r1");
+    add_note(&run, "n".into(), 1).await.unwrap();
+    add_note(&run, "n".into(), 2).await.unwrap();
+    assert_eq!(NOTES.load(Ordering::SeqCst), 1);
+}
+
+/// A provider client: the state a method tool holds.
+#[derive(Default)]
+struct Bank {
+    ledger: Mutex<Vec<(String, u64)>>,
+}
+
+impl Bank {
+    /// Move money between accounts.
+    #[tool(retry = "keyed", name = "transfer_funds", attempts = 5)]
+    async fn transfer(&self, cx: &Ctx, to: String, amount: u64) -> Result<usize, PayError> {
+        let _ = cx.key();
+        let mut ledger = self.ledger.lock().unwrap();
+        ledger.push((to, amount));
+        Ok(ledger.len())
+    }
+
+    /// Read a balance.
+    #[tool(retry = "safe")]
+    async fn balance(&self) -> Result<u64, PayError> {
+        Ok(self.ledger.lock().unwrap().iter().map(|(_, a)| a).sum())
+    }
+}
+
+#[tokio::test]
+async fn method_tool_holds_its_receiver_and_runs_once_per_intent() {
+    let bank = Arc::new(Bank::default());
+    let run = Idem::in_memory().run("r1");
+    assert_eq!(bank.transfer(&run, "acct_1".into(), 100).await.unwrap(), 1);
+    assert_eq!(bank.transfer(&run, "acct_1".into(), 100).await.unwrap(), 1);
+
+    let tool = bank.transfer_tool();
+    assert_eq!(tool.def().name, "transfer_funds");
+    assert_eq!(tool.def().description, "Move money between accounts.");
+    assert_eq!(tool.def().options.attempts, Some(5));
+    let replay =
+        call_json(&run, &tool, serde_json::json!({"to": "acct_1", "amount": 100})).await.unwrap();
+    assert_eq!(replay, 1);
+    let second =
+        call_json(&run, &tool, serde_json::json!({"to": "acct_2", "amount": 5})).await.unwrap();
+    assert_eq!(second, 2);
+
+    assert_eq!(bank.ledger.lock().unwrap().len(), 2);
+    assert_eq!(bank.balance(&run).await.unwrap(), 105);
+    assert_eq!(bank.balance_tool().def().class, RetryClass::Safe);
+}
+
+static SEEN: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+
+#[tool(retry = "keyed", attempts = 2)]
+async fn flaky(cx: &Ctx, order: String) -> Result<String, PayError> {
+    let mut seen = SEEN.lock().unwrap();
+    seen.push((cx.key().to_owned(), cx.attempt()));
+    if seen.len() < 3 { Err(PayError::Unreachable) } else { Ok(format!("{order} done")) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn context_gives_the_same_key_to_every_attempt_and_every_repeat() {
+    let run = Idem::in_memory().run("r1");
+    // Two attempts, both transient: the call fails and the claim is released.
+    let err = flaky(&run, "o1".into()).await.unwrap_err();
+    assert_eq!(err.tool_error(), Some(&PayError::Unreachable));
+    // The model calls again: the same key, a new first attempt, and this time it works.
+    assert_eq!(flaky(&run, "o1".into()).await.unwrap(), "o1 done");
+
+    let seen = SEEN.lock().unwrap().clone();
+    let attempts: Vec<u32> = seen.iter().map(|(_, a)| *a).collect();
+    assert_eq!(attempts, [1, 2, 1]);
+    assert!(seen.iter().all(|(k, _)| *k == seen[0].0));
+    assert_eq!(seen[0].0.len(), 64);
+}
+
+static WIRES: AtomicU32 = AtomicU32::new(0);
+
+/// Send a wire transfer. Nobody can deduplicate it.
+#[tool(retry = "never", name = "wire", timeout = "500ms", budget = "2m", lease = "10s", ttl = "1h")]
+async fn wire_transfer(iban: String, amount_cents: u64) -> Result<String, PayError> {
+    let _ = (iban, amount_cents);
+    WIRES.fetch_add(1, Ordering::SeqCst);
+    Err(PayError::TimedOut)
+}
+
+#[test]
+fn options_reach_the_tool_definition() {
+    let def = WireTransferTool.def();
+    assert_eq!(def.name, "wire");
+    assert_eq!(def.class, RetryClass::Never);
+    assert_eq!(def.options.attempts, None);
+    assert_eq!(def.options.attempt_timeout, Some(Duration::from_millis(500)));
+    assert_eq!(def.options.budget, Some(Duration::from_secs(120)));
+    assert_eq!(def.options.lease, Some(Duration::from_secs(10)));
+    assert_eq!(def.options.ttl, Some(Duration::from_secs(3600)));
+}
+
+#[tokio::test]
+async fn never_tool_answers_outcome_unknown_and_does_not_run_again() {
+    let run = Idem::in_memory().run("r1");
+    let first = wire_transfer(&run, "DE00".into(), 100).await.unwrap_err();
+    assert!(matches!(first, Error::OutcomeUnknown { tool: "wire", .. }), "{first:?}");
+    let again = wire_transfer(&run, "DE00".into(), 100).await.unwrap_err();
+    assert!(matches!(again, Error::OutcomeUnknown { .. }), "{again:?}");
+    assert_eq!(WIRES.load(Ordering::SeqCst), 1);
+}
+
+static DECLINES: AtomicU32 = AtomicU32::new(0);
+
+type PayResult<T> = Result<T, PayError>;
+
+/// Works with a `Result` alias too.
+#[tool(retry = "keyed")]
+async fn charge_declined(customer: String) -> PayResult<Charge> {
+    let _ = customer;
+    DECLINES.fetch_add(1, Ordering::SeqCst);
+    Err(PayError::Declined)
+}
+
+#[tokio::test]
+async fn permanent_error_is_replayed_through_a_result_alias() {
+    let run = Idem::in_memory().run("r1");
+    for _ in 0..3 {
+        let err = charge_declined(&run, "cus_9".into()).await.unwrap_err();
+        assert_eq!(err.tool_error(), Some(&PayError::Declined));
+    }
+    assert_eq!(DECLINES.load(Ordering::SeqCst), 1);
+}
+
+static LOOKUPS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "safe")]
+async fn lookup(run: String) -> Result<String, PayError> {
+    LOOKUPS.fetch_add(1, Ordering::SeqCst);
+    Ok(run.to_uppercase())
+}
+
+#[tokio::test]
+async fn safe_tool_runs_each_call_and_a_parameter_may_be_named_run() {
+    let idem_run = Idem::in_memory().run("r1");
+    assert_eq!(lookup(&idem_run, "x".into()).await.unwrap(), "X");
+    assert_eq!(lookup(&idem_run, "x".into()).await.unwrap(), "X");
+    // Safe tools without caching do not store results: each sequential call runs.
+    assert_eq!(LOOKUPS.load(Ordering::SeqCst), 2);
+}
+
+static SLOW_CHARGES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn slow_charge(cx: &Ctx, customer: String) -> Result<String, PayError> {
+    // Long enough that every duplicate arrives while the first call is in flight.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    SLOW_CHARGES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{customer}:{}", cx.key()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_duplicates_join_the_first_call() {
+    let run = Idem::in_memory().run("r1");
+    let calls = (0..12).map(|_| {
+        let run = run.clone();
+        tokio::spawn(async move { slow_charge(&run, "cus_3".into()).await })
+    });
+    let answers: Vec<String> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().unwrap())
+        .collect();
+    assert_eq!(answers.len(), 12);
+    assert!(answers.iter().all(|a| *a == answers[0]));
+    assert_eq!(SLOW_CHARGES.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn the_same_arguments_in_another_run_are_another_intent() {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    /// Counts its executions.
+    #[tool(retry = "keyed")]
+    async fn count_me(n: u32) -> Result<u32, PayError> {
+        Ok(RUNS.fetch_add(n, Ordering::SeqCst) + n)
+    }
+    let idem = Idem::in_memory();
+    count_me(&idem.run("a"), 1).await.unwrap();
+    count_me(&idem.run("a"), 1).await.unwrap();
+    count_me(&idem.run("b"), 1).await.unwrap();
+    assert_eq!(RUNS.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,30 @@
+use idem_core::tool;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+pub struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+// A `cfg` applies to every generated item: nothing of this tool exists in this build.
+#[cfg(any())]
+#[tool(retry = "safe")]
+async fn gone(x: u64) -> Result<u64, Failed> {
+    Ok(x)
+}
+
+// Other attributes stay on the body.
+#[tool(retry = "safe")]
+#[allow(clippy::needless_return)]
+async fn kept(r#type: String) -> Result<String, Failed> {
+    return Ok(r#type);
+}
+
+fn main() {
+    let _ = KeptTool;
+    let _ = KeptArgs { r#type: String::new() };
+}

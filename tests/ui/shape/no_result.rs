@@ -1,0 +1,6 @@
+use idem_core::tool;
+
+#[tool(retry = "safe")]
+async fn ping() {}
+
+fn main() {}

@@ -1,0 +1,6 @@
+use idem_core::tool;
+
+#[tool(retry = "safe")]
+struct Balance;
+
+fn main() {}

@@ -1,0 +1,26 @@
+use idem_core::tool;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+struct Receipt {
+    id: String,
+}
+
+struct Payments;
+
+impl Payments {
+    #[tool(retry = "keyed")]
+    async fn charge(&self, amount: u64) -> Result<Receipt, Failed> {
+        Ok(Receipt { id: amount.to_string() })
+    }
+}
+
+fn main() {}
