@@ -191,3 +191,18 @@ async fn unreachable_server_is_unavailable_with_the_cause() {
     assert!(matches!(lazy.claim(claim_req(&key, &fp)).await, Err(StoreError::Unavailable(_))));
     assert!(matches!(RedisStore::open("not a url").await, Err(StoreError::Unavailable(_))));
 }
+
+#[tokio::test]
+async fn prefixes_separate_stores_and_braces_are_refused() {
+    let Some(a) = store().await else { return };
+    let b = RedisStore::builder(redis_url()).prefix("idem-other").open().await.unwrap();
+    let (key, fp) = fresh_key("prefix", "{}");
+    assert!(matches!(a.claim(claim_req(&key, &fp)).await.unwrap(), Claim::Acquired { .. }));
+    assert!(matches!(b.claim(claim_req(&key, &fp)).await.unwrap(), Claim::Acquired { .. }));
+    assert!(b.record_key(&key).starts_with("idem-other:{"));
+    let bad = RedisStore::builder(redis_url()).prefix("a{b}").open().await;
+    match bad {
+        Err(StoreError::Unavailable(why)) => assert!(why.to_string().contains("prefix"), "{why}"),
+        other => panic!("a prefix with braces must be refused, got {other:?}"),
+    }
+}

@@ -330,3 +330,66 @@ async fn redis_hang_fails_closed_within_the_timeout_and_recovers() {
     assert_eq!(ledger.bodies("charge", 0), 1);
     assert_eq!(ledger.bodies("charge", 1), 1);
 }
+
+/// Worker processes hammer the intents while the server crashes and comes back: while it is down
+/// no body starts; afterwards every worker finishes by itself; across processes the keyed tool has
+/// exactly one effect per intent and the never tool at most one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_crash_under_worker_processes() {
+    use idem_tests::workers::{self, Action, Ledger, Log, Spec};
+    let Some(mut server) = Server::start() else { return };
+    let dir = workers::temp_dir("outage-workers");
+    let url = server.url();
+    let spec = |id: &str, mode: &'static str| Spec {
+        exe: env!("CARGO_BIN_EXE_idem-stress-worker").into(),
+        mode,
+        url: url.clone(),
+        dir: dir.clone(),
+        run: "outage-workers".into(),
+        id: id.to_owned(),
+        intents: 8,
+        rounds: 2,
+        lease_ms: 1000,
+        first: None,
+        action: Action::None,
+    };
+    let log = Log::default();
+    let handles: Vec<_> =
+        ["w1", "w2", "w3", "w4"].map(|id| workers::spawn(spec(id, "hammer"), log.clone())).into();
+    let busy = |l: &Log| l.all().iter().filter(|(_, line)| line.starts_with("BODY ")).count() >= 6;
+    assert!(log.wait_until(Duration::from_secs(30), busy).await, "workers never got going");
+
+    server.crash();
+    // Bodies print right after their claim: one that claimed before the crash has printed by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let down_from = log.all().len();
+    let refused = |l: &Log| {
+        l.all()[down_from..].iter().filter(|(_, x)| x.contains(" StoreUnavailable ")).count() >= 8
+    };
+    assert!(log.wait_until(Duration::from_secs(20), refused).await, "calls must fail while down");
+    let down_to = log.all().len();
+    server.spawn().expect("restart redis-server");
+
+    let bodies_while_down: Vec<_> = log.all()[down_from..down_to]
+        .iter()
+        .filter(|(_, x)| x.starts_with("BODY "))
+        .cloned()
+        .collect();
+    assert!(
+        bodies_while_down.is_empty(),
+        "bodies ran while the store was down: {bodies_while_down:?}"
+    );
+    for h in handles {
+        let exit = h.await.expect("worker task");
+        assert!(exit.success, "{} must finish by itself once the store is back", exit.id);
+    }
+
+    let final_log = Log::default();
+    let exit = workers::spawn(Spec { rounds: 1, ..spec("final", "final") }, final_log.clone())
+        .await
+        .expect("final task");
+    assert!(exit.success, "final pass failed: {:?}", final_log.all());
+    let (seen, finals) = (workers::answers(&log), workers::answers(&final_log));
+    workers::check(&Ledger::new(&dir), &seen, &finals, 8, &[], true);
+    let _ = std::fs::remove_dir_all(&dir);
+}

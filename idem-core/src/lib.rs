@@ -38,6 +38,8 @@ pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_stri
 pub use policy::{Backoff, Policy, ToolOptions};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{MemoryStore, Store, StoreError};

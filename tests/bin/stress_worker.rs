@@ -4,7 +4,8 @@
 //! ```text
 //! idem-stress-worker <mode> <store-url> <ledger-dir> <run-id> <worker-id> <intents> <rounds> <lease-ms> [first]
 //! ```
-//! `mode` is `hammer` (call every intent of both tools `rounds` times, in a per-worker shuffled
+//! `store-url` is `redis://..`, `sqlite://PATH`, or `pg:` followed by a PostgreSQL connection
+//! string (libpq key=value or URL). `mode` is `hammer` (call every intent of both tools `rounds` times, in a per-worker shuffled
 //! order, starting with intent `first` if given) or `final` (call every intent of both tools
 //! once, in order). Two tools:
 //! - `charge` (keyed): its fake provider deduplicates by the forwarded idempotency key;
@@ -18,7 +19,8 @@
 //! Stdout, one line per event, flushed at once (the tests act on them):
 //! `BODY <tool> <intent> <fence>` when a body starts (claim held, nothing done yet),
 //! `EFFECT <tool> <intent> <fence>` after the effect, before the outcome is stored,
-//! `OK <tool> <intent> <json>` and `ERR <tool> <intent> <error kind> <message>` per call.
+//! `OK <tool> <intent> <json>` and `ERR <tool> <intent> <error kind> <message>` per call (a call
+//! that meets an unavailable store is repeated every 100 ms, printing each `StoreUnavailable`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -184,12 +186,38 @@ async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
             .map(|s| Arc::new(s) as Arc<dyn Store>)
             .map_err(|e| e.to_string());
     }
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        return idem_core::SqliteStore::open_url(url)
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .map_err(|e| e.to_string());
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(conninfo) = url.strip_prefix("pg:") {
+        return idem_core::PostgresStore::connect(conninfo)
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn Store>)
+            .map_err(|e| e.to_string());
+    }
     Err(format!("no store compiled in for {url:?} (enable the matching cargo feature)"))
 }
 
+/// One call, like an agent would make it: while the store is unavailable, the same call is
+/// repeated every 100 ms (up to 30 s), each failure printed.
 async fn call<T: Tool<Args = u32, Output = Receipt>>(run: &Run, tool: &T, intent: u32) {
     let name = tool.def().name;
-    match run.call(tool, intent).await {
+    let mut tries = 0;
+    let answer = loop {
+        match run.call(tool, intent).await {
+            Err(e @ Error::StoreUnavailable { .. }) if tries < 300 => {
+                tries += 1;
+                say(format!("ERR {name} {intent} StoreUnavailable {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    match answer {
         Ok(r) => {
             say(format!("OK {name} {intent} {}", serde_json::to_string(&r).unwrap_or_default()))
         }

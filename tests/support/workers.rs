@@ -242,3 +242,99 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
+
+/// Checks the rules of issue 4 on what a run left: the ledger, every answer the workers received
+/// (`seen`) and the answers of a final pass (`finals`, one call per intent after every lease
+/// ended). Panics naming the broken rule.
+///
+/// - `charge` (keyed, deduplicated by key at the provider): exactly one effect per intent; the
+///   final answer is a result carrying that effect, stored by the newest owner (the highest
+///   fence under which a body ran); every result a worker received carries that effect.
+/// - `wire` (never): at most one body and one effect per intent; the final answer is that
+///   effect's result or `OutcomeUnknown`.
+///
+/// `lease_lost_by`: workers allowed to receive `LeaseLost` (the ones the test stopped past their
+/// lease). With `outage`, `StoreUnavailable` and `LeaseLost` answers are allowed, and a worker may
+/// hold a result whose outcome could not be stored (the final answer is then a re-run's result
+/// for `charge`, `OutcomeUnknown` for `wire`): results are compared by effect, not by owner.
+pub fn check(
+    ledger: &Ledger,
+    seen: &Answers,
+    finals: &Answers,
+    intents: u32,
+    lease_lost_by: &[&str],
+    outage: bool,
+) {
+    let allowed = |worker: &str, kind: &str, unknown_ok: bool| {
+        (kind == "LeaseLost" && (outage || lease_lost_by.contains(&worker)))
+            || (kind == "StoreUnavailable" && outage)
+            || (kind == "OutcomeUnknown" && unknown_ok)
+    };
+    for intent in 0..intents {
+        let key = ("charge".to_owned(), intent);
+        let effects = ledger.effects("charge", intent);
+        assert_eq!(effects.len(), 1, "charge {intent}: exactly one effect, got {effects:?}");
+        let [(_, Ok(stored))] = &finals[&key][..] else {
+            panic!("charge {intent} must end with a result, got {:?}", finals.get(&key));
+        };
+        let (effect, fence) = receipt(stored);
+        assert_eq!(effect, effects[0], "charge {intent}: the stored result is the one effect");
+        let bodies = ledger.body_fences("charge", intent);
+        assert_eq!(
+            Some(fence),
+            bodies.iter().copied().max(),
+            "charge {intent}: the result must come from the newest owner (bodies {bodies:?})"
+        );
+        for (worker, answer) in seen.get(&key).into_iter().flatten() {
+            match answer {
+                Ok(json) if outage => {
+                    assert_eq!(
+                        receipt(json).0,
+                        effect,
+                        "charge {intent}: {worker} got another effect"
+                    )
+                }
+                Ok(json) => {
+                    assert_eq!(json, stored, "charge {intent}: {worker} got another result")
+                }
+                Err(kind) => {
+                    assert!(allowed(worker, kind, false), "charge {intent}: {worker} got {kind}")
+                }
+            }
+        }
+
+        let key = ("wire".to_owned(), intent);
+        let effects = ledger.effects("wire", intent);
+        let bodies = ledger.body_fences("wire", intent);
+        assert!(bodies.len() <= 1, "wire {intent}: a never tool ran {} times", bodies.len());
+        assert!(effects.len() <= 1, "wire {intent}: {} effects", effects.len());
+        let [(_, end)] = &finals[&key][..] else {
+            panic!("wire {intent}: one final answer, got {:?}", finals.get(&key))
+        };
+        match end {
+            Ok(stored) => {
+                let (effect, fence) = receipt(stored);
+                assert_eq!(effects, vec![effect], "wire {intent}: the result is the one effect");
+                assert_eq!(bodies, vec![fence], "wire {intent}");
+            }
+            Err(kind) => assert_eq!(kind, "OutcomeUnknown", "wire {intent}"),
+        }
+        for (worker, answer) in seen.get(&key).into_iter().flatten() {
+            match (answer, end) {
+                (Ok(json), Ok(stored)) if !outage => {
+                    assert_eq!(json, stored, "wire {intent}: {worker} got another result")
+                }
+                (Ok(json), _) => {
+                    assert!(
+                        outage || end.is_ok(),
+                        "wire {intent}: {worker} got a result, the store none"
+                    );
+                    assert_eq!(effects, vec![receipt(json).0], "wire {intent}: {worker}")
+                }
+                (Err(kind), _) => {
+                    assert!(allowed(worker, kind, true), "wire {intent}: {worker} got {kind}")
+                }
+            }
+        }
+    }
+}

@@ -14,7 +14,8 @@
 //! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish.
 //!
 //! The `{K}` hash tag puts a record and its fence counter in one slot of a Redis Cluster, so a
-//! script may touch both.
+//! script may touch both. The store itself connects to one server (a standalone Redis, a primary,
+//! or a cluster proxy); it does not follow cluster redirections.
 //!
 //! # Time
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
@@ -80,7 +81,10 @@ fn ms(d: Duration) -> u64 {
 
 // Shared by every script: `fmt` prints an integer-valued Lua number without an exponent (Lua's
 // own tostring would print 1.7e+15), `now_ms` and `now_us` read the server's clock.
+// Redis 3.2 to 4 replicate scripts verbatim unless told to replicate their effects, and refuse
+// writes after `TIME` in verbatim mode; 5 and later replicate effects anyway.
 const PRELUDE: &str = r#"
+if redis.replicate_commands then redis.replicate_commands() end
 local function fmt(n) return string.format('%d', n) end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -211,7 +215,8 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The prefix of every Redis key and channel the store uses. Default `idem`.
+    /// The prefix of every Redis key and channel the store uses. Default `idem`. It must not
+    /// contain `{` or `}` (they would change the keys' hash tag); `open` refuses it.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -241,6 +246,13 @@ impl RedisStoreBuilder {
     /// Connects on first use, so a process can start while Redis is down (its calls fail closed
     /// until Redis is back). Fails only on a malformed URL.
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
+        if self.prefix.contains(['{', '}']) {
+            // A brace would change the hash tag, splitting a record from its fence counter.
+            return Err(StoreError::unavailable(format!(
+                "invalid key prefix {:?}: it must not contain '{{' or '}}'",
+                self.prefix
+            )));
+        }
         let client = Client::open(self.url.as_str()).map_err(unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
@@ -636,7 +648,10 @@ impl Store for RedisStore {
                 .unwrap_or(false);
         let mut poll = if subscribed { SUBSCRIBED_RECHECK } else { POLL_MIN };
         loop {
-            let Some(lease_left) = self.peek(key, fence).await? else { return Ok(()) };
+            let Ok(held) = tokio::time::timeout_at(deadline, self.peek(key, fence)).await else {
+                return Ok(());
+            };
+            let Some(lease_left) = held? else { return Ok(()) };
             let now = Instant::now();
             if now >= deadline {
                 return Ok(());
