@@ -27,6 +27,7 @@ pub mod key;
 mod policy;
 pub mod store;
 mod tool;
+pub mod toolset;
 
 pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
@@ -44,6 +45,7 @@ pub use store::RedisStore;
 pub use store::SqliteStore;
 pub use store::{MemoryStore, Store, StoreError};
 pub use tool::{Tool, ToolDef};
+pub use toolset::{Annotations, DynTool, ToolDefinition, ToolResult, ToolSet, ToolSetError};
 
 /// Declares an async fn as a tool: `#[tool(retry = "safe" | "keyed" | "never")]`.
 pub use idem_macros::tool;

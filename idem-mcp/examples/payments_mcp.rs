@@ -1,0 +1,363 @@
+//! An MCP server (stdio) for a fake payment provider: `charge_card` (keyed), `get_balance` (safe)
+//! and `refund` (never), every call protected by idem.
+//!
+//! ```text
+//! cargo run -p idem-mcp --example payments_mcp -- [--sqlite PATH] [--ledger PATH]
+//! ```
+//!
+//! - `--sqlite PATH`: keep idempotency records in SQLite at PATH (needs `--features sqlite`), so
+//!   a restarted server replays earlier outcomes. Without it, records live in memory.
+//! - `--ledger PATH`: where the provider keeps its own ledger (JSON). Default: `PATH.ledger.json`
+//!   next to the SQLite file, or in memory only without `--sqlite`.
+//!
+//! The provider deduplicates charges by the idempotency key idem forwards (as a real provider does
+//! with its `Idempotency-Key` header), and persists its ledger, so a restarted server still
+//! knows every charge.
+//!
+//! Environment:
+//! - `PAYMENTS_DELAY_MS` (default 0): how long the provider takes to answer a charge, in ms
+//!   (lets a client time out while the charge is still in flight).
+//! - `PAYMENTS_AMBIGUOUS_REFUND_CENTS` (default 13): a refund of exactly this amount reaches the
+//!   provider, takes effect, and then times out: its outcome is unknown to the caller.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{Classify, Ctx, Failure, Idem, ToolSet, tool};
+use idem_mcp::IdemServer;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+/// A charge as the provider records it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ChargeRecord {
+    id: String,
+    customer: String,
+    amount_cents: u64,
+    idempotency_key: String,
+}
+
+/// A refund as the provider records it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RefundRecord {
+    id: String,
+    charge_id: String,
+    amount_cents: u64,
+    idempotency_key: String,
+}
+
+/// The provider's own state, persisted as JSON.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Ledger {
+    charges: Vec<ChargeRecord>,
+    refunds: Vec<RefundRecord>,
+    /// Charge requests that reached the provider (deduplicated ones included).
+    charge_requests: u64,
+    /// Refund requests that reached the provider.
+    refund_requests: u64,
+}
+
+/// The provider's errors, as the model reads them.
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+enum PaymentError {
+    #[error("card declined: {0}")]
+    Declined(String),
+    #[error("no charge `{0}`")]
+    UnknownCharge(String),
+    #[error("the provider did not answer in time (the request was sent)")]
+    Timeout,
+    #[error("the provider could not save its ledger: {0}")]
+    Unavailable(String),
+}
+
+impl Classify for PaymentError {
+    fn classify(&self) -> Failure {
+        match self {
+            PaymentError::Declined(_) | PaymentError::UnknownCharge(_) => Failure::permanent(),
+            PaymentError::Timeout => Failure::ambiguous(),
+            // The ledger is written before the change takes effect: nothing happened.
+            PaymentError::Unavailable(_) => Failure::transient(),
+        }
+    }
+}
+
+/// The fake provider: dedups charges by idempotency key, persists its ledger.
+struct Provider {
+    path: Option<PathBuf>,
+    ledger: Mutex<Ledger>,
+    delay: Duration,
+    ambiguous_refund_cents: u64,
+}
+
+impl Provider {
+    fn open(path: Option<PathBuf>) -> Result<Provider, String> {
+        let ledger = match &path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read ledger {}: {e}", p.display()))?;
+                serde_json::from_str(&text)
+                    .map_err(|e| format!("ledger {} is not valid: {e}", p.display()))?
+            }
+            _ => Ledger::default(),
+        };
+        let env_u64 = |name: &str, default: u64| -> Result<u64, String> {
+            match std::env::var(name) {
+                Ok(v) => v.parse().map_err(|e| format!("{name}={v:?} is not a number: {e}")),
+                Err(_) => Ok(default),
+            }
+        };
+        Ok(Provider {
+            path,
+            ledger: Mutex::new(ledger),
+            delay: Duration::from_millis(env_u64("PAYMENTS_DELAY_MS", 0)?),
+            ambiguous_refund_cents: env_u64("PAYMENTS_AMBIGUOUS_REFUND_CENTS", 13)?,
+        })
+    }
+
+    /// Writes `next` (to a temporary file, then renamed) before it becomes the state.
+    fn save(&self, next: &Ledger) -> Result<(), PaymentError> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let text = serde_json::to_string_pretty(next)
+            .map_err(|e| PaymentError::Unavailable(e.to_string()))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| PaymentError::Unavailable(e.to_string()))
+    }
+
+    async fn charge(
+        &self,
+        customer: &str,
+        amount_cents: u64,
+        key: &str,
+    ) -> Result<ChargeRecord, PaymentError> {
+        tokio::time::sleep(self.delay).await;
+        let mut ledger = self.ledger.lock().await;
+        let mut next = ledger.clone();
+        next.charge_requests += 1;
+        let charge = match next.charges.iter().find(|c| c.idempotency_key == key) {
+            Some(existing) => existing.clone(),
+            None => {
+                if amount_cents == 0 {
+                    return Err(PaymentError::Declined("the amount must be positive".into()));
+                }
+                let charge = ChargeRecord {
+                    id: format!("ch_{:04}", next.charges.len() + 1),
+                    customer: customer.to_owned(),
+                    amount_cents,
+                    idempotency_key: key.to_owned(),
+                };
+                next.charges.push(charge.clone());
+                charge
+            }
+        };
+        self.save(&next)?;
+        *ledger = next;
+        Ok(charge)
+    }
+
+    async fn refund(
+        &self,
+        charge_id: &str,
+        amount_cents: u64,
+        key: &str,
+    ) -> Result<RefundRecord, PaymentError> {
+        let mut ledger = self.ledger.lock().await;
+        let mut next = ledger.clone();
+        next.refund_requests += 1;
+        if !next.charges.iter().any(|c| c.id == charge_id) {
+            self.save(&next)?;
+            *ledger = next;
+            return Err(PaymentError::UnknownCharge(charge_id.to_owned()));
+        }
+        let refund = RefundRecord {
+            id: format!("re_{:04}", next.refunds.len() + 1),
+            charge_id: charge_id.to_owned(),
+            amount_cents,
+            idempotency_key: key.to_owned(),
+        };
+        next.refunds.push(refund.clone());
+        self.save(&next)?;
+        *ledger = next;
+        if amount_cents == self.ambiguous_refund_cents {
+            // The refund took effect, but the answer is lost on the way back.
+            return Err(PaymentError::Timeout);
+        }
+        Ok(refund)
+    }
+
+    async fn balance(&self, customer: &str) -> i128 {
+        let ledger = self.ledger.lock().await;
+        let charged: i128 = ledger
+            .charges
+            .iter()
+            .filter(|c| c.customer == customer)
+            .map(|c| i128::from(c.amount_cents))
+            .sum();
+        let refunded: i128 = ledger
+            .refunds
+            .iter()
+            .filter(|r| {
+                ledger.charges.iter().any(|c| c.id == r.charge_id && c.customer == customer)
+            })
+            .map(|r| i128::from(r.amount_cents))
+            .sum();
+        charged - refunded
+    }
+}
+
+/// What `charge_card` returns.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Charge {
+    charge_id: String,
+    customer: String,
+    amount_cents: u64,
+}
+
+/// What `get_balance` returns.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Balance {
+    customer: String,
+    /// Charged minus refunded, in cents.
+    balance_cents: i64,
+}
+
+/// What `refund` returns.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Refund {
+    refund_id: String,
+    charge_id: String,
+    amount_cents: u64,
+}
+
+/// The tools the model sees, over the provider.
+struct Payments {
+    provider: Provider,
+}
+
+impl Payments {
+    /// Charge a customer's card `amount_cents` (in cents, positive). Returns the charge id.
+    /// Repeating the call with the same arguments returns the same charge.
+    #[tool(retry = "keyed")]
+    async fn charge_card(
+        &self,
+        cx: &Ctx,
+        customer: String,
+        amount_cents: u64,
+    ) -> Result<Charge, PaymentError> {
+        // The key goes to the provider as its Idempotency-Key: a re-run after a takeover or an
+        // ambiguous failure is deduplicated there.
+        let c = self.provider.charge(&customer, amount_cents, cx.key()).await?;
+        Ok(Charge { charge_id: c.id, customer: c.customer, amount_cents: c.amount_cents })
+    }
+
+    /// A customer's balance: charged minus refunded, in cents.
+    #[tool(retry = "safe")]
+    async fn get_balance(&self, customer: String) -> Result<Balance, PaymentError> {
+        let cents = self.provider.balance(&customer).await;
+        let balance_cents = i64::try_from(cents)
+            .map_err(|_| PaymentError::Unavailable("balance out of range".into()))?;
+        Ok(Balance { customer, balance_cents })
+    }
+
+    /// Refund `amount_cents` (in cents) of the charge `charge_id`. The provider cannot
+    /// deduplicate refunds, so a refund is attempted once and never retried.
+    #[tool(retry = "never")]
+    async fn refund(
+        &self,
+        cx: &Ctx,
+        charge_id: String,
+        amount_cents: u64,
+    ) -> Result<Refund, PaymentError> {
+        let r = self.provider.refund(&charge_id, amount_cents, cx.key()).await?;
+        Ok(Refund { refund_id: r.id, charge_id: r.charge_id, amount_cents: r.amount_cents })
+    }
+}
+
+struct Options {
+    sqlite: Option<PathBuf>,
+    ledger: Option<PathBuf>,
+}
+
+const USAGE: &str = "usage: payments_mcp [--sqlite PATH] [--ledger PATH]";
+
+fn parse_args() -> Result<Options, String> {
+    let mut opts = Options { sqlite: None, ledger: None };
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        let slot = match arg.to_str() {
+            Some("--sqlite") => &mut opts.sqlite,
+            Some("--ledger") => &mut opts.ledger,
+            Some("-h" | "--help") => return Err(USAGE.into()),
+            _ => return Err(format!("unknown argument {arg:?}\n{USAGE}")),
+        };
+        let value = args.next().ok_or_else(|| format!("{arg:?} needs a PATH\n{USAGE}"))?;
+        *slot = Some(PathBuf::from(value));
+    }
+    if opts.ledger.is_none()
+        && let Some(db) = &opts.sqlite
+    {
+        let mut name = db.as_os_str().to_owned();
+        name.push(".ledger.json");
+        opts.ledger = Some(PathBuf::from(name));
+    }
+    Ok(opts)
+}
+
+#[cfg(feature = "sqlite")]
+fn executor(sqlite: Option<&Path>) -> Result<Idem, String> {
+    match sqlite {
+        Some(path) => {
+            let store = idem_core::store::sqlite::SqliteStore::open(path)
+                .map_err(|e| format!("cannot open SQLite store {}: {e}", path.display()))?;
+            Ok(Idem::new(store))
+        }
+        None => Ok(Idem::in_memory()),
+    }
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn executor(sqlite: Option<&Path>) -> Result<Idem, String> {
+    match sqlite {
+        Some(path) => Err(format!(
+            "--sqlite {}: this build has no SQLite store; run with `--features sqlite`",
+            path.display()
+        )),
+        None => Ok(Idem::in_memory()),
+    }
+}
+
+fn tools(payments: &Arc<Payments>) -> Result<ToolSet, idem_core::ToolSetError> {
+    ToolSet::new()
+        .with(payments.charge_card_tool())?
+        .with(payments.get_balance_tool())?
+        .with(payments.refund_tool())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match serve().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("payments_mcp: {message}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve() -> Result<(), String> {
+    let opts = parse_args()?;
+    let idem = executor(opts.sqlite.as_deref())?;
+    let payments = Arc::new(Payments { provider: Provider::open(opts.ledger)? });
+    let tools = tools(&payments).map_err(|e| e.to_string())?;
+    IdemServer::new(tools, &idem)
+        .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
+        .with_instructions(
+            "Payments. charge_card is safe to repeat with the same arguments; refund is never \
+             repeated: if its outcome is unknown, check get_balance instead of calling it again.",
+        )
+        .serve_stdio()
+        .await
+        .map_err(|e| e.to_string())
+}
