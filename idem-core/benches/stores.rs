@@ -230,11 +230,24 @@ struct Subject {
     raw: Raw,
     /// Prefix of every raw key of this run.
     prefix: Arc<str>,
-    /// A raw key that exists (the replay baseline reads it).
-    read_key: Arc<str>,
+    /// Raw keys that exist, one per caller (the replay baseline reads them).
+    read_keys: Vec<Arc<str>>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Concurrent callers in the throughput runs.
+const CALLERS: u64 = 32;
+/// Seeded records (replays) are numbered from here; first calls count up from 1.
+const SEED: u64 = 1 << 40;
+
+fn seed_args(caller: u64) -> ChargeArgs {
+    charge_args(SEED + caller)
+}
+
+fn read_keys(prefix: &str) -> Vec<Arc<str>> {
+    (0..CALLERS).map(|c| Arc::from(format!("{prefix}:{}:a", SEED + c))).collect()
+}
 
 fn next() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -269,27 +282,31 @@ impl Op {
 }
 
 impl Subject {
-    async fn op(&self, op: Op) {
+    /// Runs `op` once as caller `caller`: replays and raw reads use that caller's own seeded key,
+    /// so concurrent callers work on distinct keys.
+    async fn op(&self, op: Op, caller: u64) {
         match op {
             Op::Raw2 => self.raw.write2(&self.prefix, next()).await,
-            Op::Raw1 => self.raw.read1(&self.read_key).await,
+            Op::Raw1 => self.raw.read1(&self.read_keys[caller as usize]).await,
             Op::First => {
                 let out = self.run.call(&ChargeCard, charge_args(next())).await.expect("first call");
                 std::hint::black_box(out);
             }
             Op::Replay => {
-                let out = self.run.call(&ChargeCard, charge_args(0)).await.expect("replay");
+                let out = self.run.call(&ChargeCard, seed_args(caller)).await.expect("replay");
                 std::hint::black_box(out);
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
-            Op::Raw1Blocking => self.raw.read1_blocking(&self.read_key).await,
+            Op::Raw1Blocking => self.raw.read1_blocking(&self.read_keys[caller as usize]).await,
         }
     }
 
-    /// Seeds what the replays read: idem's completed record and the raw key.
+    /// Seeds what the replays read, one per caller: idem's completed record and the raw key.
     async fn seed(&self) {
-        self.run.call(&ChargeCard, charge_args(0)).await.expect("seed the record");
-        self.raw.write2(&self.prefix, 0).await;
+        for caller in 0..CALLERS {
+            self.run.call(&ChargeCard, seed_args(caller)).await.expect("seed the record");
+            self.raw.write2(&self.prefix, SEED + caller).await;
+        }
     }
 
     fn ops(&self) -> Vec<Op> {
@@ -380,7 +397,7 @@ async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, String) {
         name: "SQLite",
         run: Idem::new(store).scope(scope.clone()),
         raw: Raw::Sqlite(Arc::new(Mutex::new(conn))),
-        read_key: format!("{prefix}:0:a").into(),
+        read_keys: read_keys(&prefix),
         prefix,
     };
     (subject, format!("journal_mode=WAL, synchronous={sync} (SQLite's default; the store sets none)"))
@@ -430,7 +447,7 @@ async fn pg_subject(s: &Settings, scope: &Scope, raw_conns: usize) -> Subject {
         name: "PostgreSQL",
         run: Idem::new(store).scope(scope.clone()),
         raw: Raw::Postgres { conns, next: AtomicU64::new(0) },
-        read_key: format!("{prefix}:0:a").into(),
+        read_keys: read_keys(&prefix),
         prefix,
     }
 }
@@ -453,7 +470,7 @@ async fn redis_subject(s: &Settings, scope: &Scope) -> Subject {
         name: "Redis",
         run: Idem::new(store).scope(scope.clone()),
         raw: Raw::Redis(conn),
-        read_key: format!("{prefix}:0:a").into(),
+        read_keys: read_keys(&prefix),
         prefix,
     }
 }
@@ -562,7 +579,7 @@ async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
     // Warm-up: connections, prepared statements, script cache, page cache.
     for &op in &ops {
         for _ in 0..(s.calls / 4).max(10) {
-            subject.op(op).await;
+            subject.op(op, 0).await;
         }
     }
     let mut all: BTreeMap<Op, Vec<u64>> = BTreeMap::new();
@@ -578,7 +595,7 @@ async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
             let mut samples = Vec::with_capacity(s.calls);
             for _ in 0..s.calls {
                 let t = Instant::now();
-                subject.op(op).await;
+                subject.op(op, 0).await;
                 samples.push(t.elapsed().as_nanos() as u64);
             }
             all.entry(op).or_default().extend_from_slice(&samples);
@@ -590,16 +607,16 @@ async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
 }
 
 /// Calls per second of `callers` concurrent callers doing `op` on distinct keys for `dur`.
-async fn throughput(subject: &Arc<Subject>, op: Op, callers: usize, dur: Duration) -> f64 {
+async fn throughput(subject: &Arc<Subject>, op: Op, callers: u64, dur: Duration) -> f64 {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..callers)
-        .map(|_| {
+        .map(|caller| {
             let (subject, stop, done) = (Arc::clone(subject), Arc::clone(&stop), Arc::clone(&done));
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    subject.op(op).await;
+                    subject.op(op, caller).await;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -751,14 +768,22 @@ fn main() {
         let raw_conns = idem_core::store::postgres::DEFAULT_CONNECTIONS;
         let tput = tput_rt.block_on(async {
             let subject = Arc::new(subject(&name, &s, &scope, raw_conns).await);
-            let ops = subject.ops();
+            // SQLite raw through spawn_blocking: blocking the runtime's workers is not a baseline an
+            // async caller could use.
+            let ops = match subject.raw {
+                Raw::Sqlite(_) => [Op::Raw2Blocking, Op::First, Op::Raw1Blocking, Op::Replay],
+                _ => [Op::Raw2, Op::First, Op::Raw1, Op::Replay],
+            };
             let mut per: BTreeMap<Op, Vec<f64>> = BTreeMap::new();
             for &op in &ops {
                 throughput(&subject, op, 32, Duration::from_millis(200)).await;
+                eprintln!("  {}: warmed up {}", subject.name, op.label());
             }
             for _ in 0..3 {
                 for &op in &ops {
-                    per.entry(op).or_default().push(throughput(&subject, op, 32, s.tput).await);
+                    let v = throughput(&subject, op, 32, s.tput).await;
+                    eprintln!("  {}: {} {v:.0} calls/s", subject.name, op.label());
+                    per.entry(op).or_default().push(v);
                 }
             }
             per.into_iter().map(|(op, mut v)| (op, median_f(&mut v))).collect::<BTreeMap<_, _>>()
@@ -769,8 +794,8 @@ fn main() {
         }
         if name == "sqlite" {
             println!(
-                "  (SQLite raw: one connection behind a mutex, run directly on the runtime's 2 worker \
-                 threads, or through spawn_blocking as the store does)"
+                "  (SQLite raw: one connection behind a mutex, statements through spawn_blocking as \
+                 the store runs them)"
             );
         }
         if name == "postgres" {
@@ -814,7 +839,14 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for (label, first, fr, replay, rr, tput) in &summary {
-        let t = |op: Op| tput.get(&op).copied().unwrap_or(f64::NAN);
+        let t = |op: Op| {
+            let raw = match op {
+                Op::Raw2 => tput.get(&Op::Raw2Blocking),
+                Op::Raw1 => tput.get(&Op::Raw1Blocking),
+                _ => None,
+            };
+            raw.or(tput.get(&op)).copied().unwrap_or(f64::NAN)
+        };
         println!(
             "| {label} | {} | {fr:.2} {} | {} | {rr:.2} {} | {:.0} ({:.0}) | {:.0} ({:.0}) |",
             us(*first),
