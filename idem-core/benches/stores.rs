@@ -29,9 +29,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::store::{PostgresStore, RedisStore, SqliteStore};
+use idem_core::store::{
+    Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore, SqliteStore,
+};
 use idem_core::{
-    Classify, Ctx, Failure, Idem, KeyError, RetryClass, Run, Scope, Tool, ToolDef, ToolOptions,
+    Classify, Ctx, Failure, Fingerprint, Idem, Key, KeyError, RetryClass, Run, Scope, Tool,
+    ToolDef, ToolOptions,
 };
 use redis::aio::ConnectionManager;
 use schemars::JsonSchema;
@@ -266,6 +269,10 @@ enum Op {
     /// SQLite only: Raw2 / Raw1 through spawn_blocking.
     Raw2Blocking,
     Raw1Blocking,
+    /// Diagnostics: the store's own claim + complete, and claim of a completed key, called
+    /// directly (no executor), to tell the store's cost from the executor's.
+    StoreFirst,
+    StoreReplay,
 }
 
 impl Op {
@@ -277,6 +284,8 @@ impl Op {
             Op::Replay => "idem replay",
             Op::Raw2Blocking => "raw 2 writes, spawn_blocking",
             Op::Raw1Blocking => "raw 1 read, spawn_blocking",
+            Op::StoreFirst => "store claim+complete only",
+            Op::StoreReplay => "store claim (replay) only",
         }
     }
 }
@@ -298,7 +307,41 @@ impl Subject {
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
             Op::Raw1Blocking => self.raw.read1_blocking(&self.read_keys[caller as usize]).await,
+            Op::StoreFirst => {
+                let (key, fp) = self.key_of(&charge_args(next()));
+                let store = self.run.idem().store();
+                let req = ClaimRequest {
+                    key: &key,
+                    fingerprint: &fp,
+                    lease: Duration::from_secs(30),
+                    on_expired: OnExpired::TakeOver,
+                };
+                let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else {
+                    panic!("a new key is acquired")
+                };
+                let out = Outcome::Success(r#"{"id":"ch_3PqR7s","amount_cents":4901}"#.into());
+                store.complete(&key, fence, &out, Duration::from_secs(24 * 3600)).await.expect("complete");
+            }
+            Op::StoreReplay => {
+                let (key, fp) = self.key_of(&seed_args(caller));
+                let req = ClaimRequest {
+                    key: &key,
+                    fingerprint: &fp,
+                    lease: Duration::from_secs(30),
+                    on_expired: OnExpired::TakeOver,
+                };
+                let claim = self.run.idem().store().claim(req).await;
+                assert!(matches!(claim, Ok(Claim::Completed(_))), "a seeded key replays");
+            }
         }
+    }
+
+    /// The key and fingerprint the executor derives for `args` (a derived key).
+    fn key_of(&self, args: &ChargeArgs) -> (Key, Fingerprint) {
+        let mut canonical = Vec::with_capacity(256);
+        idem_core::canonicalize(args, &mut canonical).expect("finite");
+        let key = idem_core::key::derive_key(self.run.scope(), DEF.name, &canonical);
+        (key, Fingerprint::of_derived_key(&key))
     }
 
     /// Seeds what the replays read, one per caller: idem's completed record and the raw key.
@@ -310,7 +353,8 @@ impl Subject {
     }
 
     fn ops(&self) -> Vec<Op> {
-        let mut ops = vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay];
+        let mut ops =
+            vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay];
         if matches!(self.raw, Raw::Sqlite(_)) {
             ops.extend([Op::Raw2Blocking, Op::Raw1Blocking]);
         }
@@ -760,6 +804,15 @@ fn main() {
                 lat.ratio(Op::Replay, Op::Raw1Blocking)
             );
         }
+        println!(
+            "  diagnostics: store alone (no executor): claim+complete / 2 raw writes = {:.2}, \
+             claim of a completed key / 1 raw read = {:.2}; executor share: first call - store = \
+             {}, replay - store = {}",
+            lat.ratio(Op::StoreFirst, Op::Raw2),
+            lat.ratio(Op::StoreReplay, Op::Raw1),
+            us(lat.median(Op::First) - lat.median(Op::StoreFirst)),
+            us(lat.median(Op::Replay) - lat.median(Op::StoreReplay)),
+        );
         if name == "redis" {
             redis_idem = Some((lat.median(Op::First), lat.median(Op::Replay)));
         }
