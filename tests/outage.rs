@@ -2,20 +2,21 @@
 //! with `StoreUnavailable` and the tool body does not run while it is down; nothing runs twice
 //! unprotected; calls work again by themselves once it is back, with no new store or executor.
 //!
-//! Redis: the test runs its own `redis-server` on a free port (never the shared one), with an
-//! fsync-always append-only file so a crash loses nothing, and crashes (SIGKILL), restarts, hangs
-//! (SIGSTOP) and resumes (SIGCONT) it.
+//! - Redis: the test runs its own `redis-server` on a free port (never the shared one), with an
+//!   fsync-always append-only file so a crash loses nothing, and crashes (SIGKILL), restarts,
+//!   hangs (SIGSTOP) and resumes (SIGCONT) it.
+//! - PostgreSQL: the test puts a TCP proxy between the store and the server (`IDEM_PG_URL`) and
+//!   cuts it (open connections dropped, new ones closed at once), then restores it.
 
-#![cfg(feature = "redis")]
+#![cfg(any(feature = "redis", feature = "postgres"))]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::store::RedisStore;
+use idem_core::store::Store;
 use idem_core::{Classify, Ctx, Error, Failure, Idem, Policy, RetryClass, Run, Tool, ToolDef};
+use idem_tests::workers::{self, Action, Ledger as Files, Log, Spec};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
@@ -123,12 +124,14 @@ impl Tool for Wire {
 }
 
 /// A private redis-server: a free port, its own directory, an fsync-always AOF.
+#[cfg(feature = "redis")]
 struct Server {
     port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
 }
 
+#[cfg(feature = "redis")]
 impl Server {
     fn start() -> Option<Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
@@ -139,12 +142,12 @@ impl Server {
         Some(server)
     }
     fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new("redis-server")
+        let child = std::process::Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
             .arg("--dir")
             .arg(&self.dir)
-            .stdout(Stdio::null())
+            .stdout(std::process::Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start redis-server: {e}"))?;
         self.child = Some(child);
@@ -168,12 +171,15 @@ impl Server {
     }
     fn signal(&self, sig: &str) {
         if let Some(child) = &self.child {
-            let _ =
-                Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(child.id().to_string())
+                .status();
         }
     }
 }
 
+#[cfg(feature = "redis")]
 impl Drop for Server {
     fn drop(&mut self) {
         self.signal("CONT");
@@ -182,15 +188,153 @@ impl Drop for Server {
     }
 }
 
-fn idem(server: &Server) -> Idem {
-    let store = RedisStore::builder(server.url()).open_lazy().expect("store");
+/// A TCP proxy in front of PostgreSQL that the test can cut and restore.
+#[cfg(feature = "postgres")]
+struct Proxy {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    pumps: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+    config: tokio_postgres::Config,
+}
+
+#[cfg(feature = "postgres")]
+impl Proxy {
+    async fn start() -> Option<Proxy> {
+        use std::str::FromStr;
+        use std::sync::atomic::Ordering;
+        let url = idem_tests::pg_url();
+        // Only when the server answers: otherwise skip (or fail under CI).
+        idem_tests::or_skip("PostgreSQL", idem_core::PostgresStore::connect(&url).await)?;
+        let config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            _ => "127.0.0.1".to_owned(),
+        };
+        let target = format!("{host}:{}", config.get_ports().first().copied().unwrap_or(5432));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
+        let port = listener.local_addr().expect("proxy addr").port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let pumps = Arc::new(Mutex::new(Vec::new()));
+        let accept = tokio::spawn({
+            let (up, pumps) = (up.clone(), pumps.clone());
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    if !up.load(Ordering::SeqCst) {
+                        continue; // dropped: the connection closes at once
+                    }
+                    let target = target.clone();
+                    let pump = tokio::spawn(async move {
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    pumps.lock().unwrap().push(pump);
+                }
+            }
+        });
+        Some(Proxy { port, up, pumps, accept, config })
+    }
+
+    /// The connection string of the server, through the proxy.
+    fn conninfo(&self) -> String {
+        let mut s = format!("host=127.0.0.1 port={}", self.port);
+        if let Some(user) = self.config.get_user() {
+            s.push_str(&format!(" user={user}"));
+        }
+        if let Some(db) = self.config.get_dbname() {
+            s.push_str(&format!(" dbname={db}"));
+        }
+        if let Some(pw) = self.config.get_password() {
+            s.push_str(&format!(" password={}", String::from_utf8_lossy(pw)));
+        }
+        s
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for pump in self.pumps.lock().unwrap().drain(..) {
+            pump.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+/// An executor on `store` with a 1.5 s lease.
+fn idem_on(store: Arc<dyn Store>) -> Idem {
     let policy = Policy {
         lease: Duration::from_millis(1500),
         attempt_timeout: Duration::from_secs(30),
         budget: Duration::from_secs(30),
         ..Policy::default()
     };
-    Idem::builder(store).policy(policy).build()
+    Idem::builder_shared(store).policy(policy).build()
+}
+
+/// A store server the test takes away and brings back.
+enum Backend {
+    #[cfg(feature = "redis")]
+    Redis(Server),
+    #[cfg(feature = "postgres")]
+    Postgres(Box<Proxy>),
+}
+
+impl Backend {
+    /// The store URL for worker processes.
+    fn worker_url(&self) -> String {
+        match self {
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => s.url(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => format!("pg:{}", p.conninfo()),
+        }
+    }
+
+    async fn store(&self) -> Arc<dyn Store> {
+        match self {
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => {
+                Arc::new(idem_core::RedisStore::builder(s.url()).open_lazy().expect("store"))
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => {
+                Arc::new(idem_core::PostgresStore::connect(&p.conninfo()).await.expect("store"))
+            }
+        }
+    }
+
+    async fn idem(&self) -> Idem {
+        idem_on(self.store().await)
+    }
+
+    fn down(&mut self) {
+        match self {
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => s.crash(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => p.cut(),
+        }
+    }
+
+    fn up(&mut self) {
+        match self {
+            #[cfg(feature = "redis")]
+            Backend::Redis(s) => s.spawn().expect("restart redis-server"),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(p) => p.restore(),
+        }
+    }
 }
 
 fn unavailable<T: std::fmt::Debug>(what: &str, r: Result<T, Error<Never>>) {
@@ -221,6 +365,15 @@ where
     panic!("the store did not come back by itself")
 }
 
+/// A run id no earlier run used (PostgreSQL keeps records between runs).
+fn fresh_run(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{tag}-{}-{nanos}", std::process::id())
+}
+
 /// A bound on every call, so a hang fails the test instead of stalling it.
 async fn bounded<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(20), f)
@@ -228,20 +381,20 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
         .expect("a call hung while the store was down")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_crash_fails_closed_and_recovers() {
-    let Some(mut server) = Server::start() else { return };
+/// Calls before, during and after an outage: refused while down, no body runs, each intent runs
+/// exactly once across it.
+async fn outage_fails_closed_and_recovers(mut backend: Backend) {
     let ledger = Arc::new(Ledger::default());
     let (charge, wire) = (Charge(ledger.clone()), Wire(ledger.clone()));
-    let idem = idem(&server);
-    let run = idem.run("outage-crash");
+    let idem = backend.idem().await;
+    let run = idem.run(fresh_run("outage-calls"));
 
     for i in 0..3 {
         run.call(&charge, i).await.unwrap();
         run.call(&wire, i).await.unwrap();
     }
 
-    server.crash();
+    backend.down();
     for i in 0..6 {
         unavailable("charge while down", bounded(run.call(&charge, i)).await);
         unavailable("wire while down", bounded(run.call(&wire, i)).await);
@@ -251,7 +404,7 @@ async fn redis_crash_fails_closed_and_recovers() {
         assert_eq!(ledger.bodies("wire", i), 0, "no body may run while the store is down");
     }
 
-    server.spawn().expect("restart redis-server");
+    backend.up();
     until_back(&run, &charge, 0).await;
     for i in 0..6 {
         bounded(run.call(&charge, i)).await.unwrap();
@@ -265,16 +418,15 @@ async fn redis_crash_fails_closed_and_recovers() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_crash_during_a_call_runs_nothing_twice() {
-    let Some(mut server) = Server::start() else { return };
+/// The store goes away while bodies run: their outcomes cannot be stored. Afterwards the keyed
+/// repeat re-runs with the same key (one effect at the provider) and the never repeat does not run.
+async fn outage_during_a_call_runs_nothing_twice(mut backend: Backend) {
     let gate = Arc::new(Semaphore::new(0));
     let ledger = Arc::new(Ledger { gate: Some(gate.clone()), ..Ledger::default() });
     let (charge, wire) = (Arc::new(Charge(ledger.clone())), Arc::new(Wire(ledger.clone())));
-    let idem = idem(&server);
-    let run = idem.run("outage-mid-call");
+    let idem = backend.idem().await;
+    let run = idem.run(fresh_run("outage-mid-call"));
 
-    // Both bodies start (their claims are stored), then the server crashes under them.
     let first_charge = tokio::spawn({
         let (run, charge) = (run.clone(), charge.clone());
         async move { run.call(&*charge, 7).await }
@@ -283,69 +435,47 @@ async fn redis_crash_during_a_call_runs_nothing_twice() {
         let (run, wire) = (run.clone(), wire.clone());
         async move { run.call(&*wire, 7).await }
     });
-    while ledger.bodies("charge", 7) + ledger.bodies("wire", 7) < 2 {
+    for _ in 0..2000 {
+        if ledger.bodies("charge", 7) + ledger.bodies("wire", 7) == 2 {
+            break;
+        }
+        assert!(!first_charge.is_finished() && !first_wire.is_finished(), "a body did not start");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    server.crash();
+    assert_eq!(ledger.bodies("charge", 7) + ledger.bodies("wire", 7), 2, "both bodies started");
+    backend.down();
     gate.add_permits(2);
     // The effects happened; their outcomes could not be stored. The callers still get them.
     assert_eq!(bounded(first_charge).await.unwrap().unwrap(), "charge-7-attempt-1");
     assert_eq!(bounded(first_wire).await.unwrap().unwrap(), "wire-7-attempt-1");
 
-    server.spawn().expect("restart redis-server");
+    backend.up();
     gate.add_permits(100);
-    // The claims survived the crash, in flight: the keyed repeat takes over once the lease ends
-    // and re-runs with the same key (the provider deduplicates); the never repeat does not run.
+    // The claims survived, in flight: the keyed repeat takes over once the lease ends.
     let again = until_back(&run, &*charge, 7).await;
     assert_eq!(again, "charge-7-attempt-1", "the provider's one charge is replayed");
     assert_eq!(ledger.effects("charge", 7), 1, "exactly one charge");
     match bounded(run.call(&*wire, 7)).await {
         Err(Error::OutcomeUnknown { .. }) => {}
-        other => panic!("the wire's outcome is unknown after the crash, got {other:?}"),
+        other => panic!("the wire's outcome is unknown after the outage, got {other:?}"),
     }
     assert_eq!(ledger.bodies("wire", 7), 1, "a never tool never runs twice");
     assert_eq!(ledger.effects("wire", 7), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_hang_fails_closed_within_the_timeout_and_recovers() {
-    let Some(server) = Server::start() else { return };
-    let ledger = Arc::new(Ledger::default());
-    let charge = Charge(ledger.clone());
-    let idem = idem(&server);
-    let run = idem.run("outage-hang");
-    run.call(&charge, 0).await.unwrap();
-
-    // A hung server (no answers, connections stay open): the response timeout fails the call.
-    server.signal("STOP");
-    unavailable("charge while hung", bounded(run.call(&charge, 1)).await);
-    unavailable("replay while hung", bounded(run.call(&charge, 0)).await);
-    assert_eq!(ledger.bodies("charge", 1), 0, "no body may run while the store hangs");
-    server.signal("CONT");
-
-    // The hung claim may still have reached the server once it resumed: then intent 1 is in
-    // flight with no owner until its lease ends, and is taken over. Either way it runs once.
-    until_back(&run, &charge, 1).await;
-    assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
-    assert_eq!(ledger.bodies("charge", 0), 1);
-    assert_eq!(ledger.bodies("charge", 1), 1);
-}
-
-/// Worker processes hammer the intents while the server crashes and comes back: while it is down
-/// no body starts; afterwards every worker finishes by itself; across processes the keyed tool has
-/// exactly one effect per intent and the never tool at most one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_crash_under_worker_processes() {
-    use idem_tests::workers::{self, Action, Ledger, Log, Spec};
-    let Some(mut server) = Server::start() else { return };
-    let dir = workers::temp_dir("outage-workers");
-    let url = server.url();
+/// Worker processes hammer the intents while the store goes away and comes back: while it is
+/// down no body starts; afterwards every worker finishes by itself; across processes the keyed
+/// tool has exactly one effect per intent and the never tool at most one.
+async fn outage_under_worker_processes(mut backend: Backend, tag: &str) {
+    let dir = workers::temp_dir(tag);
+    let run = dir.file_name().and_then(|n| n.to_str()).unwrap_or(tag).to_owned();
+    let url = backend.worker_url();
     let spec = |id: &str, mode: &'static str| Spec {
         exe: env!("CARGO_BIN_EXE_idem-stress-worker").into(),
         mode,
         url: url.clone(),
         dir: dir.clone(),
-        run: "outage-workers".into(),
+        run: run.clone(),
         id: id.to_owned(),
         intents: 8,
         rounds: 2,
@@ -359,8 +489,8 @@ async fn redis_crash_under_worker_processes() {
     let busy = |l: &Log| l.all().iter().filter(|(_, line)| line.starts_with("BODY ")).count() >= 6;
     assert!(log.wait_until(Duration::from_secs(30), busy).await, "workers never got going");
 
-    server.crash();
-    // Bodies print right after their claim: one that claimed before the crash has printed by now.
+    backend.down();
+    // Bodies print right after their claim: one that claimed before the cut has printed by now.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let down_from = log.all().len();
     let refused = |l: &Log| {
@@ -368,7 +498,7 @@ async fn redis_crash_under_worker_processes() {
     };
     assert!(log.wait_until(Duration::from_secs(20), refused).await, "calls must fail while down");
     let down_to = log.all().len();
-    server.spawn().expect("restart redis-server");
+    backend.up();
 
     let bodies_while_down: Vec<_> = log.all()[down_from..down_to]
         .iter()
@@ -390,6 +520,77 @@ async fn redis_crash_under_worker_processes() {
         .expect("final task");
     assert!(exit.success, "final pass failed: {:?}", final_log.all());
     let (seen, finals) = (workers::answers(&log), workers::answers(&final_log));
-    workers::check(&Ledger::new(&dir), &seen, &finals, 8, &[], true);
+    workers::check(&Files::new(&dir), &seen, &finals, 8, &[], true);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_fails_closed_and_recovers() {
+        let Some(server) = Server::start() else { return };
+        outage_fails_closed_and_recovers(Backend::Redis(server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_during_a_call_runs_nothing_twice() {
+        let Some(server) = Server::start() else { return };
+        outage_during_a_call_runs_nothing_twice(Backend::Redis(server)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_under_worker_processes() {
+        let Some(server) = Server::start() else { return };
+        outage_under_worker_processes(Backend::Redis(server), "outage-redis").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hang_fails_closed_within_the_timeout_and_recovers() {
+        let Some(server) = Server::start() else { return };
+        let ledger = Arc::new(Ledger::default());
+        let charge = Charge(ledger.clone());
+        let store = idem_core::RedisStore::builder(server.url()).open_lazy().expect("store");
+        let idem = idem_on(Arc::new(store));
+        let run = idem.run(fresh_run("outage-hang"));
+        run.call(&charge, 0).await.unwrap();
+
+        // A hung server (no answers, connections stay open): the response timeout fails the call.
+        server.signal("STOP");
+        unavailable("charge while hung", bounded(run.call(&charge, 1)).await);
+        unavailable("replay while hung", bounded(run.call(&charge, 0)).await);
+        assert_eq!(ledger.bodies("charge", 1), 0, "no body may run while the store hangs");
+        server.signal("CONT");
+
+        // The hung claim may still have reached the server once it resumed: then intent 1 is in
+        // flight with no owner until its lease ends, and is taken over. Either way it runs once.
+        until_back(&run, &charge, 1).await;
+        assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+        assert_eq!(ledger.bodies("charge", 0), 1);
+        assert_eq!(ledger.bodies("charge", 1), 1);
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_fails_closed_and_recovers() {
+        let Some(proxy) = Proxy::start().await else { return };
+        outage_fails_closed_and_recovers(Backend::Postgres(Box::new(proxy))).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_during_a_call_runs_nothing_twice() {
+        let Some(proxy) = Proxy::start().await else { return };
+        outage_during_a_call_runs_nothing_twice(Backend::Postgres(Box::new(proxy))).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_under_worker_processes() {
+        let Some(proxy) = Proxy::start().await else { return };
+        outage_under_worker_processes(Backend::Postgres(Box::new(proxy)), "outage-pg").await;
+    }
 }
