@@ -22,7 +22,6 @@
 //! (comma-separated subset of `sqlite,postgres,redis`).
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -91,7 +90,13 @@ static DEF: ToolDef = ToolDef {
     name: "charge_card",
     description: "Charge a customer's card.",
     class: RetryClass::Keyed,
-    options: ToolOptions { attempts: None, attempt_timeout: None, budget: None, lease: None, ttl: None },
+    options: ToolOptions {
+        attempts: None,
+        attempt_timeout: None,
+        budget: None,
+        lease: None,
+        ttl: None,
+    },
 };
 
 struct ChargeCard;
@@ -106,17 +111,14 @@ impl Tool for ChargeCard {
     fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
         idem_core::canonicalize(args, out)
     }
-    fn run(
-        &self,
-        _cx: &Ctx,
-        args: ChargeArgs,
-    ) -> impl Future<Output = Result<Charge, NoError>> + Send {
-        async move { Ok(Charge { id: "ch_3PqR7s".into(), amount_cents: args.amount_cents }) }
+    async fn run(&self, _cx: &Ctx, args: ChargeArgs) -> Result<Charge, NoError> {
+        Ok(Charge { id: "ch_3PqR7s".into(), amount_cents: args.amount_cents })
     }
 }
 
 /// What a raw write stores: about what the store writes (a 64-hex-digit key, a short JSON value).
-const RAW_VALUE: &str = r#"{"id":"ch_3PqR7s","amount_cents":4900,"fp":"9f86d081884c7d659a2feaa0c55ad015"}"#;
+const RAW_VALUE: &str =
+    r#"{"id":"ch_3PqR7s","amount_cents":4900,"fp":"9f86d081884c7d659a2feaa0c55ad015"}"#;
 
 // ---------------------------------------------------------------------------------------------
 // Raw round trips.
@@ -125,7 +127,10 @@ enum Raw {
     /// One connection, same file and settings as the store (WAL, the same `synchronous`).
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
     /// Connections with prepared statements; calls go round-robin over them.
-    Postgres { conns: Vec<PgRaw>, next: AtomicU64 },
+    Postgres {
+        conns: Vec<PgRaw>,
+        next: AtomicU64,
+    },
     Redis(ConnectionManager),
 }
 
@@ -216,9 +221,11 @@ impl Raw {
     async fn read1_blocking(&self, key: &Arc<str>) {
         if let Raw::Sqlite(conn) = self {
             let (conn, key) = (Arc::clone(conn), Arc::clone(key));
-            let v = tokio::task::spawn_blocking(move || sqlite_read1(&conn.lock().expect("lock"), &key))
-                .await
-                .expect("join");
+            let v = tokio::task::spawn_blocking(move || {
+                sqlite_read1(&conn.lock().expect("lock"), &key)
+            })
+            .await
+            .expect("join");
             std::hint::black_box(v);
         }
     }
@@ -298,7 +305,8 @@ impl Subject {
             Op::Raw2 => self.raw.write2(&self.prefix, next()).await,
             Op::Raw1 => self.raw.read1(&self.read_keys[caller as usize]).await,
             Op::First => {
-                let out = self.run.call(&ChargeCard, charge_args(next())).await.expect("first call");
+                let out =
+                    self.run.call(&ChargeCard, charge_args(next())).await.expect("first call");
                 std::hint::black_box(out);
             }
             Op::Replay => {
@@ -320,7 +328,10 @@ impl Subject {
                     panic!("a new key is acquired")
                 };
                 let out = Outcome::Success(r#"{"id":"ch_3PqR7s","amount_cents":4901}"#.into());
-                store.complete(&key, fence, &out, Duration::from_secs(24 * 3600)).await.expect("complete");
+                store
+                    .complete(&key, fence, &out, Duration::from_secs(24 * 3600))
+                    .await
+                    .expect("complete");
             }
             Op::StoreReplay => {
                 let (key, fp) = self.key_of(&seed_args(caller));
@@ -444,7 +455,10 @@ async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, String) {
         read_keys: read_keys(&prefix),
         prefix,
     };
-    (subject, format!("journal_mode=WAL, synchronous={sync} (SQLite's default; the store sets none)"))
+    (
+        subject,
+        format!("journal_mode=WAL, synchronous={sync} (SQLite's default; the store sets none)"),
+    )
 }
 
 fn pg_schema(s: &Settings) -> String {
@@ -452,7 +466,8 @@ fn pg_schema(s: &Settings) -> String {
 }
 
 async fn pg_client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.expect("connect to PostgreSQL");
+    let (client, conn) =
+        config.connect(tokio_postgres::NoTls).await.expect("connect to PostgreSQL");
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -466,9 +481,12 @@ async fn pg_subject(s: &Settings, scope: &Scope, raw_conns: usize) -> Subject {
     admin.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await.expect("schema");
     let mut config = base.clone();
     config.options(format!("-c search_path={schema}"));
-    let store = PostgresStore::connect_with(config.clone(), idem_core::store::postgres::DEFAULT_CONNECTIONS)
-        .await
-        .expect("connect the PostgreSQL store");
+    let store = PostgresStore::connect_with(
+        config.clone(),
+        idem_core::store::postgres::DEFAULT_CONNECTIONS,
+    )
+    .await
+    .expect("connect the PostgreSQL store");
     admin
         .batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {schema}.bench_raw (key text PRIMARY KEY, val text NOT NULL)"
@@ -563,7 +581,8 @@ async fn cleanup(s: &Settings) {
                 .expect("SCAN");
             if !keys.is_empty() {
                 removed += keys.len();
-                let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.expect("DEL");
+                let _: i64 =
+                    redis::cmd("DEL").arg(&keys).query_async(&mut conn).await.expect("DEL");
             }
             cursor = next;
             if cursor == 0 {
@@ -609,11 +628,8 @@ impl Latencies {
     }
     /// The median over rounds of (median of `a` / median of `b`) in that round.
     fn ratio(&self, a: Op, b: Op) -> f64 {
-        let mut r: Vec<f64> = self
-            .rounds
-            .iter()
-            .filter_map(|m| Some(m.get(&a)? / m.get(&b)?))
-            .collect();
+        let mut r: Vec<f64> =
+            self.rounds.iter().filter_map(|m| Some(m.get(&a)? / m.get(&b)?)).collect();
         median_f(&mut r)
     }
 }
@@ -852,14 +868,18 @@ fn main() {
             );
         }
         if name == "postgres" {
-            println!("  (PostgreSQL raw under concurrency: {raw_conns} connections, as the store uses)");
+            println!(
+                "  (PostgreSQL raw under concurrency: {raw_conns} connections, as the store uses)"
+            );
         }
         summary.push((label, lat.median(Op::First), first, lat.median(Op::Replay), replay, tput));
     }
 
     let mut peer_line = None;
     if let (Some(python), Some((first, replay))) = (&s.python, redis_idem) {
-        println!("\n## Peer: AWS Powertools idempotent_function, RedisCachePersistenceLayer, same Redis");
+        println!(
+            "\n## Peer: AWS Powertools idempotent_function, RedisCachePersistenceLayer, same Redis"
+        );
         match run_peer(&s, python) {
             Ok(p) => {
                 println!(
