@@ -215,6 +215,7 @@ fn policy() -> Policy {
         failure_ttl: Duration::from_secs(600),
         backoff: Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(1) },
         cache_safe: false,
+        store_timeout: Duration::from_secs(5),
     }
 }
 
@@ -1028,4 +1029,317 @@ async fn a_duplicate_that_waits_past_its_budget_stops_and_the_first_call_is_unaf
     );
     assert!(waited <= Duration::from_secs(1), "never waits past its budget: {waited:?}");
     assert_eq!(tool.runs(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening found by adversarial testing.
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_outlives_the_retention_of_results() {
+    let opts = ToolOptions { ttl: Some(Duration::from_secs(3600)), ..Default::default() };
+    let tool = PayTool::new(RetryClass::Never, opts, &[Step::ChargeThenReset], Step::Succeed);
+    let run = executor().run("r");
+    assert!(matches!(run.call(&*tool, args("cus_1", 1)).await, Err(Error::OutcomeUnknown { .. })));
+    tokio::time::sleep(Duration::from_secs(48 * 3600)).await;
+    let later = run.call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(later, Err(Error::OutcomeUnknown { .. })), "{later:?}");
+    assert_eq!(tool.runs(), 1, "unknown until reconciled, not until the retention ends");
+}
+
+/// A store that accepts requests and never answers (a frozen server).
+struct FrozenStore;
+
+#[async_trait::async_trait]
+impl Store for FrozenStore {
+    async fn claim(&self, _: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        std::future::pending().await
+    }
+    async fn complete(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+        _: &idem_core::store::Outcome,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        std::future::pending().await
+    }
+    async fn release(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+    ) -> Result<(), StoreError> {
+        std::future::pending().await
+    }
+    async fn renew(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        std::future::pending().await
+    }
+    async fn wait(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        std::future::pending().await
+    }
+    async fn forget(&self, _: &idem_core::Key) -> Result<bool, StoreError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_store_fails_closed_within_the_budget() {
+    let idem = Idem::builder(FrozenStore)
+        .policy(Policy { budget: Duration::from_secs(1), ..policy() })
+        .build();
+    let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    let started = Instant::now();
+    let got = idem.run("r").call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
+    assert!(started.elapsed() <= Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(tool.runs(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_claim_answer_is_released_so_nothing_is_left_owned() {
+    /// Answers claims after 10 s, by which time the caller has given up.
+    struct Slow(MemoryStore);
+    #[async_trait::async_trait]
+    impl Store for Slow {
+        async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            self.0.claim(req).await
+        }
+        async fn complete(
+            &self,
+            k: &idem_core::Key,
+            f: idem_core::store::Fence,
+            o: &idem_core::store::Outcome,
+            t: Duration,
+        ) -> Result<(), StoreError> {
+            self.0.complete(k, f, o, t).await
+        }
+        async fn release(
+            &self,
+            k: &idem_core::Key,
+            f: idem_core::store::Fence,
+        ) -> Result<(), StoreError> {
+            self.0.release(k, f).await
+        }
+        async fn renew(
+            &self,
+            k: &idem_core::Key,
+            f: idem_core::store::Fence,
+            l: Duration,
+        ) -> Result<(), StoreError> {
+            self.0.renew(k, f, l).await
+        }
+        async fn wait(
+            &self,
+            k: &idem_core::Key,
+            f: idem_core::store::Fence,
+            m: Duration,
+        ) -> Result<(), StoreError> {
+            self.0.wait(k, f, m).await
+        }
+        async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+            self.0.forget(k).await
+        }
+    }
+    let store = Arc::new(Slow(MemoryStore::new()));
+    let hasty =
+        executor_on(store.clone(), Policy { store_timeout: Duration::from_secs(1), ..policy() });
+    let tool = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::Succeed);
+    let got = hasty.run("r").call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
+    // The claim lands later and is released in the background: the never tool is not stuck as
+    // "unknown", and a patient caller runs it once.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(store.0.len(), 0, "the late claim was released");
+    let patient = executor_on(store, Policy { store_timeout: Duration::from_secs(60), ..policy() });
+    assert_eq!(patient.run("r").call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
+    assert_eq!(tool.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_durations_and_retry_after_hints_do_not_panic() {
+    let unlimited = Policy {
+        attempt_timeout: Duration::MAX,
+        budget: Duration::MAX,
+        lease: Duration::MAX,
+        ttl: Duration::MAX,
+        failure_ttl: Duration::MAX,
+        store_timeout: Duration::MAX,
+        ..policy()
+    };
+    let tool =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let run = executor_on(Arc::new(MemoryStore::new()), unlimited).run("r");
+    assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
+    assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1", "replayed");
+
+    /// Rate limited with a retry-after of u64::MAX milliseconds.
+    struct Forever;
+    impl Tool for Forever {
+        type Args = ChargeArgs;
+        type Output = u32;
+        type Error = RateLimited;
+        fn def(&self) -> &'static ToolDef {
+            &RATE_LIMITED_DEF
+        }
+        fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
+            idem_core::canonicalize(args, out)
+        }
+        fn run(
+            &self,
+            _cx: &Ctx,
+            _args: ChargeArgs,
+        ) -> impl std::future::Future<Output = Result<u32, RateLimited>> + Send {
+            async { Err(RateLimited { after_ms: u64::MAX }) }
+        }
+    }
+    let got = executor().run("r").call(&Forever, args("q", 1)).await;
+    assert!(
+        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
+        "{got:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_renewed_while_waiting_out_a_retry_after_hint() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let short_lease = Policy { lease: Duration::from_millis(100), ..policy() };
+    let (a, b) = (executor_on(store.clone(), short_lease), executor_on(store, short_lease));
+    let tool = RateLimitedTool { runs: AtomicUsize::new(0) };
+    static CACHED: ToolDef = ToolDef { class: RetryClass::Keyed, ..RATE_LIMITED_DEF };
+    struct Keyed<'a>(&'a RateLimitedTool);
+    impl Tool for Keyed<'static> {
+        type Args = ChargeArgs;
+        type Output = u32;
+        type Error = RateLimited;
+        fn def(&self) -> &'static ToolDef {
+            &CACHED
+        }
+        fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
+            idem_core::canonicalize(args, out)
+        }
+        fn run(
+            &self,
+            cx: &Ctx,
+            args: ChargeArgs,
+        ) -> impl std::future::Future<Output = Result<u32, RateLimited>> + Send {
+            self.0.run(cx, args)
+        }
+    }
+    let tool: &'static RateLimitedTool = Box::leak(Box::new(tool));
+    let keyed = Keyed(tool);
+    let run_a = a.run("r");
+    let first = run_a.call(&keyed, args("q", 1));
+    let second = async {
+        // During the 5 s retry-after pause, long past the 100 ms lease.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        b.run("r").call(&keyed, args("q", 1)).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), 42);
+    assert_eq!(second.unwrap(), 42);
+    assert_eq!(
+        tool.runs.load(Ordering::SeqCst),
+        2,
+        "one rate-limited attempt, one retry; no takeover"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_abandoned_by_cancelled_callers_are_swept() {
+    let store = Arc::new(MemoryStore::with_sweep_interval(Duration::from_secs(1)));
+    let idem = executor_on(store.clone(), Policy { lease: Duration::from_secs(2), ..policy() });
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_secs(3600)),
+    );
+    let run = idem.run("r");
+    for i in 0..2000 {
+        // The caller gives up while the tool runs: the claim stays until its lease ends.
+        let _ =
+            tokio::time::timeout(Duration::from_millis(1), run.call(&*tool, args("cus", i))).await;
+    }
+    assert!(store.len() >= 2000);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let _ = tokio::time::timeout(Duration::from_millis(1), run.call(&*tool, args("last", 0))).await;
+    assert_eq!(store.len(), 1, "expired leases of re-runnable tools are swept");
+}
+
+/// A memory store whose `complete` fails as if the server went down after the claim.
+struct CompleteFails(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for CompleteFails {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.0.claim(req).await
+    }
+    async fn complete(
+        &self,
+        _: &idem_core::Key,
+        _: idem_core::store::Fence,
+        _: &idem_core::store::Outcome,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn release(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+    ) -> Result<(), StoreError> {
+        self.0.release(k, f).await
+    }
+    async fn renew(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+        l: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.renew(k, f, l).await
+    }
+    async fn wait(
+        &self,
+        k: &idem_core::Key,
+        f: idem_core::store::Fence,
+        m: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.wait(k, f, m).await
+    }
+    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+        self.0.forget(k).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
+    let idem = executor_on(Arc::new(CompleteFails(MemoryStore::new())), policy());
+    let run = idem.run("r");
+    // A never tool whose attempt was ambiguous: "unknown", not "nothing was executed".
+    let never = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::ChargeThenReset);
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    // Once its lease ends the claim reads as unknown too; the tool never runs again.
+    tokio::time::sleep(policy().lease * 2).await;
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    assert_eq!(never.runs(), 1);
+
+    // A declined card: the caller gets the decline, not a store error.
+    let keyed = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Decline);
+    let got = run.call(&*keyed, args("cus_2", 1)).await;
+    assert!(matches!(got, Err(Error::Tool { error: PayError::Declined(_), .. })), "{got:?}");
+    // A success: the caller gets the charge.
+    let ok = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    assert_eq!(run.call(&*ok, args("cus_3", 1)).await.unwrap(), "ch_1");
 }

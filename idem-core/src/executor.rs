@@ -14,6 +14,7 @@ use tracing::field::Empty;
 
 use crate::budget::RetryBudget;
 use crate::class::RetryClass;
+use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
 use crate::error::{BudgetKind, Error};
 use crate::failure::{Classify, FailureKind};
@@ -227,7 +228,7 @@ impl Run {
             key,
             fingerprint,
             policy,
-            deadline: Instant::now() + policy.budget,
+            deadline: later(Instant::now(), policy.budget),
             span: span.clone(),
         };
         let result = call.execute(args).instrument(span.clone()).await;
@@ -378,13 +379,7 @@ impl<T: Tool> Call<'_, T> {
         };
         let store = &self.inner.store;
         let fence = loop {
-            let req = ClaimRequest {
-                key: &self.key,
-                fingerprint: &self.fingerprint,
-                lease: self.policy.lease,
-                on_expired,
-            };
-            match store.claim(req).await {
+            match self.claim(on_expired).await {
                 Ok(Claim::Acquired { fence, .. }) => break fence,
                 Ok(Claim::InFlight { fence, lease_remaining }) => {
                     let now = Instant::now();
@@ -395,7 +390,9 @@ impl<T: Tool> Call<'_, T> {
                         });
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
-                    if let Err(e) = store.wait(&self.key, fence, max).await {
+                    // A store that stops answering is caught by the next claim's timeout.
+                    let waited = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
+                    if let Ok(Err(e)) = waited {
                         return Err(self.store_error(e));
                     }
                 }
@@ -420,6 +417,85 @@ impl<T: Tool> Call<'_, T> {
         };
         self.outcome("executed");
         self.attempts(args, Some(fence)).await
+    }
+
+    /// One claim, bounded by the call's budget and the store timeout. A claim that does not
+    /// answer in time is finished in the background and released if it acquired, so a slow store
+    /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
+    async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        let bound = later(now, self.policy.store_timeout).min(self.deadline);
+        let store = Arc::clone(&self.inner.store);
+        let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
+        let mut claim = Box::pin(async move {
+            let req = ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired };
+            store.claim(req).await
+        });
+        match tokio::time::timeout_at(bound, &mut claim).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let store = Arc::clone(&self.inner.store);
+                tokio::spawn(async move {
+                    if let Ok(Claim::Acquired { fence, .. }) = claim.await {
+                        let _ = store.release(&key, fence).await;
+                    }
+                });
+                Err(StoreError::unavailable(format!(
+                    "the store did not answer the claim within {:?}",
+                    bound.saturating_duration_since(now)
+                )))
+            }
+        }
+    }
+
+    /// A store step after the claim (complete, release, renew), bounded by the store timeout,
+    /// not by the call's budget: the tool's work is done and its outcome should be kept.
+    async fn bounded(
+        &self,
+        step: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        let timeout = self.policy.store_timeout;
+        match tokio::time::timeout(timeout, step).await {
+            Ok(result) => result,
+            Err(_) => {
+                Err(StoreError::unavailable(format!("the store did not answer within {timeout:?}")))
+            }
+        }
+    }
+
+    async fn release(&self, fence: Fence) {
+        // A failed release only delays the next claim until the lease ends.
+        let _ = self.bounded(self.inner.store.release(&self.key, fence)).await;
+    }
+
+    async fn renew(&self, fence: Fence) {
+        if let Err(e) =
+            self.bounded(self.inner.store.renew(&self.key, fence, self.policy.lease)).await
+        {
+            // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
+            // LeaseLost when the outcome is stored.
+            tracing::warn!(error = %e, "lease renewal failed");
+        }
+    }
+
+    /// Sleeps `pause` before a retry, still renewing the lease (a provider's retry-after may be
+    /// longer than the lease).
+    async fn pause(&self, fence: Option<Fence>, pause: Duration) {
+        let until = later(Instant::now(), pause);
+        let Some(fence) = fence else {
+            tokio::time::sleep_until(until).await;
+            return;
+        };
+        let period = self.policy.lease / 3;
+        loop {
+            let next = later(Instant::now(), period);
+            if next >= until {
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+            tokio::time::sleep_until(next).await;
+            self.renew(fence).await;
+        }
     }
 
     fn store_error(&self, e: StoreError) -> Error<T::Error> {
@@ -456,14 +532,14 @@ impl<T: Tool> Call<'_, T> {
                 // Waiting for a duplicate used the whole budget: starting an attempt that would
                 // time out at once would only make its outcome ambiguous.
                 if let Some(fence) = fence {
-                    let _ = self.inner.store.release(&self.key, fence).await;
+                    self.release(fence).await;
                 }
                 return Err(Error::BudgetExhausted {
                     tool: self.name(),
                     budget: BudgetKind::WallClock,
                 });
             }
-            let attempt_deadline = (started + self.policy.attempt_timeout).min(self.deadline);
+            let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
             // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
             let this_args = match args.take() {
@@ -499,14 +575,16 @@ impl<T: Tool> Call<'_, T> {
                         match serde_json::to_string(error) {
                             Ok(json) => {
                                 let outcome = Outcome::Failure(json);
-                                self.store_outcome(fence, &outcome, self.policy.failure_ttl)
-                                    .await?;
+                                let ttl = self.policy.failure_ttl;
+                                // Not stored (store down, lease lost): the caller still gets the
+                                // tool's answer; the claim ends with its lease.
+                                if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
+                                    tracing::warn!(error = %e, "permanent failure not stored");
+                                }
                             }
                             // A permanent failure means nothing happened: freeing the key is
                             // safe, and better than storing what cannot be replayed.
-                            Err(_) => {
-                                let _ = self.inner.store.release(&self.key, fence).await;
-                            }
+                            Err(_) => self.release(fence).await,
                         }
                     }
                     return Err(err);
@@ -514,10 +592,16 @@ impl<T: Tool> Call<'_, T> {
                 (FailureKind::Ambiguous, RetryClass::Never) => {
                     budget.on_failure();
                     if let Some(fence) = fence {
-                        self.store_outcome(fence, &Outcome::Unknown, self.policy.ttl).await?;
+                        // Kept until someone reconciles it, not for the retention of a result:
+                        // expiring it would let the tool run a second time. If the store cannot
+                        // take it, the claim stays in flight and reads as unknown once its lease
+                        // ends: either way the honest answer is "unknown", never "not executed".
+                        if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await
+                        {
+                            tracing::warn!(error = %e, "unknown outcome not stored");
+                        }
                     }
                     self.outcome("unknown");
-                    let _ = as_error(error);
                     return Err(Error::OutcomeUnknown { tool: self.name(), key: self.key });
                 }
                 (FailureKind::Transient | FailureKind::Ambiguous, _) => {
@@ -530,10 +614,10 @@ impl<T: Tool> Call<'_, T> {
                         let ceiling = self.policy.backoff.ceiling(attempt);
                         let jitter = self.jitter(ceiling);
                         let pause = jitter.max(failure.retry_after.unwrap_or_default());
-                        if Instant::now() + pause >= self.deadline {
+                        if later(Instant::now(), pause) >= self.deadline {
                             Some(Some(BudgetKind::WallClock))
                         } else {
-                            tokio::time::sleep(pause).await;
+                            self.pause(fence, pause).await;
                             None
                         }
                     };
@@ -541,7 +625,7 @@ impl<T: Tool> Call<'_, T> {
                     if let Some(fence) = fence {
                         // Nothing is stored: a later call claims again and, for a keyed tool,
                         // re-runs with the same key so the provider deduplicates.
-                        let _ = self.inner.store.release(&self.key, fence).await;
+                        self.release(fence).await;
                     }
                     return Err(match budget_kind {
                         None => as_error(error),
@@ -605,9 +689,7 @@ impl<T: Tool> Call<'_, T> {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), Error<T::Error>> {
-        self.inner
-            .store
-            .complete(&self.key, fence, outcome, ttl)
+        self.bounded(self.inner.store.complete(&self.key, fence, outcome, ttl))
             .await
             .map_err(|e| self.store_error(e))
     }
@@ -635,7 +717,7 @@ impl<T: Tool> Call<'_, T> {
                 () = &mut timeout => Attempt::TimedOut,
             };
         };
-        let period = (self.policy.lease / 3).max(Duration::from_millis(1));
+        let period = self.policy.lease / 3;
         let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
         loop {
             tokio::select! {
@@ -643,12 +725,8 @@ impl<T: Tool> Call<'_, T> {
                 ended = &mut work => return Attempt::Done(ended),
                 () = &mut timeout => return Attempt::TimedOut,
                 () = &mut renew_at => {
-                    if let Err(e) = self.inner.store.renew(&self.key, fence, self.policy.lease).await {
-                        // Keep running: stopping mid-effect is itself ambiguous. A lost lease
-                        // surfaces as LeaseLost when the outcome is stored.
-                        tracing::warn!(error = %e, "lease renewal failed");
-                    }
-                    renew_at.as_mut().reset(Instant::now() + period);
+                    self.renew(fence).await;
+                    renew_at.as_mut().reset(later(Instant::now(), period));
                 }
             }
         }

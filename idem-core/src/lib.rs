@@ -15,6 +15,7 @@
 mod budget;
 mod canonical;
 mod class;
+mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod ctx;
@@ -31,6 +32,7 @@ pub mod toolset;
 
 pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
+pub use clock::FOREVER;
 pub use ctx::Ctx;
 pub use error::{BudgetKind, Error};
 pub use executor::{Idem, IdemBuilder, Run};

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::class::RetryClass;
+use crate::clock::FOREVER;
 
 /// Exponential backoff with full jitter: before retry `n` (1-based) the executor sleeps
 /// `random(0, min(cap, base * 2^(n-1)))`, or the failure's retry-after hint if longer
@@ -33,6 +34,9 @@ impl Backoff {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// Attempts in all, the first included. Default 3; `never` tools always get 1.
+    ///
+    /// Every duration below is capped at 100 years ([`crate::FOREVER`]), so `Duration::MAX`
+    /// can be used for "no limit".
     pub attempts: u32,
     /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s.
     pub attempt_timeout: Duration,
@@ -50,6 +54,9 @@ pub struct Policy {
     /// Whether `safe` tools store and replay their result for `ttl`. Default off: safe tools then
     /// only share in-flight duplicates within the process and never touch the store.
     pub cache_safe: bool,
+    /// How long one store operation may take before it counts as the store being unavailable.
+    /// A claim is also bounded by the call's wall-clock budget. Default 5 s.
+    pub store_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -63,6 +70,7 @@ impl Default for Policy {
             failure_ttl: Duration::from_secs(3600),
             backoff: Backoff::default(),
             cache_safe: false,
+            store_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -105,6 +113,18 @@ impl Policy {
             RetryClass::Never => 1,
             _ => self.attempts.max(1),
         };
+        // `Duration::MAX` means "no limit"; stores and instants get at most a century.
+        for d in [
+            &mut self.attempt_timeout,
+            &mut self.budget,
+            &mut self.lease,
+            &mut self.ttl,
+            &mut self.failure_ttl,
+            &mut self.store_timeout,
+        ] {
+            *d = (*d).min(FOREVER);
+        }
+        self.lease = self.lease.max(Duration::from_millis(1));
         self
     }
 }

@@ -569,7 +569,15 @@ impl ToolSet {
         if !self.tools.contains_key(name) {
             return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
         }
-        let run = mcp_run(run, params.get("_meta").and_then(Value::as_object))?;
+        let meta = match params.get("_meta") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(meta)) => Some(meta),
+            // Ignoring it would drop a caller's idempotency key and run the tool unprotected.
+            Some(_) => {
+                return Err(McpProtocolError::invalid_params("`_meta` must be a JSON object"));
+            }
+        };
+        let run = mcp_run(run, meta)?;
         let args = match params.get("arguments") {
             None | Some(Value::Null) => Arguments::Absent,
             Some(args) => Arguments::Json(args),
@@ -623,18 +631,31 @@ fn parse_args<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A,
         Arguments::Absent => &empty,
         Arguments::Text(text) if text.trim().is_empty() => &empty,
         Arguments::Text(text) => {
-            parsed = serde_json::from_str::<Value>(text).map_err(|e| {
+            // Straight from the text into the typed arguments: a `Value` would keep only the last
+            // of two duplicate keys, and turn integers beyond 64 bits into floats.
+            let mut de = serde_json::Deserializer::from_str(text);
+            let typed = serde_path_to_error::deserialize(&mut de);
+            let syntax = |e: &serde_json::Error| {
                 let mut msg = format!(
                     "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
                 );
                 if text.contains("NaN") || text.contains("Infinity") {
-                    msg.push_str(
-                        " (JSON has no NaN or Infinity: pass a finite number)",
-                    );
+                    msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
                 }
                 msg
-            })?;
-            &parsed
+            };
+            match typed {
+                Ok(args) => return de.end().map(|()| args).map_err(|e| syntax(&e)),
+                Err(e) if e.inner().is_syntax() || e.inner().is_eof() => {
+                    return Err(syntax(e.inner()));
+                }
+                Err(e) if text.trim_start().starts_with('{') => return Err(field_error(tool, &e)),
+                // Not an object: say what it is, below.
+                Err(e) => {
+                    parsed = serde_json::from_str::<Value>(text).map_err(|_| syntax(e.inner()))?;
+                    &parsed
+                }
+            }
         }
     };
     if !value.is_object() {
@@ -643,16 +664,18 @@ fn parse_args<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A,
             json_type(value)
         ));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let mut msg = format!("invalid arguments for `{tool}`: ");
-        if path != "." {
-            let _ = write!(msg, "field `{path}`: ");
-        }
-        let _ =
-            write!(msg, "{}; nothing was executed, fix the arguments and call again", e.inner());
-        msg
-    })
+    serde_path_to_error::deserialize(value).map_err(|e| field_error(tool, &e))
+}
+
+/// "invalid arguments for `tool`: field `a.b`: <what serde said>; ...".
+fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> String {
+    let path = e.path().to_string();
+    let mut msg = format!("invalid arguments for `{tool}`: ");
+    if path != "." {
+        let _ = write!(msg, "field `{path}`: ");
+    }
+    let _ = write!(msg, "{}; nothing was executed, fix the arguments and call again", e.inner());
+    msg
 }
 
 fn json_type(v: &Value) -> &'static str {

@@ -12,12 +12,22 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use crate::clock::later;
 use crate::key::{Fingerprint, Key};
 
 #[derive(Debug)]
 enum State {
-    InFlight { fence: Fence, lease_until: Instant },
-    Done { outcome: Outcome, expires: Instant },
+    /// `on_expired` of the claim: an expired lease that may be taken over can also be swept
+    /// (the next claim would re-run it anyway); one that would answer `Unknown` must stay.
+    InFlight {
+        fence: Fence,
+        lease_until: Instant,
+        on_expired: OnExpired,
+    },
+    Done {
+        outcome: Outcome,
+        expires: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -37,6 +47,13 @@ impl Entry {
     /// Whether retention has removed this record (a done record past its TTL).
     fn expired(&self, now: Instant) -> bool {
         matches!(self.state, State::Done { expires, .. } if expires <= now)
+    }
+    /// Whether a sweep may drop it: expired, or abandoned by an owner whose lease ended and whose
+    /// tool may be re-run.
+    fn sweepable(&self, now: Instant) -> bool {
+        self.expired(now)
+            || matches!(self.state, State::InFlight { lease_until, on_expired: OnExpired::TakeOver, .. }
+                if lease_until <= now)
     }
 }
 
@@ -76,7 +93,7 @@ impl MemoryStore {
         MemoryStore {
             map: Mutex::new(Map {
                 entries: HashMap::new(),
-                next_sweep: Instant::now() + interval,
+                next_sweep: later(Instant::now(), interval),
                 sweep_at_len: MIN_SWEEP_LEN,
             }),
             fences: AtomicU64::new(0),
@@ -108,8 +125,8 @@ impl MemoryStore {
         if now < map.next_sweep && map.entries.len() < map.sweep_at_len {
             return;
         }
-        map.entries.retain(|_, e| !e.expired(now));
-        map.next_sweep = now + self.sweep_interval;
+        map.entries.retain(|_, e| !e.sweepable(now));
+        map.next_sweep = later(now, self.sweep_interval);
         map.sweep_at_len = (map.entries.len() * 2).max(MIN_SWEEP_LEN);
     }
 }
@@ -122,7 +139,11 @@ impl Store for MemoryStore {
         self.maybe_sweep(&mut map, now);
         let acquire = |fence| Entry {
             fingerprint: *req.fingerprint,
-            state: State::InFlight { fence, lease_until: now + req.lease },
+            state: State::InFlight {
+                fence,
+                lease_until: later(now, req.lease),
+                on_expired: req.on_expired,
+            },
             waiters: None,
         };
         let Some(entry) = map.entries.get_mut(req.key) else {
@@ -143,7 +164,7 @@ impl Store for MemoryStore {
                 fingerprint: entry.fingerprint,
                 outcome: outcome.clone(),
             })),
-            State::InFlight { fence, lease_until } if *lease_until > now => {
+            State::InFlight { fence, lease_until, .. } if *lease_until > now => {
                 Ok(Claim::InFlight { fence: *fence, lease_remaining: *lease_until - now })
             }
             State::InFlight { .. } => match req.on_expired {
@@ -151,7 +172,11 @@ impl Store for MemoryStore {
                 OnExpired::TakeOver => {
                     let fence = self.next_fence();
                     entry.wake();
-                    entry.state = State::InFlight { fence, lease_until: now + req.lease };
+                    entry.state = State::InFlight {
+                        fence,
+                        lease_until: later(now, req.lease),
+                        on_expired: req.on_expired,
+                    };
                     Ok(Claim::Acquired { fence, takeover: true })
                 }
             },
@@ -169,7 +194,7 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         match map.entries.get_mut(key) {
             Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
-                e.state = State::Done { outcome: outcome.clone(), expires: now + ttl };
+                e.state = State::Done { outcome: outcome.clone(), expires: later(now, ttl) };
                 e.wake();
                 Ok(())
             }
@@ -193,8 +218,10 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut map = self.lock();
         match map.entries.get_mut(key) {
-            Some(Entry { state: State::InFlight { fence: f, lease_until }, .. }) if *f == fence => {
-                *lease_until = now + lease;
+            Some(Entry { state: State::InFlight { fence: f, lease_until, .. }, .. })
+                if *f == fence =>
+            {
+                *lease_until = later(now, lease);
                 Ok(())
             }
             _ => Err(StoreError::LeaseLost),
@@ -207,7 +234,7 @@ impl Store for MemoryStore {
             let mut map = self.lock();
             match map.entries.get_mut(key) {
                 Some(e) => match e.state {
-                    State::InFlight { fence: f, lease_until }
+                    State::InFlight { fence: f, lease_until, .. }
                         if f == fence && lease_until > now =>
                     {
                         // Wake at lease expiry at the latest: a takeover needs a claim to happen.
@@ -249,7 +276,7 @@ impl MemoryStore {
         let now = Instant::now();
         matches!(
             self.lock().entries.get(key),
-            Some(Entry { state: State::InFlight { fence: f, lease_until }, .. })
+            Some(Entry { state: State::InFlight { fence: f, lease_until, .. }, .. })
                 if *f == fence && *lease_until > now
         )
     }

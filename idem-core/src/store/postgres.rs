@@ -370,7 +370,15 @@ impl PostgresStore {
 
 /// Opens one connection, checks or creates the schema, and prepares the statements.
 async fn open(config: &Config) -> Result<Conn, StoreError> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(pg)?;
+    // `connect_timeout` bounds only the TCP connect; a server that accepts and never answers
+    // the startup handshake would hang here without this bound.
+    let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
+    let connected = tokio::time::timeout(bound, config.connect(NoTls)).await.map_err(|_| {
+        StoreError::unavailable(format!(
+            "PostgreSQL accepted the connection but did not complete the startup within {bound:?}"
+        ))
+    })?;
+    let (mut client, connection) = connected.map_err(pg)?;
     tokio::spawn(async move {
         // Ends when the client is dropped or the connection breaks; the error resurfaces as
         // the next statement's error.
@@ -449,7 +457,10 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
 async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+        let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
+        if let Ok(Ok((client, mut connection))) =
+            tokio::time::timeout(bound, config.connect(NoTls)).await
+        {
             let driver = {
                 let waiters = Arc::clone(&waiters);
                 async move {

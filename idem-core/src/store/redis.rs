@@ -24,13 +24,14 @@
 //! answer [`Claim::Unknown`] to a `never` tool until an operator forgets it.
 //!
 //! # Fences
-//! A new fence is `max(counter + 1, server time in µs)` and is written back to the counter.
-//! The counter outlives the record (its TTL is the record's lifetime plus
-//! [`FENCE_COUNTER_GRACE`], refreshed by claim and complete), so fences strictly increase across
-//! release, takeover, forget and retention expiry even if the server's clock steps back. Once a
-//! key has been idle past that grace the counter is gone and the next fence comes from the clock,
-//! which has moved on by at least the grace: fences still increase, and no counter is kept forever
-//! for a key nobody uses.
+//! A new fence is `max(counter + 1, server time in µs)` and is written back to the counter, so
+//! fences look like timestamps (about 1.8e15 today; exact in Lua's doubles below 2^53, that is
+//! until the year 2255). The counter's TTL is the lease or the retention plus
+//! [`FENCE_COUNTER_GRACE`], refreshed by claim, renew and complete, so while a key is in use
+//! fences strictly increase across release, takeover, forget and retention expiry even if the
+//! server's clock steps back. Once a key has been idle past that grace the counter is gone and the
+//! next fence comes from the clock, which has moved on by at least the grace: fences still
+//! increase, and no counter is kept forever for a key nobody uses.
 //!
 //! # Waiting
 //! [`Store::wait`] subscribes to the key's channel on a dedicated RESP3 connection (one per
@@ -42,8 +43,12 @@
 //! # Failures
 //! A server that cannot be reached or does not answer within the response timeout (default 1 s)
 //! gives [`StoreError::Unavailable`] with the cause. The connection manager reconnects by itself:
-//! calls work again once the server is back. A record written by another schema version, or a key
-//! of another type, gives [`StoreError::Incompatible`] and is never replayed.
+//! calls work again once the server is back. A script whose answer timed out may still have run
+//! (a hung server that resumes): a claim then leaves an in-flight record that nobody holds, which a
+//! keyed or safe tool takes over when its lease ends and a `never` tool reports as
+//! [`Claim::Unknown`]; complete, release and renew are fenced, so repeating them is harmless. A
+//! record written by another schema version, or a key of another type, gives
+//! [`StoreError::Incompatible`] and is never replayed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

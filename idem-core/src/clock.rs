@@ -1,0 +1,16 @@
+//! Instants far in the future without overflow: a policy may say `Duration::MAX` for "no limit",
+//! and a provider's retry-after hint comes from outside.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The longest duration idem hands to a store or adds to an instant: 100 years. Every store can
+/// represent it (SQLite and Redis count milliseconds in an i64, PostgreSQL intervals reach
+/// millions of years), and it is "forever" for any record.
+pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + d`, saturating at `now + FOREVER`.
+pub(crate) fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d.min(FOREVER)).unwrap_or(now)
+}

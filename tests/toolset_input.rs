@@ -1,0 +1,75 @@
+//! What a model can send through a tool set: every malformed call is a readable error, and the
+//! tool runs only on arguments that mean exactly one thing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_core::{Classify, Failure, Idem, ToolSet, tool};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl Classify for Declined {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Charge a card.
+#[tool(retry = "keyed")]
+async fn charge(customer: String, amount_cents: u64, reference: i128) -> Result<String, Declined> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{customer}:{amount_cents}:{reference}"))
+}
+
+fn set() -> ToolSet {
+    ToolSet::new().with(ChargeTool).unwrap()
+}
+
+#[tokio::test]
+async fn malformed_text_arguments_are_refused_and_nothing_runs() {
+    let (set, run) = (set(), Idem::in_memory().run("r"));
+    let cases = [
+        (
+            r#"{"customer":"c","amount_cents":5,"amount_cents":700000,"reference":1}"#,
+            "duplicate field `amount_cents`",
+        ),
+        (r#"{"customer":"c","amount_cents":5,"reference":1} trailing"#, "not valid JSON"),
+        (r#"{"customer":"c","amount_cents":5"#, "not valid JSON"),
+        (r#"[1, 2]"#, "must be a JSON object, not an array"),
+        (r#"{"customer":"c","amount_cents":NaN,"reference":1}"#, "no NaN"),
+        (r#"{"customer":"c","amount_cents":-5,"reference":1}"#, "field `amount_cents`"),
+    ];
+    for (text, expected) in cases {
+        let result = set.call_text(&run, "charge", text).await;
+        assert!(result.is_error, "{text}: {result:?}");
+        assert_eq!(result.error_kind, Some("invalid_arguments"), "{text}");
+        assert!(result.text.contains(expected), "{text}: {}", result.text);
+    }
+    assert_eq!(RUNS.load(Ordering::SeqCst), 0, "no malformed call ran the tool");
+
+    // Integers beyond 64 bits reach an i128 parameter exactly.
+    let big =
+        r#"{"customer":"c","amount_cents":5,"reference":-170141183460469231731687303715884105728}"#;
+    let result = set.call_text(&run, "charge", big).await;
+    assert!(!result.is_error, "{result:?}");
+    assert_eq!(result.content, json!("c:5:-170141183460469231731687303715884105728"));
+    assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_mcp_meta_that_is_not_an_object_is_a_protocol_error() {
+    let (set, run) = (set(), Idem::in_memory().run("r"));
+    let params = json!({
+        "name": "charge",
+        "arguments": {"customer": "c", "amount_cents": 5, "reference": 1},
+        "_meta": "idem/idempotencyKey=order-1",
+    });
+    let err = set.call_mcp(&run, &params).await.unwrap_err();
+    assert_eq!(err.code, -32602);
+    assert!(err.message.contains("_meta"), "{}", err.message);
+}
