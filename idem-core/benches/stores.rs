@@ -840,8 +840,15 @@ fn main() {
             // SQLite raw through spawn_blocking: blocking the runtime's workers is not a baseline an
             // async caller could use.
             let ops = match subject.raw {
-                Raw::Sqlite(_) => [Op::Raw2Blocking, Op::First, Op::Raw1Blocking, Op::Replay],
-                _ => [Op::Raw2, Op::First, Op::Raw1, Op::Replay],
+                Raw::Sqlite(_) => [
+                    Op::Raw2Blocking,
+                    Op::First,
+                    Op::Raw1Blocking,
+                    Op::Replay,
+                    Op::StoreFirst,
+                    Op::StoreReplay,
+                ],
+                _ => [Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay],
             };
             let mut per: BTreeMap<Op, Vec<f64>> = BTreeMap::new();
             for &op in &ops {
