@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
 use crate::parse::Class;
-use crate::validate::{Model, Param};
+use crate::validate::Model;
 
 /// On failure: the fn as written (minus our parameter markers) and the errors, so that one
 /// mistake gives one message instead of one per call site.
@@ -153,40 +153,30 @@ fn checks(model: &Model) -> TokenStream {
     quote!(const { #out })
 }
 
-/// The arguments struct's derives and serde/schemars settings.
-///
-/// Unknown fields are refused (`deny_unknown_fields`, and `additionalProperties: false` in the
-/// schema): a field the model invents (`"currency": "EUR"` on a tool without one) would otherwise
-/// be dropped silently while the model believes it was applied; refused, it comes back as an
-/// error naming the field, which the model can correct.
-fn args_header() -> TokenStream {
+/// `impl Fields for #fields_ty { .. }`: the parameters' names (the JSON keys) and which ones
+/// are skipped, for the generic `idem_core::__private::Args`, whose `Serialize`, `Deserialize`
+/// and `JsonSchema` are written once in idem-core instead of derived for every tool. Unknown
+/// fields are refused there (and `additionalProperties: false` in the schema): a field the model
+/// invents (`"currency": "EUR"` on a tool without one) would otherwise be dropped silently while
+/// the model believes it was applied; refused, it comes back as an error naming the field.
+fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
+    let args_name = format!("{}Args", camel(&model.item.sig.ident));
+    let names = model.params.iter().map(|p| p.ident.unraw().to_string());
+    let skip: u16 = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.skip)
+        .fold(0, |bits, (i, _)| bits | (1 << i));
+    let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
+    let description = description.map(|d| quote!(const DESCRIPTION: &'static str = #d;));
     quote! {
-        #[derive(
-            ::idem_core::__private::serde::Serialize,
-            ::idem_core::__private::serde::Deserialize,
-            ::idem_core::__private::schemars::JsonSchema,
-            ::core::clone::Clone,
-        )]
-        #[serde(crate = "::idem_core::__private::serde", deny_unknown_fields)]
-        #[schemars(crate = "::idem_core::__private::schemars")]
-    }
-}
-
-/// The body of `write_intent`: the canonical text of the arguments not skipped. `args` is a
-/// `&ArgsStruct`.
-fn intent_body(params: &[Param]) -> TokenStream {
-    if params.iter().all(|p| !p.skip) {
-        return quote!(::idem_core::canonicalize(args, out));
-    }
-    let kept: Vec<&Param> = params.iter().filter(|p| !p.skip).collect();
-    let idents = kept.iter().map(|p| &p.ident);
-    let idents2 = idents.clone();
-    let tys = kept.iter().map(|p| &p.ty);
-    quote! {
-        #[derive(::idem_core::__private::serde::Serialize)]
-        #[serde(crate = "::idem_core::__private::serde")]
-        struct __IdemIntent<'a> { #(#idents: &'a #tys,)* }
-        ::idem_core::canonicalize(&__IdemIntent { #(#idents2: &args.#idents2,)* }, out)
+        impl ::idem_core::__private::Fields for #fields_ty {
+            const NAME: &'static str = #args_name;
+            const NAMES: &'static [&'static str] = &[#(#names),*];
+            #description
+            #skip
+        }
     }
 }
 
@@ -218,15 +208,18 @@ fn expand_free(model: &Model) -> TokenStream {
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
     let checks = checks(model);
-    let intent = intent_body(&model.params);
-    let header = args_header();
     let name = &model.name;
     let fn_name = ident.unraw().to_string();
 
     let args_doc = format!(
         "The arguments of the tool `{name}` (see [`{fn_name}`]), as the model sends them: a JSON object with one field per parameter; unknown fields are refused."
+    );
+    let args_new_doc = format!(
+        " `{args_ty}::new({})` builds them, in parameter order.",
+        model.params.iter().map(|p| p.ident.unraw().to_string()).collect::<Vec<_>>().join(", ")
     );
     let tool_doc = format!(
         "The tool `{name}` as a value, for a tool set (see [`{fn_name}`]). Every call goes through idem's protocol."
@@ -234,6 +227,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let call_doc = format!(
         " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`{tool_ty}`] is the tool as a value."
     );
+    let fields = fields_impl(model, &quote!(#tool_ty), Some(&args_doc));
 
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
@@ -252,21 +246,22 @@ fn expand_free(model: &Model) -> TokenStream {
             #run: &::idem_core::Run,
             #(#idents: #tys),*
         ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>> {
-            ::idem_core::Run::call(#run, &#tool_ty, #args_ty { #(#idents),* }).await
+            ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*)).await
         }
 
         #(#cfg)*
         #[doc = #args_doc]
-        #header
-        #[allow(missing_docs)]
-        #vis struct #args_ty {
-            #(#vis #idents: #tys,)*
-        }
+        #[doc = ""]
+        #[doc = #args_new_doc]
+        #vis type #args_ty = ::idem_core::__private::Args<(#(#tys,)*), #tool_ty>;
 
         #(#cfg)*
         #[doc = #tool_doc]
         #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
         #vis struct #tool_ty;
+
+        #(#cfg)*
+        #fields
 
         #(#cfg)*
         impl ::idem_core::Tool for #tool_ty {
@@ -284,7 +279,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 args: &#args_ty,
                 out: &mut ::std::vec::Vec<u8>,
             ) -> ::core::result::Result<(), ::idem_core::KeyError> {
-                #intent
+                ::idem_core::__private::Intent::write_intent(args, out)
             }
 
             fn run(
@@ -293,7 +288,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 args: #args_ty,
             ) -> impl ::core::future::Future<Output = ::core::result::Result<#ok, #err>> + ::core::marker::Send {
                 #inner
-                #ident(#cx_arg #(args.#idents),*)
+                #ident(#cx_arg #(args.0.#indices),*)
             }
         }
     }
@@ -307,18 +302,16 @@ fn expand_method(model: &Model) -> TokenStream {
     let cfg = &attrs.cfg;
     let doc = &attrs.doc;
     let body_attrs = &attrs.body;
-    let base = camel(ident);
-    let args_name = format!("{base}Args");
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
     let run = run_ident(model);
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
     let checks = checks(model);
-    let intent = intent_body(&model.params);
-    let header = args_header();
+    let fields = fields_impl(model, &quote!(__IdemFields), None);
     let name = &model.name;
 
     let factory_doc = format!(
@@ -356,32 +349,15 @@ fn expand_method(model: &Model) -> TokenStream {
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
             #checks
-            #header
-            #[serde(rename = #args_name)]
-            struct __IdemArgs {
-                #(#idents: #tys,)*
-            }
-            impl ::core::convert::From<#tuple> for __IdemArgs {
-                fn from((#(#idents,)*): #tuple) -> Self {
-                    __IdemArgs { #(#idents),* }
-                }
-            }
-            impl ::idem_core::__private::Intent for __IdemArgs {
-                fn write_intent(
-                    &self,
-                    out: &mut ::std::vec::Vec<u8>,
-                ) -> ::core::result::Result<(), ::idem_core::KeyError> {
-                    let args = self;
-                    #intent
-                }
-            }
+            enum __IdemFields {}
+            #fields
             #def
             ::idem_core::__private::MethodTool::new(
                 ::std::sync::Arc::clone(self),
                 &__IDEM_DEF,
-                |recv, cx, args: __IdemArgs| {
+                |recv, cx, args: ::idem_core::__private::Args<#tuple, __IdemFields>| {
                     let _ = cx;
-                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.#idents),*))
+                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.0.#indices),*))
                 },
             )
         }
