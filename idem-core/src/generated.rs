@@ -46,17 +46,16 @@ impl<T, E> ToolReturn for Result<T, E> {
     type Err = E;
 }
 
-// A tool argument's bounds are one trait, so that a parameter type missing several of them gives
-// one error, at the parameter, with a message that says what to do: the generic arguments type
-// below requires `ToolArg` of every element, so rustc's other errors about the same parameter
-// name this trait too. The success and error types are checked for their first bound only: the
-// `Tool` impl reports the others at the same span.
+// Each kind of type has its bounds in one trait whose blanket impl is `do_not_recommend`: a type
+// missing several bounds gives one error naming that trait (with a message that says what to do)
+// instead of one per missing bound. `#[tool]` checks them at the user's spans; the generic tool
+// types below require the same traits, so a second report, at the attribute, says the same.
 
 /// What a tool argument must be: a field of the JSON arguments the model sends (deserialized,
 /// described by a JSON Schema), part of the intent (serialized) and cloned for retries.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a tool argument: it must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
-    label = "this parameter becomes a field of the tool's JSON arguments",
+    label = "a parameter of type `{Self}` becomes a field of the tool's JSON arguments",
     note = "derive `serde::Serialize`, `serde::Deserialize`, `schemars::JsonSchema` and `Clone` for `{Self}`; a parameter that is not part of the call's intent is marked `#[idem(skip)]`, but it is still an argument and needs the same"
 )]
 pub trait ToolArg:
@@ -64,34 +63,44 @@ pub trait ToolArg:
 {
 }
 
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static> ToolArg for T {}
 
-/// A tool success type's first bound.
+/// What a tool's success type must be: stored as JSON and replayed to every repeat.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored and replayed: a tool's success type must be Serialize and Deserialize",
     label = "the result is stored as JSON and replayed to every repeat of the call",
     note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait ToolOutput {}
+pub trait ToolOutput: Serialize + DeserializeOwned + Send + 'static {}
 
-impl<T: Serialize + ?Sized> ToolOutput for T {}
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned + Send + 'static> ToolOutput for T {}
 
-/// A tool error type's first bound.
+/// What a tool's error type must be: classified (may it be retried?), and stored as JSON and
+/// replayed when permanent.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be a tool error: it must be Serialize, Deserialize, Display and Debug",
-    label = "permanent failures are stored as JSON and replayed to every repeat of the call",
-    note = "derive `serde::Serialize`, `serde::Deserialize`, `Debug` and `thiserror::Error` (or implement `Display`) for `{Self}`"
+    message = "`{Self}` cannot be a tool error: it must implement `idem_core::Classify`, Serialize, Deserialize, Display and Debug",
+    label = "the error says whether a failure may be retried; permanent ones are stored as JSON and replayed to every repeat",
+    note = "implement `idem_core::Classify` for `{Self}` (return `Failure::transient()`, `Failure::ambiguous()` or `Failure::permanent()`) and derive `serde::Serialize`, `serde::Deserialize`, `Debug` and `thiserror::Error` (or implement `Display`)"
 )]
-pub trait ToolError {}
+pub trait ToolError:
+    Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static
+{
+}
 
-impl<T: Serialize + ?Sized> ToolError for T {}
+#[diagnostic::do_not_recommend]
+impl<T: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static> ToolError
+    for T
+{
+}
 
 /// Checks, spanned at the user's parameter type.
 pub const fn assert_arg<T: ToolArg>() {}
 /// Checks, spanned at the user's return type.
-pub const fn assert_output<T: ToolOutput + ?Sized>() {}
+pub const fn assert_output<T: ToolOutput>() {}
 /// Checks, spanned at the user's error type.
-pub const fn assert_error<T: ToolError + Classify + ?Sized>() {}
+pub const fn assert_error<T: ToolError>() {}
 /// Checks, spanned at the user's return type.
 pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 
@@ -143,8 +152,8 @@ impl<S, A, O, E> Tool for MethodTool<S, A, O, E>
 where
     S: Send + Sync + 'static,
     A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
-    O: Serialize + DeserializeOwned + Send + 'static,
-    E: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static,
+    O: ToolOutput,
+    E: ToolError,
 {
     type Args = A;
     type Output = O;
@@ -161,6 +170,61 @@ where
     // `async fn` captures both borrows; returning the boxed future (one lifetime) cannot.
     async fn run(&self, cx: &Ctx, args: A) -> Result<O, E> {
         (self.body)(&self.receiver, cx, args).await
+    }
+}
+
+/// The body of a free fn tool: calls the user's fn (declared inside the closure `#[tool]` writes).
+pub type FnBody<A, O, E> = for<'a> fn(&'a Ctx, A) -> BoxFuture<'a, Result<O, E>>;
+
+/// A tool declared with `#[tool]` on a free `async fn`: its definition and its body. One generic
+/// `Tool` impl here instead of one per tool; `ChargeCardTool` is a type alias of this and a
+/// constant of that type, so it is used as before (`&ChargeCardTool`, `ChargeCardTool.def()`).
+pub struct FnTool<A, O, E> {
+    def: &'static ToolDef,
+    body: FnBody<A, O, E>,
+}
+
+impl<A, O, E> FnTool<A, O, E> {
+    /// The tool whose definition is `def`, running `body`.
+    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self {
+        FnTool { def, body }
+    }
+}
+
+impl<A, O, E> Clone for FnTool<A, O, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A, O, E> Copy for FnTool<A, O, E> {}
+
+impl<A, O, E> Debug for FnTool<A, O, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnTool").field("name", &self.def.name).finish_non_exhaustive()
+    }
+}
+
+impl<A, O, E> Tool for FnTool<A, O, E>
+where
+    A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
+    O: ToolOutput,
+    E: ToolError,
+{
+    type Args = A;
+    type Output = O;
+    type Error = E;
+
+    fn def(&self) -> &'static ToolDef {
+        self.def
+    }
+
+    fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        args.write_intent(out)
+    }
+
+    fn run(&self, cx: &Ctx, args: A) -> impl Future<Output = Result<O, E>> + Send {
+        (self.body)(cx, args)
     }
 }
 

@@ -120,10 +120,14 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
     (ok, err)
 }
 
-/// Bounds checked at the user's spans, so rustc points at the parameter or the return type
-/// with a message that says what to derive. A free fn's `Tool` impl already reports its success
-/// and error types at the user's spans (`type Output = ..`), so they are checked here only for
-/// methods, whose tool type is generic.
+/// `impl Fields for #fields_ty { .. }`: the parameters' names (the JSON keys) and which ones
+/// are skipped, for the generic `idem_core::__private::Args`, whose `Serialize`, `Deserialize`
+/// and `JsonSchema` are written once in idem-core instead of derived for every tool. Unknown
+/// fields are refused there (and `additionalProperties: false` in the schema): a field the model
+/// invents (`"currency": "EUR"` on a tool without one) would otherwise be dropped silently while
+/// the model believes it was applied; refused, it comes back as an error naming the field.
+/// Bounds checked at the user's spans, so rustc points at the parameter or the return type with
+/// a message that says what to derive (see `idem_core::__private::ToolArg`).
 fn checks(model: &Model) -> TokenStream {
     let mut out = TokenStream::new();
     for p in &model.params {
@@ -132,7 +136,6 @@ fn checks(model: &Model) -> TokenStream {
     }
     let ret = &model.ret;
     match (&ret.ok, &ret.err) {
-        (Some(_), Some(_)) if !model.method => {}
         (Some(ok), Some(err)) => {
             out.extend(
                 quote_spanned! {ok.span()=> ::idem_core::__private::assert_output::<#ok>(); },
@@ -153,12 +156,6 @@ fn checks(model: &Model) -> TokenStream {
     quote!(const { #out })
 }
 
-/// `impl Fields for #fields_ty { .. }`: the parameters' names (the JSON keys) and which ones
-/// are skipped, for the generic `idem_core::__private::Args`, whose `Serialize`, `Deserialize`
-/// and `JsonSchema` are written once in idem-core instead of derived for every tool. Unknown
-/// fields are refused there (and `additionalProperties: false` in the schema): a field the model
-/// invents (`"currency": "EUR"` on a tool without one) would otherwise be dropped silently while
-/// the model believes it was applied; refused, it comes back as an error naming the field.
 fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
     let args_name = format!("{}Args", camel(&model.item.sig.ident));
     let names = model.params.iter().map(|p| p.ident.unraw().to_string());
@@ -204,13 +201,13 @@ fn expand_free(model: &Model) -> TokenStream {
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
     let args_ty = format_ident!("{}Args", base, span = ident.span());
+    let fields_ty = format_ident!("__Idem{}Fields", base);
     let run = run_ident(model);
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
     let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
-    let checks = checks(model);
     let name = &model.name;
     let fn_name = ident.unraw().to_string();
 
@@ -227,14 +224,15 @@ fn expand_free(model: &Model) -> TokenStream {
     let call_doc = format!(
         " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`{tool_ty}`] is the tool as a value."
     );
-    let fields = fields_impl(model, &quote!(#tool_ty), Some(&args_doc));
+    let fields = fields_impl(model, &quote!(#fields_ty), Some(&args_doc));
+    let checks = checks(model);
 
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
     inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
-    let (cx_param, cx_arg) = match &model.ctx {
-        Some(_) => (quote!(cx), quote!(cx,)),
-        None => (quote!(_cx), quote!()),
+    let cx_arg = match &model.ctx {
+        Some(_) => quote!(cx,),
+        None => quote!(),
     };
 
     quote! {
@@ -246,6 +244,7 @@ fn expand_free(model: &Model) -> TokenStream {
             #run: &::idem_core::Run,
             #(#idents: #tys),*
         ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>> {
+            #checks
             ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*)).await
         }
 
@@ -253,44 +252,30 @@ fn expand_free(model: &Model) -> TokenStream {
         #[doc = #args_doc]
         #[doc = ""]
         #[doc = #args_new_doc]
-        #vis type #args_ty = ::idem_core::__private::Args<(#(#tys,)*), #tool_ty>;
+        #vis type #args_ty = ::idem_core::__private::Args<(#(#tys,)*), #fields_ty>;
 
         #(#cfg)*
-        #[doc = #tool_doc]
-        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
-        #vis struct #tool_ty;
+        #[doc(hidden)]
+        #vis enum #fields_ty {}
 
         #(#cfg)*
         #fields
 
         #(#cfg)*
-        impl ::idem_core::Tool for #tool_ty {
-            type Args = #args_ty;
-            type Output = #ok;
-            type Error = #err;
+        #[doc = #tool_doc]
+        #vis type #tool_ty = ::idem_core::__private::FnTool<#args_ty, #ok, #err>;
 
-            fn def(&self) -> &'static ::idem_core::ToolDef {
-                #checks
-                #def
-                &__IDEM_DEF
-            }
-
-            fn write_intent(
-                args: &#args_ty,
-                out: &mut ::std::vec::Vec<u8>,
-            ) -> ::core::result::Result<(), ::idem_core::KeyError> {
-                ::idem_core::__private::Intent::write_intent(args, out)
-            }
-
-            fn run(
-                &self,
-                #cx_param: &::idem_core::Ctx,
-                args: #args_ty,
-            ) -> impl ::core::future::Future<Output = ::core::result::Result<#ok, #err>> + ::core::marker::Send {
+        #(#cfg)*
+        #[doc = #tool_doc]
+        #[allow(non_upper_case_globals)]
+        #vis const #tool_ty: #tool_ty = {
+            #def
+            ::idem_core::__private::FnTool::new(&__IDEM_DEF, |cx, args: #args_ty| {
+                let _ = cx;
                 #inner
-                #ident(#cx_arg #(args.0.#indices),*)
-            }
-        }
+                ::std::boxed::Box::pin(#ident(#cx_arg #(args.0.#indices),*))
+            })
+        };
     }
 }
 
