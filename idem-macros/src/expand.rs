@@ -240,12 +240,14 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#doc)*
         #[doc = ""]
         #[doc = #call_doc]
-        #vis async fn #ident(
+        #vis fn #ident(
             #run: &::idem_core::Run,
             #(#idents: #tys),*
-        ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>> {
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<#ok, ::idem_core::Error<#err>>,
+        > + '_ {
             #checks
-            ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*)).await
+            ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*))
         }
 
         #(#cfg)*

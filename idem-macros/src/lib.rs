@@ -26,9 +26,10 @@ mod validate;
 ///
 /// # What it generates
 /// For a free `async fn charge_card(..)`:
-/// - `charge_card(run: &Run, <params>)`: the typed call, same name and visibility, returning
-///   `Result<T, idem_core::Error<E>>`. It derives the key, claims it, runs, stores and replays
-///   through `idem_core::Run::call`.
+/// - `charge_card(run: &Run, <params>)`: the typed call, same name and visibility, a plain fn
+///   returning a future of `Result<T, idem_core::Error<E>>` (an `async fn` would add a second
+///   state machine per tool for the compiler to check). It derives the key, claims it, runs,
+///   stores and replays through `idem_core::Run::call`.
 /// - `ChargeCardTool`: the tool as a value for a tool set (`&ChargeCardTool`,
 ///   `ChargeCardTool.def()`), a constant of the type alias of the same name for
 ///   `idem_core::__private::FnTool`, whose one generic `Tool` impl lives in idem-core. Its `def()`
