@@ -364,6 +364,7 @@ macro_rules! arg_tuples {
             const LEN: usize = $len;
             type Slots = ($(Option<$T>,)*);
 
+            #[allow(clippy::unused_unit)]
             fn empty() -> Self::Slots {
                 ($(None::<$T>,)*)
             }
