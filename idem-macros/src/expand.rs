@@ -62,18 +62,16 @@ fn camel(ident: &Ident) -> String {
         .collect()
 }
 
-fn duration(d: Option<Duration>) -> TokenStream {
-    match d {
-        None => quote!(::core::option::Option::None),
-        Some(d) => {
-            let secs = d.as_secs();
-            let nanos = d.subsec_nanos();
-            quote!(::core::option::Option::Some(::core::time::Duration::new(#secs, #nanos)))
-        }
-    }
+fn duration(d: Option<Duration>) -> Option<TokenStream> {
+    d.map(|d| {
+        let secs = d.as_secs();
+        let nanos = d.subsec_nanos();
+        quote!(::core::option::Option::Some(::core::time::Duration::new(#secs, #nanos)))
+    })
 }
 
-/// `static DEF: ToolDef = ..;`
+/// `static DEF: ToolDef = ..;`, naming only the options that are set (the others come from
+/// `NO_OPTIONS`): a smaller expansion to parse and check per tool.
 fn def_static(model: &Model) -> TokenStream {
     let name = &model.name;
     let description = &model.description;
@@ -82,26 +80,32 @@ fn def_static(model: &Model) -> TokenStream {
         Class::Keyed => quote!(Keyed),
         Class::Never => quote!(Never),
     };
-    let attempts = match model.options.attempts {
-        Some(n) => quote!(::core::option::Option::Some(#n)),
-        None => quote!(::core::option::Option::None),
+    let opts = &model.options;
+    let mut set = Vec::new();
+    if let Some(n) = opts.attempts {
+        set.push(quote!(attempts: ::core::option::Option::Some(#n),));
+    }
+    for (field, value) in [
+        (quote!(attempt_timeout), opts.timeout),
+        (quote!(budget), opts.budget),
+        (quote!(lease), opts.lease),
+        (quote!(ttl), opts.ttl),
+    ] {
+        if let Some(d) = duration(value) {
+            set.push(quote!(#field: #d,));
+        }
+    }
+    let options = if set.is_empty() {
+        quote!(::idem_core::__private::NO_OPTIONS)
+    } else {
+        quote!(::idem_core::ToolOptions { #(#set)* ..::idem_core::__private::NO_OPTIONS })
     };
-    let timeout = duration(model.options.timeout);
-    let budget = duration(model.options.budget);
-    let lease = duration(model.options.lease);
-    let ttl = duration(model.options.ttl);
     quote! {
         static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
             name: #name,
             description: #description,
             class: ::idem_core::RetryClass::#class,
-            options: ::idem_core::ToolOptions {
-                attempts: #attempts,
-                attempt_timeout: #timeout,
-                budget: #budget,
-                lease: #lease,
-                ttl: #ttl,
-            },
+            options: #options,
         };
     }
 }
