@@ -78,7 +78,7 @@ mod validate;
 /// so one mistake gives one message.
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let mut item: syn::ItemFn = match syn::parse(item.clone()) {
+    let mut item: syn::ItemFn = match syn::parse::Parser::parse(parse_fn, item.clone()) {
         Ok(item) => item,
         Err(e) => {
             let message = syn::Error::new(
@@ -105,4 +105,20 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
         )
         .into(),
     }
+}
+
+/// Parses an fn whose body is kept as tokens: the body is emitted as written, never inspected,
+/// and parsing it into syn's syntax tree would be most of the macro's work for a long body.
+fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
+    let attrs = input.call(syn::Attribute::parse_outer)?;
+    let vis: syn::Visibility = input.parse()?;
+    let sig: syn::Signature = input.parse()?;
+    let body: proc_macro2::Group = input.parse()?;
+    if body.delimiter() != proc_macro2::Delimiter::Brace {
+        return Err(syn::Error::new(body.span(), "expected the fn's body in braces"));
+    }
+    let mut brace_token = syn::token::Brace::default();
+    brace_token.span = body.delim_span();
+    let stmts = vec![syn::Stmt::Expr(syn::Expr::Verbatim(body.stream()), None)];
+    Ok(syn::ItemFn { attrs, vis, sig, block: Box::new(syn::Block { brace_token, stmts }) })
 }
