@@ -117,8 +117,7 @@ fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
     if body.delimiter() != proc_macro2::Delimiter::Brace {
         return Err(syn::Error::new(body.span(), "expected the fn's body in braces"));
     }
-    let mut brace_token = syn::token::Brace::default();
-    brace_token.span = body.delim_span();
+    let brace_token = syn::token::Brace { span: body.delim_span() };
     let stmts = vec![syn::Stmt::Expr(syn::Expr::Verbatim(body.stream()), None)];
     Ok(syn::ItemFn { attrs, vis, sig, block: Box::new(syn::Block { brace_token, stmts }) })
 }
