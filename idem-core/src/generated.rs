@@ -104,8 +104,8 @@ pub const fn assert_error<T: ToolError>() {}
 /// Checks, spanned at the user's return type.
 pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 
-/// The part of the intent a method tool's arguments define: written by `#[tool]` for the
-/// arguments struct it declares inside the method's `..._tool()` constructor.
+/// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
+/// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
     /// Writes the RFC 8785 canonical text of the arguments that make up the intent (the ones not
     /// marked `#[idem(skip)]`).
@@ -117,8 +117,8 @@ pub type MethodBody<S, A, O, E> = for<'a> fn(&'a S, &'a Ctx, A) -> BoxFuture<'a,
 
 /// A tool declared with `#[tool]` on an `async fn(&self, ..)` method: holds the receiver in an
 /// `Arc` and calls the method for each attempt. An attribute on a method can only add items to
-/// its `impl` block, so the arguments type is declared inside the generated constructor and this
-/// generic struct carries the rest.
+/// its `impl` block, so the arguments' field names are declared inside the generated constructor
+/// and this generic struct carries the rest.
 pub struct MethodTool<S, A, O, E> {
     receiver: Arc<S>,
     def: &'static ToolDef,
