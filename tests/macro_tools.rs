@@ -325,3 +325,53 @@ async fn the_same_arguments_in_another_run_are_another_intent() {
     count_me(&idem.run("b"), 1).await.unwrap();
     assert_eq!(RUNS.load(Ordering::SeqCst), 2);
 }
+
+/// Look up an order; the note is optional.
+#[tool(retry = "safe")]
+async fn find_order(order_id: String, note: Option<String>) -> Result<String, PayError> {
+    Ok(format!("{order_id}:{note:?}"))
+}
+
+#[test]
+fn arguments_read_and_write_like_a_derived_struct() {
+    use serde_json::json;
+    // Fields in any order; a missing `Option` is `None`.
+    let args: FindOrderArgs =
+        serde_json::from_value(json!({"note": "x", "order_id": "o1"})).unwrap();
+    assert_eq!(args.0, ("o1".to_owned(), Some("x".to_owned())));
+    let args: FindOrderArgs = serde_json::from_value(json!({"order_id": "o1"})).unwrap();
+    assert_eq!(args.0.1, None);
+    // Written as an object named by the parameters.
+    assert_eq!(
+        serde_json::to_value(FindOrderArgs::new("o1".into(), None)).unwrap(),
+        json!({"order_id": "o1", "note": null})
+    );
+    assert_eq!(
+        format!("{:?}", FindOrderArgs::new("o1".into(), None)),
+        r#"FindOrderArgs { order_id: "o1", note: None }"#
+    );
+    // Errors name the field, in serde's words.
+    let err = |v| serde_json::from_value::<FindOrderArgs>(v).unwrap_err().to_string();
+    assert_eq!(err(json!({"note": "x"})), "missing field `order_id`");
+    assert_eq!(err(json!({"order_id": 1})), "invalid type: integer `1`, expected a string");
+    assert_eq!(err(json!(7)), "invalid type: integer `7`, expected struct FindOrderArgs");
+    let dup = serde_json::from_str::<FindOrderArgs>(r#"{"order_id":"a","order_id":"b"}"#);
+    assert!(dup.unwrap_err().to_string().starts_with("duplicate field `order_id`"));
+    // The schema requires what is not an `Option`.
+    let schema = serde_json::to_value(schemars::schema_for!(FindOrderArgs)).unwrap();
+    assert_eq!(schema["title"], "FindOrderArgs");
+    assert_eq!(schema["required"], json!(["order_id"]));
+    assert_eq!(schema["properties"]["note"]["type"], json!(["string", "null"]));
+}
+
+#[test]
+fn the_intent_is_the_canonical_text_of_the_arguments_not_skipped() {
+    let args = SendMailArgs::new("a@x".into(), "hi".into(), "req-1".into());
+    let mut intent = Vec::new();
+    <SendMailTool as Tool>::write_intent(&args, &mut intent).unwrap();
+    assert_eq!(String::from_utf8(intent).unwrap(), r#"{"body":"hi","to":"a@x"}"#);
+    let mut all = Vec::new();
+    <FindOrderTool as Tool>::write_intent(&FindOrderArgs::new("o1".into(), None), &mut all)
+        .unwrap();
+    assert_eq!(String::from_utf8(all).unwrap(), r#"{"note":null,"order_id":"o1"}"#);
+}

@@ -1,14 +1,17 @@
 //! Support for the code `#[tool]` generates. Not a public API: reached through
 //! `idem_core::__private`, and may change in any release.
 
+use std::borrow::Cow;
 use std::fmt::{self, Debug, Display};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use schemars::JsonSchema;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeStruct, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::canonical::KeyError;
 use crate::ctx::Ctx;
@@ -43,51 +46,66 @@ impl<T, E> ToolReturn for Result<T, E> {
     type Err = E;
 }
 
-// The checks below test one bound each (`Serialize`): rustc reports one error per unmet bound,
-// and the derives and the `Tool` impl already report the others at the same span. These add the
-// message that says what to do.
+// Each kind of type has its bounds in one trait whose blanket impl is `do_not_recommend`: a type
+// missing several bounds gives one error naming that trait (with a message that says what to do)
+// instead of one per missing bound. `#[tool]` checks them at the user's spans; the generic tool
+// types below require the same traits, so a second report, at the attribute, says the same.
 
-/// A tool argument's first bound, with a message that says what to do.
+/// What a tool argument must be: a field of the JSON arguments the model sends (deserialized,
+/// described by a JSON Schema), part of the intent (serialized) and cloned for retries.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a tool argument: it must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
-    label = "this parameter becomes a field of the tool's JSON arguments",
-    note = "derive `serde::Serialize`, `serde::Deserialize`, `schemars::JsonSchema` and `Clone` for `{Self}`, or mark a parameter that is not part of the call `#[idem(skip)]` (it still has to be an argument)"
+    label = "a parameter of type `{Self}` becomes a field of the tool's JSON arguments",
+    note = "derive `serde::Serialize`, `serde::Deserialize`, `schemars::JsonSchema` and `Clone` for `{Self}`; a parameter that is not part of the call's intent is marked `#[idem(skip)]`, but it is still an argument and needs the same"
 )]
-pub trait ToolArg {}
+pub trait ToolArg:
+    Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static
+{
+}
 
-impl<T: Serialize + ?Sized> ToolArg for T {}
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static> ToolArg for T {}
 
-/// A tool success type's first bound.
+/// What a tool's success type must be: stored as JSON and replayed to every repeat.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored and replayed: a tool's success type must be Serialize and Deserialize",
     label = "the result is stored as JSON and replayed to every repeat of the call",
     note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
-pub trait ToolOutput {}
+pub trait ToolOutput: Serialize + DeserializeOwned + Send + 'static {}
 
-impl<T: Serialize + ?Sized> ToolOutput for T {}
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned + Send + 'static> ToolOutput for T {}
 
-/// A tool error type's first bound.
+/// What a tool's error type must be: classified (may it be retried?), and stored as JSON and
+/// replayed when permanent.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be a tool error: it must be Serialize, Deserialize, Display and Debug",
-    label = "permanent failures are stored as JSON and replayed to every repeat of the call",
-    note = "derive `serde::Serialize`, `serde::Deserialize`, `Debug` and `thiserror::Error` (or implement `Display`) for `{Self}`"
+    message = "`{Self}` cannot be a tool error: it must implement `idem_core::Classify`, Serialize, Deserialize, Display and Debug",
+    label = "the error says whether a failure may be retried; permanent ones are stored as JSON and replayed to every repeat",
+    note = "implement `idem_core::Classify` for `{Self}` (return `Failure::transient()`, `Failure::ambiguous()` or `Failure::permanent()`) and derive `serde::Serialize`, `serde::Deserialize`, `Debug` and `thiserror::Error` (or implement `Display`)"
 )]
-pub trait ToolError {}
+pub trait ToolError:
+    Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static
+{
+}
 
-impl<T: Serialize + ?Sized> ToolError for T {}
+#[diagnostic::do_not_recommend]
+impl<T: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static> ToolError
+    for T
+{
+}
 
 /// Checks, spanned at the user's parameter type.
-pub const fn assert_arg<T: ToolArg + ?Sized>() {}
+pub const fn assert_arg<T: ToolArg>() {}
 /// Checks, spanned at the user's return type.
-pub const fn assert_output<T: ToolOutput + ?Sized>() {}
+pub const fn assert_output<T: ToolOutput>() {}
 /// Checks, spanned at the user's error type.
-pub const fn assert_error<T: ToolError + Classify + ?Sized>() {}
+pub const fn assert_error<T: ToolError>() {}
 /// Checks, spanned at the user's return type.
 pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 
-/// The part of the intent a method tool's arguments define: written by `#[tool]` for the
-/// arguments struct it declares inside the method's `..._tool()` constructor.
+/// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
+/// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
     /// Writes the RFC 8785 canonical text of the arguments that make up the intent (the ones not
     /// marked `#[idem(skip)]`).
@@ -99,8 +117,8 @@ pub type MethodBody<S, A, O, E> = for<'a> fn(&'a S, &'a Ctx, A) -> BoxFuture<'a,
 
 /// A tool declared with `#[tool]` on an `async fn(&self, ..)` method: holds the receiver in an
 /// `Arc` and calls the method for each attempt. An attribute on a method can only add items to
-/// its `impl` block, so the arguments type is declared inside the generated constructor and this
-/// generic struct carries the rest.
+/// its `impl` block, so the arguments' field names are declared inside the generated constructor
+/// and this generic struct carries the rest.
 pub struct MethodTool<S, A, O, E> {
     receiver: Arc<S>,
     def: &'static ToolDef,
@@ -134,8 +152,8 @@ impl<S, A, O, E> Tool for MethodTool<S, A, O, E>
 where
     S: Send + Sync + 'static,
     A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
-    O: Serialize + DeserializeOwned + Send + 'static,
-    E: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'static,
+    O: ToolOutput,
+    E: ToolError,
 {
     type Args = A;
     type Output = O;
@@ -155,10 +173,461 @@ where
     }
 }
 
+/// The body of a free fn tool: calls the user's fn (declared inside the closure `#[tool]` writes).
+pub type FnBody<A, O, E> = for<'a> fn(&'a Ctx, A) -> BoxFuture<'a, Result<O, E>>;
+
+/// A tool declared with `#[tool]` on a free `async fn`: its definition and its body. One generic
+/// `Tool` impl here instead of one per tool; `ChargeCardTool` is a type alias of this and a
+/// constant of that type, so it is used as before (`&ChargeCardTool`, `ChargeCardTool.def()`).
+pub struct FnTool<A, O, E> {
+    def: &'static ToolDef,
+    body: FnBody<A, O, E>,
+}
+
+impl<A, O, E> FnTool<A, O, E> {
+    /// The tool whose definition is `def`, running `body`.
+    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self {
+        FnTool { def, body }
+    }
+}
+
+impl<A, O, E> Clone for FnTool<A, O, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A, O, E> Copy for FnTool<A, O, E> {}
+
+impl<A, O, E> Debug for FnTool<A, O, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnTool").field("name", &self.def.name).finish_non_exhaustive()
+    }
+}
+
+impl<A, O, E> Tool for FnTool<A, O, E>
+where
+    A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
+    O: ToolOutput,
+    E: ToolError,
+{
+    type Args = A;
+    type Output = O;
+    type Error = E;
+
+    fn def(&self) -> &'static ToolDef {
+        self.def
+    }
+
+    fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        args.write_intent(out)
+    }
+
+    fn run(&self, cx: &Ctx, args: A) -> impl Future<Output = Result<O, E>> + Send {
+        (self.body)(cx, args)
+    }
+}
+
 /// Builds a tool's arguments from the typed call's parameters, in declaration order.
 pub fn make_args<T: Tool, P>(_tool: &T, params: P) -> T::Args
 where
     T::Args: From<P>,
 {
     T::Args::from(params)
+}
+
+/// What `#[tool]` declares for one tool's arguments: the names of its parameters, in order. Its
+/// implementor is a zero-sized type (the tool's unit struct for a free fn); the values live in
+/// the one generic type [`Args`], so a crate of many tools type-checks no derived code per tool.
+pub trait Fields: 'static {
+    /// The arguments type's name, for JSON Schema titles and error messages: `ChargeCardArgs`.
+    const NAME: &'static str;
+    /// The JSON Schema `description` of the arguments; empty for none.
+    const DESCRIPTION: &'static str = "";
+    /// The parameters' names, in declaration order: the JSON object's keys. As many as the
+    /// tuple's elements (`#[tool]` writes both from the same parameter list).
+    const NAMES: &'static [&'static str];
+    /// Bit `i` set: parameter `i` is marked `#[idem(skip)]` and left out of the intent.
+    const SKIP: u16 = 0;
+}
+
+/// The arguments of a tool declared with `#[tool]`: the parameters' values as a tuple `T` (up to
+/// 16), named by `F`. Serialized and deserialized as a JSON object with one field per parameter,
+/// as `#[derive(Serialize, Deserialize)]` with `deny_unknown_fields` would: fields in any order,
+/// a missing `Option` field is `None`, a missing, unknown or repeated field is an error naming
+/// it. Its JSON Schema is an object with one property per parameter, `required` for all but
+/// `Option`s, and `additionalProperties: false`: a field the model invents would otherwise be
+/// dropped silently while the model believes it was applied.
+pub struct Args<T, F>(pub T, PhantomData<fn() -> F>);
+
+/// The parameter at `index`; the tuples and the names come from the same parameter list, so the
+/// fallback is never used.
+fn field_name(names: &[&'static str], index: usize) -> &'static str {
+    names.get(index).copied().unwrap_or("?")
+}
+
+/// A tuple of tool arguments, one element per parameter: implemented for arities 0 to 16 (the
+/// most `#[tool]` accepts) so that [`Args`] is generic code compiled once, in idem-core.
+pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
+    /// The number of elements.
+    const LEN: usize;
+    /// One `Option` per element, filled while a JSON object is read.
+    type Slots;
+    /// All slots empty.
+    fn empty() -> Self::Slots;
+    /// Reads the value of the field at `index` into its slot; a second value for the same field
+    /// is an error (`duplicate field`).
+    fn fill<'de, M: MapAccess<'de>>(
+        slots: &mut Self::Slots,
+        index: usize,
+        names: &'static [&'static str],
+        map: &mut M,
+    ) -> Result<(), M::Error>;
+    /// The tuple, once the object is read: a missing `Option` field is `None`, any other missing
+    /// field is an error (`missing field`).
+    fn finish<E: de::Error>(slots: Self::Slots, names: &'static [&'static str]) -> Result<Self, E>;
+    /// The tuple from a sequence, element by element (as derived `Deserialize` accepts).
+    fn from_seq<'de, A: SeqAccess<'de>>(
+        seq: &mut A,
+        expected: &dyn de::Expected,
+    ) -> Result<Self, A::Error>;
+    /// Serializes the elements whose bit in `skip` is not set, named by `names`.
+    fn serialize_fields<S: SerializeStruct>(
+        &self,
+        names: &'static [&'static str],
+        skip: u16,
+        out: &mut S,
+    ) -> Result<(), S::Error>;
+    /// Adds one JSON Schema property per element to `schema` (and to `required` unless the
+    /// element is an `Option`, the rule schemars' derive applies).
+    fn schema_properties(
+        names: &'static [&'static str],
+        generator: &mut SchemaGenerator,
+        schema: &mut Schema,
+    );
+}
+
+/// A deserializer for a field that is absent: an `Option` becomes `None`, anything else is a
+/// `missing field` error (what serde's derive does).
+struct MissingField<E>(&'static str, PhantomData<E>);
+
+impl<'de, E: de::Error> Deserializer<'de> for MissingField<E> {
+    type Error = E;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, E> {
+        Err(E::missing_field(self.0))
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        visitor.visit_none()
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+fn missing<T: DeserializeOwned, E: de::Error>(name: &'static str) -> Result<T, E> {
+    T::deserialize(MissingField(name, PhantomData))
+}
+
+fn add_property<T: JsonSchema>(
+    name: &'static str,
+    generator: &mut SchemaGenerator,
+    schema: &mut Schema,
+) {
+    let optional = generator.contract().is_deserialize() && T::_schemars_private_is_option();
+    let property = generator.subschema_for::<T>();
+    let object = schema.ensure_object();
+    if let Some(properties) = object
+        .entry("properties")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()))
+        .as_object_mut()
+    {
+        properties.insert(name.to_owned(), property.into());
+    }
+    if !optional
+        && let Some(required) = object
+            .entry("required")
+            .or_insert_with(|| serde_json::Value::Array(Vec::new()))
+            .as_array_mut()
+    {
+        required.push(name.into());
+    }
+}
+
+macro_rules! arg_tuples {
+    ($( ($len:literal; $($idx:tt $T:ident $v:ident),*) )*) => {$(
+        impl<$($T: ToolArg),*> ArgTuple for ($($T,)*) {
+            const LEN: usize = $len;
+            type Slots = ($(Option<$T>,)*);
+
+            #[allow(clippy::unused_unit)]
+            fn empty() -> Self::Slots {
+                ($(None::<$T>,)*)
+            }
+
+            #[allow(unused_variables)]
+            fn fill<'de, M: MapAccess<'de>>(
+                slots: &mut Self::Slots,
+                index: usize,
+                names: &'static [&'static str],
+                map: &mut M,
+            ) -> Result<(), M::Error> {
+                match index {
+                    $($idx => {
+                        if slots.$idx.is_some() {
+                            return Err(de::Error::duplicate_field(field_name(names, $idx)));
+                        }
+                        slots.$idx = Some(map.next_value()?);
+                    })*
+                    _ => {}
+                }
+                Ok(())
+            }
+
+            #[allow(unused_variables)]
+            fn finish<E: de::Error>(
+                slots: Self::Slots,
+                names: &'static [&'static str],
+            ) -> Result<Self, E> {
+                Ok(($(
+                    match slots.$idx {
+                        Some($v) => $v,
+                        None => missing::<$T, E>(field_name(names, $idx))?,
+                    },
+                )*))
+            }
+
+            #[allow(unused_variables)]
+            fn from_seq<'de, A: SeqAccess<'de>>(
+                seq: &mut A,
+                expected: &dyn de::Expected,
+            ) -> Result<Self, A::Error> {
+                Ok(($(
+                    match seq.next_element::<$T>()? {
+                        Some($v) => $v,
+                        None => return Err(de::Error::invalid_length($idx, expected)),
+                    },
+                )*))
+            }
+
+            #[allow(unused_variables)]
+            fn serialize_fields<S: SerializeStruct>(
+                &self,
+                names: &'static [&'static str],
+                skip: u16,
+                out: &mut S,
+            ) -> Result<(), S::Error> {
+                $(
+                    if skip & (1 << $idx) == 0 {
+                        out.serialize_field(field_name(names, $idx), &self.$idx)?;
+                    }
+                )*
+                Ok(())
+            }
+
+            #[allow(unused_variables)]
+            fn schema_properties(
+                names: &'static [&'static str],
+                generator: &mut SchemaGenerator,
+                schema: &mut Schema,
+            ) {
+                $( add_property::<$T>(field_name(names, $idx), generator, schema); )*
+            }
+        }
+
+        impl<$($T: Debug,)* F: Fields> Debug for Args<($($T,)*), F> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut out = f.debug_struct(F::NAME);
+                $( out.field(field_name(F::NAMES, $idx), &(self.0).$idx); )*
+                out.finish()
+            }
+        }
+
+        impl<$($T,)* F> Args<($($T,)*), F> {
+            /// The arguments, one value per parameter in declaration order.
+            #[allow(clippy::too_many_arguments, clippy::new_without_default)]
+            pub fn new($($v: $T),*) -> Self {
+                Args(($($v,)*), PhantomData)
+            }
+        }
+    )*};
+}
+
+arg_tuples! {
+    (0;)
+    (1; 0 T0 v0)
+    (2; 0 T0 v0, 1 T1 v1)
+    (3; 0 T0 v0, 1 T1 v1, 2 T2 v2)
+    (4; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3)
+    (5; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4)
+    (6; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5)
+    (7; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6)
+    (8; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7)
+    (9; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8)
+    (10; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9)
+    (11; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10)
+    (12; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10, 11 T11 v11)
+    (13; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10, 11 T11 v11, 12 T12 v12)
+    (14; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10, 11 T11 v11, 12 T12 v12, 13 T13 v13)
+    (15; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10, 11 T11 v11, 12 T12 v12, 13 T13 v13, 14 T14 v14)
+    (16; 0 T0 v0, 1 T1 v1, 2 T2 v2, 3 T3 v3, 4 T4 v4, 5 T5 v5, 6 T6 v6, 7 T7 v7, 8 T8 v8,
+        9 T9 v9, 10 T10 v10, 11 T11 v11, 12 T12 v12, 13 T13 v13, 14 T14 v14, 15 T15 v15)
+}
+
+/// The most parameters a `#[tool]` may have (the arities [`ArgTuple`] is implemented for).
+pub const MAX_PARAMS: usize = 16;
+
+impl<T, F> From<T> for Args<T, F> {
+    fn from(values: T) -> Self {
+        Args(values, PhantomData)
+    }
+}
+
+impl<T: Clone, F> Clone for Args<T, F> {
+    fn clone(&self) -> Self {
+        Args(self.0.clone(), PhantomData)
+    }
+}
+
+impl<T: ArgTuple, F: Fields> Serialize for Args<T, F> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut out = serializer.serialize_struct(F::NAME, T::LEN)?;
+        self.0.serialize_fields(F::NAMES, 0, &mut out)?;
+        out.end()
+    }
+}
+
+/// The arguments that make up the intent: all but the skipped ones.
+struct IntentFields<'a, T, F>(&'a Args<T, F>);
+
+impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let kept = T::LEN - (F::SKIP.count_ones() as usize).min(T::LEN);
+        let mut out = serializer.serialize_struct(F::NAME, kept)?;
+        self.0.0.serialize_fields(F::NAMES, F::SKIP, &mut out)?;
+        out.end()
+    }
+}
+
+impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
+    fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        if F::SKIP == 0 {
+            crate::canonical::canonicalize(self, out)
+        } else {
+            crate::canonical::canonicalize(&IntentFields(self), out)
+        }
+    }
+}
+
+/// The index of a field, from its name in a JSON object's key.
+struct FieldIndex<F>(PhantomData<fn() -> F>);
+
+impl<'de, F: Fields> de::DeserializeSeed<'de> for FieldIndex<F> {
+    type Value = usize;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+        deserializer.deserialize_identifier(self)
+    }
+}
+
+impl<'de, F: Fields> Visitor<'de> for FieldIndex<F> {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("field identifier")
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<usize, E> {
+        match usize::try_from(value) {
+            Ok(index) if index < F::NAMES.len() => Ok(index),
+            _ => Err(E::invalid_value(
+                de::Unexpected::Unsigned(value),
+                &format!("field index 0 <= i < {}", F::NAMES.len()).as_str(),
+            )),
+        }
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<usize, E> {
+        F::NAMES
+            .iter()
+            .position(|name| *name == value)
+            .ok_or_else(|| E::unknown_field(value, F::NAMES))
+    }
+
+    fn visit_bytes<E: de::Error>(self, value: &[u8]) -> Result<usize, E> {
+        match std::str::from_utf8(value) {
+            Ok(s) => self.visit_str(s),
+            Err(_) => Err(E::unknown_field(&String::from_utf8_lossy(value), F::NAMES)),
+        }
+    }
+}
+
+struct ArgsVisitor<T, F>(PhantomData<fn() -> (T, F)>);
+
+impl<'de, T: ArgTuple, F: Fields> Visitor<'de> for ArgsVisitor<T, F> {
+    type Value = Args<T, F>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "struct {}", F::NAME)
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        let mut slots = T::empty();
+        while let Some(index) = map.next_key_seed(FieldIndex::<F>(PhantomData))? {
+            T::fill(&mut slots, index, F::NAMES, &mut map)?;
+        }
+        Ok(Args(T::finish(slots, F::NAMES)?, PhantomData))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let expected = SeqLen::<F>(T::LEN, PhantomData);
+        Ok(Args(T::from_seq(&mut seq, &expected)?, PhantomData))
+    }
+}
+
+/// "struct ChargeCardArgs with 2 elements", as serde's derive says for a short sequence.
+struct SeqLen<F>(usize, PhantomData<fn() -> F>);
+
+impl<F: Fields> de::Expected for SeqLen<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "struct {} with {} elements", F::NAME, self.0)
+    }
+}
+
+impl<'de, T: ArgTuple, F: Fields> Deserialize<'de> for Args<T, F> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct(F::NAME, F::NAMES, ArgsVisitor(PhantomData))
+    }
+}
+
+impl<T: ArgTuple, F: Fields> JsonSchema for Args<T, F> {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed(F::NAME)
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        Cow::Borrowed(std::any::type_name::<Self>())
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let mut schema = schemars::json_schema!({
+            "type": "object",
+            "additionalProperties": false,
+        });
+        T::schema_properties(F::NAMES, generator, &mut schema);
+        if !F::DESCRIPTION.is_empty() {
+            schema.insert("description".into(), F::DESCRIPTION.into());
+        }
+        schema
+    }
 }

@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 use syn::{Attribute, Ident, ItemFn, Type};
 
 use crate::parse::Class;
-use crate::validate::{Model, Param};
+use crate::validate::Model;
 
 /// On failure: the fn as written (minus our parameter markers) and the errors, so that one
 /// mistake gives one message instead of one per call site.
@@ -62,18 +62,16 @@ fn camel(ident: &Ident) -> String {
         .collect()
 }
 
-fn duration(d: Option<Duration>) -> TokenStream {
-    match d {
-        None => quote!(::core::option::Option::None),
-        Some(d) => {
-            let secs = d.as_secs();
-            let nanos = d.subsec_nanos();
-            quote!(::core::option::Option::Some(::core::time::Duration::new(#secs, #nanos)))
-        }
-    }
+fn duration(d: Option<Duration>) -> Option<TokenStream> {
+    d.map(|d| {
+        let secs = d.as_secs();
+        let nanos = d.subsec_nanos();
+        quote!(::core::option::Option::Some(::core::time::Duration::new(#secs, #nanos)))
+    })
 }
 
-/// `static DEF: ToolDef = ..;`
+/// `static DEF: ToolDef = ..;`, naming only the options that are set (the others come from
+/// `NO_OPTIONS`): a smaller expansion to parse and check per tool.
 fn def_static(model: &Model) -> TokenStream {
     let name = &model.name;
     let description = &model.description;
@@ -82,26 +80,32 @@ fn def_static(model: &Model) -> TokenStream {
         Class::Keyed => quote!(Keyed),
         Class::Never => quote!(Never),
     };
-    let attempts = match model.options.attempts {
-        Some(n) => quote!(::core::option::Option::Some(#n)),
-        None => quote!(::core::option::Option::None),
+    let opts = &model.options;
+    let mut set = Vec::new();
+    if let Some(n) = opts.attempts {
+        set.push(quote!(attempts: ::core::option::Option::Some(#n),));
+    }
+    for (field, value) in [
+        (quote!(attempt_timeout), opts.timeout),
+        (quote!(budget), opts.budget),
+        (quote!(lease), opts.lease),
+        (quote!(ttl), opts.ttl),
+    ] {
+        if let Some(d) = duration(value) {
+            set.push(quote!(#field: #d,));
+        }
+    }
+    let options = if set.is_empty() {
+        quote!(::idem_core::__private::NO_OPTIONS)
+    } else {
+        quote!(::idem_core::ToolOptions { #(#set)* ..::idem_core::__private::NO_OPTIONS })
     };
-    let timeout = duration(model.options.timeout);
-    let budget = duration(model.options.budget);
-    let lease = duration(model.options.lease);
-    let ttl = duration(model.options.ttl);
     quote! {
         static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
             name: #name,
             description: #description,
             class: ::idem_core::RetryClass::#class,
-            options: ::idem_core::ToolOptions {
-                attempts: #attempts,
-                attempt_timeout: #timeout,
-                budget: #budget,
-                lease: #lease,
-                ttl: #ttl,
-            },
+            options: #options,
         };
     }
 }
@@ -120,10 +124,14 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
     (ok, err)
 }
 
-/// Bounds checked at the user's spans, so rustc points at the parameter or the return type
-/// with a message that says what to derive. A free fn's `Tool` impl already reports its success
-/// and error types at the user's spans (`type Output = ..`), so they are checked here only for
-/// methods, whose tool type is generic.
+/// `impl Fields for #fields_ty { .. }`: the parameters' names (the JSON keys) and which ones
+/// are skipped, for the generic `idem_core::__private::Args`, whose `Serialize`, `Deserialize`
+/// and `JsonSchema` are written once in idem-core instead of derived for every tool. Unknown
+/// fields are refused there (and `additionalProperties: false` in the schema): a field the model
+/// invents (`"currency": "EUR"` on a tool without one) would otherwise be dropped silently while
+/// the model believes it was applied; refused, it comes back as an error naming the field.
+/// Bounds checked at the user's spans, so rustc points at the parameter or the return type with
+/// a message that says what to derive (see `idem_core::__private::ToolArg`).
 fn checks(model: &Model) -> TokenStream {
     let mut out = TokenStream::new();
     for p in &model.params {
@@ -132,7 +140,6 @@ fn checks(model: &Model) -> TokenStream {
     }
     let ret = &model.ret;
     match (&ret.ok, &ret.err) {
-        (Some(_), Some(_)) if !model.method => {}
         (Some(ok), Some(err)) => {
             out.extend(
                 quote_spanned! {ok.span()=> ::idem_core::__private::assert_output::<#ok>(); },
@@ -153,40 +160,24 @@ fn checks(model: &Model) -> TokenStream {
     quote!(const { #out })
 }
 
-/// The arguments struct's derives and serde/schemars settings.
-///
-/// Unknown fields are refused (`deny_unknown_fields`, and `additionalProperties: false` in the
-/// schema): a field the model invents (`"currency": "EUR"` on a tool without one) would otherwise
-/// be dropped silently while the model believes it was applied; refused, it comes back as an
-/// error naming the field, which the model can correct.
-fn args_header() -> TokenStream {
+fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
+    let args_name = format!("{}Args", camel(&model.item.sig.ident));
+    let names = model.params.iter().map(|p| p.ident.unraw().to_string());
+    let skip: u16 = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.skip)
+        .fold(0, |bits, (i, _)| bits | (1 << i));
+    let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
+    let description = description.map(|d| quote!(const DESCRIPTION: &'static str = #d;));
     quote! {
-        #[derive(
-            ::idem_core::__private::serde::Serialize,
-            ::idem_core::__private::serde::Deserialize,
-            ::idem_core::__private::schemars::JsonSchema,
-            ::core::clone::Clone,
-        )]
-        #[serde(crate = "::idem_core::__private::serde", deny_unknown_fields)]
-        #[schemars(crate = "::idem_core::__private::schemars")]
-    }
-}
-
-/// The body of `write_intent`: the canonical text of the arguments not skipped. `args` is a
-/// `&ArgsStruct`.
-fn intent_body(params: &[Param]) -> TokenStream {
-    if params.iter().all(|p| !p.skip) {
-        return quote!(::idem_core::canonicalize(args, out));
-    }
-    let kept: Vec<&Param> = params.iter().filter(|p| !p.skip).collect();
-    let idents = kept.iter().map(|p| &p.ident);
-    let idents2 = idents.clone();
-    let tys = kept.iter().map(|p| &p.ty);
-    quote! {
-        #[derive(::idem_core::__private::serde::Serialize)]
-        #[serde(crate = "::idem_core::__private::serde")]
-        struct __IdemIntent<'a> { #(#idents: &'a #tys,)* }
-        ::idem_core::canonicalize(&__IdemIntent { #(#idents2: &args.#idents2,)* }, out)
+        impl ::idem_core::__private::Fields for #fields_ty {
+            const NAME: &'static str = #args_name;
+            const NAMES: &'static [&'static str] = &[#(#names),*];
+            #description
+            #skip
+        }
     }
 }
 
@@ -214,19 +205,22 @@ fn expand_free(model: &Model) -> TokenStream {
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
     let args_ty = format_ident!("{}Args", base, span = ident.span());
+    let fields_ty = format_ident!("__Idem{}Fields", base);
     let run = run_ident(model);
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
-    let checks = checks(model);
-    let intent = intent_body(&model.params);
-    let header = args_header();
     let name = &model.name;
     let fn_name = ident.unraw().to_string();
 
     let args_doc = format!(
         "The arguments of the tool `{name}` (see [`{fn_name}`]), as the model sends them: a JSON object with one field per parameter; unknown fields are refused."
+    );
+    let args_new_doc = format!(
+        " `{args_ty}::new({})` builds them, in parameter order.",
+        model.params.iter().map(|p| p.ident.unraw().to_string()).collect::<Vec<_>>().join(", ")
     );
     let tool_doc = format!(
         "The tool `{name}` as a value, for a tool set (see [`{fn_name}`]). Every call goes through idem's protocol."
@@ -234,13 +228,15 @@ fn expand_free(model: &Model) -> TokenStream {
     let call_doc = format!(
         " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`{tool_ty}`] is the tool as a value."
     );
+    let fields = fields_impl(model, &quote!(#fields_ty), Some(&args_doc));
+    let checks = checks(model);
 
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
     inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
-    let (cx_param, cx_arg) = match &model.ctx {
-        Some(_) => (quote!(cx), quote!(cx,)),
-        None => (quote!(_cx), quote!()),
+    let cx_arg = match &model.ctx {
+        Some(_) => quote!(cx,),
+        None => quote!(),
     };
 
     quote! {
@@ -248,54 +244,44 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#doc)*
         #[doc = ""]
         #[doc = #call_doc]
-        #vis async fn #ident(
+        #vis fn #ident(
             #run: &::idem_core::Run,
             #(#idents: #tys),*
-        ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>> {
-            ::idem_core::Run::call(#run, &#tool_ty, #args_ty { #(#idents),* }).await
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<#ok, ::idem_core::Error<#err>>,
+        > + '_ {
+            #checks
+            ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*))
         }
 
         #(#cfg)*
         #[doc = #args_doc]
-        #header
-        #[allow(missing_docs)]
-        #vis struct #args_ty {
-            #(#vis #idents: #tys,)*
-        }
+        #[doc = ""]
+        #[doc = #args_new_doc]
+        #vis type #args_ty = ::idem_core::__private::Args<(#(#tys,)*), #fields_ty>;
+
+        #(#cfg)*
+        #[doc(hidden)]
+        #vis enum #fields_ty {}
+
+        #(#cfg)*
+        #fields
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #[derive(::core::clone::Clone, ::core::marker::Copy, ::core::fmt::Debug, ::core::default::Default)]
-        #vis struct #tool_ty;
+        #vis type #tool_ty = ::idem_core::__private::FnTool<#args_ty, #ok, #err>;
 
         #(#cfg)*
-        impl ::idem_core::Tool for #tool_ty {
-            type Args = #args_ty;
-            type Output = #ok;
-            type Error = #err;
-
-            fn def(&self) -> &'static ::idem_core::ToolDef {
-                #checks
-                #def
-                &__IDEM_DEF
-            }
-
-            fn write_intent(
-                args: &#args_ty,
-                out: &mut ::std::vec::Vec<u8>,
-            ) -> ::core::result::Result<(), ::idem_core::KeyError> {
-                #intent
-            }
-
-            fn run(
-                &self,
-                #cx_param: &::idem_core::Ctx,
-                args: #args_ty,
-            ) -> impl ::core::future::Future<Output = ::core::result::Result<#ok, #err>> + ::core::marker::Send {
+        #[doc = #tool_doc]
+        #[allow(non_upper_case_globals)]
+        #vis const #tool_ty: #tool_ty = {
+            #def
+            ::idem_core::__private::FnTool::new(&__IDEM_DEF, |cx, args: #args_ty| {
+                let _ = cx;
                 #inner
-                #ident(#cx_arg #(args.#idents),*)
-            }
-        }
+                ::std::boxed::Box::pin(#ident(#cx_arg #(args.0.#indices),*))
+            })
+        };
     }
 }
 
@@ -307,18 +293,16 @@ fn expand_method(model: &Model) -> TokenStream {
     let cfg = &attrs.cfg;
     let doc = &attrs.doc;
     let body_attrs = &attrs.body;
-    let base = camel(ident);
-    let args_name = format!("{base}Args");
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
     let run = run_ident(model);
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
+    let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
     let checks = checks(model);
-    let intent = intent_body(&model.params);
-    let header = args_header();
+    let fields = fields_impl(model, &quote!(__IdemFields), None);
     let name = &model.name;
 
     let factory_doc = format!(
@@ -356,32 +340,15 @@ fn expand_method(model: &Model) -> TokenStream {
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
             #checks
-            #header
-            #[serde(rename = #args_name)]
-            struct __IdemArgs {
-                #(#idents: #tys,)*
-            }
-            impl ::core::convert::From<#tuple> for __IdemArgs {
-                fn from((#(#idents,)*): #tuple) -> Self {
-                    __IdemArgs { #(#idents),* }
-                }
-            }
-            impl ::idem_core::__private::Intent for __IdemArgs {
-                fn write_intent(
-                    &self,
-                    out: &mut ::std::vec::Vec<u8>,
-                ) -> ::core::result::Result<(), ::idem_core::KeyError> {
-                    let args = self;
-                    #intent
-                }
-            }
+            enum __IdemFields {}
+            #fields
             #def
             ::idem_core::__private::MethodTool::new(
                 ::std::sync::Arc::clone(self),
                 &__IDEM_DEF,
-                |recv, cx, args: __IdemArgs| {
+                |recv, cx, args: ::idem_core::__private::Args<#tuple, __IdemFields>| {
                     let _ = cx;
-                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.#idents),*))
+                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.0.#indices),*))
                 },
             )
         }

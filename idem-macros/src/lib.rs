@@ -26,24 +26,31 @@ mod validate;
 ///
 /// # What it generates
 /// For a free `async fn charge_card(..)`:
-/// - `charge_card(run: &Run, <params>)`: the typed call, same name and visibility, returning
-///   `Result<T, idem_core::Error<E>>`. It derives the key, claims it, runs, stores and replays
-///   through `idem_core::Run::call`. The body is moved into the
-///   tool's `Tool::run`, so there is no unprotected path to it.
-/// - `ChargeCardTool`: a unit struct implementing `idem_core::Tool`, the tool as a value for a tool
-///   set. Its `def()` is a `&'static ToolDef`: the stable name, the doc comment as description,
-///   the class and the options.
+/// - `charge_card(run: &Run, <params>)`: the typed call, same name and visibility, a plain fn
+///   returning a future of `Result<T, idem_core::Error<E>>` (an `async fn` would add a second
+///   state machine per tool for the compiler to check). It derives the key, claims it, runs,
+///   stores and replays through `idem_core::Run::call`.
+/// - `ChargeCardTool`: the tool as a value for a tool set (`&ChargeCardTool`,
+///   `ChargeCardTool.def()`), a constant of the type alias of the same name for
+///   `idem_core::__private::FnTool`, whose one generic `Tool` impl lives in idem-core. Its `def()`
+///   is a `&'static ToolDef`: the stable name, the doc comment as description, the class and the
+///   options. The body is moved into the tool, so there is no unprotected path to it.
 /// - `ChargeCardArgs`: the arguments as the model sends them, one field per parameter (the
-///   context excluded), deriving `Serialize`, `Deserialize`, `JsonSchema` and `Clone` through
-///   idem-core (the crate needs no serde or schemars dependency of its own). Unknown fields are
-///   refused (`deny_unknown_fields`, `additionalProperties: false` in the schema): a field the
-///   model invents would otherwise be dropped silently while the model believes it was applied.
+///   context excluded): a type alias for `idem_core::__private::Args<(T1, .., Tn), F>`, built
+///   with `ChargeCardArgs::new(customer, amount_cents)`. `Serialize`, `Deserialize`, `JsonSchema`,
+///   `Clone` and `Debug` are written once in idem-core for every such type instead of derived per
+///   tool (a crate of many tools type-checks no derived code), with the JSON of the derive: an
+///   object with one field per parameter. Unknown fields are refused (and
+///   `additionalProperties: false` in the schema): a field the model invents would otherwise be
+///   dropped silently while the model believes it was applied. At most 16 parameters.
+/// - a hidden zero-sized `__IdemChargeCardFields` naming the fields.
 ///
 /// For a method `async fn charge_card(&self, ..)` in an `impl` block (tools usually hold clients):
 /// - `charge_card(self: &Arc<Self>, run: &Run, <params>)`: the typed call;
 /// - `charge_card_tool(self: &Arc<Self>) -> impl Tool<..> + Clone`: the tool as a value holding
 ///   the receiver. An attribute on a method can only add items to its `impl` block, so the
-///   arguments type is declared inside this constructor and is reached as `<T as Tool>::Args`;
+///   arguments type's field names are declared inside this constructor and the type is reached
+///   as `<T as Tool>::Args` (built with `From<(T1, .., Tn)>`);
 /// - a hidden `__idem_tool_charge_card` holding the body. `Self` must be `Send + Sync + 'static`.
 ///
 /// # Options
@@ -62,8 +69,8 @@ mod validate;
 /// # Parameters
 /// - An optional first parameter `cx: &Ctx` (any path ending in `Ctx`) gives the body the
 ///   idempotency key to forward, the attempt number and the deadline; it is not an argument.
-/// - The others need owned types that are `Serialize + DeserializeOwned + JsonSchema + Clone +
-///   Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics.
+/// - The others (at most 16) need owned types that are `Serialize + DeserializeOwned + JsonSchema
+///   + Clone + Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics.
 /// - The return type is `Result<T, E>` (or an alias named `..Result`), `T: Serialize +
 ///   DeserializeOwned`, `E: idem_core::Classify + Serialize + DeserializeOwned + Display + Debug`.
 ///
@@ -71,7 +78,7 @@ mod validate;
 /// so one mistake gives one message.
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let mut item: syn::ItemFn = match syn::parse(item.clone()) {
+    let mut item: syn::ItemFn = match syn::parse::Parser::parse(parse_fn, item.clone()) {
         Ok(item) => item,
         Err(e) => {
             let message = syn::Error::new(
@@ -98,4 +105,19 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
         )
         .into(),
     }
+}
+
+/// Parses an fn whose body is kept as tokens: the body is emitted as written, never inspected,
+/// and parsing it into syn's syntax tree would be most of the macro's work for a long body.
+fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
+    let attrs = input.call(syn::Attribute::parse_outer)?;
+    let vis: syn::Visibility = input.parse()?;
+    let sig: syn::Signature = input.parse()?;
+    let body: proc_macro2::Group = input.parse()?;
+    if body.delimiter() != proc_macro2::Delimiter::Brace {
+        return Err(syn::Error::new(body.span(), "expected the fn's body in braces"));
+    }
+    let brace_token = syn::token::Brace { span: body.delim_span() };
+    let stmts = vec![syn::Stmt::Expr(syn::Expr::Verbatim(body.stream()), None)];
+    Ok(syn::ItemFn { attrs, vis, sig, block: Box::new(syn::Block { brace_token, stmts }) })
 }

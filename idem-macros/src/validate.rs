@@ -10,6 +10,9 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 
 use crate::parse::{Attr, Class, Errors, ParamAttr};
 
+/// The most parameters a tool may have: `idem_core::__private::MAX_PARAMS`.
+const MAX_PARAMS: usize = 16;
+
 /// A parameter that becomes a field of the tool's arguments.
 pub struct Param {
     pub ident: Ident,
@@ -239,6 +242,17 @@ pub fn validate(
                 params.push(Param { ident, ty: (*pt.ty).clone(), skip: pattr.skip.is_some() });
             }
         }
+    }
+
+    // The generic arguments type in idem-core is implemented for tuples of up to 16 elements.
+    if let Some(extra) = params.get(MAX_PARAMS) {
+        errors.spanned(
+            extra.ident.span(),
+            format!(
+                "tool `{fn_name}` has {} parameters; `#[tool]` supports at most {MAX_PARAMS} (the context not counted): group related ones in a struct deriving Serialize, Deserialize, JsonSchema and Clone",
+                params.len()
+            ),
+        );
     }
 
     for skipped in &attr.skip {

@@ -26,5 +26,5 @@ async fn kept(r#type: String) -> Result<String, Failed> {
 
 fn main() {
     let _ = KeptTool;
-    let _ = KeptArgs { r#type: String::new() };
+    let _ = KeptArgs::new(String::new());
 }

@@ -18,5 +18,5 @@ pub async fn get_balance(customer: String) -> Result<u64, Failed> {
 
 fn main() {
     assert_eq!(GetBalanceTool.def().class, idem_core::RetryClass::Safe);
-    let _args = GetBalanceArgs { customer: "c".into() };
+    let _args = GetBalanceArgs::new("c".into());
 }
