@@ -119,6 +119,40 @@ async fn undecodable_outcome_is_incompatible_not_replayed() {
     }
 }
 
+/// Values of the wrong type, as a hand edit or another version might leave them: a clear
+/// `Incompatible` ("retry later" would be wrong), never a replay.
+#[tokio::test]
+async fn values_of_the_wrong_type_are_incompatible() {
+    let path = fresh_file("types");
+    let store = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("wrong_types", "{}");
+    let req = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::TakeOver,
+    };
+    let Claim::Acquired { fence, .. } = store.claim(req).await.expect("claim") else {
+        panic!("fresh key must be acquired")
+    };
+    let outcome = Outcome::Success("1".into());
+    store.complete(&key, fence, &outcome, Duration::from_secs(3600)).await.expect("complete");
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute("UPDATE idem_records SET expires_at = 'soon' WHERE key = ?1", [key.as_str()])
+        .expect("tamper");
+    match store.claim(req).await {
+        Err(StoreError::Incompatible(_)) => {}
+        other => panic!("a text expiry must be Incompatible, got {other:?}"),
+    }
+    drop(store);
+    raw.execute("UPDATE idem_meta SET value = 'one' WHERE name = 'schema_version'", [])
+        .expect("tamper the version");
+    match SqliteStore::open(&path) {
+        Err(StoreError::Incompatible(_)) => {}
+        other => panic!("a text schema version must be Incompatible, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn open_url_forms() {
     let path = fresh_file("url");

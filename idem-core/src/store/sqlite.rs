@@ -235,6 +235,13 @@ impl From<rusqlite::Error> for SqlError {
 impl From<SqlError> for StoreError {
     fn from(e: SqlError) -> Self {
         match e {
+            // A column that does not hold what idem writes there: a record or schema from
+            // another version (or edited by hand). Retrying would not help; replaying must not.
+            SqlError::Sqlite(
+                e @ (rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)),
+            ) => StoreError::Incompatible(format!("a stored value has an unexpected type: {e}")),
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
         }
