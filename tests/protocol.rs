@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::store::{Claim, ClaimRequest, OnExpired, Store};
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Store};
 use idem_core::{
     Backoff, BudgetKind, Classify, Ctx, Error, Failure, Idem, MemoryStore, Policy, RetryBudget,
     RetryClass, Scope, StoreError, Tool, ToolDef, ToolOptions,
@@ -794,52 +794,80 @@ async fn backoff_uses_full_jitter_and_a_seed_reproduces_it() {
 // ---------------------------------------------------------------------------------------------
 // Fail closed, caller-supplied keys, exact replay, retention.
 
-/// A store whose server is down.
-struct DownStore;
+/// A memory store with one fault injected.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// The server is down: every operation fails at once.
+    Down,
+    /// The server accepts requests and never answers.
+    Frozen,
+    /// Claims are answered after this long (the caller may have given up).
+    SlowClaims(Duration),
+    /// The server goes down after the claim: `complete` fails.
+    CompleteFails,
+}
+
+struct Faulty {
+    inner: MemoryStore,
+    fault: Fault,
+}
+
+fn faulty(fault: Fault) -> Faulty {
+    Faulty { inner: MemoryStore::new(), fault }
+}
 
 fn down() -> StoreError {
     StoreError::unavailable("connection refused (127.0.0.1:6379)")
 }
 
+impl Faulty {
+    /// What every operation meets first.
+    async fn gate(&self) -> Result<(), StoreError> {
+        match self.fault {
+            Fault::Down => Err(down()),
+            Fault::Frozen => std::future::pending().await,
+            _ => Ok(()),
+        }
+    }
+}
+
 #[async_trait::async_trait]
-impl Store for DownStore {
-    async fn claim(&self, _: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Err(down())
+impl Store for Faulty {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.gate().await?;
+        if let Fault::SlowClaims(d) = self.fault {
+            tokio::time::sleep(d).await;
+        }
+        self.inner.claim(req).await
     }
     async fn complete(
         &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: &idem_core::store::Outcome,
-        _: Duration,
+        k: &idem_core::Key,
+        f: Fence,
+        o: &Outcome,
+        t: Duration,
     ) -> Result<(), StoreError> {
-        Err(down())
+        self.gate().await?;
+        if let Fault::CompleteFails = self.fault {
+            return Err(down());
+        }
+        self.inner.complete(k, f, o, t).await
     }
-    async fn release(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-    ) -> Result<(), StoreError> {
-        Err(down())
+    async fn release(&self, k: &idem_core::Key, f: Fence) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.release(k, f).await
     }
-    async fn renew(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        Err(down())
+    async fn renew(&self, k: &idem_core::Key, f: Fence, l: Duration) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.renew(k, f, l).await
     }
-    async fn wait(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        Err(down())
+    async fn wait(&self, k: &idem_core::Key, f: Fence, m: Duration) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.wait(k, f, m).await
     }
-    async fn forget(&self, _: &idem_core::Key) -> Result<bool, StoreError> {
-        Err(down())
+    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+        self.gate().await?;
+        self.inner.forget(k).await
     }
 }
 
@@ -847,7 +875,7 @@ impl Store for DownStore {
 async fn when_the_store_is_down_keyed_and_never_tools_do_not_run() {
     for class in [RetryClass::Keyed, RetryClass::Never] {
         let tool = PayTool::new(class, ToolOptions::default(), &[], Step::Succeed);
-        let got = Idem::new(DownStore).run("r").call(&*tool, args("cus_1", 4900)).await;
+        let got = Idem::new(faulty(Fault::Down)).run("r").call(&*tool, args("cus_1", 4900)).await;
         match got {
             Err(e @ Error::StoreUnavailable { .. }) => {
                 assert!(e.to_string().contains("nothing was executed"), "{e}");
@@ -859,11 +887,12 @@ async fn when_the_store_is_down_keyed_and_never_tools_do_not_run() {
     // A safe tool without caching does not need the store; with caching it fails closed unless
     // the executor allows it to fail open.
     let tool = PayTool::new(RetryClass::Safe, ToolOptions::default(), &[], Step::Succeed);
-    assert!(Idem::new(DownStore).run("r").call(&*tool, args("c", 1)).await.is_ok());
-    let cached = Idem::builder(DownStore).policy(Policy { cache_safe: true, ..policy() }).build();
+    assert!(Idem::new(faulty(Fault::Down)).run("r").call(&*tool, args("c", 1)).await.is_ok());
+    let cached =
+        Idem::builder(faulty(Fault::Down)).policy(Policy { cache_safe: true, ..policy() }).build();
     let got = cached.run("r").call(&*tool, args("c", 1)).await;
     assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
-    let open = Idem::builder(DownStore)
+    let open = Idem::builder(faulty(Fault::Down))
         .policy(Policy { cache_safe: true, ..policy() })
         .safe_fail_open(true)
         .build();
@@ -1055,54 +1084,9 @@ async fn an_unknown_outcome_outlives_the_retention_of_results() {
     assert_eq!(tool.runs(), 1, "unknown until reconciled, not until the retention ends");
 }
 
-/// A store that accepts requests and never answers (a frozen server).
-struct FrozenStore;
-
-#[async_trait::async_trait]
-impl Store for FrozenStore {
-    async fn claim(&self, _: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        std::future::pending().await
-    }
-    async fn complete(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: &idem_core::store::Outcome,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        std::future::pending().await
-    }
-    async fn release(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-    ) -> Result<(), StoreError> {
-        std::future::pending().await
-    }
-    async fn renew(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        std::future::pending().await
-    }
-    async fn wait(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        std::future::pending().await
-    }
-    async fn forget(&self, _: &idem_core::Key) -> Result<bool, StoreError> {
-        std::future::pending().await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_frozen_store_fails_closed_within_the_budget() {
-    let idem = Idem::builder(FrozenStore)
+    let idem = Idem::builder(faulty(Fault::Frozen))
         .policy(Policy { budget: Duration::from_secs(1), ..policy() })
         .build();
     let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
@@ -1115,51 +1099,7 @@ async fn a_frozen_store_fails_closed_within_the_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn a_late_claim_answer_is_released_so_nothing_is_left_owned() {
-    /// Answers claims after 10 s, by which time the caller has given up.
-    struct Slow(MemoryStore);
-    #[async_trait::async_trait]
-    impl Store for Slow {
-        async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            self.0.claim(req).await
-        }
-        async fn complete(
-            &self,
-            k: &idem_core::Key,
-            f: idem_core::store::Fence,
-            o: &idem_core::store::Outcome,
-            t: Duration,
-        ) -> Result<(), StoreError> {
-            self.0.complete(k, f, o, t).await
-        }
-        async fn release(
-            &self,
-            k: &idem_core::Key,
-            f: idem_core::store::Fence,
-        ) -> Result<(), StoreError> {
-            self.0.release(k, f).await
-        }
-        async fn renew(
-            &self,
-            k: &idem_core::Key,
-            f: idem_core::store::Fence,
-            l: Duration,
-        ) -> Result<(), StoreError> {
-            self.0.renew(k, f, l).await
-        }
-        async fn wait(
-            &self,
-            k: &idem_core::Key,
-            f: idem_core::store::Fence,
-            m: Duration,
-        ) -> Result<(), StoreError> {
-            self.0.wait(k, f, m).await
-        }
-        async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
-            self.0.forget(k).await
-        }
-    }
-    let store = Arc::new(Slow(MemoryStore::new()));
+    let store = Arc::new(faulty(Fault::SlowClaims(Duration::from_secs(10))));
     let hasty =
         executor_on(store.clone(), Policy { store_timeout: Duration::from_secs(1), ..policy() });
     let tool = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::Succeed);
@@ -1168,7 +1108,7 @@ async fn a_late_claim_answer_is_released_so_nothing_is_left_owned() {
     // The claim lands later and is released in the background: the never tool is not stuck as
     // "unknown", and a patient caller runs it once.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(store.0.len(), 0, "the late claim was released");
+    assert_eq!(store.inner.len(), 0, "the late claim was released");
     let patient = executor_on(store, Policy { store_timeout: Duration::from_secs(60), ..policy() });
     assert_eq!(patient.run("r").call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
     assert_eq!(tool.runs(), 1);
@@ -1203,12 +1143,8 @@ async fn huge_durations_and_retry_after_hints_do_not_panic() {
         fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
             idem_core::canonicalize(args, out)
         }
-        fn run(
-            &self,
-            _cx: &Ctx,
-            _args: ChargeArgs,
-        ) -> impl std::future::Future<Output = Result<u32, RateLimited>> + Send {
-            async { Err(RateLimited { after_ms: u64::MAX }) }
+        async fn run(&self, _cx: &Ctx, _args: ChargeArgs) -> Result<u32, RateLimited> {
+            Err(RateLimited { after_ms: u64::MAX })
         }
     }
     let got = executor().run("r").call(&Forever, args("q", 1)).await;
@@ -1285,54 +1221,9 @@ async fn records_abandoned_by_cancelled_callers_are_swept() {
     assert_eq!(store.len(), 1, "expired leases of re-runnable tools are swept");
 }
 
-/// A memory store whose `complete` fails as if the server went down after the claim.
-struct CompleteFails(MemoryStore);
-
-#[async_trait::async_trait]
-impl Store for CompleteFails {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.0.claim(req).await
-    }
-    async fn complete(
-        &self,
-        _: &idem_core::Key,
-        _: idem_core::store::Fence,
-        _: &idem_core::store::Outcome,
-        _: Duration,
-    ) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn release(
-        &self,
-        k: &idem_core::Key,
-        f: idem_core::store::Fence,
-    ) -> Result<(), StoreError> {
-        self.0.release(k, f).await
-    }
-    async fn renew(
-        &self,
-        k: &idem_core::Key,
-        f: idem_core::store::Fence,
-        l: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.renew(k, f, l).await
-    }
-    async fn wait(
-        &self,
-        k: &idem_core::Key,
-        f: idem_core::store::Fence,
-        m: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.wait(k, f, m).await
-    }
-    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
-        self.0.forget(k).await
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
-    let idem = executor_on(Arc::new(CompleteFails(MemoryStore::new())), policy());
+    let idem = executor_on(Arc::new(faulty(Fault::CompleteFails)), policy());
     let run = idem.run("r");
     // A never tool whose attempt was ambiguous: "unknown", not "nothing was executed".
     let never = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::ChargeThenReset);

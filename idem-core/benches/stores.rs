@@ -31,90 +31,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use idem_core::store::{
     Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore, SqliteStore,
 };
-use idem_core::{
-    Classify, Ctx, Failure, Fingerprint, Idem, Key, KeyError, RetryClass, Run, Scope, Tool,
-    ToolDef, ToolOptions,
-};
+use idem_core::{Fingerprint, Idem, Key, Run, Scope};
 use redis::aio::ConnectionManager;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-// ---------------------------------------------------------------------------------------------
-// The tool: the same ~200 bytes of arguments as the in-memory overhead bench; it does no work, so
-// what is measured is idem and its store.
+mod common;
 
-#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
-struct ChargeArgs {
-    customer: String,
-    amount_cents: u64,
-    currency: String,
-    description: String,
-    metadata: BTreeMap<String, String>,
-}
+use common::{ChargeArgs, ChargeCard, DEF, charge_args};
 
-fn charge_args(n: u64) -> ChargeArgs {
-    ChargeArgs {
-        customer: "cus_Q4tL9mX2aB7cD1".into(),
-        amount_cents: 4900 + n,
-        currency: "eur".into(),
-        description: "Annual subscription, team plan (5 seats), invoice INV-2026-0042".into(),
-        metadata: BTreeMap::from([
-            ("order_id".into(), "ord_7781".into()),
-            ("agent_run".into(), "run_2026_11_29_a".into()),
-        ]),
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct NoError;
-
-impl std::fmt::Display for NoError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never fails")
-    }
-}
-
-impl Classify for NoError {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Charge {
-    id: String,
-    amount_cents: u64,
-}
-
-static DEF: ToolDef = ToolDef {
-    name: "charge_card",
-    description: "Charge a customer's card.",
-    class: RetryClass::Keyed,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: None,
-    },
-};
-
-struct ChargeCard;
-
-impl Tool for ChargeCard {
-    type Args = ChargeArgs;
-    type Output = Charge;
-    type Error = NoError;
-    fn def(&self) -> &'static ToolDef {
-        &DEF
-    }
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
-    }
-    async fn run(&self, _cx: &Ctx, args: ChargeArgs) -> Result<Charge, NoError> {
-        Ok(Charge { id: "ch_3PqR7s".into(), amount_cents: args.amount_cents })
-    }
-}
+/// The shared tool, without a gate: it answers at once.
+const CHARGE: ChargeCard = ChargeCard { gate: None };
 
 /// What a raw write stores: about what the store writes (a 64-hex-digit key, a short JSON value).
 const RAW_VALUE: &str =
@@ -305,12 +231,11 @@ impl Subject {
             Op::Raw2 => self.raw.write2(&self.prefix, next()).await,
             Op::Raw1 => self.raw.read1(&self.read_keys[caller as usize]).await,
             Op::First => {
-                let out =
-                    self.run.call(&ChargeCard, charge_args(next())).await.expect("first call");
+                let out = self.run.call(&CHARGE, charge_args(next())).await.expect("first call");
                 std::hint::black_box(out);
             }
             Op::Replay => {
-                let out = self.run.call(&ChargeCard, seed_args(caller)).await.expect("replay");
+                let out = self.run.call(&CHARGE, seed_args(caller)).await.expect("replay");
                 std::hint::black_box(out);
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
@@ -358,7 +283,7 @@ impl Subject {
     /// Seeds what the replays read, one per caller: idem's completed record and the raw key.
     async fn seed(&self) {
         for caller in 0..CALLERS {
-            self.run.call(&ChargeCard, seed_args(caller)).await.expect("seed the record");
+            self.run.call(&CHARGE, seed_args(caller)).await.expect("seed the record");
             self.raw.write2(&self.prefix, SEED + caller).await;
         }
     }

@@ -12,6 +12,8 @@ use async_trait::async_trait;
 
 use crate::key::{Fingerprint, Key};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod codec;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Statement};
 
+use super::codec::{self, encode, fence_param, ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -531,38 +532,14 @@ fn local_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn fence_param(f: Fence) -> i64 {
-    // Fences beyond i64 never come from this store; such a fence matches no row.
-    i64::try_from(f.0).unwrap_or(-1)
-}
-
-const SUCCESS: i16 = 1;
-const FAILURE: i16 = 2;
-const UNKNOWN: i16 = 3;
-
-fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
-    match outcome {
-        Outcome::Success(json) => (SUCCESS, Some(json)),
-        Outcome::Failure(json) => (FAILURE, Some(json)),
-        Outcome::Unknown => (UNKNOWN, None),
-    }
-}
-
 fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outcome, StoreError> {
-    match (kind, payload) {
-        (Some(SUCCESS), Some(json)) => Ok(Outcome::Success(json)),
-        (Some(FAILURE), Some(json)) => Ok(Outcome::Failure(json)),
-        (Some(UNKNOWN), None) => Ok(Outcome::Unknown),
-        (kind, payload) => Err(StoreError::Incompatible(format!(
+    let present = if payload.is_some() { "present" } else { "absent" };
+    codec::decode(kind.map(i64::from), payload).ok_or_else(|| {
+        StoreError::Incompatible(format!(
             "the PostgreSQL record of key {key} has an outcome this idem cannot read (kind \
-             {kind:?}, payload {})",
-            if payload.is_some() { "present" } else { "absent" }
-        ))),
-    }
+             {kind:?}, payload {present})"
+        ))
+    })
 }
 
 /// What one run of the claim statement means; `Retry` when its snapshot was older than the row

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
+use super::codec::{self, encode, fence_param, ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -299,42 +300,18 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 fn fence_of(v: i64) -> Fence {
     Fence(v as u64)
 }
 
-fn fence_param(f: Fence) -> i64 {
-    // Fences beyond i64 never come from this store; such a fence matches no row.
-    i64::try_from(f.0).unwrap_or(-1)
-}
-
-const SUCCESS: i64 = 1;
-const FAILURE: i64 = 2;
-const UNKNOWN: i64 = 3;
-
-fn encode(outcome: &Outcome) -> (i64, Option<&str>) {
-    match outcome {
-        Outcome::Success(json) => (SUCCESS, Some(json)),
-        Outcome::Failure(json) => (FAILURE, Some(json)),
-        Outcome::Unknown => (UNKNOWN, None),
-    }
-}
-
 fn decode(key: &Key, kind: Option<i64>, payload: Option<String>) -> Result<Outcome, SqlError> {
-    match (kind, payload) {
-        (Some(SUCCESS), Some(json)) => Ok(Outcome::Success(json)),
-        (Some(FAILURE), Some(json)) => Ok(Outcome::Failure(json)),
-        (Some(UNKNOWN), None) => Ok(Outcome::Unknown),
-        (kind, payload) => Err(SqlError::Incompatible(format!(
-            "the SQLite record of key {key} has an outcome this idem cannot read (kind {kind:?}, \
-             payload {})",
-            if payload.is_some() { "present" } else { "absent" }
-        ))),
-    }
+    let present = if payload.is_some() { "present" } else { "absent" };
+    codec::decode(kind, payload).ok_or_else(|| {
+        SqlError::Incompatible(format!(
+            "the SQLite record of key {key} has an outcome this idem cannot read (kind \
+             {kind:?}, payload {present})"
+        ))
+    })
 }
 
 struct Row {

@@ -1,0 +1,43 @@
+//! How the SQL stores (SQLite, PostgreSQL) write a record's outcome, fence and durations: one
+//! encoding, so a record means the same in both.
+
+use std::time::Duration;
+
+use super::{Fence, Outcome};
+
+/// The outcome kind column: 1 success, 2 permanent failure, 3 unknown. The payload column holds
+/// the JSON for 1 and 2, and is NULL for 3.
+pub(crate) const SUCCESS: i16 = 1;
+pub(crate) const FAILURE: i16 = 2;
+pub(crate) const UNKNOWN: i16 = 3;
+
+/// The kind and payload columns of `outcome`.
+pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
+    match outcome {
+        Outcome::Success(json) => (SUCCESS, Some(json)),
+        Outcome::Failure(json) => (FAILURE, Some(json)),
+        Outcome::Unknown => (UNKNOWN, None),
+    }
+}
+
+/// The outcome of the kind and payload columns; `None` when they are not a pair this version
+/// writes (the caller reports the record as incompatible).
+pub(crate) fn decode(kind: Option<i64>, payload: Option<String>) -> Option<Outcome> {
+    match (kind, payload) {
+        (Some(k), Some(json)) if k == i64::from(SUCCESS) => Some(Outcome::Success(json)),
+        (Some(k), Some(json)) if k == i64::from(FAILURE) => Some(Outcome::Failure(json)),
+        (Some(k), None) if k == i64::from(UNKNOWN) => Some(Outcome::Unknown),
+        _ => None,
+    }
+}
+
+/// Milliseconds as a column value, saturating.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A fence as a column value. Fences beyond i64 never come from these stores; such a fence
+/// matches no row.
+pub(crate) fn fence_param(f: Fence) -> i64 {
+    i64::try_from(f.0).unwrap_or(-1)
+}
