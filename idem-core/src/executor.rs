@@ -35,6 +35,8 @@ pub struct Idem {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// `store.is_local()`, read once.
+    local_store: bool,
     policy: Policy,
     budget: Arc<RetryBudget>,
     flights: Flights,
@@ -88,6 +90,7 @@ impl IdemBuilder {
         };
         Idem {
             inner: Arc::new(Inner {
+                local_store: self.store.is_local(),
                 store: self.store,
                 policy: self.policy,
                 budget: self.budget.unwrap_or_default(),
@@ -329,6 +332,11 @@ impl<T: Tool> Call<'_, T> {
     }
 
     async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
+        if self.uses_store() && self.inner.local_store {
+            // An in-process store already makes duplicates wait for the first call and wakes
+            // them directly: a second single flight in front of it would only add cost.
+            return self.lead(args).await;
+        }
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
                 Enter::Mismatch => {
@@ -403,6 +411,7 @@ impl<T: Tool> Call<'_, T> {
     async fn acquire(&self, on_expired: OnExpired) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
         let answer = |a| Ok(Owned::Answer(a));
+        let mut waited = false;
         loop {
             match self.claim(on_expired).await? {
                 Claim::Acquired { fence, .. } => return Ok(Owned::Fence(fence)),
@@ -414,13 +423,14 @@ impl<T: Tool> Call<'_, T> {
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
                     // A store that stops answering is caught by the next claim's timeout.
-                    let waited = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
-                    if let Ok(Err(e)) = waited {
+                    let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
+                    if let Ok(Err(e)) = woken {
                         return Err(e);
                     }
+                    waited = true;
                 }
                 Claim::Completed(record) => {
-                    self.outcome("replayed");
+                    self.outcome(if waited { "joined" } else { "replayed" });
                     return answer(self.replay(record));
                 }
                 Claim::Unknown => {
@@ -441,6 +451,16 @@ impl<T: Tool> Call<'_, T> {
     /// answer in time is finished in the background and released if it acquired, so a slow store
     /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
     async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+        if self.inner.local_store {
+            // Answers without I/O: nothing to bound, nothing left behind.
+            let req = ClaimRequest {
+                key: &self.key,
+                fingerprint: &self.fingerprint,
+                lease: self.policy.lease,
+                on_expired,
+            };
+            return self.inner.store.claim(req).await;
+        }
         let now = Instant::now();
         let bound = later(now, self.policy.store_timeout).min(self.deadline);
         let store = Arc::clone(&self.inner.store);
@@ -472,6 +492,9 @@ impl<T: Tool> Call<'_, T> {
         &self,
         step: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
+        if self.inner.local_store {
+            return step.await;
+        }
         let timeout = self.policy.store_timeout;
         match tokio::time::timeout(timeout, step).await {
             Ok(result) => result,

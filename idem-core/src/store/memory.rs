@@ -259,6 +259,10 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let mut map = self.lock();
         Ok(match map.entries.remove(key) {

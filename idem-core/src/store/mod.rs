@@ -168,6 +168,14 @@ pub trait Store: Send + Sync + 'static {
     /// hint, not a promise: the caller claims again. Must never wait past `max`.
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError>;
 
+    /// Whether this store lives in this process and answers without I/O, as the in-memory store
+    /// does. The executor then calls it directly: no timeouts around its steps, and no
+    /// in-process single flight in front of it, since its own `wait` already wakes duplicates.
+    /// Default `false`; a store that may block or do I/O must keep it.
+    fn is_local(&self) -> bool {
+        false
+    }
+
     /// Removes the record of `key` whatever its state (an operator's reconciliation of an unknown
     /// outcome, or tests). Returns whether a record was removed.
     async fn forget(&self, key: &Key) -> Result<bool, StoreError>;
