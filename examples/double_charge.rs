@@ -229,6 +229,7 @@ async fn main() {
 
     // 2. A keyed tool.
     println!("2. #[tool(retry = \"keyed\")]: one key per intent, forwarded to the provider");
+    println!("   (a new provider: its charge ids start again at ch_1)");
     let provider = Provider::new(20);
     let tools = Arc::new(Payments { provider: Arc::clone(&provider) });
     let policy = Policy {
@@ -247,6 +248,15 @@ async fn main() {
     let reached = provider.requests.load(Ordering::SeqCst) - before;
     println!(
         "     ({reached} request(s) reached the provider: the result was replayed from idem's store)"
+    );
+
+    let charges = provider.charges_for("cus_42");
+    println!(
+        "   => the executor's retry and the model's repeat {} ({}); cus_42 was charged {} time(s): {}",
+        if first == again { "received the same charge" } else { "received DIFFERENT answers" },
+        charges.first().map(String::as_str).unwrap_or("none"),
+        charges.len(),
+        charges.join(", ")
     );
 
     let duplicates = 12;
@@ -273,14 +283,7 @@ async fn main() {
         "   <- {received} answers, all {}; {reached} request(s) reached the provider",
         ids.join(" / ")
     );
-    let charges = provider.charges_for("cus_42");
-    println!(
-        "   => the executor's retry and the model's repeat {} ({}); cus_42 was charged {} time(s): {}\n",
-        if first == again { "received the same charge" } else { "received DIFFERENT answers" },
-        charges.first().map(String::as_str).unwrap_or("none"),
-        charges.len(),
-        charges.join(", ")
-    );
+    println!();
 
     // 3. A never tool.
     println!("3. #[tool(retry = \"never\")]: no second attempt when the outcome is unknown");
