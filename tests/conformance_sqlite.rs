@@ -153,6 +153,29 @@ async fn values_of_the_wrong_type_are_incompatible() {
     }
 }
 
+/// Several processes starting at once open one new file together: each must get a store, not
+/// "database is locked" (switching a new file to WAL does not wait on SQLite's busy handler).
+#[test]
+fn many_stores_open_a_new_file_at_once() {
+    for round in 0..20 {
+        let path = fresh_file(&format!("open-race-{round}"));
+        let barrier = Arc::new(std::sync::Barrier::new(8));
+        let opened: Vec<_> = (0..8)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    SqliteStore::open(&path).map(drop)
+                })
+            })
+            .collect();
+        for handle in opened {
+            let result = handle.join().expect("no panic");
+            assert!(result.is_ok(), "round {round}: {result:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn open_url_forms() {
     let path = fresh_file("url");

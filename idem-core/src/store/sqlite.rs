@@ -166,10 +166,24 @@ impl SqliteStore {
 
     fn with_connection(mut conn: Connection) -> Result<Self, StoreError> {
         conn.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
-        // `journal_mode` answers with the mode set ("memory" for in-memory databases).
-        let _mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(StoreError::unavailable)?;
+        // `journal_mode` answers with the mode set ("memory" for in-memory databases). Switching
+        // a new file to WAL needs an exclusive lock, and SQLite reports BUSY at once instead of
+        // calling the busy handler when several processes open the file together: retry.
+        let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match conn
+                .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0))
+            {
+                Ok(_mode) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < give_up =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(StoreError::unavailable(e)),
+            }
+        }
         conn.set_prepared_statement_cache_capacity(32);
         init_schema(&mut conn)?;
         Ok(SqliteStore {
