@@ -723,30 +723,41 @@ async fn the_wall_clock_budget_bounds_the_whole_call() {
     assert_eq!(tool.charges(), 1, "retries reused the key");
 }
 
-/// A tool that is rate limited once, with a retry-after hint.
+/// A tool whose first `limited` answers are "rate limited, retry after `after_ms`", then 42.
 struct RateLimitedTool {
+    def: &'static ToolDef,
+    after_ms: u64,
+    limited: usize,
     runs: AtomicUsize,
 }
 
-static RATE_LIMITED_DEF: ToolDef = ToolDef {
-    name: "search",
-    description: "",
-    class: RetryClass::Safe,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: None,
-    },
-};
+const fn rate_limited_def(class: RetryClass) -> ToolDef {
+    ToolDef {
+        name: "search",
+        description: "",
+        class,
+        options: ToolOptions {
+            attempts: None,
+            attempt_timeout: None,
+            budget: None,
+            lease: None,
+            ttl: None,
+        },
+    }
+}
+static RATE_LIMITED_SAFE: ToolDef = rate_limited_def(RetryClass::Safe);
+static RATE_LIMITED_KEYED: ToolDef = rate_limited_def(RetryClass::Keyed);
+
+fn rate_limited(def: &'static ToolDef, after_ms: u64, limited: usize) -> RateLimitedTool {
+    RateLimitedTool { def, after_ms, limited, runs: AtomicUsize::new(0) }
+}
 
 impl Tool for RateLimitedTool {
     type Args = ChargeArgs;
     type Output = u32;
     type Error = RateLimited;
     fn def(&self) -> &'static ToolDef {
-        &RATE_LIMITED_DEF
+        self.def
     }
     fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
         idem_core::canonicalize(args, out)
@@ -757,13 +768,15 @@ impl Tool for RateLimitedTool {
         _args: ChargeArgs,
     ) -> impl std::future::Future<Output = Result<u32, RateLimited>> + Send {
         let n = self.runs.fetch_add(1, Ordering::SeqCst);
-        async move { if n == 0 { Err(RateLimited { after_ms: 5000 }) } else { Ok(42) } }
+        let answer =
+            if n < self.limited { Err(RateLimited { after_ms: self.after_ms }) } else { Ok(42) };
+        async move { answer }
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_hint_is_honoured() {
-    let tool = RateLimitedTool { runs: AtomicUsize::new(0) };
+    let tool = rate_limited(&RATE_LIMITED_SAFE, 5000, 1);
     let started = Instant::now();
     assert_eq!(executor().run("r").call(&tool, args("q", 1)).await.unwrap(), 42);
     assert!(started.elapsed() >= Duration::from_secs(5), "{:?}", started.elapsed());
@@ -1131,23 +1144,8 @@ async fn huge_durations_and_retry_after_hints_do_not_panic() {
     assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
     assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1", "replayed");
 
-    /// Rate limited with a retry-after of u64::MAX milliseconds.
-    struct Forever;
-    impl Tool for Forever {
-        type Args = ChargeArgs;
-        type Output = u32;
-        type Error = RateLimited;
-        fn def(&self) -> &'static ToolDef {
-            &RATE_LIMITED_DEF
-        }
-        fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-            idem_core::canonicalize(args, out)
-        }
-        async fn run(&self, _cx: &Ctx, _args: ChargeArgs) -> Result<u32, RateLimited> {
-            Err(RateLimited { after_ms: u64::MAX })
-        }
-    }
-    let got = executor().run("r").call(&Forever, args("q", 1)).await;
+    let forever = rate_limited(&RATE_LIMITED_SAFE, u64::MAX, usize::MAX);
+    let got = executor().run("r").call(&forever, args("q", 1)).await;
     assert!(
         matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
         "{got:?}"
@@ -1159,35 +1157,13 @@ async fn the_lease_is_renewed_while_waiting_out_a_retry_after_hint() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let short_lease = Policy { lease: Duration::from_millis(100), ..policy() };
     let (a, b) = (executor_on(store.clone(), short_lease), executor_on(store, short_lease));
-    let tool = RateLimitedTool { runs: AtomicUsize::new(0) };
-    static CACHED: ToolDef = ToolDef { class: RetryClass::Keyed, ..RATE_LIMITED_DEF };
-    struct Keyed<'a>(&'a RateLimitedTool);
-    impl Tool for Keyed<'static> {
-        type Args = ChargeArgs;
-        type Output = u32;
-        type Error = RateLimited;
-        fn def(&self) -> &'static ToolDef {
-            &CACHED
-        }
-        fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-            idem_core::canonicalize(args, out)
-        }
-        fn run(
-            &self,
-            cx: &Ctx,
-            args: ChargeArgs,
-        ) -> impl std::future::Future<Output = Result<u32, RateLimited>> + Send {
-            self.0.run(cx, args)
-        }
-    }
-    let tool: &'static RateLimitedTool = Box::leak(Box::new(tool));
-    let keyed = Keyed(tool);
+    let tool = rate_limited(&RATE_LIMITED_KEYED, 5000, 1);
     let run_a = a.run("r");
-    let first = run_a.call(&keyed, args("q", 1));
+    let first = run_a.call(&tool, args("q", 1));
     let second = async {
         // During the 5 s retry-after pause, long past the 100 ms lease.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        b.run("r").call(&keyed, args("q", 1)).await
+        b.run("r").call(&tool, args("q", 1)).await
     };
     let (first, second) = tokio::join!(first, second);
     assert_eq!(first.unwrap(), 42);
