@@ -732,18 +732,7 @@ struct RateLimitedTool {
 }
 
 const fn rate_limited_def(class: RetryClass) -> ToolDef {
-    ToolDef {
-        name: "search",
-        description: "",
-        class,
-        options: ToolOptions {
-            attempts: None,
-            attempt_timeout: None,
-            budget: None,
-            lease: None,
-            ttl: None,
-        },
-    }
+    ToolDef { name: "search", description: "", class, options: ToolOptions::NONE }
 }
 static RATE_LIMITED_SAFE: ToolDef = rate_limited_def(RetryClass::Safe);
 static RATE_LIMITED_KEYED: ToolDef = rate_limited_def(RetryClass::Keyed);
@@ -956,13 +945,7 @@ static ECHO_DEF: ToolDef = ToolDef {
     name: "echo",
     description: "",
     class: RetryClass::Keyed,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: Some(Duration::from_secs(2)),
-    },
+    options: ToolOptions { ttl: Some(Duration::from_secs(2)), ..ToolOptions::NONE },
 };
 
 impl Tool for Echo {

@@ -38,18 +38,7 @@ struct Charge {
 }
 
 const fn def(class: RetryClass) -> ToolDef {
-    ToolDef {
-        name: "charge_card",
-        description: "",
-        class,
-        options: ToolOptions {
-            attempts: None,
-            attempt_timeout: None,
-            budget: None,
-            lease: None,
-            ttl: None,
-        },
-    }
+    ToolDef { name: "charge_card", description: "", class, options: ToolOptions::NONE }
 }
 static KEYED: ToolDef = def(RetryClass::Keyed);
 static NEVER: ToolDef = def(RetryClass::Never);

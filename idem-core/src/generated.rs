@@ -16,13 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::KeyError;
 use crate::ctx::Ctx;
 use crate::failure::Classify;
-use crate::policy::ToolOptions;
 use crate::tool::{Tool, ToolDef};
-
-/// Every option unset; generated definitions write `ToolOptions { attempts: Some(3), ..NO_OPTIONS }`
-/// in a `static`, where `Default::default()` cannot be called.
-pub const NO_OPTIONS: ToolOptions =
-    ToolOptions { attempts: None, attempt_timeout: None, budget: None, lease: None, ttl: None };
 
 /// A boxed, sendable future borrowing for `'a`: what a method tool's body returns.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -90,6 +90,13 @@ pub struct ToolOptions {
     pub ttl: Option<Duration>,
 }
 
+impl ToolOptions {
+    /// Every option unset (the executor's defaults apply): `Default::default()` for `static`s and
+    /// `const`s, e.g. `ToolOptions { attempts: Some(5), ..ToolOptions::NONE }`.
+    pub const NONE: ToolOptions =
+        ToolOptions { attempts: None, attempt_timeout: None, budget: None, lease: None, ttl: None };
+}
+
 impl Policy {
     /// This policy with a tool's options applied; a `never` tool gets exactly one attempt.
     pub fn with_options(mut self, class: RetryClass, opts: &ToolOptions) -> Policy {
@@ -139,6 +146,11 @@ mod tests {
         let ms: Vec<u128> = (1..=6).map(|n| b.ceiling(n).as_millis()).collect();
         assert_eq!(ms, [100, 200, 400, 800, 1000, 1000]);
         assert_eq!(b.ceiling(u32::MAX), Duration::from_secs(1), "no overflow");
+    }
+
+    #[test]
+    fn none_is_the_default() {
+        assert_eq!(ToolOptions::NONE, ToolOptions::default());
     }
 
     #[test]

@@ -71,7 +71,7 @@ fn duration(d: Option<Duration>) -> Option<TokenStream> {
 }
 
 /// `static DEF: ToolDef = ..;`, naming only the options that are set (the others come from
-/// `NO_OPTIONS`): a smaller expansion to parse and check per tool.
+/// `ToolOptions::NONE`): a smaller expansion to parse and check per tool.
 fn def_static(model: &Model) -> TokenStream {
     let name = &model.name;
     let description = &model.description;
@@ -96,9 +96,9 @@ fn def_static(model: &Model) -> TokenStream {
         }
     }
     let options = if set.is_empty() {
-        quote!(::idem_core::__private::NO_OPTIONS)
+        quote!(::idem_core::ToolOptions::NONE)
     } else {
-        quote!(::idem_core::ToolOptions { #(#set)* ..::idem_core::__private::NO_OPTIONS })
+        quote!(::idem_core::ToolOptions { #(#set)* ..::idem_core::ToolOptions::NONE })
     };
     quote! {
         static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {

@@ -105,13 +105,7 @@ static CHARGE: ToolDef = ToolDef {
     name: "charge",
     description: "Charges a card; the provider deduplicates by idempotency key.",
     class: RetryClass::Keyed,
-    options: idem_core::ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: None,
-    },
+    options: idem_core::ToolOptions::NONE,
 };
 
 static WIRE: ToolDef = ToolDef {

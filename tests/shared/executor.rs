@@ -40,14 +40,8 @@ static CHARGE: ToolDef = ToolDef {
     name: "charge",
     description: "Charges a customer.",
     class: RetryClass::Keyed,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        // Short, so a crashed holder's lease ends within the test.
-        lease: Some(Duration::from_millis(600)),
-        ttl: None,
-    },
+    // A short lease, so a crashed holder's lease ends within the test.
+    options: ToolOptions { lease: Some(Duration::from_millis(600)), ..ToolOptions::NONE },
 };
 
 impl Tool for Charge {

@@ -58,13 +58,7 @@ pub static DEF: ToolDef = ToolDef {
     name: "charge_card",
     description: "Charge a customer's card.",
     class: RetryClass::Keyed,
-    options: ToolOptions {
-        attempts: None,
-        attempt_timeout: None,
-        budget: None,
-        lease: None,
-        ttl: None,
-    },
+    options: ToolOptions::NONE,
 };
 
 /// The tool does no work of its own: what is measured is idem's overhead.
