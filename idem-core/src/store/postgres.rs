@@ -20,9 +20,9 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Statement};
 
-use super::codec::{self, encode, fence_param, ms};
+use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -151,7 +151,6 @@ DELETE FROM idem_records WHERE key IN (
 /// Connections opened by [`PostgresStore::connect`].
 pub const DEFAULT_CONNECTIONS: usize = 4;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const SWEEP_EVERY_MS: i64 = 60_000;
 const POLL_FIRST: Duration = Duration::from_millis(2);
 /// Polling cap while the listener is down (polling is then the only wake-up).
 const POLL_MAX_UNLISTENED: Duration = Duration::from_millis(50);
@@ -237,7 +236,7 @@ struct Inner {
     waiters: Arc<Waiters>,
     listening: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
-    next_sweep_ms: AtomicI64,
+    sweeps: SweepClock,
 }
 
 impl Drop for Inner {
@@ -297,7 +296,7 @@ impl PostgresStore {
                 waiters,
                 listening,
                 listener: Mutex::new(Some(listener)),
-                next_sweep_ms: AtomicI64::new(local_ms() + SWEEP_EVERY_MS),
+                sweeps: SweepClock::new(),
             }),
         };
         // Opens the first connection now, so a wrong address or schema fails here.
@@ -327,17 +326,6 @@ impl PostgresStore {
         let conn = Arc::new(open(&self.inner.config).await?);
         *slot = Some(Arc::clone(&conn));
         Ok(Held { conn, _busy: busy })
-    }
-
-    fn sweep_due(&self) -> bool {
-        let now = local_ms();
-        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
-        now >= due
-            && self
-                .inner
-                .next_sweep_ms
-                .compare_exchange(due, now + SWEEP_EVERY_MS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
     }
 
     async fn wait_inner(&self, key: &Key, fence: Fence, notify: &Notify) -> Result<(), StoreError> {
@@ -525,13 +513,6 @@ fn pg(e: tokio_postgres::Error) -> StoreError {
     StoreError::unavailable(PgError(e))
 }
 
-/// The local clock in ms, only for scheduling sweeps (leases use the server's clock).
-fn local_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outcome, StoreError> {
     let present = if payload.is_some() { "present" } else { "absent" };
     codec::decode(kind.map(i64::from), payload).ok_or_else(|| {
@@ -611,7 +592,7 @@ impl Store for PostgresStore {
             let row = conn.client.query_opt(&conn.claim, &params).await;
             let row = row.map_err(pg)?;
             if let Step::Done(claim) = decide(req.key, req.fingerprint, req.on_expired, row)? {
-                if self.sweep_due() {
+                if self.inner.sweeps.due(now_ms()) {
                     let store = self.clone();
                     // Space only: a failed sweep is retried at the next interval.
                     tokio::spawn(async move {

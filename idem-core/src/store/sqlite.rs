@@ -21,15 +21,14 @@
 //! busy timeout 0): a primary-key read takes microseconds, a blocking-pool hop tens of them.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
-use super::codec::{self, encode, fence_param, ms};
+use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -108,7 +107,6 @@ DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records WHERE state = 1 AND expires_at <= ?1 LIMIT 1000)";
 
 /// How often expired records are swept (ms); claims treat them as absent in between.
-const SWEEP_EVERY_MS: i64 = 60_000;
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_FIRST: Duration = Duration::from_millis(2);
@@ -118,7 +116,7 @@ struct Inner {
     conn: Mutex<Connection>,
     /// Woken by this store's completions, releases and forgets (other processes: polling).
     changed: Notify,
-    next_sweep_ms: AtomicI64,
+    sweeps: SweepClock,
 }
 
 /// The SQLite [`Store`]. Cheap to clone (clones share one connection).
@@ -190,7 +188,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
                 changed: Notify::new(),
-                next_sweep_ms: AtomicI64::new(now_ms() + SWEEP_EVERY_MS),
+                sweeps: SweepClock::new(),
             }),
         })
     }
@@ -214,16 +212,6 @@ impl SqliteStore {
             Ok(Err(e)) => Err(e.into()),
             Err(e) => Err(StoreError::unavailable(e)),
         }
-    }
-
-    fn sweep_due(&self, now: i64) -> bool {
-        let due = self.inner.next_sweep_ms.load(Ordering::Relaxed);
-        now >= due
-            && self
-                .inner
-                .next_sweep_ms
-                .compare_exchange(due, now + SWEEP_EVERY_MS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
     }
 }
 
@@ -306,12 +294,6 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
         Ok(())
     };
     run(conn).map_err(StoreError::from)
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn fence_of(v: i64) -> Fence {
@@ -438,7 +420,7 @@ impl Store for SqliteStore {
         if let Some(claim) = self.try_answer_inline(&key, &fp, on_expired, now) {
             return Ok(claim);
         }
-        let sweep = self.sweep_due(now);
+        let sweep = self.inner.sweeps.due(now);
         self.call(move |conn| {
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
