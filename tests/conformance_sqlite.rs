@@ -36,7 +36,7 @@ mod in_memory {
 // a versioned schema, and records written by someone else.
 
 use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome};
-use idem_core::{Store, StoreError};
+use idem_core::{Key, Store, StoreError};
 use std::time::Duration;
 
 fn fresh_file(name: &str) -> PathBuf {
@@ -92,40 +92,15 @@ async fn other_schema_version_is_incompatible() {
     }
 }
 
-#[tokio::test]
-async fn undecodable_outcome_is_incompatible_not_replayed() {
-    let path = fresh_file("decode");
+/// Stores a completed record in a new file, edits its row with `tamper` (`?1` is the key), and
+/// claims it again: what a record written by another version (or by hand) gets.
+async fn claim_after_tampering(
+    name: &str,
+    tamper: &str,
+) -> (Result<Claim, StoreError>, Key, PathBuf) {
+    let path = fresh_file(name);
     let store = SqliteStore::open(&path).expect("open");
-    let (key, fp) = idem_core::conformance::fresh_key("undecodable_outcome", "{}");
-    let req = ClaimRequest {
-        key: &key,
-        fingerprint: &fp,
-        lease: Duration::from_secs(30),
-        on_expired: OnExpired::TakeOver,
-    };
-    let Claim::Acquired { fence, .. } = store.claim(req).await.expect("claim") else {
-        panic!("fresh key must be acquired")
-    };
-    store
-        .complete(&key, fence, &Outcome::Success("1".into()), Duration::from_secs(30))
-        .await
-        .expect("complete");
-    let raw = rusqlite::Connection::open(&path).expect("raw open");
-    raw.execute("UPDATE idem_records SET kind = 7 WHERE key = ?1", [key.as_str()])
-        .expect("write a future outcome kind");
-    match store.claim(req).await {
-        Err(StoreError::Incompatible(m)) => assert!(m.contains(key.as_str()), "names the key: {m}"),
-        other => panic!("an undecodable outcome must be Incompatible, got {other:?}"),
-    }
-}
-
-/// Values of the wrong type, as a hand edit or another version might leave them: a clear
-/// `Incompatible` ("retry later" would be wrong), never a replay.
-#[tokio::test]
-async fn values_of_the_wrong_type_are_incompatible() {
-    let path = fresh_file("types");
-    let store = SqliteStore::open(&path).expect("open");
-    let (key, fp) = idem_core::conformance::fresh_key("wrong_types", "{}");
+    let (key, fp) = idem_core::conformance::fresh_key(name, "{}");
     let req = ClaimRequest {
         key: &key,
         fingerprint: &fp,
@@ -138,13 +113,32 @@ async fn values_of_the_wrong_type_are_incompatible() {
     let outcome = Outcome::Success("1".into());
     store.complete(&key, fence, &outcome, Duration::from_secs(3600)).await.expect("complete");
     let raw = rusqlite::Connection::open(&path).expect("raw open");
-    raw.execute("UPDATE idem_records SET expires_at = 'soon' WHERE key = ?1", [key.as_str()])
-        .expect("tamper");
-    match store.claim(req).await {
-        Err(StoreError::Incompatible(_)) => {}
-        other => panic!("a text expiry must be Incompatible, got {other:?}"),
+    raw.execute(tamper, [key.as_str()]).expect("tamper");
+    (store.claim(req).await, key, path)
+}
+
+#[tokio::test]
+async fn undecodable_outcome_is_incompatible_not_replayed() {
+    let tamper = "UPDATE idem_records SET kind = 7 WHERE key = ?1";
+    match claim_after_tampering("undecodable_outcome", tamper).await {
+        (Err(StoreError::Incompatible(m)), key, _) => {
+            assert!(m.contains(key.as_str()), "names the key: {m}")
+        }
+        (other, ..) => panic!("an undecodable outcome must be Incompatible, got {other:?}"),
     }
-    drop(store);
+}
+
+/// Values of the wrong type, as a hand edit or another version might leave them: a clear
+/// `Incompatible` ("retry later" would be wrong), never a replay.
+#[tokio::test]
+async fn values_of_the_wrong_type_are_incompatible() {
+    let tamper = "UPDATE idem_records SET expires_at = 'soon' WHERE key = ?1";
+    let (claim, _, path) = claim_after_tampering("wrong_types", tamper).await;
+    assert!(
+        matches!(claim, Err(StoreError::Incompatible(_))),
+        "a text expiry must be Incompatible, got {claim:?}"
+    );
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
     raw.execute("UPDATE idem_meta SET value = 'one' WHERE name = 'schema_version'", [])
         .expect("tamper the version");
     match SqliteStore::open(&path) {
