@@ -206,3 +206,58 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
         other => panic!("a prefix with braces must be refused, got {other:?}"),
     }
 }
+
+/// complete publishes on a record someone waits on, and only then: `wait` flags the record (`w`),
+/// and a record nobody waits on costs no message. Messages from one server arrive in order, so
+/// the first message seen must be the watched key's, not the earlier unwatched completion.
+#[tokio::test]
+async fn complete_publishes_only_when_someone_waits() {
+    use futures_util::StreamExt;
+    let Some(store) = store().await else { return };
+    let (quiet, fp) = fresh_key("publish_quiet", "{}");
+    let (watched, _) = fresh_key("publish_watched", "{}");
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut sub = client.get_async_pubsub().await.expect("pub/sub connection");
+    sub.subscribe(&[store.channel(&quiet), store.channel(&watched)]).await.unwrap();
+
+    let quiet_fence = acquire(&store, &quiet, &fp).await;
+    let fence = acquire(&store, &watched, &fp).await;
+    let waiter = tokio::spawn({
+        let (store, watched) = (store.clone(), watched);
+        async move { store.wait(&watched, fence, Duration::from_secs(30)).await }
+    });
+    // Flagged once the waiter has subscribed and re-checked the record.
+    let mut raw = raw().await;
+    let flagged = async {
+        loop {
+            let w: Option<String> = redis::cmd("HGET")
+                .arg(store.record_key(&watched))
+                .arg("w")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if w.as_deref() == Some("1") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), flagged).await.expect("waiter flags the record");
+
+    store.complete(&quiet, quiet_fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+    store.complete(&watched, fence, &Outcome::Success("2".into()), LONG).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(10), sub.on_message().next())
+        .await
+        .expect("a message")
+        .expect("stream open");
+    assert_eq!(msg.get_channel_name(), store.channel(&watched));
+    assert_eq!(msg.get_payload::<String>().unwrap(), "complete");
+    tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken").unwrap().unwrap();
+}
+
+async fn acquire(store: &RedisStore, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
+    match store.claim(claim_req(key, fp)).await.unwrap() {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}

@@ -8,8 +8,8 @@
 //! For an idempotency key `K` (64 hex digits) and the prefix `P` (default `idem`):
 //! - `P:{K}:rec`: a hash with the record: `v` (schema version, [`SCHEMA_VERSION`]), `st`
 //!   (`f` in flight, `d` done), `fence`, `fp` (fingerprint), `lu` (lease end, ms since the Unix
-//!   epoch on the server's clock, while in flight), `ok` (`s` success, `f` failure, `u` unknown)
-//!   and `p` (the JSON payload) once done.
+//!   epoch on the server's clock; read only while in flight), `ok` (`s` success, `f` failure, `u`
+//!   unknown) and `p` (the JSON payload) once done, and `w` (`1` while someone waits on it).
 //! - `P:{K}:fence`: the fence counter.
 //! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish.
 //!
@@ -24,21 +24,24 @@
 //! answer [`Claim::Unknown`] to a `never` tool until an operator forgets it.
 //!
 //! # Fences
-//! A new fence is `max(counter + 1, server time in µs)` and is written back to the counter, so
+//! A new fence is above both the highest fence the key has had and the server's time in µs, so
 //! fences look like timestamps (about 1.8e15 today; exact in Lua's doubles below 2^53, that is
-//! until the year 2255). The counter's TTL is the lease or the retention plus
-//! [`FENCE_COUNTER_GRACE`], refreshed by claim, renew and complete, so while a key is in use
+//! until the year 2255). While a record exists it holds its key's highest fence, and a takeover
+//! starts above it. When a record goes away its fence moves to the counter: complete writes it
+//! with a TTL of the retention plus [`FENCE_COUNTER_GRACE`], release and forget with the grace. So
 //! fences strictly increase across release, takeover, forget and retention expiry even if the
 //! server's clock steps back. Once a key has been idle past that grace the counter is gone and the
 //! next fence comes from the clock, which has moved on by at least the grace: fences still
-//! increase, and no counter is kept forever for a key nobody uses.
+//! increase, and no counter is kept forever for a key nobody uses. A claim of a new key reads the
+//! counter but does not write it: the common path is one `HMGET`, one `GET` and one `HSET`.
 //!
 //! # Waiting
 //! [`Store::wait`] subscribes to the key's channel on a dedicated RESP3 connection (one per
-//! store, re-subscribed by itself after a reconnect), re-checks the record after subscribing, and
-//! re-checks at least every second in case a message was lost. When pub/sub is not available
-//! (a server without RESP3), it polls with backoff from 20 ms to 500 ms. It never waits past `max`
-//! nor past the holder's lease end.
+//! store, re-subscribed by itself after a reconnect), then re-checks the record and flags it as
+//! waited on (field `w`) in one script; complete, release and takeover publish only on a flagged
+//! record, so a call nobody waits for sends no message. It re-checks at least every second in case
+//! a message was lost. When pub/sub is not available (a server without RESP3), it polls with
+//! backoff from 20 ms to 500 ms. It never waits past `max` nor past the holder's lease end.
 //!
 //! # Failures
 //! A server that cannot be reached or does not answer within the response timeout (default 1 s)
@@ -85,20 +88,28 @@ fn ms(d: Duration) -> u64 {
 }
 
 // Shared by every script: `fmt` prints an integer-valued Lua number without an exponent (Lua's
-// own tostring would print 1.7e+15), `now_ms` and `now_us` read the server's clock.
+// own tostring would print 1.7e+15); `clock` reads the server's clock once, and only in the steps
+// that need it (a replay does not). `load` reads the record with one HMGET: a key of another type
+// answers WRONGTYPE, caught by `pcall` so that the common path pays no TYPE lookup.
 // Redis 3.2 to 4 replicate scripts verbatim unless told to replicate their effects, and refuse
 // writes after `TIME` in verbatim mode; 5 and later replicate effects anyway.
 const PRELUDE: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local function fmt(n) return string.format('%d', n) end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
+local now_us, now_ms
+local function clock()
+  if not now_us then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now_ms = math.floor(now_us / 1000)
+  end
+end
 local function load(want)
-  local ty = redis.call('TYPE', KEYS[1])['ok']
-  if ty == 'none' then return nil end
-  if ty ~= 'hash' then return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. ty} end
-  local r = redis.call('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p')
+  local r = redis.pcall('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
+  if r['err'] then
+    return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1])['ok']}
+  end
+  if not r[1] and not r[2] and not r[3] then return nil end
   if r[1] ~= want then
     return {'incompatible', 'record ' .. KEYS[1] .. ' has schema version ' .. tostring(r[1])}
   end
@@ -107,83 +118,89 @@ local function load(want)
   end
   return nil, r
 end
+local function owned(r) return r and r[2] == 'f' and r[3] == ARGV[2] end
 "#;
 
-// KEYS: rec, fence counter. ARGV: version, fingerprint, lease ms, on_expired (t|u),
-// counter grace ms, channel.
+// KEYS: rec, fence counter. ARGV: version, fingerprint, lease ms, on_expired (t|u), channel.
+// A fresh record starts above the counter; a takeover above the record's own fence (a record's
+// fence is never below the counter).
 const CLAIM: &str = r#"
 local bad, r = load(ARGV[1])
 if bad then return bad end
-local function acquire(takeover)
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  local f = math.max(c + 1, now_us)
-  redis.call('SET', KEYS[2], fmt(f), 'PX', fmt(tonumber(ARGV[3]) + tonumber(ARGV[5])))
-  redis.call('DEL', KEYS[1])
+if not r then
+  clock()
+  local f = math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, now_us)
   redis.call('HSET', KEYS[1], 'v', ARGV[1], 'st', 'f', 'fence', fmt(f), 'fp', ARGV[2],
     'lu', fmt(now_ms + tonumber(ARGV[3])))
-  if takeover == 1 then redis.call('PUBLISH', ARGV[6], 'takeover') end
-  return {'acquired', f, takeover}
+  return {'acquired', f, 0}
 end
-if not r then return acquire(0) end
 if r[4] ~= ARGV[2] then return {'mismatch'} end
 if r[2] == 'd' then return {'completed', r[6] or '', r[7] or ''} end
+clock()
 local lu = tonumber(r[5]) or 0
 if lu > now_ms then return {'inflight', tonumber(r[3]) or 0, lu - now_ms} end
 if ARGV[4] == 'u' then return {'unknown'} end
-return acquire(1)
+local f = math.max((tonumber(r[3]) or 0) + 1, now_us)
+redis.call('HSET', KEYS[1], 'fence', fmt(f), 'lu', fmt(now_ms + tonumber(ARGV[3])), 'w', '0')
+if r[8] == '1' then redis.call('PUBLISH', ARGV[5], 'takeover') end
+return {'acquired', f, 1}
 "#;
 
 // KEYS: rec, fence counter. ARGV: version, fence, kind (s|f|u), payload, ttl ms, counter grace ms,
-// channel.
+// channel. The counter takes the fence for as long as the record may live, plus the grace.
 const COMPLETE: &str = r#"
 local bad, r = load(ARGV[1])
 if bad then return bad end
-if not r or r[2] ~= 'f' or r[3] ~= ARGV[2] then return {'lost'} end
+if not owned(r) then return {'lost'} end
 redis.call('HSET', KEYS[1], 'st', 'd', 'ok', ARGV[3], 'p', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lu')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-local keep = tonumber(ARGV[5]) + tonumber(ARGV[6])
-if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], fmt(keep)) end
-redis.call('PUBLISH', ARGV[7], 'complete')
+redis.call('SET', KEYS[2], ARGV[2], 'PX', fmt(tonumber(ARGV[5]) + tonumber(ARGV[6])))
+if r[8] == '1' then redis.call('PUBLISH', ARGV[7], 'complete') end
 return {'ok'}
 "#;
 
-// KEYS: rec. ARGV: version, fence, channel.
+// KEYS: rec, fence counter. ARGV: version, fence, counter grace ms, channel.
 const RELEASE: &str = r#"
 local bad, r = load(ARGV[1])
 if bad then return bad end
-if not r or r[2] ~= 'f' or r[3] ~= ARGV[2] then return {'lost'} end
+if not owned(r) then return {'lost'} end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], 'release')
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+if r[8] == '1' then redis.call('PUBLISH', ARGV[4], 'release') end
 return {'ok'}
 "#;
 
-// KEYS: rec, fence counter. ARGV: version, fence, lease ms, counter grace ms.
+// KEYS: rec. ARGV: version, fence, lease ms.
 const RENEW: &str = r#"
 local bad, r = load(ARGV[1])
 if bad then return bad end
-if not r or r[2] ~= 'f' or r[3] ~= ARGV[2] then return {'lost'} end
+if not owned(r) then return {'lost'} end
+clock()
 redis.call('HSET', KEYS[1], 'lu', fmt(now_ms + tonumber(ARGV[3])))
-local keep = tonumber(ARGV[3]) + tonumber(ARGV[4])
-if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], fmt(keep)) end
 return {'ok'}
 "#;
 
-// KEYS: rec. ARGV: channel. Removes whatever is there (an operator's reconciliation).
+// KEYS: rec, fence counter. ARGV: channel, counter grace ms. Removes whatever is there (an
+// operator's reconciliation); a record's fence goes to the counter first.
 const FORGET: &str = r#"
+local f = redis.pcall('HGET', KEYS[1], 'fence')
+if type(f) == 'string' then redis.call('SET', KEYS[2], f, 'PX', ARGV[2]) end
 local n = redis.call('DEL', KEYS[1])
 if n > 0 then redis.call('PUBLISH', ARGV[1], 'forget') end
 return {'ok', n}
 "#;
 
-// KEYS: rec. ARGV: version, fence. The lease time left (ms) if the record is in flight under
-// `fence`, else -1.
-const PEEK: &str = r#"
+// KEYS: rec. ARGV: version, fence, mark (1|0). The lease time left (ms) if the record is in
+// flight under `fence`, else -1. With mark, flags the record as waited on (`w`), so that the
+// steps that end or move the lease publish on its channel.
+const WATCH: &str = r#"
 local bad, r = load(ARGV[1])
 if bad then return bad end
-if not r or r[2] ~= 'f' or r[3] ~= ARGV[2] then return {'ok', -1} end
+if not owned(r) then return {'ok', -1} end
+clock()
 local left = (tonumber(r[5]) or 0) - now_ms
 if left <= 0 then return {'ok', -1} end
+if ARGV[3] == '1' and r[8] ~= '1' then redis.call('HSET', KEYS[1], 'w', '1') end
 return {'ok', left}
 "#;
 
@@ -193,7 +210,7 @@ struct Scripts {
     release: Script,
     renew: Script,
     forget: Script,
-    peek: Script,
+    watch: Script,
 }
 
 impl Scripts {
@@ -205,7 +222,7 @@ impl Scripts {
             release: with_prelude(RELEASE),
             renew: with_prelude(RENEW),
             forget: Script::new(FORGET),
-            peek: with_prelude(PEEK),
+            watch: with_prelude(WATCH),
         }
     }
 }
@@ -490,10 +507,16 @@ impl RedisStore {
         }
     }
 
-    /// The lease time left if `key` is in flight under `fence`.
-    async fn peek(&self, key: &Key, fence: Fence) -> Result<Option<Duration>, StoreError> {
-        let mut inv = self.inner.scripts.peek.prepare_invoke();
-        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0);
+    /// The lease time left if `key` is in flight under `fence`; with `mark`, flags the record
+    /// as waited on so that complete, release and takeover publish on its channel.
+    async fn watch(
+        &self,
+        key: &Key,
+        fence: Fence,
+        mark: bool,
+    ) -> Result<Option<Duration>, StoreError> {
+        let mut inv = self.inner.scripts.watch.prepare_invoke();
+        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0).arg(u8::from(mark));
         let items = self.run(inv).await?;
         let left = int(items.get(1))?;
         Ok(u64::try_from(left).ok().filter(|&l| l > 0).map(Duration::from_millis))
@@ -573,7 +596,6 @@ impl Store for RedisStore {
             .arg(req.fingerprint.as_str())
             .arg(ms(req.lease))
             .arg(on_expired)
-            .arg(ms(FENCE_COUNTER_GRACE))
             .arg(self.channel(req.key));
         let items = self.run(inv).await?;
         match items.first().map(text).as_deref().unwrap_or_default() {
@@ -624,18 +646,18 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let mut inv = self.inner.scripts.release.prepare_invoke();
-        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0).arg(self.channel(key));
+        inv.key(self.record_key(key))
+            .key(self.fence_key(key))
+            .arg(SCHEMA_VERSION)
+            .arg(fence.0)
+            .arg(ms(FENCE_COUNTER_GRACE))
+            .arg(self.channel(key));
         self.run(inv).await.map(drop)
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
         let mut inv = self.inner.scripts.renew.prepare_invoke();
-        inv.key(self.record_key(key))
-            .key(self.fence_key(key))
-            .arg(SCHEMA_VERSION)
-            .arg(fence.0)
-            .arg(ms(lease))
-            .arg(ms(FENCE_COUNTER_GRACE));
+        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0).arg(ms(lease));
         self.run(inv).await.map(drop)
     }
 
@@ -653,7 +675,8 @@ impl Store for RedisStore {
                 .unwrap_or(false);
         let mut poll = if subscribed { SUBSCRIBED_RECHECK } else { POLL_MIN };
         loop {
-            let Ok(held) = tokio::time::timeout_at(deadline, self.peek(key, fence)).await else {
+            let watched = self.watch(key, fence, subscribed);
+            let Ok(held) = tokio::time::timeout_at(deadline, watched).await else {
                 return Ok(());
             };
             let Some(lease_left) = held? else { return Ok(()) };
@@ -678,7 +701,10 @@ impl Store for RedisStore {
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let mut inv = self.inner.scripts.forget.prepare_invoke();
-        inv.key(self.record_key(key)).arg(self.channel(key));
+        inv.key(self.record_key(key))
+            .key(self.fence_key(key))
+            .arg(self.channel(key))
+            .arg(ms(FENCE_COUNTER_GRACE));
         let items = self.run(inv).await?;
         Ok(int(items.get(1))? > 0)
     }
