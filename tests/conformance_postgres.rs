@@ -147,6 +147,69 @@ async fn other_schema_version_is_incompatible() {
     }
 }
 
+/// A database at schema version 1 (the tables without the `idem_claim` function) is migrated
+/// when a store of this version connects, and what it holds is kept: a completed record replays,
+/// an in-flight one keeps its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_version_1_is_migrated_and_keeps_its_records() {
+    let Some(_) = store().await else { return };
+    let base = Config::from_str(&pg_url()).expect("config");
+    let schema = format!("idem_test_migrate_{}", std::process::id());
+    let admin = raw(&base).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .expect("create schema");
+    let mut config = base.clone();
+    config.options(format!("-c search_path={schema}"));
+    let (done, fp) = fresh_key("migrate", "done");
+    let (held, _) = fresh_key("migrate", "held");
+    let fence = {
+        let old = PostgresStore::connect_with(config.clone(), 1).await.expect("create schema");
+        let first = acquire(&old, &done, &fp).await;
+        let ok = Outcome::Success("\"kept\"".into());
+        old.complete(&done, first, &ok, Duration::from_secs(60)).await.expect("complete");
+        acquire(&old, &held, &fp).await
+    };
+    // Back to what version 1 created.
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.idem_claim; \
+             UPDATE {schema}.idem_meta SET value = 1 WHERE name = 'schema_version'"
+        ))
+        .await
+        .expect("downgrade to version 1");
+    let store = PostgresStore::connect_with(config, 1).await;
+    let version = admin
+        .query_one(&format!("SELECT value FROM {schema}.idem_meta"), &[])
+        .await
+        .map(|row| row.get::<_, i64>(0));
+    let replay = match &store {
+        Ok(s) => Some((s.claim(req(&done, &fp)).await, s.claim(req(&held, &fp)).await)),
+        Err(_) => None,
+    };
+    let completed = match &store {
+        Ok(s) => Some(s.complete(&held, fence, &Outcome::Unknown, Duration::from_secs(60)).await),
+        Err(_) => None,
+    };
+    drop(store);
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop schema");
+    assert_eq!(version.expect("version row"), idem_core::store::postgres::SCHEMA_VERSION);
+    let (replay, in_flight) = replay.expect("a version 1 database must be migrated, not refused");
+    assert_eq!(
+        replay.expect("claim"),
+        Claim::Completed(idem_core::store::Record {
+            fingerprint: fp,
+            outcome: Outcome::Success("\"kept\"".into())
+        })
+    );
+    match in_flight.expect("claim") {
+        Claim::InFlight { fence: f, .. } => assert_eq!(f, fence, "the owner is kept"),
+        other => panic!("the in-flight record must stay held, got {other:?}"),
+    }
+    completed.expect("store").expect("the owner completes after the migration");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_outcome_is_incompatible_not_replayed() {
     let Some(store) = store().await else { return };

@@ -1,12 +1,13 @@
 //! The PostgreSQL store (feature `postgres`): shared by many processes and machines.
 //!
-//! A claim is one statement: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE <free or expired>
-//! RETURNING ..`, with the conflicting row read by the same statement (a CTE) when the update does
-//! not fire. Under READ COMMITTED that read uses the statement's snapshot, which can predate the
-//! row the conflict was decided on (a concurrent insert or takeover); the answer is then either
-//! still a state the key held during the call (reported as is) or one the claim would have taken
-//! (an empty or free-looking row): that case runs the statement again, each run atomic on its
-//! own. complete, release and renew are conditional on the fence in one statement.
+//! A claim is one call of the function `idem_claim` (created with the schema): it reads the row
+//! and answers from it when the claim cannot take it (a replay, a live lease, a mismatch, an
+//! unknown outcome), so the common repeat costs one indexed read and writes nothing; otherwise it
+//! runs `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE <free or expired> RETURNING ..`, whose
+//! conflict check re-decides on the newest row, so nothing is read and then written unchecked.
+//! When that check sees a row newer than the read (a concurrent claim), the upsert changes nothing
+//! and the function reads again (each statement in it takes a new snapshot under READ
+//! COMMITTED). complete, release and renew are conditional on the fence in one statement.
 //!
 //! Leases and retention are measured on the server's clock (`now()`); fences come from the
 //! sequence `idem_fence`, so they increase across release, takeover, forget and retention expiry.
@@ -35,7 +36,10 @@ use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, Store
 use crate::key::{Fingerprint, Key};
 
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+///
+/// History: 1, the tables; 2, adds the `idem_claim` function (a database at version 1 is migrated
+/// when a store of this version connects).
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The `LISTEN/NOTIFY` channel; the payload is the key.
 const CHANNEL: &str = "idem_wake";
@@ -64,50 +68,69 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 ";
 
-/// Reads the row (`cur`, the statement's snapshot); attempts the upsert only when that row is
-/// absent or one the claim would take, so a replay, a live lease or a mismatch writes nothing
-/// (an `ON CONFLICT DO UPDATE` locks the row, which costs a WAL flush, even when its `WHERE`
-/// fails). The upsert acquires when the key is absent, its retention ended, or its lease expired
-/// with the same fingerprint and the request takes over (`$4`). `alive`: the lease (in flight)
-/// or the retention (done) has not ended.
-const CLAIM: &str = "
-WITH cur AS (
-    SELECT fence, takeover, fingerprint, state,
-           CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END AS alive,
-           (extract(epoch FROM lease_until - now()) * 1000)::bigint AS remaining_ms,
-           kind, payload
-    FROM idem_records WHERE key = $1::text
-),
-ins AS (
-    INSERT INTO idem_records AS r (key, fingerprint, fence, state, lease_until, takeover)
-    SELECT $1::text, $2::text, nextval('idem_fence'), 0,
-           now() + $3::bigint * interval '1 millisecond', false
-    WHERE NOT EXISTS (
-        SELECT 1 FROM cur
-        WHERE cur.alive IS NOT FALSE
-           OR (cur.state = 0 AND (cur.fingerprint <> $2::text OR NOT $4::boolean)))
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        fence = EXCLUDED.fence,
-        takeover = (r.state = 0),
-        state = 0,
-        lease_until = EXCLUDED.lease_until,
-        expires_at = NULL,
-        kind = NULL,
-        payload = NULL,
-        waited = false
-    WHERE (r.state = 1 AND r.expires_at <= now())
-       OR (r.state = 0 AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint
-           AND $4::boolean)
-    RETURNING r.fence, r.takeover
-)
-SELECT true, fence, takeover, NULL::text, NULL::smallint, NULL::boolean, NULL::bigint,
-       NULL::smallint, NULL::text
-FROM ins
-UNION ALL
-SELECT false, fence, takeover, fingerprint, state, alive, remaining_ms, kind, payload
-FROM cur
-WHERE NOT EXISTS (SELECT 1 FROM ins)";
+/// The claim, as a function so that the common answers cost one indexed read: it reads the row
+/// and returns it when the claim cannot take it (a replay, a live lease, a mismatch, an unknown
+/// outcome), writing nothing; otherwise it upserts. The upsert acquires when the key is absent,
+/// its retention ended, or its lease expired with the same fingerprint and the request takes over
+/// (`take`). When the upsert's conflict check sees a newer row than the read did (a concurrent
+/// claim), it changes nothing and the loop reads again: each statement inside takes a new
+/// snapshot under READ COMMITTED. One row: acquired, fence, takeover, fingerprint, state, alive
+/// (the lease or the retention has not ended), lease remaining (ms), outcome kind, payload; all
+/// NULL after 16 rounds of racing writers. Not a set-returning function: no tuplestore per call.
+const CLAIM_FUNCTION: &str = "
+CREATE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean,
+    OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
+    OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
+    OUT o_payload text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    lease_end timestamptz;
+    expiry timestamptz;
+BEGIN
+    FOR round IN 1..16 LOOP
+        SELECT fence, takeover, fingerprint, state, lease_until, expires_at, kind, payload
+        INTO o_fence, o_takeover, o_fingerprint, o_state, lease_end, expiry, o_kind, o_payload
+        FROM idem_records WHERE key = k;
+        IF FOUND THEN
+            o_alive := CASE WHEN o_state = 0 THEN lease_end > now() ELSE expiry > now() END;
+            IF o_alive IS NOT FALSE OR (o_state = 0 AND (o_fingerprint <> fp OR NOT take)) THEN
+                o_acquired := false;
+                o_remaining_ms := (extract(epoch FROM lease_end - now()) * 1000)::bigint;
+                RETURN;
+            END IF;
+        END IF;
+        INSERT INTO idem_records AS x (key, fingerprint, fence, state, lease_until, takeover)
+        VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false)
+        ON CONFLICT (key) DO UPDATE SET
+            fingerprint = EXCLUDED.fingerprint,
+            fence = EXCLUDED.fence,
+            takeover = (x.state = 0),
+            state = 0,
+            lease_until = EXCLUDED.lease_until,
+            expires_at = NULL,
+            kind = NULL,
+            payload = NULL,
+            waited = false
+        WHERE (x.state = 1 AND x.expires_at <= now())
+           OR (x.state = 0 AND x.lease_until <= now() AND x.fingerprint = EXCLUDED.fingerprint
+               AND take)
+        RETURNING x.fence, x.takeover INTO o_fence, o_takeover;
+        IF FOUND THEN
+            o_acquired := true;
+            o_fingerprint := NULL;
+            o_state := NULL;
+            o_alive := NULL;
+            o_kind := NULL;
+            o_payload := NULL;
+            RETURN;
+        END IF;
+    END LOOP;
+    -- Gave up racing: o_acquired stays NULL, which the client reads as 'send again'.
+    o_fence := NULL;
+END
+$fn$";
+
+const CLAIM: &str = "SELECT * FROM idem_claim($1::text, $2::text, $3::bigint, $4::boolean)";
 
 const COMPLETE: &str = "
 WITH u AS (
@@ -156,8 +179,8 @@ const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX_UNLISTENED: Duration = Duration::from_millis(50);
 /// Polling cap while notifications flow (polling only covers a lost notification).
 const POLL_MAX_LISTENED: Duration = Duration::from_millis(500);
-/// How many times a claim re-runs when its snapshot predates the row it conflicted with.
-const CLAIM_RUNS: usize = 16;
+/// How many times a claim is sent again when the function gave up racing concurrent writers.
+const CLAIM_RUNS: usize = 4;
 
 /// One connection with its prepared statements.
 struct Conn {
@@ -396,23 +419,36 @@ fn incompatible_version(v: i64) -> StoreError {
 async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     // The common case, one round trip: the schema exists at our version.
     match client.query_opt(VERSION, &[]).await {
-        Ok(Some(row)) => {
-            let v: i64 = row.try_get(0).map_err(pg)?;
-            return if v == SCHEMA_VERSION { Ok(()) } else { Err(incompatible_version(v)) };
-        }
+        Ok(Some(row)) => match row.try_get::<_, i64>(0).map_err(pg)? {
+            SCHEMA_VERSION => return Ok(()),
+            1 => {}
+            v => return Err(incompatible_version(v)),
+        },
         Ok(None) => {}
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
         Err(e) => return Err(pg(e)),
     }
     let tx = client.transaction().await.map_err(pg)?;
-    let created = async {
+    let found = async {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
         )
         .await?;
         if let Some(row) = tx.query_opt(VERSION, &[]).await? {
-            return Ok(Some(row.try_get::<_, i64>(0)?));
+            let v = row.try_get::<_, i64>(0)?;
+            if v == 1 {
+                // 1 -> 2: the tables are unchanged; stores of version 1 that are still running
+                // keep working on them (they read the version only when they connect).
+                tx.batch_execute(CLAIM_FUNCTION).await?;
+                tx.execute(
+                    "UPDATE idem_meta SET value = $1 WHERE name = 'schema_version'",
+                    &[&SCHEMA_VERSION],
+                )
+                .await?;
+                return Ok(None);
+            }
+            return Ok(Some(v));
         }
         let records: bool = tx
             .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
@@ -422,6 +458,7 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
             return Ok(Some(0));
         }
         tx.batch_execute(SCHEMA).await?;
+        tx.batch_execute(CLAIM_FUNCTION).await?;
         tx.execute(
             "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1)",
             &[&SCHEMA_VERSION],
@@ -431,7 +468,7 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     }
     .await
     .map_err(pg)?;
-    match created {
+    match found {
         None => tx.commit().await.map_err(pg),
         Some(SCHEMA_VERSION) => Ok(()),
         Some(0) => Err(StoreError::Incompatible(
@@ -523,8 +560,8 @@ fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outco
     })
 }
 
-/// What one run of the claim statement means; `Retry` when its snapshot was older than the row
-/// the conflict was decided on.
+/// What one run of the claim statement means; `Retry` when the function gave up racing
+/// concurrent writers (no row), or answered with a row the claim could have taken.
 enum Step {
     Done(Claim),
     Retry,
@@ -540,8 +577,12 @@ fn decide(
     let get = |e: tokio_postgres::Error| {
         StoreError::Incompatible(format!("the PostgreSQL record of key {key}: {e}"))
     };
+    // NULL: the function gave up racing concurrent writers.
+    let Some(acquired) = row.try_get::<_, Option<bool>>(0).map_err(get)? else {
+        return Ok(Step::Retry);
+    };
     let fence = Fence(row.try_get::<_, i64>(1).map_err(get)? as u64);
-    if row.try_get::<_, bool>(0).map_err(get)? {
+    if acquired {
         return Ok(Step::Done(Claim::Acquired { fence, takeover: row.try_get(2).map_err(get)? }));
     }
     let fingerprint: String = row.try_get(3).map_err(get)?;
