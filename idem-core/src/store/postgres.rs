@@ -83,21 +83,18 @@ CREATE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean,
     OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
     OUT o_payload text)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    lease_end timestamptz;
-    expiry timestamptz;
 BEGIN
     FOR round IN 1..16 LOOP
-        SELECT fence, takeover, fingerprint, state, lease_until, expires_at, kind, payload
-        INTO o_fence, o_takeover, o_fingerprint, o_state, lease_end, expiry, o_kind, o_payload
+        -- One statement and one test on the common path: every plpgsql expression costs.
+        SELECT false, fence, takeover, fingerprint, state,
+               CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
+               (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload
+        INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
+             o_kind, o_payload
         FROM idem_records WHERE key = k;
-        IF FOUND THEN
-            o_alive := CASE WHEN o_state = 0 THEN lease_end > now() ELSE expiry > now() END;
-            IF o_alive IS NOT FALSE OR (o_state = 0 AND (o_fingerprint <> fp OR NOT take)) THEN
-                o_acquired := false;
-                o_remaining_ms := (extract(epoch FROM lease_end - now()) * 1000)::bigint;
-                RETURN;
-            END IF;
+        IF FOUND AND (o_alive IS NOT FALSE
+                      OR (o_state = 0 AND (o_fingerprint <> fp OR NOT take))) THEN
+            RETURN;
         END IF;
         INSERT INTO idem_records AS x (key, fingerprint, fence, state, lease_until, takeover)
         VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false)
@@ -114,19 +111,15 @@ BEGIN
         WHERE (x.state = 1 AND x.expires_at <= now())
            OR (x.state = 0 AND x.lease_until <= now() AND x.fingerprint = EXCLUDED.fingerprint
                AND take)
-        RETURNING x.fence, x.takeover INTO o_fence, o_takeover;
+        RETURNING true, x.fence, x.takeover, NULL, NULL, NULL, NULL, NULL, NULL
+        INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
+             o_kind, o_payload;
         IF FOUND THEN
-            o_acquired := true;
-            o_fingerprint := NULL;
-            o_state := NULL;
-            o_alive := NULL;
-            o_kind := NULL;
-            o_payload := NULL;
             RETURN;
         END IF;
     END LOOP;
-    -- Gave up racing: o_acquired stays NULL, which the client reads as 'send again'.
-    o_fence := NULL;
+    -- Gave up racing: o_acquired NULL, which the client reads as 'send again'.
+    o_acquired := NULL;
 END
 $fn$";
 
