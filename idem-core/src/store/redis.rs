@@ -26,6 +26,16 @@
 //! script may touch both. The store itself connects to one server (a standalone Redis, a primary,
 //! or a cluster proxy); it does not follow cluster redirections.
 //!
+//! Schema version 1 stored the record as a hash (fields `v`, `st`, `fence`, `fp`, `lu`, `ok`,
+//! `p`, `w`). A script that meets one (its `GET` answers `WRONGTYPE`) rewrites it as a version 2
+//! string with the same content and expiry, then goes on as usual, so records written by an older
+//! idem keep their fences, leases and outcomes across an upgrade (forget removes one directly).
+//! Only that path looks at the key's type; the common path pays nothing for it. A hash that is not
+//! a valid version 1 record is left as it is and refused. Version 1 does not read strings: while
+//! both versions run against one server, a version 1 process fails closed
+//! ([`StoreError::Incompatible`]) on every key a version 2 process has touched, so upgrade all
+//! processes together.
+//!
 //! # Time
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
 //! clocks agree on when a lease ends. Retention is the expiry of the record, set by the same `SET
@@ -60,7 +70,7 @@
 //! (a hung server that resumes): a claim then leaves an in-flight record that nobody holds, which a
 //! keyed or safe tool takes over when its lease ends and a `never` tool reports as
 //! [`Claim::Unknown`]; complete, release and renew are fenced, so repeating them is harmless. A
-//! record of another schema version (version 1 records, which were hashes, included), a malformed
+//! record of another schema version (other than a version 1 hash, migrated as above), a malformed
 //! record, a string that is not a record, or a key of another type gives
 //! [`StoreError::Incompatible`] and is never replayed; forget removes whatever is there.
 
@@ -112,8 +122,8 @@ const HEAD: &str = r#"
 local v = redis.pcall('GET', KEYS[1])
 "#;
 
-// `now` reads the server's clock, only in the steps that need it. `record` turns a key of another
-// type into an 'incompatible' answer, the only time a type is looked at. `header` reads the header with one match and never
+// `now` reads the server's clock, only in the steps that need it. `record` migrates a version 1
+// hash, the only time a type is looked at. `header` reads the header with one match and never
 // copies the payload. `%d` prints an integer-valued Lua number without an exponent (Lua's own
 // tostring would print 1.7e+15).
 // Redis 3.2 to 4 replicate scripts verbatim unless told to replicate their effects, and refuse
@@ -129,10 +139,32 @@ end
 local function inflight(fence, w, lu, fp)
   return V .. '|f|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '||'
 end
--- Of the GET's answer: the record (false when there is none), or an 'incompatible' answer.
+-- Of the GET's answer: the record (false when there is none), or an 'incompatible' answer. A
+-- version 1 record is a hash (fields v st fence fp lu ok p w): rewritten as a string with the
+-- same content and expiry, it goes on as if it had always been one. Anything else is left as it
+-- is.
 local function record(v)
   if type(v) ~= 'table' then return v end
-  return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1])['ok']}
+  local t = redis.call('TYPE', KEYS[1])['ok']
+  if t ~= 'hash' then return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. t} end
+  local h = redis.call('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
+  local bad = 'record ' .. KEYS[1] .. ' (schema version 1) is malformed'
+  if h[1] ~= '1' then
+    bad = 'record ' .. KEYS[1] .. ' is a hash of schema version ' .. (h[1] or 'none')
+  end
+  local st, fence, fp, w = h[2], h[3] or '', h[4] or '', h[8] or '0'
+  local lu, ok, p = '', '', ''
+  if st == 'f' then lu = h[5] or '' elseif st == 'd' then ok, p = h[6], h[7] or '' end
+  if h[1] ~= '1' or not (st == 'f' or ok == 's' or ok == 'f' or ok == 'u')
+      or not (string.match(fence, '^%d+$') and string.match(fp, '^[0-9a-f]+$')
+        and string.match(lu, '^%d*$') and (w == '0' or w == '1')) then
+    return {'incompatible', bad}
+  end
+  v = V .. '|' .. st .. '|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. ok .. '|' .. p
+  local ttl = redis.call('PTTL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  if ttl > 0 then redis.call('SET', KEYS[1], v, 'PX', ttl) else redis.call('SET', KEYS[1], v) end
+  return v
 end
 local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|'
 -- Of what `record` returned: nothing when there is no record; else an answer to return, or nil
@@ -171,6 +203,8 @@ if not v then
   redis.call('SET', KEYS[1], inflight(format('%d', f), '0', lu, ARGV[1]))
   return f
 end
+-- A version 1 record that was completed, just migrated.
+if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
 local bad, st, fence, w, lu, fp = header(v)
 if bad then return bad end
 if fp ~= ARGV[1] then return {'mismatch'} end
@@ -221,11 +255,12 @@ return 1
 
 // KEYS: rec, fence counter. ARGV: channel, counter grace ms. Removes whatever is there (an
 // operator's reconciliation) and answers how many keys it removed; a record's fence goes to the
-// counter first.
+// counter first, from either layout.
 const FORGET: &str = r#"
 local v = redis.pcall('GET', KEYS[1])
 local f
-if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|') end
+if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|')
+elseif type(v) == 'table' then f = redis.pcall('HGET', KEYS[1], 'fence') end
 if type(f) == 'string' and string.match(f, '^%d+$') then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
 end
