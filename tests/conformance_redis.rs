@@ -61,71 +61,370 @@ async fn record_and_fence_counter_share_a_cluster_slot() {
     assert!(slots.len() > 40, "only {} slots for 50 keys", slots.len());
 }
 
-#[tokio::test]
-async fn record_of_another_schema_version_is_refused_not_replayed() {
-    let Some(store) = store().await else { return };
-    let (key, fp) = fresh_key("schema", "{}");
-    let Claim::Acquired { fence, .. } = store.claim(claim_req(&key, &fp)).await.unwrap() else {
-        panic!("fresh key must be acquired")
-    };
-    store.complete(&key, fence, &Outcome::Success("42".into()), LONG).await.unwrap();
-    // A future version rewrote the record.
-    let mut raw = raw().await;
-    let _: () = redis::cmd("HSET")
-        .arg(store.record_key(&key))
-        .arg("v")
-        .arg("2")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    match store.claim(claim_req(&key, &fp)).await {
-        Err(StoreError::Incompatible(why)) => assert!(why.contains("schema version 2"), "{why}"),
-        other => panic!("a v2 record must be Incompatible, got {other:?}"),
+/// A record as stored: `V|st|fence|w|lu|fp|ok|payload` (see the store's module docs).
+async fn stored(raw: &mut redis::aio::MultiplexedConnection, rec: &str) -> String {
+    redis::cmd("GET").arg(rec).query_async(raw).await.unwrap()
+}
+
+async fn set(raw: &mut redis::aio::MultiplexedConnection, rec: &str, value: &str) {
+    let _: () = redis::cmd("SET").arg(rec).arg(value).query_async(raw).await.unwrap();
+}
+
+async fn pttl(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(raw).await.unwrap()
+}
+
+/// Field `i` of a stored record (0 version, 1 state, 2 fence, 3 waited on, 4 lease end,
+/// 5 fingerprint, 6 outcome kind, 7 payload).
+fn field(record: &str, i: usize) -> &str {
+    record.splitn(8, '|').nth(i).unwrap_or_else(|| panic!("record {record:?} has no field {i}"))
+}
+
+/// Every step but forget refuses the record at `key` as `Incompatible`, with `why` in the
+/// message; forget removes it and the key is free again.
+async fn refused_by_every_step(store: &RedisStore, key: &idem_core::Key, fence: Fence, why: &str) {
+    let fp = idem_core::conformance::other_fingerprint();
+    match store.claim(claim_req(key, &fp)).await {
+        Err(StoreError::Incompatible(msg)) => assert!(msg.contains(why), "{msg}"),
+        other => panic!("the record must be Incompatible ({why}), got {other:?}"),
     }
     for r in [
-        store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await,
-        store.release(&key, fence).await,
-        store.renew(&key, fence, LONG).await,
-        store.wait(&key, fence, Duration::from_millis(10)).await,
+        store.complete(key, fence, &Outcome::Success("1".into()), LONG).await,
+        store.release(key, fence).await,
+        store.renew(key, fence, LONG).await,
+        store.wait(key, fence, Duration::from_millis(10)).await,
     ] {
         assert!(matches!(r, Err(StoreError::Incompatible(_))), "got {r:?}");
     }
     // Forget is the operator's way out, and works whatever is stored.
-    assert!(store.forget(&key).await.unwrap());
-    assert!(matches!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. })));
+    assert!(store.forget(key).await.unwrap());
+    assert!(matches!(store.claim(claim_req(key, &fp)).await, Ok(Claim::Acquired { .. })));
+}
+
+#[tokio::test]
+async fn record_of_another_schema_version_is_refused_not_replayed() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    for (state, done) in [("completed", true), ("in flight", false)] {
+        let (key, fp) = fresh_key("schema", state);
+        let fence = acquire(&store, &key, &fp).await;
+        if done {
+            store.complete(&key, fence, &Outcome::Success("42".into()), LONG).await.unwrap();
+        }
+        // A future version rewrote the record.
+        let rec = store.record_key(&key);
+        let v2 = stored(&mut raw, &rec).await;
+        assert_eq!(field(&v2, 0), idem_core::store::redis::SCHEMA_VERSION);
+        set(&mut raw, &rec, &format!("3{}", &v2[1..])).await;
+        match store.claim(claim_req(&key, &fp)).await {
+            Err(StoreError::Incompatible(why)) => {
+                assert!(why.contains("schema version 3"), "{why}")
+            }
+            other => panic!("a v3 {state} record must be Incompatible, got {other:?}"),
+        }
+        refused_by_every_step(&store, &key, fence, "schema version 3").await;
+    }
+    // A hash that is not a version 1 record is not migrated: refused, and left as it is.
+    let (key, _) = fresh_key("schema", "hash");
+    let rec = store.record_key(&key);
+    let _: () = redis::cmd("HSET")
+        .arg(&rec)
+        .arg("v")
+        .arg("3")
+        .arg("st")
+        .arg("d")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let fp = idem_core::conformance::other_fingerprint();
+    assert!(matches!(store.claim(claim_req(&key, &fp)).await, Err(StoreError::Incompatible(_))));
+    let kind: String = redis::cmd("TYPE").arg(&rec).query_async(&mut raw).await.unwrap();
+    assert_eq!(kind, "hash", "a record of an unknown version must be left as it is");
+    refused_by_every_step(&store, &key, Fence(1), "hash of schema version 3").await;
 }
 
 #[tokio::test]
 async fn key_of_another_type_is_refused() {
     let Some(store) = store().await else { return };
-    let (key, fp) = fresh_key("wrongtype", "{}");
     let mut raw = raw().await;
-    let _: () =
-        redis::cmd("SET").arg(store.record_key(&key)).arg("x").query_async(&mut raw).await.unwrap();
-    match store.claim(claim_req(&key, &fp)).await {
-        Err(StoreError::Incompatible(why)) => assert!(why.contains("string"), "{why}"),
-        other => panic!("a string key must be Incompatible, got {other:?}"),
-    }
-    store.forget(&key).await.unwrap();
+    let (key, _) = fresh_key("wrongtype", "list");
+    let _: () = redis::cmd("RPUSH")
+        .arg(store.record_key(&key))
+        .arg("x")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    refused_by_every_step(&store, &key, Fence(1), "list").await;
+    // Records are strings, but not every string is a record.
+    let (key, _) = fresh_key("wrongtype", "string");
+    set(&mut raw, &store.record_key(&key), "x").await;
+    refused_by_every_step(&store, &key, Fence(1), "string that is not an idem record").await;
 }
 
 #[tokio::test]
 async fn record_of_unknown_outcome_kind_is_refused() {
     let Some(store) = store().await else { return };
     let (key, fp) = fresh_key("kind", "{}");
-    let Claim::Acquired { fence, .. } = store.claim(claim_req(&key, &fp)).await.unwrap() else {
-        panic!("fresh key must be acquired")
-    };
+    let fence = acquire(&store, &key, &fp).await;
     store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
     let mut raw = raw().await;
-    let _: () = redis::cmd("HSET")
+    let rec = store.record_key(&key);
+    let record = stored(&mut raw, &rec).await;
+    let mut fields: Vec<&str> = record.splitn(8, '|').collect();
+    assert_eq!(fields[6], "s");
+    fields[6] = "z";
+    set(&mut raw, &rec, &fields.join("|")).await;
+    match store.claim(claim_req(&key, &fp)).await {
+        Err(StoreError::Incompatible(why)) => assert!(why.contains("outcome kind"), "{why}"),
+        other => panic!("an unknown outcome kind must be Incompatible, got {other:?}"),
+    }
+}
+
+/// The claim script hands a completed record to the client as it is stored; the client checks
+/// every field. A malformed record is `Incompatible`, never a replay and never a panic.
+#[tokio::test]
+async fn malformed_completed_records_are_refused_not_replayed() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    let (_, fp) = fresh_key("malformed", "{}");
+    let fp = fp.to_string();
+    let upper = fp.to_uppercase();
+    let cases: Vec<(String, &str)> = vec![
+        ("2|d|".to_owned(), "fewer than 8 fields"),
+        ("2|d|17|0||".to_owned(), "fewer than 8 fields"),
+        (format!("2|d|17|0||{fp}|s"), "fewer than 8 fields"),
+        (format!("2|d||0||{fp}|s|1"), "fence"),
+        (format!("2|d|1x|0||{fp}|s|1"), "fence"),
+        (format!("2|d|17|2||{fp}|s|1"), "waited-on flag"),
+        (format!("2|d|17|0|9z|{fp}|s|1"), "lease end"),
+        ("2|d|17|0||abc|s|1".to_owned(), "fingerprint"),
+        (format!("2|d|17|0||{upper}|s|1"), "fingerprint"),
+        (format!("2|d|17|0||{fp}0|s|1"), "fingerprint"),
+        (format!("2|d|17|0||{fp}||1"), "outcome kind"),
+        (format!("2|d|17|0||{fp}|ss|1"), "outcome kind"),
+        // In flight: the script reads the header itself.
+        (format!("2|f|17|0|x|{fp}||"), "malformed"),
+        (format!("2|x|17|0||{fp}|s|1"), "malformed"),
+        ("2".to_owned(), "not an idem record"),
+        (String::new(), "not an idem record"),
+    ];
+    for (record, why) in cases {
+        let (key, fp) = fresh_key("malformed", "{}");
+        set(&mut raw, &store.record_key(&key), &record).await;
+        match store.claim(claim_req(&key, &fp)).await {
+            Err(StoreError::Incompatible(msg)) => {
+                assert!(msg.contains(why), "{record:?}: {msg:?} must say {why:?}")
+            }
+            other => panic!("{record:?} must be Incompatible ({why}), got {other:?}"),
+        }
+    }
+    // A payload that is not UTF-8.
+    let (key, fp) = fresh_key("malformed", "{}");
+    let mut record = format!("2|d|17|0||{fp}|s|").into_bytes();
+    record.extend_from_slice(b"\"\xff\"");
+    let _: () = redis::cmd("SET")
         .arg(store.record_key(&key))
-        .arg("ok")
-        .arg("z")
+        .arg(record)
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert!(matches!(store.claim(claim_req(&key, &fp)).await, Err(StoreError::Incompatible(_))));
+    match store.claim(claim_req(&key, &fp)).await {
+        Err(StoreError::Incompatible(msg)) => assert!(msg.contains("UTF-8"), "{msg}"),
+        other => panic!("a payload that is not UTF-8 must be Incompatible, got {other:?}"),
+    }
+    // Well formed: the payload is everything after the seventh `|`, and may contain `|`.
+    let (key, fp) = fresh_key("malformed", "{}");
+    set(&mut raw, &store.record_key(&key), &format!("2|d|17|1|123|{fp}|f|\"a|b||\"")).await;
+    assert_eq!(
+        store.claim(claim_req(&key, &fp)).await.unwrap(),
+        Claim::Completed(idem_core::store::Record {
+            fingerprint: fp,
+            outcome: Outcome::Failure("\"a|b||\"".into())
+        })
+    );
+    let other = idem_core::conformance::other_fingerprint();
+    assert_eq!(store.claim(claim_req(&key, &other)).await.unwrap(), Claim::Mismatch);
+}
+
+/// A record is one string: in flight without expiry, completed with its retention set by the
+/// write that completes it (so expiry removes it whole), its fence kept by the counter for the
+/// retention plus the grace.
+#[tokio::test]
+async fn record_layout_and_expiry() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    let (key, fp) = fresh_key("layout", "{}");
+    let fence = acquire(&store, &key, &fp).await;
+    let rec = store.record_key(&key);
+    let record = stored(&mut raw, &rec).await;
+    assert_eq!(record, format!("2|f|{}|0|{}|{fp}||", fence.0, field(&record, 4)));
+    assert!(field(&record, 4).parse::<u64>().is_ok(), "{record}");
+    assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
+    store.complete(&key, fence, &Outcome::Success("\"x|y\"".into()), LONG).await.unwrap();
+    assert_eq!(stored(&mut raw, &rec).await, format!("2|d|{}|0||{fp}|s|\"x|y\"", fence.0));
+    let left = pttl(&mut raw, &rec).await;
+    assert!(left > 0 && left <= 30_000, "a completed record expires with its retention: {left}");
+    let counter = pttl(&mut raw, &store.fence_key(&key)).await;
+    let grace = i64::try_from(idem_core::store::redis::FENCE_COUNTER_GRACE.as_millis()).unwrap();
+    assert!(counter > grace && counter <= grace + 30_000, "counter ttl {counter}");
+}
+
+/// A version 1 record (a hash with fields v, st, fence, fp, lu, ok, p, w).
+async fn write_v1(
+    raw: &mut redis::aio::MultiplexedConnection,
+    rec: &str,
+    fields: &[(&str, String)],
+) {
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(rec).arg("v").arg("1");
+    for (name, value) in fields {
+        cmd.arg(*name).arg(value);
+    }
+    let _: () = cmd.query_async(raw).await.unwrap();
+}
+
+/// The server's clock in ms and µs (leases and fences use it).
+async fn server_now(raw: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(raw).await.unwrap();
+    (s * 1000 + us / 1000, s * 1_000_000 + us)
+}
+
+/// Records written by schema version 1 (a hash) are migrated by the first step that meets them.
+#[tokio::test]
+async fn v1_completed_record_replays() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    let other = idem_core::conformance::other_fingerprint();
+    for (ok, payload, outcome) in [
+        ("s", "\"paid|1\"", Outcome::Success("\"paid|1\"".into())),
+        ("f", "{\"declined\":true}", Outcome::Failure("{\"declined\":true}".into())),
+        ("u", "", Outcome::Unknown),
+    ] {
+        let (key, fp) = fresh_key("v1_completed", ok);
+        let rec = store.record_key(&key);
+        #[rustfmt::skip]
+        write_v1(&mut raw, &rec, &[
+            ("st", "d".into()), ("fence", "1700000000000000".into()), ("fp", fp.to_string()),
+            ("lu", "1700000000000".into()), ("ok", ok.into()), ("p", payload.into()),
+        ]).await;
+        let _: () =
+            redis::cmd("PEXPIRE").arg(&rec).arg(60_000).query_async(&mut raw).await.unwrap();
+        let want = Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome });
+        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "v1 ok={ok}");
+        // Migrated: a string now, with the hash's expiry.
+        let record = stored(&mut raw, &rec).await;
+        assert_eq!(record, format!("2|d|1700000000000000|0||{fp}|{ok}|{payload}"));
+        let left = pttl(&mut raw, &rec).await;
+        assert!(left > 0 && left <= 60_000, "the migrated record keeps its expiry: {left}");
+        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want);
+        assert_eq!(store.claim(claim_req(&key, &other)).await.unwrap(), Claim::Mismatch);
+    }
+    // A v1 hash that is not a valid record is refused and left as it is.
+    let (key, fp) = fresh_key("v1_completed", "bad kind");
+    let rec = store.record_key(&key);
+    #[rustfmt::skip]
+    write_v1(&mut raw, &rec, &[
+        ("st", "d".into()), ("fence", "17".into()), ("fp", fp.to_string()), ("ok", "z".into()),
+        ("p", "1".into()),
+    ]).await;
+    match store.claim(claim_req(&key, &fp)).await {
+        Err(StoreError::Incompatible(why)) => assert!(why.contains("schema version 1"), "{why}"),
+        other => panic!("a malformed v1 record must be Incompatible, got {other:?}"),
+    }
+    let kind: String = redis::cmd("TYPE").arg(&rec).query_async(&mut raw).await.unwrap();
+    assert_eq!(kind, "hash");
+    store.forget(&key).await.unwrap();
+}
+
+/// A v1 in-flight record keeps its fence whichever step meets it first: a stale or other fence
+/// gets `LeaseLost`, the holder's fence completes, and a takeover starts above it. The fences
+/// are set above the server's clock so that only the record can explain the answers.
+#[tokio::test]
+async fn v1_in_flight_record_keeps_its_fence() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    let (now_ms, now_us) = server_now(&mut raw).await;
+    let fence = Fence(now_us + 3_600_000_000);
+    let stale = Fence(fence.0 - 1);
+    let newer = Fence(fence.0 + 1);
+    for first in ["claim", "complete", "release", "renew", "wait", "takeover", "forget"] {
+        let (key, fp) = fresh_key("v1_in_flight", first);
+        let rec = store.record_key(&key);
+        let lease_end = if first == "takeover" { now_ms - 1 } else { now_ms + 60_000 };
+        #[rustfmt::skip]
+        write_v1(&mut raw, &rec, &[
+            ("st", "f".into()), ("fence", fence.0.to_string()), ("fp", fp.to_string()),
+            ("lu", lease_end.to_string()), ("w", "0".into()),
+        ]).await;
+        let done = Outcome::Success(format!("\"{first}\""));
+        match first {
+            "claim" => match store.claim(claim_req(&key, &fp)).await.unwrap() {
+                Claim::InFlight { fence: f, lease_remaining } => {
+                    assert_eq!(f, fence);
+                    assert!(lease_remaining > Duration::from_secs(50), "{lease_remaining:?}");
+                }
+                other => panic!("a v1 in-flight record must be InFlight, got {other:?}"),
+            },
+            "complete" => {
+                for f in [stale, newer] {
+                    let r = store.complete(&key, f, &done, LONG).await;
+                    assert!(matches!(r, Err(StoreError::LeaseLost)), "{f:?}: {r:?}");
+                }
+            }
+            "release" => {
+                for f in [stale, newer] {
+                    let r = store.release(&key, f).await;
+                    assert!(matches!(r, Err(StoreError::LeaseLost)), "{f:?}: {r:?}");
+                }
+            }
+            "renew" => {
+                let r = store.renew(&key, stale, LONG).await;
+                assert!(matches!(r, Err(StoreError::LeaseLost)), "{r:?}");
+                store.renew(&key, fence, LONG).await.unwrap();
+            }
+            // Returns at once: the lease runs for a minute, `max` is short.
+            "wait" => store.wait(&key, fence, Duration::from_millis(50)).await.unwrap(),
+            "takeover" => {
+                match store.claim(claim_req(&key, &fp)).await.unwrap() {
+                    Claim::Acquired { fence: f, takeover: true } => {
+                        assert_eq!(f, newer, "a takeover starts above the record's fence")
+                    }
+                    other => panic!("an expired v1 record must be taken over, got {other:?}"),
+                }
+                let r = store.complete(&key, fence, &done, LONG).await;
+                assert!(matches!(r, Err(StoreError::LeaseLost)), "{r:?}");
+                store.complete(&key, newer, &done, LONG).await.unwrap();
+                let want =
+                    Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome: done });
+                assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want);
+                continue;
+            }
+            "forget" => {
+                // The v1 record's fence goes to the counter: the next fence is above it.
+                assert!(store.forget(&key).await.unwrap());
+                let counter: String = redis::cmd("GET")
+                    .arg(store.fence_key(&key))
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                assert_eq!(counter, fence.0.to_string());
+                match store.claim(claim_req(&key, &fp)).await.unwrap() {
+                    Claim::Acquired { fence: f, takeover: false } => assert_eq!(f, newer),
+                    other => panic!("a forgotten key must be acquired, got {other:?}"),
+                }
+                store.release(&key, newer).await.unwrap();
+                continue;
+            }
+            _ => unreachable!(),
+        }
+        let record = stored(&mut raw, &rec).await;
+        assert_eq!(field(&record, 0), "2", "{first} migrates the record: {record}");
+        assert_eq!(field(&record, 2), fence.0.to_string(), "{first} keeps the fence: {record}");
+        assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
+        store.complete(&key, fence, &done, LONG).await.unwrap();
+        let want = Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome: done });
+        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "after {first}");
+    }
 }
 
 #[tokio::test]
@@ -230,13 +529,7 @@ async fn complete_publishes_only_when_someone_waits() {
     let mut raw = raw().await;
     let flagged = async {
         loop {
-            let w: Option<String> = redis::cmd("HGET")
-                .arg(store.record_key(&watched))
-                .arg("w")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            if w.as_deref() == Some("1") {
+            if field(&stored(&mut raw, &store.record_key(&watched)).await, 3) == "1" {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,15 +1,24 @@
 //! The Redis store (feature `redis`): shared by many processes and machines.
 //!
-//! Every step (claim, complete, release, renew, forget) is one Lua script, so Redis runs it
-//! atomically; nothing is read and then written from the client. Scripts are sent with EVALSHA
-//! and loaded on the first `NOSCRIPT` answer (redis-rs [`redis::Script`]).
+//! Every step (claim, complete, release, renew, forget, and the re-check of a wait) is one Lua
+//! script, so Redis runs it atomically; nothing is read and then written from the client. Scripts
+//! are sent with EVALSHA and loaded on the first `NOSCRIPT` answer (redis-rs [`redis::Script`]).
+//! Redis runs one script at a time and each command a script makes costs it microseconds, so the
+//! scripts make few: a fresh claim is `GET`, `TIME`, `GET`, `SET`; a complete `GET`, `SET`, `SET`;
+//! a replay one `GET`.
 //!
 //! # Keys
 //! For an idempotency key `K` (64 hex digits) and the prefix `P` (default `idem`):
-//! - `P:{K}:rec`: a hash with the record: `v` (schema version, [`SCHEMA_VERSION`]), `st`
-//!   (`f` in flight, `d` done), `fence`, `fp` (fingerprint), `lu` (lease end, ms since the Unix
-//!   epoch on the server's clock; read only while in flight), `ok` (`s` success, `f` failure, `u`
-//!   unknown) and `p` (the JSON payload) once done, and `w` (`1` while someone waits on it).
+//! - `P:{K}:rec`: the record, one string `V|st|fence|w|lu|fp|ok|payload`: `V` the schema version
+//!   ([`SCHEMA_VERSION`]), `st` the state (`f` in flight, `d` done), `fence` in decimal, `w` `1`
+//!   while someone waits on it (else `0`), `lu` the lease end in ms since the Unix epoch on the
+//!   server's clock (empty once done), `fp` the fingerprint (64 hex digits), `ok` the outcome (`s`
+//!   success, `f` failure, `u` unknown; empty in flight), and last the JSON payload, which may
+//!   itself contain `|` (empty in flight and for unknown). A script reads the header with one
+//!   pattern match and never looks into the payload. A claim of a completed record returns the
+//!   string as it is and the client checks and decodes it: a completed record does not change
+//!   until it expires or is forgotten, so this is not a read followed by a write, and a replay
+//!   costs the server no parsing.
 //! - `P:{K}:fence`: the fence counter.
 //! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish.
 //!
@@ -17,11 +26,22 @@
 //! script may touch both. The store itself connects to one server (a standalone Redis, a primary,
 //! or a cluster proxy); it does not follow cluster redirections.
 //!
+//! Schema version 1 stored the record as a hash (fields `v`, `st`, `fence`, `fp`, `lu`, `ok`,
+//! `p`, `w`). A script that meets one (its `GET` answers `WRONGTYPE`) rewrites it as a version 2
+//! string with the same content and expiry, then goes on as usual, so records written by an older
+//! idem keep their fences, leases and outcomes across an upgrade (forget removes one directly).
+//! Only that path looks at the key's type; the common path pays nothing for it. A hash that is not
+//! a valid version 1 record is left as it is and refused. Version 1 does not read strings: while
+//! both versions run against one server, a version 1 process fails closed
+//! ([`StoreError::Incompatible`]) on every key a version 2 process has touched, so upgrade all
+//! processes together.
+//!
 //! # Time
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
-//! clocks agree on when a lease ends. Retention is `PEXPIRE` on the record: expiry removes the
-//! whole hash at once. In-flight records have no expiry: a record whose owner vanished must stay to
-//! answer [`Claim::Unknown`] to a `never` tool until an operator forgets it.
+//! clocks agree on when a lease ends. Retention is the expiry of the record, set by the same `SET
+//! .. PX` that completes it: expiry removes the whole record at once. In-flight records have no
+//! expiry: a record whose owner vanished must stay to answer [`Claim::Unknown`] to a `never` tool
+//! until an operator forgets it.
 //!
 //! # Fences
 //! A new fence is above both the highest fence the key has had and the server's time in µs, so
@@ -33,14 +53,14 @@
 //! server's clock steps back. Once a key has been idle past that grace the counter is gone and the
 //! next fence comes from the clock, which has moved on by at least the grace: fences still
 //! increase, and no counter is kept forever for a key nobody uses. A claim of a new key reads the
-//! counter but does not write it: the common path is one `HMGET`, one `GET` and one `HSET`.
+//! counter but does not write it.
 //!
 //! # Waiting
 //! [`Store::wait`] subscribes to the key's channel on a dedicated RESP3 connection (one per
 //! store, re-subscribed by itself after a reconnect), then re-checks the record and flags it as
-//! waited on (field `w`) in one script; complete, release and takeover publish only on a flagged
-//! record, so a call nobody waits for sends no message. It re-checks at least every second in case
-//! a message was lost. When pub/sub is not available (a server without RESP3), it polls with
+//! waited on (`w`) in one script; complete, release and takeover publish only on a flagged record,
+//! so a call nobody waits for sends no message. It re-checks at least every second in case a
+//! message was lost. When pub/sub is not available (a server without RESP3), it polls with
 //! backoff from 20 ms to 500 ms. It never waits past `max` nor past the holder's lease end.
 //!
 //! # Failures
@@ -50,8 +70,9 @@
 //! (a hung server that resumes): a claim then leaves an in-flight record that nobody holds, which a
 //! keyed or safe tool takes over when its lease ends and a `never` tool reports as
 //! [`Claim::Unknown`]; complete, release and renew are fenced, so repeating them is harmless. A
-//! record written by another schema version, or a key of another type, gives
-//! [`StoreError::Incompatible`] and is never replayed.
+//! record of another schema version (other than a version 1 hash, migrated as above), a malformed
+//! record, a string that is not a record, or a key of another type gives
+//! [`StoreError::Incompatible`] and is never replayed; forget removes whatever is there.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,11 +86,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
-use crate::key::Key;
+use crate::key::{Fingerprint, Key};
 
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
-pub const SCHEMA_VERSION: &str = "1";
+pub const SCHEMA_VERSION: &str = "2";
 
 /// How long a fence counter outlives its record: 7 days.
 pub const FENCE_COUNTER_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -87,121 +108,179 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(MAX_MS)
 }
 
-// Shared by every script: `fmt` prints an integer-valued Lua number without an exponent (Lua's
-// own tostring would print 1.7e+15); `clock` reads the server's clock once, and only in the steps
-// that need it (a replay does not). `load` reads the record with one HMGET: a key of another type
-// answers WRONGTYPE, caught by `pcall` so that the common path pays no TYPE lookup.
+// Redis spends microseconds on each `redis.call` (argument and reply conversion), on each closure
+// a script creates per run, and on a table reply (it looks for `err`, `ok` and other fields
+// first); a scalar reply is cheaper. So the scripts make few calls, share four small functions,
+// and give the common answer bare: a fresh claim its fence, a replay the record, complete,
+// release and renew `1`, the re-check of a wait the lease time left. Any other answer is a table
+// whose first item says what happened.
+//
+// Every script but forget starts with the version (see `Scripts::new`) and `HEAD`, the record's
+// GET: a key of another type answers WRONGTYPE, caught by `pcall`, so the common path pays no
+// TYPE lookup. Claim then answers a replay, before the prelude has cost anything.
+const HEAD: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+"#;
+
+// `now` reads the server's clock, only in the steps that need it. `record` migrates a version 1
+// hash, the only time a type is looked at. `header` reads the header with one match and never
+// copies the payload. `%d` prints an integer-valued Lua number without an exponent (Lua's own
+// tostring would print 1.7e+15).
 // Redis 3.2 to 4 replicate scripts verbatim unless told to replicate their effects, and refuse
 // writes after `TIME` in verbatim mode; 5 and later replicate effects anyway.
 const PRELUDE: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
-local function fmt(n) return string.format('%d', n) end
-local now_us, now_ms
-local function clock()
-  if not now_us then
-    local t = redis.call('TIME')
-    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    now_ms = math.floor(now_us / 1000)
-  end
+local format = string.format
+local function now()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return us, math.floor(us / 1000)
 end
-local function load(want)
-  local r = redis.pcall('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
-  if r['err'] then
-    return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. redis.call('TYPE', KEYS[1])['ok']}
-  end
-  if not r[1] and not r[2] and not r[3] then return nil end
-  if r[1] ~= want then
-    return {'incompatible', 'record ' .. KEYS[1] .. ' has schema version ' .. tostring(r[1])}
-  end
-  if r[2] ~= 'f' and r[2] ~= 'd' then
-    return {'incompatible', 'record ' .. KEYS[1] .. ' has state ' .. tostring(r[2])}
-  end
-  return nil, r
+local function inflight(fence, w, lu, fp)
+  return V .. '|f|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '||'
 end
-local function owned(r) return r and r[2] == 'f' and r[3] == ARGV[2] end
+-- Of the GET's answer: the record (false when there is none), or an 'incompatible' answer. A
+-- version 1 record is a hash (fields v st fence fp lu ok p w): rewritten as a string with the
+-- same content and expiry, it goes on as if it had always been one. Anything else is left as it
+-- is.
+local function record(v)
+  if type(v) ~= 'table' then return v end
+  local t = redis.call('TYPE', KEYS[1])['ok']
+  if t ~= 'hash' then return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. t} end
+  local h = redis.call('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
+  local bad = 'record ' .. KEYS[1] .. ' (schema version 1) is malformed'
+  if h[1] ~= '1' then
+    bad = 'record ' .. KEYS[1] .. ' is a hash of schema version ' .. (h[1] or 'none')
+  end
+  local st, fence, fp, w = h[2], h[3] or '', h[4] or '', h[8] or '0'
+  local lu, ok, p = '', '', ''
+  if st == 'f' then lu = h[5] or '' elseif st == 'd' then ok, p = h[6], h[7] or '' end
+  if h[1] ~= '1' or not (st == 'f' or ok == 's' or ok == 'f' or ok == 'u')
+      or not (string.match(fence, '^%d+$') and string.match(fp, '^[0-9a-f]+$')
+        and string.match(lu, '^%d*$') and (w == '0' or w == '1')) then
+    return {'incompatible', bad}
+  end
+  v = V .. '|' .. st .. '|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. ok .. '|' .. p
+  local ttl = redis.call('PTTL', KEYS[1])
+  redis.call('DEL', KEYS[1])
+  if ttl > 0 then redis.call('SET', KEYS[1], v, 'PX', ttl) else redis.call('SET', KEYS[1], v) end
+  return v
+end
+local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|'
+-- Of what `record` returned: nothing when there is no record; else an answer to return, or nil
+-- and the header: state, fence, waited on, lease end, fingerprint.
+local function header(v)
+  if not v then return end
+  if type(v) == 'table' then return v end
+  local st, fence, w, lu, fp = string.match(v, HEADER)
+  if st then return nil, st, fence, w, lu, fp end
+  local version = string.match(v, '^(%w+)|')
+  if not version then
+    return {'incompatible', 'key ' .. KEYS[1] .. ' holds a string that is not an idem record'}
+  end
+  if version ~= V then
+    return {'incompatible', 'record ' .. KEYS[1] .. ' has schema version ' .. version}
+  end
+  return {'incompatible', 'record ' .. KEYS[1] .. ' (schema version ' .. V .. ') is malformed'}
+end
 "#;
 
-// KEYS: rec, fence counter. ARGV: version, fingerprint, lease ms, on_expired (t|u), channel.
-// A fresh record starts above the counter; a takeover above the record's own fence (a record's
-// fence is never below the counter).
+// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u), channel.
+// A completed record is returned as it is stored: it does not change until it expires or is
+// forgotten, so the client can check its version and fingerprint and decode it, and a replay
+// costs the server one GET and no parsing. A fresh record starts above the counter; a takeover
+// above the record's own fence (a record's fence is never below the counter).
+const REPLAY: &str = r#"
+if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
+"#;
+
 const CLAIM: &str = r#"
-local bad, r = load(ARGV[1])
-if bad then return bad end
-if not r then
-  clock()
+v = record(v)
+if not v then
+  local now_us, now_ms = now()
   local f = math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, now_us)
-  redis.call('HSET', KEYS[1], 'v', ARGV[1], 'st', 'f', 'fence', fmt(f), 'fp', ARGV[2],
-    'lu', fmt(now_ms + tonumber(ARGV[3])))
-  return {'acquired', f, 0}
+  local lu = format('%d', now_ms + ARGV[2])
+  redis.call('SET', KEYS[1], inflight(format('%d', f), '0', lu, ARGV[1]))
+  return f
 end
-if r[4] ~= ARGV[2] then return {'mismatch'} end
-if r[2] == 'd' then return {'completed', r[6] or '', r[7] or ''} end
-clock()
-local lu = tonumber(r[5]) or 0
-if lu > now_ms then return {'inflight', tonumber(r[3]) or 0, lu - now_ms} end
-if ARGV[4] == 'u' then return {'unknown'} end
-local f = math.max((tonumber(r[3]) or 0) + 1, now_us)
-redis.call('HSET', KEYS[1], 'fence', fmt(f), 'lu', fmt(now_ms + tonumber(ARGV[3])), 'w', '0')
-if r[8] == '1' then redis.call('PUBLISH', ARGV[5], 'takeover') end
-return {'acquired', f, 1}
+-- A version 1 record that was completed, just migrated.
+if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
+local bad, st, fence, w, lu, fp = header(v)
+if bad then return bad end
+if fp ~= ARGV[1] then return {'mismatch'} end
+local now_us, now_ms = now()
+lu = tonumber(lu) or 0
+if lu > now_ms then return {'inflight', tonumber(fence), lu - now_ms} end
+if ARGV[3] == 'u' then return {'unknown'} end
+local f = math.max(tonumber(fence) + 1, now_us)
+redis.call('SET', KEYS[1], inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp))
+if w == '1' then redis.call('PUBLISH', ARGV[4], 'takeover') end
+return {'takeover', f}
 "#;
 
-// KEYS: rec, fence counter. ARGV: version, fence, kind (s|f|u), payload, ttl ms, counter grace ms,
-// channel. The counter takes the fence for as long as the record may live, plus the grace.
+// KEYS: rec, fence counter. ARGV: fence, kind (s|f|u), payload, ttl ms, counter grace ms, channel.
+// The record gets its expiry in the write that completes it, so expiry removes it whole. The
+// counter takes the fence for as long as the record may live, plus the grace.
 const COMPLETE: &str = r#"
-local bad, r = load(ARGV[1])
+local bad, st, fence, w, lu, fp = header(record(v))
 if bad then return bad end
-if not owned(r) then return {'lost'} end
-redis.call('HSET', KEYS[1], 'st', 'd', 'ok', ARGV[3], 'p', ARGV[4])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', fmt(tonumber(ARGV[5]) + tonumber(ARGV[6])))
-if r[8] == '1' then redis.call('PUBLISH', ARGV[7], 'complete') end
-return {'ok'}
+if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
+redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|' .. ARGV[3],
+  'PX', ARGV[4])
+redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
+if w == '1' then redis.call('PUBLISH', ARGV[6], 'complete') end
+return 1
 "#;
 
-// KEYS: rec, fence counter. ARGV: version, fence, counter grace ms, channel.
+// KEYS: rec, fence counter. ARGV: fence, counter grace ms, channel.
 const RELEASE: &str = r#"
-local bad, r = load(ARGV[1])
+local bad, st, fence, w = header(record(v))
 if bad then return bad end
-if not owned(r) then return {'lost'} end
+if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
 redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-if r[8] == '1' then redis.call('PUBLISH', ARGV[4], 'release') end
-return {'ok'}
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[2])
+if w == '1' then redis.call('PUBLISH', ARGV[3], 'release') end
+return 1
 "#;
 
-// KEYS: rec. ARGV: version, fence, lease ms.
+// KEYS: rec. ARGV: fence, lease ms.
 const RENEW: &str = r#"
-local bad, r = load(ARGV[1])
+local bad, st, fence, w, lu, fp = header(record(v))
 if bad then return bad end
-if not owned(r) then return {'lost'} end
-clock()
-redis.call('HSET', KEYS[1], 'lu', fmt(now_ms + tonumber(ARGV[3])))
-return {'ok'}
+if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
+local _, now_ms = now()
+redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp))
+return 1
 "#;
 
 // KEYS: rec, fence counter. ARGV: channel, counter grace ms. Removes whatever is there (an
-// operator's reconciliation); a record's fence goes to the counter first.
+// operator's reconciliation) and answers how many keys it removed; a record's fence goes to the
+// counter first, from either layout.
 const FORGET: &str = r#"
-local f = redis.pcall('HGET', KEYS[1], 'fence')
-if type(f) == 'string' then redis.call('SET', KEYS[2], f, 'PX', ARGV[2]) end
+local v = redis.pcall('GET', KEYS[1])
+local f
+if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|')
+elseif type(v) == 'table' then f = redis.pcall('HGET', KEYS[1], 'fence') end
+if type(f) == 'string' and string.match(f, '^%d+$') then
+  redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+end
 local n = redis.call('DEL', KEYS[1])
 if n > 0 then redis.call('PUBLISH', ARGV[1], 'forget') end
-return {'ok', n}
+return n
 "#;
 
-// KEYS: rec. ARGV: version, fence, mark (1|0). The lease time left (ms) if the record is in
-// flight under `fence`, else -1. With mark, flags the record as waited on (`w`), so that the
-// steps that end or move the lease publish on its channel.
+// KEYS: rec. ARGV: fence, mark (1|0). The lease time left (ms) if the record is in flight under
+// `fence`, else -1. With mark, flags the record as waited on (`w`), so that the steps that end or
+// move the lease publish on its channel.
 const WATCH: &str = r#"
-local bad, r = load(ARGV[1])
+local bad, st, fence, w, lu, fp = header(record(v))
 if bad then return bad end
-if not owned(r) then return {'ok', -1} end
-clock()
-local left = (tonumber(r[5]) or 0) - now_ms
-if left <= 0 then return {'ok', -1} end
-if ARGV[3] == '1' and r[8] ~= '1' then redis.call('HSET', KEYS[1], 'w', '1') end
-return {'ok', left}
+if st ~= 'f' or fence ~= ARGV[1] then return -1 end
+local _, now_ms = now()
+local left = (tonumber(lu) or 0) - now_ms
+if left <= 0 then return -1 end
+if ARGV[2] == '1' and w ~= '1' then redis.call('SET', KEYS[1], inflight(fence, '1', lu, fp)) end
+return left
 "#;
 
 struct Scripts {
@@ -215,14 +294,17 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        // The version is part of the script's text: a script knows one layout.
+        let script = |first: &str, body: &str| {
+            Script::new(&format!("local V = '{SCHEMA_VERSION}'{HEAD}{first}{PRELUDE}{body}"))
+        };
         Scripts {
-            claim: with_prelude(CLAIM),
-            complete: with_prelude(COMPLETE),
-            release: with_prelude(RELEASE),
-            renew: with_prelude(RENEW),
+            claim: script(REPLAY, CLAIM),
+            complete: script("", COMPLETE),
+            release: script("", RELEASE),
+            renew: script("", RENEW),
             forget: Script::new(FORGET),
-            watch: with_prelude(WATCH),
+            watch: script("", WATCH),
         }
     }
 }
@@ -476,7 +558,7 @@ impl RedisStore {
         }
     }
 
-    /// The Redis key of the record of `key` (a hash; see the module docs).
+    /// The Redis key of the record of `key` (a string; see the module docs).
     pub fn record_key(&self, key: &Key) -> String {
         format!("{}:{{{}}}:rec", self.inner.prefix, key)
     }
@@ -491,20 +573,9 @@ impl RedisStore {
         format!("{}:{{{}}}:ev", self.inner.prefix, key)
     }
 
-    async fn run(&self, inv: redis::ScriptInvocation<'_>) -> Result<Vec<Value>, StoreError> {
+    async fn run(&self, inv: redis::ScriptInvocation<'_>) -> Result<Answer, StoreError> {
         let mut conn = self.inner.conn.clone();
-        let reply: Value = inv.invoke_async(&mut conn).await.map_err(unavailable)?;
-        let Value::Array(items) = reply else {
-            return Err(StoreError::Incompatible(format!("unexpected script reply {reply:?}")));
-        };
-        match items.first().map(text).as_deref() {
-            Some("incompatible") => Err(StoreError::Incompatible(
-                items.get(1).map(text).unwrap_or_default().into_owned(),
-            )),
-            Some("lost") => Err(StoreError::LeaseLost),
-            Some(_) => Ok(items),
-            None => Err(StoreError::Incompatible("empty script reply".into())),
-        }
+        answer(inv.invoke_async(&mut conn).await.map_err(unavailable)?)
     }
 
     /// The lease time left if `key` is in flight under `fence`; with `mark`, flags the record
@@ -516,10 +587,59 @@ impl RedisStore {
         mark: bool,
     ) -> Result<Option<Duration>, StoreError> {
         let mut inv = self.inner.scripts.watch.prepare_invoke();
-        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0).arg(u8::from(mark));
-        let items = self.run(inv).await?;
-        let left = int(items.get(1))?;
+        inv.key(self.record_key(key)).arg(fence.0).arg(u8::from(mark));
+        let left = self.run(inv).await?.int()?;
         Ok(u64::try_from(left).ok().filter(|&l| l > 0).map(Duration::from_millis))
+    }
+
+    /// Decodes a completed record, which the claim script returns as it is stored
+    /// (`V|d|<fence>|<w>|<lu>|<fp>|<ok>|<payload>`, see the module docs). The script looked only at
+    /// its first bytes, so every field is checked here: anything but a well-formed completed record
+    /// of this version is `Incompatible`, and it is never replayed.
+    fn replay(
+        &self,
+        key: &Key,
+        raw: &[u8],
+        fingerprint: &Fingerprint,
+    ) -> Result<Claim, StoreError> {
+        let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
+        let version = fields.first().copied().unwrap_or_default();
+        if version != SCHEMA_VERSION.as_bytes() {
+            let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
+            let record = self.record_key(key);
+            return Err(StoreError::Incompatible(format!(
+                "record {record} has schema version {shown:?}"
+            )));
+        }
+        let malformed = |what: &str| {
+            let record = self.record_key(key);
+            StoreError::Incompatible(format!(
+                "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
+            ))
+        };
+        let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
+            return Err(malformed("fewer than 8 fields"));
+        };
+        let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
+        if state != b"d" {
+            return Err(malformed("not a completed record"));
+        }
+        if fence.is_empty() || !digits(fence) {
+            return Err(malformed("fence"));
+        }
+        if waited != b"0" && waited != b"1" {
+            return Err(malformed("waited-on flag"));
+        }
+        if !digits(lease_end) {
+            return Err(malformed("lease end"));
+        }
+        let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
+        let Some(stored) = stored else { return Err(malformed("fingerprint")) };
+        if stored != *fingerprint {
+            return Ok(Claim::Mismatch);
+        }
+        let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
+        Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
     }
 
     fn interest(&self, channel: Vec<u8>) -> Interest {
@@ -538,6 +658,44 @@ fn unavailable(e: RedisError) -> StoreError {
     StoreError::unavailable(e)
 }
 
+/// A script's answer. The common one comes bare (see the scripts): an integer, or a completed
+/// record from a claim. Any other is a table whose first item says what happened; `incompatible`
+/// and `lost` become errors here.
+#[derive(Debug)]
+enum Answer {
+    Int(i64),
+    Record(Vec<u8>),
+    Table(Vec<Value>),
+}
+
+impl Answer {
+    fn int(self) -> Result<i64, StoreError> {
+        match self {
+            Answer::Int(i) => Ok(i),
+            other => Err(StoreError::Incompatible(format!("unexpected script answer {other:?}"))),
+        }
+    }
+}
+
+fn answer(reply: Value) -> Result<Answer, StoreError> {
+    let items = match reply {
+        Value::Int(i) => return Ok(Answer::Int(i)),
+        Value::BulkString(record) => return Ok(Answer::Record(record)),
+        Value::Array(items) => items,
+        other => {
+            return Err(StoreError::Incompatible(format!("unexpected script reply {other:?}")));
+        }
+    };
+    match items.first().map(text).as_deref() {
+        Some("incompatible") => {
+            Err(StoreError::Incompatible(items.get(1).map(text).unwrap_or_default().into_owned()))
+        }
+        Some("lost") => Err(StoreError::LeaseLost),
+        Some(_) => Ok(Answer::Table(items)),
+        None => Err(StoreError::Incompatible("empty script reply".into())),
+    }
+}
+
 fn text(v: &Value) -> std::borrow::Cow<'_, str> {
     match v {
         Value::BulkString(b) => String::from_utf8_lossy(b),
@@ -554,31 +712,19 @@ fn int(v: Option<&Value>) -> Result<i64, StoreError> {
     }
 }
 
-fn bulk(v: Option<&Value>) -> Result<&[u8], StoreError> {
-    match v {
-        Some(Value::BulkString(b)) => Ok(b),
-        other => Err(StoreError::Incompatible(format!("expected a string, got {other:?}"))),
-    }
-}
-
-fn fence_of(v: Option<&Value>) -> Result<Fence, StoreError> {
-    let n = int(v)?;
+fn fence(n: i64) -> Result<Fence, StoreError> {
     u64::try_from(n).map(Fence).map_err(|_| StoreError::Incompatible(format!("negative fence {n}")))
 }
 
-fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, StoreError> {
-    let json = || {
-        String::from_utf8(payload.to_vec())
-            .map_err(|_| StoreError::Incompatible("stored payload is not UTF-8".into()))
-    };
+/// The outcome of a completed record, or what is wrong with it.
+fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
+    let json =
+        || String::from_utf8(payload.to_vec()).map_err(|_| "payload is not UTF-8".to_owned());
     match kind {
         b"s" => Ok(Outcome::Success(json()?)),
         b"f" => Ok(Outcome::Failure(json()?)),
         b"u" => Ok(Outcome::Unknown),
-        other => Err(StoreError::Incompatible(format!(
-            "unknown outcome kind {:?}",
-            String::from_utf8_lossy(other)
-        ))),
+        other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
 }
 
@@ -592,27 +738,27 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.claim.prepare_invoke();
         inv.key(self.record_key(req.key))
             .key(self.fence_key(req.key))
-            .arg(SCHEMA_VERSION)
             .arg(req.fingerprint.as_str())
             .arg(ms(req.lease))
             .arg(on_expired)
             .arg(self.channel(req.key));
-        let items = self.run(inv).await?;
+        let items = match self.run(inv).await? {
+            // A fresh record: its fence.
+            Answer::Int(f) => return Ok(Claim::Acquired { fence: fence(f)?, takeover: false }),
+            // A completed record, as it is stored.
+            Answer::Record(raw) => {
+                return self.replay(req.key, &raw, req.fingerprint);
+            }
+            Answer::Table(items) => items,
+        };
         match items.first().map(text).as_deref().unwrap_or_default() {
-            "acquired" => Ok(Claim::Acquired {
-                fence: fence_of(items.get(1))?,
-                takeover: int(items.get(2))? == 1,
-            }),
+            "takeover" => Ok(Claim::Acquired { fence: fence(int(items.get(1))?)?, takeover: true }),
             "inflight" => Ok(Claim::InFlight {
-                fence: fence_of(items.get(1))?,
+                fence: fence(int(items.get(1))?)?,
                 lease_remaining: Duration::from_millis(
                     u64::try_from(int(items.get(2))?).unwrap_or(0),
                 ),
             }),
-            "completed" => Ok(Claim::Completed(Record {
-                fingerprint: *req.fingerprint,
-                outcome: outcome_of(bulk(items.get(1))?, bulk(items.get(2))?)?,
-            })),
             "unknown" => Ok(Claim::Unknown),
             "mismatch" => Ok(Claim::Mismatch),
             other => Err(StoreError::Incompatible(format!("unexpected claim answer {other}"))),
@@ -634,31 +780,29 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.complete.prepare_invoke();
         inv.key(self.record_key(key))
             .key(self.fence_key(key))
-            .arg(SCHEMA_VERSION)
             .arg(fence.0)
             .arg(kind)
             .arg(payload)
             .arg(ms(ttl))
             .arg(ms(FENCE_COUNTER_GRACE))
             .arg(self.channel(key));
-        self.run(inv).await.map(drop)
+        self.run(inv).await?.int().map(drop)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let mut inv = self.inner.scripts.release.prepare_invoke();
         inv.key(self.record_key(key))
             .key(self.fence_key(key))
-            .arg(SCHEMA_VERSION)
             .arg(fence.0)
             .arg(ms(FENCE_COUNTER_GRACE))
             .arg(self.channel(key));
-        self.run(inv).await.map(drop)
+        self.run(inv).await?.int().map(drop)
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
         let mut inv = self.inner.scripts.renew.prepare_invoke();
-        inv.key(self.record_key(key)).arg(SCHEMA_VERSION).arg(fence.0).arg(ms(lease));
-        self.run(inv).await.map(drop)
+        inv.key(self.record_key(key)).arg(fence.0).arg(ms(lease));
+        self.run(inv).await?.int().map(drop)
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
@@ -705,7 +849,6 @@ impl Store for RedisStore {
             .key(self.fence_key(key))
             .arg(self.channel(key))
             .arg(ms(FENCE_COUNTER_GRACE));
-        let items = self.run(inv).await?;
-        Ok(int(items.get(1))? > 0)
+        Ok(self.run(inv).await?.int()? > 0)
     }
 }
