@@ -118,20 +118,28 @@ async fn complete_notifies_waiters_of_other_processes() {
     assert!(matches!(got, Claim::Completed(_)), "the waiter then replays, got {got:?}");
 }
 
-/// A database of another schema version is refused, in a private schema so other tests on the
-/// same database are not disturbed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn other_schema_version_is_incompatible() {
-    let Some(_) = store().await else { return };
+/// A new, empty schema of this process (so tests that change the idem schema do not disturb the
+/// others on the same database): its name, an admin client, and a config whose `search_path` is
+/// that schema. The caller drops it.
+async fn private_schema(what: &str) -> (String, tokio_postgres::Client, Config) {
     let base = Config::from_str(&pg_url()).expect("config");
-    let schema = format!("idem_test_version_{}", std::process::id());
+    let schema = format!("idem_test_{what}_{}", std::process::id());
     let admin = raw(&base).await;
     admin
         .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
         .await
         .expect("create schema");
-    let mut config = base.clone();
+    let mut config = base;
     config.options(format!("-c search_path={schema}"));
+    (schema, admin, config)
+}
+
+/// A database of another schema version is refused, in a private schema so other tests on the
+/// same database are not disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_schema_version_is_incompatible() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("version").await;
     drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create the idem schema"));
     admin
         .batch_execute(&format!(
@@ -153,15 +161,7 @@ async fn other_schema_version_is_incompatible() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_version_1_is_migrated_and_keeps_its_records() {
     let Some(_) = store().await else { return };
-    let base = Config::from_str(&pg_url()).expect("config");
-    let schema = format!("idem_test_migrate_{}", std::process::id());
-    let admin = raw(&base).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-        .await
-        .expect("create schema");
-    let mut config = base.clone();
-    config.options(format!("-c search_path={schema}"));
+    let (schema, admin, config) = private_schema("migrate").await;
     let (done, fp) = fresh_key("migrate", "done");
     let (held, _) = fresh_key("migrate", "held");
     let fence = {
