@@ -92,10 +92,16 @@ BEGIN
         INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
              o_kind, o_payload
         FROM idem_records WHERE key = k;
-        IF FOUND AND (o_alive IS NOT FALSE
-                      OR (o_state = 0 AND (o_fingerprint <> fp OR NOT take))) THEN
+        -- Takeable: retention ended, or lease ended and this claim takes over. Anything else,
+        -- a row of an unknown state included, is the answer (the client judges it).
+        IF FOUND AND NOT (o_alive IS FALSE
+                          AND (o_state = 1 OR (o_state = 0 AND o_fingerprint = fp AND take))) THEN
             RETURN;
         END IF;
+        -- Claims that may write take the key's lock first, so fences are drawn in the order
+        -- owners acquire: a fence drawn before waiting on another claim's row would otherwise
+        -- land below that claim's (held until this call's transaction ends).
+        PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
         INSERT INTO idem_records AS x (key, fingerprint, fence, state, lease_until, takeover)
         VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false)
         ON CONFLICT (key) DO UPDATE SET
@@ -393,7 +399,16 @@ async fn open(config: &Config) -> Result<Conn, StoreError> {
     let prepare = |sql| client.prepare(sql);
     let (claim, complete, release, renew) =
         tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
-            .map_err(pg)?;
+            .map_err(|e| match e.code() {
+                // E.g. the tables were restored without their functions.
+                Some(&SqlState::UNDEFINED_FUNCTION) => StoreError::Incompatible(format!(
+                    "the PostgreSQL database is at idem schema version {SCHEMA_VERSION} but \
+                     lacks the function idem_claim ({}); re-create the schema or restore it \
+                     whole",
+                    PgError(e)
+                )),
+                _ => pg(e),
+            })?;
     let (mark_waited, held, forget, sweep) =
         tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
             .map_err(pg)?;
@@ -554,7 +569,7 @@ fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outco
 }
 
 /// What one run of the claim statement means; `Retry` when the function gave up racing
-/// concurrent writers (no row), or answered with a row the claim could have taken.
+/// concurrent writers.
 enum Step {
     Done(Claim),
     Retry,
@@ -574,21 +589,35 @@ fn decide(
     let Some(acquired) = row.try_get::<_, Option<bool>>(0).map_err(get)? else {
         return Ok(Step::Retry);
     };
-    let fence = Fence(row.try_get::<_, i64>(1).map_err(get)? as u64);
+    let bad = |what: String| {
+        StoreError::Incompatible(format!("the PostgreSQL record of key {key} {what}"))
+    };
+    let fence = row.try_get::<_, i64>(1).map_err(get)?;
+    let fence =
+        Fence(u64::try_from(fence).map_err(|_| bad(format!("has a negative fence {fence}")))?);
     if acquired {
         return Ok(Step::Done(Claim::Acquired { fence, takeover: row.try_get(2).map_err(get)? }));
     }
     let fingerprint: String = row.try_get(3).map_err(get)?;
     let state: i16 = row.try_get(4).map_err(get)?;
-    let alive: Option<bool> = row.try_get(5).map_err(get)?;
-    let alive = alive.unwrap_or(false);
-    // A row the statement would have taken: it saw an older version than the conflict did.
+    if state != 0 && state != 1 {
+        return Err(bad(format!("has an unknown state {state}")));
+    }
+    if Fingerprint::parse(&fingerprint).is_none() {
+        return Err(bad(format!("has a malformed fingerprint {fingerprint:?}")));
+    }
+    // NULL: the row lacks its lease end (in flight) or its expiry (done).
+    let Some(alive) = row.try_get::<_, Option<bool>>(5).map_err(get)? else {
+        return Err(bad("has no lease end or expiry".into()));
+    };
+    // The function answers only with rows it cannot take; one it could have taken is not a
+    // record this version writes.
     let free = match state {
         1 => !alive,
         _ => !alive && fingerprint == fp.as_str() && on_expired == OnExpired::TakeOver,
     };
     if free {
-        return Ok(Step::Retry);
+        return Err(bad("is in a state the claim should have taken".into()));
     }
     if fingerprint != fp.as_str() {
         return Ok(Step::Done(Claim::Mismatch));
@@ -598,19 +627,14 @@ fn decide(
             fingerprint: *fp,
             outcome: decode(key, row.try_get(7).map_err(get)?, row.try_get(8).map_err(get)?)?,
         }),
-        (0, true) => {
+        (_, true) => {
             let remaining: Option<i64> = row.try_get(6).map_err(get)?;
             Claim::InFlight {
                 fence,
                 lease_remaining: Duration::from_millis(remaining.unwrap_or(0).max(0) as u64),
             }
         }
-        (0, false) => Claim::Unknown,
-        (state, _) => {
-            return Err(StoreError::Incompatible(format!(
-                "the PostgreSQL record of key {key} has an unknown state {state}"
-            )));
-        }
+        (_, false) => Claim::Unknown,
     }))
 }
 

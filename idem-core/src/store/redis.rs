@@ -131,6 +131,8 @@ local v = redis.pcall('GET', KEYS[1])
 const PRELUDE: &str = r#"
 if redis.replicate_commands then redis.replicate_commands() end
 local format = string.format
+-- Lua numbers are doubles: a fence at or above 2^53 - 1 has no exact successor.
+local EXACT = 9007199254740991
 local function now()
   local t = redis.call('TIME')
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -155,8 +157,10 @@ local function record(v)
   local st, fence, fp, w = h[2], h[3] or '', h[4] or '', h[8] or '0'
   local lu, ok, p = '', '', ''
   if st == 'f' then lu = h[5] or '' elseif st == 'd' then ok, p = h[6], h[7] or '' end
-  if h[1] ~= '1' or not (st == 'f' or ok == 's' or ok == 'f' or ok == 'u')
-      or not (string.match(fence, '^%d+$') and string.match(fp, '^[0-9a-f]+$')
+  -- Version 1 always wrote `p` once done: the JSON with success and failure, '' with unknown.
+  local paid = (ok == 's' or ok == 'f') and h[7]
+  if h[1] ~= '1' or not (st == 'f' or paid or (ok == 'u' and p == ''))
+      or not (string.match(fence, '^%d+$') and #fp == 64 and string.match(fp, '^[0-9a-f]+$')
         and string.match(lu, '^%d*$') and (w == '0' or w == '1')) then
     return {'incompatible', bad}
   end
@@ -173,7 +177,7 @@ local function header(v)
   if not v then return end
   if type(v) == 'table' then return v end
   local st, fence, w, lu, fp = string.match(v, HEADER)
-  if st then return nil, st, fence, w, lu, fp end
+  if st and #fp == 64 then return nil, st, fence, w, lu, fp end
   local version = string.match(v, '^(%w+)|')
   if not version then
     return {'incompatible', 'key ' .. KEYS[1] .. ' holds a string that is not an idem record'}
@@ -198,7 +202,9 @@ const CLAIM: &str = r#"
 v = record(v)
 if not v then
   local now_us, now_ms = now()
-  local f = math.max((tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1, now_us)
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
+  local f = math.max(c + 1, now_us)
   local lu = format('%d', now_ms + ARGV[2])
   redis.call('SET', KEYS[1], inflight(format('%d', f), '0', lu, ARGV[1]))
   return f
@@ -212,6 +218,9 @@ local now_us, now_ms = now()
 lu = tonumber(lu) or 0
 if lu > now_ms then return {'inflight', tonumber(fence), lu - now_ms} end
 if ARGV[3] == 'u' then return {'unknown'} end
+if tonumber(fence) >= EXACT then
+  return {'incompatible', 'record ' .. KEYS[1] .. ' has a fence beyond 2^53'}
+end
 local f = math.max(tonumber(fence) + 1, now_us)
 redis.call('SET', KEYS[1], inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp))
 if w == '1' then redis.call('PUBLISH', ARGV[4], 'takeover') end
@@ -225,8 +234,13 @@ const COMPLETE: &str = r#"
 local bad, st, fence, w, lu, fp = header(record(v))
 if bad then return bad end
 if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
-redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|' .. ARGV[3],
-  'PX', ARGV[4])
+if ARGV[4] == '0' then
+  -- Kept for no time (`SET .. PX 0` is refused): gone at once, as in the other stores.
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|' .. ARGV[3],
+    'PX', ARGV[4])
+end
 redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
 if w == '1' then redis.call('PUBLISH', ARGV[6], 'complete') end
 return 1
@@ -718,12 +732,14 @@ fn fence(n: i64) -> Result<Fence, StoreError> {
 
 /// The outcome of a completed record, or what is wrong with it.
 fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
+    // Success and failure carry their payload; unknown carries nothing.
     let json =
         || String::from_utf8(payload.to_vec()).map_err(|_| "payload is not UTF-8".to_owned());
     match kind {
         b"s" => Ok(Outcome::Success(json()?)),
         b"f" => Ok(Outcome::Failure(json()?)),
-        b"u" => Ok(Outcome::Unknown),
+        b"u" if payload.is_empty() => Ok(Outcome::Unknown),
+        b"u" => Err("unknown outcome has a payload".to_owned()),
         other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
 }
@@ -806,7 +822,7 @@ impl Store for RedisStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        let deadline = Instant::now() + max;
+        let deadline = crate::clock::later(Instant::now(), max);
         let interest = self.interest(self.channel(key).into_bytes());
         let notified = interest.notify.notified();
         tokio::pin!(notified);

@@ -1,0 +1,498 @@
+//! Adversarial tests of the PostgreSQL store (schema 2: the `idem_claim` plpgsql function,
+//! migrated from schema 1 on connect). Destructive experiments run in private schemas that are
+//! dropped afterwards. Run: cargo test --all-features --test adversarial_postgres
+
+#![cfg(feature = "postgres")]
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::conformance::{LONG, fresh_key};
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record};
+use idem_core::{PostgresStore, Store, StoreError};
+use idem_tests::{or_skip, pg_url};
+use tokio_postgres::{Config, NoTls};
+
+#[path = "shared/adversarial.rs"]
+mod adversarial;
+
+async fn store() -> Option<Arc<PostgresStore>> {
+    or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).map(Arc::new)
+}
+
+fn req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest { key, fingerprint: fp, lease: LONG, on_expired: OnExpired::TakeOver }
+}
+
+async fn acquire(store: &dyn Store, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
+    match store.claim(req(key, fp)).await.expect("claim") {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+async fn raw(config: &Config) -> tokio_postgres::Client {
+    let (client, conn) = config.connect(NoTls).await.expect("raw connect");
+    tokio::spawn(conn);
+    client
+}
+
+/// A private schema, dropped by `drop_schema`; returns (admin client, config using it).
+async fn private_schema(tag: &str) -> (tokio_postgres::Client, Config, String) {
+    let base = Config::from_str(&pg_url()).expect("config");
+    let schema = format!("idem_adversarial_{tag}_{}", std::process::id());
+    let admin = raw(&base).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .expect("create schema");
+    let mut config = base.clone();
+    config.options(format!("-c search_path={schema}"));
+    (admin, config, schema)
+}
+
+async fn drop_schema(admin: &tokio_postgres::Client, schema: &str) {
+    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.expect("drop");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Migration races
+// ---------------------------------------------------------------------------------------------
+
+async fn connect_many(config: &Config, n: usize) -> Vec<Result<PostgresStore, StoreError>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let config = config.clone();
+            tokio::spawn(async move { PostgresStore::connect_with(config, 1 + i % 3).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}
+
+async fn schema_state(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64) {
+    let version: i64 = admin
+        .query_one(
+            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_version'"),
+            &[],
+        )
+        .await
+        .expect("version")
+        .get(0);
+    let functions: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.proname = 'idem_claim'",
+            &[&schema],
+        )
+        .await
+        .expect("functions")
+        .get(0);
+    (version, functions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_stores_create_a_fresh_schema_at_once() {
+    let Some(_) = store().await else { return };
+    for round in 0..3 {
+        let (admin, config, schema) = private_schema(&format!("fresh{round}")).await;
+        let got = connect_many(&config, 12).await;
+        let errors: Vec<String> =
+            got.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
+        let mut claims = Vec::new();
+        if errors.is_empty() {
+            let (key, fp) = fresh_key("fresh_schema", "{}");
+            for s in &got {
+                claims.push(s.as_ref().unwrap().claim(req(&key, &fp)).await);
+            }
+        }
+        let state = schema_state(&admin, &schema).await;
+        drop(got);
+        drop_schema(&admin, &schema).await;
+        assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
+        assert_eq!(state, (2, 1), "round {round}: version and idem_claim count");
+        let acquired = claims.iter().filter(|c| matches!(c, Ok(Claim::Acquired { .. }))).count();
+        assert_eq!(acquired, 1, "{claims:?}");
+    }
+}
+
+/// Version 1 simulated as the brief says: create v2, drop the function, set the version to 1.
+async fn downgrade(admin: &tokio_postgres::Client, schema: &str) {
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.idem_claim; \
+             UPDATE {schema}.idem_meta SET value = 1 WHERE name = 'schema_version'"
+        ))
+        .await
+        .expect("downgrade to version 1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_stores_migrate_version_1_at_once() {
+    let Some(_) = store().await else { return };
+    for round in 0..3 {
+        let (admin, config, schema) = private_schema(&format!("v1race{round}")).await;
+        let (key, fp) = fresh_key("v1race", "{}");
+        let (held, _) = fresh_key("v1race", "held");
+        let (done_fence, held_fence) = {
+            let s = PostgresStore::connect_with(config.clone(), 1).await.expect("create");
+            let f = acquire(&s, &key, &fp).await;
+            s.complete(&key, f, &Outcome::Success("\"v1\"".into()), LONG).await.unwrap();
+            (f, acquire(&s, &held, &fp).await)
+        };
+        downgrade(&admin, &schema).await;
+        // Concurrently: a v1-era client keeps writing rows with plain SQL while stores migrate.
+        let v1_writer = {
+            let config = config.clone();
+            tokio::spawn(async move {
+                let c = raw(&config).await;
+                for i in 0..50 {
+                    let (k, fp) = fresh_key("v1writer", &i.to_string());
+                    c.execute(
+                        "INSERT INTO idem_records (key, fingerprint, fence, state, lease_until) \
+                         VALUES ($1, $2, nextval('idem_fence'), 0, now() + interval '30 s')",
+                        &[&k.as_str(), &fp.as_str()],
+                    )
+                    .await
+                    .expect("v1 insert");
+                }
+            })
+        };
+        let got = connect_many(&config, 12).await;
+        v1_writer.await.expect("v1 writer");
+        let errors: Vec<String> =
+            got.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
+        let mut answers = Vec::new();
+        for s in got.iter().flatten() {
+            answers.push((s.claim(req(&key, &fp)).await, s.claim(req(&held, &fp)).await));
+        }
+        let state = schema_state(&admin, &schema).await;
+        drop(got);
+        drop_schema(&admin, &schema).await;
+        assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
+        assert_eq!(state, (2, 1), "round {round}: version and idem_claim count");
+        for (done, inflight) in answers {
+            assert_eq!(
+                done.unwrap(),
+                Claim::Completed(Record {
+                    fingerprint: fp,
+                    outcome: Outcome::Success("\"v1\"".into())
+                })
+            );
+            match inflight.unwrap() {
+                Claim::InFlight { fence, .. } => assert_eq!(fence, held_fence),
+                other => panic!("{other:?}"),
+            }
+        }
+        let _ = done_fence;
+    }
+}
+
+/// Stores on a fresh schema and on a v1 schema at once, with a claim running on the v1 schema from
+/// a store that connected before the downgrade (its prepared statement calls a function that is
+/// dropped and re-created under it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_connected_before_downgrade_keeps_working_after_migration() {
+    let Some(_) = store().await else { return };
+    let (admin, config, schema) = private_schema("prepared").await;
+    let early = PostgresStore::connect_with(config.clone(), 1).await.expect("create");
+    let (key, fp) = fresh_key("prepared", "{}");
+    let f = acquire(&early, &key, &fp).await;
+    downgrade(&admin, &schema).await;
+    let late = PostgresStore::connect_with(config.clone(), 1).await;
+    let after = early.claim(req(&key, &fp)).await;
+    let again = early.claim(req(&key, &fp)).await;
+    drop(late);
+    drop(early);
+    drop_schema(&admin, &schema).await;
+    eprintln!("after: {after:?}; again: {again:?}");
+    match again {
+        Ok(Claim::InFlight { fence, .. }) => assert_eq!(fence, f),
+        other => {
+            panic!("a store connected before the migration answered {other:?} (first {after:?})")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency and wake-ups
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_on_other_instances_wake() {
+    let Some(first) = store().await else { return };
+    let mut s: Vec<Arc<dyn Store>> = vec![first];
+    for _ in 0..3 {
+        s.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    for end in [
+        adversarial::End::Complete,
+        adversarial::End::Release,
+        adversarial::End::Forget,
+        adversarial::End::TakeOver,
+    ] {
+        let took = adversarial::waiters_wake(
+            Arc::clone(&s[0]),
+            vec![Arc::clone(&s[1]), Arc::clone(&s[2])],
+            Arc::clone(&s[3]),
+            end,
+        )
+        .await;
+        eprintln!("{end:?}: slowest waiter {took:?}");
+    }
+}
+
+/// Many simultaneous takeovers of one expired lease from several stores: exactly one acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_takeovers_many_stores() {
+    let Some(first) = store().await else { return };
+    let mut stores: Vec<Arc<PostgresStore>> = vec![first];
+    for _ in 0..3 {
+        stores.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    for round in 0..10 {
+        let (key, fp) = fresh_key("takeovers", &round.to_string());
+        let short = ClaimRequest {
+            key: &key,
+            fingerprint: &fp,
+            lease: Duration::from_millis(100),
+            on_expired: OnExpired::TakeOver,
+        };
+        let Claim::Acquired { fence: first, .. } = stores[0].claim(short).await.unwrap() else {
+            panic!()
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let tasks: Vec<_> = (0..40)
+            .map(|i| {
+                let s = Arc::clone(&stores[i % 4]);
+                tokio::spawn(async move { s.claim(req(&key, &fp)).await })
+            })
+            .collect();
+        let mut won = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Claim::Acquired { fence, takeover }) => won.push((fence, takeover)),
+                Ok(Claim::InFlight { .. }) => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(won.len(), 1, "round {round}: {won:?}");
+        assert!(won[0].0 > first && won[0].1, "{won:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_round_trip() {
+    let Some(store) = store().await else { return };
+    let big = format!("\"{}\"", "x|\n".repeat(3 * 1024 * 1024));
+    let payloads = [
+        "\"a|b|c\"".to_owned(),
+        "\"line\nbreak\r\n\"".to_owned(),
+        "\"ünïcødé ✓ 🎉 \u{10FFFF}\"".to_owned(),
+        "\"\\u0000\"".to_owned(),
+        String::new(),
+        big,
+    ];
+    for p in payloads {
+        for outcome in [Outcome::Success(p.clone()), Outcome::Failure(p.clone())] {
+            let (key, fp) = fresh_key("payloads", "{}");
+            let fence = acquire(&*store, &key, &fp).await;
+            store.complete(&key, fence, &outcome, LONG).await.unwrap();
+            let got = store.claim(req(&key, &fp)).await.unwrap();
+            assert!(got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extreme_fences_are_lease_lost() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("extreme_fences", "{}");
+    let fence = acquire(&*store, &key, &fp).await;
+    for f in [
+        Fence(0),
+        Fence(u64::MAX),
+        Fence(i64::MAX as u64),
+        Fence(1 << 63),
+        Fence(fence.0 + 1),
+        Fence(fence.0 - 1),
+    ] {
+        let r = store.complete(&key, f, &Outcome::Unknown, LONG).await;
+        assert!(matches!(r, Err(StoreError::LeaseLost)), "complete {f:?}: {r:?}");
+        let r = store.release(&key, f).await;
+        assert!(matches!(r, Err(StoreError::LeaseLost)), "release {f:?}: {r:?}");
+        let r = store.renew(&key, f, LONG).await;
+        assert!(matches!(r, Err(StoreError::LeaseLost)), "renew {f:?}: {r:?}");
+        store.wait(&key, f, Duration::from_millis(20)).await.unwrap();
+    }
+    store.complete(&key, fence, &Outcome::Unknown, LONG).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_leases_and_retention() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("zero", "{}");
+    let zero = ClaimRequest { lease: Duration::ZERO, ..req(&key, &fp) };
+    let Claim::Acquired { fence: f1, .. } = store.claim(zero).await.unwrap() else { panic!() };
+    let got = store.claim(req(&key, &fp)).await.unwrap();
+    let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };
+    assert!(f2 > f1);
+    store.complete(&key, f2, &Outcome::Success("1".into()), Duration::ZERO).await.unwrap();
+    let got = store.claim(req(&key, &fp)).await.unwrap();
+    let Claim::Acquired { fence: f3, takeover: false } = got else { panic!("{got:?}") };
+    assert!(f3 > f2);
+    store.wait(&key, f3, Duration::MAX).await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_max_duration_returns_on_release() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("wait_max", "{}");
+    let fence = acquire(&*store, &key, &fp).await;
+    let w = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.wait(&key, fence, Duration::MAX).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.release(&key, fence).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), w).await.unwrap().unwrap().unwrap();
+}
+
+/// Rows this version does not write must be refused as Incompatible. Outcome columns already
+/// are (kind 1 without payload, kind 3 with one, no kind). Held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_outcome_columns() {
+    let Some(store) = store().await else { return };
+    let admin = raw(&Config::from_str(&pg_url()).unwrap()).await;
+    for case in [
+        "state = 1, kind = NULL, payload = NULL, expires_at = now() + interval '1 h'",
+        "state = 1, kind = 1, payload = NULL, expires_at = now() + interval '1 h'",
+        "state = 1, kind = 3, payload = 'x', expires_at = now() + interval '1 h'",
+    ] {
+        let (key, fp) = fresh_key("tampered", case);
+        acquire(&*store, &key, &fp).await;
+        admin
+            .execute(&format!("UPDATE idem_records SET {case} WHERE key = $1"), &[&key.as_str()])
+            .await
+            .expect("tamper");
+        let got = store.claim(req(&key, &fp)).await;
+        store.forget(&key).await.unwrap();
+        assert!(matches!(got, Err(StoreError::Incompatible(_))), "{case}: {got:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regressions: each of these failed when written (2026-11-30) and was fixed
+// ---------------------------------------------------------------------------------------------
+
+/// `Duration::MAX` means "no limit" (the policy says so; the Redis and in-memory stores cap it at
+/// 100 years). Expected: the same here, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_max_lease_and_retention_are_accepted() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("duration_max", "{}");
+    let r = store.claim(ClaimRequest { lease: Duration::MAX, ..req(&key, &fp) }).await;
+    assert!(matches!(r, Ok(Claim::Acquired { .. })), "claim with lease Duration::MAX: {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_max_retention_and_renewal_are_accepted() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("duration_max", "ttl");
+    let fence = acquire(&*store, &key, &fp).await;
+    let renewed = store.renew(&key, fence, Duration::MAX).await;
+    let done = store.complete(&key, fence, &Outcome::Success("1".into()), Duration::MAX).await;
+    assert!(renewed.is_ok(), "renew with lease Duration::MAX: {renewed:?}");
+    assert!(done.is_ok(), "complete with ttl Duration::MAX: {done:?}");
+}
+
+/// Fences are "strictly increasing for a key over the life of the store" (store contract), and
+/// tools receive them as fencing tokens (`Ctx::fence`). Workers on four stores claim one key and
+/// release it at once; acquisitions are exclusive, so the order in which they are answered is the
+/// order of ownership, and each fence must be above the previous one.
+///
+/// The claim's upsert evaluated `nextval('idem_fence')` before its conflict check, so a claim
+/// that waited on another claim's row could acquire with a fence drawn before the previous
+/// owner's (about 1% of acquisitions here). Claims that may write now take the key's advisory
+/// lock before drawing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fences_increase_across_owners_under_contention() {
+    let Some(first) = store().await else { return };
+    let mut stores: Vec<Arc<dyn Store>> = vec![first];
+    for _ in 0..3 {
+        stores.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
+    }
+    let (count, backwards) =
+        adversarial::owner_order_fences(stores, 32, Duration::from_secs(8)).await;
+    assert!(count > 100, "only {count} acquisitions");
+    assert!(
+        backwards.is_empty(),
+        "{} of {count} acquisitions got a fence not above the previous owner's: (previous, next) {:?}",
+        backwards.len(),
+        &backwards[..backwards.len().min(10)]
+    );
+}
+
+/// Rows this version does not write (a future state, NULL lease or retention, a negative fence,
+/// a fingerprint that is not 64 hex digits) must be Incompatible, never "unavailable, retry
+/// later" and never an answer built from them (such rows used to be taken for free rows and the
+/// claim re-sent until it gave up with "kept racing concurrent writers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_rows_are_incompatible() {
+    let Some(store) = store().await else { return };
+    let admin = raw(&Config::from_str(&pg_url()).unwrap()).await;
+    let cases = [
+        "state = 7",
+        "state = 7, expires_at = now() - interval '1 s'",
+        "lease_until = NULL",
+        "state = 1, kind = 1, payload = '1', expires_at = NULL",
+        "fence = -5",
+        "fingerprint = 'abc'",
+    ];
+    let mut wrong = Vec::new();
+    for case in cases {
+        let (key, fp) = fresh_key("tampered_rows", case);
+        acquire(&*store, &key, &fp).await;
+        admin
+            .execute(&format!("UPDATE idem_records SET {case} WHERE key = $1"), &[&key.as_str()])
+            .await
+            .expect("tamper");
+        let got = store.claim(req(&key, &fp)).await;
+        store.forget(&key).await.unwrap();
+        if !matches!(got, Err(StoreError::Incompatible(_))) {
+            wrong.push(format!("{case}: claim answered {got:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} tampered rows:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
+}
+
+/// A database whose idem_meta says version 2 but whose idem_claim function is missing (tables
+/// restored without functions, e.g. `pg_dump -t 'idem_*'`). Expected: Incompatible naming the
+/// missing function, not "unavailable, retry later".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_2_without_the_claim_function_is_incompatible() {
+    let Some(_) = store().await else { return };
+    let (admin, config, schema) = private_schema("nofn").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
+    admin.batch_execute(&format!("DROP FUNCTION {schema}.idem_claim")).await.expect("drop fn");
+    let got = PostgresStore::connect_with(config, 1).await;
+    drop_schema(&admin, &schema).await;
+    match got {
+        Err(StoreError::Incompatible(m)) => assert!(m.contains("idem_claim"), "{m}"),
+        other => panic!("connect answered {other:?}"),
+    }
+}
