@@ -11,7 +11,7 @@ use std::time::Duration;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record};
 use idem_core::{PostgresStore, Store, StoreError};
-use idem_tests::{or_skip, pg_url};
+use idem_tests::{acquire, claim_req, or_skip, pg_url};
 use tokio_postgres::{Config, NoTls};
 
 #[path = "shared/adversarial.rs"]
@@ -19,17 +19,6 @@ mod adversarial;
 
 async fn store() -> Option<Arc<PostgresStore>> {
     or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).map(Arc::new)
-}
-
-fn req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
-    ClaimRequest { key, fingerprint: fp, lease: LONG, on_expired: OnExpired::TakeOver }
-}
-
-async fn acquire(store: &dyn Store, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
-    match store.claim(req(key, fp)).await.expect("claim") {
-        Claim::Acquired { fence, .. } => fence,
-        other => panic!("a fresh key must be acquired, got {other:?}"),
-    }
 }
 
 async fn raw(config: &Config) -> tokio_postgres::Client {
@@ -107,7 +96,7 @@ async fn many_stores_create_a_fresh_schema_at_once() {
         if errors.is_empty() {
             let (key, fp) = fresh_key("fresh_schema", "{}");
             for s in &got {
-                claims.push(s.as_ref().unwrap().claim(req(&key, &fp)).await);
+                claims.push(s.as_ref().unwrap().claim(claim_req(&key, &fp)).await);
             }
         }
         let state = schema_state(&admin, &schema).await;
@@ -168,7 +157,8 @@ async fn many_stores_migrate_version_1_at_once() {
             got.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
         let mut answers = Vec::new();
         for s in got.iter().flatten() {
-            answers.push((s.claim(req(&key, &fp)).await, s.claim(req(&held, &fp)).await));
+            answers
+                .push((s.claim(claim_req(&key, &fp)).await, s.claim(claim_req(&held, &fp)).await));
         }
         let state = schema_state(&admin, &schema).await;
         drop(got);
@@ -204,8 +194,8 @@ async fn store_connected_before_downgrade_keeps_working_after_migration() {
     let f = acquire(&early, &key, &fp).await;
     downgrade(&admin, &schema).await;
     let late = PostgresStore::connect_with(config.clone(), 1).await;
-    let after = early.claim(req(&key, &fp)).await;
-    let again = early.claim(req(&key, &fp)).await;
+    let after = early.claim(claim_req(&key, &fp)).await;
+    let again = early.claim(claim_req(&key, &fp)).await;
     drop(late);
     drop(early);
     drop_schema(&admin, &schema).await;
@@ -229,21 +219,7 @@ async fn waiters_on_other_instances_wake() {
     for _ in 0..3 {
         s.push(Arc::new(PostgresStore::connect(&pg_url()).await.expect("connect")));
     }
-    for end in [
-        adversarial::End::Complete,
-        adversarial::End::Release,
-        adversarial::End::Forget,
-        adversarial::End::TakeOver,
-    ] {
-        let took = adversarial::waiters_wake(
-            Arc::clone(&s[0]),
-            vec![Arc::clone(&s[1]), Arc::clone(&s[2])],
-            Arc::clone(&s[3]),
-            end,
-        )
-        .await;
-        eprintln!("{end:?}: slowest waiter {took:?}");
-    }
+    adversarial::every_end_wakes_waiters(&s).await;
 }
 
 /// Many simultaneous takeovers of one expired lease from several stores: exactly one acquires.
@@ -269,7 +245,7 @@ async fn concurrent_takeovers_many_stores() {
         let tasks: Vec<_> = (0..40)
             .map(|i| {
                 let s = Arc::clone(&stores[i % 4]);
-                tokio::spawn(async move { s.claim(req(&key, &fp)).await })
+                tokio::spawn(async move { s.claim(claim_req(&key, &fp)).await })
             })
             .collect();
         let mut won = Vec::new();
@@ -306,7 +282,7 @@ async fn payloads_round_trip() {
             let (key, fp) = fresh_key("payloads", "{}");
             let fence = acquire(&*store, &key, &fp).await;
             store.complete(&key, fence, &outcome, LONG).await.unwrap();
-            let got = store.claim(req(&key, &fp)).await.unwrap();
+            let got = store.claim(claim_req(&key, &fp)).await.unwrap();
             assert!(got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }));
         }
     }
@@ -340,13 +316,13 @@ async fn extreme_fences_are_lease_lost() {
 async fn zero_leases_and_retention() {
     let Some(store) = store().await else { return };
     let (key, fp) = fresh_key("zero", "{}");
-    let zero = ClaimRequest { lease: Duration::ZERO, ..req(&key, &fp) };
+    let zero = ClaimRequest { lease: Duration::ZERO, ..claim_req(&key, &fp) };
     let Claim::Acquired { fence: f1, .. } = store.claim(zero).await.unwrap() else { panic!() };
-    let got = store.claim(req(&key, &fp)).await.unwrap();
+    let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };
     assert!(f2 > f1);
     store.complete(&key, f2, &Outcome::Success("1".into()), Duration::ZERO).await.unwrap();
-    let got = store.claim(req(&key, &fp)).await.unwrap();
+    let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f3, takeover: false } = got else { panic!("{got:?}") };
     assert!(f3 > f2);
     store.wait(&key, f3, Duration::MAX).await.ok();
@@ -383,7 +359,7 @@ async fn tampered_outcome_columns() {
             .execute(&format!("UPDATE idem_records SET {case} WHERE key = $1"), &[&key.as_str()])
             .await
             .expect("tamper");
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         store.forget(&key).await.unwrap();
         assert!(matches!(got, Err(StoreError::Incompatible(_))), "{case}: {got:?}");
     }
@@ -399,7 +375,7 @@ async fn tampered_outcome_columns() {
 async fn duration_max_lease_and_retention_are_accepted() {
     let Some(store) = store().await else { return };
     let (key, fp) = fresh_key("duration_max", "{}");
-    let r = store.claim(ClaimRequest { lease: Duration::MAX, ..req(&key, &fp) }).await;
+    let r = store.claim(ClaimRequest { lease: Duration::MAX, ..claim_req(&key, &fp) }).await;
     assert!(matches!(r, Ok(Claim::Acquired { .. })), "claim with lease Duration::MAX: {r:?}");
 }
 
@@ -465,7 +441,7 @@ async fn tampered_rows_are_incompatible() {
             .execute(&format!("UPDATE idem_records SET {case} WHERE key = $1"), &[&key.as_str()])
             .await
             .expect("tamper");
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         store.forget(&key).await.unwrap();
         if !matches!(got, Err(StoreError::Incompatible(_))) {
             wrong.push(format!("{case}: claim answered {got:?}"));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use idem_core::StoreError;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, RedisStore, Store};
-use idem_tests::{or_skip, redis_url};
+use idem_tests::{acquire, claim_req, or_skip, redis_url};
 
 #[path = "shared/adversarial.rs"]
 mod adversarial;
@@ -21,17 +21,6 @@ async fn store() -> Option<RedisStore> {
 async fn raw() -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(redis_url()).expect("redis url");
     client.get_multiplexed_async_connection().await.expect("raw redis connection")
-}
-
-fn req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
-    ClaimRequest { key, fingerprint: fp, lease: LONG, on_expired: OnExpired::TakeOver }
-}
-
-async fn acquire(store: &RedisStore, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
-    match store.claim(req(key, fp)).await.unwrap() {
-        Claim::Acquired { fence, .. } => fence,
-        other => panic!("a fresh key must be acquired, got {other:?}"),
-    }
 }
 
 async fn set(raw: &mut redis::aio::MultiplexedConnection, key: &str, value: &[u8]) {
@@ -66,7 +55,7 @@ async fn payloads_round_trip() {
             let (key, fp) = fresh_key("payloads", "{}");
             let fence = acquire(&store, &key, &fp).await;
             store.complete(&key, fence, &outcome, LONG).await.unwrap();
-            let got = store.claim(req(&key, &fp)).await.unwrap();
+            let got = store.claim(claim_req(&key, &fp)).await.unwrap();
             assert!(
                 got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }),
                 "payload of {} bytes did not round-trip",
@@ -126,7 +115,7 @@ async fn zero_and_huge_leases() {
     let got = store.claim(r).await.unwrap();
     let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };
     assert!(f2 > f1);
-    match store.claim(req(&key, &fp)).await.unwrap() {
+    match store.claim(claim_req(&key, &fp)).await.unwrap() {
         Claim::InFlight { fence, lease_remaining } => {
             assert_eq!(fence, f2);
             assert!(lease_remaining > Duration::from_secs(86400 * 365 * 50), "{lease_remaining:?}");
@@ -135,10 +124,11 @@ async fn zero_and_huge_leases() {
     }
     store.renew(&key, f2, Duration::MAX).await.unwrap();
     store.renew(&key, f2, Duration::ZERO).await.unwrap();
-    let got = store.claim(ClaimRequest { on_expired: OnExpired::Unknown, ..req(&key, &fp) }).await;
+    let got =
+        store.claim(ClaimRequest { on_expired: OnExpired::Unknown, ..claim_req(&key, &fp) }).await;
     assert_eq!(got.unwrap(), Claim::Unknown);
     store.complete(&key, f2, &Outcome::Success("1".into()), Duration::MAX).await.unwrap();
-    assert!(matches!(store.claim(req(&key, &fp)).await.unwrap(), Claim::Completed(_)));
+    assert!(matches!(store.claim(claim_req(&key, &fp)).await.unwrap(), Claim::Completed(_)));
     store.forget(&key).await.unwrap();
 }
 
@@ -171,7 +161,7 @@ async fn tampered_records_fail_closed() {
         let (key, fp) = (fresh_key("tampered", "{}").0, fp0);
         set(&mut raw, &store.record_key(&key), &record).await;
         let shown = String::from_utf8_lossy(&record).into_owned();
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         match &got {
             Err(StoreError::Incompatible(_)) => {}
             // A well-formed in-flight / unknown-kind variant may legitimately read as something.
@@ -242,7 +232,7 @@ async fn half_v1_hashes_and_other_types() {
             cmd.arg(*n).arg(v);
         }
         let _: () = cmd.query_async(&mut raw).await.unwrap();
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         eprintln!("{fields:?}: claim {got:?}");
         assert!(
             !matches!(got, Ok(Claim::Completed(_)) | Ok(Claim::Acquired { takeover: false, .. })),
@@ -262,7 +252,7 @@ async fn half_v1_hashes_and_other_types() {
             _ => cmd.arg("m"),
         };
         let _: redis::Value = cmd.query_async(&mut raw).await.unwrap();
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         assert!(matches!(got, Err(StoreError::Incompatible(_))), "{ty}: {got:?}");
         let r = store.wait(&key, Fence(1), Duration::from_millis(10)).await;
         assert!(matches!(r, Err(StoreError::Incompatible(_))), "{ty}: {r:?}");
@@ -277,21 +267,7 @@ async fn waiters_on_other_instances_wake() {
         let Some(x) = store().await else { return };
         s.push(Arc::new(x));
     }
-    for end in [
-        adversarial::End::Complete,
-        adversarial::End::Release,
-        adversarial::End::Forget,
-        adversarial::End::TakeOver,
-    ] {
-        let took = adversarial::waiters_wake(
-            Arc::clone(&s[0]),
-            vec![Arc::clone(&s[1]), Arc::clone(&s[2])],
-            Arc::clone(&s[3]),
-            end,
-        )
-        .await;
-        eprintln!("{end:?}: slowest waiter {took:?}");
-    }
+    adversarial::every_end_wakes_waiters(&s).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,7 +285,7 @@ async fn complete_with_zero_retention_succeeds() {
         let fence = acquire(&store, &key, &fp).await;
         let r = store.complete(&key, fence, &Outcome::Success("1".into()), ttl).await;
         // Whatever the answer, the holder must not be left owning a lease it completed.
-        let after = store.claim(req(&key, &fp)).await;
+        let after = store.claim(claim_req(&key, &fp)).await;
         assert!(
             r.is_ok(),
             "complete with ttl {ttl:?} answered {r:?}; a claim then answers {after:?}"
@@ -353,7 +329,7 @@ async fn takeover_of_a_record_with_a_fence_above_2_pow_53() {
     let stored: u64 = (1 << 53) + 1;
     // In flight, lease long expired.
     set(&mut raw, &store.record_key(&key), format!("2|f|{stored}|0|1|{fp}||").as_bytes()).await;
-    match store.claim(req(&key, &fp)).await {
+    match store.claim(claim_req(&key, &fp)).await {
         Ok(Claim::Acquired { fence, .. }) => {
             let now =
                 String::from_utf8(get(&mut raw, &store.record_key(&key)).await.unwrap()).unwrap();
@@ -376,7 +352,7 @@ async fn fresh_claim_above_a_counter_above_2_pow_53() {
     let (key, fp) = fresh_key("big_counter", "{}");
     let counter: u64 = (1 << 53) + 1;
     set(&mut raw, &store.fence_key(&key), counter.to_string().as_bytes()).await;
-    match store.claim(req(&key, &fp)).await {
+    match store.claim(claim_req(&key, &fp)).await {
         Ok(Claim::Acquired { fence, .. }) => {
             assert!(fence.0 > counter, "counter {counter}, fresh fence {}", fence.0)
         }
@@ -415,7 +391,7 @@ async fn very_large_payload() {
             t.elapsed()
         );
         let t = std::time::Instant::now();
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         let ok = matches!(&got, Ok(Claim::Completed(r)) if r.outcome == out);
         eprintln!("{mb} MB replay ok={ok} {:?} in {:?}", got.as_ref().err(), t.elapsed());
         store.forget(&key).await.unwrap();
@@ -456,9 +432,9 @@ async fn concurrent_takeover_of_a_v1_hash() {
                 let s = Arc::clone(&stores[i % 4]);
                 tokio::spawn(async move {
                     match i % 3 {
-                        0 => s.claim(req(&key, &fp)).await.map(Some),
+                        0 => s.claim(claim_req(&key, &fp)).await.map(Some),
                         1 => s.wait(&key, Fence(1000), Duration::from_secs(5)).await.map(|()| None),
-                        _ => s.claim(req(&key, &fp)).await.map(Some),
+                        _ => s.claim(claim_req(&key, &fp)).await.map(Some),
                     }
                 })
             })
@@ -503,7 +479,7 @@ async fn v1_completed_hash_without_payload_is_refused() {
             .query_async(&mut raw)
             .await
             .unwrap();
-        let got = store.claim(req(&key, &fp)).await;
+        let got = store.claim(claim_req(&key, &fp)).await;
         store.forget(&key).await.unwrap();
         assert!(
             matches!(got, Err(StoreError::Incompatible(_))),
@@ -521,7 +497,7 @@ async fn unknown_outcome_with_a_payload_is_refused() {
     let mut raw = raw().await;
     let (key, fp) = fresh_key("unknown_with_payload", "{}");
     set(&mut raw, &store.record_key(&key), format!("2|d|17|0||{fp}|u|\"paid\"").as_bytes()).await;
-    let got = store.claim(req(&key, &fp)).await;
+    let got = store.claim(claim_req(&key, &fp)).await;
     store.forget(&key).await.unwrap();
     assert!(matches!(got, Err(StoreError::Incompatible(_))), "claim answered {got:?}");
 }
@@ -535,7 +511,7 @@ async fn in_flight_record_with_a_short_fingerprint_is_incompatible() {
     let mut raw = raw().await;
     let (key, fp) = fresh_key("short_fp", "string");
     set(&mut raw, &store.record_key(&key), b"2|f|17|0|99999999999999|abc||").await;
-    let string = store.claim(req(&key, &fp)).await;
+    let string = store.claim(claim_req(&key, &fp)).await;
     store.forget(&key).await.unwrap();
     let (key, fp) = fresh_key("short_fp", "hash");
     let _: () = redis::cmd("HSET")
@@ -553,7 +529,7 @@ async fn in_flight_record_with_a_short_fingerprint_is_incompatible() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let hash = store.claim(req(&key, &fp)).await;
+    let hash = store.claim(claim_req(&key, &fp)).await;
     store.forget(&key).await.unwrap();
     assert!(
         matches!(string, Err(StoreError::Incompatible(_)))

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use idem_core::PostgresStore;
 use idem_core::conformance::fresh_key;
-use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome};
+use idem_core::store::{Claim, Outcome};
 use idem_core::{Store, StoreError};
-use idem_tests::{or_skip, pg_url};
+use idem_tests::{acquire, claim_req, or_skip, pg_url};
 use tokio_postgres::{Config, NoTls};
 
 async fn store() -> Option<Arc<PostgresStore>> {
@@ -21,22 +21,6 @@ idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     store().await
 );
-
-fn req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
-    ClaimRequest {
-        key,
-        fingerprint: fp,
-        lease: Duration::from_secs(30),
-        on_expired: OnExpired::TakeOver,
-    }
-}
-
-async fn acquire(store: &dyn Store, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
-    match store.claim(req(key, fp)).await.expect("claim") {
-        Claim::Acquired { fence, .. } => fence,
-        other => panic!("a fresh key must be acquired, got {other:?}"),
-    }
-}
 
 /// A raw client for checks behind the store's back.
 async fn raw(config: &Config) -> tokio_postgres::Client {
@@ -56,7 +40,7 @@ async fn stores_on_one_database_acquire_once() {
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let store = Arc::clone(&stores[i % stores.len()]);
-            tokio::spawn(async move { store.claim(req(&key, &fp)).await.expect("claim") })
+            tokio::spawn(async move { store.claim(claim_req(&key, &fp)).await.expect("claim") })
         })
         .collect();
     let mut acquired = 0;
@@ -114,7 +98,7 @@ async fn complete_notifies_waiters_of_other_processes() {
         "completing a waited-on record must NOTIFY idem_wake with its key"
     );
     waiting.await.expect("task").expect("wait");
-    let got = waiter.claim(req(&key, &fp)).await.expect("claim");
+    let got = waiter.claim(claim_req(&key, &fp)).await.expect("claim");
     assert!(matches!(got, Claim::Completed(_)), "the waiter then replays, got {got:?}");
 }
 
@@ -185,7 +169,7 @@ async fn schema_version_1_is_migrated_and_keeps_its_records() {
         .await
         .map(|row| row.get::<_, i64>(0));
     let replay = match &store {
-        Ok(s) => Some((s.claim(req(&done, &fp)).await, s.claim(req(&held, &fp)).await)),
+        Ok(s) => Some((s.claim(claim_req(&done, &fp)).await, s.claim(claim_req(&held, &fp)).await)),
         Err(_) => None,
     };
     let completed = match &store {
@@ -224,7 +208,7 @@ async fn undecodable_outcome_is_incompatible_not_replayed() {
         .execute("UPDATE idem_records SET kind = 7 WHERE key = $1", &[&key.as_str()])
         .await
         .expect("write a future outcome kind");
-    match store.claim(req(&key, &fp)).await {
+    match store.claim(claim_req(&key, &fp)).await {
         Err(StoreError::Incompatible(m)) => assert!(m.contains(key.as_str()), "names the key: {m}"),
         other => panic!("an undecodable outcome must be Incompatible, got {other:?}"),
     }
@@ -271,7 +255,7 @@ async fn reconnects_after_connections_are_killed() {
 
     let mut replayed = None;
     for _ in 0..5 {
-        match store.claim(req(&key, &fp)).await {
+        match store.claim(claim_req(&key, &fp)).await {
             Ok(claim) => {
                 replayed = Some(claim);
                 break;

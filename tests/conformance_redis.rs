@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use idem_core::StoreError;
 use idem_core::conformance::{LONG, fresh_key};
-use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, RedisStore, Store};
-use idem_tests::{or_skip, redis_url};
+use idem_core::store::{Claim, Fence, Outcome, RedisStore, Store};
+use idem_tests::{acquire, claim_req, or_skip, redis_url};
 
 async fn store() -> Option<RedisStore> {
     or_skip("Redis", RedisStore::open(&redis_url()).await)
@@ -24,10 +24,6 @@ idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     store().await.map(Box::new)
 );
-
-fn claim_req<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
-    ClaimRequest { key, fingerprint: fp, lease: LONG, on_expired: OnExpired::TakeOver }
-}
 
 /// CRC16 of a Redis Cluster hash slot (XMODEM), of the hash tag when there is one.
 fn slot(key: &str) -> u16 {
@@ -546,11 +542,4 @@ async fn complete_publishes_only_when_someone_waits() {
     assert_eq!(msg.get_channel_name(), store.channel(&watched));
     assert_eq!(msg.get_payload::<String>().unwrap(), "complete");
     tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken").unwrap().unwrap();
-}
-
-async fn acquire(store: &RedisStore, key: &idem_core::Key, fp: &idem_core::Fingerprint) -> Fence {
-    match store.claim(claim_req(key, fp)).await.unwrap() {
-        Claim::Acquired { fence, .. } => fence,
-        other => panic!("a fresh key must be acquired, got {other:?}"),
-    }
 }

@@ -19,6 +19,21 @@ pub enum End {
     TakeOver,
 }
 
+/// [`waiters_wake`] for every way a lease ends, over four store instances: the first holds, the
+/// next two wait, the last ends the lease.
+pub async fn every_end_wakes_waiters(s: &[Arc<dyn Store>]) {
+    for end in [End::Complete, End::Release, End::Forget, End::TakeOver] {
+        let took = waiters_wake(
+            Arc::clone(&s[0]),
+            vec![Arc::clone(&s[1]), Arc::clone(&s[2])],
+            Arc::clone(&s[3]),
+            end,
+        )
+        .await;
+        eprintln!("{end:?}: slowest waiter {took:?}");
+    }
+}
+
 /// `holder` acquires (lease 30 s, or 1 s for a takeover), `waiters` (other instances) wait with a
 /// 20 s max; `ender` (a third instance) ends the lease. Every waiter must return well before its
 /// max and, except for a takeover, well before the lease ends. Returns the slowest wait.

@@ -3,6 +3,9 @@
 
 use std::fmt::Display;
 
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Store};
+use idem_core::{Fingerprint, Key};
+
 /// Whether the tests run under CI (`CI=true`): a missing service then fails the run.
 pub fn is_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -31,6 +34,25 @@ pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             None
         }
+    }
+}
+
+/// A claim of `key` that takes over an expired lease, with the conformance suite's lease
+/// ([`LONG`](idem_core::conformance::LONG), 30 s).
+pub fn claim_req<'a>(key: &'a Key, fp: &'a Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        fingerprint: fp,
+        lease: idem_core::conformance::LONG,
+        on_expired: OnExpired::TakeOver,
+    }
+}
+
+/// Claims a key that must be free (the test fails otherwise); its fence.
+pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
+    match store.claim(claim_req(key, fp)).await {
+        Ok(Claim::Acquired { fence, .. }) => fence,
+        other => panic!("a fresh key must be acquired, got {other:?}"),
     }
 }
 
