@@ -277,9 +277,6 @@ impl Tool for Scale {
     fn def(&self) -> &'static ToolDef {
         &SCALE
     }
-    fn write_intent(args: &ScaleArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        canonicalize(args, out)
-    }
     async fn run(&self, _cx: &Ctx, args: ScaleArgs) -> Result<f64, ScaleError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         Ok(args.factor * 2.0)

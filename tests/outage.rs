@@ -94,9 +94,6 @@ impl Tool for Charge {
     fn def(&self) -> &'static ToolDef {
         &CHARGE
     }
-    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
-    }
     async fn run(&self, cx: &Ctx, intent: u32) -> Result<String, Never> {
         Ok(self.0.run("charge", intent, cx).await)
     }
@@ -108,9 +105,6 @@ impl Tool for Wire {
     type Error = Never;
     fn def(&self) -> &'static ToolDef {
         &WIRE
-    }
-    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
     }
     async fn run(&self, cx: &Ctx, intent: u32) -> Result<String, Never> {
         Ok(self.0.run("wire", intent, cx).await)
@@ -625,9 +619,6 @@ mod ambiguous {
         type Error = ResetAfterSend;
         fn def(&self) -> &'static ToolDef {
             &SEND
-        }
-        fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-            idem_core::canonicalize(args, out)
         }
         async fn run(&self, _cx: &Ctx, _intent: u32) -> Result<String, ResetAfterSend> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

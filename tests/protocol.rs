@@ -154,10 +154,6 @@ impl Tool for PayTool {
         self.def
     }
 
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
-    }
-
     fn run(
         &self,
         cx: &Ctx,
@@ -748,9 +744,6 @@ impl Tool for RateLimitedTool {
     fn def(&self) -> &'static ToolDef {
         self.def
     }
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
-    }
     fn run(
         &self,
         _cx: &Ctx,
@@ -954,9 +947,6 @@ impl Tool for Echo {
     type Error = PayError;
     fn def(&self) -> &'static ToolDef {
         &ECHO_DEF
-    }
-    fn write_intent(args: &EchoArgs, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
     }
     fn run(
         &self,

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::{Classify, Ctx, Failure, Idem, KeyError, RetryClass, Tool, ToolDef, ToolOptions};
+use idem_core::{Classify, Ctx, Failure, Idem, RetryClass, Tool, ToolDef, ToolOptions};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -49,9 +49,6 @@ impl Tool for Charge {
     type Error = Reset;
     fn def(&self) -> &'static ToolDef {
         self.def
-    }
-    fn write_intent(args: &Args, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
     }
     fn run(&self, _cx: &Ctx, _args: Args) -> impl Future<Output = Result<String, Reset>> + Send {
         self.runs.fetch_add(1, Ordering::SeqCst);

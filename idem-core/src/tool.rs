@@ -40,8 +40,11 @@ pub trait Tool: Send + Sync + 'static {
     fn def(&self) -> &'static ToolDef;
 
     /// Writes the RFC 8785 canonical text of the arguments that make up the intent (all but the
-    /// skipped ones) into `out`. See [`crate::canonicalize`].
-    fn write_intent(args: &Self::Args, out: &mut Vec<u8>) -> Result<(), KeyError>;
+    /// skipped ones) into `out`. See [`crate::canonicalize`]. By default all of `args` are the
+    /// intent; `#[tool]` overrides it when a parameter is `#[idem(skip)]`.
+    fn write_intent(args: &Self::Args, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        crate::canonical::canonicalize(args, out)
+    }
 
     /// Runs one attempt. Called by the executor only, after a successful claim.
     fn run(

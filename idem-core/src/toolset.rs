@@ -843,9 +843,6 @@ mod tests {
         fn def(&self) -> &'static ToolDef {
             self.def
         }
-        fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), crate::KeyError> {
-            crate::canonicalize(args, out)
-        }
         fn run(&self, _cx: &Ctx, args: A) -> impl Future<Output = Result<Value, PayError>> + Send {
             let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
             let (behave, delay) = (self.behave, self.delay);

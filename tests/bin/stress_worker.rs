@@ -125,9 +125,6 @@ impl Tool for Charge {
     fn def(&self) -> &'static ToolDef {
         &CHARGE
     }
-    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
-    }
     async fn run(&self, cx: &Ctx, intent: u32) -> Result<Receipt, LedgerError> {
         let l = &self.0;
         let fence = l.body("charge", intent, cx).await?;
@@ -157,9 +154,6 @@ impl Tool for Wire {
     type Error = LedgerError;
     fn def(&self) -> &'static ToolDef {
         &WIRE
-    }
-    fn write_intent(args: &u32, out: &mut Vec<u8>) -> Result<(), idem_core::KeyError> {
-        idem_core::canonicalize(args, out)
     }
     async fn run(&self, cx: &Ctx, intent: u32) -> Result<Receipt, LedgerError> {
         let l = &self.0;

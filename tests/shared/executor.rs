@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::store::Store;
-use idem_core::{
-    Classify, Ctx, Failure, Idem, KeyError, RetryClass, Tool, ToolDef, ToolOptions, canonicalize,
-};
+use idem_core::{Classify, Ctx, Failure, Idem, RetryClass, Tool, ToolDef, ToolOptions};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
@@ -51,10 +49,6 @@ impl Tool for Charge {
 
     fn def(&self) -> &'static ToolDef {
         &CHARGE
-    }
-
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        canonicalize(args, out)
     }
 
     async fn run(&self, _cx: &Ctx, _args: ChargeArgs) -> Result<String, ChargeError> {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use idem_core::{Classify, Ctx, Failure, KeyError, RetryClass, Tool, ToolDef, ToolOptions};
+use idem_core::{Classify, Ctx, Failure, RetryClass, Tool, ToolDef, ToolOptions};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -72,9 +72,6 @@ impl Tool for ChargeCard {
     type Error = NoError;
     fn def(&self) -> &'static ToolDef {
         &DEF
-    }
-    fn write_intent(args: &ChargeArgs, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        idem_core::canonicalize(args, out)
     }
     fn run(
         &self,
