@@ -4,7 +4,6 @@
 
 #![cfg(feature = "postgres")]
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,37 +11,18 @@ use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record};
 use idem_core::{PostgresStore, Store, StoreError};
 use idem_tests::{acquire, claim_req, or_skip, pg_url};
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
+
+#[path = "shared/pg.rs"]
+mod pg;
+
+use pg::{drop_schema, private_schema, raw};
 
 #[path = "shared/adversarial.rs"]
 mod adversarial;
 
 async fn store() -> Option<Arc<PostgresStore>> {
     or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).map(Arc::new)
-}
-
-async fn raw(config: &Config) -> tokio_postgres::Client {
-    let (client, conn) = config.connect(NoTls).await.expect("raw connect");
-    tokio::spawn(conn);
-    client
-}
-
-/// A private schema, dropped by `drop_schema`; returns (admin client, config using it).
-async fn private_schema(tag: &str) -> (tokio_postgres::Client, Config, String) {
-    let base = Config::from_str(&pg_url()).expect("config");
-    let schema = format!("idem_adversarial_{tag}_{}", std::process::id());
-    let admin = raw(&base).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-        .await
-        .expect("create schema");
-    let mut config = base.clone();
-    config.options(format!("-c search_path={schema}"));
-    (admin, config, schema)
-}
-
-async fn drop_schema(admin: &tokio_postgres::Client, schema: &str) {
-    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.expect("drop");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,7 +68,7 @@ async fn schema_state(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64
 async fn many_stores_create_a_fresh_schema_at_once() {
     let Some(_) = store().await else { return };
     for round in 0..3 {
-        let (admin, config, schema) = private_schema(&format!("fresh{round}")).await;
+        let (schema, admin, config) = private_schema(&format!("fresh{round}")).await;
         let got = connect_many(&config, 12).await;
         let errors: Vec<String> =
             got.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
@@ -124,7 +104,7 @@ async fn downgrade(admin: &tokio_postgres::Client, schema: &str) {
 async fn many_stores_migrate_version_1_at_once() {
     let Some(_) = store().await else { return };
     for round in 0..3 {
-        let (admin, config, schema) = private_schema(&format!("v1race{round}")).await;
+        let (schema, admin, config) = private_schema(&format!("v1race{round}")).await;
         let (key, fp) = fresh_key("v1race", "{}");
         let (held, _) = fresh_key("v1race", "held");
         let (done_fence, held_fence) = {
@@ -188,7 +168,7 @@ async fn many_stores_migrate_version_1_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_connected_before_downgrade_keeps_working_after_migration() {
     let Some(_) = store().await else { return };
-    let (admin, config, schema) = private_schema("prepared").await;
+    let (schema, admin, config) = private_schema("prepared").await;
     let early = PostgresStore::connect_with(config.clone(), 1).await.expect("create");
     let (key, fp) = fresh_key("prepared", "{}");
     let f = acquire(&early, &key, &fp).await;
@@ -346,23 +326,12 @@ async fn wait_max_duration_returns_on_release() {
 /// are (kind 1 without payload, kind 3 with one, no kind). Held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_outcome_columns() {
-    let Some(store) = store().await else { return };
-    let admin = raw(&Config::from_str(&pg_url()).unwrap()).await;
-    for case in [
+    assert_tampered_rows_are_incompatible(&[
         "state = 1, kind = NULL, payload = NULL, expires_at = now() + interval '1 h'",
         "state = 1, kind = 1, payload = NULL, expires_at = now() + interval '1 h'",
         "state = 1, kind = 3, payload = 'x', expires_at = now() + interval '1 h'",
-    ] {
-        let (key, fp) = fresh_key("tampered", case);
-        acquire(&*store, &key, &fp).await;
-        admin
-            .execute(&format!("UPDATE idem_records SET {case} WHERE key = $1"), &[&key.as_str()])
-            .await
-            .expect("tamper");
-        let got = store.claim(claim_req(&key, &fp)).await;
-        store.forget(&key).await.unwrap();
-        assert!(matches!(got, Err(StoreError::Incompatible(_))), "{case}: {got:?}");
-    }
+    ])
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -423,16 +392,40 @@ async fn fences_increase_across_owners_under_contention() {
 /// claim re-sent until it gave up with "kept racing concurrent writers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_rows_are_incompatible() {
-    let Some(store) = store().await else { return };
-    let admin = raw(&Config::from_str(&pg_url()).unwrap()).await;
-    let cases = [
+    assert_tampered_rows_are_incompatible(&[
         "state = 7",
         "state = 7, expires_at = now() - interval '1 s'",
         "lease_until = NULL",
         "state = 1, kind = 1, payload = '1', expires_at = NULL",
         "fence = -5",
         "fingerprint = 'abc'",
-    ];
+    ])
+    .await;
+}
+
+/// A database whose idem_meta says version 2 but whose idem_claim function is missing (tables
+/// restored without functions, e.g. `pg_dump -t 'idem_*'`). Expected: Incompatible naming the
+/// missing function, not "unavailable, retry later".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_2_without_the_claim_function_is_incompatible() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("nofn").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
+    admin.batch_execute(&format!("DROP FUNCTION {schema}.idem_claim")).await.expect("drop fn");
+    let got = PostgresStore::connect_with(config, 1).await;
+    drop_schema(&admin, &schema).await;
+    match got {
+        Err(StoreError::Incompatible(m)) => assert!(m.contains("idem_claim"), "{m}"),
+        other => panic!("connect answered {other:?}"),
+    }
+}
+
+/// For each `SET` clause: a fresh record, changed behind the store's back, must make the claim
+/// answer Incompatible (never a replay, a lease or "unavailable"). Reports every case that did
+/// not.
+async fn assert_tampered_rows_are_incompatible(cases: &[&str]) {
+    let Some(store) = store().await else { return };
+    let admin = pg::admin().await;
     let mut wrong = Vec::new();
     for case in cases {
         let (key, fp) = fresh_key("tampered_rows", case);
@@ -454,21 +447,4 @@ async fn tampered_rows_are_incompatible() {
         cases.len(),
         wrong.join("\n")
     );
-}
-
-/// A database whose idem_meta says version 2 but whose idem_claim function is missing (tables
-/// restored without functions, e.g. `pg_dump -t 'idem_*'`). Expected: Incompatible naming the
-/// missing function, not "unavailable, retry later".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_2_without_the_claim_function_is_incompatible() {
-    let Some(_) = store().await else { return };
-    let (admin, config, schema) = private_schema("nofn").await;
-    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
-    admin.batch_execute(&format!("DROP FUNCTION {schema}.idem_claim")).await.expect("drop fn");
-    let got = PostgresStore::connect_with(config, 1).await;
-    drop_schema(&admin, &schema).await;
-    match got {
-        Err(StoreError::Incompatible(m)) => assert!(m.contains("idem_claim"), "{m}"),
-        other => panic!("connect answered {other:?}"),
-    }
 }

@@ -17,17 +17,15 @@ async fn store() -> Option<Arc<PostgresStore>> {
     or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).map(Arc::new)
 }
 
+#[path = "shared/pg.rs"]
+mod pg;
+
+use pg::{private_schema, raw};
+
 idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     store().await
 );
-
-/// A raw client for checks behind the store's back.
-async fn raw(config: &Config) -> tokio_postgres::Client {
-    let (client, conn) = config.connect(NoTls).await.expect("raw connect");
-    tokio::spawn(conn);
-    client
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_on_one_database_acquire_once() {
@@ -100,22 +98,6 @@ async fn complete_notifies_waiters_of_other_processes() {
     waiting.await.expect("task").expect("wait");
     let got = waiter.claim(claim_req(&key, &fp)).await.expect("claim");
     assert!(matches!(got, Claim::Completed(_)), "the waiter then replays, got {got:?}");
-}
-
-/// A new, empty schema of this process (so tests that change the idem schema do not disturb the
-/// others on the same database): its name, an admin client, and a config whose `search_path` is
-/// that schema. The caller drops it.
-async fn private_schema(what: &str) -> (String, tokio_postgres::Client, Config) {
-    let base = Config::from_str(&pg_url()).expect("config");
-    let schema = format!("idem_test_{what}_{}", std::process::id());
-    let admin = raw(&base).await;
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-        .await
-        .expect("create schema");
-    let mut config = base;
-    config.options(format!("-c search_path={schema}"));
-    (schema, admin, config)
 }
 
 /// A database of another schema version is refused, in a private schema so other tests on the

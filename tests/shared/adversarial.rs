@@ -72,12 +72,7 @@ pub async fn waiters_wake(
         End::Forget => assert!(ender.forget(&key).await.expect("forget")),
         End::TakeOver => {
             tokio::time::sleep(Duration::from_millis(900)).await;
-            let req = ClaimRequest {
-                key: &key,
-                fingerprint: &fp,
-                lease: Duration::from_secs(30),
-                on_expired: OnExpired::TakeOver,
-            };
+            let req = idem_tests::claim_req(&key, &fp);
             match ender.claim(req).await.expect("claim") {
                 Claim::Acquired { takeover: true, .. } => {}
                 other => panic!("the expired lease must be taken over, got {other:?}"),
@@ -114,12 +109,7 @@ pub async fn owner_order_fences(
             let order = Arc::clone(&order);
             tokio::spawn(async move {
                 while Instant::now() < end {
-                    let req = ClaimRequest {
-                        key: &key,
-                        fingerprint: &fp,
-                        lease: Duration::from_secs(30),
-                        on_expired: OnExpired::TakeOver,
-                    };
+                    let req = idem_tests::claim_req(&key, &fp);
                     match store.claim(req).await.expect("claim") {
                         Claim::Acquired { fence, .. } => {
                             order.lock().unwrap().push(fence.0);

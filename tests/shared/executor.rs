@@ -122,7 +122,7 @@ pub async fn crashed_holder_is_taken_over(a: Arc<dyn Store>, b: Arc<dyn Store>) 
 /// hold it briefly and release it, 25 times each. Never two holders at once, and every release
 /// is by the current holder (a claim, release or fence answered wrong would show here).
 pub async fn mutual_exclusion_under_churn(stores: Vec<Arc<dyn Store>>) {
-    use idem_core::store::{Claim, ClaimRequest, OnExpired};
+    use idem_core::store::Claim;
     use std::sync::atomic::AtomicBool;
 
     let (key, fp) = idem_core::conformance::fresh_key("mutual_exclusion_under_churn", "{}");
@@ -136,12 +136,7 @@ pub async fn mutual_exclusion_under_churn(stores: Vec<Arc<dyn Store>>) {
             tokio::spawn(async move {
                 let mut mine = 0;
                 while mine < 25 {
-                    let req = ClaimRequest {
-                        key: &key,
-                        fingerprint: &fp,
-                        lease: Duration::from_secs(30),
-                        on_expired: OnExpired::TakeOver,
-                    };
+                    let req = idem_tests::claim_req(&key, &fp);
                     match store.claim(req).await.expect("claim") {
                         Claim::Acquired { fence, takeover } => {
                             assert!(!takeover, "no lease expired, so nothing to take over");
