@@ -32,10 +32,9 @@ pub(crate) fn decode(kind: Option<i64>, payload: Option<String>) -> Option<Outco
     }
 }
 
-/// Milliseconds as a column value, capped at [`FOREVER`](crate::FOREVER) (100 years): longer
-/// would overflow PostgreSQL's `interval` and SQLite's `now + ms` and means the same.
+/// Milliseconds as a column value (see [`crate::clock::ms`]: capped at 100 years).
 pub(crate) fn ms(d: Duration) -> i64 {
-    i64::try_from(d.min(crate::FOREVER).as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(crate::clock::ms(d)).unwrap_or(i64::MAX)
 }
 
 /// A fence as a column value. Fences beyond i64 never come from these stores; such a fence

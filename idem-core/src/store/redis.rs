@@ -86,6 +86,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
 
 /// The version of the record layout written by this store. A record with another version is
@@ -95,18 +96,11 @@ pub const SCHEMA_VERSION: &str = "2";
 /// How long a fence counter outlives its record: 7 days.
 pub const FENCE_COUNTER_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Durations sent to Redis are capped at 100 years (in ms), far inside what `PEXPIRE` accepts.
-const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
-
 /// While subscribed, re-check the record at least this often in case a message was lost.
 const SUBSCRIBED_RECHECK: Duration = Duration::from_secs(1);
 /// Polling without pub/sub: first and largest interval.
 const POLL_MIN: Duration = Duration::from_millis(20);
 const POLL_MAX: Duration = Duration::from_millis(500);
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(MAX_MS)
-}
 
 // Redis spends microseconds on each `redis.call` (argument and reply conversion), on each closure
 // a script creates per run, and on a table reply (it looks for `err`, `ok` and other fields
