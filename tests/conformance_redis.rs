@@ -502,44 +502,62 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
     }
 }
 
-/// complete publishes on a record someone waits on, and only then: `wait` flags the record (`w`),
-/// and a record nobody waits on costs no message. Messages from one server arrive in order, so
-/// the first message seen must be the watched key's, not the earlier unwatched completion.
+/// complete, release and forget publish on a record someone waits on (on the channel `wait`
+/// subscribes to, `RedisStore::channel`), and complete and release only then: `wait` flags the
+/// record (`w`), and a record nobody waits on costs no message. Messages from one server arrive
+/// in order, so the first message seen must be the watched key's, not the earlier unwatched one.
 #[tokio::test]
-async fn complete_publishes_only_when_someone_waits() {
+async fn ending_a_lease_publishes_only_when_someone_waits() {
     use futures_util::StreamExt;
     let Some(store) = store().await else { return };
-    let (quiet, fp) = fresh_key("publish_quiet", "{}");
-    let (watched, _) = fresh_key("publish_watched", "{}");
     let client = redis::Client::open(redis_url()).expect("redis url");
     let mut sub = client.get_async_pubsub().await.expect("pub/sub connection");
-    sub.subscribe(&[store.channel(&quiet), store.channel(&watched)]).await.unwrap();
-
-    let quiet_fence = acquire(&store, &quiet, &fp).await;
-    let fence = acquire(&store, &watched, &fp).await;
-    let waiter = tokio::spawn({
-        let (store, watched) = (store.clone(), watched);
-        async move { store.wait(&watched, fence, Duration::from_secs(30)).await }
-    });
-    // Flagged once the waiter has subscribed and re-checked the record.
     let mut raw = raw().await;
-    let flagged = async {
-        loop {
-            if field(&stored(&mut raw, &store.record_key(&watched)).await, 3) == "1" {
-                return;
+    for end in ["complete", "release", "forget"] {
+        let (quiet, fp) = fresh_key("publish_quiet", end);
+        let (watched, _) = fresh_key("publish_watched", end);
+        sub.subscribe(&[store.channel(&quiet), store.channel(&watched)]).await.unwrap();
+        let quiet_fence = acquire(&store, &quiet, &fp).await;
+        let fence = acquire(&store, &watched, &fp).await;
+        let waiter = tokio::spawn({
+            let (store, watched) = (store.clone(), watched);
+            async move { store.wait(&watched, fence, Duration::from_secs(30)).await }
+        });
+        // Flagged once the waiter has subscribed and re-checked the record.
+        let flagged = async {
+            while field(&stored(&mut raw, &store.record_key(&watched)).await, 3) != "1" {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), flagged).await.expect("waiter flags the record");
+        };
+        tokio::time::timeout(Duration::from_secs(10), flagged).await.expect("waiter flags it");
 
-    store.complete(&quiet, quiet_fence, &Outcome::Success("1".into()), LONG).await.unwrap();
-    store.complete(&watched, fence, &Outcome::Success("2".into()), LONG).await.unwrap();
-    let msg = tokio::time::timeout(Duration::from_secs(10), sub.on_message().next())
-        .await
-        .expect("a message")
-        .expect("stream open");
-    assert_eq!(msg.get_channel_name(), store.channel(&watched));
-    assert_eq!(msg.get_payload::<String>().unwrap(), "complete");
-    tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("woken").unwrap().unwrap();
+        let ok = Outcome::Success("1".into());
+        match end {
+            "complete" => {
+                store.complete(&quiet, quiet_fence, &ok, LONG).await.unwrap();
+                store.complete(&watched, fence, &ok, LONG).await.unwrap();
+            }
+            "release" => {
+                store.release(&quiet, quiet_fence).await.unwrap();
+                store.release(&watched, fence).await.unwrap();
+            }
+            _ => {
+                // An operator's forget always publishes: only the watched key is forgotten.
+                store.release(&quiet, quiet_fence).await.unwrap();
+                assert!(store.forget(&watched).await.unwrap());
+            }
+        }
+        let msg = tokio::time::timeout(Duration::from_secs(10), sub.on_message().next())
+            .await
+            .expect("a message")
+            .expect("stream open");
+        assert_eq!(msg.get_channel_name(), store.channel(&watched), "{end}");
+        assert_eq!(msg.get_payload::<String>().unwrap(), end);
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .unwrap()
+            .unwrap();
+        sub.unsubscribe(&[store.channel(&quiet), store.channel(&watched)]).await.unwrap();
+    }
 }

@@ -20,7 +20,8 @@
 //!   until it expires or is forgotten, so this is not a read followed by a write, and a replay
 //!   costs the server no parsing.
 //! - `P:{K}:fence`: the fence counter.
-//! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish.
+//! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish
+//!   (the scripts derive it from the record's key, and only when they publish).
 //!
 //! The `{K}` hash tag puts a record and its fence counter in one slot of a Redis Cluster, so a
 //! script may touch both. The store itself connects to one server (a standalone Redis, a primary,
@@ -183,7 +184,7 @@ local function header(v)
 end
 "#;
 
-// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u), channel.
+// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u).
 // A completed record is returned as it is stored: it does not change until it expires or is
 // forgotten, so the client can check its version and fingerprint and decode it, and a replay
 // costs the server one GET and no parsing. A fresh record starts above the counter; a takeover
@@ -217,11 +218,11 @@ if tonumber(fence) >= EXACT then
 end
 local f = math.max(tonumber(fence) + 1, now_us)
 redis.call('SET', KEYS[1], inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp))
-if w == '1' then redis.call('PUBLISH', ARGV[4], 'takeover') end
+if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
 return {'takeover', f}
 "#;
 
-// KEYS: rec, fence counter. ARGV: fence, kind (s|f|u), payload, ttl ms, counter grace ms, channel.
+// KEYS: rec, fence counter. ARGV: fence, kind (s|f|u), payload, ttl ms, counter grace ms.
 // The record gets its expiry in the write that completes it, so expiry removes it whole. The
 // counter takes the fence for as long as the record may live, plus the grace.
 const COMPLETE: &str = r#"
@@ -236,18 +237,18 @@ else
     'PX', ARGV[4])
 end
 redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
-if w == '1' then redis.call('PUBLISH', ARGV[6], 'complete') end
+if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
 return 1
 "#;
 
-// KEYS: rec, fence counter. ARGV: fence, counter grace ms, channel.
+// KEYS: rec, fence counter. ARGV: fence, counter grace ms.
 const RELEASE: &str = r#"
 local bad, st, fence, w = header(record(v))
 if bad then return bad end
 if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[2])
-if w == '1' then redis.call('PUBLISH', ARGV[3], 'release') end
+if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
 return 1
 "#;
 
@@ -261,7 +262,7 @@ redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp
 return 1
 "#;
 
-// KEYS: rec, fence counter. ARGV: channel, counter grace ms. Removes whatever is there (an
+// KEYS: rec, fence counter. ARGV: counter grace ms. Removes whatever is there (an
 // operator's reconciliation) and answers how many keys it removed; a record's fence goes to the
 // counter first, from either layout.
 const FORGET: &str = r#"
@@ -270,10 +271,10 @@ local f
 if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|')
 elseif type(v) == 'table' then f = redis.pcall('HGET', KEYS[1], 'fence') end
 if type(f) == 'string' and string.match(f, '^%d+$') then
-  redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], f, 'PX', ARGV[1])
 end
 local n = redis.call('DEL', KEYS[1])
-if n > 0 then redis.call('PUBLISH', ARGV[1], 'forget') end
+if n > 0 then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget') end
 return n
 "#;
 
@@ -750,8 +751,7 @@ impl Store for RedisStore {
             .key(self.fence_key(req.key))
             .arg(req.fingerprint.as_str())
             .arg(ms(req.lease))
-            .arg(on_expired)
-            .arg(self.channel(req.key));
+            .arg(on_expired);
         let items = match self.run(inv).await? {
             // A fresh record: its fence.
             Answer::Int(f) => return Ok(Claim::Acquired { fence: fence(f)?, takeover: false }),
@@ -794,8 +794,7 @@ impl Store for RedisStore {
             .arg(kind)
             .arg(payload)
             .arg(ms(ttl))
-            .arg(ms(FENCE_COUNTER_GRACE))
-            .arg(self.channel(key));
+            .arg(ms(FENCE_COUNTER_GRACE));
         self.run(inv).await?.int().map(drop)
     }
 
@@ -804,8 +803,7 @@ impl Store for RedisStore {
         inv.key(self.record_key(key))
             .key(self.fence_key(key))
             .arg(fence.0)
-            .arg(ms(FENCE_COUNTER_GRACE))
-            .arg(self.channel(key));
+            .arg(ms(FENCE_COUNTER_GRACE));
         self.run(inv).await?.int().map(drop)
     }
 
@@ -855,10 +853,7 @@ impl Store for RedisStore {
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let mut inv = self.inner.scripts.forget.prepare_invoke();
-        inv.key(self.record_key(key))
-            .key(self.fence_key(key))
-            .arg(self.channel(key))
-            .arg(ms(FENCE_COUNTER_GRACE));
+        inv.key(self.record_key(key)).key(self.fence_key(key)).arg(ms(FENCE_COUNTER_GRACE));
         Ok(self.run(inv).await?.int()? > 0)
     }
 }
