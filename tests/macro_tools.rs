@@ -375,3 +375,122 @@ fn the_intent_is_the_canonical_text_of_the_arguments_not_skipped() {
         .unwrap();
     assert_eq!(String::from_utf8(all).unwrap(), r#"{"note":null,"order_id":"o1"}"#);
 }
+
+/// A client whose tools form one set (`#[tool_set]` on the block).
+#[derive(Default)]
+struct Shop {
+    orders: Mutex<Vec<String>>,
+}
+
+#[idem_core::tool_set]
+impl Shop {
+    /// Place an order for a [`Charge`]; see [the ledger](crate::Bank).
+    #[tool(retry = "keyed")]
+    async fn place_order(&self, cx: &Ctx, item: String) -> Result<usize, PayError> {
+        let _ = cx.key();
+        let mut orders = self.orders.lock().unwrap();
+        orders.push(item);
+        Ok(orders.len())
+    }
+
+    #[tool(retry = "safe", description = "Count the orders placed so far.")]
+    async fn count_orders(&self) -> Result<usize, PayError> {
+        Ok(self.orders.lock().unwrap().len())
+    }
+
+    /// Not a tool: stays a plain method.
+    fn clear(&self) {
+        self.orders.lock().unwrap().clear();
+    }
+}
+
+#[tokio::test]
+async fn tool_set_on_an_impl_block_holds_its_tools_and_runs_them_through_idem() {
+    let shop = Arc::new(Shop::default());
+    let set = shop.tool_set();
+    let names: Vec<&str> = set.definitions().map(|d| d.name).collect();
+    assert_eq!(names, ["count_orders", "place_order"]);
+    let place = set.definition("place_order").unwrap();
+    assert_eq!(place.description, "Place an order for a `Charge`; see the ledger.");
+    assert_eq!(set.definition("count_orders").unwrap().description, "Count the orders placed so far.");
+
+    let run = Idem::in_memory().run("r1");
+    let args = serde_json::json!({"item": "book"});
+    let first = set.call(&run, "place_order", &args).await;
+    let again = set.call(&run, "place_order", &args).await;
+    assert_eq!((first.is_error, &first.content), (false, &serde_json::json!(1)));
+    assert_eq!(first, again);
+    assert_eq!(shop.orders.lock().unwrap().len(), 1, "the repeat was replayed, not run");
+    shop.clear();
+    assert_eq!(shop.count_orders(&run).await.unwrap(), 0);
+}
+
+/// Refund a charge.
+#[doc = include_str!("fixtures/refund_doc.md")]
+#[tool(retry = "keyed")]
+async fn refund(charge_id: String) -> Result<String, PayError> {
+    Ok(charge_id)
+}
+
+#[test]
+fn included_doc_text_is_the_description_with_link_markup_removed() {
+    assert_eq!(
+        RefundTool.def().description,
+        "Refund a charge.\nThe money goes back to the card of the `Charge`.\n\nSee refunds."
+    );
+}
+
+/// Tools whose parameter is a type of the user's named `Ctx`, and a context marked explicitly.
+mod own_ctx {
+    use idem_core::tool;
+    use serde::{Deserialize, Serialize};
+
+    use super::PayError;
+
+    /// The caller's own context type: an ordinary argument.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+    pub struct Ctx {
+        pub tenant: String,
+    }
+
+    #[tool(retry = "safe")]
+    pub async fn whoami(ctx: Ctx) -> Result<String, PayError> {
+        Ok(ctx.tenant)
+    }
+
+    /// The context under another spelling, marked.
+    pub type IdemCtx = idem_core::Ctx;
+
+    #[tool(retry = "keyed")]
+    pub async fn keyed(#[idem(ctx)] cx: &IdemCtx, n: u32) -> Result<String, PayError> {
+        Ok(format!("{n}:{}", cx.key().len()))
+    }
+}
+
+#[tokio::test]
+async fn a_type_of_ones_own_named_ctx_is_an_argument_and_the_marked_context_is_not() {
+    let run = Idem::in_memory().run("r1");
+    let me = own_ctx::whoami(&run, own_ctx::Ctx { tenant: "acme".into() }).await.unwrap();
+    assert_eq!(me, "acme");
+    let schema = serde_json::to_value(schemars::schema_for!(own_ctx::WhoamiArgs)).unwrap();
+    assert_eq!(schema["required"], serde_json::json!(["ctx"]));
+    assert_eq!(own_ctx::keyed(&run, 7).await.unwrap(), "7:64");
+    let schema = serde_json::to_value(schemars::schema_for!(own_ctx::KeyedArgs)).unwrap();
+    assert_eq!(schema["required"], serde_json::json!(["n"]));
+}
+
+/// idem-core reached through another path (a facade crate re-exporting it).
+mod facade {
+    pub use idem_core as idem;
+}
+
+#[tool(retry = "safe", crate = "crate::facade::idem")]
+async fn through_facade(n: u32) -> Result<u32, PayError> {
+    Ok(n + 1)
+}
+
+#[tokio::test]
+async fn crate_option_names_the_path_idem_core_is_reached_at() {
+    let run = facade::idem::Idem::in_memory().run("r1");
+    assert_eq!(through_facade(&run, 1).await.unwrap(), 2);
+}

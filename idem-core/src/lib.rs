@@ -19,6 +19,7 @@ mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod ctx;
+mod doc_text;
 mod error;
 mod executor;
 mod failure;
@@ -52,6 +53,9 @@ pub use toolset::{Annotations, DynTool, ToolDefinition, ToolResult, ToolSet, Too
 /// Declares an async fn as a tool: `#[tool(retry = "safe" | "keyed" | "never")]`.
 pub use idem_macros::tool;
 
+/// Collects the `#[tool]` methods of an `impl` block into `fn tool_set(self: &Arc<Self>) -> ToolSet`.
+pub use idem_macros::tool_set;
+
 /// What generated code needs; not a public API.
 #[doc(hidden)]
 pub mod __private {
@@ -59,5 +63,6 @@ pub mod __private {
     pub use serde;
     pub use serde_json;
 
+    pub use crate::doc_text::DocText;
     pub use crate::generated::*;
 }

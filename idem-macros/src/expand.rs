@@ -12,13 +12,6 @@ use syn::{Attribute, Ident, ItemFn, Type};
 use crate::parse::Class;
 use crate::validate::Model;
 
-/// On failure: the fn as written (minus our parameter markers) and the errors, so that one
-/// mistake gives one message instead of one per call site.
-pub fn fallback(item: &ItemFn, error: syn::Error) -> TokenStream {
-    let errors = error.to_compile_error();
-    quote!(#item #errors)
-}
-
 pub fn expand(model: &Model) -> TokenStream {
     if model.method { expand_method(model) } else { expand_free(model) }
 }
@@ -73,6 +66,7 @@ fn duration(d: Option<Duration>) -> Option<TokenStream> {
 /// `static DEF: ToolDef = ..;`, naming only the options that are set (the others come from
 /// `ToolOptions::NONE`): a smaller expansion to parse and check per tool.
 fn def_static(model: &Model) -> TokenStream {
+    let krate = &model.krate;
     let name = &model.name;
     let description = &model.description;
     let class = match model.class {
@@ -96,15 +90,15 @@ fn def_static(model: &Model) -> TokenStream {
         }
     }
     let options = if set.is_empty() {
-        quote!(::idem_core::ToolOptions::NONE)
+        quote!(#krate::ToolOptions::NONE)
     } else {
-        quote!(::idem_core::ToolOptions { #(#set)* ..::idem_core::ToolOptions::NONE })
+        quote!(#krate::ToolOptions { #(#set)* ..#krate::ToolOptions::NONE })
     };
     quote! {
-        static __IDEM_DEF: ::idem_core::ToolDef = ::idem_core::ToolDef {
+        static __IDEM_DEF: #krate::ToolDef = #krate::ToolDef {
             name: #name,
             description: #description,
-            class: ::idem_core::RetryClass::#class,
+            class: #krate::RetryClass::#class,
             options: #options,
         };
     }
@@ -112,14 +106,15 @@ fn def_static(model: &Model) -> TokenStream {
 
 /// The success and error types.
 fn result_types(model: &Model) -> (TokenStream, TokenStream) {
+    let krate = &model.krate;
     let ty = &model.ret.ty;
     let ok = match &model.ret.ok {
         Some(ok) => quote!(#ok),
-        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Ok),
+        None => quote!(<#ty as #krate::__private::ToolReturn>::Ok),
     };
     let err = match &model.ret.err {
         Some(err) => quote!(#err),
-        None => quote!(<#ty as ::idem_core::__private::ToolReturn>::Err),
+        None => quote!(<#ty as #krate::__private::ToolReturn>::Err),
     };
     (ok, err)
 }
@@ -133,27 +128,28 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
 /// Bounds checked at the user's spans, so rustc points at the parameter or the return type with
 /// a message that says what to derive (see `idem_core::__private::ToolArg`).
 fn checks(model: &Model) -> TokenStream {
+    let krate = &model.krate;
     let mut out = TokenStream::new();
     for p in &model.params {
         let ty = &p.ty;
-        out.extend(quote_spanned! {ty.span()=> ::idem_core::__private::assert_arg::<#ty>(); });
+        out.extend(quote_spanned! {ty.span()=> #krate::__private::assert_arg::<#ty>(); });
     }
     let ret = &model.ret;
     match (&ret.ok, &ret.err) {
         (Some(ok), Some(err)) => {
             out.extend(
-                quote_spanned! {ok.span()=> ::idem_core::__private::assert_output::<#ok>(); },
+                quote_spanned! {ok.span()=> #krate::__private::assert_output::<#ok>(); },
             );
             out.extend(
-                quote_spanned! {err.span()=> ::idem_core::__private::assert_error::<#err>(); },
+                quote_spanned! {err.span()=> #krate::__private::assert_error::<#err>(); },
             );
         }
         _ => {
             let ty = &ret.ty;
             out.extend(quote_spanned! {ty.span()=>
-                ::idem_core::__private::assert_result::<#ty>();
-                ::idem_core::__private::assert_output::<<#ty as ::idem_core::__private::ToolReturn>::Ok>();
-                ::idem_core::__private::assert_error::<<#ty as ::idem_core::__private::ToolReturn>::Err>();
+                #krate::__private::assert_result::<#ty>();
+                #krate::__private::assert_output::<<#ty as #krate::__private::ToolReturn>::Ok>();
+                #krate::__private::assert_error::<<#ty as #krate::__private::ToolReturn>::Err>();
             });
         }
     }
@@ -161,6 +157,7 @@ fn checks(model: &Model) -> TokenStream {
 }
 
 fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
+    let krate = &model.krate;
     let args_name = format!("{}Args", camel(&model.item.sig.ident));
     let names = model.params.iter().map(|p| p.ident.unraw().to_string());
     let skip: u16 = model
@@ -172,7 +169,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>
     let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
     let description = description.map(|d| quote!(const DESCRIPTION: &'static str = #d;));
     quote! {
-        impl ::idem_core::__private::Fields for #fields_ty {
+        impl #krate::__private::Fields for #fields_ty {
             const NAME: &'static str = #args_name;
             const NAMES: &'static [&'static str] = &[#(#names),*];
             #description
@@ -195,6 +192,7 @@ fn run_ident(model: &Model) -> Ident {
 }
 
 fn expand_free(model: &Model) -> TokenStream {
+    let krate = &model.krate;
     let item = &model.item;
     let vis = &item.vis;
     let ident = &item.sig.ident;
@@ -245,20 +243,20 @@ fn expand_free(model: &Model) -> TokenStream {
         #[doc = ""]
         #[doc = #call_doc]
         #vis fn #ident(
-            #run: &::idem_core::Run,
+            #run: &#krate::Run,
             #(#idents: #tys),*
         ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<#ok, ::idem_core::Error<#err>>,
+            Output = ::core::result::Result<#ok, #krate::Error<#err>>,
         > + '_ {
             #checks
-            ::idem_core::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*))
+            #krate::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*))
         }
 
         #(#cfg)*
         #[doc = #args_doc]
         #[doc = ""]
         #[doc = #args_new_doc]
-        #vis type #args_ty = ::idem_core::__private::Args<(#(#tys,)*), #fields_ty>;
+        #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
 
         #(#cfg)*
         #[doc(hidden)]
@@ -269,14 +267,14 @@ fn expand_free(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #vis type #tool_ty = ::idem_core::__private::FnTool<#args_ty, #ok, #err>;
+        #vis type #tool_ty = #krate::__private::FnTool<#args_ty, #ok, #err>;
 
         #(#cfg)*
         #[doc = #tool_doc]
         #[allow(non_upper_case_globals)]
         #vis const #tool_ty: #tool_ty = {
             #def
-            ::idem_core::__private::FnTool::new(&__IDEM_DEF, |cx, args: #args_ty| {
+            #krate::__private::FnTool::new(&__IDEM_DEF, |cx, args: #args_ty| {
                 let _ = cx;
                 #inner
                 ::std::boxed::Box::pin(#ident(#cx_arg #(args.0.#indices),*))
@@ -286,6 +284,7 @@ fn expand_free(model: &Model) -> TokenStream {
 }
 
 fn expand_method(model: &Model) -> TokenStream {
+    let krate = &model.krate;
     let item = &model.item;
     let vis = &item.vis;
     let ident = &item.sig.ident;
@@ -331,7 +330,7 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = #factory_doc]
         #vis fn #factory(
             self: &::std::sync::Arc<Self>,
-        ) -> impl ::idem_core::Tool<
+        ) -> impl #krate::Tool<
             Args: ::core::convert::From<#tuple>,
             Output = #ok,
             Error = #err,
@@ -343,10 +342,10 @@ fn expand_method(model: &Model) -> TokenStream {
             enum __IdemFields {}
             #fields
             #def
-            ::idem_core::__private::MethodTool::new(
+            #krate::__private::MethodTool::new(
                 ::std::sync::Arc::clone(self),
                 &__IDEM_DEF,
-                |recv, cx, args: ::idem_core::__private::Args<#tuple, __IdemFields>| {
+                |recv, cx, args: #krate::__private::Args<#tuple, __IdemFields>| {
                     let _ = cx;
                     ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.0.#indices),*))
                 },
@@ -361,16 +360,16 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
         #vis async fn #ident(
             self: &::std::sync::Arc<Self>,
-            #run: &::idem_core::Run,
+            #run: &#krate::Run,
             #(#idents: #tys),*
-        ) -> ::core::result::Result<#ok, ::idem_core::Error<#err>>
+        ) -> ::core::result::Result<#ok, #krate::Error<#err>>
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
             let __idem_params = (#(#idents,)*);
             let __idem_tool = Self::#factory(self);
-            let __idem_args = ::idem_core::__private::make_args(&__idem_tool, __idem_params);
-            ::idem_core::Run::call(#run, &__idem_tool, __idem_args).await
+            let __idem_args = #krate::__private::make_args(&__idem_tool, __idem_params);
+            #krate::Run::call(#run, &__idem_tool, __idem_args).await
         }
     }
 }

@@ -6,8 +6,12 @@
 
 use proc_macro::TokenStream;
 
+mod docs;
 mod expand;
+mod fallback;
+mod krate;
 mod parse;
+mod tool_set;
 mod validate;
 
 /// Declares an async fn as a tool whose every call goes through idem's protocol.
@@ -78,7 +82,7 @@ mod validate;
 /// so one mistake gives one message.
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let mut item: syn::ItemFn = match syn::parse::Parser::parse(parse_fn, item.clone()) {
+    let item: syn::ItemFn = match syn::parse::Parser::parse(parse_fn, item.clone()) {
         Ok(item) => item,
         Err(e) => {
             let message = syn::Error::new(
@@ -90,26 +94,86 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
             return out.into();
         }
     };
+    tool_item(attr.into(), item, None).tokens.into()
+}
+
+/// Collects the `#[tool]` methods of an `impl` block into one tool set.
+///
+/// ```ignore
+/// #[idem_core::tool_set]
+/// impl Payments {
+///     /// Charge a card.
+///     #[tool(retry = "keyed")]
+///     async fn charge(&self, cx: &Ctx, customer: String, amount_cents: u64) -> Result<Charge, PayError> { .. }
+///
+///     /// Read a balance.
+///     #[tool(retry = "safe")]
+///     async fn balance(&self, customer: String) -> Result<u64, PayError> { .. }
+/// }
+///
+/// let tools: ToolSet = Arc::new(payments).tool_set();
+/// ```
+///
+/// Adds `fn tool_set(self: &Arc<Self>) -> idem_core::ToolSet` to the block (same visibility as
+/// the most visible tool), holding every `#[tool]` method's tool (`Self::<name>_tool`), each
+/// under its `cfg`. Each method expands as `#[tool]` documents. Tool names must be unique in the
+/// block (checked here); `Self` must be `Send + Sync + 'static`. Options: `crate = ".."` (see
+/// `#[tool]`), applied to every tool of the block that does not give its own.
+#[proc_macro_attribute]
+pub fn tool_set(attr: TokenStream, item: TokenStream) -> TokenStream {
+    tool_set::expand(attr.into(), item.into()).into()
+}
+
+/// A `#[tool]` fn's expansion, and its tool's name when the tool value exists (the expansion
+/// succeeded, or only options were wrong).
+pub(crate) struct Expanded {
+    pub tokens: proc_macro2::TokenStream,
+    pub tool: Option<(String, proc_macro2::Span)>,
+}
+
+/// parse -> validate -> expand (or the fallback) for one fn; `default_krate` is the enclosing
+/// `#[tool_set(crate = ..)]`.
+pub(crate) fn tool_item(
+    attr: proc_macro2::TokenStream,
+    mut item: syn::ItemFn,
+    default_krate: Option<&syn::Path>,
+) -> Expanded {
     let mut errors = parse::Errors::default();
-    let attr = parse::Attr::parse(attr.into(), &mut errors);
+    let mut attr = parse::Attr::parse(attr, &mut errors);
+    if attr.krate.is_none() {
+        attr.krate = default_krate.cloned();
+    }
+    let explicit_krate = attr.krate.clone();
     let param_attrs = validate::take_param_attrs(&mut item, &mut errors);
     let fallback_item = item.clone();
+    let fallback_attrs = param_attrs.clone();
+    let name_span = attr.name.as_ref().map_or(item.sig.ident.span(), |n| n.span());
     let model = validate::validate(attr, item, param_attrs, &mut errors);
-    match (errors.into_result(), model) {
-        (Ok(()), Some(model)) => expand::expand(&model).into(),
-        (Err(e), _) => expand::fallback(&fallback_item, e).into(),
+    let error = match (errors.into_result(), model) {
+        (Ok(()), Some(model)) => {
+            let tool = Some((model.name.clone(), name_span));
+            return Expanded { tokens: expand::expand(&model), tool };
+        }
+        (Err(e), Some(model)) if model.shape_ok => {
+            let mut tokens = expand::expand(&model);
+            tokens.extend(e.to_compile_error());
+            return Expanded { tokens, tool: Some((model.name.clone(), name_span)) };
+        }
+        (Err(e), _) => e,
         // validate returns no model only after recording an error; kept total for safety.
-        (Ok(()), None) => expand::fallback(
-            &fallback_item,
-            syn::Error::new(proc_macro2::Span::call_site(), "`#[tool]` could not be expanded"),
-        )
-        .into(),
-    }
+        (Ok(()), None) => {
+            syn::Error::new(proc_macro2::Span::call_site(), "`#[tool]` could not be expanded")
+        }
+    };
+    let krate = krate::resolve(explicit_krate.as_ref());
+    let names = krate::names(explicit_krate.as_ref());
+    let tokens = fallback::stub(&fallback_item, &fallback_attrs, &krate, &names, error);
+    Expanded { tokens, tool: None }
 }
 
 /// Parses an fn whose body is kept as tokens: the body is emitted as written, never inspected,
 /// and parsing it into syn's syntax tree would be most of the macro's work for a long body.
-fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
+pub(crate) fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
     let attrs = input.call(syn::Attribute::parse_outer)?;
     let vis: syn::Visibility = input.parse()?;
     let sig: syn::Signature = input.parse()?;
@@ -119,5 +183,11 @@ fn parse_fn(input: syn::parse::ParseStream<'_>) -> syn::Result<syn::ItemFn> {
     }
     let brace_token = syn::token::Brace { span: body.delim_span() };
     let stmts = vec![syn::Stmt::Expr(syn::Expr::Verbatim(body.stream()), None)];
-    Ok(syn::ItemFn { attrs, vis, sig, block: Box::new(syn::Block { brace_token, stmts }) })
+    Ok(syn::ItemFn {
+        attrs,
+        vis,
+        modifiers: syn::FnModifiers::default(),
+        sig,
+        block: Box::new(syn::Block { brace_token, stmts }),
+    })
 }

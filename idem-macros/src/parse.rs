@@ -8,7 +8,11 @@ use syn::meta::ParseNestedMeta;
 use syn::{Ident, LitInt, LitStr, Token};
 
 /// The options allowed in `#[tool(..)]`, for the "unknown option" message.
-pub const OPTIONS: &str = "retry, name, attempts, timeout, budget, lease, ttl, skip";
+pub const OPTIONS: &str =
+    "retry, name, description, attempts, timeout, budget, lease, ttl, skip, crate";
+
+/// What `retry` accepts, for the messages.
+const CLASSES: &str = "\"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)";
 
 /// How a tool may be retried (mirrors `idem_core::RetryClass`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -30,6 +34,11 @@ pub struct Attr {
     /// `retry = ..` was written, valid or not (so a bad class is not also reported as missing).
     pub retry_written: bool,
     pub name: Option<LitStr>,
+    /// `description = ".."`: replaces the doc comment as the text the model reads.
+    pub description: Option<LitStr>,
+    /// `crate = "path"`: where idem-core is, when neither its name in Cargo.toml nor
+    /// `idem_core` reaches it (a facade crate re-exporting it).
+    pub krate: Option<syn::Path>,
     pub attempts: Option<(u32, LitInt)>,
     pub timeout: Option<DurationOpt>,
     pub budget: Option<DurationOpt>,
@@ -41,14 +50,19 @@ pub struct Attr {
 
 /// Collected errors, reported together (serde_derive's `Ctxt`).
 #[derive(Default)]
-pub struct Errors(Option<syn::Error>);
+pub struct Errors(Option<syn::Error>, usize);
 
 impl Errors {
     pub fn push(&mut self, e: syn::Error) {
+        self.1 += 1;
         match &mut self.0 {
             Some(all) => all.combine(e),
             None => self.0 = Some(e),
         }
+    }
+    /// How many errors were recorded.
+    pub fn len(&self) -> usize {
+        self.1
     }
     pub fn spanned(&mut self, span: Span, msg: impl std::fmt::Display) {
         self.push(syn::Error::new(span, msg));
@@ -90,7 +104,10 @@ impl Attr {
         match key.to_string().as_str() {
             "retry" => {
                 self.retry_written = true;
-                let lit: LitStr = meta.value()?.parse()?;
+                let Some(lit) = string_value(&meta, &key, errors, &format!("one of {CLASSES}"))?
+                else {
+                    return Ok(());
+                };
                 let class = match lit.value().as_str() {
                     "safe" => Class::Safe,
                     "keyed" => Class::Keyed,
@@ -98,9 +115,7 @@ impl Attr {
                     other => {
                         errors.spanned(
                             lit.span(),
-                            format!(
-                                "unknown retry class `{other}`: expected \"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)"
-                            ),
+                            format!("unknown retry class `{other}`: expected {CLASSES}"),
                         );
                         return Ok(());
                     }
@@ -111,16 +126,48 @@ impl Attr {
                     self.retry = Some((class, lit));
                 }
             }
-            "name" => {
-                let lit: LitStr = meta.value()?.parse()?;
-                if self.name.is_some() {
+            "name" | "description" => {
+                let hint = if key == "name" {
+                    "the tool's stable name, as in name = \"charge_card\""
+                } else {
+                    "the text the model reads, as in description = \"Charge a card.\""
+                };
+                let Some(lit) = string_value(&meta, &key, errors, hint)? else {
+                    return Ok(());
+                };
+                let slot = if key == "name" { &mut self.name } else { &mut self.description };
+                if slot.is_some() {
                     duplicate(errors);
                 } else {
-                    self.name = Some(lit);
+                    *slot = Some(lit);
+                }
+            }
+            "crate" => {
+                let Some(lit) =
+                    string_value(&meta, &key, errors, "a path, as in crate = \"my_facade::idem\"")?
+                else {
+                    return Ok(());
+                };
+                match lit.parse::<syn::Path>() {
+                    Ok(_) if self.krate.is_some() => duplicate(errors),
+                    Ok(path) => self.krate = Some(path),
+                    Err(_) => errors.spanned(
+                        lit.span(),
+                        "`crate` takes the path idem-core is reachable at, as in crate = \"my_facade::idem\"",
+                    ),
                 }
             }
             "attempts" => {
-                let lit: LitInt = meta.value()?.parse()?;
+                let value = meta.value()?;
+                if !value.peek(LitInt) {
+                    let tokens = rest_of_option(value)?;
+                    errors.at(
+                        tokens,
+                        "`attempts` takes a whole number, not a string: write attempts = 3",
+                    );
+                    return Ok(());
+                }
+                let lit: LitInt = value.parse()?;
                 match lit.base10_parse::<u32>() {
                     Ok(0) => errors.spanned(
                         lit.span(),
@@ -135,7 +182,10 @@ impl Attr {
                 }
             }
             "timeout" | "budget" | "lease" | "ttl" => {
-                let lit: LitStr = meta.value()?.parse()?;
+                let hint = format!("a duration, as in {key} = \"30s\" (ms, s, m or h)");
+                let Some(lit) = string_value(&meta, &key, errors, &hint)? else {
+                    return Ok(());
+                };
                 let slot = match key.to_string().as_str() {
                     "timeout" => &mut self.timeout,
                     "budget" => &mut self.budget,
@@ -178,14 +228,55 @@ impl Attr {
     }
 }
 
-/// Consumes `= value` or `(..)` after an unknown key, so parsing can go on to the next option.
+/// Consumes `= value` or `(..)` after an unknown key, so parsing goes on to the next option
+/// without a second error about a value that was never going to be read (`vis = pub`).
 fn skip_value(meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
     if meta.input.peek(Token![=]) {
-        let _: syn::Expr = meta.value()?.parse()?;
+        let value = meta.value()?;
+        rest_of_option(value)?;
     } else if meta.input.peek(syn::token::Paren) {
         let _: proc_macro2::Group = meta.input.parse()?;
     }
     Ok(())
+}
+
+/// The tokens up to the next `,` at this level (or the end): an option's value as written.
+fn rest_of_option(input: syn::parse::ParseStream<'_>) -> syn::Result<proc_macro2::TokenStream> {
+    let mut tokens = proc_macro2::TokenStream::new();
+    while !input.is_empty() && !input.peek(Token![,]) {
+        let tt: proc_macro2::TokenTree = input.parse()?;
+        tokens.extend([tt]);
+    }
+    Ok(tokens)
+}
+
+/// `key = "text"`. Any other value (`retry = keyed`, `timeout = 30`) is reported once, at the
+/// value, saying that the option takes a string and what it accepts; then parsing goes on.
+fn string_value(
+    meta: &ParseNestedMeta<'_>,
+    key: &Ident,
+    errors: &mut Errors,
+    accepts: &str,
+) -> syn::Result<Option<LitStr>> {
+    let value = meta.value()?;
+    if value.peek(LitStr) {
+        return value.parse().map(Some);
+    }
+    let tokens = rest_of_option(value)?;
+    let single_word = syn::parse2::<Ident>(tokens.clone()).ok();
+    let message = match single_word {
+        _ if tokens.is_empty() => format!("`{key}` needs a value: {accepts}"),
+        Some(word) => format!(
+            "`{key}` takes a string: write {key} = \"{word}\" (in quotes); it accepts {accepts}"
+        ),
+        None => format!("`{key}` takes a string in quotes: {accepts}"),
+    };
+    if tokens.is_empty() {
+        errors.spanned(key.span(), message);
+    } else {
+        errors.at(tokens, message);
+    }
+    Ok(None)
 }
 
 /// `"500ms"`, `"30s"`, `"2m"`, `"1h"`: a whole number and a unit, no spaces.
@@ -213,38 +304,57 @@ fn nonzero(d: Duration) -> Result<Duration, String> {
     if d.is_zero() { Err("it must be longer than zero".into()) } else { Ok(d) }
 }
 
-/// The `#[idem(..)]` markers of one parameter.
-#[derive(Default)]
+/// The `#[idem(..)]` markers and the doc comment of one parameter.
+#[derive(Default, Clone)]
 pub struct ParamAttr {
     /// `#[idem(skip)]`, with the span of `skip`.
     pub skip: Option<Span>,
+    /// `#[idem(ctx)]`: this parameter is the context, whatever its type is spelled.
+    pub ctx: Option<Span>,
+    /// `#[idem(flatten)]`: a struct whose fields are the tool's arguments.
+    pub flatten: Option<Span>,
+    /// The `///` lines, for the parameter's JSON Schema `description`.
+    pub docs: Vec<syn::Expr>,
 }
 
+/// The markers a parameter accepts, for the "unknown" message.
+const PARAM_MARKERS: &str = "`#[idem(skip)]`, `#[idem(ctx)]` or `#[idem(flatten)]`";
+
 impl ParamAttr {
-    /// Parses and removes the parameter's `#[idem(..)]` attributes.
+    /// Parses and removes the parameter's `#[idem(..)]` attributes and doc comments (rustc
+    /// refuses doc comments on parameters; here they describe the argument to the model).
     pub fn take(attrs: &mut Vec<syn::Attribute>, errors: &mut Errors) -> ParamAttr {
         let mut out = ParamAttr::default();
         attrs.retain(|attr| {
+            if attr.path().is_ident("doc") {
+                if let syn::Meta::NameValue(nv) = &attr.meta {
+                    out.docs.push(nv.value.clone());
+                }
+                return false;
+            }
             if !attr.path().is_ident("idem") {
                 return true;
             }
             let parsed = attr.parse_nested_meta(|meta| {
-                if meta.path.is_ident("skip") {
-                    if out.skip.is_some() {
-                        errors.spanned(
-                            syn::spanned::Spanned::span(&meta.path),
-                            "`skip` is given twice; keep one",
-                        );
-                    }
-                    out.skip = Some(syn::spanned::Spanned::span(&meta.path));
-                    Ok(())
+                let span = syn::spanned::Spanned::span(&meta.path);
+                let slot = if meta.path.is_ident("skip") {
+                    &mut out.skip
+                } else if meta.path.is_ident("ctx") {
+                    &mut out.ctx
+                } else if meta.path.is_ident("flatten") {
+                    &mut out.flatten
                 } else {
                     errors.spanned(
-                        syn::spanned::Spanned::span(&meta.path),
-                        "unknown parameter option: the only one is `#[idem(skip)]`",
+                        span,
+                        format!("unknown parameter marker: use {PARAM_MARKERS}"),
                     );
-                    skip_value(&meta)
+                    return skip_value(&meta);
+                };
+                if slot.is_some() {
+                    errors.spanned(span, "this marker is given twice; keep one");
                 }
+                *slot = Some(span);
+                Ok(())
             });
             if let Err(e) = parsed {
                 errors.push(e);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
@@ -19,6 +19,10 @@ pub struct Param {
     pub ty: Type,
     /// Marked `#[idem(skip)]` (or named in `skip(..)`): an argument, not part of the key.
     pub skip: bool,
+    /// Marked `#[idem(flatten)]`: a struct whose fields are the tool's arguments.
+    pub flatten: bool,
+    /// The parameter's `///` lines: its JSON Schema `description`.
+    pub docs: Vec<syn::Expr>,
 }
 
 /// The return type: `Result<ok, err>` when written that way, else an alias resolved through
@@ -46,7 +50,10 @@ pub struct Model {
     pub class: Class,
     /// The stable name (key and model-facing).
     pub name: String,
-    pub description: String,
+    /// A `&'static str` expression: `description = ".."`, or the doc comment's text.
+    pub description: TokenStream,
+    /// The path idem-core is reached at (`::idem_core`, `::idem`, or `crate = ".."`).
+    pub krate: TokenStream,
     pub options: Options,
     /// A method taking `&self`.
     pub method: bool,
@@ -54,6 +61,9 @@ pub struct Model {
     pub ctx: Option<Ident>,
     pub params: Vec<Param>,
     pub ret: Ret,
+    /// The signature is sound (errors, if any, are in the options): the full expansion can be
+    /// emitted next to the errors, so call sites and the tool value type-check.
+    pub shape_ok: bool,
 }
 
 /// Removes the parameters' `#[idem(..)]` markers from `item` (also done on failure, so the fn
@@ -76,6 +86,8 @@ pub fn validate(
     param_attrs: Vec<ParamAttr>,
     errors: &mut Errors,
 ) -> Option<Model> {
+    let krate = crate::krate::resolve(attr.krate.as_ref());
+    let krate_names = crate::krate::names(attr.krate.as_ref());
     let sig = &item.sig;
     let fn_name = sig.ident.unraw().to_string();
 
@@ -93,6 +105,7 @@ pub fn validate(
         }
     };
 
+    let before_shape = errors.len();
     if sig.asyncness.is_none() {
         errors.spanned(
             sig.fn_token.span,
@@ -102,7 +115,7 @@ pub fn validate(
     if let Some(c) = &sig.constness {
         errors.spanned(c.span, "`#[tool]` does not support `const fn`");
     }
-    if let Some(u) = &sig.unsafety {
+    if let syn::Safety::Unsafe(u) = &sig.safety {
         errors.spanned(u.span, "`#[tool]` does not support `unsafe fn`: a model can call a tool");
     }
     if let Some(abi) = &sig.abi {
@@ -149,24 +162,24 @@ pub fn validate(
         );
     }
 
+    let mut shape_errors = errors.len() - before_shape;
+    let before_params = errors.len();
     let mut method = false;
     let mut ctx: Option<Ident> = None;
     let mut params = Vec::new();
     for (index, (arg, pattr)) in sig.inputs.iter().zip(&param_attrs).enumerate() {
         match arg {
             FnArg::Receiver(r) => {
-                if let Some(span) = pattr.skip {
-                    errors.spanned(
-                        span,
-                        "the receiver is never part of the key; remove `#[idem(skip)]`",
-                    );
+                for span in [pattr.skip, pattr.ctx, pattr.flatten].into_iter().flatten() {
+                    errors.spanned(span, "the receiver is not an argument; remove this marker");
                 }
-                if r.reference.is_none() || r.colon_token.is_some() {
+                let by_mut_ref = matches!(r.kind, syn::ReceiverKind::Reference(_, _, Some(_)));
+                if !matches!(r.kind, syn::ReceiverKind::Reference(..)) {
                     errors.at(
                         r,
                         "`#[tool]` methods take `&self`: the tool holds its receiver in an `Arc` and calls it for every attempt and duplicate",
                     );
-                } else if r.mutability.is_some() {
+                } else if by_mut_ref {
                     errors.at(
                         r,
                         "`#[tool]` methods take `&self`, not `&mut self`: retries and concurrent duplicates share the receiver; keep state behind a `Mutex`",
@@ -187,8 +200,18 @@ pub fn validate(
                         continue;
                     }
                 };
-                match ctx_shape(&pt.ty) {
+                let shape = match ctx_shape(&pt.ty, &krate_names) {
+                    CtxShape::No if pattr.ctx.is_some() => match &*pt.ty {
+                        Type::Reference(r) if r.mutability.is_none() => CtxShape::Ref,
+                        _ => CtxShape::Other,
+                    },
+                    shape => shape,
+                };
+                match shape {
                     CtxShape::Ref => {
+                        if let Some(span) = pattr.flatten {
+                            errors.spanned(span, "the context is not an argument; remove `#[idem(flatten)]`");
+                        }
                         let first = index == usize::from(method);
                         if let Some(span) = pattr.skip {
                             errors.spanned(
@@ -239,8 +262,32 @@ pub fn validate(
                         "a method tool's parameter types cannot mention `Self`: name the type",
                     );
                 }
-                params.push(Param { ident, ty: (*pt.ty).clone(), skip: pattr.skip.is_some() });
+                params.push(Param {
+                    ident,
+                    ty: (*pt.ty).clone(),
+                    skip: pattr.skip.is_some(),
+                    flatten: pattr.flatten.is_some(),
+                    docs: pattr.docs.clone(),
+                });
             }
+        }
+    }
+
+    if let Some(flat) = params.iter().find(|p| p.flatten) {
+        if params.len() > 1 {
+            errors.spanned(
+                flat.ident.span(),
+                format!(
+                    "`#[idem(flatten)]` makes the fields of `{}` the tool's arguments, so it must be the tool's only parameter (the context aside): move the other parameters into the struct",
+                    flat.ident
+                ),
+            );
+        }
+        if flat.skip {
+            errors.spanned(
+                flat.ident.span(),
+                "a flattened parameter is the tool's whole intent; it cannot be skipped",
+            );
         }
     }
 
@@ -255,6 +302,7 @@ pub fn validate(
         );
     }
 
+    shape_errors += errors.len() - before_params;
     for skipped in &attr.skip {
         if ctx.as_ref().is_some_and(|c| c == skipped) {
             errors.spanned(
@@ -297,10 +345,25 @@ pub fn validate(
         lease: attr.lease.map(|d| d.value),
         ttl: attr.ttl.map(|d| d.value),
     };
-    let description = doc_text(&item.attrs);
+    let description = match &attr.description {
+        Some(lit) => quote::quote!(#lit),
+        None => crate::docs::text_expr(&crate::docs::doc_values(&item.attrs), &krate),
+    };
     let ret = ret?;
-    attr.retry.as_ref()?;
-    Some(Model { item, class, name, description, options, method, ctx, params, ret })
+    let shape_ok = shape_errors == 0;
+    Some(Model {
+        item,
+        class,
+        name,
+        description,
+        krate,
+        options,
+        method,
+        ctx,
+        params,
+        ret,
+        shape_ok,
+    })
 }
 
 /// Tool names must be usable by every agent protocol: OpenAI function names are
@@ -315,35 +378,44 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-enum CtxShape {
+pub(crate) enum CtxShape {
     /// `&Ctx`
     Ref,
-    /// `Ctx`, `&mut Ctx`
+    /// `&mut Ctx`, or a marked parameter that is not a shared reference
     Other,
     No,
 }
 
-fn is_ctx_path(ty: &Type) -> bool {
+/// The context parameter, unmarked: a shared reference to `Ctx`, `idem_core::Ctx` or
+/// `<idem-core's name>::Ctx`, as written. Any other path ending in `Ctx` (a type of the user's)
+/// is an ordinary parameter; `#[idem(ctx)]` marks the context under any other spelling.
+fn is_ctx_path(ty: &Type, krate_names: &[Vec<String>]) -> bool {
     match ty {
         Type::Path(tp) if tp.qself.is_none() => {
-            tp.path.segments.last().is_some_and(|s| s.ident == "Ctx" && s.arguments.is_empty())
+            let segments: Vec<&syn::PathSegment> = tp.path.segments.iter().collect();
+            let Some((last, prefix)) = segments.split_last() else { return false };
+            if last.ident != "Ctx" || !last.arguments.is_empty() {
+                return false;
+            }
+            let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
+            (prefix.is_empty() && tp.path.leading_colon.is_none())
+                || krate_names.iter().any(|k| *k == prefix)
         }
-        Type::Paren(p) => is_ctx_path(&p.elem),
-        Type::Group(g) => is_ctx_path(&g.elem),
+        Type::Paren(p) => is_ctx_path(&p.elem, krate_names),
+        Type::Group(g) => is_ctx_path(&g.elem, krate_names),
         _ => false,
     }
 }
 
-fn ctx_shape(ty: &Type) -> CtxShape {
+pub(crate) fn ctx_shape(ty: &Type, krate_names: &[Vec<String>]) -> CtxShape {
     match ty {
-        Type::Reference(r) if is_ctx_path(&r.elem) => {
+        Type::Reference(r) if is_ctx_path(&r.elem, krate_names) => {
             if r.mutability.is_some() {
                 CtxShape::Other
             } else {
                 CtxShape::Ref
             }
         }
-        other if is_ctx_path(other) => CtxShape::Other,
         _ => CtxShape::No,
     }
 }
@@ -421,23 +493,4 @@ fn split_result(ty: &Type) -> Ret {
         ret.err = Some(err.clone());
     }
     ret
-}
-
-/// The doc comment as one text: lines joined with `\n`, the one space after `///` removed,
-/// leading and trailing blank lines dropped.
-fn doc_text(attrs: &[syn::Attribute]) -> String {
-    let mut lines = Vec::new();
-    for attr in attrs {
-        if !attr.path().is_ident("doc") {
-            continue;
-        }
-        if let syn::Meta::NameValue(nv) = &attr.meta
-            && let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) = &nv.value
-        {
-            for line in s.value().split('\n') {
-                lines.push(line.strip_prefix(' ').unwrap_or(line).trim_end().to_owned());
-            }
-        }
-    }
-    lines.join("\n").trim().to_owned()
 }

@@ -1,0 +1,241 @@
+//! The text a model reads from a doc comment, computed at compile time: rustdoc's link markup
+//! removed (`[`Foo`]` → `` `Foo` ``, `[text](crate::path)` → `text`, `[text][ref]` → `text`,
+//! `[ref]: target` lines dropped), web links (`[text](https://..)`) kept, code spans and fenced
+//! code blocks left as written, and the whole trimmed. `#[tool]` uses it for descriptions that
+//! contain `[` or come from `#[doc = include_str!(..)]`, whose text only the compiler knows.
+//! The link syntax is rustdoc's ("Linking to items by name" in the rustdoc book).
+
+/// A doc text of at most `N` bytes with its link markup removed; build it in a `static` with
+/// [`DocText::new`] and read it with [`DocText::as_str`].
+#[derive(Debug)]
+pub struct DocText<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> DocText<N> {
+    /// Removes the link markup of `text` (at most `N` bytes; a longer text is cut at `N`).
+    pub const fn new(text: &str) -> Self {
+        let src = text.as_bytes();
+        let end = if src.len() < N { src.len() } else { N };
+        let mut out = DocText { bytes: [0; N], len: 0 };
+        let mut i = 0;
+        let mut in_code = false;
+        let mut in_fence = false;
+        let mut line_start = true;
+        while i < end {
+            if line_start {
+                line_start = false;
+                let first = skip_spaces(src, i, end);
+                if starts_with(src, first, end, b"```") || starts_with(src, first, end, b"~~~") {
+                    in_fence = !in_fence;
+                } else if !in_fence && is_link_definition(src, first, end) {
+                    i = line_end(src, i, end);
+                    // Also drop the newline, so the definitions leave no blank lines.
+                    i += 1;
+                    line_start = true;
+                    continue;
+                }
+            }
+            let b = src[i];
+            if b == b'\n' {
+                line_start = true;
+            } else if !in_fence && b == b'`' {
+                in_code = !in_code;
+            } else if !in_fence && !in_code && b == b'[' && can_open_link(src, i) {
+                let next = out.link(src, i, end);
+                if next > i {
+                    i = next;
+                    continue;
+                }
+            }
+            out.push(b);
+            i += 1;
+        }
+        out
+    }
+
+    /// The text, trimmed of whitespace at both ends.
+    pub const fn as_str(&'static self) -> &'static str {
+        let (bytes, _) = self.bytes.split_at(self.len);
+        match core::str::from_utf8(bytes) {
+            Ok(s) => s.trim_ascii(),
+            // Only whole ASCII runs are removed from valid UTF-8, so this is not reached.
+            Err(_) => "",
+        }
+    }
+
+    const fn push(&mut self, b: u8) {
+        if self.len < N {
+            self.bytes[self.len] = b;
+            self.len += 1;
+        }
+    }
+
+    const fn copy(&mut self, src: &[u8], from: usize, to: usize) {
+        let mut i = from;
+        while i < to {
+            self.push(src[i]);
+            i += 1;
+        }
+    }
+
+    /// At `[` (index `open`): writes the link's text and returns the index after the link, or
+    /// returns `open` when this is not rustdoc link markup (kept as written).
+    const fn link(&mut self, src: &[u8], open: usize, end: usize) -> usize {
+        let Some(close) = find(src, open + 1, end, b']') else { return open };
+        let after = close + 1;
+        if after < end && src[after] == b'(' {
+            let Some(paren) = find(src, after + 1, end, b')') else { return open };
+            if contains(src, after + 1, paren, b"://") || starts_with(src, after + 1, paren, b"mailto:")
+            {
+                return open;
+            }
+            self.copy(src, open + 1, close);
+            paren + 1
+        } else if after < end && src[after] == b'[' {
+            let Some(reference) = find(src, after + 1, end, b']') else { return open };
+            self.copy(src, open + 1, close);
+            reference + 1
+        } else if names_an_item(src, open + 1, close) {
+            // `struct@Charge`: rustdoc's disambiguator is not part of the name.
+            let start = match find(src, open + 1, close, b'@') {
+                Some(at) => at + 1,
+                None => open + 1,
+            };
+            self.copy(src, start, close);
+            after
+        } else {
+            open
+        }
+    }
+}
+
+/// `[` can open a link unless it follows a word or is escaped (`a[0]`, `\[`).
+const fn can_open_link(src: &[u8], i: usize) -> bool {
+    if i == 0 {
+        return true;
+    }
+    let prev = src[i - 1];
+    !(prev.is_ascii_alphanumeric() || prev == b'_' || prev == b'\\' || prev == b']')
+}
+
+/// `` `code` `` or a path (`Foo`, `crate::Foo`, `Vec<T>`, `foo()`, `struct@Foo`) with a letter.
+const fn names_an_item(src: &[u8], from: usize, to: usize) -> bool {
+    if to <= from {
+        return false;
+    }
+    if to - from >= 2 && src[from] == b'`' && src[to - 1] == b'`' {
+        return find(src, from + 1, to - 1, b'`').is_none();
+    }
+    let mut letter = false;
+    let mut i = from;
+    while i < to {
+        let b = src[i];
+        if b.is_ascii_alphabetic() {
+            letter = true;
+        } else if !(b.is_ascii_digit() || matches!(b, b'_' | b':' | b'<' | b'>' | b'!' | b'(' | b')' | b'@'))
+        {
+            return false;
+        }
+        i += 1;
+    }
+    letter
+}
+
+/// `[label]: target` at the start of a line.
+const fn is_link_definition(src: &[u8], i: usize, end: usize) -> bool {
+    if i >= end || src[i] != b'[' {
+        return false;
+    }
+    match find(src, i + 1, end, b']') {
+        Some(close) => close + 1 < end && src[close + 1] == b':',
+        None => false,
+    }
+}
+
+const fn skip_spaces(src: &[u8], mut i: usize, end: usize) -> usize {
+    while i < end && src[i] == b' ' {
+        i += 1;
+    }
+    i
+}
+
+const fn line_end(src: &[u8], mut i: usize, end: usize) -> usize {
+    while i < end && src[i] != b'\n' {
+        i += 1;
+    }
+    i
+}
+
+/// The index of `needle` in `src[from..to]` before the end of the line.
+const fn find(src: &[u8], from: usize, to: usize, needle: u8) -> Option<usize> {
+    let mut i = from;
+    while i < to && src[i] != b'\n' {
+        if src[i] == needle {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
+const fn starts_with(src: &[u8], at: usize, to: usize, prefix: &[u8]) -> bool {
+    if to < at || to - at < prefix.len() {
+        return false;
+    }
+    let mut k = 0;
+    while k < prefix.len() {
+        if src[at + k] != prefix[k] {
+            return false;
+        }
+        k += 1;
+    }
+    true
+}
+
+const fn contains(src: &[u8], from: usize, to: usize, needle: &[u8]) -> bool {
+    let mut i = from;
+    while i < to {
+        if starts_with(src, i, to, needle) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DocText;
+
+    macro_rules! text {
+        ($s:expr) => {{
+            static T: DocText<{ $s.len() }> = DocText::new($s);
+            T.as_str()
+        }};
+    }
+
+    #[test]
+    fn intra_doc_links_become_their_text() {
+        assert_eq!(text!("Returns a [`Charge`]."), "Returns a `Charge`.");
+        assert_eq!(text!("See [the ledger](crate::Ledger) first"), "See the ledger first");
+        assert_eq!(text!("See [`Ledger::post`][post]."), "See `Ledger::post`.");
+        assert_eq!(text!("A [Charge] or [`Vec<u8>`]"), "A Charge or `Vec<u8>`");
+        assert_eq!(text!("Uses [struct@Charge]"), "Uses Charge");
+    }
+
+    #[test]
+    fn web_links_code_and_brackets_that_are_not_links_are_kept() {
+        assert_eq!(text!("[docs](https://example.com/x)"), "[docs](https://example.com/x)");
+        assert_eq!(text!("values in [0, 1]; a[0]; `[Foo]`"), "values in [0, 1]; a[0]; `[Foo]`");
+        assert_eq!(text!("```\nlet v = [Foo];\n```"), "```\nlet v = [Foo];\n```");
+        assert_eq!(text!("an [unclosed bracket"), "an [unclosed bracket");
+    }
+
+    #[test]
+    fn reference_definitions_are_dropped_and_the_text_trimmed() {
+        assert_eq!(text!("  See [post].\n\n[post]: crate::Ledger::post\n"), "See post.");
+        assert_eq!(text!("Grüße [`Straße`] ✓"), "Grüße `Straße` ✓");
+    }
+}

@@ -1,0 +1,166 @@
+//! `#[tool_set]` on an `impl` block (rmcp's `#[tool_router]` is the model): expands each
+//! `#[tool]` method in place and adds `fn tool_set(self: &Arc<Self>) -> ToolSet` holding them.
+//! Method bodies are kept as tokens, never parsed (see `parse_fn`).
+
+use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
+use quote::{format_ident, quote};
+use syn::ext::IdentExt;
+use syn::parse::{ParseStream, Parser};
+use syn::Attribute;
+
+use crate::parse::Errors;
+
+/// `#[tool_set(crate = "..")]`.
+fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
+    let mut krate = None;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("crate") {
+            let lit: syn::LitStr = meta.value()?.parse()?;
+            krate = Some(lit.parse::<syn::Path>()?);
+            Ok(())
+        } else {
+            Err(meta.error("unknown option: `#[tool_set]` takes only `crate = \"..\"`"))
+        }
+    });
+    if let Err(e) = parser.parse2(tokens) {
+        errors.push(e);
+    }
+    krate
+}
+
+/// An item of the block: a fn (body kept as tokens) or anything else, emitted as written.
+enum Entry {
+    Fn(syn::ItemFn),
+    Other(TokenStream),
+}
+
+fn parse_entries(input: ParseStream<'_>) -> syn::Result<(Vec<Attribute>, Vec<Entry>)> {
+    let inner = input.call(Attribute::parse_inner)?;
+    let mut entries = Vec::new();
+    while !input.is_empty() {
+        let fork = input.fork();
+        if fork.call(crate::parse_fn).is_ok() {
+            entries.push(Entry::Fn(input.call(crate::parse_fn)?));
+        } else {
+            let item: syn::ImplItem = input.parse()?;
+            entries.push(Entry::Other(quote!(#item)));
+        }
+    }
+    Ok((inner, entries))
+}
+
+/// `#[tool(..)]`, `#[idem::tool(..)]`, `#[idem_core::tool(..)]`: the last segment is `tool`.
+fn is_tool_attr(attr: &Attribute) -> bool {
+    attr.path().segments.last().is_some_and(|s| s.ident == "tool")
+}
+
+pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let default_krate = parse_attr(attr, &mut errors);
+
+    // The header (`impl<..> Type where ..`) is emitted as written; the last brace group is the body.
+    let mut header: Vec<TokenTree> = item.into_iter().collect();
+    let body = match header.pop() {
+        Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Brace => g,
+        other => {
+            let span = other.map_or(Span::call_site(), |t| t.span());
+            return syn::Error::new(span, "`#[tool_set]` goes on an `impl` block")
+                .to_compile_error();
+        }
+    };
+    let header: TokenStream = header.into_iter().collect();
+    if header.clone().into_iter().any(|t| matches!(&t, TokenTree::Ident(i) if i == "for")) {
+        errors.at(
+            &header,
+            "`#[tool_set]` goes on an inherent `impl` block (`impl Payments { .. }`), not a trait impl",
+        );
+    }
+    let (inner, entries) = match parse_entries.parse2(body.stream()) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            errors.push(e);
+            let mut out = quote!(#header #body);
+            if let Err(e) = errors.into_result() {
+                out.extend(e.to_compile_error());
+            }
+            return out;
+        }
+    };
+
+    let krate = crate::krate::resolve(default_krate.as_ref());
+    let mut items = Vec::new();
+    let mut adds = Vec::new();
+    let mut names: Vec<(String, Span)> = Vec::new();
+    let mut vis: Option<syn::Visibility> = None;
+    for entry in entries {
+        let mut item = match entry {
+            Entry::Other(tokens) => {
+                items.push(tokens);
+                continue;
+            }
+            Entry::Fn(item) => item,
+        };
+        let Some(index) = item.attrs.iter().position(is_tool_attr) else {
+            items.push(quote!(#item));
+            continue;
+        };
+        let tool_attr = item.attrs.remove(index);
+        let args = match &tool_attr.meta {
+            syn::Meta::List(list) => list.tokens.clone(),
+            _ => TokenStream::new(),
+        };
+        let cfg: Vec<Attribute> = item
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
+            .cloned()
+            .collect();
+        let ident = item.sig.ident.clone();
+        if matches!(item.vis, syn::Visibility::Public(_)) || vis.is_none() {
+            vis = Some(item.vis.clone());
+        }
+        let expanded = crate::tool_item(args, item, default_krate.as_ref());
+        items.push(expanded.tokens);
+        if let Some((name, span)) = expanded.tool {
+            if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
+                let mut e = syn::Error::new(
+                    span,
+                    format!(
+                        "two tools of this block are named `{name}`: names select the tool and are part of every key, so give one of them `name = \"..\"`"
+                    ),
+                );
+                e.combine(syn::Error::new(*first, format!("the first tool named `{name}`")));
+                errors.push(e);
+            }
+            names.push((name, span));
+            let factory = format_ident!("{}_tool", ident.unraw());
+            adds.push(quote! {
+                #(#cfg)*
+                // Names are checked above (valid, unique) and argument schemas are objects, so
+                // `add` has nothing to refuse.
+                let _ = set.add(Self::#factory(self));
+            });
+        }
+    }
+    let list = names.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+    let doc = format!(" The tools of this block as one tool set: {list}. Every call goes through idem's protocol.");
+    let vis = vis.unwrap_or(syn::Visibility::Inherited);
+    let errors = errors.into_result().err().map(|e| e.to_compile_error());
+    quote! {
+        #header {
+            #(#inner)*
+            #(#items)*
+
+            #[doc = #doc]
+            #vis fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet
+            where
+                Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+            {
+                let mut set = #krate::ToolSet::new();
+                #(#adds)*
+                set
+            }
+        }
+        #errors
+    }
+}
