@@ -412,7 +412,10 @@ async fn tool_set_on_an_impl_block_holds_its_tools_and_runs_them_through_idem() 
     assert_eq!(names, ["count_orders", "place_order"]);
     let place = set.definition("place_order").unwrap();
     assert_eq!(place.description, "Place an order for a `Charge`; see the ledger.");
-    assert_eq!(set.definition("count_orders").unwrap().description, "Count the orders placed so far.");
+    assert_eq!(
+        set.definition("count_orders").unwrap().description,
+        "Count the orders placed so far."
+    );
 
     let run = Idem::in_memory().run("r1");
     let args = serde_json::json!({"item": "book"});
@@ -493,4 +496,75 @@ async fn through_facade(n: u32) -> Result<u32, PayError> {
 async fn crate_option_names_the_path_idem_core_is_reached_at() {
     let run = facade::idem::Idem::in_memory().run("r1");
     assert_eq!(through_facade(&run, 1).await.unwrap(), 2);
+}
+
+/// rmcp's style: one arguments struct whose fields are the tool's arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+struct PartialRefund {
+    /// The charge to refund.
+    charge_id: String,
+    amount_cents: u64,
+}
+
+static FLAT_REFUNDS: AtomicU32 = AtomicU32::new(0);
+
+/// Refund part of a charge.
+#[tool(retry = "keyed", name = "partial_refund")]
+async fn partial_refund(#[idem(flatten)] args: PartialRefund) -> Result<u64, PayError> {
+    FLAT_REFUNDS.fetch_add(1, Ordering::SeqCst);
+    Ok(args.amount_cents)
+}
+
+/// The same tool with the fields as separate parameters, under the same name.
+#[tool(retry = "keyed", name = "partial_refund")]
+async fn partial_refund_params(
+    /// The charge to refund.
+    charge_id: String,
+    amount_cents: u64,
+    note: Option<String>,
+) -> Result<u64, PayError> {
+    let _ = (charge_id, note);
+    Ok(amount_cents)
+}
+
+#[tokio::test]
+async fn a_flattened_struct_is_the_tools_top_level_arguments_and_intent() {
+    let set = idem_core::ToolSet::new().with(PartialRefundTool).unwrap();
+    let schema = &set.definition("partial_refund").unwrap().input_schema;
+    let mut props: Vec<&str> =
+        schema["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+    props.sort_unstable();
+    assert_eq!(props, ["amount_cents", "charge_id"]);
+    assert_eq!(schema["properties"]["charge_id"]["description"], "The charge to refund.");
+
+    // The intent (so the key) is the one of the same fields passed as separate parameters.
+    let mut flat = Vec::new();
+    let args =
+        idem_core::__private::Flat(PartialRefund { charge_id: "ch_1".into(), amount_cents: 5 });
+    <PartialRefundTool as Tool>::write_intent(&args, &mut flat).unwrap();
+    let mut separate = Vec::new();
+    let params = PartialRefundParamsArgs::new("ch_1".into(), 5, None);
+    <PartialRefundParamsTool as Tool>::write_intent(&params, &mut separate).unwrap();
+    assert_eq!(String::from_utf8(flat).unwrap(), r#"{"amount_cents":5,"charge_id":"ch_1"}"#);
+    assert_eq!(
+        String::from_utf8(separate).unwrap(),
+        r#"{"amount_cents":5,"charge_id":"ch_1","note":null}"#
+    );
+
+    // Typed, by JSON from the model, and again: one execution, the rest replayed.
+    let run = Idem::in_memory().run("r1");
+    let typed = partial_refund(&run, PartialRefund { charge_id: "ch_1".into(), amount_cents: 5 });
+    assert_eq!(typed.await.unwrap(), 5);
+    let json = serde_json::json!({"charge_id": "ch_1", "amount_cents": 5});
+    let replayed = set.call(&run, "partial_refund", &json).await;
+    assert_eq!((replayed.is_error, replayed.content), (false, serde_json::json!(5)));
+    assert_eq!(FLAT_REFUNDS.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn parameter_doc_comments_describe_the_parameters_and_options_are_not_required() {
+    let schema = serde_json::to_value(schemars::schema_for!(PartialRefundParamsArgs)).unwrap();
+    assert_eq!(schema["properties"]["charge_id"]["description"], "The charge to refund.");
+    assert!(schema["properties"]["amount_cents"].get("description").is_none());
+    assert_eq!(schema["required"], serde_json::json!(["charge_id", "amount_cents"]));
 }

@@ -9,4 +9,5 @@ fn ui() {
     t.compile_fail("tests/ui/shape/*.rs");
     t.compile_fail("tests/ui/skip/*.rs");
     t.compile_fail("tests/ui/types/*.rs");
+    t.compile_fail("tests/ui/tool_set/*.rs");
 }

@@ -87,7 +87,8 @@ impl<const N: usize> DocText<N> {
         let after = close + 1;
         if after < end && src[after] == b'(' {
             let Some(paren) = find(src, after + 1, end, b')') else { return open };
-            if contains(src, after + 1, paren, b"://") || starts_with(src, after + 1, paren, b"mailto:")
+            if contains(src, after + 1, paren, b"://")
+                || starts_with(src, after + 1, paren, b"mailto:")
             {
                 return open;
             }
@@ -134,7 +135,8 @@ const fn names_an_item(src: &[u8], from: usize, to: usize) -> bool {
         let b = src[i];
         if b.is_ascii_alphabetic() {
             letter = true;
-        } else if !(b.is_ascii_digit() || matches!(b, b'_' | b':' | b'<' | b'>' | b'!' | b'(' | b')' | b'@'))
+        } else if !(b.is_ascii_digit()
+            || matches!(b, b'_' | b':' | b'<' | b'>' | b'!' | b'(' | b')' | b'@'))
         {
             return false;
         }

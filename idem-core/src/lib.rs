@@ -23,8 +23,10 @@ mod doc_text;
 mod error;
 mod executor;
 mod failure;
+mod flat_args;
 mod flight;
 pub mod key;
+mod macro_checks;
 mod macro_support;
 mod policy;
 pub mod store;
@@ -64,5 +66,11 @@ pub mod __private {
     pub use serde_json;
 
     pub use crate::doc_text::DocText;
+    pub use crate::flat_args::Flat;
     pub use crate::macro_support::*;
+
+    /// The checks `#[tool]` emits at the user's types.
+    pub mod checks {
+        pub use crate::macro_checks::*;
+    }
 }

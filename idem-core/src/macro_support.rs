@@ -40,10 +40,9 @@ impl<T, E> ToolReturn for Result<T, E> {
     type Err = E;
 }
 
-// Each kind of type has its bounds in one trait whose blanket impl is `do_not_recommend`: a type
-// missing several bounds gives one error naming that trait (with a message that says what to do)
-// instead of one per missing bound. `#[tool]` checks them at the user's spans; the generic tool
-// types below require the same traits, so a second report, at the attribute, says the same.
+// Each kind of type has its bounds in one trait, required by the generic tool types below.
+// `#[tool]` checks each bound on its own at the user's spans first (see `macro_checks`), so a
+// user sees which trait is missing, once.
 
 /// What a tool argument must be: a field of the JSON arguments the model sends (deserialized,
 /// described by a JSON Schema), part of the intent (serialized) and cloned for retries.
@@ -88,15 +87,6 @@ impl<T: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'stat
     for T
 {
 }
-
-/// Checks, spanned at the user's parameter type.
-pub const fn assert_arg<T: ToolArg>() {}
-/// Checks, spanned at the user's return type.
-pub const fn assert_output<T: ToolOutput>() {}
-/// Checks, spanned at the user's error type.
-pub const fn assert_error<T: ToolError>() {}
-/// Checks, spanned at the user's return type.
-pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 
 /// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
 /// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
@@ -243,6 +233,12 @@ pub trait Fields: 'static {
     const NAMES: &'static [&'static str];
     /// Bit `i` set: parameter `i` is marked `#[idem(skip)]` and left out of the intent.
     const SKIP: u16 = 0;
+    /// Bit `i` set: parameter `i` is written `Option<..>`, so it is not `required` in the schema
+    /// (schemars' derive makes the same choice; a missing field then reads as `None`).
+    const OPTIONAL: u16 = 0;
+    /// The parameters' doc comments, in declaration order, for their JSON Schema `description`;
+    /// empty for none (and shorter than `NAMES` when the last have none).
+    const DOCS: &'static [&'static str] = &[];
 }
 
 /// The arguments of a tool declared with `#[tool]`: the parameters' values as a tuple `T` (up to
@@ -292,13 +288,9 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
         skip: u16,
         out: &mut S,
     ) -> Result<(), S::Error>;
-    /// Adds one JSON Schema property per element to `schema` (and to `required` unless the
-    /// element is an `Option`, the rule schemars' derive applies).
-    fn schema_properties(
-        names: &'static [&'static str],
-        generator: &mut SchemaGenerator,
-        schema: &mut Schema,
-    );
+    /// Adds one JSON Schema property per element to `schema`, named and described by `F`, and
+    /// to `required` unless `F` marks it optional.
+    fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema);
 }
 
 /// A deserializer for a field that is absent: an `Option` becomes `None`, anything else is a
@@ -327,13 +319,17 @@ fn missing<T: DeserializeOwned, E: de::Error>(name: &'static str) -> Result<T, E
     T::deserialize(MissingField(name, PhantomData))
 }
 
-fn add_property<T: JsonSchema>(
-    name: &'static str,
+fn add_property<T: JsonSchema, F: Fields>(
+    index: usize,
     generator: &mut SchemaGenerator,
     schema: &mut Schema,
 ) {
-    let optional = generator.contract().is_deserialize() && T::_schemars_private_is_option();
-    let property = generator.subschema_for::<T>();
+    let name = field_name(F::NAMES, index);
+    let optional = generator.contract().is_deserialize() && F::OPTIONAL & (1 << index) != 0;
+    let mut property = generator.subschema_for::<T>();
+    if let Some(doc) = F::DOCS.get(index).filter(|d| !d.is_empty()) {
+        property.insert("description".into(), (*doc).into());
+    }
     let object = schema.ensure_object();
     if let Some(properties) = object
         .entry("properties")
@@ -424,12 +420,8 @@ macro_rules! arg_tuples {
             }
 
             #[allow(unused_variables)]
-            fn schema_properties(
-                names: &'static [&'static str],
-                generator: &mut SchemaGenerator,
-                schema: &mut Schema,
-            ) {
-                $( add_property::<$T>(field_name(names, $idx), generator, schema); )*
+            fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema) {
+                $( add_property::<$T, F>($idx, generator, schema); )*
             }
         }
 
@@ -618,7 +610,7 @@ impl<T: ArgTuple, F: Fields> JsonSchema for Args<T, F> {
             "type": "object",
             "additionalProperties": false,
         });
-        T::schema_properties(F::NAMES, generator, &mut schema);
+        T::schema_properties::<F>(generator, &mut schema);
         if !F::DESCRIPTION.is_empty() {
             schema.insert("description".into(), F::DESCRIPTION.into());
         }

@@ -7,7 +7,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Attribute, Ident, ItemFn, Type};
+use syn::{Attribute, Ident, Type};
 
 use crate::parse::Class;
 use crate::validate::Model;
@@ -119,41 +119,50 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
     (ok, err)
 }
 
-/// `impl Fields for #fields_ty { .. }`: the parameters' names (the JSON keys) and which ones
-/// are skipped, for the generic `idem_core::__private::Args`, whose `Serialize`, `Deserialize`
-/// and `JsonSchema` are written once in idem-core instead of derived for every tool. Unknown
-/// fields are refused there (and `additionalProperties: false` in the schema): a field the model
-/// invents (`"currency": "EUR"` on a tool without one) would otherwise be dropped silently while
-/// the model believes it was applied; refused, it comes back as an error naming the field.
-/// Bounds checked at the user's spans, so rustc points at the parameter or the return type with
-/// a message that says what to derive (see `idem_core::__private::ToolArg`).
+/// `let __idem_checked = checked(|(p, o, e)| ..);`: every parameter, the success and the error
+/// type checked by method calls spanned at the user's types, in a closure that is never called
+/// (see `idem_core::__private::checks`). A type missing a trait gives one error there, naming
+/// the trait; its type is then rustc's error type, which the later uses (`Checked::call`,
+/// `Checked::method`) take, so nothing else is reported about it.
 fn checks(model: &Model) -> TokenStream {
     let krate = &model.krate;
-    let mut out = TokenStream::new();
-    for p in &model.params {
+    let (ok, err) = result_types(model);
+    let tys = model.params.iter().map(|p| &p.ty);
+    let elems = model.params.iter().enumerate().map(|(i, p)| {
+        let index = syn::Index::from(i);
         let ty = &p.ty;
-        out.extend(quote_spanned! {ty.span()=> #krate::__private::assert_arg::<#ty>(); });
+        let calls = quote_spanned! {ty.span()=>
+            .__idem_arg_json_schema()
+            .__idem_arg_serialize()
+            .__idem_arg_deserialize()
+            .__idem_arg_clone()
+            .__idem_arg_send_sync()
+        };
+        quote!(__idem_p.#index #calls)
+    });
+    let (ok_span, err_span) = match (&model.ret.ok, &model.ret.err) {
+        (Some(ok), Some(err)) => (ok.span(), err.span()),
+        _ => (model.ret.ty.span(), model.ret.ty.span()),
+    };
+    let ok_calls = quote_spanned! {ok_span=>
+        .__idem_output_serialize().__idem_output_deserialize().__idem_output_send()
+    };
+    let err_calls = quote_spanned! {err_span=>
+        .__idem_error_classify()
+        .__idem_error_serialize()
+        .__idem_error_deserialize()
+        .__idem_error_display()
+        .__idem_error_send()
+    };
+    quote! {
+        let __idem_checked = #krate::__private::checks::checked(
+            |(__idem_p, __idem_o, __idem_e): ((#(#tys,)*), #ok, #err)| {
+                #[allow(unused_imports)]
+                use #krate::__private::checks::*;
+                ((#(#elems,)*), __idem_o #ok_calls, __idem_e #err_calls)
+            },
+        );
     }
-    let ret = &model.ret;
-    match (&ret.ok, &ret.err) {
-        (Some(ok), Some(err)) => {
-            out.extend(
-                quote_spanned! {ok.span()=> #krate::__private::assert_output::<#ok>(); },
-            );
-            out.extend(
-                quote_spanned! {err.span()=> #krate::__private::assert_error::<#err>(); },
-            );
-        }
-        _ => {
-            let ty = &ret.ty;
-            out.extend(quote_spanned! {ty.span()=>
-                #krate::__private::assert_result::<#ty>();
-                #krate::__private::assert_output::<<#ty as #krate::__private::ToolReturn>::Ok>();
-                #krate::__private::assert_error::<<#ty as #krate::__private::ToolReturn>::Err>();
-            });
-        }
-    }
-    quote!(const { #out })
 }
 
 fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
@@ -167,6 +176,17 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>
         .filter(|(_, p)| p.skip)
         .fold(0, |bits, (i, _)| bits | (1 << i));
     let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
+    let optional: u16 = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| is_option(&p.ty))
+        .fold(0, |bits, (i, _)| bits | (1 << i));
+    let optional = (optional != 0).then(|| quote!(const OPTIONAL: u16 = #optional;));
+    let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
+        let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
+        quote!(const DOCS: &'static [&'static str] = &[#(#texts),*];)
+    });
     let description = description.map(|d| quote!(const DESCRIPTION: &'static str = #d;));
     quote! {
         impl #krate::__private::Fields for #fields_ty {
@@ -174,7 +194,31 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>
             const NAMES: &'static [&'static str] = &[#(#names),*];
             #description
             #skip
+            #optional
+            #docs
         }
+    }
+}
+
+/// `Option<T>` as written (also `std::option::Option<T>`): not `required` in the schema.
+fn is_option(ty: &Type) -> bool {
+    match ty {
+        Type::Path(tp) if tp.qself.is_none() => {
+            let names: Vec<String> = tp.path.segments.iter().map(|s| s.ident.to_string()).collect();
+            let last_ok = tp
+                .path
+                .segments
+                .last()
+                .is_some_and(|s| matches!(s.arguments, syn::PathArguments::AngleBracketed(_)));
+            last_ok
+                && matches!(
+                    names.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                    ["Option"] | ["std" | "core", "option", "Option"]
+                )
+        }
+        Type::Paren(p) => is_option(&p.elem),
+        Type::Group(g) => is_option(&g.elem),
+        _ => false,
     }
 }
 
@@ -236,6 +280,42 @@ fn expand_free(model: &Model) -> TokenStream {
         Some(_) => quote!(cx,),
         None => quote!(),
     };
+    let flat = model.params.first().filter(|p| p.flatten);
+    let (call, body_args, tool_args, args_items) = match flat {
+        // One arguments struct: its fields are the arguments; no `..Args` type of our own (the
+        // user's struct often has that name).
+        Some(p) => {
+            let (pi, pty) = (&p.ident, &p.ty);
+            (
+                quote!(__idem_checked.call_flat(#run, &#tool_ty, #krate::__private::Flat(#pi))),
+                quote!(args.0),
+                quote!(#krate::__private::Flat<#pty>),
+                quote!(),
+            )
+        }
+        None => (
+            quote!(__idem_checked.call(#run, &#tool_ty, #args_ty::new(#(#idents),*))),
+            quote!(#(args.0.#indices),*),
+            quote!(#args_ty),
+            quote! {
+                #(#cfg)*
+                #[doc = #args_doc]
+                #[doc = ""]
+                #[doc = #args_new_doc]
+                #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
+
+                #(#cfg)*
+                #[doc(hidden)]
+                #vis enum #fields_ty {}
+
+                #(#cfg)*
+                #fields
+            },
+        ),
+    };
+    let send_check = quote_spanned! {ident.span()=>
+        #krate::__private::checks::tool_body(#ident(#cx_arg #body_args))
+    };
 
     quote! {
         #(#cfg)*
@@ -249,35 +329,24 @@ fn expand_free(model: &Model) -> TokenStream {
             Output = ::core::result::Result<#ok, #krate::Error<#err>>,
         > + '_ {
             #checks
-            #krate::Run::call(#run, &#tool_ty, #args_ty::new(#(#idents),*))
+            #call
         }
 
-        #(#cfg)*
-        #[doc = #args_doc]
-        #[doc = ""]
-        #[doc = #args_new_doc]
-        #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
-
-        #(#cfg)*
-        #[doc(hidden)]
-        #vis enum #fields_ty {}
-
-        #(#cfg)*
-        #fields
+        #args_items
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #vis type #tool_ty = #krate::__private::FnTool<#args_ty, #ok, #err>;
+        #vis type #tool_ty = #krate::__private::FnTool<#tool_args, #ok, #err>;
 
         #(#cfg)*
         #[doc = #tool_doc]
         #[allow(non_upper_case_globals)]
         #vis const #tool_ty: #tool_ty = {
             #def
-            #krate::__private::FnTool::new(&__IDEM_DEF, |cx, args: #args_ty| {
+            #krate::__private::FnTool::new(&__IDEM_DEF, |cx, args: #tool_args| {
                 let _ = cx;
                 #inner
-                ::std::boxed::Box::pin(#ident(#cx_arg #(args.0.#indices),*))
+                #send_check
             })
         };
     }
@@ -320,6 +389,21 @@ fn expand_method(model: &Model) -> TokenStream {
         None => quote!(),
     };
     let tuple = quote!((#(#tys,)*));
+    let (body_args, args_ty, wrap, fields) = match model.params.first().filter(|p| p.flatten) {
+        Some(p) => {
+            let pty = &p.ty;
+            (quote!(args.0), quote!(#krate::__private::Flat<#pty>), quote!(method_flat), quote!())
+        }
+        None => (
+            quote!(#(args.0.#indices),*),
+            quote!(#krate::__private::Args<#tuple, __IdemFields>),
+            quote!(method),
+            quote!(enum __IdemFields {} #fields),
+        ),
+    };
+    let send_check = quote_spanned! {ident.span()=>
+        #krate::__private::checks::tool_body(Self::#hidden(recv, #cx_arg #body_args))
+    };
 
     quote! {
         #(#cfg)*
@@ -339,16 +423,17 @@ fn expand_method(model: &Model) -> TokenStream {
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
             #checks
-            enum __IdemFields {}
             #fields
             #def
-            #krate::__private::MethodTool::new(
-                ::std::sync::Arc::clone(self),
-                &__IDEM_DEF,
-                |recv, cx, args: #krate::__private::Args<#tuple, __IdemFields>| {
-                    let _ = cx;
-                    ::std::boxed::Box::pin(Self::#hidden(recv, #cx_arg #(args.0.#indices),*))
-                },
+            __idem_checked.#wrap(
+                #krate::__private::MethodTool::new(
+                    ::std::sync::Arc::clone(self),
+                    &__IDEM_DEF,
+                    |recv, cx, args: #args_ty| {
+                        let _ = cx;
+                        #send_check
+                    },
+                ),
             )
         }
 

@@ -34,8 +34,8 @@ pub fn stub(
         match arg {
             FnArg::Receiver(_) => method = true,
             FnArg::Typed(pt) => {
-                let is_ctx = pattr.ctx.is_some()
-                    || !matches!(ctx_shape(&pt.ty, krate_names), CtxShape::No);
+                let is_ctx =
+                    pattr.ctx.is_some() || !matches!(ctx_shape(&pt.ty, krate_names), CtxShape::No);
                 if is_ctx {
                     continue;
                 }

@@ -69,17 +69,42 @@ mod validate;
 ///   `timeout`, `lease` and `ttl` keep their meaning (a timeout then ends in "outcome unknown").
 /// - `skip(a, b)`, or `#[idem(skip)]` on a parameter: an argument that is not part of the intent
 ///   (trace ids, nonces the model invents). It is still passed to the body but not in the key.
+/// - `description = ".."`: the text the model reads, instead of the doc comment.
+/// - `crate = "path"`: where idem-core is. By default the macro reads idem-core's name in the
+///   crate's Cargo.toml (so `idem = { package = "idem-core", .. }` and `#[idem::tool]` work), and
+///   falls back to `::idem_core`; a facade crate that re-exports idem-core passes its path here.
+///
+/// # Descriptions
+/// The doc comment is the tool's description; `#[doc = include_str!("..")]` lines are part of
+/// it. Rustdoc link markup is removed from the text the model reads (`[`Charge`]` → `` `Charge` ``,
+/// `[text](crate::path)` → `text`, `[ref]: target` lines dropped; web links stay). A `///` comment
+/// on a parameter becomes that argument's JSON Schema `description` (and is removed from the fn,
+/// where rustc would refuse it).
 ///
 /// # Parameters
-/// - An optional first parameter `cx: &Ctx` (any path ending in `Ctx`) gives the body the
-///   idempotency key to forward, the attempt number and the deadline; it is not an argument.
+/// - The context: an optional first parameter whose type is written `&Ctx`, `&idem_core::Ctx` or
+///   `&<idem-core's name>::Ctx`, or any parameter marked `#[idem(ctx)]` (for another spelling,
+///   such as an alias). It gives the body the idempotency key to forward, the attempt number and
+///   the deadline; it is not an argument. A type of your own named `Ctx` is an ordinary argument.
 /// - The others (at most 16) need owned types that are `Serialize + DeserializeOwned + JsonSchema
-///   + Clone + Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics.
+///   + Clone + Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics. An
+///   `Option<..>` (written so) is not required in the schema.
+/// - `#[idem(flatten)] args: ChargeArgs`, as the only argument: a struct deriving `Serialize`,
+///   `Deserialize`, `JsonSchema` and `Clone` whose fields are the tool's top-level JSON arguments
+///   and schema (rmcp's `Parameters<T>` style; the struct's own serde and schemars attributes
+///   apply). Its canonical JSON is the intent: the same text, so the same key, as the same fields
+///   passed as separate parameters of a tool of the same name.
 /// - The return type is `Result<T, E>` (or an alias named `..Result`), `T: Serialize +
 ///   DeserializeOwned`, `E: idem_core::Classify + Serialize + DeserializeOwned + Display + Debug`.
+/// - The body's future must be `Send`: attempts are retried, joined by duplicates and run on any
+///   worker thread.
 ///
-/// Mistakes are reported at the user's code, all at once, and the fn is still emitted as written
-/// so one mistake gives one message.
+/// # Errors
+/// One mistake gives one error, at the user's token: each option and signature mistake (all
+/// reported together); a type missing a required trait gives one error at the type naming that
+/// trait; a body that is not `Send` one error naming the value held across an `.await`. After a
+/// signature mistake the typed call is still emitted (with a body that never runs), so its call
+/// sites type-check.
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item: syn::ItemFn = match syn::parse::Parser::parse(parse_fn, item.clone()) {

@@ -344,10 +344,7 @@ impl ParamAttr {
                 } else if meta.path.is_ident("flatten") {
                     &mut out.flatten
                 } else {
-                    errors.spanned(
-                        span,
-                        format!("unknown parameter marker: use {PARAM_MARKERS}"),
-                    );
+                    errors.spanned(span, format!("unknown parameter marker: use {PARAM_MARKERS}"));
                     return skip_value(&meta);
                 };
                 if slot.is_some() {

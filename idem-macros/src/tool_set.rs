@@ -4,9 +4,9 @@
 
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote};
+use syn::Attribute;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
-use syn::Attribute;
 
 use crate::parse::Errors;
 
@@ -30,7 +30,7 @@ fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
 
 /// An item of the block: a fn (body kept as tokens) or anything else, emitted as written.
 enum Entry {
-    Fn(syn::ItemFn),
+    Fn(Box<syn::ItemFn>),
     Other(TokenStream),
 }
 
@@ -40,7 +40,7 @@ fn parse_entries(input: ParseStream<'_>) -> syn::Result<(Vec<Attribute>, Vec<Ent
     while !input.is_empty() {
         let fork = input.fork();
         if fork.call(crate::parse_fn).is_ok() {
-            entries.push(Entry::Fn(input.call(crate::parse_fn)?));
+            entries.push(Entry::Fn(Box::new(input.call(crate::parse_fn)?)));
         } else {
             let item: syn::ImplItem = input.parse()?;
             entries.push(Entry::Other(quote!(#item)));
@@ -98,7 +98,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 items.push(tokens);
                 continue;
             }
-            Entry::Fn(item) => item,
+            Entry::Fn(item) => *item,
         };
         let Some(index) = item.attrs.iter().position(is_tool_attr) else {
             items.push(quote!(#item));
@@ -143,7 +143,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     }
     let list = names.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-    let doc = format!(" The tools of this block as one tool set: {list}. Every call goes through idem's protocol.");
+    let doc = format!(
+        " The tools of this block as one tool set: {list}. Every call goes through idem's protocol."
+    );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
     let errors = errors.into_result().err().map(|e| e.to_compile_error());
     quote! {

@@ -210,7 +210,10 @@ pub fn validate(
                 match shape {
                     CtxShape::Ref => {
                         if let Some(span) = pattr.flatten {
-                            errors.spanned(span, "the context is not an argument; remove `#[idem(flatten)]`");
+                            errors.spanned(
+                                span,
+                                "the context is not an argument; remove `#[idem(flatten)]`",
+                            );
                         }
                         let first = index == usize::from(method);
                         if let Some(span) = pattr.skip {
@@ -399,7 +402,7 @@ fn is_ctx_path(ty: &Type, krate_names: &[Vec<String>]) -> bool {
             }
             let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
             (prefix.is_empty() && tp.path.leading_colon.is_none())
-                || krate_names.iter().any(|k| *k == prefix)
+                || krate_names.contains(&prefix)
         }
         Type::Paren(p) => is_ctx_path(&p.elem, krate_names),
         Type::Group(g) => is_ctx_path(&g.elem, krate_names),

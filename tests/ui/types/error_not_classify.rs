@@ -9,4 +9,10 @@ async fn charge(amount: u64) -> Result<u64, Declined> {
     Ok(amount)
 }
 
-fn main() {}
+async fn caller(run: &idem_core::Run) -> Result<u64, idem_core::Error<Declined>> {
+    charge(run, 1).await
+}
+
+fn main() {
+    let _ = caller;
+}

@@ -21,4 +21,10 @@ async fn charge(customer: Customer, amount: u64) -> Result<u64, Failed> {
     Ok(amount)
 }
 
-fn main() {}
+async fn caller(run: &idem_core::Run) -> Result<u64, idem_core::Error<Failed>> {
+    charge(run, Customer { id: "cus_1".into() }, 1).await
+}
+
+fn main() {
+    let _ = caller;
+}

@@ -1,0 +1,228 @@
+//! The type checks `#[tool]` emits at the user's spans, built so that one mistake gives one
+//! error, at the type, naming the trait that is missing (axum's `debug_handler` does the same
+//! for handlers).
+//!
+//! Each requirement is its own trait with a `#[diagnostic::on_unimplemented]` message, checked by
+//! a method call on a value of the type, spanned at the type as written:
+//! `customer.__idem_arg_json_schema()`. A method that does not apply is error E0599, whose
+//! message is the requirement's own when one trait is missing; and the call's type is then
+//! rustc's error type, which silences every later error that involves it. The checked types flow
+//! through [`checked`] into the generated code that needs the bounds ([`Checked::call`],
+//! [`Checked::method`]), so nothing after the first failed check is reported again. The checks
+//! run in a closure that is never called.
+//!
+//! The body's future is boxed by [`tool_body`], whose `Send` bound is the only one on it: rustc
+//! then points at the value held across an `.await` once.
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::marker::PhantomData;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::Error;
+use crate::executor::Run;
+use crate::failure::Classify;
+use crate::flat_args::Flat;
+use crate::macro_support::{Args, BoxFuture, FnTool, MethodTool};
+use crate::tool::Tool;
+
+/// One requirement: a marker trait with its message and a check trait whose method applies
+/// only when the requirement holds.
+macro_rules! requirement {
+    ($(#[$doc:meta])* $marker:ident, $check:ident, $method:ident, [$($bound:tt)*],
+     $message:literal, $label:literal, $note:literal) => {
+        $(#[$doc])*
+        #[diagnostic::on_unimplemented(message = $message, label = $label, note = $note)]
+        pub trait $marker {}
+
+        #[diagnostic::do_not_recommend]
+        impl<T: $($bound)*> $marker for T {}
+
+        #[doc = concat!("Applies when [`", stringify!($marker), "`] holds; see the module docs.")]
+        pub trait $check: Sized {
+            /// Returns `self`; an E0599 at the user's type when the requirement does not hold.
+            fn $method(self) -> Self {
+                self
+            }
+        }
+
+        impl<T: $marker> $check for T {}
+    };
+}
+
+requirement!(
+    /// A tool argument is described to the model by its JSON Schema.
+    ArgJsonSchema, CheckArgJsonSchema, __idem_arg_json_schema, [JsonSchema],
+    "`{Self}` cannot be a tool argument: it does not implement `schemars::JsonSchema`",
+    "the model is shown each argument's JSON Schema",
+    "derive `schemars::JsonSchema` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
+);
+requirement!(
+    /// A tool argument is part of the call's intent, serialized into its idempotency key.
+    ArgSerialize, CheckArgSerialize, __idem_arg_serialize, [Serialize],
+    "`{Self}` cannot be a tool argument: it does not implement `serde::Serialize`",
+    "each argument is serialized into the call's idempotency key (its canonical JSON)",
+    "derive `serde::Serialize` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+);
+requirement!(
+    /// A tool argument is read from the model's JSON.
+    ArgDeserialize, CheckArgDeserialize, __idem_arg_deserialize, [DeserializeOwned],
+    "`{Self}` cannot be a tool argument: it does not implement `serde::Deserialize` (owned)",
+    "the model sends each argument as JSON",
+    "derive `serde::Deserialize` for `{Self}` (an owned type: `String`, not `&str`); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+);
+requirement!(
+    /// A tool argument is cloned for every attempt.
+    ArgClone, CheckArgClone, __idem_arg_clone, [Clone],
+    "`{Self}` cannot be a tool argument: it does not implement `Clone`",
+    "every attempt of a retried call gets its own copy of the arguments",
+    "derive `Clone` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+);
+requirement!(
+    /// A tool argument moves between threads with the call.
+    ArgSendSync, CheckArgSendSync, __idem_arg_send_sync, [Send + Sync + 'static],
+    "`{Self}` cannot be a tool argument: it is not `Send + Sync + 'static`",
+    "calls, retries and joined duplicates run on any thread of the runtime",
+    "use owned, thread-safe types (`Arc` instead of `Rc`, no borrowed data)"
+);
+requirement!(
+    /// A tool's success value is stored and replayed to every repeat.
+    OutputSerialize, CheckOutputSerialize, __idem_output_serialize, [Serialize],
+    "`{Self}` cannot be stored and replayed: a tool's success type must implement `serde::Serialize`",
+    "the result is stored as JSON and replayed to every repeat of the call",
+    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+);
+requirement!(
+    /// A tool's success value is read back for every replay.
+    OutputDeserialize, CheckOutputDeserialize, __idem_output_deserialize, [DeserializeOwned],
+    "`{Self}` cannot be stored and replayed: a tool's success type must implement `serde::Deserialize`",
+    "the result is stored as JSON and replayed to every repeat of the call",
+    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+);
+requirement!(
+    /// A tool's success value is handed to callers on any thread.
+    OutputSend, CheckOutputSend, __idem_output_send, [Send + 'static],
+    "`{Self}` cannot be a tool's success type: it is not `Send + 'static`",
+    "joined duplicates receive the result on other threads",
+    "use owned, thread-safe types"
+);
+requirement!(
+    /// A tool's error says whether a failure may be retried.
+    ErrorClassify, CheckErrorClassify, __idem_error_classify, [Classify],
+    "`{Self}` cannot be a tool error: it does not implement `idem_core::Classify`",
+    "the error says whether a failure may be retried",
+    "implement `idem_core::Classify` for `{Self}`: return `Failure::transient()` (safe to retry), `Failure::ambiguous()` (may have happened) or `Failure::permanent()` (stored and replayed)"
+);
+requirement!(
+    /// A permanent tool error is stored and replayed.
+    ErrorSerialize, CheckErrorSerialize, __idem_error_serialize, [Serialize],
+    "`{Self}` cannot be a tool error: it does not implement `serde::Serialize`",
+    "permanent errors are stored as JSON and replayed to every repeat",
+    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+);
+requirement!(
+    /// A permanent tool error is read back for every replay.
+    ErrorDeserialize, CheckErrorDeserialize, __idem_error_deserialize, [DeserializeOwned],
+    "`{Self}` cannot be a tool error: it does not implement `serde::Deserialize`",
+    "permanent errors are stored as JSON and replayed to every repeat",
+    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+);
+requirement!(
+    /// A tool error is shown to the model.
+    ErrorDisplay, CheckErrorDisplay, __idem_error_display, [Display + Debug],
+    "`{Self}` cannot be a tool error: it does not implement `Display` and `Debug`",
+    "the model reads the error's text",
+    "derive `Debug` and `thiserror::Error` (or implement `Display`) for `{Self}`"
+);
+requirement!(
+    /// A tool error is handed to callers on any thread.
+    ErrorSend, CheckErrorSend, __idem_error_send, [Send + 'static],
+    "`{Self}` cannot be a tool error: it is not `Send + 'static`",
+    "joined duplicates receive the error on other threads",
+    "use owned, thread-safe types"
+);
+
+/// The types of a tool after its checks: the parameters' tuple, the success and the error
+/// types, each rustc's error type when its check failed.
+pub struct Checked<P, O, E>(PhantomData<fn() -> (P, O, E)>);
+
+/// Carries the types the check closure returns (the closure is never called).
+pub fn checked<I, P, O, E>(_checks: impl FnOnce(I) -> (P, O, E)) -> Checked<P, O, E> {
+    Checked(PhantomData)
+}
+
+/// `T` is `U`: converts a value of the concrete type the macro wrote into the type built from
+/// the checked types (the same type when the checks pass).
+pub trait Is<U> {
+    /// `self`, as `U`.
+    fn into_same(self) -> U;
+}
+
+impl<T> Is<T> for T {
+    fn into_same(self) -> T {
+        self
+    }
+}
+
+// Methods, not functions: a receiver's type fixes `P`, `O` and `E` even when it holds rustc's
+// error type, where a function argument of such a type would be skipped and the next argument's
+// concrete type would decide them, and the failed bound be reported a second time.
+impl<P, O, E> Checked<P, O, E> {
+    /// The typed call of a free fn tool: `run.call(tool, args)`.
+    pub fn call<'a, F, T>(
+        self,
+        run: &'a Run,
+        tool: T,
+        args: Args<P, F>,
+    ) -> impl Future<Output = Result<O, Error<E>>> + 'a
+    where
+        T: Is<&'a FnTool<Args<P, F>, O, E>>,
+        FnTool<Args<P, F>, O, E>: Tool<Args = Args<P, F>, Output = O, Error = E>,
+    {
+        run.call(tool.into_same(), args)
+    }
+
+    /// A method tool, typed by the checks.
+    pub fn method<S, F, T>(self, tool: T) -> MethodTool<S, Args<P, F>, O, E>
+    where
+        T: Is<MethodTool<S, Args<P, F>, O, E>>,
+    {
+        tool.into_same()
+    }
+}
+
+/// The same for a tool whose one parameter is `#[idem(flatten)]`.
+impl<A, O, E> Checked<(A,), O, E> {
+    /// The typed call of a free fn tool taking one arguments struct.
+    pub fn call_flat<'a, T>(
+        self,
+        run: &'a Run,
+        tool: T,
+        args: Flat<A>,
+    ) -> impl Future<Output = Result<O, Error<E>>> + 'a
+    where
+        T: Is<&'a FnTool<Flat<A>, O, E>>,
+        FnTool<Flat<A>, O, E>: Tool<Args = Flat<A>, Output = O, Error = E>,
+    {
+        run.call(tool.into_same(), args)
+    }
+
+    /// A method tool taking one arguments struct, typed by the checks.
+    pub fn method_flat<S, T>(self, tool: T) -> MethodTool<S, Flat<A>, O, E>
+    where
+        T: Is<MethodTool<S, Flat<A>, O, E>>,
+    {
+        tool.into_same()
+    }
+}
+
+/// Boxes one attempt of a tool's body.
+pub fn tool_body<'a, F>(body: F) -> BoxFuture<'a, F::Output>
+where
+    F: Future + Send + 'a, // tools must be Send: retries, joins and the runtime move them across threads
+{
+    Box::pin(body)
+}

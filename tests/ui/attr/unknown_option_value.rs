@@ -1,0 +1,24 @@
+use idem_core::tool;
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+#[tool(retry = "keyed", vis = pub)]
+async fn charge(amount: u64) -> Result<u64, Failed> {
+    Ok(amount)
+}
+
+async fn caller(run: &idem_core::Run) -> Result<u64, idem_core::Error<Failed>> {
+    charge(run, 1).await
+}
+
+fn main() {
+    let _ = caller;
+}

@@ -1,0 +1,49 @@
+use std::sync::Arc;
+
+use idem_core::{Ctx, tool};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+pub struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+#[derive(Default)]
+pub struct Payments;
+
+#[idem_core::tool_set]
+impl Payments {
+    /// Charge a card.
+    #[tool(retry = "keyed")]
+    pub async fn charge(&self, cx: &Ctx, amount_cents: u64) -> Result<String, Failed> {
+        Ok(format!("{amount_cents}:{}", cx.key()))
+    }
+
+    /// Not compiled here: not in the set either.
+    #[cfg(any())]
+    #[tool(retry = "safe")]
+    pub async fn gone(&self) -> Result<u64, Failed> {
+        Ok(0)
+    }
+
+    #[idem_core::tool(retry = "safe", description = "Read the balance.")]
+    async fn balance(&self) -> Result<u64, Failed> {
+        Ok(0)
+    }
+
+    const CURRENCY: &str = "EUR";
+
+    fn currency(&self) -> &'static str {
+        Self::CURRENCY
+    }
+}
+
+fn main() {
+    let set: idem_core::ToolSet = Arc::new(Payments).tool_set();
+    assert_eq!(set.len(), 2);
+    let _ = Payments.currency();
+}
