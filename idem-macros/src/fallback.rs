@@ -30,6 +30,8 @@ pub fn stub(
         .collect();
     let mut method = false;
     let mut params = Vec::new();
+    // The context's type, named in the stub's body so its import is not reported unused.
+    let mut ctx_types = Vec::new();
     for (i, (arg, pattr)) in sig.inputs.iter().zip(param_attrs).enumerate() {
         match arg {
             FnArg::Receiver(_) => method = true,
@@ -37,6 +39,10 @@ pub fn stub(
                 let is_ctx =
                     pattr.ctx.is_some() || !matches!(ctx_shape(&pt.ty, krate_names), CtxShape::No);
                 if is_ctx {
+                    let ty = &pt.ty;
+                    ctx_types.push(
+                        quote!(let _: ::core::option::Option<#ty> = ::core::option::Option::None;),
+                    );
                     continue;
                 }
                 let name = match &*pt.pat {
@@ -63,6 +69,7 @@ pub fn stub(
                 #run: &#krate::Run,
                 #(#params),*
             ) -> #output #where_clause {
+                #(#ctx_types)*
                 ::core::unreachable!()
             }
             #errors
@@ -75,6 +82,7 @@ pub fn stub(
                 #run: &#krate::Run,
                 #(#params),*
             ) -> impl ::core::future::Future<Output = #output> #where_clause {
+                #(#ctx_types)*
                 async {
                     let __idem_never: #output = ::core::unreachable!();
                     __idem_never

@@ -30,7 +30,16 @@ pub fn resolve(explicit: Option<&syn::Path>) -> TokenStream {
 pub fn names(explicit: Option<&syn::Path>) -> Vec<Vec<String>> {
     let mut out = vec![vec!["idem_core".to_owned()]];
     match explicit {
-        Some(path) => out.push(path.segments.iter().map(|s| s.ident.to_string()).collect()),
+        Some(path) => {
+            let names: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            // `crate::facade::idem` is also written `facade::idem` inside the crate.
+            if let Some(("crate" | "self", rest)) =
+                names.split_first().map(|(first, rest)| (first.as_str(), rest))
+            {
+                out.push(rest.to_vec());
+            }
+            out.push(names);
+        }
         None => out.extend(dependency_name().map(|name| vec![name])),
     }
     out

@@ -143,7 +143,9 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// the most visible tool), holding every `#[tool]` method's tool (`Self::<name>_tool`), each
 /// under its `cfg`. Each method expands as `#[tool]` documents. Tool names must be unique in the
 /// block (checked here); `Self` must be `Send + Sync + 'static`. Options: `crate = ".."` (see
-/// `#[tool]`), applied to every tool of the block that does not give its own.
+/// `#[tool]`), applied to every tool of the block that does not give its own. The block's
+/// `#[tool]` attributes are read here, so they need no import (an imported `tool` used only
+/// inside the block is reported unused).
 #[proc_macro_attribute]
 pub fn tool_set(attr: TokenStream, item: TokenStream) -> TokenStream {
     tool_set::expand(attr.into(), item.into()).into()

@@ -401,8 +401,7 @@ fn is_ctx_path(ty: &Type, krate_names: &[Vec<String>]) -> bool {
                 return false;
             }
             let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
-            (prefix.is_empty() && tp.path.leading_colon.is_none())
-                || krate_names.contains(&prefix)
+            (prefix.is_empty() && tp.path.leading_colon.is_none()) || krate_names.contains(&prefix)
         }
         Type::Paren(p) => is_ctx_path(&p.elem, krate_names),
         Type::Group(g) => is_ctx_path(&g.elem, krate_names),

@@ -13,13 +13,13 @@ impl idem_core::Classify for Failed {
 }
 
 #[derive(Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct RefundArgs {
+pub struct PartialArgs {
     /// The charge.
     pub charge_id: String,
     pub amount_cents: u64,
 }
 
-/// Refund a [`RefundArgs::charge_id`].
+/// Refund a [`PartialArgs::charge_id`].
 #[doc = include_str!("../../fixtures/refund_doc.md")]
 #[tool(retry = "keyed")]
 pub async fn refund(
@@ -33,7 +33,7 @@ pub async fn refund(
 }
 
 #[tool(retry = "keyed", description = "Refund part of a charge.")]
-pub async fn partial(#[idem(flatten)] args: RefundArgs) -> Result<u64, Failed> {
+pub async fn partial(#[idem(flatten)] args: PartialArgs) -> Result<u64, Failed> {
     Ok(args.amount_cents)
 }
 
@@ -41,7 +41,7 @@ pub struct Ledger;
 
 impl Ledger {
     #[tool(retry = "keyed")]
-    pub async fn reverse(&self, #[idem(ctx)] cx: &idem_core::Ctx, #[idem(flatten)] args: RefundArgs) -> Result<u64, Failed> {
+    pub async fn reverse(&self, #[idem(ctx)] cx: &idem_core::Ctx, #[idem(flatten)] args: PartialArgs) -> Result<u64, Failed> {
         let _ = cx.key();
         Ok(args.amount_cents)
     }
@@ -49,7 +49,7 @@ impl Ledger {
 
 async fn callers(run: &idem_core::Run) -> Result<u64, idem_core::Error<Failed>> {
     refund(run, "damaged".into(), None).await?;
-    let args = RefundArgs { charge_id: "ch_1".into(), amount_cents: 5 };
+    let args = PartialArgs { charge_id: "ch_1".into(), amount_cents: 5 };
     partial(run, args.clone()).await?;
     Arc::new(Ledger).reverse(run, args).await
 }

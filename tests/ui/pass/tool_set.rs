@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use idem_core::{Ctx, tool};
+use idem_core::Ctx;
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
 #[error("failed")]

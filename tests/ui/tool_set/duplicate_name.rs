@@ -1,5 +1,3 @@
-use idem_core::tool;
-
 #[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
 #[error("failed")]
 struct Failed;
