@@ -25,6 +25,7 @@ mod failure;
 mod flight;
 mod generated;
 pub mod key;
+pub mod limits;
 mod policy;
 pub mod store;
 mod tool;
@@ -38,6 +39,7 @@ pub use error::{BudgetKind, Error};
 pub use executor::{Idem, IdemBuilder, Run};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
+pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, Policy, ToolOptions};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
