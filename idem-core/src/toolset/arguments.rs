@@ -22,7 +22,14 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
     let empty = Value::Object(Map::new());
     let parsed;
     let value = match args {
-        Arguments::Json(v) => v,
+        Arguments::Json(v) => {
+            // Deserializing recurses as deep as the value nests: measure it first, without
+            // recursion (JSON text is bounded the same way by serde_json's parser).
+            crate::limits::check_value_depth(v).map_err(|e| {
+                format!("invalid arguments for `{tool}`: {e}; nothing was executed")
+            })?;
+            v
+        }
         Arguments::Absent => &empty,
         Arguments::Text(text) if text.trim().is_empty() => &empty,
         Arguments::Text(text) => {
@@ -36,6 +43,13 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                 let mut msg = format!(
                     "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
                 );
+                if e.to_string().starts_with("recursion limit exceeded") {
+                    let _ = write!(
+                        msg,
+                        " (arrays and objects may nest at most {} levels deep)",
+                        crate::limits::MAX_DEPTH
+                    );
+                }
                 if text.contains("NaN") || text.contains("Infinity") {
                     msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
                 }
