@@ -24,6 +24,7 @@ mod executor;
 mod failure;
 mod flight;
 mod generated;
+pub mod json_text;
 pub mod key;
 mod policy;
 pub mod store;
