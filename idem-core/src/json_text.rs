@@ -35,12 +35,12 @@ pub enum JsonTextError {
 ///
 /// Errors: [`JsonTextError`]. serde_json's nesting limit (128 levels) bounds both passes.
 pub fn parse_unique(text: &str) -> Result<Value, JsonTextError> {
-    let value: Value = serde_json::from_str(text).map_err(JsonTextError::Syntax)?;
     check_unique(text)?;
-    Ok(value)
+    serde_json::from_str(text).map_err(JsonTextError::Syntax)
 }
 
-/// Checks only that no object in `text` repeats a member name (the text must be valid JSON).
+/// Checks `text` as [`parse_unique`] does without building a value: one JSON value that
+/// serde_json can represent, with no object that repeats a member name.
 ///
 /// Errors: [`JsonTextError`].
 pub fn check_unique(text: &str) -> Result<(), JsonTextError> {
@@ -61,6 +61,22 @@ pub fn check_unique(text: &str) -> Result<(), JsonTextError> {
 pub fn parse_arguments(tool: &str, text: &str) -> Result<Map<String, Value>, String> {
     match parse_unique(text) {
         Ok(Value::Object(args)) => Ok(args),
+        Ok(other) => Err(not_an_object(tool, &other)),
+        Err(e) => Err(not_json(tool, text, &e)),
+    }
+}
+
+/// Checks argument text as [`parse_arguments`] does, without building a value (one pass).
+///
+/// Errors: as [`parse_arguments`].
+pub fn check_arguments(tool: &str, text: &str) -> Result<(), String> {
+    if let Err(e) = check_unique(text) {
+        return Err(not_json(tool, text, &e));
+    }
+    if text.trim_start().starts_with('{') {
+        return Ok(());
+    }
+    match serde_json::from_str::<Value>(text) {
         Ok(other) => Err(not_an_object(tool, &other)),
         Err(e) => Err(not_json(tool, text, &e)),
     }

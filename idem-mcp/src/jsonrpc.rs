@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use idem_core::json_text::{self, JsonTextError};
-use idem_core::toolset::{INVALID_ARGUMENTS, ToolResult};
+use idem_core::toolset::{ErrorKind, ToolResult};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode, RequestId};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -402,7 +402,8 @@ fn params(
                     Value::Object(args)
                 }
                 Err(message) => {
-                    let result = ToolResult::error(INVALID_ARGUMENTS, message, None).to_mcp();
+                    let result =
+                        ToolResult::error(ErrorKind::InvalidArguments, message, None).to_mcp();
                     return Err(Inbound::Reply(result_reply(id, result)));
                 }
             }
