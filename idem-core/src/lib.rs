@@ -25,6 +25,7 @@ mod failure;
 mod flight;
 pub mod json_text;
 pub mod key;
+pub mod limits;
 mod macro_support;
 mod policy;
 pub mod store;
@@ -39,6 +40,7 @@ pub use error::{BudgetKind, Error, ErrorKind};
 pub use executor::{Idem, IdemBuilder, Run};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
+pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, Policy, ToolOptions};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
