@@ -23,6 +23,7 @@ mod error;
 mod executor;
 mod failure;
 mod flight;
+pub mod json_text;
 pub mod key;
 pub mod limits;
 mod macro_support;

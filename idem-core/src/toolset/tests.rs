@@ -238,7 +238,7 @@ async fn unknown_tool_lists_the_available_ones() {
 async fn bad_arguments_name_the_problem_and_run_nothing() {
     let t = tools();
     let run = Idem::in_memory().run("r");
-    let cases: [(&str, ErrorKind, &str); 6] = [
+    let cases: [(&str, ErrorKind, &str); 9] = [
         (
             "{\"customer\": \"cus_1\", \"amount_cents\": 49",
             ErrorKind::InvalidArguments,
@@ -261,6 +261,22 @@ async fn bad_arguments_name_the_problem_and_run_nothing() {
         ),
         ("{\"customer\": \"cus_1\"}", ErrorKind::InvalidArguments, "missing field `amount_cents`"),
         ("[\"cus_1\", 4900]", ErrorKind::InvalidArguments, "must be a JSON object, not an array"),
+        // Repeated member names: one rule on every front door (MCP too), at any depth.
+        (
+            "{\"customer\": \"acct-A\", \"amount_cents\": 500, \"customer\": \"acct-B\"}",
+            ErrorKind::InvalidArguments,
+            "the member `customer` appears twice in the object at `.`",
+        ),
+        (
+            "{\"customer\": \"c\", \"amount_cents\": 5, \"x\": [{\"k\": 1, \"k\": 2}]}",
+            ErrorKind::InvalidArguments,
+            "the member `k` appears twice in the object at `x[0]`",
+        ),
+        (
+            "{\"customer\": \"\\ud800\", \"amount_cents\": 5}",
+            ErrorKind::InvalidArguments,
+            "not valid JSON",
+        ),
     ];
     for (args, kind, needle) in cases {
         let r = t.set.call_text(&run, "charge_card", args).await;
