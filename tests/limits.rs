@@ -331,3 +331,141 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
         assert_eq!(store.claims.load(Ordering::SeqCst), 0);
     });
 }
+
+// Outputs and stored outcomes.
+
+static GROWN: AtomicU32 = AtomicU32::new(0);
+
+/// Answers with a tree `depth` levels deep: the output is as deep as the caller asks.
+#[tool(retry = "keyed")]
+async fn grow(depth: usize) -> Result<Value, Never> {
+    GROWN.fetch_add(1, Ordering::SeqCst);
+    Ok(nested_arrays(depth, json!("leaf")))
+}
+
+static BIG: AtomicU32 = AtomicU32::new(0);
+
+/// Answers with `bytes` bytes of text.
+#[tool(retry = "keyed")]
+async fn big(bytes: usize) -> Result<String, Never> {
+    BIG.fetch_add(1, Ordering::SeqCst);
+    Ok("x".repeat(bytes))
+}
+
+#[test]
+fn an_output_at_the_depth_limit_is_stored_and_replayed() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("out-at");
+        let before = GROWN.load(Ordering::SeqCst);
+        let first = grow(&run, MAX_DEPTH).await;
+        let again = grow(&run, MAX_DEPTH).await;
+        assert!(matches!((&first, &again), (Ok(a), Ok(b)) if a == b));
+        assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the repeat is a replay");
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        // And through a tool set, which turns the output into JSON for the model.
+        let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
+        let result = tools.call(&run, "grow", &json!({ "depth": MAX_DEPTH })).await;
+        assert!(!result.is_error, "{}", result.text);
+        for v in [first.ok(), again.ok(), Some(result.content)].into_iter().flatten() {
+            drop_flat(v);
+        }
+    });
+}
+
+#[test]
+fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
+    for depth in [MAX_DEPTH + 1, 100_000] {
+        on_small_stack(move || async move {
+            let _serial = serial();
+            let (store, idem) = executor();
+            let run = idem.run("out-past");
+            let before = GROWN.load(Ordering::SeqCst);
+            match grow(&run, depth).await {
+                Err(Error::ReplayFailed { reason, .. }) => {
+                    assert!(reason.contains("the tool ran, but its output could not be stored"));
+                    assert!(reason.contains("more than 127 levels deep"), "{reason}");
+                }
+                other => panic!("expected the output to be refused, got {other:?}"),
+            }
+            assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the effect happened once");
+            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+            // A tool set answers the model instead of overflowing while writing JSON.
+            let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
+            let result =
+                tools.call(&idem.run("out-past-2"), "grow", &json!({ "depth": depth })).await;
+            assert!(
+                result.is_error && result.text.contains("could not be stored"),
+                "{}",
+                result.text
+            );
+            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+        });
+    }
+}
+
+#[test]
+fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        // 64 MB: what must never be written to a shared Redis (the default limit is 4 MiB).
+        let (store, idem) = executor();
+        let before = BIG.load(Ordering::SeqCst);
+        match big(&idem.run("big"), 64 << 20).await {
+            Err(Error::ReplayFailed { reason, .. }) => {
+                assert!(reason.contains("67108866 bytes"), "{reason}");
+                assert!(reason.contains("limit of 4194304 bytes"), "{reason}");
+            }
+            other => panic!("expected the output to be refused, got {:?}", other.map(|s| s.len())),
+        }
+        assert_eq!(BIG.load(Ordering::SeqCst) - before, 1, "the effect happened once");
+        assert_eq!(store.completes.load(Ordering::SeqCst), 0);
+        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 0, "no byte reached the store");
+
+        // At the limit exactly it is stored: `"` + bytes + `"`.
+        let store = Arc::new(Counting::default());
+        let policy = Policy { max_outcome_bytes: 1000, ..Policy::default() };
+        let idem =
+            Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
+        assert!(big(&idem.run("small"), 998).await.is_ok());
+        assert!(big(&idem.run("small"), 999).await.is_err());
+        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 1000);
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn a_stored_outcome_deeper_than_the_limit_is_a_replay_failure() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        for depth in [MAX_DEPTH + 1, 100_000] {
+            // A record planted in the store (another version, or tampering): decoding it must
+            // stop at the limit, not overflow.
+            let (store, idem) = executor();
+            let run = idem.run("planted");
+            let canonical = br#"{"depth":3}"#;
+            let key = idem_core::key::derive_key(run.scope(), "grow", canonical);
+            let fp = idem_core::Fingerprint::of_derived_key(&key);
+            let req = ClaimRequest {
+                key: &key,
+                fingerprint: &fp,
+                lease: Duration::from_secs(30),
+                on_expired: idem_core::store::OnExpired::TakeOver,
+            };
+            let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else { panic!("claim") };
+            let text = "[".repeat(depth) + &"]".repeat(depth);
+            let planted = Outcome::Success(text);
+            let stored = store.complete(&key, fence, &planted, Duration::from_secs(60)).await;
+            assert!(stored.is_ok());
+            let before = GROWN.load(Ordering::SeqCst);
+            match grow(&run, 3).await {
+                Err(Error::ReplayFailed { reason, .. }) => {
+                    assert!(reason.contains("recursion limit exceeded"), "{reason}")
+                }
+                other => panic!("expected ReplayFailed, got {other:?}"),
+            }
+            assert_eq!(GROWN.load(Ordering::SeqCst), before, "nothing ran again");
+        }
+    });
+}

@@ -63,8 +63,9 @@ pub struct Policy {
     pub max_argument_bytes: usize,
     /// The largest stored outcome (the output's or a permanent error's JSON), in bytes. A larger
     /// output is not sent to the store: the effect happened, so the call is answered like an
-    /// output that cannot be stored. Default 4 MiB: writing it keeps a shared Redis busy for a
-    /// few milliseconds, not seconds, and it is more than a model's context takes in one result.
+    /// output that cannot be stored; a larger permanent error releases the key. Default 4 MiB:
+    /// writing it keeps a shared Redis busy for milliseconds, not seconds, and it is more than
+    /// a model's context takes in from one tool result.
     pub max_outcome_bytes: usize,
 }
 
