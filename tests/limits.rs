@@ -376,9 +376,9 @@ fn an_output_at_the_depth_limit_is_stored_and_replayed() {
 
 #[test]
 fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
+    let _serial = serial();
     for depth in [MAX_DEPTH + 1, 100_000] {
         on_small_stack(move || async move {
-            let _serial = serial();
             let (store, idem) = executor();
             let run = idem.run("out-past");
             let before = GROWN.load(Ordering::SeqCst);

@@ -626,7 +626,7 @@ impl RedisStore {
     }
 }
 
-/// Decodes a completed record as the claim script returns it (see [`RedisStore::replay`]);
+/// Decodes a completed record as the claim script returns it (`RedisStore::replay`);
 /// `record` names it in errors. Public for the fuzz targets (`fuzz/`), not an API.
 #[doc(hidden)]
 pub fn decode_record(
