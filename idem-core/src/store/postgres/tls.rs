@@ -78,6 +78,7 @@ pub(super) struct Target {
     tls: Connector,
     mode: SslMode,
     /// Whether certificates are checked, and against what (for error messages).
+    #[cfg_attr(not(feature = "postgres-tls"), allow(dead_code))]
     roots: Option<String>,
 }
 
@@ -134,6 +135,8 @@ impl Target {
 
     /// Opens one connection, bounded by the connect timeout (which tokio-postgres applies to the
     /// TCP connect only: a server that accepts and never answers the startup would hang here).
+    // Without TLS the connector is `NoTls`, which is Copy.
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
     pub(super) async fn connect(&self) -> Result<(Client, Connection), StoreError> {
         let bound = self.config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
         let connected = tokio::time::timeout(bound, self.config.connect(self.tls.clone()));
