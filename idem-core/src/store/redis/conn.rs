@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn ca_without_tls_is_invalid_config() {
-        let err = client("redis://h:1/?ca=/tmp/ca.pem").err().expect("refused");
+        let err = client("redis://h:1/?ca=/tmp/ca.pem").expect_err("refused");
         assert!(matches!(err, StoreError::InvalidConfig(_)), "{err}");
     }
 }
