@@ -422,7 +422,7 @@ async fn tool_set_on_an_impl_block_holds_its_tools_and_runs_them_through_idem() 
     let first = set.call(&run, "place_order", &args).await;
     let again = set.call(&run, "place_order", &args).await;
     assert_eq!((first.is_error, &first.content), (false, &serde_json::json!(1)));
-    assert_eq!(first, again);
+    assert_eq!((again.is_error, again.content), (false, first.content));
     assert_eq!(shop.orders.lock().unwrap().len(), 1, "the repeat was replayed, not run");
     shop.clear();
     assert_eq!(shop.count_orders(&run).await.unwrap(), 0);

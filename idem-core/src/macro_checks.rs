@@ -147,7 +147,7 @@ requirement!(
 
 /// The types of a tool after its checks: the parameters' tuple, the success and the error
 /// types, each rustc's error type when its check failed.
-pub struct Checked<P, O, E>(PhantomData<fn() -> (P, O, E)>);
+pub struct Checked<P, O, E>(PhantomData<fn(P, O, E)>);
 
 /// Carries the types the check closure returns (the closure is never called).
 pub fn checked<I, P, O, E>(_checks: impl FnOnce(I) -> (P, O, E)) -> Checked<P, O, E> {
