@@ -253,8 +253,16 @@ async fn record_layout_and_expiry() {
     let fence = acquire(&store, &key, &fp).await;
     let rec = store.record_key(&key);
     let record = stored(&mut raw, &rec).await;
-    assert_eq!(record, format!("2|f|{}|0|{}|{fp}||", fence.0, field(&record, 4)));
+    assert_eq!(
+        record,
+        format!("2|f|{}|0|{}|{fp}|{}|", fence.0, field(&record, 4), field(&record, 6))
+    );
     assert!(field(&record, 4).parse::<u64>().is_ok(), "{record}");
+    let owner = field(&record, 6);
+    assert!(
+        owner.len() == 32 && owner.bytes().all(|b| b.is_ascii_hexdigit()),
+        "in flight, the seventh field is the claim's owner token: {record}"
+    );
     assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
     store.complete(&key, fence, &Outcome::Success("\"x|y\"".into()), LONG).await.unwrap();
     assert_eq!(stored(&mut raw, &rec).await, format!("2|d|{}|0||{fp}|s|\"x|y\"", fence.0));

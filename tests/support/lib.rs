@@ -58,3 +58,6 @@ pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
 
 /// Worker processes, their ledger and their answers (multi-process and outage tests).
 pub mod workers;
+
+/// A TCP proxy that cuts, restores, or loses one reply (outage and lost-reply tests).
+pub mod proxy;

@@ -19,6 +19,8 @@ pub mod memory;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod resend;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -114,7 +116,9 @@ pub enum Claim {
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or failed the operation (connection refused, I/O error,
-    /// timeout). Nothing was written; retry later.
+    /// timeout); retry later. A remote store sends a step whose reply was lost again before it
+    /// answers this, and a claim that answers it releases in the background any record it may
+    /// have created, so nothing is left held.
     #[error("store unavailable: {0}")]
     Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
     /// The fence presented is not the current one: another owner took over, or the record is gone.
