@@ -23,8 +23,8 @@ mod error;
 mod executor;
 mod failure;
 mod flight;
-mod generated;
 pub mod key;
+mod macro_support;
 mod policy;
 pub mod store;
 mod tool;
@@ -34,7 +34,7 @@ pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
 pub use clock::FOREVER;
 pub use ctx::Ctx;
-pub use error::{BudgetKind, Error};
+pub use error::{BudgetKind, Error, ErrorKind};
 pub use executor::{Idem, IdemBuilder, Run};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
@@ -59,5 +59,5 @@ pub mod __private {
     pub use serde;
     pub use serde_json;
 
-    pub use crate::generated::*;
+    pub use crate::macro_support::*;
 }
