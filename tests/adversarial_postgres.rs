@@ -257,7 +257,10 @@ async fn payloads_round_trip() {
             let fence = acquire(&*store, &key, &fp).await;
             store.complete(&key, fence, &outcome, LONG).await.unwrap();
             let got = store.claim(claim_req(&key, &fp)).await.unwrap();
-            assert!(got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }));
+            assert!(
+                got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }),
+                "the store answered {got:?}"
+            );
         }
     }
 }
@@ -294,11 +297,11 @@ async fn zero_leases_and_retention() {
     let Claim::Acquired { fence: f1, .. } = store.claim(zero).await.unwrap() else { panic!() };
     let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };
-    assert!(f2 > f1);
+    assert!(f2 > f1, "{:?} must be above {:?}", f2, f1);
     store.complete(&key, f2, &Outcome::Success("1".into()), Duration::ZERO).await.unwrap();
     let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f3, takeover: false } = got else { panic!("{got:?}") };
-    assert!(f3 > f2);
+    assert!(f3 > f2, "{:?} must be above {:?}", f3, f2);
     store.wait(&key, f3, Duration::MAX).await.ok();
 }
 
