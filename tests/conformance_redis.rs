@@ -501,9 +501,10 @@ async fn unreachable_server_is_unavailable_with_the_cause() {
         lazy.claim(claim_req(&key, &fp)).await,
         Err(StoreError::Unavailable(_))
     );
+    // A malformed URL is a configuration error, not an outage.
     idem_tests::assert_answer!(
         RedisStore::open("not a url").await,
-        Err(StoreError::Unavailable(_))
+        Err(StoreError::InvalidConfig(_))
     );
 }
 

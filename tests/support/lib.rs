@@ -90,3 +90,6 @@ macro_rules! assert_answer {
         }
     };
 }
+
+/// Private servers with TLS (PostgreSQL, Redis) and the certificates they use.
+pub mod servers;

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::call::Call;
 use super::lease::Owned;
+use super::report::Served;
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
@@ -176,7 +177,7 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %e, "unknown outcome not stored");
             }
         }
-        self.outcome("unknown");
+        self.outcome(Served::Unknown);
         Error::OutcomeUnknown { tool: self.name(), key: self.key }
     }
 
