@@ -36,6 +36,8 @@ fn share<T: Tool>(
     key: Key,
     result: &Result<T::Output, Error<T::Error>>,
 ) -> Shared {
+    // An output reaches here only within the depth limit (`finish_ok`); a tool's error is
+    // checked before serde_json, which has no limit, writes it.
     Arc::new(match result {
         Ok(out) => serde_json::to_string(out).map_err(|e| Error::ReplayFailed {
             tool: name,
@@ -43,7 +45,10 @@ fn share<T: Tool>(
             reason: format!("the output could not be serialized: {e}"),
         }),
         Err(e) => Err(e
-            .try_retype(|err| serde_json::to_string(err).map_err(|_| ()))
+            .try_retype(|err| {
+                crate::limits::check_depth(err).map_err(|_| ())?;
+                serde_json::to_string(err).map_err(|_| ())
+            })
             .unwrap_or_else(|()| Error::ReplayFailed {
                 tool: name,
                 key,
