@@ -6,14 +6,12 @@ use std::time::Duration;
 use crate::key::{Key, KeyError};
 use crate::store::StoreError;
 
-/// What stopped a budget: the executor's attempts, its wall-clock budget, or the shared retry
-/// budget (token bucket).
+/// What refused to go on: the call's deadline, or the shared retry budget (token bucket).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetKind {
-    /// The tool's `attempts` were all used.
-    Attempts,
-    /// The wall-clock budget for the whole call (all attempts and waits) ran out.
-    WallClock,
+    /// The deadline of the whole call ([`Policy::deadline`](crate::Policy::deadline): all
+    /// attempts and waits) has passed, or the next wait would pass it.
+    Deadline,
     /// The shared retry budget refused another retry: the dependency is failing for many callers.
     RetryBudget,
 }
@@ -21,8 +19,7 @@ pub enum BudgetKind {
 impl std::fmt::Display for BudgetKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            BudgetKind::Attempts => "attempts",
-            BudgetKind::WallClock => "wall-clock budget",
+            BudgetKind::Deadline => "deadline",
             BudgetKind::RetryBudget => "shared retry budget",
         })
     }

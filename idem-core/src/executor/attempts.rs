@@ -57,14 +57,14 @@ impl<T: Tool> Call<'_, T> {
             self.span.record("idem.attempt", attempt);
             let started = Instant::now();
             if started >= self.deadline {
-                // Waiting for a duplicate used the whole budget: starting an attempt that would
+                // Waiting for a duplicate used the time up to the deadline: starting an attempt that would
                 // time out at once would only make its outcome ambiguous.
                 if let Some(fence) = fence {
                     self.release(fence).await;
                 }
                 return Err(Error::BudgetExhausted {
                     tool: self.name(),
-                    budget: BudgetKind::WallClock,
+                    budget: BudgetKind::Deadline,
                 });
             }
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
@@ -138,7 +138,7 @@ impl<T: Tool> Call<'_, T> {
         let ceiling = self.policy.backoff.ceiling(attempt);
         let pause = self.jitter(ceiling).max(failure.retry_after.unwrap_or_default());
         if later(Instant::now(), pause) >= self.deadline {
-            return Next::Stop(Stop::Exhausted(BudgetKind::WallClock));
+            return Next::Stop(Stop::Exhausted(BudgetKind::Deadline));
         }
         Next::Retry { pause }
     }
@@ -234,7 +234,7 @@ impl<T: Tool> Call<'_, T> {
         }
         match self.acquire(OnExpired::TakeOver).await {
             Ok(Owned::Answer(answer)) => answer,
-            Ok(Owned::Fence(fence)) => {
+            Ok(Owned::Fence { fence, .. }) => {
                 self.store_outcome(fence, &outcome, self.policy.ttl).await.map(|()| output)
             }
             Err(_) => Err(lost()),

@@ -109,7 +109,7 @@ impl<T: Tool> Call<'_, T> {
                         Err(_) => {
                             return Err(Error::BudgetExhausted {
                                 tool: self.name(),
-                                budget: BudgetKind::WallClock,
+                                budget: BudgetKind::Deadline,
                             });
                         }
                         // The leader was cancelled before it finished: start over.
@@ -154,8 +154,10 @@ impl<T: Tool> Call<'_, T> {
             _ => OnExpired::TakeOver,
         };
         match self.acquire(on_expired).await {
-            Ok(Owned::Fence(fence)) => {
-                self.outcome("executed");
+            Ok(Owned::Fence { fence, takeover }) => {
+                // Taken over: a previous owner's lease ended without a result, so its attempt
+                // may have had an effect that this run repeats (with the same key).
+                self.outcome(if takeover { "taken_over" } else { "executed" });
                 self.attempts(args, Some(fence)).await
             }
             Ok(Owned::Answer(answer)) => answer,

@@ -49,6 +49,7 @@ impl std::fmt::Debug for Idem {
 }
 
 /// Builds an [`Idem`].
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct IdemBuilder {
     store: Arc<dyn Store>,
     policy: Policy,

@@ -90,7 +90,8 @@ pub enum Claim {
     Acquired {
         /// The fencing token to present with complete, release and renew.
         fence: Fence,
-        /// A previous owner's lease had expired without a result.
+        /// A previous owner's lease had expired without a result (traced as the call's
+        /// `idem.outcome` `taken_over`).
         takeover: bool,
     },
     /// Another owner holds a live lease: wait (see [`Store::wait`]) and claim again.

@@ -319,6 +319,7 @@ impl Scripts {
 }
 
 /// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
+#[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
 #[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
     url: String,
