@@ -484,7 +484,7 @@ async fn unreachable_server_is_unavailable_with_the_cause() {
     let lazy = RedisStore::builder("redis://127.0.0.1:1/").open_lazy().unwrap();
     let (key, fp) = fresh_key("unreachable", "{}");
     assert!(matches!(lazy.claim(claim_req(&key, &fp)).await, Err(StoreError::Unavailable(_))));
-    assert!(matches!(RedisStore::open("not a url").await, Err(StoreError::Unavailable(_))));
+    assert!(matches!(RedisStore::open("not a url").await, Err(StoreError::InvalidConfig(_))));
 }
 
 #[tokio::test]
@@ -497,7 +497,7 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
     assert!(b.record_key(&key).starts_with("idem-other:{"));
     let bad = RedisStore::builder(redis_url()).prefix("a{b}").open().await;
     match bad {
-        Err(StoreError::Unavailable(why)) => assert!(why.to_string().contains("prefix"), "{why}"),
+        Err(StoreError::InvalidConfig(why)) => assert!(why.contains("prefix"), "{why}"),
         other => panic!("a prefix with braces must be refused, got {other:?}"),
     }
 }

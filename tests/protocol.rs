@@ -1,4 +1,4 @@
-//! The protocol of DESIGN §3, row by row and class by class, on the in-memory store.
+//! The protocol of `docs/design.md` §3, row by row and class by class, on the in-memory store.
 //!
 //! Each test counts what a user would count: how many times the tool body ran, how many charges
 //! the (fake) payment provider created, and what every caller received. Time is tokio's paused

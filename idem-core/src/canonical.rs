@@ -1,5 +1,5 @@
-//! RFC 8785 (JSON Canonicalization Scheme, JCS) text written straight from typed values by a
-//! `serde::Serializer`, with the stricter rules of DESIGN §4. The rules are specified, with test
+//! JCS (RFC 8785, the JSON Canonicalization Scheme) with exact integers, written straight from
+//! typed values by a `serde::Serializer`, with the stricter rules of `docs/design.md` §4. The rules are specified, with test
 //! vectors, in `docs/key-spec.md`.
 //!
 //! Objects are written member by member into the output while each member's byte span is

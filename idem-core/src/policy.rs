@@ -1,4 +1,4 @@
-//! Retry policy: attempts, timeouts, the deadline, leases and retention (DESIGN §6).
+//! Retry policy: attempts, timeouts, the deadline, leases and retention (`docs/design.md` §6).
 
 use std::time::Duration;
 

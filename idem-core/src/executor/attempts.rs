@@ -8,11 +8,12 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::call::Call;
+use super::call::{Call, storable};
 use super::lease::Owned;
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
+use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::failure::{Classify, Failure, FailureKind};
 use crate::store::{Fence, OnExpired, Outcome};
@@ -38,8 +39,9 @@ enum Next {
 enum Stop {
     /// Every allowed attempt ran: the caller gets the last attempt's error.
     AttemptsUsed,
-    /// A budget refuses the retry.
-    Exhausted(BudgetKind),
+    /// A budget refuses the retry: the shared retry budget, or the deadline, before which the
+    /// wait (at least the tool's `retry_after`) would not end.
+    Exhausted { budget: BudgetKind, retry_after: Option<Duration> },
 }
 
 impl<T: Tool> Call<'_, T> {
@@ -62,10 +64,7 @@ impl<T: Tool> Call<'_, T> {
                 if let Some(fence) = fence {
                     self.release(fence).await;
                 }
-                return Err(Error::BudgetExhausted {
-                    tool: self.name(),
-                    budget: BudgetKind::Deadline,
-                });
+                return Err(self.deadline_passed());
             }
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
@@ -115,11 +114,18 @@ impl<T: Tool> Call<'_, T> {
                         // re-runs with the same key so the provider deduplicates.
                         self.release(fence).await;
                     }
-                    return Err(match stop {
-                        Stop::AttemptsUsed => error,
-                        Stop::Exhausted(budget) => {
-                            Error::BudgetExhausted { tool: self.name(), budget }
+                    return Err(match (stop, error) {
+                        (Stop::AttemptsUsed, error) => error,
+                        // The tool's last error and its hint go to the caller, with the reason.
+                        (Stop::Exhausted { budget, retry_after }, Error::Tool { tool, error }) => {
+                            Error::BudgetExhausted { tool, budget, error: Some(error), retry_after }
                         }
+                        (Stop::Exhausted { budget, retry_after }, _) => Error::BudgetExhausted {
+                            tool: self.name(),
+                            budget,
+                            error: None,
+                            retry_after,
+                        },
                     });
                 }
             }
@@ -133,12 +139,14 @@ impl<T: Tool> Call<'_, T> {
             return Next::Stop(Stop::AttemptsUsed);
         }
         if !self.inner.budget.can_retry() {
-            return Next::Stop(Stop::Exhausted(BudgetKind::RetryBudget));
+            let retry_after = failure.retry_after;
+            return Next::Stop(Stop::Exhausted { budget: BudgetKind::RetryBudget, retry_after });
         }
         let ceiling = self.policy.backoff.ceiling(attempt);
         let pause = self.jitter(ceiling).max(failure.retry_after.unwrap_or_default());
         if later(Instant::now(), pause) >= self.deadline {
-            return Next::Stop(Stop::Exhausted(BudgetKind::Deadline));
+            let retry_after = failure.retry_after;
+            return Next::Stop(Stop::Exhausted { budget: BudgetKind::Deadline, retry_after });
         }
         Next::Retry { pause }
     }
@@ -154,7 +162,7 @@ impl<T: Tool> Call<'_, T> {
                     // Not stored (store down, lease lost): the caller still gets the tool's
                     // answer; the claim ends with its lease.
                     if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
-                        tracing::warn!(error = %e, "permanent failure not stored");
+                        tracing::warn!(error = %Chain(&e), "permanent failure not stored");
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
@@ -173,7 +181,7 @@ impl<T: Tool> Call<'_, T> {
             // in flight and reads as unknown once its lease ends: either way the honest answer is
             // "unknown", never "not executed".
             if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await {
-                tracing::warn!(error = %e, "unknown outcome not stored");
+                tracing::warn!(error = %Chain(&e), "unknown outcome not stored");
             }
         }
         self.outcome("unknown");
@@ -192,19 +200,15 @@ impl<T: Tool> Call<'_, T> {
         output: T::Output,
     ) -> Result<T::Output, Error<T::Error>> {
         let Some(fence) = fence else { return Ok(output) };
-        let json = match serde_json::to_string(&output) {
-            Ok(json) => json,
-            Err(e) => {
-                // The effect happened but cannot be stored: keep the claim until its lease ends
-                // rather than invite a second run, and tell the caller.
-                return Err(Error::ReplayFailed {
-                    tool: self.name(),
-                    key: self.key,
-                    reason: format!("the output could not be serialized: {e}"),
-                });
+        let outcome = match storable(&output) {
+            Ok(json) => Outcome::Success(json),
+            // The effect happened but its output would not replay as itself: the record says so,
+            // and every later caller hears it. This caller has the real output.
+            Err(reason) => {
+                self.outcome("not_storable");
+                Outcome::NotStorable(reason)
             }
         };
-        let outcome = Outcome::Success(json);
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),
             Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
@@ -212,7 +216,7 @@ impl<T: Tool> Call<'_, T> {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
                 // repeat answers OutcomeUnknown: nothing runs twice unprotected.
-                tracing::warn!(error = %e, "outcome not stored");
+                tracing::warn!(error = %Chain(&e), "outcome not stored");
                 Ok(output)
             }
         }

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 
 use super::call::Call;
 use crate::clock::later;
-use crate::error::{BudgetKind, Error};
+use crate::error::Chain;
+use crate::error::Error;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
 use crate::tool::Tool;
 
@@ -37,8 +38,7 @@ impl<T: Tool> Call<'_, T> {
                 Claim::InFlight { fence, lease_remaining } => {
                     let now = Instant::now();
                     if now >= self.deadline {
-                        let budget = BudgetKind::Deadline;
-                        return answer(Err(Error::BudgetExhausted { tool: self.name(), budget }));
+                        return answer(Err(self.deadline_passed()));
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
                     // A store that stops answering is caught by the next claim's timeout.
@@ -134,7 +134,7 @@ impl<T: Tool> Call<'_, T> {
         {
             // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
             // LeaseLost when the outcome is stored.
-            tracing::warn!(error = %e, "lease renewal failed");
+            tracing::warn!(error = %Chain(&e), "lease renewal failed");
         }
     }
 

@@ -1,4 +1,4 @@
-//! The executor: claim → run → complete, row by row of the table in DESIGN §3.
+//! The executor: claim → run → complete, row by row of the table in `docs/design.md` §3.
 //!
 //! - this module: the runtime ([`Idem`]) and its builder;
 //! - `run`: the handle a caller holds ([`Run`]) and the entry of every call;
@@ -17,6 +17,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 pub use run::Run;
+
+pub(crate) use call::storable;
 
 use crate::budget::RetryBudget;
 use crate::flight::Flights;

@@ -296,7 +296,8 @@ impl PostgresStore {
     /// timeout unless the string sets `connect_timeout`) and [`StoreError::Incompatible`] when
     /// the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config = Config::from_str(url).map_err(pg)?;
+        let config = Config::from_str(url)
+            .map_err(|e| StoreError::InvalidConfig(format!("PostgreSQL connection string: {e}")))?;
         Self::connect_with(config, DEFAULT_CONNECTIONS).await
     }
 

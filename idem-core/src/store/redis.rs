@@ -362,12 +362,14 @@ impl RedisStoreBuilder {
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         if self.prefix.contains(['{', '}']) {
             // A brace would change the hash tag, splitting a record from its fence counter.
-            return Err(StoreError::unavailable(format!(
+            return Err(StoreError::InvalidConfig(format!(
                 "invalid key prefix {:?}: it must not contain '{{' or '}}'",
                 self.prefix
             )));
         }
-        let client = Client::open(self.url.as_str()).map_err(unavailable)?;
+        // Opening a client only parses the URL.
+        let client = Client::open(self.url.as_str())
+            .map_err(|e| StoreError::InvalidConfig(format!("Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
@@ -735,6 +737,7 @@ fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
         b"s" => Ok(Outcome::Success(json()?)),
         b"f" => Ok(Outcome::Failure(json()?)),
         b"u" if payload.is_empty() => Ok(Outcome::Unknown),
+        b"n" => Ok(Outcome::NotStorable(json()?)),
         b"u" => Err("unknown outcome has a payload".to_owned()),
         other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
@@ -787,6 +790,7 @@ impl Store for RedisStore {
             Outcome::Success(json) => ("s", json.as_str()),
             Outcome::Failure(json) => ("f", json.as_str()),
             Outcome::Unknown => ("u", ""),
+            Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
         let mut inv = self.inner.scripts.complete.prepare_invoke();
         inv.key(self.record_key(key))
