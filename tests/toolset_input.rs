@@ -36,7 +36,7 @@ async fn malformed_text_arguments_are_refused_and_nothing_runs() {
     let cases = [
         (
             r#"{"customer":"c","amount_cents":5,"amount_cents":700000,"reference":1}"#,
-            "duplicate field `amount_cents`",
+            "the member `amount_cents` appears twice",
         ),
         (r#"{"customer":"c","amount_cents":5,"reference":1} trailing"#, "not valid JSON"),
         (r#"{"customer":"c","amount_cents":5"#, "not valid JSON"),

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::call::{Call, storable};
 use super::lease::Owned;
+use super::report::Served;
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
@@ -184,7 +185,7 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %Chain(&e), "unknown outcome not stored");
             }
         }
-        self.outcome("unknown");
+        self.outcome(Served::Unknown);
         Error::OutcomeUnknown { tool: self.name(), key: self.key }
     }
 
@@ -204,10 +205,7 @@ impl<T: Tool> Call<'_, T> {
             Ok(json) => Outcome::Success(json),
             // The effect happened but its output would not replay as itself: the record says so,
             // and every later caller hears it. This caller has the real output.
-            Err(reason) => {
-                self.outcome("not_storable");
-                Outcome::NotStorable(reason)
-            }
+            Err(reason) => Outcome::NotStorable(reason),
         };
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),

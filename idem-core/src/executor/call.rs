@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use super::lease::Owned;
+use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
@@ -26,6 +27,8 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) policy: Policy,
     pub(super) deadline: Instant,
     pub(super) span: tracing::Span,
+    pub(super) served: ServedSlot,
+    pub(super) on_wait: Option<&'a WaitHook>,
 }
 
 /// What the leader hands to joiners when its call succeeded, built only when someone joined: the
@@ -108,8 +111,16 @@ impl<T: Tool> Call<'_, T> {
         self.tool.def().class
     }
 
-    pub(super) fn outcome(&self, what: &'static str) {
-        self.span.record("idem.outcome", what);
+    pub(super) fn outcome(&self, served: Served) {
+        self.span.record("idem.outcome", served.as_str());
+        self.served.set(served);
+    }
+
+    /// This call starts waiting for another owner of its key.
+    pub(super) fn waiting(&self) {
+        if let Some(hook) = self.on_wait {
+            hook.call(&self.key);
+        }
     }
 
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
@@ -124,6 +135,7 @@ impl<T: Tool> Call<'_, T> {
                     return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
                 }
                 Enter::Join(slot) => {
+                    self.waiting();
                     let shared = match tokio::time::timeout_at(self.deadline, slot.wait()).await {
                         Err(_) => {
                             return Err(self.deadline_passed());
@@ -132,7 +144,7 @@ impl<T: Tool> Call<'_, T> {
                         Ok(None) => continue,
                         Ok(Some(shared)) => shared,
                     };
-                    self.outcome("joined");
+                    self.outcome(Served::Joined);
                     return self.decode_shared(&shared);
                 }
                 Enter::Lead(leader) => {
@@ -176,7 +188,7 @@ impl<T: Tool> Call<'_, T> {
 
     async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
         if !self.uses_store() {
-            self.outcome("executed");
+            self.outcome(Served::Executed);
             return self.attempts(args, None).await;
         }
         let on_expired = match self.class() {
@@ -187,13 +199,13 @@ impl<T: Tool> Call<'_, T> {
             Ok(Owned::Fence { fence, takeover }) => {
                 // Taken over: a previous owner's lease ended without a result, so its attempt
                 // may have had an effect that this run repeats (with the same key).
-                self.outcome(if takeover { "taken_over" } else { "executed" });
+                self.outcome(if takeover { Served::TakenOver } else { Served::Executed });
                 self.attempts(args, Some(fence)).await
             }
             Ok(Owned::Answer(answer)) => answer,
             Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
                 tracing::warn!(error = %Chain(&e), "store unavailable; running safe tool without it");
-                self.outcome("executed");
+                self.outcome(Served::Executed);
                 self.attempts(args, None).await
             }
             Err(e) => Err(self.store_error(e)),

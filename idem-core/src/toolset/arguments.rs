@@ -6,6 +6,8 @@ use std::fmt::{Display, Write as _};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::json_text;
+
 /// The arguments of one call as the model sent them.
 #[derive(Clone, Copy, Debug)]
 pub enum Arguments<'a> {
@@ -20,47 +22,26 @@ pub enum Arguments<'a> {
 /// Parses the model's arguments into the tool's type, or says what is wrong, naming the field.
 pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A, String> {
     let empty = Value::Object(Map::new());
-    let parsed;
     let value = match args {
         Arguments::Json(v) => v,
         Arguments::Absent => &empty,
         Arguments::Text(text) if text.trim().is_empty() => &empty,
         Arguments::Text(text) => {
-            // Straight from the text into the typed arguments: a `Value` would keep only the last
-            // of two duplicate keys, and turn integers beyond 64 bits into floats.
+            // One rule for argument text on every front door (json_text::check_arguments): one
+            // object, unique member names at any depth, every value representable. Then straight
+            // from the text into the typed arguments: a `Value` would turn integers beyond 64
+            // bits into floats.
+            json_text::check_arguments(tool, text)?;
             let mut de = serde_json::Deserializer::from_str(text);
-            let object = text.trim_start().starts_with('{');
-            let typed =
-                if object { serde_path_to_error::deserialize(&mut de).map(Some) } else { Ok(None) };
-            let syntax = |e: &serde_json::Error| {
-                let mut msg = format!(
-                    "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
-                );
-                if text.contains("NaN") || text.contains("Infinity") {
-                    msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
-                }
-                msg
-            };
-            match typed {
-                // serde's derives also accept an array for a struct: only an object will do, and
-                // anything else is parsed only to say what it is.
-                Ok(None) => {
-                    parsed = serde_json::from_str::<Value>(text).map_err(|e| syntax(&e))?;
-                    &parsed
-                }
-                Ok(Some(args)) => return de.end().map(|()| args).map_err(|e| syntax(&e)),
-                Err(e) if e.inner().is_syntax() || e.inner().is_eof() => {
-                    return Err(syntax(e.inner()));
-                }
-                Err(e) => return Err(field_error(tool, &e)),
-            }
+            return serde_path_to_error::deserialize(&mut de)
+                .map_err(|e| field_error(tool, &e))
+                .and_then(|args| {
+                    de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
+                });
         }
     };
     if !value.is_object() {
-        return Err(format!(
-            "the arguments of `{tool}` must be a JSON object, not {}; nothing was executed",
-            json_type(value)
-        ));
+        return Err(json_text::not_an_object(tool, value));
     }
     serde_path_to_error::deserialize(value).map_err(|e| field_error(tool, &e))
 }
@@ -74,15 +55,4 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
     }
     let _ = write!(msg, "{}; nothing was executed, fix the arguments and call again", e.inner());
     msg
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::DispatchContext;
 use crate::class::RetryClass;
 use crate::error::{Chain, Error, ErrorKind};
+use crate::executor::CallReport;
 use crate::key::Key;
 use crate::tool::ToolDef;
 
@@ -28,6 +29,9 @@ pub struct ToolResult {
     /// [`Error::kind`]'s, or a kind only a tool set knows ([`ErrorKind::UnknownTool`],
     /// [`ErrorKind::InvalidToolCall`], [`ErrorKind::OutputNotJson`]). `None` on success.
     pub error_kind: Option<ErrorKind>,
+    /// The call's key and how it was served, once the arguments were accepted (MCP results carry
+    /// them in `_meta`).
+    pub report: Option<CallReport>,
 }
 
 impl ToolResult {
@@ -37,7 +41,13 @@ impl ToolResult {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        ToolResult { content: output, text, is_error: false, error_kind: None }
+        ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
+    }
+
+    /// The same result, carrying `report`.
+    pub fn with_report(mut self, report: Option<CallReport>) -> Self {
+        self.report = report;
+        self
     }
 
     /// A failed result of kind `kind` with the message the model reads and optional detail.
@@ -53,6 +63,7 @@ impl ToolResult {
             text,
             is_error: true,
             error_kind: Some(kind),
+            report: None,
         }
     }
 }
