@@ -15,6 +15,7 @@ use crate::key::{Fingerprint, Key};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
 pub mod memory;
+mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -25,6 +26,7 @@ pub mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+pub use open::open;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
@@ -130,8 +132,9 @@ pub enum StoreError {
     /// replayed from it.
     #[error("incompatible record or schema: {0}; upgrade idem, or migrate the store")]
     Incompatible(String),
-    /// The store's configuration cannot work (a malformed URL, a key prefix the store cannot
-    /// use). Nothing was tried: fix the configuration, retrying will not help.
+    /// The store's configuration is invalid: a malformed or unknown store URL, an option the
+    /// store does not know, an unreadable CA file, or a store or TLS feature not compiled in.
+    /// Nothing was attempted; fix the configuration.
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),
 }

@@ -17,10 +17,10 @@
 //!
 //! Connections: a fixed set (4 by default) of pipelined tokio-postgres connections plus one
 //! listener connection, opened on demand and re-opened after a failure, so the store works again
-//! by itself once the server is back. Without TLS (`NoTls`).
+//! by itself once the server is back. TLS (feature `postgres-tls`) follows the connection string's
+//! `sslmode` and `sslrootcert` as libpq does: see [`PostgresStore::connect`].
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,11 +29,17 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Statement};
 
 use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
+
+mod tls;
+#[cfg(feature = "postgres-tls")]
+mod verify;
+
+use tls::Target;
 
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
 ///
@@ -250,7 +256,7 @@ impl Waiters {
 }
 
 struct Inner {
-    config: Config,
+    target: Target,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
     /// first open only under concurrency.
@@ -289,31 +295,41 @@ impl std::fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Connects with a libpq-style connection string (`host=127.0.0.1 user=postgres dbname=app`)
-    /// or URL (`postgresql://user@host:5432/app`), with [`DEFAULT_CONNECTIONS`] connections,
-    /// and creates or checks the schema. Must run inside a tokio runtime.
+    /// or URL (`postgresql://user@host:5432/app?sslmode=verify-full`), with
+    /// [`DEFAULT_CONNECTIONS`] connections, and creates or checks the schema. Must run inside a
+    /// tokio runtime.
     ///
-    /// Fails with [`StoreError::Unavailable`] when the server cannot be reached (5 s connect
-    /// timeout unless the string sets `connect_timeout`) and [`StoreError::Incompatible`] when
-    /// the schema is from another version.
+    /// TLS (feature `postgres-tls`, rustls) follows libpq's `sslmode`: `disable`, `prefer` (the
+    /// default: TLS when the server offers it), `require` (encrypted, certificate unchecked),
+    /// `verify-ca` (the chain must lead to a trusted root) and `verify-full` (and the host name
+    /// must match). The roots are the PEM file `sslrootcert` names, else the system's roots; with
+    /// `sslrootcert`, `prefer` and `require` check the chain as `verify-ca` does.
+    ///
+    /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
+    /// unreadable `sslrootcert`, or a TLS mode without the `postgres-tls` feature;
+    /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
+    /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
+    /// [`StoreError::Incompatible`] when the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config = Config::from_str(url)
-            .map_err(|e| StoreError::InvalidConfig(format!("PostgreSQL connection string: {e}")))?;
-        Self::connect_with(config, DEFAULT_CONNECTIONS).await
+        Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS).await
     }
 
     /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
-    /// another schema) and `connections` connections (at least 1).
-    pub async fn connect_with(mut config: Config, connections: usize) -> Result<Self, StoreError> {
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
+    /// another schema) and `connections` connections (at least 1). Its `ssl_mode` applies
+    /// (`require`: encrypted, certificate unchecked); use [`connect`](Self::connect) for
+    /// `verify-ca` and `verify-full`.
+    pub async fn connect_with(config: Config, connections: usize) -> Result<Self, StoreError> {
+        Self::open_target(Target::from_config(config)?, connections).await
+    }
+
+    async fn open_target(target: Target, connections: usize) -> Result<Self, StoreError> {
         let waiters = Arc::new(Waiters::default());
         let listening = Arc::new(AtomicBool::new(false));
         let listener =
-            tokio::spawn(listen(config.clone(), Arc::clone(&waiters), Arc::clone(&listening)));
+            tokio::spawn(listen(target.clone(), Arc::clone(&waiters), Arc::clone(&listening)));
         let store = PostgresStore {
             inner: Arc::new(Inner {
-                config,
+                target,
                 slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
                 busy: AtomicUsize::new(0),
                 waiters,
@@ -346,7 +362,7 @@ impl PostgresStore {
             return Ok(Held { conn: Arc::clone(conn), _busy: busy });
         }
         *slot = None;
-        let conn = Arc::new(open(&self.inner.config).await?);
+        let conn = Arc::new(open(&self.inner.target).await?);
         *slot = Some(Arc::clone(&conn));
         Ok(Held { conn, _busy: busy })
     }
@@ -381,16 +397,8 @@ impl PostgresStore {
 }
 
 /// Opens one connection, checks or creates the schema, and prepares the statements.
-async fn open(config: &Config) -> Result<Conn, StoreError> {
-    // `connect_timeout` bounds only the TCP connect; a server that accepts and never answers
-    // the startup handshake would hang here without this bound.
-    let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
-    let connected = tokio::time::timeout(bound, config.connect(NoTls)).await.map_err(|_| {
-        StoreError::unavailable(format!(
-            "PostgreSQL accepted the connection but did not complete the startup within {bound:?}"
-        ))
-    })?;
-    let (mut client, connection) = connected.map_err(pg)?;
+async fn open(target: &Target) -> Result<Conn, StoreError> {
+    let (mut client, connection) = target.connect().await?;
     tokio::spawn(async move {
         // Ends when the client is dropped or the connection breaks; the error resurfaces as
         // the next statement's error.
@@ -489,13 +497,10 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
 
 /// The listener: one connection that `LISTEN`s on [`CHANNEL`] and wakes waiters by key;
 /// reconnects after a failure (waking everyone, since notifications may have been lost).
-async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
+async fn listen(target: Target, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
-        if let Ok(Ok((client, mut connection))) =
-            tokio::time::timeout(bound, config.connect(NoTls)).await
-        {
+        if let Ok((client, mut connection)) = target.connect().await {
             let driver = {
                 let waiters = Arc::clone(&waiters);
                 async move {

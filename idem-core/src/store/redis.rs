@@ -90,6 +90,8 @@ use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, Store
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
 
+mod conn;
+
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
 pub const SCHEMA_VERSION: &str = "2";
@@ -367,9 +369,7 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        // Opening a client only parses the URL.
-        let client = Client::open(self.url.as_str())
-            .map_err(|e| StoreError::InvalidConfig(format!("Redis URL: {e}")))?;
+        let client = conn::client(&self.url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
@@ -553,9 +553,12 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to the server at `url` (`redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://` with a TLS feature of redis-rs) with the default settings.
+    /// `rediss://…[?ca=/path/ca.pem]` with the feature `redis-tls`: TLS checked against the PEM
+    /// roots `ca` names, else the system's roots) with the default settings.
     ///
-    /// Errors: [`StoreError::Unavailable`] for a malformed URL or a server that cannot be reached.
+    /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unreadable CA file or
+    /// `rediss://` without `redis-tls`; [`StoreError::Unavailable`] for a server that cannot be
+    /// reached or a TLS check that fails.
     pub async fn open(url: &str) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).open().await
     }
