@@ -35,10 +35,12 @@ use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
+mod pool;
 mod tls;
 #[cfg(feature = "postgres-tls")]
 mod verify;
 
+use pool::PgClient;
 use tls::Target;
 
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
@@ -189,7 +191,7 @@ const CLAIM_RUNS: usize = 4;
 
 /// One connection with its prepared statements.
 struct Conn {
-    client: Client,
+    client: PgClient,
     claim: Statement,
     complete: Statement,
     release: Statement,
@@ -256,7 +258,10 @@ impl Waiters {
 }
 
 struct Inner {
-    target: Target,
+    /// Where the slots connect and the listener listens (`None`: a pool without a listener).
+    target: Option<Target>,
+    /// The application's pool ([`PostgresStore::from_pool`]), used instead of the slots.
+    pool: Option<deadpool_postgres::Pool>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
     /// first open only under concurrency.
@@ -323,24 +328,35 @@ impl PostgresStore {
     }
 
     async fn open_target(target: Target, connections: usize) -> Result<Self, StoreError> {
+        let store = Self::assemble(Some(target), None, connections);
+        // Opens the first connection now, so a wrong address or schema fails here.
+        store.conn().await?;
+        Ok(store)
+    }
+
+    /// The store around its connection source; the listener starts when there is a target.
+    fn assemble(
+        target: Option<Target>,
+        pool: Option<deadpool_postgres::Pool>,
+        connections: usize,
+    ) -> Self {
         let waiters = Arc::new(Waiters::default());
         let listening = Arc::new(AtomicBool::new(false));
-        let listener =
-            tokio::spawn(listen(target.clone(), Arc::clone(&waiters), Arc::clone(&listening)));
-        let store = PostgresStore {
+        let listener = target.clone().map(|target| {
+            tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
+        });
+        PostgresStore {
             inner: Arc::new(Inner {
                 target,
+                pool,
                 slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
                 busy: AtomicUsize::new(0),
                 waiters,
                 listening,
-                listener: Mutex::new(Some(listener)),
+                listener: Mutex::new(listener),
                 sweeps: SweepClock::new(),
             }),
-        };
-        // Opens the first connection now, so a wrong address or schema fails here.
-        store.conn().await?;
-        Ok(store)
+        }
     }
 
     /// Removes every record whose retention ended (at most 1000 per call); returns how many.
@@ -356,13 +372,20 @@ impl PostgresStore {
     /// guard is dropped.
     async fn conn(&self) -> Result<Held<'_>, StoreError> {
         let busy = Busy(&self.inner.busy);
+        if let Some(pool) = &self.inner.pool {
+            let conn = pool::checkout(pool, CONNECT_TIMEOUT).await?;
+            return Ok(Held { conn: Arc::new(conn), _busy: busy });
+        }
         let i = busy.0.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
         let mut slot = self.inner.slots[i].lock().await;
         if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(Held { conn: Arc::clone(conn), _busy: busy });
         }
         *slot = None;
-        let conn = Arc::new(open(&self.inner.target).await?);
+        let Some(target) = &self.inner.target else {
+            return Err(StoreError::unavailable("the PostgreSQL store has no connection source"));
+        };
+        let conn = Arc::new(open(target).await?);
         *slot = Some(Arc::clone(&conn));
         Ok(Held { conn, _busy: busy })
     }
@@ -421,7 +444,17 @@ async fn open(target: &Target) -> Result<Conn, StoreError> {
     let (mark_waited, held, forget, sweep) =
         tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
             .map_err(pg)?;
-    Ok(Conn { client, claim, complete, release, renew, mark_waited, held, forget, sweep })
+    Ok(Conn {
+        client: PgClient::Own(client),
+        claim,
+        complete,
+        release,
+        renew,
+        mark_waited,
+        held,
+        forget,
+        sweep,
+    })
 }
 
 const VERSION: &str = "SELECT value FROM idem_meta WHERE name = 'schema_version'";
