@@ -177,10 +177,12 @@ pub enum Error<E> {
     /// JSON does not read back as the same value (a NaN or infinite float, a map whose keys are
     /// not strings, a `Serialize` that `Deserialize` does not mirror). The record says so, and
     /// every later call of the intent receives this error, never a different value; the first
-    /// caller received the output itself. Do not call again for this intent: check the target
+    /// caller received the output itself. An output deeper than the depth limit or larger than
+    /// [`Policy::max_outcome_bytes`](crate::Policy::max_outcome_bytes) is refused to the first
+    /// caller too, and nothing is sent to the store (the claim ends with its lease). Do not call again for this intent: check the target
     /// system for the result.
     #[error(
-        "tool `{tool}` ran, but its output cannot be stored faithfully ({reason}), so it is not replayed (key {key}). The effect happened: do not call it again for this intent; check the target system for its result"
+        "tool `{tool}`: {reason}; it is not replayed (key {key}). The effect happened: do not call it again for this intent, check the target system for its result"
     )]
     OutputNotStorable {
         /// The tool's stable name.

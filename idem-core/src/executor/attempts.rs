@@ -20,6 +20,11 @@ use crate::failure::{Classify, Failure, FailureKind};
 use crate::store::{Fence, OnExpired, Outcome};
 use crate::tool::Tool;
 
+/// The reason of [`Error::OutputNotStorable`] and [`Outcome::NotStorable`].
+fn not_storable_reason(why: &dyn std::fmt::Display) -> String {
+    format!("the tool ran, but its output could not be stored: {why}")
+}
+
 /// How one attempt ended.
 enum Attempt<O, E> {
     Done(Result<O, E>),
@@ -156,8 +161,12 @@ impl<T: Tool> Call<'_, T> {
     /// the key. Returns the caller's error.
     async fn permanent(&self, fence: Option<Fence>, err: Error<T::Error>) -> Error<T::Error> {
         if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
-            match serde_json::to_string(error) {
-                Ok(json) => {
+            let json = crate::limits::check_depth(error)
+                .ok()
+                .and_then(|()| serde_json::to_string(error).ok())
+                .filter(|json| json.len() <= self.policy.max_outcome_bytes);
+            match json {
+                Some(json) => {
                     let outcome = Outcome::Failure(json);
                     let ttl = self.policy.failure_ttl;
                     // Not stored (store down, lease lost): the caller still gets the tool's
@@ -167,8 +176,8 @@ impl<T: Tool> Call<'_, T> {
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
-                // than storing what cannot be replayed.
-                Err(_) => self.release(fence).await,
+                // than storing what cannot be replayed (or is past the limits).
+                None => self.release(fence).await,
             }
         }
         err
@@ -200,12 +209,28 @@ impl<T: Tool> Call<'_, T> {
         fence: Option<Fence>,
         output: T::Output,
     ) -> Result<T::Output, Error<T::Error>> {
+        // serde_json writes without a depth limit, and so does every caller that turns the output
+        // into JSON: an output past the limit (docs/key-spec.md, "Limits") goes no further. It
+        // is leaked, not dropped: dropping it would recurse as deep as it is.
+        if let Err(e) = crate::limits::check_depth(&output) {
+            std::mem::forget(output);
+            return Err(self.not_storable(&e));
+        }
         let Some(fence) = fence else { return Ok(output) };
         let outcome = match storable(&output) {
+            // Sending more than the policy allows could block a shared store: nothing is sent,
+            // the claim is kept until its lease ends, and the caller is told.
+            Ok(json) if json.len() > self.policy.max_outcome_bytes => {
+                let limit = self.policy.max_outcome_bytes;
+                return Err(self.not_storable(&format_args!(
+                    "its JSON is {} bytes, more than the limit of {limit} bytes (Policy::max_outcome_bytes)",
+                    json.len()
+                )));
+            }
             Ok(json) => Outcome::Success(json),
             // The effect happened but its output would not replay as itself: the record says so,
             // and every later caller hears it. This caller has the real output.
-            Err(reason) => Outcome::NotStorable(reason),
+            Err(why) => Outcome::NotStorable(not_storable_reason(&why)),
         };
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),
@@ -217,6 +242,15 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %Chain(&e), "outcome not stored");
                 Ok(output)
             }
+        }
+    }
+
+    /// The error of an output that ran but cannot be stored: why, and that it happened.
+    fn not_storable(&self, why: &dyn std::fmt::Display) -> Error<T::Error> {
+        Error::OutputNotStorable {
+            tool: self.name(),
+            key: self.key,
+            reason: not_storable_reason(why),
         }
     }
 

@@ -50,7 +50,11 @@ fn share_err<E: serde::Serialize>(
     skeleton: &Error<()>,
     tool_error: Option<&E>,
 ) -> Shared {
-    let json = tool_error.map(serde_json::to_string);
+    // A tool's error is checked before serde_json, which has no depth limit, writes it.
+    let json = tool_error.map(|e| {
+        crate::limits::check_depth(e).map_err(|_| ())?;
+        serde_json::to_string(e).map_err(|_| ())
+    });
     Arc::new(Err(skeleton
         .clone()
         .try_map_tool(|()| match &json {

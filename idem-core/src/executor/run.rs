@@ -12,7 +12,7 @@ use super::call::Call;
 use super::report::{CallReport, ServedSlot, WaitHook};
 use crate::clock::later;
 use crate::error::Error;
-use crate::key::{self, Fingerprint, Scope};
+use crate::key::{self, Fingerprint, KeyError, Scope};
 use crate::tool::Tool;
 
 /// A run: the scope of keys, and how tools are called. Cheap to clone.
@@ -74,7 +74,11 @@ impl Run {
     /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
     /// or claim, run with retries, store the outcome, replay it for repeats.
     ///
-    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]).
+    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]). Arguments that
+    /// cannot be canonicalised, nest deeper than [`crate::MAX_DEPTH`] or are larger than
+    /// [`crate::Policy::max_argument_bytes`] are refused with [`Error::InvalidArguments`] before
+    /// anything is claimed or run. Arguments refused for their depth are leaked, not dropped:
+    /// dropping them would recurse as deep as they are (`docs/key-spec.md`, "Limits").
     pub async fn call<T: Tool>(
         &self,
         tool: &T,
@@ -92,8 +96,18 @@ impl Run {
         args: T::Args,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let def = tool.def();
+        let inner = &self.idem.inner;
+        let policy = inner.policy.with_options(def.class, &def.options);
         let mut canonical = Vec::with_capacity(256);
         if let Err(source) = T::write_intent(&args, &mut canonical) {
+            if matches!(source, KeyError::TooDeep { .. }) {
+                std::mem::forget(args);
+            }
+            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+        }
+        if canonical.len() > policy.max_argument_bytes {
+            let source =
+                KeyError::TooLarge { size: canonical.len(), limit: policy.max_argument_bytes };
             return (Err(Error::InvalidArguments { tool: def.name, source }), None);
         }
         let (key, fingerprint) = match &self.caller_key {
@@ -103,8 +117,6 @@ impl Run {
                 (key, Fingerprint::of_derived_key(&key))
             }
         };
-        let inner = &self.idem.inner;
-        let policy = inner.policy.with_options(def.class, &def.options);
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = Empty,

@@ -14,6 +14,14 @@ use crate::key::{Fingerprint, Key};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
+
+/// The SQL stores' outcome columns (kind, payload) as a record's outcome; `None` for a pair this
+/// version does not write. For the fuzz targets (`fuzz/`), not an API.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(hidden)]
+pub fn decode_sql_outcome(kind: Option<i64>, payload: Option<String>) -> Option<Outcome> {
+    codec::decode(kind, payload)
+}
 pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]

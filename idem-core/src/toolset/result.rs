@@ -80,7 +80,7 @@ pub(super) fn error_result<E: Serialize + Display>(
         Error::Tool { error, .. } => ToolResult::error(
             kind,
             format!("`{name}` failed: {error}"),
-            serde_json::to_value(error).ok(),
+            crate::limits::check_depth(error).ok().and_then(|()| serde_json::to_value(error).ok()),
         ),
         Error::OutcomeUnknown { key, .. } => {
             ToolResult::error(kind, outcome_unknown_text(name, key, cx), Some(key_detail(key)))
