@@ -325,7 +325,11 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
         // The default is 1 MiB, and the message says both numbers.
         let (store, idem) = executor();
         let err = save_tree(&idem.run("size"), json!("x".repeat(2 << 20))).await;
-        let message = err.err().map(|e| e.to_string()).unwrap_or_default();
+        // The cause is the error's source (each cause is given once, not also in the message).
+        let message = err
+            .err()
+            .and_then(|e| std::error::Error::source(&e).map(ToString::to_string))
+            .unwrap_or_default();
         assert!(message.contains("2097163 bytes"), "{message}");
         assert!(message.contains("limit of 1048576 bytes"), "{message}");
         assert_eq!(store.claims.load(Ordering::SeqCst), 0);
