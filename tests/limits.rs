@@ -325,7 +325,11 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
         // The default is 1 MiB, and the message says both numbers.
         let (store, idem) = executor();
         let err = save_tree(&idem.run("size"), json!("x".repeat(2 << 20))).await;
-        let message = err.err().map(|e| e.to_string()).unwrap_or_default();
+        // The cause is the error's source (each cause is given once, not also in the message).
+        let message = err
+            .err()
+            .and_then(|e| std::error::Error::source(&e).map(ToString::to_string))
+            .unwrap_or_default();
         assert!(message.contains("2097163 bytes"), "{message}");
         assert!(message.contains("limit of 1048576 bytes"), "{message}");
         assert_eq!(store.claims.load(Ordering::SeqCst), 0);
@@ -383,7 +387,7 @@ fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
             let run = idem.run("out-past");
             let before = GROWN.load(Ordering::SeqCst);
             match grow(&run, depth).await {
-                Err(Error::ReplayFailed { reason, .. }) => {
+                Err(Error::OutputNotStorable { reason, .. }) => {
                     assert!(reason.contains("the tool ran, but its output could not be stored"));
                     assert!(reason.contains("more than 127 levels deep"), "{reason}");
                 }
@@ -413,7 +417,7 @@ fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
         let (store, idem) = executor();
         let before = BIG.load(Ordering::SeqCst);
         match big(&idem.run("big"), 64 << 20).await {
-            Err(Error::ReplayFailed { reason, .. }) => {
+            Err(Error::OutputNotStorable { reason, .. }) => {
                 assert!(reason.contains("67108866 bytes"), "{reason}");
                 assert!(reason.contains("limit of 4194304 bytes"), "{reason}");
             }

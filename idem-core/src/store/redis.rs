@@ -321,6 +321,7 @@ impl Scripts {
 }
 
 /// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
+#[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
 #[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
     url: String,
@@ -363,7 +364,7 @@ impl RedisStoreBuilder {
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         if self.prefix.contains(['{', '}']) {
             // A brace would change the hash tag, splitting a record from its fence counter.
-            return Err(StoreError::unavailable(format!(
+            return Err(StoreError::InvalidConfig(format!(
                 "invalid key prefix {:?}: it must not contain '{{' or '}}'",
                 self.prefix
             )));
@@ -754,6 +755,7 @@ fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
         b"s" => Ok(Outcome::Success(json()?)),
         b"f" => Ok(Outcome::Failure(json()?)),
         b"u" if payload.is_empty() => Ok(Outcome::Unknown),
+        b"n" => Ok(Outcome::NotStorable(json()?)),
         b"u" => Err("unknown outcome has a payload".to_owned()),
         other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
@@ -806,6 +808,7 @@ impl Store for RedisStore {
             Outcome::Success(json) => ("s", json.as_str()),
             Outcome::Failure(json) => ("f", json.as_str()),
             Outcome::Unknown => ("u", ""),
+            Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
         let mut inv = self.inner.scripts.complete.prepare_invoke();
         inv.key(self.record_key(key))
