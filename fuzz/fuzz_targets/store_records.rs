@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
             let kind = kind.first().map(|k| i64::from(*k) - 1);
             let payload = std::str::from_utf8(payload).ok().map(str::to_owned);
             match decode_sql_outcome(kind, payload.clone()) {
-                Some(Outcome::Success(p)) | Some(Outcome::Failure(p)) => {
+                Some(Outcome::Success(p) | Outcome::Failure(p) | Outcome::NotStorable(p)) => {
                     assert_eq!(Some(p), payload)
                 }
                 Some(Outcome::Unknown) => assert_eq!(payload, None),
