@@ -498,7 +498,7 @@ async fn prefixes_separate_stores_and_braces_are_refused() {
     assert!(b.record_key(&key).starts_with("idem-other:{"));
     let bad = RedisStore::builder(redis_url()).prefix("a{b}").open().await;
     match bad {
-        Err(StoreError::Unavailable(why)) => assert!(why.to_string().contains("prefix"), "{why}"),
+        Err(StoreError::InvalidConfig(why)) => assert!(why.contains("prefix"), "{why}"),
         other => panic!("a prefix with braces must be refused, got {other:?}"),
     }
 }

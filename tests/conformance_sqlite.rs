@@ -179,7 +179,7 @@ async fn open_url_forms() {
     SqliteStore::open_url("sqlite::memory:").expect("in-memory URL");
     for bad in ["postgres://x", "sqlite://", "/tmp/x.db"] {
         assert!(
-            matches!(SqliteStore::open_url(bad), Err(StoreError::Unavailable(_))),
+            matches!(SqliteStore::open_url(bad), Err(StoreError::InvalidConfig(_))),
             "{bad:?} must be refused"
         );
     }

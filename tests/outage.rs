@@ -264,7 +264,7 @@ fn idem_on(store: Arc<dyn Store>) -> Idem {
     let policy = Policy {
         lease: Duration::from_millis(1500),
         attempt_timeout: Duration::from_secs(30),
-        budget: Duration::from_secs(30),
+        deadline: Duration::from_secs(30),
         ..Policy::default()
     };
     Idem::builder_shared(store).policy(policy).build()

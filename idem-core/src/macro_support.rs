@@ -101,8 +101,8 @@ pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 /// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
 /// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
-    /// Writes the RFC 8785 canonical text of the arguments that make up the intent (the ones not
-    /// marked `#[idem(skip)]`).
+    /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
+    /// arguments that make up the intent (the ones not marked `#[idem(skip)]`).
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError>;
 }
 
@@ -123,10 +123,6 @@ impl<S, A, O, E> MethodTool<S, A, O, E> {
     /// The tool of `receiver`, whose definition is `def`, running `body`.
     pub fn new(receiver: Arc<S>, def: &'static ToolDef, body: MethodBody<S, A, O, E>) -> Self {
         MethodTool { receiver, def, body }
-    }
-    /// The receiver.
-    pub fn receiver(&self) -> &Arc<S> {
-        &self.receiver
     }
 }
 
@@ -516,9 +512,15 @@ impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
         if F::SKIP == 0 {
-            crate::canonical::canonicalize(self, out)
-        } else {
-            crate::canonical::canonicalize(&IntentFields(self), out)
+            return crate::canonical::canonicalize(self, out);
+        }
+        crate::canonical::canonicalize(&IntentFields(self), out)?;
+        // The skipped parameters are not part of the key, but the tool still receives (and a
+        // retry clones) them: they are held to the same depth limit. Only depth is checked;
+        // anything else about them is the tool's business.
+        match crate::canonical::canonicalize(self, &mut Vec::new()) {
+            Err(e @ KeyError::TooDeep { .. }) => Err(e),
+            _ => Ok(()),
         }
     }
 }

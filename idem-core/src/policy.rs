@@ -1,4 +1,5 @@
-//! Retry policy: attempts, timeouts, budgets, leases and retention (DESIGN §6).
+//! Retry policy: attempts, timeouts, the deadline, leases, retention and size limits
+//! (`docs/design.md` §6).
 
 use std::time::Duration;
 
@@ -40,9 +41,9 @@ pub struct Policy {
     pub attempts: u32,
     /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s.
     pub attempt_timeout: Duration,
-    /// Wall-clock budget of the whole call: attempts, backoff and waiting for a duplicate.
-    /// Default 120 s.
-    pub budget: Duration,
+    /// Deadline of the whole call, measured from its start (gRPC's word): every attempt, the
+    /// backoff between them and waiting for a duplicate end by then. Default 120 s.
+    pub deadline: Duration,
     /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s.
     pub lease: Duration,
     /// Retention of a successful outcome. Default 24 h.
@@ -55,8 +56,18 @@ pub struct Policy {
     /// only share in-flight duplicates within the process and never touch the store.
     pub cache_safe: bool,
     /// How long one store operation may take before it counts as the store being unavailable.
-    /// A claim is also bounded by the call's wall-clock budget. Default 5 s.
+    /// A claim is also bounded by the call's deadline. Default 5 s.
     pub store_timeout: Duration,
+    /// The largest canonical arguments, in bytes, a call accepts; larger ones are refused before
+    /// the claim ([`crate::KeyError::TooLarge`]). Default 1 MiB: far above what a model writes
+    /// as one tool call's arguments, and small enough to hash and hold per call.
+    pub max_argument_bytes: usize,
+    /// The largest stored outcome (the output's or a permanent error's JSON), in bytes. A larger
+    /// output is not sent to the store: the effect happened, so the call is answered like an
+    /// output that cannot be stored; a larger permanent error releases the key. Default 4 MiB:
+    /// writing it keeps a shared Redis busy for milliseconds, not seconds, and it is more than
+    /// a model's context takes in from one tool result.
+    pub max_outcome_bytes: usize,
 }
 
 impl Default for Policy {
@@ -64,16 +75,23 @@ impl Default for Policy {
         Policy {
             attempts: 3,
             attempt_timeout: Duration::from_secs(30),
-            budget: Duration::from_secs(120),
+            deadline: Duration::from_secs(120),
             lease: Duration::from_secs(30),
             ttl: Duration::from_secs(24 * 3600),
             failure_ttl: Duration::from_secs(3600),
             backoff: Backoff::default(),
             cache_safe: false,
             store_timeout: Duration::from_secs(5),
+            max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
         }
     }
 }
+
+/// [`Policy::max_argument_bytes`]'s default: 1 MiB.
+const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
+/// [`Policy::max_outcome_bytes`]'s default: 4 MiB.
+const DEFAULT_MAX_OUTCOME_BYTES: usize = 4 << 20;
 
 /// The options a tool declares in `#[tool(...)]`; `None` keeps the executor's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,8 +100,8 @@ pub struct ToolOptions {
     pub attempts: Option<u32>,
     /// `timeout = "30s"`: per-attempt timeout.
     pub attempt_timeout: Option<Duration>,
-    /// `budget = "2m"`: wall-clock budget of the whole call.
-    pub budget: Option<Duration>,
+    /// `deadline = "2m"`: deadline of the whole call, from its start.
+    pub deadline: Option<Duration>,
     /// `lease = "30s"`.
     pub lease: Option<Duration>,
     /// `ttl = "24h"`: retention of the outcome.
@@ -93,8 +111,13 @@ pub struct ToolOptions {
 impl ToolOptions {
     /// Every option unset (the executor's defaults apply): `Default::default()` for `static`s and
     /// `const`s, e.g. `ToolOptions { attempts: Some(5), ..ToolOptions::NONE }`.
-    pub const NONE: ToolOptions =
-        ToolOptions { attempts: None, attempt_timeout: None, budget: None, lease: None, ttl: None };
+    pub const NONE: ToolOptions = ToolOptions {
+        attempts: None,
+        attempt_timeout: None,
+        deadline: None,
+        lease: None,
+        ttl: None,
+    };
 }
 
 impl Policy {
@@ -106,8 +129,8 @@ impl Policy {
         if let Some(v) = opts.attempt_timeout {
             self.attempt_timeout = v;
         }
-        if let Some(v) = opts.budget {
-            self.budget = v;
+        if let Some(v) = opts.deadline {
+            self.deadline = v;
         }
         if let Some(v) = opts.lease {
             self.lease = v;
@@ -123,7 +146,7 @@ impl Policy {
         // `Duration::MAX` means "no limit"; stores and instants get at most a century.
         for d in [
             &mut self.attempt_timeout,
-            &mut self.budget,
+            &mut self.deadline,
             &mut self.lease,
             &mut self.ttl,
             &mut self.failure_ttl,

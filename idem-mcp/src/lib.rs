@@ -46,6 +46,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "http")]
+pub mod http;
 pub mod jsonrpc;
 mod server;
 pub mod stdio;

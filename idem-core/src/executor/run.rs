@@ -12,7 +12,7 @@ use super::call::Call;
 use super::report::{CallReport, ServedSlot, WaitHook};
 use crate::clock::later;
 use crate::error::Error;
-use crate::key::{self, Fingerprint, Scope};
+use crate::key::{self, Fingerprint, KeyError, Scope};
 use crate::tool::Tool;
 
 /// A run: the scope of keys, and how tools are called. Cheap to clone.
@@ -47,11 +47,13 @@ impl Run {
     /// The same run, but the next calls use `key` (the caller's own idempotency key) instead of
     /// a key derived from the arguments. A fingerprint of the arguments is stored with it, and a
     /// reuse with other arguments fails with [`Error::KeyReuseMismatch`].
+    #[must_use = "the key applies only to the returned run, not to this one"]
     pub fn with_idempotency_key(&self, key: impl Into<Arc<str>>) -> Run {
         Run { caller_key: Some(key.into()), ..self.clone() }
     }
     /// The same run, with the agent's tool-call id (recorded as `gen_ai.tool.call.id`; not part
     /// of the key: the model invents a new one for every repeat).
+    #[must_use = "the call id applies only to the returned run, not to this one"]
     pub fn with_call_id(&self, id: impl Into<Arc<str>>) -> Run {
         Run { call_id: Some(id.into()), ..self.clone() }
     }
@@ -72,7 +74,11 @@ impl Run {
     /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
     /// or claim, run with retries, store the outcome, replay it for repeats.
     ///
-    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]).
+    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]). Arguments that
+    /// cannot be canonicalised, nest deeper than [`crate::MAX_DEPTH`] or are larger than
+    /// [`crate::Policy::max_argument_bytes`] are refused with [`Error::InvalidArguments`] before
+    /// anything is claimed or run. Arguments refused for their depth are leaked, not dropped:
+    /// dropping them would recurse as deep as they are (`docs/key-spec.md`, "Limits").
     pub async fn call<T: Tool>(
         &self,
         tool: &T,
@@ -90,8 +96,18 @@ impl Run {
         args: T::Args,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let def = tool.def();
+        let inner = &self.idem.inner;
+        let policy = inner.policy.with_options(def.class, &def.options);
         let mut canonical = Vec::with_capacity(256);
         if let Err(source) = T::write_intent(&args, &mut canonical) {
+            if matches!(source, KeyError::TooDeep { .. }) {
+                std::mem::forget(args);
+            }
+            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+        }
+        if canonical.len() > policy.max_argument_bytes {
+            let source =
+                KeyError::TooLarge { size: canonical.len(), limit: policy.max_argument_bytes };
             return (Err(Error::InvalidArguments { tool: def.name, source }), None);
         }
         let (key, fingerprint) = match &self.caller_key {
@@ -101,8 +117,6 @@ impl Run {
                 (key, Fingerprint::of_derived_key(&key))
             }
         };
-        let inner = &self.idem.inner;
-        let policy = inner.policy.with_options(def.class, &def.options);
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = Empty,
@@ -125,7 +139,7 @@ impl Run {
             key,
             fingerprint,
             policy,
-            deadline: later(Instant::now(), policy.budget),
+            deadline: later(Instant::now(), policy.deadline),
             span: span.clone(),
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),

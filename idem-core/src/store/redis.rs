@@ -321,6 +321,7 @@ impl Scripts {
 }
 
 /// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
+#[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
 #[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
     url: String,
@@ -363,7 +364,7 @@ impl RedisStoreBuilder {
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         if self.prefix.contains(['{', '}']) {
             // A brace would change the hash tag, splitting a record from its fence counter.
-            return Err(StoreError::unavailable(format!(
+            return Err(StoreError::InvalidConfig(format!(
                 "invalid key prefix {:?}: it must not contain '{{' or '}}'",
                 self.prefix
             )));
@@ -616,44 +617,7 @@ impl RedisStore {
         raw: &[u8],
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
-        let version = fields.first().copied().unwrap_or_default();
-        if version != SCHEMA_VERSION.as_bytes() {
-            let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
-            let record = self.record_key(key);
-            return Err(StoreError::Incompatible(format!(
-                "record {record} has schema version {shown:?}"
-            )));
-        }
-        let malformed = |what: &str| {
-            let record = self.record_key(key);
-            StoreError::Incompatible(format!(
-                "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
-            ))
-        };
-        let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
-            return Err(malformed("fewer than 8 fields"));
-        };
-        let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
-        if state != b"d" {
-            return Err(malformed("not a completed record"));
-        }
-        if fence.is_empty() || !digits(fence) {
-            return Err(malformed("fence"));
-        }
-        if waited != b"0" && waited != b"1" {
-            return Err(malformed("waited-on flag"));
-        }
-        if !digits(lease_end) {
-            return Err(malformed("lease end"));
-        }
-        let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
-        let Some(stored) = stored else { return Err(malformed("fingerprint")) };
-        if stored != *fingerprint {
-            return Ok(Claim::Mismatch);
-        }
-        let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
-        Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
+        decode_record(&self.record_key(key), raw, fingerprint)
     }
 
     fn interest(&self, channel: Vec<u8>) -> Interest {
@@ -666,6 +630,52 @@ impl RedisStore {
         drop(map);
         Interest { inner: Arc::clone(&self.inner), channel, notify }
     }
+}
+
+/// Decodes a completed record as the claim script returns it (`RedisStore::replay`);
+/// `record` names it in errors. Public for the fuzz targets (`fuzz/`), not an API.
+#[doc(hidden)]
+pub fn decode_record(
+    record: &str,
+    raw: &[u8],
+    fingerprint: &Fingerprint,
+) -> Result<Claim, StoreError> {
+    let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
+    let version = fields.first().copied().unwrap_or_default();
+    if version != SCHEMA_VERSION.as_bytes() {
+        let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
+        return Err(StoreError::Incompatible(format!(
+            "record {record} has schema version {shown:?}"
+        )));
+    }
+    let malformed = |what: &str| {
+        StoreError::Incompatible(format!(
+            "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
+        ))
+    };
+    let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
+        return Err(malformed("fewer than 8 fields"));
+    };
+    let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
+    if state != b"d" {
+        return Err(malformed("not a completed record"));
+    }
+    if fence.is_empty() || !digits(fence) {
+        return Err(malformed("fence"));
+    }
+    if waited != b"0" && waited != b"1" {
+        return Err(malformed("waited-on flag"));
+    }
+    if !digits(lease_end) {
+        return Err(malformed("lease end"));
+    }
+    let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
+    let Some(stored) = stored else { return Err(malformed("fingerprint")) };
+    if stored != *fingerprint {
+        return Ok(Claim::Mismatch);
+    }
+    let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
+    Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
 }
 
 fn unavailable(e: RedisError) -> StoreError {
@@ -689,6 +699,12 @@ impl Answer {
             other => Err(StoreError::Incompatible(format!("unexpected script answer {other:?}"))),
         }
     }
+}
+
+/// Reads a script's reply (see [`Answer`]). Public for the fuzz targets (`fuzz/`), not an API.
+#[doc(hidden)]
+pub fn decode_answer(reply: Value) -> Result<impl std::fmt::Debug, StoreError> {
+    answer(reply)
 }
 
 fn answer(reply: Value) -> Result<Answer, StoreError> {
@@ -739,6 +755,7 @@ fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
         b"s" => Ok(Outcome::Success(json()?)),
         b"f" => Ok(Outcome::Failure(json()?)),
         b"u" if payload.is_empty() => Ok(Outcome::Unknown),
+        b"n" => Ok(Outcome::NotStorable(json()?)),
         b"u" => Err("unknown outcome has a payload".to_owned()),
         other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
@@ -791,6 +808,7 @@ impl Store for RedisStore {
             Outcome::Success(json) => ("s", json.as_str()),
             Outcome::Failure(json) => ("f", json.as_str()),
             Outcome::Unknown => ("u", ""),
+            Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
         let mut inv = self.inner.scripts.complete.prepare_invoke();
         inv.key(self.record_key(key))

@@ -148,11 +148,11 @@ impl SqliteStore {
     pub fn open_url(url: &str) -> Result<Self, StoreError> {
         let path =
             url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).ok_or_else(
-                || StoreError::unavailable(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
+                || StoreError::InvalidConfig(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
             )?;
         match path {
             ":memory:" => Self::in_memory(),
-            "" => Err(StoreError::unavailable(format!("sqlite URL without a path: {url:?}"))),
+            "" => Err(StoreError::InvalidConfig(format!("sqlite URL without a path: {url:?}"))),
             path => Self::open(path),
         }
     }
