@@ -212,20 +212,29 @@ impl<T: Tool> Call<'_, T> {
         // serde_json writes without a depth limit, and so does every caller that turns the output
         // into JSON: an output past the limit (docs/key-spec.md, "Limits") goes no further. It
         // is leaked, not dropped: dropping it would recurse as deep as it is.
+        // The record says the effect happened and its output could not be stored, as for any
+        // output that cannot be stored: every later caller hears it.
         if let Err(e) = crate::limits::check_depth(&output) {
             std::mem::forget(output);
-            return Err(self.not_storable(&e));
+            let error = self.not_storable(&e);
+            if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
+                let outcome = Outcome::NotStorable(reason.clone());
+                if let Err(e) = self.store_outcome(fence, &outcome, self.policy.ttl).await {
+                    tracing::warn!(error = %Chain(&e), "outcome not stored");
+                }
+            }
+            return Err(error);
         }
         let Some(fence) = fence else { return Ok(output) };
         let outcome = match storable(&output) {
-            // Sending more than the policy allows could block a shared store: nothing is sent,
-            // the claim is kept until its lease ends, and the caller is told.
+            // Sending more than the policy allows could block a shared store: only the short
+            // record that the output could not be stored is sent. This caller has the output.
             Ok(json) if json.len() > self.policy.max_outcome_bytes => {
                 let limit = self.policy.max_outcome_bytes;
-                return Err(self.not_storable(&format_args!(
+                Outcome::NotStorable(not_storable_reason(&format_args!(
                     "its JSON is {} bytes, more than the limit of {limit} bytes (Policy::max_outcome_bytes)",
                     json.len()
-                )));
+                )))
             }
             Ok(json) => Outcome::Success(json),
             // The effect happened but its output would not replay as itself: the record says so,
