@@ -9,7 +9,7 @@ use syn::{Ident, LitInt, LitStr, Token};
 
 /// The options allowed in `#[tool(..)]`, for the "unknown option" message.
 pub const OPTIONS: &str =
-    "retry, name, description, attempts, timeout, budget, lease, ttl, skip, crate";
+    "retry, name, description, attempts, timeout, deadline, lease, ttl, skip, crate";
 
 /// What `retry` accepts, for the messages.
 const CLASSES: &str = "\"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)";
@@ -41,7 +41,7 @@ pub struct Attr {
     pub krate: Option<syn::Path>,
     pub attempts: Option<(u32, LitInt)>,
     pub timeout: Option<DurationOpt>,
-    pub budget: Option<DurationOpt>,
+    pub deadline: Option<DurationOpt>,
     pub lease: Option<DurationOpt>,
     pub ttl: Option<DurationOpt>,
     /// `skip(a, b)`: parameters excluded from the key, named in the attribute.
@@ -181,14 +181,14 @@ impl Attr {
                     ),
                 }
             }
-            "timeout" | "budget" | "lease" | "ttl" => {
+            "timeout" | "deadline" | "lease" | "ttl" => {
                 let hint = format!("a duration, as in {key} = \"30s\" (ms, s, m or h)");
                 let Some(lit) = string_value(&meta, &key, errors, &hint)? else {
                     return Ok(());
                 };
                 let slot = match key.to_string().as_str() {
                     "timeout" => &mut self.timeout,
-                    "budget" => &mut self.budget,
+                    "deadline" => &mut self.deadline,
                     "lease" => &mut self.lease,
                     _ => &mut self.ttl,
                 };
@@ -215,6 +215,13 @@ impl Attr {
                     }
                     Ok(())
                 })?;
+            }
+            "budget" => {
+                errors.spanned(
+                    key.span(),
+                    "`budget` is now called `deadline`: the time limit of the whole call, e.g. `deadline = \"2m\"`",
+                );
+                return skip_value(&meta);
             }
             other => {
                 errors.spanned(

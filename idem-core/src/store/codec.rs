@@ -1,16 +1,16 @@
 //! How the SQL stores (SQLite, PostgreSQL) write a record's outcome, fence and durations: one
 //! encoding, so a record means the same in both.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Fence, Outcome};
 
-/// The outcome kind column: 1 success, 2 permanent failure, 3 unknown. The payload column holds
-/// the JSON for 1 and 2, and is NULL for 3.
+/// The outcome kind column: 1 success, 2 permanent failure, 3 unknown, 4 output not storable.
+/// The payload column holds the JSON for 1 and 2, is NULL for 3, and the reason text for 4.
 pub(crate) const SUCCESS: i16 = 1;
 pub(crate) const FAILURE: i16 = 2;
 pub(crate) const UNKNOWN: i16 = 3;
+pub(crate) const NOT_STORABLE: i16 = 4;
 
 /// The kind and payload columns of `outcome`.
 pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
@@ -18,6 +18,7 @@ pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
         Outcome::Success(json) => (SUCCESS, Some(json)),
         Outcome::Failure(json) => (FAILURE, Some(json)),
         Outcome::Unknown => (UNKNOWN, None),
+        Outcome::NotStorable(reason) => (NOT_STORABLE, Some(reason)),
     }
 }
 
@@ -29,6 +30,7 @@ pub(crate) fn decode(kind: Option<i64>, payload: Option<String>) -> Option<Outco
         (Some(k), Some(json)) if k == i64::from(SUCCESS) => Some(Outcome::Success(json)),
         (Some(k), Some(json)) if k == i64::from(FAILURE) => Some(Outcome::Failure(json)),
         (Some(k), None) if k == i64::from(UNKNOWN) => Some(Outcome::Unknown),
+        (Some(k), Some(why)) if k == i64::from(NOT_STORABLE) => Some(Outcome::NotStorable(why)),
         _ => None,
     }
 }
@@ -49,34 +51,4 @@ pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// How often a store sweeps records whose retention ended: once per minute, by whichever call
-/// first finds the minute over (claims already treat such records as absent; sweeping only
-/// reclaims space).
-pub(crate) struct SweepClock {
-    next_ms: AtomicI64,
-}
-
-const SWEEP_EVERY_MS: i64 = 60_000;
-
-impl SweepClock {
-    pub(crate) fn new() -> Self {
-        SweepClock { next_ms: AtomicI64::new(now_ms() + SWEEP_EVERY_MS) }
-    }
-
-    /// Whether the caller should sweep now; true for exactly one caller per minute.
-    pub(crate) fn due(&self, now_ms: i64) -> bool {
-        let due = self.next_ms.load(Ordering::Relaxed);
-        now_ms >= due
-            && self
-                .next_ms
-                .compare_exchange(
-                    due,
-                    now_ms + SWEEP_EVERY_MS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
 }
