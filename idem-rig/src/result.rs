@@ -52,9 +52,7 @@ pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
     };
     // `new` shows the message to the model as it is: idem's text already says what happened
     // and what to do (for an unknown outcome: do not call again, check).
-    ToolExecutionError::new(kind, result.text.clone())
-        .with_code(code)
-        .with_retryable(retryable)
+    ToolExecutionError::new(kind, result.text.clone()).with_code(code).with_retryable(retryable)
 }
 
 #[cfg(test)]
