@@ -3,9 +3,15 @@
 //! Makes `#[tool]` functions (an idem [`ToolSet`](idem_core::ToolSet)) into rig tools bound to a
 //! [`Run`](idem_core::Run), for rig-agent's `AgentBuilder::dynamic_tools`:
 //!
-//! ```ignore
-//! let tools = RigToolSet::new(ToolSet::new().with(ChargeCardTool)?, idem.run("conversation-42"));
-//! let agent = rig_agent::AgentBuilder::new(model).dynamic_tools(tools.dynamic_tools()).build();
+//! ```
+//! # use idem_core::{Idem, ToolSet};
+//! # use idem_rig::RigToolSet;
+//! # use rig_core::{DynModel, operation::Completion};
+//! # fn demo(tool_set: ToolSet, model: DynModel<Completion>) -> rig_agent::Agent {
+//! let idem = Idem::in_memory();
+//! let tools = RigToolSet::new(tool_set, idem.run("conversation-42"));
+//! rig_agent::AgentBuilder::new(model).dynamic_tools(tools.dynamic_tools()).build()
+//! # }
 //! ```
 //!
 //! Every call the agent makes goes through the idem protocol: the idempotency key comes from the
