@@ -78,6 +78,9 @@ struct Vectors {
     about: String,
     keys: Vec<Vector>,
     caller_keys: Vec<Vector>,
+    /// Checked through `#[tool]` by tests/tool_key_vectors.rs.
+    #[allow(dead_code)]
+    tools: Vec<serde_json::Value>,
 }
 
 fn canonical_as<T: Serialize + DeserializeOwned>(arguments: &str) -> Result<String, String> {
@@ -168,6 +171,9 @@ fn the_vectors_show_the_equivalences_the_spec_promises() {
     assert_ne!(key("charge"), key("charge in another run"));
     assert_ne!(key("charge"), key("charge for a tenant"));
     assert_ne!(key("charge"), key("charge by another tool"));
+    // Strings are not Unicode-normalised: NFC and NFD spellings of "é" are two intents.
+    assert_ne!(key("NFC"), key("NFD"));
+    assert!(key("NFC").is_some());
     let caller = &vectors.caller_keys;
     assert_eq!(caller[0].key, caller[1].key);
     assert_ne!(caller[0].fingerprint, caller[1].fingerprint);

@@ -11,30 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use idem_tests::or_skip;
+use mcp_support::{payments_mcp, run, target_dir};
+
+mod mcp_support;
 
 /// The pinned version of the official Python MCP SDK.
 const MCP_VERSION: &str = "2.3.0";
-
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?} could not start: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
 
 /// A venv with `mcp==MCP_VERSION`, made once; its python.
 fn python_with_mcp() -> Result<PathBuf, String> {
@@ -57,27 +39,12 @@ fn python_with_mcp() -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// Builds the example and returns its executable.
-fn build_server() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = run(Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "-p", "idem-mcp", "--features", "sqlite", "--example", "payments_mcp"])
-        .arg("--message-format=json-render-diagnostics"))
-    .unwrap_or_else(|e| panic!("the example does not build: {e}"));
-    out.lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|msg| msg["target"]["name"] == "payments_mcp")
-        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported the payments_mcp executable")
-}
-
 #[test]
 fn python_mcp_client_sees_one_charge_and_an_honest_unknown_refund() {
     let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
         return;
     };
-    let server = build_server();
+    let server = payments_mcp();
     let work = target_dir().join("mcp-python-test");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client_test.py");
     let out = Command::new(python).arg(script).arg(&server).arg(&work).output().unwrap();

@@ -1,6 +1,6 @@
 //! RFC 8785 (JSON Canonicalization Scheme, JCS) text written straight from typed values by a
-//! `serde::Serializer`, with the stricter rules of DESIGN §4. The rules are specified, with test
-//! vectors, in `docs/key-spec.md`.
+//! `serde::Serializer`, with the stricter rules of `docs/key-spec.md`, where they are specified
+//! with test vectors.
 //!
 //! Objects are written member by member into the output while each member's byte span is
 //! remembered; when the members did not arrive in key order (UTF-16 code units, RFC 8785 §3.2.3),
@@ -51,6 +51,31 @@ pub enum KeyError {
         /// Where, ending with the repeated name.
         path: String,
     },
+    /// Arrays and objects are nested deeper than [`MAX_DEPTH`](crate::limits::MAX_DEPTH) levels
+    /// (or a chain of `Option`s, boxes and newtypes is longer than
+    /// [`MAX_WRAPPERS`](crate::limits::MAX_WRAPPERS)). Checked while writing, long before the
+    /// stack could run out.
+    #[error(
+        "{} nests arrays and objects more than {limit} levels deep; idem refuses deeper data (docs/key-spec.md, Limits)",
+        describe(path)
+    )]
+    TooDeep {
+        /// Where the first level past the limit begins (shortened when long).
+        path: String,
+        /// The limit: [`MAX_DEPTH`](crate::limits::MAX_DEPTH).
+        limit: usize,
+    },
+    /// The canonical arguments are larger than the policy allows
+    /// ([`Policy::max_argument_bytes`](crate::Policy::max_argument_bytes)).
+    #[error(
+        "the arguments are {size} bytes as canonical JSON, more than the limit of {limit} bytes (Policy::max_argument_bytes); send less data, or pass a reference to it"
+    )]
+    TooLarge {
+        /// Bytes of canonical JSON.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The value's `Serialize` implementation failed, or produced something that is not one JSON
     /// value. The message says where.
     #[error(
@@ -84,7 +109,7 @@ fn describe(path: &str) -> String {
 /// was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {
     let mark = out.len();
-    let mut canon = Canon { out, bufs: Buffers::take(), depth: 0 };
+    let mut canon = Canon { out, bufs: Buffers::take(), depth: 0, nest: 0, wrappers: 0 };
     let mut result = value.serialize(&mut canon);
     if result.is_ok() && canon.depth != 0 {
         result = Err(unfinished());
@@ -120,6 +145,7 @@ enum Kind {
     NonFinite(&'static str),
     NonStringKey,
     DuplicateKey,
+    TooDeep,
     Custom(String),
 }
 
@@ -143,26 +169,14 @@ impl Fail {
         }
     }
     fn path(&self) -> String {
-        let mut out = String::new();
+        let mut path = PathText::default();
         for seg in self.0.path.iter().rev() {
             match seg {
-                Seg::Index(i) => {
-                    let _ = write!(out, "[{i}]");
-                }
-                Seg::Key(k) if is_plain(k) => {
-                    if !out.is_empty() {
-                        out.push('.');
-                    }
-                    out.push_str(k);
-                }
-                Seg::Key(k) => {
-                    let mut quoted = Vec::with_capacity(k.len() + 2);
-                    write_str(&mut quoted, k.as_bytes());
-                    let _ = write!(out, "[{}]", String::from_utf8_lossy(&quoted));
-                }
+                Seg::Index(i) => path.index(*i),
+                Seg::Key(k) => path.key(k),
             }
         }
-        out
+        path.finish()
     }
     fn into_key_error(self) -> KeyError {
         let path = self.path();
@@ -170,9 +184,57 @@ impl Fail {
             Kind::NonFinite(value) => KeyError::NonFinite { path, value },
             Kind::NonStringKey => KeyError::NonStringKey { path },
             Kind::DuplicateKey => KeyError::DuplicateKey { path },
+            Kind::TooDeep => KeyError::TooDeep { path, limit: crate::limits::MAX_DEPTH },
             Kind::Custom(msg) if path.is_empty() => KeyError::Custom(msg),
             Kind::Custom(msg) => KeyError::Custom(format!("at `{path}`: {msg}")),
         }
+    }
+}
+
+/// A path as errors show it (`items[2].price`, `meta["a.b"]`), built outermost first. Paths of
+/// data nested past the depth limit are long: after [`PathText::MAX_CHARS`] bytes the rest is
+/// counted, not written (`[0][0]…[0] … (+90 levels)`).
+#[derive(Default)]
+pub(crate) struct PathText {
+    out: String,
+    omitted: usize,
+}
+
+impl PathText {
+    const MAX_CHARS: usize = 120;
+
+    fn full(&mut self) -> bool {
+        if self.out.len() >= Self::MAX_CHARS {
+            self.omitted += 1;
+            return true;
+        }
+        false
+    }
+    pub(crate) fn index(&mut self, i: usize) {
+        if !self.full() {
+            let _ = write!(self.out, "[{i}]");
+        }
+    }
+    pub(crate) fn key(&mut self, k: &str) {
+        if self.full() {
+            return;
+        }
+        if is_plain(k) {
+            if !self.out.is_empty() {
+                self.out.push('.');
+            }
+            self.out.push_str(k);
+        } else {
+            let mut quoted = Vec::with_capacity(k.len() + 2);
+            write_str(&mut quoted, k.as_bytes());
+            let _ = write!(self.out, "[{}]", String::from_utf8_lossy(&quoted));
+        }
+    }
+    pub(crate) fn finish(mut self) -> String {
+        if self.omitted > 0 {
+            let _ = write!(self.out, "… (+{} levels)", self.omitted);
+        }
+        self.out
     }
 }
 
@@ -198,6 +260,7 @@ impl fmt::Display for Fail {
             Kind::NonFinite(v) => write!(f, "{v} has no JSON form"),
             Kind::NonStringKey => f.write_str("map key is neither a string nor an integer"),
             Kind::DuplicateKey => f.write_str("duplicate object member"),
+            Kind::TooDeep => f.write_str("nested too deep"),
             Kind::Custom(msg) => f.write_str(msg),
         }
     }
@@ -415,30 +478,67 @@ struct Canon<'o> {
     bufs: Buffers,
     /// Open arrays and objects: a Serialize impl that abandons one is caught at the end.
     depth: usize,
+    /// Open `[` and `{` in the output (enum variants' wrapping objects included): the JSON
+    /// nesting that [`crate::limits::MAX_DEPTH`] bounds, as serde_json's parser counts it.
+    nest: usize,
+    /// Values being written that write nothing of their own (`Some`, newtype structs): bounded
+    /// too, so a recursive type cannot recurse without limit while writing only `null`.
+    wrappers: usize,
 }
 
 impl<'o> Canon<'o> {
-    fn open_variant(&mut self, variant: &'static str) {
+    /// One more level of JSON nesting, refused past the limit (the caller writes the bracket).
+    fn enter(&mut self) -> Result<(), Fail> {
+        if self.nest >= crate::limits::MAX_DEPTH {
+            return Err(Fail::new(Kind::TooDeep));
+        }
+        self.nest += 1;
+        Ok(())
+    }
+    fn leave(&mut self, levels: usize) {
+        self.nest = self.nest.saturating_sub(levels);
+    }
+    /// Writes a wrapper's inner value, refused past the wrapper limit.
+    fn wrapped<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fail> {
+        if self.wrappers >= crate::limits::MAX_WRAPPERS {
+            return Err(Fail::new(Kind::TooDeep));
+        }
+        self.wrappers += 1;
+        let result = value.serialize(&mut *self);
+        self.wrappers -= 1;
+        result
+    }
+    fn open_variant(&mut self, variant: &'static str) -> Result<(), Fail> {
+        self.enter()?;
         self.out.push(b'{');
         write_str(self.out, variant.as_bytes());
         self.out.push(b':');
+        Ok(())
     }
-    fn seq(&mut self, variant: Option<&'static str>) -> Seq<'_, 'o> {
+    fn seq(&mut self, variant: Option<&'static str>) -> Result<Seq<'_, 'o>, Fail> {
         if let Some(v) = variant {
-            self.open_variant(v);
+            self.open_variant(v)?;
+        }
+        if let Err(e) = self.enter() {
+            self.leave(usize::from(variant.is_some()));
+            return Err(e.in_variant(variant));
         }
         self.out.push(b'[');
         self.depth += 1;
         let depth = self.depth;
-        Seq { ser: self, index: 0, variant, depth }
+        Ok(Seq { ser: self, index: 0, variant, depth })
     }
-    fn object(&mut self, variant: Option<&'static str>) -> Obj<'_, 'o> {
+    fn object(&mut self, variant: Option<&'static str>) -> Result<Obj<'_, 'o>, Fail> {
         if let Some(v) = variant {
-            self.open_variant(v);
+            self.open_variant(v)?;
+        }
+        if let Err(e) = self.enter() {
+            self.leave(usize::from(variant.is_some()));
+            return Err(e.in_variant(variant));
         }
         self.out.push(b'{');
         self.depth += 1;
-        Obj {
+        Ok(Obj {
             start: self.out.len(),
             base: self.bufs.members.len(),
             keys_base: self.bufs.keys.len(),
@@ -447,19 +547,28 @@ impl<'o> Canon<'o> {
             variant,
             depth: self.depth,
             ser: self,
-        }
+        })
     }
-    /// Writes a JSON number given as text (serde_json's `arbitrary_precision` Number): integers
-    /// exactly, anything with a fraction or exponent as the f64 it denotes.
+    /// Writes a JSON number given as text (serde_json's `arbitrary_precision` Number, and the
+    /// numbers of a `RawValue` when that feature is on) exactly as serde_json without the feature
+    /// reads it: an integer within `u64` / `i64` exactly, anything else (a fraction, an exponent,
+    /// a larger integer) as the nearest `f64`. So a feature another crate turns on changes no key.
     fn number_text(&mut self, text: &str) -> Result<(), Fail> {
-        let digits = text.strip_prefix('-').unwrap_or(text);
+        let (negative, digits) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
         if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-            if digits.bytes().all(|b| b == b'0') {
-                self.out.push(b'0');
-            } else {
-                self.out.extend_from_slice(text.as_bytes());
+            // serde_json reads `-0` as the float -0.0, written `0` like the integer.
+            if negative {
+                if let Ok(v) = text.parse::<i64>() {
+                    write_int(self.out, v);
+                    return Ok(());
+                }
+            } else if let Ok(v) = digits.parse::<u64>() {
+                write_int(self.out, v);
+                return Ok(());
             }
-            return Ok(());
         }
         match text.parse::<f64>() {
             Ok(v) => write_f64(self.out, v),
@@ -554,7 +663,7 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         self.serialize_unit()
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Fail> {
-        value.serialize(self)
+        self.wrapped(value)
     }
     fn serialize_unit(self) -> Result<(), Fail> {
         self.out.extend_from_slice(b"null");
@@ -576,7 +685,7 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         _name: &'static str,
         value: &T,
     ) -> Result<(), Fail> {
-        value.serialize(self)
+        self.wrapped(value)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
@@ -585,19 +694,20 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), Fail> {
-        self.open_variant(variant);
+        self.open_variant(variant)?;
         value.serialize(&mut *self).map_err(|e| e.in_variant(Some(variant)))?;
+        self.leave(1);
         self.out.push(b'}');
         Ok(())
     }
     fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a, 'o>, Fail> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
     fn serialize_tuple(self, _len: usize) -> Result<Seq<'a, 'o>, Fail> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
     fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Seq<'a, 'o>, Fail> {
-        Ok(self.seq(None))
+        self.seq(None)
     }
     fn serialize_tuple_variant(
         self,
@@ -606,16 +716,16 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Seq<'a, 'o>, Fail> {
-        Ok(self.seq(Some(variant)))
+        self.seq(Some(variant))
     }
     fn serialize_map(self, _len: Option<usize>) -> Result<Obj<'a, 'o>, Fail> {
-        Ok(self.object(None))
+        self.object(None)
     }
     fn serialize_struct(self, name: &'static str, _len: usize) -> Result<Struct<'a, 'o>, Fail> {
         Ok(match name {
             RAW_VALUE_TOKEN => Struct::Raw(self),
             NUMBER_TOKEN => Struct::Number(self),
-            _ => Struct::Obj(self.object(None)),
+            _ => Struct::Obj(self.object(None)?),
         })
     }
     fn serialize_struct_variant(
@@ -625,7 +735,7 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Obj<'a, 'o>, Fail> {
-        Ok(self.object(Some(variant)))
+        self.object(Some(variant))
     }
     fn collect_str<T: fmt::Display + ?Sized>(self, value: &T) -> Result<(), Fail> {
         self.out.push(b'"');
@@ -659,6 +769,7 @@ impl Seq<'_, '_> {
             return Err(unfinished());
         }
         self.ser.depth -= 1;
+        self.ser.leave(1 + usize::from(self.variant.is_some()));
         self.ser.out.push(b']');
         if self.variant.is_some() {
             self.ser.out.push(b'}');
@@ -764,6 +875,7 @@ impl Obj<'_, '_> {
             return Err(unfinished());
         }
         self.ser.depth -= 1;
+        self.ser.leave(1 + usize::from(self.variant.is_some()));
         let Canon { out, bufs, .. } = &mut *self.ser;
         let Buffers { keys, members, scratch } = bufs;
         let mine = members.get_mut(self.base..).unwrap_or_default();
@@ -1041,6 +1153,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::limits::{MAX_DEPTH, drop_flat, nested_arrays};
 
     fn canon<T: Serialize + ?Sized>(v: &T) -> String {
         match to_canonical_string(v) {
@@ -1336,8 +1449,14 @@ mod tests {
         let raw = |t| canon(&Private(RAW_VALUE_TOKEN, t));
         assert_eq!(raw(r#"{ "b": 1.0, "a": "\u00e9" }"#), r#"{"a":"é","b":1}"#);
         assert_eq!(raw("9007199254740993"), "9007199254740993");
+        // As serde_json reads the text without `arbitrary_precision`: integers within u64 / i64
+        // exactly, anything else as the nearest f64.
         let num = |t| canon(&Private(NUMBER_TOKEN, t));
-        assert_eq!(num("123456789012345678901234567890"), "123456789012345678901234567890");
+        assert_eq!(num("123456789012345678901234567890"), "1.2345678901234568e+29");
+        assert_eq!(num("18446744073709551615"), "18446744073709551615");
+        assert_eq!(num("18446744073709551616"), "18446744073709552000");
+        assert_eq!(num("-9223372036854775808"), "-9223372036854775808");
+        assert_eq!(num("-9223372036854775809"), "-9223372036854776000");
         assert_eq!(num("-0"), "0");
         assert_eq!(num("4900.0"), "4900");
         assert_eq!(num("1E21"), "1e+21");
@@ -1405,6 +1524,126 @@ mod tests {
             canon(&Args { z: 1, n: Nested, a: 2 }),
             r#"{"a":2,"n":"{\"x\":2,\"y\":1}","z":1}"#
         );
+    }
+
+    /// Runs `f` on a thread with a 2 MiB stack (what `std::thread::spawn` gives by default).
+    fn on_small_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+        let handle = std::thread::Builder::new().stack_size(2 << 20).spawn(f);
+        match handle.map(std::thread::JoinHandle::join) {
+            Ok(Ok(r)) => r,
+            _ => panic!("the thread failed"),
+        }
+    }
+
+    fn too_deep(r: Result<String, KeyError>) -> String {
+        match r {
+            Err(KeyError::TooDeep { path, limit }) => {
+                assert_eq!(limit, MAX_DEPTH);
+                path
+            }
+            other => panic!("expected TooDeep, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn values_nested_to_the_limit_are_written_and_deeper_ones_refused() {
+        on_small_stack(|| {
+            let at = nested_arrays(MAX_DEPTH, json!(1));
+            let text = canon(&at);
+            assert_eq!(text.len(), 2 * MAX_DEPTH + 1);
+            // What was written reads back: serde_json's parser has the same limit.
+            assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok());
+            drop_flat(at);
+            for depth in [MAX_DEPTH + 1, 100_000] {
+                let past = nested_arrays(depth, json!(1));
+                let path = too_deep(to_canonical_string(&past));
+                assert!(path.starts_with("[0][0]") && path.ends_with("levels)"), "{path}");
+                drop_flat(past);
+            }
+        });
+    }
+
+    #[test]
+    fn objects_and_enum_variants_count_as_json_levels() {
+        #[derive(Serialize)]
+        enum E {
+            Wrap(Box<E>),
+            Pair(Box<E>, u8),
+            Leaf,
+        }
+        fn chain(n: usize, pair: bool) -> E {
+            let mut e = E::Leaf;
+            for _ in 0..n {
+                e = if pair { E::Pair(Box::new(e), 0) } else { E::Wrap(Box::new(e)) };
+            }
+            e
+        }
+        // `{"Wrap":` is one level per variant; `{"Pair":[` two.
+        assert!(to_canonical_string(&chain(MAX_DEPTH, false)).is_ok());
+        too_deep(to_canonical_string(&chain(MAX_DEPTH + 1, false)));
+        let half = MAX_DEPTH / 2;
+        assert!(to_canonical_string(&chain(half, true)).is_ok());
+        let path = too_deep(to_canonical_string(&chain(half + 1, true)));
+        assert!(path.starts_with("Pair[0].Pair[0]"), "{path}");
+        // Objects: {"a":{"a":...}}
+        let mut v = json!(1);
+        for _ in 0..=MAX_DEPTH {
+            v = json!({ "a": v });
+        }
+        assert!(too_deep(to_canonical_string(&v)).starts_with("a.a.a"));
+        drop_flat(v);
+    }
+
+    #[test]
+    fn a_long_chain_of_wrappers_is_refused_without_overflow() {
+        // A recursive type that writes only `null` at the end of 100,000 `Some`s.
+        #[derive(Serialize)]
+        struct Node(Option<Box<Node>>);
+        on_small_stack(|| {
+            let build = |n: usize| {
+                let mut node = Node(None);
+                for _ in 0..n {
+                    node = Node(Some(Box::new(node)));
+                }
+                node
+            };
+            assert_eq!(canon(&build(10)), "null");
+            let deep = build(100_000);
+            too_deep(to_canonical_string(&deep));
+            // Dropping it would recurse as deep as it is.
+            std::mem::forget(deep);
+        });
+    }
+
+    #[test]
+    fn raw_json_inside_counts_from_where_it_sits() {
+        // serde_json's RawValue: a private one-field struct holding JSON text.
+        struct Raw(&'static str);
+        impl Serialize for Raw {
+            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use ser::SerializeStruct;
+                let mut st = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+                st.serialize_field(RAW_VALUE_TOKEN, self.0)?;
+                st.end()
+            }
+        }
+        // The raw text inside `n` arrays.
+        struct Inside(usize, &'static str);
+        impl Serialize for Inside {
+            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use ser::SerializeSeq;
+                if self.0 == 0 {
+                    return Raw(self.1).serialize(s);
+                }
+                let mut seq = s.serialize_seq(Some(1))?;
+                seq.serialize_element(&Inside(self.0 - 1, self.1))?;
+                seq.end()
+            }
+        }
+        assert!(to_canonical_string(&Inside(MAX_DEPTH - 2, "[[1]]")).is_ok());
+        assert!(to_canonical_string(&Inside(MAX_DEPTH - 2, "[{}]")).is_ok());
+        too_deep(to_canonical_string(&Inside(MAX_DEPTH - 2, "[[[1]]]")));
+        too_deep(to_canonical_string(&Inside(MAX_DEPTH - 2, "{\"a\":[{}]}")));
     }
 
     proptest! {

@@ -171,17 +171,83 @@ impl<E> Error<E> {
 
     /// The stable `error.type` for traces and machine-readable results (OpenTelemetry semantic
     /// conventions: low-cardinality).
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Tool { .. } => "tool_error",
-            Error::InvalidArguments { .. } => "invalid_arguments",
-            Error::StoreUnavailable { .. } => "store_unavailable",
-            Error::LeaseLost { .. } => "lease_lost",
-            Error::KeyReuseMismatch { .. } => "key_reuse_mismatch",
-            Error::OutcomeUnknown { .. } => "outcome_unknown",
-            Error::Timeout { .. } => "timeout",
-            Error::BudgetExhausted { .. } => "budget_exhausted",
-            Error::ReplayFailed { .. } => "replay_failed",
+            Error::Tool { .. } => ErrorKind::Tool,
+            Error::InvalidArguments { .. } => ErrorKind::InvalidArguments,
+            Error::StoreUnavailable { .. } => ErrorKind::StoreUnavailable,
+            Error::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Error::KeyReuseMismatch { .. } => ErrorKind::KeyReuseMismatch,
+            Error::OutcomeUnknown { .. } => ErrorKind::OutcomeUnknown,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::BudgetExhausted { .. } => ErrorKind::BudgetExhausted,
+            Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
         }
+    }
+}
+
+/// The stable, machine-readable kind of a failed call: the `error.type` of a trace span and the
+/// `error_kind` of a [`ToolResult`](crate::ToolResult), whose `content` carries it as
+/// `{"error": {"kind": "<wire string>"}}`. The wire strings ([`ErrorKind::as_str`]) never change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// `tool_error`: [`Error::Tool`], the tool's own error.
+    Tool,
+    /// `invalid_arguments`: [`Error::InvalidArguments`], or a model's arguments that are not JSON,
+    /// not an object, or do not fit the tool's types (also NaN and infinities, which JSON cannot
+    /// carry).
+    InvalidArguments,
+    /// `store_unavailable`: [`Error::StoreUnavailable`].
+    StoreUnavailable,
+    /// `lease_lost`: [`Error::LeaseLost`].
+    LeaseLost,
+    /// `key_reuse_mismatch`: [`Error::KeyReuseMismatch`].
+    KeyReuseMismatch,
+    /// `outcome_unknown`: [`Error::OutcomeUnknown`].
+    OutcomeUnknown,
+    /// `timeout`: [`Error::Timeout`].
+    Timeout,
+    /// `budget_exhausted`: [`Error::BudgetExhausted`].
+    BudgetExhausted,
+    /// `replay_failed`: [`Error::ReplayFailed`].
+    ReplayFailed,
+    /// `unknown_tool`: a tool set was asked for a tool it does not hold.
+    UnknownTool,
+    /// `invalid_tool_call`: a tool call whose envelope is malformed (no name, wrong shape).
+    InvalidToolCall,
+    /// `output_not_json`: the tool ran, but its output could not be turned into JSON.
+    OutputNotJson,
+}
+
+impl ErrorKind {
+    /// The wire string: `tool_error`, `invalid_arguments`, ... (snake case, stable).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Tool => "tool_error",
+            ErrorKind::InvalidArguments => "invalid_arguments",
+            ErrorKind::StoreUnavailable => "store_unavailable",
+            ErrorKind::LeaseLost => "lease_lost",
+            ErrorKind::KeyReuseMismatch => "key_reuse_mismatch",
+            ErrorKind::OutcomeUnknown => "outcome_unknown",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::BudgetExhausted => "budget_exhausted",
+            ErrorKind::ReplayFailed => "replay_failed",
+            ErrorKind::UnknownTool => "unknown_tool",
+            ErrorKind::InvalidToolCall => "invalid_tool_call",
+            ErrorKind::OutputNotJson => "output_not_json",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ErrorKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }

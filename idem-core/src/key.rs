@@ -1,4 +1,4 @@
-//! Idempotency keys and argument fingerprints (DESIGN §4, spec in `docs/key-spec.md`).
+//! Idempotency keys and argument fingerprints (specified in `docs/key-spec.md`).
 //!
 //! key = SHA-256 over a framed, versioned byte string: every field is preceded by its length as a
 //! big-endian u64, so `("a:b", "c")` and `("a", "b:c")` never meet. Shown as 64 lowercase hex

@@ -23,8 +23,10 @@ mod error;
 mod executor;
 mod failure;
 mod flight;
-mod generated;
+pub mod json_text;
 pub mod key;
+pub mod limits;
+mod macro_support;
 mod policy;
 pub mod store;
 mod tool;
@@ -34,10 +36,11 @@ pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
 pub use clock::FOREVER;
 pub use ctx::Ctx;
-pub use error::{BudgetKind, Error};
+pub use error::{BudgetKind, Error, ErrorKind};
 pub use executor::{Idem, IdemBuilder, Run};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
+pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, Policy, ToolOptions};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
@@ -59,5 +62,5 @@ pub mod __private {
     pub use serde;
     pub use serde_json;
 
-    pub use crate::generated::*;
+    pub use crate::macro_support::*;
 }

@@ -18,6 +18,13 @@
 //!   ([`MCP_META_IDEMPOTENCY_KEY`]) is used instead of the derived key; a reuse with other
 //!   arguments is refused (`key_reuse_mismatch`).
 //!
+//! - Transport: [`stdio::LineTransport`] reads one JSON-RPC message per line and answers every
+//!   request it cannot pass on to rmcp with the request's id (see [`jsonrpc`] for the table of
+//!   answers), including text no SDK would send: numbers beyond `f64`, lone surrogates, nesting
+//!   past 128 levels, repeated member names. A `tools/call` whose `arguments` are not one JSON
+//!   object with unique member names gets an `isError` result of kind `invalid_arguments`, the
+//!   same as on the OpenAI and Anthropic front doors; its tool does not run.
+//!
 //! rmcp's own `#[tool_router]`/`#[tool]` macros are not used: [`IdemServer`] implements
 //! `ServerHandler` by hand over the tool set, so idem's `#[tool]` is the only tool attribute.
 //!
@@ -30,6 +37,9 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod jsonrpc;
+pub mod stdio;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,17 +142,20 @@ impl IdemServer {
     ///
     /// Errors: [`ServeError`].
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
-        let running = self
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| ServeError::Initialize(Box::new(e)))?;
+        let running =
+            self.serve(stdio::stdio()).await.map_err(|e| ServeError::Initialize(Box::new(e)))?;
         let reason = running.waiting().await?;
         tracing::debug!(?reason, "MCP session ended");
         Ok(())
     }
 
     /// Handles one `tools/call`: see the crate docs for routing and scope.
-    async fn call(&self, params: CallToolRequestParams, meta: Map<String, Value>) -> CallResult {
+    async fn call(
+        &self,
+        params: CallToolRequestParams,
+        meta: Map<String, Value>,
+        text: Option<jsonrpc::ArgumentsText>,
+    ) -> CallResult {
         let name = params.name.to_string();
         if self.tools.definition(&name).is_none() {
             return Err(ErrorData::invalid_params(format!("Unknown tool: {name}"), None));
@@ -154,9 +167,10 @@ impl IdemServer {
         // The call runs in its own task: if the client gives up on the request, the effect still
         // finishes and its outcome is stored, so the client's repeat is answered from it.
         let task = tokio::spawn(async move {
-            let args = match &args {
-                Some(v) => Arguments::Json(v),
-                None => Arguments::Absent,
+            let args = match (&text, &args) {
+                (Some(text), _) => Arguments::Text(&text.0),
+                (None, Some(v)) => Arguments::Json(v),
+                (None, None) => Arguments::Absent,
             };
             tools.call_args(&run, &name, args).await
         });
@@ -224,7 +238,8 @@ impl ServerHandler for IdemServer {
         if let Some(own) = request.meta.take() {
             meta.extend(own.0.0);
         }
-        self.call(request, meta).await
+        let text = context.extensions.get::<jsonrpc::ArgumentsText>().cloned();
+        self.call(request, meta, text).await
     }
 }
 
@@ -281,13 +296,13 @@ mod tests {
     #[tokio::test]
     async fn unknown_tool_and_bad_meta_are_invalid_params() {
         let server = server();
-        let Err(e) = server.call(params(json!({"name": "nope"})), Map::new()).await else {
+        let Err(e) = server.call(params(json!({"name": "nope"})), Map::new(), None).await else {
             panic!("an unknown tool was answered")
         };
         assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
         assert_eq!(e.message, "Unknown tool: nope");
         let call = params(json!({"name": "place_order", "arguments": {"item": "a"}}));
-        let Err(e) = server.call(call, meta(json!({"idem/idempotencyKey": ""}))).await else {
+        let Err(e) = server.call(call, meta(json!({"idem/idempotencyKey": ""})), None).await else {
             panic!("an empty idempotency key was accepted")
         };
         assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS);
@@ -305,12 +320,12 @@ mod tests {
             Ok(CallToolResponse::Complete(result)) => result,
             other => panic!("not a complete result: {other:?}"),
         };
-        let first = complete(a.call(call(), run()).await);
-        let again = complete(a.call(call(), run()).await);
+        let first = complete(a.call(call(), run(), None).await);
+        let again = complete(a.call(call(), run(), None).await);
         assert_eq!(first, again);
-        a.call(call(), Map::new()).await.unwrap();
-        a.call(call(), Map::new()).await.unwrap();
-        b.call(call(), Map::new()).await.unwrap();
+        a.call(call(), Map::new(), None).await.unwrap();
+        a.call(call(), Map::new(), None).await.unwrap();
+        b.call(call(), Map::new(), None).await.unwrap();
         assert_eq!(ORDERS.load(Ordering::SeqCst) - before, 3, "conv-1, session a, session b");
         assert_eq!(first.is_error, Some(false));
         assert_eq!(first.structured_content.unwrap()["item"], "scope-test");
@@ -320,7 +335,7 @@ mod tests {
     async fn bad_arguments_are_an_is_error_result() {
         let server = server();
         let call = params(json!({"name": "place_order", "arguments": {"item": 5}}));
-        let CallToolResponse::Complete(result) = server.call(call, Map::new()).await.unwrap()
+        let CallToolResponse::Complete(result) = server.call(call, Map::new(), None).await.unwrap()
         else {
             panic!("not a complete result")
         };

@@ -6,8 +6,7 @@
 //! idem's stable `error_kind`, and whose rig kind and retryability hint follow the table on
 //! [`tool_error`].
 
-use idem_core::ToolResult;
-use idem_core::toolset::{INVALID_ARGUMENTS, INVALID_TOOL_CALL, OUTPUT_NOT_JSON, UNKNOWN_TOOL};
+use idem_core::{ErrorKind, ToolResult};
 use rig_core::tool::{ToolErrorKind, ToolExecutionError, ToolOutput};
 use serde_json::Value;
 
@@ -38,18 +37,19 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
 /// | `tool_error` | `Provider` | no: a permanent error is stored and replayed |
 /// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, others | `Other` | no |
 pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
-    let code = result.error_kind.unwrap_or("error");
-    let (kind, retryable) = match code {
-        INVALID_ARGUMENTS | INVALID_TOOL_CALL => (ToolErrorKind::InvalidArgs, false),
-        UNKNOWN_TOOL => (ToolErrorKind::NotFound, false),
-        "timeout" => (ToolErrorKind::Timeout, true),
-        "budget_exhausted" => (ToolErrorKind::RateLimited, true),
-        "store_unavailable" => (ToolErrorKind::Network, true),
-        "lease_lost" => (ToolErrorKind::Other, true),
-        "tool_error" => (ToolErrorKind::Provider, false),
-        OUTPUT_NOT_JSON => (ToolErrorKind::Other, false),
+    let (kind, retryable) = match result.error_kind {
+        Some(ErrorKind::InvalidArguments | ErrorKind::InvalidToolCall) => {
+            (ToolErrorKind::InvalidArgs, false)
+        }
+        Some(ErrorKind::UnknownTool) => (ToolErrorKind::NotFound, false),
+        Some(ErrorKind::Timeout) => (ToolErrorKind::Timeout, true),
+        Some(ErrorKind::BudgetExhausted) => (ToolErrorKind::RateLimited, true),
+        Some(ErrorKind::StoreUnavailable) => (ToolErrorKind::Network, true),
+        Some(ErrorKind::LeaseLost) => (ToolErrorKind::Other, true),
+        Some(ErrorKind::Tool) => (ToolErrorKind::Provider, false),
         _ => (ToolErrorKind::Other, false),
     };
+    let code = result.error_kind.map_or("error", ErrorKind::as_str);
     // `new` shows the message to the model as it is: idem's text already says what happened
     // and what to do (for an unknown outcome: do not call again, check).
     ToolExecutionError::new(kind, result.text.clone()).with_code(code).with_retryable(retryable)
@@ -72,21 +72,22 @@ mod tests {
     #[test]
     fn errors_show_idem_text_and_kind() {
         let cases = [
-            (INVALID_ARGUMENTS, ToolErrorKind::InvalidArgs, Some(false)),
-            ("outcome_unknown", ToolErrorKind::Other, Some(false)),
-            ("key_reuse_mismatch", ToolErrorKind::Other, Some(false)),
-            ("timeout", ToolErrorKind::Timeout, Some(true)),
-            ("store_unavailable", ToolErrorKind::Network, Some(true)),
-            ("tool_error", ToolErrorKind::Provider, Some(false)),
+            (ErrorKind::InvalidArguments, ToolErrorKind::InvalidArgs, Some(false)),
+            (ErrorKind::OutcomeUnknown, ToolErrorKind::Other, Some(false)),
+            (ErrorKind::KeyReuseMismatch, ToolErrorKind::Other, Some(false)),
+            (ErrorKind::Timeout, ToolErrorKind::Timeout, Some(true)),
+            (ErrorKind::StoreUnavailable, ToolErrorKind::Network, Some(true)),
+            (ErrorKind::Tool, ToolErrorKind::Provider, Some(false)),
         ];
         for (idem_kind, rig_kind, retryable) in cases {
             let result = ToolResult::error(idem_kind, "what happened; what to do", None);
             let err = to_rig(result.clone()).unwrap_err();
-            assert_eq!(err.kind(), rig_kind, "{idem_kind}");
-            assert_eq!(err.code(), Some(idem_kind));
-            assert_eq!(err.retryable(), retryable, "{idem_kind}");
+            let code = idem_kind.as_str();
+            assert_eq!(err.kind(), rig_kind, "{code}");
+            assert_eq!(err.code(), Some(code));
+            assert_eq!(err.retryable(), retryable, "{code}");
             assert_eq!(err.model_feedback(), Some(result.text.as_str()));
-            assert!(result.text.starts_with(&format!("Error ({idem_kind}): ")));
+            assert!(result.text.starts_with(&format!("Error ({code}): ")));
         }
     }
 }

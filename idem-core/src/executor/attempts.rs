@@ -1,0 +1,280 @@
+//! The attempt loop of a call that owns its key (or runs without the store): run an attempt under
+//! its timeout, classify how it failed, decide the next step ([`Next`]), and store the outcome.
+
+use std::future::Future;
+use std::task::Poll;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::call::Call;
+use super::lease::Owned;
+use crate::class::RetryClass;
+use crate::clock::{FOREVER, later};
+use crate::ctx::Ctx;
+use crate::error::{BudgetKind, Error};
+use crate::failure::{Classify, Failure, FailureKind};
+use crate::store::{Fence, OnExpired, Outcome};
+use crate::tool::Tool;
+
+/// How one attempt ended.
+enum Attempt<O, E> {
+    Done(Result<O, E>),
+    TimedOut,
+}
+
+/// What follows a transient or ambiguous failure that the class allows to retry.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// Sleep `pause` (full jitter, at least the tool's retry-after), then run the next attempt.
+    Retry { pause: Duration },
+    /// No further attempt: the claim is released and the caller is told why.
+    Stop(Stop),
+}
+
+/// Why no further attempt is made.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    /// Every allowed attempt ran: the caller gets the last attempt's error.
+    AttemptsUsed,
+    /// A budget refuses the retry.
+    Exhausted(BudgetKind),
+}
+
+impl<T: Tool> Call<'_, T> {
+    /// The attempts loop, holding `fence` (or none for a safe tool that does not use the store).
+    pub(super) async fn attempts(
+        &self,
+        args: T::Args,
+        fence: Option<Fence>,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let budget = &self.inner.budget;
+        let mut args = Some(args);
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            self.span.record("idem.attempt", attempt);
+            let started = Instant::now();
+            if started >= self.deadline {
+                // Waiting for a duplicate used the whole budget: starting an attempt that would
+                // time out at once would only make its outcome ambiguous.
+                if let Some(fence) = fence {
+                    self.release(fence).await;
+                }
+                return Err(Error::BudgetExhausted {
+                    tool: self.name(),
+                    budget: BudgetKind::WallClock,
+                });
+            }
+            let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
+            let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
+            // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
+            let this_args = match args.take() {
+                Some(a) if attempt >= self.policy.attempts => a,
+                Some(a) => {
+                    let copy = a.clone();
+                    args = Some(a);
+                    copy
+                }
+                None => return Err(self.internal("arguments used up before the last attempt")),
+            };
+            let (failure, error) = match self.run_attempt(&cx, this_args, attempt_deadline).await {
+                Attempt::Done(Ok(output)) => {
+                    budget.on_success();
+                    return self.finish_ok(fence, output).await;
+                }
+                Attempt::Done(Err(error)) => (error.classify(), Some(error)),
+                Attempt::TimedOut => (Failure::ambiguous(), None),
+            };
+            let error = match error {
+                Some(error) => Error::Tool { tool: self.name(), error },
+                None => Error::Timeout {
+                    tool: self.name(),
+                    timeout: attempt_deadline - started,
+                    attempt,
+                },
+            };
+            match (failure.kind, self.class()) {
+                (FailureKind::Permanent, _) => return Err(self.permanent(fence, error).await),
+                (FailureKind::Ambiguous, RetryClass::Never) => {
+                    budget.on_failure();
+                    return Err(self.unknown(fence).await);
+                }
+                (FailureKind::Transient | FailureKind::Ambiguous, _) => {
+                    budget.on_failure();
+                    let stop = match self.next(attempt, &failure) {
+                        Next::Retry { pause } => {
+                            self.pause(fence, pause).await;
+                            continue;
+                        }
+                        Next::Stop(stop) => stop,
+                    };
+                    if let Some(fence) = fence {
+                        // Nothing is stored: a later call claims again and, for a keyed tool,
+                        // re-runs with the same key so the provider deduplicates.
+                        self.release(fence).await;
+                    }
+                    return Err(match stop {
+                        Stop::AttemptsUsed => error,
+                        Stop::Exhausted(budget) => {
+                            Error::BudgetExhausted { tool: self.name(), budget }
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// The decision after failed attempt number `attempt`, which may be retried: a retry needs an
+    /// attempt left, the shared retry budget's consent, and time for the pause before the deadline.
+    fn next(&self, attempt: u32, failure: &Failure) -> Next {
+        if attempt >= self.policy.attempts {
+            return Next::Stop(Stop::AttemptsUsed);
+        }
+        if !self.inner.budget.can_retry() {
+            return Next::Stop(Stop::Exhausted(BudgetKind::RetryBudget));
+        }
+        let ceiling = self.policy.backoff.ceiling(attempt);
+        let pause = self.jitter(ceiling).max(failure.retry_after.unwrap_or_default());
+        if later(Instant::now(), pause) >= self.deadline {
+            return Next::Stop(Stop::Exhausted(BudgetKind::WallClock));
+        }
+        Next::Retry { pause }
+    }
+
+    /// A permanent failure: stored and replayed when it is the tool's own error and the call owns
+    /// the key. Returns the caller's error.
+    async fn permanent(&self, fence: Option<Fence>, err: Error<T::Error>) -> Error<T::Error> {
+        if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
+            match serde_json::to_string(error) {
+                Ok(json) => {
+                    let outcome = Outcome::Failure(json);
+                    let ttl = self.policy.failure_ttl;
+                    // Not stored (store down, lease lost): the caller still gets the tool's
+                    // answer; the claim ends with its lease.
+                    if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
+                        tracing::warn!(error = %e, "permanent failure not stored");
+                    }
+                }
+                // A permanent failure means nothing happened: freeing the key is safe, and better
+                // than storing what cannot be replayed.
+                Err(_) => self.release(fence).await,
+            }
+        }
+        err
+    }
+
+    /// An ambiguous failure of a never tool: the outcome is unknown, for good.
+    async fn unknown(&self, fence: Option<Fence>) -> Error<T::Error> {
+        if let Some(fence) = fence {
+            // Kept until someone reconciles it, not for the retention of a result: expiring it
+            // would let the tool run a second time. If the store cannot take it, the claim stays
+            // in flight and reads as unknown once its lease ends: either way the honest answer is
+            // "unknown", never "not executed".
+            if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await {
+                tracing::warn!(error = %e, "unknown outcome not stored");
+            }
+        }
+        self.outcome("unknown");
+        Error::OutcomeUnknown { tool: self.name(), key: self.key }
+    }
+
+    fn jitter(&self, ceiling: Duration) -> Duration {
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+        Duration::from_nanos(rng.random_range(0..=nanos))
+    }
+
+    async fn finish_ok(
+        &self,
+        fence: Option<Fence>,
+        output: T::Output,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let Some(fence) = fence else { return Ok(output) };
+        let json = match serde_json::to_string(&output) {
+            Ok(json) => json,
+            Err(e) => {
+                // The effect happened but cannot be stored: keep the claim until its lease ends
+                // rather than invite a second run, and tell the caller.
+                return Err(Error::ReplayFailed {
+                    tool: self.name(),
+                    key: self.key,
+                    reason: format!("the output could not be serialized: {e}"),
+                });
+            }
+        };
+        let outcome = Outcome::Success(json);
+        match self.store_outcome(fence, &outcome, self.policy.ttl).await {
+            Ok(()) => Ok(output),
+            Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
+            Err(e) => {
+                // The effect happened and the caller gets its result; the record stays in flight
+                // until its lease ends, then a keyed repeat re-runs with the same key and a never
+                // repeat answers OutcomeUnknown: nothing runs twice unprotected.
+                tracing::warn!(error = %e, "outcome not stored");
+                Ok(output)
+            }
+        }
+    }
+
+    /// This call's lease was taken over (it paused, or its renewals failed) after its work
+    /// succeeded. The new owner's outcome stands: wait for it and answer with it, so every caller
+    /// of the intent receives the same result. If the new owner gave up, this call's result
+    /// becomes the intent's (a keyed tool's provider deduplicated both runs by the key).
+    async fn after_lease_lost(
+        &self,
+        output: T::Output,
+        outcome: Outcome,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let lost = || Error::LeaseLost { tool: self.name(), key: self.key };
+        if self.class() == RetryClass::Never {
+            // Only an operator's `forget` takes a never tool's lease: do not guess.
+            return Err(lost());
+        }
+        match self.acquire(OnExpired::TakeOver).await {
+            Ok(Owned::Answer(answer)) => answer,
+            Ok(Owned::Fence(fence)) => {
+                self.store_outcome(fence, &outcome, self.policy.ttl).await.map(|()| output)
+            }
+            Err(_) => Err(lost()),
+        }
+    }
+
+    /// Runs one attempt under its timeout, renewing the lease every third of it.
+    async fn run_attempt(
+        &self,
+        cx: &Ctx,
+        args: T::Args,
+        deadline: Instant,
+    ) -> Attempt<T::Output, T::Error> {
+        let mut work = std::pin::pin!(self.tool.run(cx, args));
+        // Most attempts of a fast tool finish on their first poll: no timer is armed for them.
+        if let Poll::Ready(ended) =
+            std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await
+        {
+            return Attempt::Done(ended);
+        }
+        let mut timeout = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let Some(fence) = cx.fence else {
+            return tokio::select! {
+                biased;
+                ended = &mut work => Attempt::Done(ended),
+                () = &mut timeout => Attempt::TimedOut,
+            };
+        };
+        let period = self.policy.lease / 3;
+        let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
+        loop {
+            tokio::select! {
+                biased;
+                ended = &mut work => return Attempt::Done(ended),
+                () = &mut timeout => return Attempt::TimedOut,
+                () = &mut renew_at => {
+                    self.renew(fence).await;
+                    renew_at.as_mut().reset(later(Instant::now(), period));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Owning a key: claim it (or wait for its owner, or replay its outcome), keep the lease alive
+//! while the tool works or pauses, store the outcome, release the claim. Every step after the
+//! claim is bounded by the store timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::call::Call;
+use crate::clock::later;
+use crate::error::{BudgetKind, Error};
+use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
+use crate::tool::Tool;
+
+/// What claiming ended with: this call owns the key, or it already has its answer.
+pub(super) enum Owned<T: Tool> {
+    Fence(Fence),
+    Answer(Result<T::Output, Error<T::Error>>),
+}
+
+impl<T: Tool> Call<'_, T> {
+    /// Claims until this call owns the key or has its answer: waits for another owner's
+    /// result, replays a stored one, or says why not. Bounded by the wall-clock budget.
+    pub(super) async fn acquire(&self, on_expired: OnExpired) -> Result<Owned<T>, StoreError> {
+        let store = &self.inner.store;
+        let answer = |a| Ok(Owned::Answer(a));
+        let mut waited = false;
+        loop {
+            match self.claim(on_expired).await? {
+                Claim::Acquired { fence, .. } => return Ok(Owned::Fence(fence)),
+                Claim::InFlight { fence, lease_remaining } => {
+                    let now = Instant::now();
+                    if now >= self.deadline {
+                        let budget = BudgetKind::WallClock;
+                        return answer(Err(Error::BudgetExhausted { tool: self.name(), budget }));
+                    }
+                    let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
+                    // A store that stops answering is caught by the next claim's timeout.
+                    let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
+                    if let Ok(Err(e)) = woken {
+                        return Err(e);
+                    }
+                    waited = true;
+                }
+                Claim::Completed(record) => {
+                    self.outcome(if waited { "joined" } else { "replayed" });
+                    return answer(self.replay(record));
+                }
+                Claim::Unknown => {
+                    self.outcome("unknown");
+                    return answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }));
+                }
+                Claim::Mismatch => {
+                    return answer(Err(Error::KeyReuseMismatch {
+                        tool: self.name(),
+                        key: self.key,
+                    }));
+                }
+            }
+        }
+    }
+
+    /// One claim, bounded by the call's budget and the store timeout. A claim that does not
+    /// answer in time is finished in the background and released if it acquired, so a slow store
+    /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
+    async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+        if self.inner.local_store {
+            // Answers without I/O: nothing to bound, nothing left behind.
+            let req = ClaimRequest {
+                key: &self.key,
+                fingerprint: &self.fingerprint,
+                lease: self.policy.lease,
+                on_expired,
+            };
+            return self.inner.store.claim(req).await;
+        }
+        let now = Instant::now();
+        let bound = later(now, self.policy.store_timeout).min(self.deadline);
+        let store = Arc::clone(&self.inner.store);
+        let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
+        let mut claim = Box::pin(async move {
+            let req = ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired };
+            store.claim(req).await
+        });
+        match tokio::time::timeout_at(bound, &mut claim).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let store = Arc::clone(&self.inner.store);
+                tokio::spawn(async move {
+                    if let Ok(Claim::Acquired { fence, .. }) = claim.await {
+                        let _ = store.release(&key, fence).await;
+                    }
+                });
+                Err(StoreError::unavailable(format!(
+                    "the store did not answer the claim within {:?}",
+                    bound.saturating_duration_since(now)
+                )))
+            }
+        }
+    }
+
+    /// A store step after the claim (complete, release, renew), bounded by the store timeout,
+    /// not by the call's budget: the tool's work is done and its outcome should be kept.
+    async fn bounded(
+        &self,
+        step: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        if self.inner.local_store {
+            return step.await;
+        }
+        let timeout = self.policy.store_timeout;
+        match tokio::time::timeout(timeout, step).await {
+            Ok(result) => result,
+            Err(_) => {
+                Err(StoreError::unavailable(format!("the store did not answer within {timeout:?}")))
+            }
+        }
+    }
+
+    pub(super) async fn release(&self, fence: Fence) {
+        // A failed release only delays the next claim until the lease ends.
+        let _ = self.bounded(self.inner.store.release(&self.key, fence)).await;
+    }
+
+    pub(super) async fn renew(&self, fence: Fence) {
+        if let Err(e) =
+            self.bounded(self.inner.store.renew(&self.key, fence, self.policy.lease)).await
+        {
+            // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
+            // LeaseLost when the outcome is stored.
+            tracing::warn!(error = %e, "lease renewal failed");
+        }
+    }
+
+    /// Sleeps `pause` before a retry, still renewing the lease (a provider's retry-after may be
+    /// longer than the lease).
+    pub(super) async fn pause(&self, fence: Option<Fence>, pause: Duration) {
+        let until = later(Instant::now(), pause);
+        let Some(fence) = fence else {
+            tokio::time::sleep_until(until).await;
+            return;
+        };
+        let period = self.policy.lease / 3;
+        loop {
+            let next = later(Instant::now(), period);
+            if next >= until {
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+            tokio::time::sleep_until(next).await;
+            self.renew(fence).await;
+        }
+    }
+
+    pub(super) async fn store_outcome(
+        &self,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), Error<T::Error>> {
+        self.bounded(self.inner.store.complete(&self.key, fence, outcome, ttl))
+            .await
+            .map_err(|e| self.store_error(e))
+    }
+}

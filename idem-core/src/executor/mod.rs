@@ -1,0 +1,146 @@
+//! The executor: claim → run → complete, row by row of the table in DESIGN §3.
+//!
+//! - this module: the runtime ([`Idem`]) and its builder;
+//! - `run`: the handle a caller holds ([`Run`]) and the entry of every call;
+//! - `call`: one call in progress, the in-process single flight, replay;
+//! - `lease`: claiming the key, waiting for another owner, renewing and releasing;
+//! - `attempts`: the attempt loop and the decision after each failed attempt.
+
+mod attempts;
+mod call;
+mod lease;
+mod run;
+
+use std::sync::{Arc, Mutex};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+pub use run::Run;
+
+use crate::budget::RetryBudget;
+use crate::flight::Flights;
+use crate::key::Scope;
+use crate::policy::Policy;
+use crate::store::{MemoryStore, Store};
+
+/// The runtime: a store, a default policy, a shared retry budget and the in-process single
+/// flight. Cheap to clone (one `Arc`); share one per process.
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    /// `store.is_local()`, read once.
+    local_store: bool,
+    policy: Policy,
+    budget: Arc<RetryBudget>,
+    flights: Flights,
+    rng: Mutex<SmallRng>,
+    safe_fail_open: bool,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem").field("policy", &self.inner.policy).finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`Idem`].
+pub struct IdemBuilder {
+    store: Arc<dyn Store>,
+    policy: Policy,
+    budget: Option<Arc<RetryBudget>>,
+    seed: Option<u64>,
+    safe_fail_open: bool,
+}
+
+impl IdemBuilder {
+    /// The default policy for every tool; a tool's own options override it.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// A retry budget, possibly shared with other executors. Default: a new
+    /// `RetryBudget::default()`.
+    pub fn retry_budget(mut self, budget: Arc<RetryBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+    /// Seeds the jitter's random numbers, for reproducible tests. Default: seeded by the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    /// Lets `safe` tools with caching on run when the store is unavailable (fail open). Keyed and
+    /// never tools always fail closed. Default off.
+    pub fn safe_fail_open(mut self, on: bool) -> Self {
+        self.safe_fail_open = on;
+        self
+    }
+    /// The executor.
+    pub fn build(self) -> Idem {
+        let rng = match self.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        };
+        Idem {
+            inner: Arc::new(Inner {
+                local_store: self.store.is_local(),
+                store: self.store,
+                policy: self.policy,
+                budget: self.budget.unwrap_or_default(),
+                flights: Flights::default(),
+                rng: Mutex::new(rng),
+                safe_fail_open: self.safe_fail_open,
+            }),
+        }
+    }
+}
+
+impl Idem {
+    /// An executor on a new [`MemoryStore`] with the default policy.
+    pub fn in_memory() -> Idem {
+        Idem::builder(MemoryStore::new()).build()
+    }
+    /// An executor on `store` with the default policy.
+    pub fn new(store: impl Store) -> Idem {
+        Idem::builder(store).build()
+    }
+    /// A builder on `store`.
+    pub fn builder(store: impl Store) -> IdemBuilder {
+        Idem::builder_shared(Arc::new(store))
+    }
+    /// A builder on a store shared with others.
+    pub fn builder_shared(store: Arc<dyn Store>) -> IdemBuilder {
+        IdemBuilder {
+            store,
+            policy: Policy::default(),
+            budget: None,
+            seed: None,
+            safe_fail_open: false,
+        }
+    }
+    /// The handle through which tools are called in one run: the run id is part of every key.
+    pub fn run(&self, run_id: impl Into<String>) -> Run {
+        self.scope(Scope::run(run_id))
+    }
+    /// The handle for a full scope (tenant and run).
+    pub fn scope(&self, scope: Scope) -> Run {
+        Run::new(self.clone(), scope)
+    }
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+    /// The shared retry budget.
+    pub fn retry_budget(&self) -> &Arc<RetryBudget> {
+        &self.inner.budget
+    }
+    /// The default policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+}

@@ -1,0 +1,114 @@
+//! The handle a caller holds for one run, and the entry of every protected call: derive the key,
+//! open the trace span, hand over to [`Call`].
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use super::Idem;
+use super::call::Call;
+use crate::clock::later;
+use crate::error::Error;
+use crate::key::{self, Fingerprint, Scope};
+use crate::tool::Tool;
+
+/// A run: the scope of keys, and how tools are called. Cheap to clone.
+///
+/// ```
+/// # use idem_core::Idem;
+/// let idem = Idem::in_memory();
+/// let run = idem.run("conversation-42");
+/// // charge_card(&run, "cus_1".into(), 4900).await  -- a #[tool] fn takes the run first
+/// ```
+#[derive(Clone, Debug)]
+pub struct Run {
+    idem: Idem,
+    scope: Arc<Scope>,
+    caller_key: Option<Arc<str>>,
+    call_id: Option<Arc<str>>,
+}
+
+impl Run {
+    pub(super) fn new(idem: Idem, scope: Scope) -> Run {
+        Run { idem, scope: Arc::new(scope), caller_key: None, call_id: None }
+    }
+    /// The scope of this run's keys.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    /// The executor.
+    pub fn idem(&self) -> &Idem {
+        &self.idem
+    }
+    /// The same run, but the next calls use `key` (the caller's own idempotency key) instead of
+    /// a key derived from the arguments. A fingerprint of the arguments is stored with it, and a
+    /// reuse with other arguments fails with [`Error::KeyReuseMismatch`].
+    pub fn with_idempotency_key(&self, key: impl Into<Arc<str>>) -> Run {
+        Run { caller_key: Some(key.into()), ..self.clone() }
+    }
+    /// The same run, with the agent's tool-call id (recorded as `gen_ai.tool.call.id`; not part
+    /// of the key: the model invents a new one for every repeat).
+    pub fn with_call_id(&self, id: impl Into<Arc<str>>) -> Run {
+        Run { call_id: Some(id.into()), ..self.clone() }
+    }
+    /// The caller-supplied idempotency key, if any.
+    pub fn caller_key(&self) -> Option<&str> {
+        self.caller_key.as_deref()
+    }
+
+    /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
+    /// or claim, run with retries, store the outcome, replay it for repeats.
+    ///
+    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]).
+    pub async fn call<T: Tool>(
+        &self,
+        tool: &T,
+        args: T::Args,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let def = tool.def();
+        let mut canonical = Vec::with_capacity(256);
+        T::write_intent(&args, &mut canonical)
+            .map_err(|source| Error::InvalidArguments { tool: def.name, source })?;
+        let (key, fingerprint) = match &self.caller_key {
+            Some(k) => (key::caller_key(&self.scope, def.name, k), key::fingerprint(&canonical)),
+            None => {
+                let key = key::derive_key(&self.scope, def.name, &canonical);
+                (key, Fingerprint::of_derived_key(&key))
+            }
+        };
+        let inner = &self.idem.inner;
+        let policy = inner.policy.with_options(def.class, &def.options);
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = Empty,
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = def.name,
+            gen_ai.tool.call.id = self.call_id.as_deref(),
+            idem.key = Empty,
+            idem.class = def.class.as_str(),
+            idem.attempt = Empty,
+            idem.outcome = Empty,
+            error.type = Empty,
+        );
+        if !span.is_disabled() {
+            span.record("otel.name", format!("execute_tool {}", def.name));
+            span.record("idem.key", key.as_str());
+        }
+        let call = Call {
+            inner,
+            tool,
+            key,
+            fingerprint,
+            policy,
+            deadline: later(Instant::now(), policy.budget),
+            span: span.clone(),
+        };
+        let result = call.execute(args).instrument(span.clone()).await;
+        if let Err(e) = &result {
+            span.record("error.type", e.kind().as_str());
+        }
+        result
+    }
+}

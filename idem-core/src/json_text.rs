@@ -1,0 +1,247 @@
+//! JSON text as callers send it, parsed with unique member names.
+//!
+//! RFC 8259 §4 says the names within an object SHOULD be unique and leaves the meaning of a
+//! repeat to each parser; I-JSON (RFC 7493 §2.3) and RFC 8785 (canonical JSON, which keys are
+//! derived from) require them to be unique. `serde_json::Value` keeps the last of two equal
+//! names, so `{"to":"acct-A","to":"acct-B"}` would silently become an intent the caller may not
+//! have meant. Every front door refuses such text instead ([`parse_unique`]).
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// Why a JSON text was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JsonTextError {
+    /// Not JSON that serde_json can represent: a syntax error, a number beyond `f64`, a lone
+    /// surrogate escape, nesting deeper than 128 levels, trailing characters.
+    #[error("{0}")]
+    Syntax(#[source] serde_json::Error),
+    /// An object names the same member twice (after unescaping: `"a"` and `"\u0061"` are equal).
+    #[error("the member `{member}` appears twice in the object at `{path}`")]
+    DuplicateMember {
+        /// Where the object is: `.` for the top level, else like `items[2].address`.
+        path: String,
+        /// The repeated name.
+        member: String,
+    },
+}
+
+/// Parses `text` (one JSON value, surrounding whitespace allowed) into a [`Value`], refusing an
+/// object that repeats a member name at any depth.
+///
+/// Errors: [`JsonTextError`]. serde_json's nesting limit (128 levels) bounds both passes.
+pub fn parse_unique(text: &str) -> Result<Value, JsonTextError> {
+    check_unique(text)?;
+    serde_json::from_str(text).map_err(JsonTextError::Syntax)
+}
+
+/// Checks `text` as [`parse_unique`] does without building a value: one JSON value that
+/// serde_json can represent, with no object that repeats a member name.
+///
+/// Errors: [`JsonTextError`].
+pub fn check_unique(text: &str) -> Result<(), JsonTextError> {
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let checked = Unique { path: Path::Root, found: &mut found }.deserialize(&mut de);
+    match (found, checked.and_then(|()| de.end())) {
+        (Some(dup), _) => Err(dup),
+        (None, Err(e)) => Err(JsonTextError::Syntax(e)),
+        (None, Ok(())) => Ok(()),
+    }
+}
+
+/// The arguments of a call to `tool` as JSON text: one object with unique member names.
+///
+/// Errors: the message the model reads (kind `invalid_arguments` on every front door), saying
+/// what is wrong and that nothing was executed.
+pub fn parse_arguments(tool: &str, text: &str) -> Result<Map<String, Value>, String> {
+    match parse_unique(text) {
+        Ok(Value::Object(args)) => Ok(args),
+        Ok(other) => Err(not_an_object(tool, &other)),
+        Err(e) => Err(not_json(tool, text, &e)),
+    }
+}
+
+/// Checks argument text as [`parse_arguments`] does, without building a value (one pass).
+///
+/// Errors: as [`parse_arguments`].
+pub fn check_arguments(tool: &str, text: &str) -> Result<(), String> {
+    if let Err(e) = check_unique(text) {
+        return Err(not_json(tool, text, &e));
+    }
+    if text.trim_start().starts_with('{') {
+        return Ok(());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(other) => Err(not_an_object(tool, &other)),
+        Err(e) => Err(not_json(tool, text, &e)),
+    }
+}
+
+/// "the arguments of `tool` are not valid JSON (..); nothing was executed. Send one JSON object".
+pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
+    let mut msg = format!(
+        "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
+    );
+    if text.contains("NaN") || text.contains("Infinity") {
+        msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
+    }
+    msg
+}
+
+/// "the arguments of `tool` must be a JSON object, not an array; nothing was executed".
+pub fn not_an_object(tool: &str, value: &Value) -> String {
+    let kind = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    format!("the arguments of `{tool}` must be a JSON object, not {kind}; nothing was executed")
+}
+
+/// Where a value sits, as a linked list up to the root (rendered only for an error).
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Member(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Path::Root => f.write_str("."),
+            Path::Member(Path::Root, name) => f.write_str(name),
+            Path::Member(parent, name) => write!(f, "{parent}.{name}"),
+            Path::Index(Path::Root, i) => write!(f, "[{i}]"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+/// Walks one value, recording the first repeated member name in `found`.
+struct Unique<'p, 'f> {
+    path: Path<'p>,
+    found: &'f mut Option<JsonTextError>,
+}
+
+impl<'de> DeserializeSeed<'de> for Unique<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Unique<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i128<E>(self, _: i128) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u128<E>(self, _: u128) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        loop {
+            let path = Path::Index(&self.path, i);
+            if seq.next_element_seed(Unique { path, found: self.found })?.is_none() {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let path = Path::Member(&self.path, &name);
+            map.next_value_seed(Unique { path, found: self.found })?;
+            if !seen.insert(name.clone()) {
+                *self.found = Some(JsonTextError::DuplicateMember {
+                    path: self.path.to_string(),
+                    member: name,
+                });
+                return Err(de::Error::custom("duplicate member"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn dup(text: &str) -> (String, String) {
+        match parse_unique(text) {
+            Err(JsonTextError::DuplicateMember { path, member }) => (path, member),
+            other => panic!("{text}: not a duplicate: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn repeated_members_are_refused_at_any_depth_with_their_path() {
+        assert_eq!(
+            dup(r#"{"to":"acct-A","amount_cents":500,"to":"acct-B"}"#),
+            (".".into(), "to".into())
+        );
+        assert_eq!(dup(r#"{"a":{"b":[1,{"c":1,"c":1}]}}"#), ("a.b[1]".into(), "c".into()));
+        assert_eq!(dup(r#"[{"x":1},{"x":1,"x":1}]"#), ("[1]".into(), "x".into()));
+        // Equal after unescaping.
+        assert_eq!(dup(r#"{"a":1,"\u0061":2}"#), (".".into(), "a".into()));
+    }
+
+    #[test]
+    fn unique_text_parses_to_its_value() {
+        let text = r#"{"to":"acct-A","nested":{"to":"acct-B"},"list":[{"k":1},{"k":2}]}"#;
+        assert_eq!(
+            parse_unique(text).unwrap(),
+            json!({"to":"acct-A","nested":{"to":"acct-B"},"list":[{"k":1},{"k":2}]})
+        );
+    }
+
+    #[test]
+    fn what_serde_json_cannot_represent_is_a_syntax_error() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for text in ["1e400", r#""\ud800""#, "{\"a\":1", "{} x", deep.as_str()] {
+            assert!(matches!(parse_unique(text), Err(JsonTextError::Syntax(_))), "{text}");
+        }
+    }
+}

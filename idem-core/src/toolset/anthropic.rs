@@ -1,0 +1,59 @@
+//! Anthropic messages: `tools[i]` definitions, a `tool_use` block in, a `tool_result` block out.
+
+use serde_json::{Value, json};
+
+use super::{Arguments, ErrorKind, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use crate::executor::Run;
+
+impl ToolDefinition {
+    /// An Anthropic `tools[i]` entry: `{"name","description","input_schema"}`.
+    pub fn to_anthropic(&self) -> Value {
+        json!({
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        })
+    }
+}
+
+impl ToolResult {
+    /// An Anthropic `tool_result` content block:
+    /// `{"type":"tool_result","tool_use_id","content","is_error"}`.
+    pub fn to_anthropic_block(&self, tool_use_id: &str) -> Value {
+        json!({
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": self.text,
+            "is_error": self.is_error,
+        })
+    }
+}
+
+impl ToolSet {
+    /// Anthropic `tools` array.
+    pub fn anthropic_tools(&self) -> Vec<Value> {
+        self.definitions().map(ToolDefinition::to_anthropic).collect()
+    }
+
+    /// Dispatches one Anthropic `tool_use` content block (`{"type":"tool_use","id","name","input"}`)
+    /// and returns the `tool_result` block `{"type":"tool_result","tool_use_id","content","is_error"}`.
+    pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
+        let id = block.get("id").and_then(Value::as_str).unwrap_or_default();
+        let result = match block.get("name").and_then(Value::as_str) {
+            None => ToolResult::error(
+                ErrorKind::InvalidToolCall,
+                "the tool_use block has no `name`; nothing was executed",
+                None,
+            ),
+            Some(name) => {
+                let run = with_call_id(run, id);
+                let args = match block.get("input") {
+                    None | Some(Value::Null) => Arguments::Absent,
+                    Some(input) => Arguments::Json(input),
+                };
+                self.call_args(&run, name, args).await
+            }
+        };
+        result.to_anthropic_block(id)
+    }
+}

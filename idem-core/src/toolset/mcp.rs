@@ -1,0 +1,205 @@
+//! MCP (spec 2025-11-25): tool annotations derived from the retry class, `tools/list` entries,
+//! `tools/call` in, `CallToolResult` out, the idem `_meta` entries, and the protocol errors of a
+//! call that cannot be routed.
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
+use crate::class::RetryClass;
+use crate::executor::Run;
+use crate::key::Scope;
+
+/// The `_meta` key of an MCP `tools/call` request that names the run, i.e. the scope of the
+/// key: `{"_meta": {"idem/run": "conversation-42"}}`. A non-empty string. Follows the `_meta`
+/// naming rule of the MCP spec 2025-11-25 (`prefix/name`, the prefix `idem/` is ours). When it
+/// is absent the server's default run applies (for `idem-mcp`: one run per MCP session).
+pub const MCP_META_RUN: &str = "idem/run";
+
+/// The `_meta` key of an MCP `tools/call` request that carries the caller's own idempotency key:
+/// `{"_meta": {"idem/idempotencyKey": "order-17-charge"}}`. A non-empty string. The call then
+/// goes through [`Run::with_idempotency_key`]: the fingerprint of the arguments is stored, and a
+/// reuse with other arguments is refused (`key_reuse_mismatch`).
+pub const MCP_META_IDEMPOTENCY_KEY: &str = "idem/idempotencyKey";
+
+/// MCP tool annotations (MCP spec 2025-11-25, `ToolAnnotations`), derived from the retry class.
+///
+/// All are hints. The spec's defaults when absent: `readOnlyHint` false, `destructiveHint` true,
+/// `idempotentHint` false, `openWorldHint` true; `destructiveHint` and `idempotentHint` are
+/// meaningful only when `readOnlyHint` is false. The mapping:
+///
+/// | class | readOnlyHint | destructiveHint | idempotentHint | openWorldHint |
+/// |---|---|---|---|---|
+/// | `safe` | `true` | absent (meaningless) | absent (meaningless) | absent |
+/// | `keyed` | `false` | absent (default true: the class does not say whether the effect destroys) | `true` | absent |
+/// | `never` | `false` | `true` | `false` | absent |
+///
+/// `openWorldHint` is left absent: the class says how a tool may be retried, not whether it
+/// talks to the outside world.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Annotations {
+    /// The tool does not modify its environment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    /// The tool may perform destructive updates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// Calling the tool again with the same arguments has no additional effect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// The tool interacts with an open world of external entities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_world_hint: Option<bool>,
+}
+
+impl Annotations {
+    /// The annotations of a tool of class `class` (see the table above).
+    pub const fn for_class(class: RetryClass) -> Self {
+        match class {
+            RetryClass::Safe => Annotations {
+                read_only_hint: Some(true),
+                destructive_hint: None,
+                idempotent_hint: None,
+                open_world_hint: None,
+            },
+            RetryClass::Keyed => Annotations {
+                read_only_hint: Some(false),
+                destructive_hint: None,
+                idempotent_hint: Some(true),
+                open_world_hint: None,
+            },
+            RetryClass::Never => Annotations {
+                read_only_hint: Some(false),
+                destructive_hint: Some(true),
+                idempotent_hint: Some(false),
+                open_world_hint: None,
+            },
+        }
+    }
+}
+
+impl ToolDefinition {
+    /// The MCP `Tool` object: `{"name","description","inputSchema","annotations"}`.
+    pub fn to_mcp(&self) -> Value {
+        json!({
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+            "annotations": self.annotations,
+        })
+    }
+}
+
+impl ToolResult {
+    /// MCP `CallToolResult` JSON (spec 2025-11-25): one text block with [`Self::text`],
+    /// `isError`, and `structuredContent` when the output is a JSON object.
+    pub fn to_mcp(&self) -> Value {
+        let mut out = json!({
+            "content": [{ "type": "text", "text": self.text }],
+            "isError": self.is_error,
+        });
+        if !self.is_error
+            && self.content.is_object()
+            && let Some(obj) = out.as_object_mut()
+        {
+            obj.insert("structuredContent".into(), self.content.clone());
+        }
+        out
+    }
+}
+
+/// A JSON-RPC error for an MCP `tools/call` that cannot be routed (MCP spec 2025-11-25, "Error
+/// Handling": unknown tool and invalid `_meta` are protocol errors, code -32602).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (JSON-RPC {code})")]
+pub struct McpProtocolError {
+    /// The JSON-RPC error code (-32602, invalid params).
+    pub code: i64,
+    /// The message.
+    pub message: String,
+}
+
+impl McpProtocolError {
+    /// JSON-RPC "Invalid params".
+    pub const INVALID_PARAMS: i64 = -32602;
+
+    fn invalid_params(message: impl Into<String>) -> Self {
+        McpProtocolError { code: Self::INVALID_PARAMS, message: message.into() }
+    }
+
+    /// The JSON-RPC `error` object: `{"code","message"}`.
+    pub fn to_json(&self) -> Value {
+        json!({ "code": self.code, "message": self.message })
+    }
+}
+
+impl ToolSet {
+    /// MCP `tools/list` entries.
+    pub fn mcp_tools(&self) -> Vec<Value> {
+        self.definitions().map(ToolDefinition::to_mcp).collect()
+    }
+
+    /// Dispatches MCP `tools/call` params (`{"name","arguments","_meta"}`) and returns
+    /// `CallToolResult` JSON. `_meta` may name the run ([`MCP_META_RUN`]) and carry the caller's
+    /// idempotency key ([`MCP_META_IDEMPOTENCY_KEY`]); otherwise `run` applies.
+    ///
+    /// Errors (protocol errors, MCP spec 2025-11-25 "Error Handling", code -32602): no `name`, an
+    /// unknown tool, or an ill-formed idem `_meta` entry. Everything else, invalid arguments
+    /// included, is a result with `isError: true`.
+    pub async fn call_mcp(&self, run: &Run, params: &Value) -> Result<Value, McpProtocolError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| McpProtocolError::invalid_params("tools/call params have no `name`"))?;
+        if !self.tools.contains_key(name) {
+            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
+        }
+        let meta = match params.get("_meta") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(meta)) => Some(meta),
+            // Ignoring it would drop a caller's idempotency key and run the tool unprotected.
+            Some(_) => {
+                return Err(McpProtocolError::invalid_params("`_meta` must be a JSON object"));
+            }
+        };
+        let run = mcp_run(run, meta)?;
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => Arguments::Absent,
+            Some(args) => Arguments::Json(args),
+        };
+        Ok(self.call_args(&run, name, args).await.to_mcp())
+    }
+}
+
+/// The run an MCP request asks for: `run` with its run id replaced by `_meta["idem/run"]`
+/// (tenant kept) and the caller's key from `_meta["idem/idempotencyKey"]`, when present.
+///
+/// Errors: an entry that is present but not a non-empty string (JSON-RPC invalid params).
+pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpProtocolError> {
+    let Some(meta) = meta else { return Ok(run.clone()) };
+    let text = |key: &str| -> Result<Option<&str>, McpProtocolError> {
+        match meta.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            Some(_) => Err(McpProtocolError::invalid_params(format!(
+                "`_meta[\"{key}\"]` must be a non-empty string"
+            ))),
+        }
+    };
+    let mut out = match text(MCP_META_RUN)? {
+        Some(id) => {
+            let scope = Scope::run(id).with_tenant(run.scope().tenant());
+            let mut next = run.idem().scope(scope);
+            if let Some(k) = run.caller_key() {
+                next = next.with_idempotency_key(k);
+            }
+            next
+        }
+        None => run.clone(),
+    };
+    if let Some(key) = text(MCP_META_IDEMPOTENCY_KEY)? {
+        out = out.with_idempotency_key(key);
+    }
+    Ok(out)
+}

@@ -1,0 +1,286 @@
+//! Agent-facing tool sets (DESIGN §7): list tool definitions for a model and dispatch the calls
+//! a model makes, by name with JSON arguments, always through the idem protocol.
+//!
+//! A [`ToolSet`] holds heterogeneous tools behind the object-safe [`DynTool`] adapter. It speaks
+//! the shapes agents produce:
+//!
+//! | format | definitions | call in | result out |
+//! |---|---|---|---|
+//! | OpenAI chat | [`ToolSet::openai_tools`] | `tool_calls[i]`: `{"id","type":"function","function":{"name","arguments":"<JSON text>"}}` | `{"role":"tool","tool_call_id","content"}` |
+//! | Anthropic messages | [`ToolSet::anthropic_tools`] | `tool_use` block: `{"type":"tool_use","id","name","input":{..}}` | `{"type":"tool_result","tool_use_id","content","is_error"}` |
+//! | MCP `tools/call` | [`ToolSet::mcp_tools`] | params: `{"name","arguments","_meta"}` | `CallToolResult`: `{"content":[{"type":"text","text"}],"isError"}` |
+//!
+//! Everything a model can cause comes back as a [`ToolResult`] it can read, never a panic:
+//! unknown tool, malformed or ill-typed arguments (naming the field), NaN, a caller key reused
+//! with other arguments, store unavailable, budget exhausted, and outcome unknown, whose text says
+//! that the action may have happened, must not be repeated, and what to check.
+//!
+//! The key scope is the [`Run`] given to each call. The tool-call id a model invents (OpenAI
+//! `id`, Anthropic `id`) is recorded for tracing only ([`Run::with_call_id`]) and is not part of
+//! the key: a model that repeats a call sends a new id for the same intent.
+//!
+//! Modules by job: the registry and dispatch (this module), [`Arguments`] parsing, the
+//! [`ToolResult`] a model reads, and one module per wire format (OpenAI, Anthropic, MCP).
+
+mod anthropic;
+mod arguments;
+mod mcp;
+mod openai;
+mod result;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde_json::{Map, Value};
+
+pub use self::arguments::Arguments;
+pub use self::mcp::{
+    Annotations, MCP_META_IDEMPOTENCY_KEY, MCP_META_RUN, McpProtocolError, mcp_run,
+};
+pub use self::result::ToolResult;
+pub use crate::error::ErrorKind;
+
+use crate::class::RetryClass;
+use crate::executor::Run;
+use crate::tool::{Tool, ToolDef};
+
+/// What a model is told about one tool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDefinition {
+    /// The stable name (part of every key).
+    pub name: &'static str,
+    /// The description (the tool fn's doc comment).
+    pub description: &'static str,
+    /// The retry class.
+    pub class: RetryClass,
+    /// JSON Schema (2020-12, from schemars) of the arguments; always `"type": "object"`.
+    pub input_schema: Map<String, Value>,
+    /// The MCP annotations derived from the class.
+    pub annotations: Annotations,
+}
+
+/// What a dispatch knows about the set it belongs to (to tell the model what to check after an
+/// unknown outcome). Built by [`ToolSet`].
+#[derive(Clone, Debug, Default)]
+pub struct DispatchContext {
+    read_only: Vec<&'static str>,
+}
+
+/// An object-safe view of a [`Tool`], implemented for every `T: Tool`, so that one [`ToolSet`]
+/// holds tools of different argument, output and error types.
+pub trait DynTool: Send + Sync + 'static {
+    /// The tool's definition.
+    fn tool_def(&self) -> &'static ToolDef;
+    /// The JSON Schema of the arguments (schemars, JSON Schema 2020-12).
+    fn input_schema(&self) -> Value;
+    /// Parses `args`, calls the tool through `run` (the idem protocol) and renders the outcome.
+    /// Never panics on input: every failure is a [`ToolResult`] with `is_error`.
+    fn dispatch<'a>(
+        &'a self,
+        run: &'a Run,
+        args: Arguments<'a>,
+        cx: &'a DispatchContext,
+    ) -> BoxFuture<'a, ToolResult>;
+}
+
+impl<T: Tool> DynTool for T {
+    fn tool_def(&self) -> &'static ToolDef {
+        self.def()
+    }
+
+    fn input_schema(&self) -> Value {
+        schemars::SchemaGenerator::default().into_root_schema_for::<T::Args>().to_value()
+    }
+
+    fn dispatch<'a>(
+        &'a self,
+        run: &'a Run,
+        args: Arguments<'a>,
+        cx: &'a DispatchContext,
+    ) -> BoxFuture<'a, ToolResult> {
+        Box::pin(async move {
+            let def = self.def();
+            let args: T::Args = match arguments::parse(def.name, args) {
+                Ok(args) => args,
+                Err(message) => {
+                    return ToolResult::error(ErrorKind::InvalidArguments, message, None);
+                }
+            };
+            match run.call(self, args).await {
+                Ok(output) => match serde_json::to_value(&output) {
+                    Ok(v) => ToolResult::success(v),
+                    Err(e) => ToolResult::error(
+                        ErrorKind::OutputNotJson,
+                        format!(
+                            "`{}` ran, but its output could not be turned into JSON ({e}); do not call it again for this intent: a repeat replays the stored outcome",
+                            def.name
+                        ),
+                        None,
+                    ),
+                },
+                Err(e) => result::error_result(def, &e, cx),
+            }
+        })
+    }
+}
+
+/// Why a tool cannot join a set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolSetError {
+    /// Two tools share a name; names select the tool and are part of every key.
+    #[error("a tool named `{0}` is already in the set; tool names must be unique")]
+    DuplicateName(&'static str),
+    /// The name breaks the MCP rule (spec 2025-11-25, "Tool names"): 1 to 128 characters from
+    /// `A-Z a-z 0-9 _ - .`. (OpenAI and Anthropic are stricter: no `.`, at most 64.)
+    #[error(
+        "tool name `{0}` is not valid: MCP (spec 2025-11-25, Tool names) allows 1 to 128 characters from A-Z, a-z, 0-9, `_`, `-` and `.`"
+    )]
+    InvalidName(&'static str),
+    /// The arguments' schema is not an object schema: MCP requires `inputSchema` of
+    /// `"type": "object"`, and models send arguments as an object.
+    #[error(
+        "the arguments of tool `{0}` do not have an object schema; make the arguments a struct with named fields"
+    )]
+    NotAnObject(&'static str),
+}
+
+#[derive(Clone)]
+struct Entry {
+    tool: Arc<dyn DynTool>,
+    definition: ToolDefinition,
+}
+
+/// A set of tools a model may call, by name with JSON arguments. Cheap to clone.
+///
+/// ```
+/// # use idem_core::{Idem, ToolSet};
+/// # async fn demo(tools: ToolSet) {
+/// let idem = Idem::in_memory();
+/// let run = idem.run("conversation-42");
+/// let call = serde_json::json!({"type": "tool_use", "id": "toolu_1", "name": "get_balance",
+///                               "input": {"customer": "cus_1"}});
+/// let block = tools.call_anthropic(&run, &call).await; // {"type":"tool_result", ...}
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: BTreeMap<&'static str, Entry>,
+    cx: DispatchContext,
+}
+
+impl std::fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolSet").field("tools", &self.tools.keys()).finish()
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl ToolSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        ToolSet::default()
+    }
+
+    /// This set with `tool` added. Errors: [`ToolSetError`] (duplicate or invalid name, arguments
+    /// that are not an object).
+    pub fn with(mut self, tool: impl Tool) -> Result<Self, ToolSetError> {
+        self.add(tool)?;
+        Ok(self)
+    }
+
+    /// Adds `tool`. Errors: see [`ToolSet::with`]; the set is unchanged on error.
+    pub fn add(&mut self, tool: impl Tool) -> Result<(), ToolSetError> {
+        self.add_dyn(Arc::new(tool))
+    }
+
+    /// Adds a tool already behind the object-safe adapter.
+    pub fn add_dyn(&mut self, tool: Arc<dyn DynTool>) -> Result<(), ToolSetError> {
+        let def = tool.tool_def();
+        if !valid_name(def.name) {
+            return Err(ToolSetError::InvalidName(def.name));
+        }
+        if self.tools.contains_key(def.name) {
+            return Err(ToolSetError::DuplicateName(def.name));
+        }
+        let input_schema = match tool.input_schema() {
+            Value::Object(schema) if schema.get("type") == Some(&Value::from("object")) => schema,
+            _ => return Err(ToolSetError::NotAnObject(def.name)),
+        };
+        let definition = ToolDefinition {
+            name: def.name,
+            description: def.description,
+            class: def.class,
+            input_schema,
+            annotations: Annotations::for_class(def.class),
+        };
+        if def.class == RetryClass::Safe {
+            self.cx.read_only.push(def.name);
+            self.cx.read_only.sort_unstable();
+        }
+        self.tools.insert(def.name, Entry { tool, definition });
+        Ok(())
+    }
+
+    /// The definitions, sorted by name.
+    pub fn definitions(&self) -> impl Iterator<Item = &ToolDefinition> {
+        self.tools.values().map(|e| &e.definition)
+    }
+
+    /// The definition of `name`, if it is in the set.
+    pub fn definition(&self, name: &str) -> Option<&ToolDefinition> {
+        self.tools.get(name).map(|e| &e.definition)
+    }
+
+    /// The number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Calls `name` with arguments as parsed JSON, in `run` (the key scope).
+    pub async fn call(&self, run: &Run, name: &str, args: &Value) -> ToolResult {
+        self.call_args(run, name, Arguments::Json(args)).await
+    }
+
+    /// Calls `name` with arguments as JSON text, in `run`.
+    pub async fn call_text(&self, run: &Run, name: &str, args: &str) -> ToolResult {
+        self.call_args(run, name, Arguments::Text(args)).await
+    }
+
+    /// Calls `name` with `args`, in `run`. An unknown name is a result of kind [`ErrorKind::UnknownTool`]
+    /// listing the available tools.
+    pub async fn call_args(&self, run: &Run, name: &str, args: Arguments<'_>) -> ToolResult {
+        match self.tools.get(name) {
+            Some(entry) => entry.tool.dispatch(run, args, &self.cx).await,
+            None => self.unknown_tool(name),
+        }
+    }
+
+    fn unknown_tool(&self, name: &str) -> ToolResult {
+        let available: Vec<&str> = self.tools.keys().copied().collect();
+        ToolResult::error(
+            ErrorKind::UnknownTool,
+            format!(
+                "there is no tool named `{name}`; nothing was executed. Available tools: {}",
+                available.join(", ")
+            ),
+            None,
+        )
+    }
+}
+
+pub(super) fn with_call_id(run: &Run, id: &str) -> Run {
+    if id.is_empty() { run.clone() } else { run.with_call_id(id) }
+}

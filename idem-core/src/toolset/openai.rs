@@ -1,0 +1,61 @@
+//! OpenAI chat completions: `tools[i]` definitions, `tool_calls[i]` in, a `tool` message out.
+
+use serde_json::{Value, json};
+
+use super::{Arguments, ErrorKind, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use crate::executor::Run;
+
+impl ToolDefinition {
+    /// An OpenAI chat `tools[i]` entry: `{"type":"function","function":{"name","description","parameters"}}`.
+    pub fn to_openai(&self) -> Value {
+        json!({
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.input_schema,
+            },
+        })
+    }
+}
+
+impl ToolResult {
+    /// An OpenAI chat tool message: `{"role":"tool","tool_call_id","content"}`.
+    pub fn to_openai_message(&self, tool_call_id: &str) -> Value {
+        json!({ "role": "tool", "tool_call_id": tool_call_id, "content": self.text })
+    }
+}
+
+impl ToolSet {
+    /// OpenAI chat `tools` array.
+    pub fn openai_tools(&self) -> Vec<Value> {
+        self.definitions().map(ToolDefinition::to_openai).collect()
+    }
+
+    /// Dispatches one OpenAI chat `tool_calls` entry
+    /// (`{"id","type":"function","function":{"name","arguments":"<JSON text>"}}`; `arguments`
+    /// given as an object is accepted too) and returns the tool message
+    /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key.
+    pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
+        let id = tool_call.get("id").and_then(Value::as_str).unwrap_or_default();
+        let function = tool_call.get("function");
+        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let result = match name {
+            None => ToolResult::error(
+                ErrorKind::InvalidToolCall,
+                "the tool call has no `function.name`; nothing was executed",
+                None,
+            ),
+            Some(name) => {
+                let run = with_call_id(run, id);
+                let args = match function.and_then(|f| f.get("arguments")) {
+                    None | Some(Value::Null) => Arguments::Absent,
+                    Some(Value::String(text)) => Arguments::Text(text),
+                    Some(other) => Arguments::Json(other),
+                };
+                self.call_args(&run, name, args).await
+            }
+        };
+        result.to_openai_message(id)
+    }
+}

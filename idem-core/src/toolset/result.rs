@@ -1,0 +1,117 @@
+//! The result a model reads: the output as JSON text, or `Error (<kind>): <message>` with a
+//! message that says what happened and what to do next.
+
+use std::fmt::{Display, Write as _};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::DispatchContext;
+use crate::class::RetryClass;
+use crate::error::{Error, ErrorKind};
+use crate::key::Key;
+use crate::tool::ToolDef;
+
+/// The outcome of one dispatched call, typed for Rust callers and renderable for every format.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResult {
+    /// On success the tool's output as JSON. On error
+    /// `{"error": {"kind", "message", "detail"?}}`, where `detail` is the tool's own error as JSON
+    /// (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`).
+    pub content: Value,
+    /// What the model reads: the output as compact JSON text (a string output as itself), or
+    /// `Error (<kind>): <message>`.
+    pub text: String,
+    /// Whether the call failed (MCP `isError`, Anthropic `is_error`).
+    pub is_error: bool,
+    /// The stable kind of the failure (its wire string is [`ErrorKind::as_str`]): one of
+    /// [`Error::kind`]'s, or a kind only a tool set knows ([`ErrorKind::UnknownTool`],
+    /// [`ErrorKind::InvalidToolCall`], [`ErrorKind::OutputNotJson`]). `None` on success.
+    pub error_kind: Option<ErrorKind>,
+}
+
+impl ToolResult {
+    /// A successful result carrying `output`.
+    pub fn success(output: Value) -> Self {
+        let text = match &output {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        ToolResult { content: output, text, is_error: false, error_kind: None }
+    }
+
+    /// A failed result of kind `kind` with the message the model reads and optional detail.
+    pub fn error(kind: ErrorKind, message: impl Into<String>, detail: Option<Value>) -> Self {
+        let message = message.into();
+        let text = format!("Error ({kind}): {message}");
+        let mut error = json!({ "kind": kind, "message": message });
+        if let (Some(detail), Some(obj)) = (detail, error.as_object_mut()) {
+            obj.insert("detail".into(), detail);
+        }
+        ToolResult {
+            content: json!({ "error": error }),
+            text,
+            is_error: true,
+            error_kind: Some(kind),
+        }
+    }
+}
+
+/// The readable result of a failed protected call.
+pub(super) fn error_result<E: Serialize + Display>(
+    def: &ToolDef,
+    err: &Error<E>,
+    cx: &DispatchContext,
+) -> ToolResult {
+    let name = def.name;
+    let kind = err.kind();
+    match err {
+        Error::Tool { error, .. } => ToolResult::error(
+            kind,
+            format!("`{name}` failed: {error}"),
+            serde_json::to_value(error).ok(),
+        ),
+        Error::OutcomeUnknown { key, .. } => {
+            ToolResult::error(kind, outcome_unknown_text(name, key, cx), Some(key_detail(key)))
+        }
+        Error::Timeout { timeout, attempt, .. } => {
+            let repeat = match def.class {
+                RetryClass::Safe => "it only reads, so calling it again is safe",
+                _ => {
+                    "calling it again with the same arguments is safe: the repeat reuses the idempotency key, so the action will not happen twice"
+                }
+            };
+            ToolResult::error(
+                kind,
+                format!(
+                    "`{name}` timed out after {} ms on attempt {attempt}; the action may have happened. {repeat}",
+                    timeout.as_millis()
+                ),
+                None,
+            )
+        }
+        Error::InvalidArguments { source, .. } => ToolResult::error(
+            kind,
+            format!(
+                "invalid arguments for `{name}`: {source}; nothing was executed, fix the arguments and call again"
+            ),
+            None,
+        ),
+        other => ToolResult::error(kind, other.to_string(), None),
+    }
+}
+
+fn key_detail(key: &Key) -> Value {
+    json!({ "idempotency_key": key.as_str() })
+}
+
+fn outcome_unknown_text(name: &str, key: &Key, cx: &DispatchContext) -> String {
+    let mut text = format!(
+        "OUTCOME UNKNOWN: `{name}` may have taken effect, and whether it did is not known. Do NOT call `{name}` again for this request: it will not be executed again and a repeat only returns this message. Check whether it happened in the target system"
+    );
+    if !cx.read_only.is_empty() {
+        let _ = write!(text, " (read-only tools that may help: {})", cx.read_only.join(", "));
+    }
+    let _ = write!(text, ", or ask a human to check and reconcile it (idempotency key {key}).");
+    text
+}

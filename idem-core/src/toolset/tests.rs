@@ -1,0 +1,494 @@
+//! Dispatch by every format: definitions, repeats, bad input, and every error a model can read.
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::*;
+use crate::key::Key;
+use crate::store::{Claim, ClaimRequest, Fence, Outcome, Store, StoreError};
+use crate::{Classify, Ctx, Failure, Idem, Policy, RetryBudget, ToolOptions};
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct ChargeArgs {
+    customer: String,
+    amount_cents: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct BalanceArgs {
+    customer: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct ScaleArgs {
+    factor: f64,
+}
+
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+enum PayError {
+    #[error("card declined: {0}")]
+    Declined(String),
+    #[error("the provider timed out after the request was sent")]
+    Timeout,
+    #[error("the provider is unavailable")]
+    Unavailable,
+}
+
+impl Classify for PayError {
+    fn classify(&self) -> Failure {
+        match self {
+            PayError::Declined(_) => Failure::permanent(),
+            PayError::Timeout => Failure::ambiguous(),
+            PayError::Unavailable => Failure::transient(),
+        }
+    }
+}
+
+type Behave<A> = fn(&A, u32) -> Result<Value, PayError>;
+
+/// A hand-written tool (the `#[tool]` macro generates the same impl): counts its runs.
+struct Fake<A> {
+    def: &'static ToolDef,
+    runs: Arc<AtomicU32>,
+    behave: Behave<A>,
+    delay: Duration,
+    _args: PhantomData<fn() -> A>,
+}
+
+fn fake<A>(name: &'static str, class: RetryClass, behave: Behave<A>) -> Fake<A> {
+    fake_with(name, class, ToolOptions::default(), behave)
+}
+
+fn fake_with<A>(
+    name: &'static str,
+    class: RetryClass,
+    options: ToolOptions,
+    behave: Behave<A>,
+) -> Fake<A> {
+    let def = Box::leak(Box::new(ToolDef { name, description: "a test tool", class, options }));
+    Fake {
+        def,
+        runs: Arc::new(AtomicU32::new(0)),
+        behave,
+        delay: Duration::ZERO,
+        _args: PhantomData,
+    }
+}
+
+impl<A> Tool for Fake<A>
+where
+    A: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
+{
+    type Args = A;
+    type Output = Value;
+    type Error = PayError;
+
+    fn def(&self) -> &'static ToolDef {
+        self.def
+    }
+    fn run(&self, _cx: &Ctx, args: A) -> impl Future<Output = Result<Value, PayError>> + Send {
+        let n = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        let (behave, delay) = (self.behave, self.delay);
+        async move {
+            tokio::time::sleep(delay).await;
+            behave(&args, n)
+        }
+    }
+}
+
+fn charge_ok(a: &ChargeArgs, n: u32) -> Result<Value, PayError> {
+    Ok(json!({"charge_id": format!("ch_{n}"), "amount_cents": a.amount_cents}))
+}
+fn balance_ok(a: &BalanceArgs, _: u32) -> Result<Value, PayError> {
+    Ok(json!({"customer": a.customer, "balance_cents": 0}))
+}
+fn refund_times_out(_: &ChargeArgs, _: u32) -> Result<Value, PayError> {
+    Err(PayError::Timeout)
+}
+
+struct Tools {
+    set: ToolSet,
+    charges: Arc<AtomicU32>,
+    refunds: Arc<AtomicU32>,
+}
+
+fn tools() -> Tools {
+    let charge = fake("charge_card", RetryClass::Keyed, charge_ok);
+    let refund = fake("refund", RetryClass::Never, refund_times_out);
+    let balance = fake("get_balance", RetryClass::Safe, balance_ok);
+    let (charges, refunds) = (charge.runs.clone(), refund.runs.clone());
+    let set = ToolSet::new().with(charge).unwrap().with(refund).unwrap().with(balance).unwrap();
+    Tools { set, charges, refunds }
+}
+
+#[test]
+fn definitions_carry_schema_and_annotations_from_the_class() {
+    let t = tools();
+    let names: Vec<_> = t.set.definitions().map(|d| d.name).collect();
+    assert_eq!(names, ["charge_card", "get_balance", "refund"]);
+
+    let charge = t.set.definition("charge_card").unwrap().to_mcp();
+    assert_eq!(charge["inputSchema"]["type"], "object");
+    assert_eq!(charge["inputSchema"]["properties"]["amount_cents"]["type"], "integer");
+    assert_eq!(charge["inputSchema"]["required"], json!(["customer", "amount_cents"]));
+    assert_eq!(charge["annotations"], json!({"readOnlyHint": false, "idempotentHint": true}));
+    let balance = t.set.definition("get_balance").unwrap().to_mcp();
+    assert_eq!(balance["annotations"], json!({"readOnlyHint": true}));
+    let refund = t.set.definition("refund").unwrap().to_mcp();
+    assert_eq!(
+        refund["annotations"],
+        json!({"readOnlyHint": false, "destructiveHint": true, "idempotentHint": false})
+    );
+
+    let openai = t.set.openai_tools();
+    assert_eq!(openai[0]["type"], "function");
+    assert_eq!(openai[0]["function"]["name"], "charge_card");
+    assert_eq!(openai[0]["function"]["parameters"]["type"], "object");
+    let anthropic = t.set.anthropic_tools();
+    assert_eq!(anthropic[2]["name"], "refund");
+    assert_eq!(anthropic[2]["input_schema"]["type"], "object");
+}
+
+#[test]
+fn bad_tools_are_refused_with_a_reason() {
+    let t = tools();
+    let dup = fake("charge_card", RetryClass::Keyed, charge_ok);
+    assert_eq!(t.set.with(dup).unwrap_err(), ToolSetError::DuplicateName("charge_card"));
+    let spaced = fake("charge card", RetryClass::Keyed, charge_ok);
+    assert_eq!(ToolSet::new().with(spaced).unwrap_err(), ToolSetError::InvalidName("charge card"));
+    fn scalar(_: &u64, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let scalar_args = fake("scalar", RetryClass::Safe, scalar);
+    assert_eq!(ToolSet::new().with(scalar_args).unwrap_err(), ToolSetError::NotAnObject("scalar"));
+}
+
+#[tokio::test]
+async fn repeats_with_new_call_ids_and_reordered_keys_run_once() {
+    let t = tools();
+    let run = Idem::in_memory().run("conv-1");
+    let first = t
+        .set
+        .call_openai(
+            &run,
+            &json!({"id": "call_a", "type": "function", "function": {"name": "charge_card",
+                "arguments": "{\"customer\":\"cus_1\",\"amount_cents\":4900}"}}),
+        )
+        .await;
+    assert_eq!(first["role"], "tool");
+    assert_eq!(first["tool_call_id"], "call_a");
+    let again = t
+        .set
+        .call_openai(
+            &run,
+            &json!({"id": "call_b", "type": "function", "function": {"name": "charge_card",
+                "arguments": "{ \"amount_cents\": 4900, \"customer\": \"cus_1\" }"}}),
+        )
+        .await;
+    assert_eq!(again["tool_call_id"], "call_b");
+    assert_eq!(again["content"], first["content"]);
+    let block = t
+        .set
+        .call_anthropic(
+            &run,
+            &json!({"type": "tool_use", "id": "toolu_1", "name": "charge_card",
+                "input": {"amount_cents": 4900, "customer": "cus_1"}}),
+        )
+        .await;
+    assert_eq!(block["is_error"], false);
+    assert_eq!(block["content"], first["content"]);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1);
+    let content: Value = serde_json::from_str(first["content"].as_str().unwrap()).unwrap();
+    assert_eq!(content["charge_id"], "ch_1");
+
+    // Another run is another intent.
+    let other = Idem::in_memory().run("conv-2");
+    let r = t
+        .set
+        .call(&other, "charge_card", &json!({"customer": "cus_1", "amount_cents": 4900}))
+        .await;
+    assert!(!r.is_error);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn unknown_tool_lists_the_available_ones() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let r = t.set.call(&run, "charge", &json!({})).await;
+    assert!(r.is_error);
+    assert_eq!(r.error_kind, Some(ErrorKind::UnknownTool));
+    assert!(r.text.contains("no tool named `charge`"), "{}", r.text);
+    assert!(r.text.contains("charge_card, get_balance, refund"), "{}", r.text);
+    let block =
+        t.set.call_anthropic(&run, &json!({"type": "tool_use", "id": "x", "input": {}})).await;
+    assert_eq!(block["is_error"], true);
+    assert!(block["content"].as_str().unwrap().contains("invalid_tool_call"));
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn bad_arguments_name_the_problem_and_run_nothing() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let cases: [(&str, ErrorKind, &str); 9] = [
+        (
+            "{\"customer\": \"cus_1\", \"amount_cents\": 49",
+            ErrorKind::InvalidArguments,
+            "not valid JSON",
+        ),
+        (
+            "{\"customer\": \"cus_1\", \"amount_cents\": NaN}",
+            ErrorKind::InvalidArguments,
+            "JSON has no NaN",
+        ),
+        (
+            "{\"customer\": \"cus_1\", \"amount_cents\": \"4900\"}",
+            ErrorKind::InvalidArguments,
+            "field `amount_cents`: invalid type: string \"4900\", expected u64",
+        ),
+        (
+            "{\"customer\": \"cus_1\", \"amount_cents\": -5}",
+            ErrorKind::InvalidArguments,
+            "field `amount_cents`",
+        ),
+        ("{\"customer\": \"cus_1\"}", ErrorKind::InvalidArguments, "missing field `amount_cents`"),
+        ("[\"cus_1\", 4900]", ErrorKind::InvalidArguments, "must be a JSON object, not an array"),
+        // Repeated member names: one rule on every front door (MCP too), at any depth.
+        (
+            "{\"customer\": \"acct-A\", \"amount_cents\": 500, \"customer\": \"acct-B\"}",
+            ErrorKind::InvalidArguments,
+            "the member `customer` appears twice in the object at `.`",
+        ),
+        (
+            "{\"customer\": \"c\", \"amount_cents\": 5, \"x\": [{\"k\": 1, \"k\": 2}]}",
+            ErrorKind::InvalidArguments,
+            "the member `k` appears twice in the object at `x[0]`",
+        ),
+        (
+            "{\"customer\": \"\\ud800\", \"amount_cents\": 5}",
+            ErrorKind::InvalidArguments,
+            "not valid JSON",
+        ),
+    ];
+    for (args, kind, needle) in cases {
+        let r = t.set.call_text(&run, "charge_card", args).await;
+        assert!(r.is_error, "{args}");
+        assert_eq!(r.error_kind, Some(kind), "{args}");
+        assert!(r.text.contains(needle), "{args}: {}", r.text);
+        assert!(r.text.contains("nothing was executed"), "{}", r.text);
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn non_finite_numbers_are_refused_before_the_claim() {
+    fn scale(a: &ScaleArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!(a.factor))
+    }
+    let tool = fake("scale", RetryClass::Keyed, scale);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    // JSON cannot carry NaN or infinities: the text is refused before any claim.
+    let r = set.call_text(&run, "scale", "{\"factor\": Infinity}").await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments));
+    assert!(r.text.contains("finite number"), "{}", r.text);
+    let r = set.call_text(&run, "scale", "{\"factor\": 1e999}").await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn outcome_unknown_says_do_not_retry_and_what_to_check() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let args = json!({"customer": "cus_1", "amount_cents": 100});
+    let first = t.set.call(&run, "refund", &args).await;
+    let again = t.set.call(&run, "refund", &args).await;
+    assert_eq!(t.refunds.load(Ordering::SeqCst), 1, "a never tool runs once");
+    for r in [&first, &again] {
+        assert!(r.is_error);
+        assert_eq!(r.error_kind, Some(ErrorKind::OutcomeUnknown));
+        assert!(r.text.contains("may have taken effect"), "{}", r.text);
+        assert!(r.text.contains("Do NOT call `refund` again"), "{}", r.text);
+        assert!(r.text.contains("read-only tools that may help: get_balance"), "{}", r.text);
+        assert!(r.content["error"]["detail"]["idempotency_key"].is_string());
+    }
+    let mcp = first.to_mcp();
+    assert_eq!(mcp["isError"], true);
+    assert_eq!(mcp["content"][0]["type"], "text");
+    assert!(mcp.get("structuredContent").is_none());
+}
+
+#[tokio::test]
+async fn a_tool_error_is_readable_and_replayed() {
+    fn declined(_: &ChargeArgs, n: u32) -> Result<Value, PayError> {
+        Err(PayError::Declined(format!("insufficient funds (run {n})")))
+    }
+    let tool = fake("charge_card", RetryClass::Keyed, declined);
+    let runs = tool.runs.clone();
+    let set = ToolSet::new().with(tool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let args = json!({"customer": "cus_1", "amount_cents": 100});
+    let a = set.call(&run, "charge_card", &args).await;
+    let b = set.call(&run, "charge_card", &args).await;
+    assert_eq!(a, b);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(a.error_kind, Some(ErrorKind::Tool));
+    assert!(a.text.contains("card declined: insufficient funds (run 1)"), "{}", a.text);
+    assert_eq!(a.content["error"]["detail"], json!({"Declined": "insufficient funds (run 1)"}));
+}
+
+#[tokio::test]
+async fn a_caller_key_reused_with_other_arguments_is_refused() {
+    let t = tools();
+    let run = Idem::in_memory().run("session");
+    let call = |amount: u64| {
+        json!({"name": "charge_card", "arguments": {"customer": "cus_1", "amount_cents": amount},
+            "_meta": {"idem/run": "conv-9", "idem/idempotencyKey": "order-17"}})
+    };
+    let a = t.set.call_mcp(&run, &call(100)).await.unwrap();
+    assert_eq!(a["isError"], false);
+    assert_eq!(a["structuredContent"]["charge_id"], "ch_1");
+    let b = t.set.call_mcp(&run, &call(100)).await.unwrap();
+    assert_eq!(a, b);
+    let c = t.set.call_mcp(&run, &call(999)).await.unwrap();
+    assert_eq!(c["isError"], true);
+    let text = c["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("Error (key_reuse_mismatch)"), "{text}");
+    assert!(text.contains("already used with other arguments"), "{text}");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn mcp_protocol_errors_for_unroutable_calls() {
+    let t = tools();
+    let run = Idem::in_memory().run("session");
+    let e = t.set.call_mcp(&run, &json!({"name": "nope", "arguments": {}})).await.unwrap_err();
+    assert_eq!(e.code, -32602);
+    assert_eq!(e.message, "Unknown tool: nope");
+    let e = t
+        .set
+        .call_mcp(
+            &run,
+            &json!({"name": "get_balance", "arguments": {"customer": "c"},
+            "_meta": {"idem/run": 7}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("idem/run"), "{e}");
+    // Bad arguments are a tool result, not a protocol error.
+    let r = t.set.call_mcp(&run, &json!({"name": "get_balance", "arguments": {}})).await.unwrap();
+    assert_eq!(r["isError"], true);
+    assert!(r["content"][0]["text"].as_str().unwrap().contains("missing field `customer`"));
+}
+
+#[tokio::test]
+async fn meta_run_is_the_key_scope() {
+    let t = tools();
+    let idem = Idem::in_memory();
+    let session_a = idem.run("session-a");
+    let session_b = idem.run("session-b");
+    let call = json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1},
+        "_meta": {"idem/run": "conv-1"}});
+    let a = t.set.call_mcp(&session_a, &call).await.unwrap();
+    let b = t.set.call_mcp(&session_b, &call).await.unwrap();
+    assert_eq!(a, b, "the same run id from two sessions is one intent");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1);
+    let no_meta = json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1}});
+    t.set.call_mcp(&session_a, &no_meta).await.unwrap();
+    t.set.call_mcp(&session_b, &no_meta).await.unwrap();
+    assert_eq!(
+        t.charges.load(Ordering::SeqCst),
+        3,
+        "without a run id each session is its own scope"
+    );
+}
+
+struct DownStore;
+
+#[async_trait]
+impl Store for DownStore {
+    async fn claim(&self, _: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn complete(
+        &self,
+        _: &Key,
+        _: Fence,
+        _: &Outcome,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn release(&self, _: &Key, _: Fence) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn renew(&self, _: &Key, _: Fence, _: Duration) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn wait(&self, _: &Key, _: Fence, _: Duration) -> Result<(), StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+    async fn forget(&self, _: &Key) -> Result<bool, StoreError> {
+        Err(StoreError::unavailable("connection refused"))
+    }
+}
+
+#[tokio::test]
+async fn store_unavailable_runs_nothing_and_says_so() {
+    let t = tools();
+    let run = Idem::new(DownStore).run("r");
+    let r = t.set.call(&run, "charge_card", &json!({"customer": "c", "amount_cents": 1})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::StoreUnavailable));
+    assert!(r.text.contains("nothing was executed"), "{}", r.text);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_exhausted_and_timeout_are_readable() {
+    fn flaky(_: &ChargeArgs, _: u32) -> Result<Value, PayError> {
+        Err(PayError::Unavailable)
+    }
+    let tool = fake("charge_card", RetryClass::Keyed, flaky);
+    let runs = tool.runs.clone();
+    let set = ToolSet::new().with(tool).unwrap();
+    let idem = Idem::builder(crate::MemoryStore::new())
+        .retry_budget(Arc::new(RetryBudget::new(1, 0.1)))
+        .seed(7)
+        .build();
+    let r =
+        set.call(&idem.run("r"), "charge_card", &json!({"customer": "c", "amount_cents": 1})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::BudgetExhausted), "{}", r.text);
+    assert!(r.text.contains("shared retry budget is exhausted; retry later"), "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let mut slow = fake_with(
+        "charge_card",
+        RetryClass::Keyed,
+        ToolOptions {
+            attempts: Some(2),
+            attempt_timeout: Some(Duration::from_millis(500)),
+            ..ToolOptions::default()
+        },
+        charge_ok,
+    );
+    slow.delay = Duration::from_secs(5);
+    let runs = slow.runs.clone();
+    let set = ToolSet::new().with(slow).unwrap();
+    let idem = Idem::builder(crate::MemoryStore::new()).policy(Policy::default()).seed(7).build();
+    let r =
+        set.call(&idem.run("r"), "charge_card", &json!({"customer": "c", "amount_cents": 1})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::Timeout), "{}", r.text);
+    assert!(r.text.contains("timed out after 500 ms on attempt 2"), "{}", r.text);
+    assert!(r.text.contains("calling it again with the same arguments is safe"), "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

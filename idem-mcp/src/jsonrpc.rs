@@ -1,0 +1,424 @@
+//! One inbound JSON-RPC message, checked before rmcp sees it, so that every request is answered.
+//!
+//! rmcp's own line transport drops a line it cannot parse (a number beyond `f64`, a lone
+//! surrogate, deep nesting) without a reply, and routes a standard request whose params do not
+//! fit its schema to "method not found". Here the text is read in two passes: first only its
+//! shape (members kept as raw text, which accepts every grammatical JSON value at any depth), so
+//! the `id` is known even when a value inside cannot be represented; then each member for real,
+//! with unique member names ([`idem_core::json_text`]). The outcome, per JSON-RPC 2.0 §5.1 and
+//! MCP 2025-11-25 "Error Handling":
+//!
+//! | input | answer |
+//! |---|---|
+//! | not JSON (grammar) | -32700 parse error, with the `id` when it was read before the error, else `null` |
+//! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` | -32600 invalid request |
+//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, params that do not fit a standard method | -32602 invalid params |
+//! | `tools/call` whose `arguments` are not one JSON object with unique member names | a `CallToolResult` with `isError: true` and `invalid_arguments`, as on the OpenAI and Anthropic front doors |
+//! | a notification or a response that is bad in any way | nothing (JSON-RPC: never answer a notification) |
+
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::json_text::{self, JsonTextError};
+use idem_core::toolset::{ErrorKind, ToolResult};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode, RequestId};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
+
+/// The text of a `tools/call` request's `arguments` as the client sent it, put in the request's
+/// extensions (`RequestContext::extensions`) by [`check_message`]. Typed arguments are parsed
+/// from it, as from OpenAI argument text: integers beyond 64 bits stay exact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgumentsText(pub Arc<str>);
+
+/// What to do with one inbound message.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A well-formed message for rmcp.
+    Message(Box<ClientJsonRpcMessage>),
+    /// Answer it with this JSON-RPC message (an error, or an `isError` tool result) and go on.
+    Reply(Value),
+    /// Neither pass it on nor answer (a bad notification or response, an empty line).
+    Ignore,
+}
+
+/// The methods a client may send that rmcp's `ClientRequest` knows. A request for one of them
+/// that rmcp files under "custom" has params that do not fit.
+fn is_standard_request(method: &str) -> bool {
+    use rmcp::model::*;
+    [
+        PingRequestMethod::VALUE,
+        InitializeResultMethod::VALUE,
+        DiscoverRequestMethod::VALUE,
+        CompleteRequestMethod::VALUE,
+        SetLevelRequestMethod::VALUE,
+        GetPromptRequestMethod::VALUE,
+        ListPromptsRequestMethod::VALUE,
+        ListResourcesRequestMethod::VALUE,
+        ListResourceTemplatesRequestMethod::VALUE,
+        ReadResourceRequestMethod::VALUE,
+        SubscriptionsListenRequestMethod::VALUE,
+        SubscribeRequestMethod::VALUE,
+        UnsubscribeRequestMethod::VALUE,
+        CallToolRequestMethod::VALUE,
+        ListToolsRequestMethod::VALUE,
+        GetTaskMethod::VALUE,
+        UpdateTaskMethod::VALUE,
+        CancelTaskMethod::VALUE,
+        ListSkillsRequestMethod::VALUE,
+        GetSkillRequestMethod::VALUE,
+        ReadResourceDirectoryRequestMethod::VALUE,
+    ]
+    .contains(&method)
+}
+
+/// A JSON-RPC error response. `id` is `null` when it could not be read.
+pub fn error_reply(id: Option<&RequestId>, code: ErrorCode, message: impl fmt::Display) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code.0, "message": message.to_string() },
+    })
+}
+
+/// A JSON-RPC success response carrying `result`.
+pub fn result_reply(id: &RequestId, result: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "result": result })
+}
+
+/// The members of one object, as raw text, in order (repeats kept).
+type Members<'a> = Vec<(String, &'a RawValue)>;
+
+/// Reads an object's members into `out` one by one, so that those read before a syntax error
+/// are still there after it.
+struct MembersSeed<'s, 'a>(&'s mut Members<'a>);
+
+impl<'de: 'a, 'a> DeserializeSeed<'de> for MembersSeed<'_, 'a> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for MembersSeed<'_, 'a> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(name) = map.next_key::<String>()? {
+            let value: &'de RawValue = map.next_value()?;
+            self.0.push((name, value));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the members of the object `text`; on a syntax error, the members read before it.
+fn members(text: &str) -> (Members<'_>, Result<(), serde_json::Error>) {
+    let mut out = Vec::new();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let read = MembersSeed(&mut out).deserialize(&mut de).and_then(|()| de.end());
+    (out, read)
+}
+
+/// The single member `name`; `Err` when it is repeated.
+fn member<'a>(members: &Members<'a>, name: &str) -> Result<Option<&'a RawValue>, ()> {
+    let mut found = members.iter().filter(|(n, _)| n == name).map(|(_, v)| *v);
+    let first = found.next();
+    if found.next().is_some() { Err(()) } else { Ok(first) }
+}
+
+/// A JSON-RPC id: a string or an integer (MCP: never `null`).
+fn request_id(raw: &RawValue) -> Option<RequestId> {
+    match serde_json::from_str::<Value>(raw.get()).ok()? {
+        Value::String(s) => Some(RequestId::String(s.into())),
+        Value::Number(n) => n.as_i64().map(RequestId::Number),
+        _ => None,
+    }
+}
+
+fn first_non_space(text: &str) -> Option<u8> {
+    text.bytes().find(|b| !b.is_ascii_whitespace())
+}
+
+/// Checks one inbound message (one line of stdio, one HTTP body) and says what to do with it.
+pub fn check_message(text: &str) -> Inbound {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    match first_non_space(text) {
+        None => return Inbound::Ignore,
+        Some(b'{') => {}
+        Some(b'[') => {
+            return Inbound::Reply(error_reply(
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "JSON-RPC batches are not supported (MCP 2025-06-18 removed them): send one message per line",
+            ));
+        }
+        Some(_) => {
+            let reply = match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+                Err(e) => error_reply(None, ErrorCode::PARSE_ERROR, format!("Parse error: {e}")),
+                Ok(_) => error_reply(
+                    None,
+                    ErrorCode::INVALID_REQUEST,
+                    "Invalid request: a JSON-RPC message is a JSON object",
+                ),
+            };
+            return Inbound::Reply(reply);
+        }
+    }
+    let (members, read) = members(text);
+    let id_raw = member(&members, "id");
+    let id = match id_raw {
+        Ok(Some(raw)) => request_id(raw),
+        _ => None,
+    };
+    if let Err(e) = read {
+        // Not JSON at all: there may be no message to speak of, so no notification rule applies.
+        return Inbound::Reply(error_reply(
+            id.as_ref(),
+            ErrorCode::PARSE_ERROR,
+            format!("Parse error: {e}"),
+        ));
+    }
+    let method = match member(&members, "method") {
+        Ok(Some(raw)) => match serde_json::from_str::<Value>(raw.get()) {
+            Ok(Value::String(m)) => Some(m),
+            _ => return invalid_request(id_raw, id.as_ref(), "`method` must be a string"),
+        },
+        Ok(None) => None,
+        Err(()) => {
+            return invalid_request(id_raw, id.as_ref(), "the member `method` appears twice");
+        }
+    };
+    let Some(method) = method else {
+        // A response to one of our requests, or nonsense: never answered.
+        return match serde_json::from_str::<ClientJsonRpcMessage>(text) {
+            Ok(msg) if json_text::check_unique(text).is_ok() => Inbound::Message(Box::new(msg)),
+            _ => {
+                tracing::debug!(
+                    "ignoring an inbound message that has no method and is not a response"
+                );
+                Inbound::Ignore
+            }
+        };
+    };
+    match id_raw {
+        Ok(None) => notification(text, &members, &method),
+        Err(()) => Inbound::Reply(error_reply(
+            None,
+            ErrorCode::INVALID_REQUEST,
+            "the member `id` appears twice",
+        )),
+        Ok(Some(_)) => match id {
+            None => Inbound::Reply(error_reply(
+                None,
+                ErrorCode::INVALID_REQUEST,
+                "`id` must be a string or an integer (MCP: never null)",
+            )),
+            Some(id) => request(&members, &method, &id),
+        },
+    }
+}
+
+fn invalid_request(
+    id_raw: Result<Option<&RawValue>, ()>,
+    id: Option<&RequestId>,
+    message: &str,
+) -> Inbound {
+    match id_raw {
+        // No id: a notification, never answered.
+        Ok(None) => {
+            tracing::debug!(message, "ignoring an invalid notification");
+            Inbound::Ignore
+        }
+        _ => Inbound::Reply(error_reply(
+            id,
+            ErrorCode::INVALID_REQUEST,
+            format!("Invalid request: {message}"),
+        )),
+    }
+}
+
+fn notification(text: &str, members: &Members<'_>, method: &str) -> Inbound {
+    let checked = json_text::check_unique(text)
+        .map_err(|e| e.to_string())
+        .and_then(|()| rebuild(members).map_err(|e| e.to_string()))
+        .and_then(|v| serde_json::from_value::<ClientJsonRpcMessage>(v).map_err(|e| e.to_string()));
+    match checked {
+        Ok(msg @ ClientJsonRpcMessage::Notification(_)) => Inbound::Message(Box::new(msg)),
+        Ok(_) => Inbound::Ignore,
+        Err(e) => {
+            tracing::debug!(method, error = %e, "ignoring an invalid notification");
+            Inbound::Ignore
+        }
+    }
+}
+
+/// The message as a value, every member parsed for real.
+fn rebuild(members: &Members<'_>) -> Result<Value, JsonTextError> {
+    let mut out = Map::new();
+    for (name, raw) in members {
+        out.insert(name.clone(), json_text::parse_unique(raw.get())?);
+    }
+    Ok(Value::Object(out))
+}
+
+fn request(members: &Members<'_>, method: &str, id: &RequestId) -> Inbound {
+    let reply = |code, message: String| Inbound::Reply(error_reply(Some(id), code, message));
+    let mut seen = std::collections::HashSet::new();
+    if let Some((name, _)) = members.iter().find(|(n, _)| !seen.insert(n.as_str())) {
+        return reply(
+            ErrorCode::INVALID_REQUEST,
+            format!("Invalid request: the member `{name}` appears twice"),
+        );
+    }
+    match member(members, "jsonrpc") {
+        Ok(Some(raw)) if raw.get() == "\"2.0\"" => {}
+        _ => {
+            return reply(
+                ErrorCode::INVALID_REQUEST,
+                "Invalid request: `jsonrpc` must be \"2.0\"".into(),
+            );
+        }
+    }
+    let mut out = Map::new();
+    let mut arguments = None;
+    for (name, raw) in members {
+        let value = if name == "params" {
+            match params(raw, method, id) {
+                Ok((value, args)) => {
+                    arguments = args;
+                    value
+                }
+                Err(answer) => return answer,
+            }
+        } else {
+            match json_text::parse_unique(raw.get()) {
+                Ok(v) => v,
+                Err(e) => {
+                    return reply(
+                        ErrorCode::INVALID_REQUEST,
+                        format!("Invalid request: `{name}`: {e}"),
+                    );
+                }
+            }
+        };
+        out.insert(name.clone(), value);
+    }
+    let message = match serde_json::from_value::<ClientJsonRpcMessage>(Value::Object(out)) {
+        Ok(m) => m,
+        Err(e) => return reply(ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")),
+    };
+    let ClientJsonRpcMessage::Request(mut request) = message else {
+        return reply(ErrorCode::INVALID_REQUEST, "Invalid request: not a request".into());
+    };
+    match &mut request.request {
+        ClientRequest::CustomRequest(_) if is_standard_request(method) => {
+            return reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: the params of `{method}` do not fit the MCP schema of that method"
+                ),
+            );
+        }
+        ClientRequest::CallToolRequest(call) => {
+            if let Some(text) = arguments {
+                call.extensions.insert(ArgumentsText(text));
+            }
+        }
+        _ => {}
+    }
+    Inbound::Message(Box::new(ClientJsonRpcMessage::Request(request)))
+}
+
+/// The params of a request as a value, and for `tools/call` the arguments' text. `Err` is the
+/// answer to send instead.
+fn params(
+    raw: &RawValue,
+    method: &str,
+    id: &RequestId,
+) -> Result<(Value, Option<Arc<str>>), Inbound> {
+    let reply = |code, message: String| Inbound::Reply(error_reply(Some(id), code, message));
+    match first_non_space(raw.get()) {
+        Some(b'{') => {}
+        Some(b'[') => {
+            return Err(reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: the params of `{method}` must be an object (MCP), not an array"
+                ),
+            ));
+        }
+        _ => {
+            return Err(reply(
+                ErrorCode::INVALID_REQUEST,
+                "Invalid request: `params` must be an object".into(),
+            ));
+        }
+    }
+    if method != rmcp::model::CallToolRequestMethod::VALUE {
+        return match json_text::parse_unique(raw.get()) {
+            Ok(v) => Ok((v, None)),
+            Err(e) => Err(reply(ErrorCode::INVALID_PARAMS, format!("Invalid params: {e}"))),
+        };
+    }
+    // tools/call: the envelope is a protocol matter, the arguments are the tool's.
+    let (members, _) = members(raw.get());
+    let mut seen = std::collections::HashSet::new();
+    if let Some((name, _)) = members.iter().find(|(n, _)| !seen.insert(n.as_str())) {
+        return Err(reply(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "Invalid params: the member `{name}` appears twice in the params of `tools/call`"
+            ),
+        ));
+    }
+    let name = match member(&members, "name") {
+        Ok(Some(raw)) => match serde_json::from_str::<Value>(raw.get()) {
+            Ok(Value::String(name)) => name,
+            _ => {
+                return Err(reply(
+                    ErrorCode::INVALID_PARAMS,
+                    "Invalid params: `name` must be a string".into(),
+                ));
+            }
+        },
+        _ => {
+            return Err(reply(
+                ErrorCode::INVALID_PARAMS,
+                "Invalid params: `tools/call` needs a `name`".into(),
+            ));
+        }
+    };
+    let mut out = Map::new();
+    let mut text = None;
+    for (member, raw) in &members {
+        let value = if member == "arguments" && raw.get() != "null" {
+            match json_text::parse_arguments(&name, raw.get()) {
+                Ok(args) => {
+                    text = Some(Arc::from(raw.get()));
+                    Value::Object(args)
+                }
+                Err(message) => {
+                    let result =
+                        ToolResult::error(ErrorKind::InvalidArguments, message, None).to_mcp();
+                    return Err(Inbound::Reply(result_reply(id, result)));
+                }
+            }
+        } else {
+            match json_text::parse_unique(raw.get()) {
+                Ok(v) => v,
+                Err(e) => {
+                    return Err(reply(
+                        ErrorCode::INVALID_PARAMS,
+                        format!("Invalid params: `{member}`: {e}"),
+                    ));
+                }
+            }
+        };
+        out.insert(member.clone(), value);
+    }
+    Ok((Value::Object(out), text))
+}

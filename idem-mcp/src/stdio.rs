@@ -1,0 +1,217 @@
+//! A newline-delimited JSON-RPC transport (MCP stdio) that answers every request it cannot pass
+//! on, in front of rmcp's service loop.
+//!
+//! Each line goes through [`check_message`](crate::jsonrpc::check_message): a well-formed message
+//! goes to rmcp, a bad request is answered here with its id, a bad notification is dropped.
+//! Outgoing messages are written by one task, one line each, so an answer written while rmcp
+//! polls for the next message is never interleaved with another.
+
+use std::io;
+use std::marker::PhantomData;
+
+use rmcp::RoleServer;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::jsonrpc::{Inbound, check_message, error_reply};
+
+/// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
+/// is skipped to its end and answered with -32600 and a `null` id.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// An MCP server transport over a byte stream pair (stdin/stdout, a socket, a pipe): one JSON-RPC
+/// message per line, each request answered exactly once.
+pub struct LineTransport<R, W> {
+    read: BufReader<R>,
+    line: Vec<u8>,
+    max_line_bytes: usize,
+    discarding: bool,
+    writer: Writer<W>,
+    _role: PhantomData<fn() -> RoleServer>,
+}
+
+enum Writer<W> {
+    /// Not started yet: the task is spawned on first use, inside the runtime.
+    Idle(W),
+    Running {
+        tx: mpsc::UnboundedSender<Vec<u8>>,
+        task: JoinHandle<()>,
+    },
+    Closed,
+}
+
+impl<R, W> std::fmt::Debug for LineTransport<R, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineTransport").field("max_line_bytes", &self.max_line_bytes).finish()
+    }
+}
+
+/// The transport over this process's stdin and stdout.
+pub fn stdio() -> LineTransport<tokio::io::Stdin, tokio::io::Stdout> {
+    LineTransport::new(tokio::io::stdin(), tokio::io::stdout())
+}
+
+impl<R, W> LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// Reads requests from `read`, writes responses and notifications to `write`.
+    pub fn new(read: R, write: W) -> Self {
+        LineTransport {
+            read: BufReader::new(read),
+            line: Vec::new(),
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            discarding: false,
+            writer: Writer::Idle(write),
+            _role: PhantomData,
+        }
+    }
+
+    /// Sets the longest line accepted, in bytes (default [`DEFAULT_MAX_LINE_BYTES`]).
+    pub fn with_max_line_bytes(mut self, max_line_bytes: usize) -> Self {
+        self.max_line_bytes = max_line_bytes;
+        self
+    }
+
+    fn sender(&mut self) -> Option<&mpsc::UnboundedSender<Vec<u8>>> {
+        if matches!(self.writer, Writer::Idle(_)) {
+            let Writer::Idle(mut write) = std::mem::replace(&mut self.writer, Writer::Closed)
+            else {
+                return None;
+            };
+            let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+            let task = tokio::spawn(async move {
+                while let Some(line) = rx.recv().await {
+                    let written = async {
+                        write.write_all(&line).await?;
+                        // Flush when nothing else is queued, so a burst is one write.
+                        if rx.is_empty() {
+                            write.flush().await?;
+                        }
+                        io::Result::Ok(())
+                    };
+                    if let Err(e) = written.await {
+                        tracing::error!(error = %e, "cannot write to the MCP client");
+                        return;
+                    }
+                }
+                let _ = write.flush().await;
+            });
+            self.writer = Writer::Running { tx, task };
+        }
+        match &self.writer {
+            Writer::Running { tx, .. } => Some(tx),
+            _ => None,
+        }
+    }
+
+    fn queue(&mut self, message: &impl serde::Serialize) -> io::Result<()> {
+        let mut bytes = serde_json::to_vec(message).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        let tx = self.sender().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "the transport is closed")
+        })?;
+        tx.send(bytes).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the writer stopped"))
+    }
+
+    /// Reads one line into `self.line` without letting it grow past the limit. Cancel-safe: a
+    /// partial line stays in `self.line` for the next call.
+    async fn read_line(&mut self) -> io::Result<Line> {
+        loop {
+            let available = self.read.fill_buf().await?;
+            if available.is_empty() {
+                return Ok(Line::Eof);
+            }
+            let newline = available.iter().position(|b| *b == b'\n');
+            let take = newline.map_or(available.len(), |i| i + 1);
+            let mut step = None;
+            if self.discarding {
+                if newline.is_some() {
+                    self.discarding = false;
+                }
+            } else if self.line.len().saturating_add(take) > self.max_line_bytes {
+                self.line.clear();
+                self.discarding = newline.is_none();
+                step = Some(Line::TooLong);
+            } else {
+                self.line.extend_from_slice(&available[..take]);
+                if newline.is_some() {
+                    step = Some(Line::Complete);
+                }
+            }
+            self.read.consume(take);
+            if let Some(step) = step {
+                return Ok(step);
+            }
+        }
+    }
+}
+
+enum Line {
+    Complete,
+    TooLong,
+    Eof,
+}
+
+impl<R, W> Transport<RoleServer> for LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        std::future::ready(self.queue(&item))
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            match self.read_line().await {
+                Ok(Line::Complete) => {}
+                Ok(Line::TooLong) => {
+                    let message = format!(
+                        "Invalid request: the line is longer than {} bytes",
+                        self.max_line_bytes
+                    );
+                    let reply = error_reply(None, rmcp::model::ErrorCode::INVALID_REQUEST, message);
+                    self.queue(&reply).ok()?;
+                    continue;
+                }
+                Ok(Line::Eof) => return None,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read from the MCP client");
+                    return None;
+                }
+            }
+            let inbound = match std::str::from_utf8(&self.line) {
+                Ok(text) => check_message(text.trim_end_matches(['\n', '\r'])),
+                Err(e) => Inbound::Reply(error_reply(
+                    None,
+                    rmcp::model::ErrorCode::PARSE_ERROR,
+                    format!("Parse error: the line is not UTF-8 ({e})"),
+                )),
+            };
+            self.line.clear();
+            match inbound {
+                Inbound::Message(message) => return Some(*message),
+                Inbound::Reply(reply) => self.queue(&reply).ok()?,
+                Inbound::Ignore => {}
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        if let Writer::Running { tx, task } = std::mem::replace(&mut self.writer, Writer::Closed) {
+            drop(tx);
+            task.await.map_err(io::Error::other)?;
+        }
+        Ok(())
+    }
+}

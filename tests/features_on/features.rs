@@ -1,0 +1,28 @@
+//! The build really has the features on: otherwise the vectors would prove nothing.
+
+use serde_json::Value;
+
+#[test]
+fn arbitrary_precision_keeps_number_text_and_keys_do_not_see_it() {
+    let v: Value = serde_json::from_str(r#"{"big":18446744073709551616,"f":1.0}"#).unwrap();
+    // With `arbitrary_precision` the Value holds the text as written.
+    assert_eq!(v.to_string(), r#"{"big":18446744073709551616,"f":1.0}"#);
+    assert_eq!(
+        idem_core::to_canonical_string(&v).unwrap(),
+        r#"{"big":18446744073709552000,"f":1}"#
+    );
+}
+
+#[test]
+fn preserve_order_keeps_member_order_and_keys_do_not_see_it() {
+    let v: Value = serde_json::from_str(r#"{"b":1,"a":2}"#).unwrap();
+    assert_eq!(v.to_string(), r#"{"b":1,"a":2}"#);
+    assert_eq!(idem_core::to_canonical_string(&v).unwrap(), r#"{"a":2,"b":1}"#);
+}
+
+#[test]
+fn raw_value_is_written_as_the_data_it_holds() {
+    let raw = serde_json::value::RawValue::from_string(r#"{ "b": 1.50, "a": [1e2] }"#.into());
+    let raw = raw.unwrap();
+    assert_eq!(idem_core::to_canonical_string(&raw).unwrap(), r#"{"a":[100],"b":1.5}"#);
+}

@@ -1,0 +1,229 @@
+//! Raw JSON-RPC lines over the `payments_mcp` example's stdio, including lines an SDK refuses to
+//! send: every request from which an id can be read gets exactly one response with that id and
+//! the right code (JSON-RPC 2.0 §5.1; MCP `isError` for bad tool arguments), notifications get
+//! none, and the server keeps serving.
+//!
+//! Each case writes its line, then a `ping` sentinel with a fresh id, and reads until the
+//! sentinel's answer (and the case's, when it goes to a tool) has arrived: anything else that
+//! arrives is a failure.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+mod mcp_support;
+
+/// Only a guard against a hang: every expected answer arrives in milliseconds.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_sentinel: i64,
+}
+
+/// What one case expects: `None` for no response at all.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// A JSON-RPC error with this code, for the case's id (`null` when `id` is `None`).
+    Error(i64),
+    /// A tool result with `isError: true` whose text contains this.
+    ToolError(&'static str),
+    /// A successful tool result.
+    ToolOk,
+    /// No response (a notification).
+    Nothing,
+}
+
+impl Server {
+    fn start() -> Server {
+        let binary = mcp_support::payments_mcp();
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the example starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Server { child, stdin, lines, next_sentinel: 1_000_000 }
+    }
+
+    fn write(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn read(&self) -> Option<Value> {
+        match self.lines.recv_timeout(HANG_GUARD) {
+            Ok(line) => Some(serde_json::from_str(&line).expect("the server writes JSON lines")),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => panic!("no answer after {HANG_GUARD:?}: a hang"),
+        }
+    }
+
+    /// Sends `line`, then a sentinel ping; returns every response that arrived up to the
+    /// sentinel's (and `wait_for`'s, if given), by id (`null` as "null").
+    fn exchange(&mut self, line: &str, wait_for: Option<&Value>) -> BTreeMap<String, Vec<Value>> {
+        self.write(line);
+        let sentinel = self.next_sentinel;
+        self.next_sentinel += 1;
+        self.write(&json!({"jsonrpc": "2.0", "id": sentinel, "method": "ping"}).to_string());
+        let mut got: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let key = |id: &Value| id.to_string();
+        loop {
+            let done = got.contains_key(&key(&json!(sentinel)))
+                && wait_for.is_none_or(|id| got.contains_key(&key(id)));
+            if done {
+                break;
+            }
+            let msg = self.read().unwrap_or_else(|| panic!("the server exited after {line}"));
+            got.entry(key(&msg["id"])).or_default().push(msg);
+        }
+        let pong = got.remove(&key(&json!(sentinel))).unwrap();
+        assert_eq!(pong.len(), 1, "one answer to the sentinel: {pong:?}");
+        assert_eq!(pong[0]["result"], json!({}), "{pong:?}");
+        got
+    }
+
+    fn initialize(&mut self) {
+        self.write(
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "raw-lines", "version": "1"}}})
+            .to_string(),
+        );
+        let init = self.read().expect("an initialize answer");
+        assert_eq!(init["id"], 0, "{init}");
+        assert!(init["result"]["serverInfo"].is_object(), "{init}");
+        self.write(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    }
+
+    /// Sends `line` and checks that exactly the expected response, and nothing else, came back.
+    fn check(&mut self, what: &str, line: &str, id: Option<Value>, expect: Expect) {
+        // Answers from rmcp's handlers may come after the sentinel's: wait for them too.
+        let wait_for = if let Expect::Nothing = expect { None } else { id.as_ref() };
+        let id_key = id.clone().unwrap_or(Value::Null);
+        let mut got = self.exchange(line, wait_for);
+        let answers = got.remove(&id_key.to_string()).unwrap_or_default();
+        assert!(got.is_empty(), "{what}: responses for other ids: {got:?}");
+        if let Expect::Nothing = expect {
+            assert!(answers.is_empty(), "{what}: a notification was answered: {answers:?}");
+            return;
+        }
+        assert_eq!(answers.len(), 1, "{what}: exactly one response expected: {answers:?}");
+        let answer = &answers[0];
+        assert_eq!(answer["jsonrpc"], "2.0", "{what}: {answer}");
+        assert_eq!(answer["id"], id_key, "{what}: {answer}");
+        match expect {
+            Expect::Error(code) => {
+                assert_eq!(answer["error"]["code"], code, "{what}: {answer}");
+                assert!(answer["error"]["message"].is_string(), "{what}: {answer}");
+            }
+            Expect::ToolError(text) => {
+                assert_eq!(answer["result"]["isError"], true, "{what}: {answer}");
+                let said = answer["result"]["content"][0]["text"].as_str().unwrap_or_default();
+                assert!(said.contains(text), "{what}: {said:?} lacks {text:?}");
+            }
+            Expect::ToolOk => assert_eq!(answer["result"]["isError"], false, "{what}: {answer}"),
+            Expect::Nothing => unreachable!(),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn call(id: i64, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#)
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+#[test]
+fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
+    const INVALID_ARGUMENTS: &str = "Error (invalid_arguments)";
+    let mut s = Server::start();
+    s.initialize();
+    let charge =
+        |id, args: &str| call(id, &format!(r#"{{"name":"charge_card","arguments":{args}}}"#));
+    let cases: Vec<(&str, String, Option<Value>, Expect)> = vec![
+        // Values inside the arguments that serde_json cannot represent: the tool's own error.
+        ("1e400 in arguments", charge(1, r#"{"customer":"c","amount_cents":1e400}"#), Some(json!(1)), Expect::ToolError("number out of range")),
+        ("lone surrogate in arguments", charge(2, r#"{"customer":"\ud800","amount_cents":1}"#), Some(json!(2)), Expect::ToolError(INVALID_ARGUMENTS)),
+        ("125 levels in arguments", charge(3, &format!(r#"{{"customer":{},"amount_cents":1}}"#, nested(125))), Some(json!(3)), Expect::ToolError(INVALID_ARGUMENTS)),
+        ("100,000 levels in arguments", charge(4, &format!(r#"{{"customer":{},"amount_cents":1}}"#, nested(100_000))), Some(json!(4)), Expect::ToolError("recursion limit")),
+        ("arguments an array", charge(5, "[1,2]"), Some(json!(5)), Expect::ToolError("must be a JSON object, not an array")),
+        ("arguments a string", charge(6, r#""cus_1""#), Some(json!(6)), Expect::ToolError("not a string")),
+        ("arguments a number", charge(7, "7"), Some(json!(7)), Expect::ToolError("not a number")),
+        ("a repeated argument", charge(8, r#"{"customer":"acct-A","amount_cents":500,"customer":"acct-B"}"#), Some(json!(8)), Expect::ToolError("the member `customer` appears twice")),
+        ("a repeated nested member", charge(9, r#"{"customer":"a","amount_cents":5,"x":{"k":1,"k":2}}"#), Some(json!(9)), Expect::ToolError("appears twice in the object at `x`")),
+        // The envelope: protocol errors with the id.
+        ("ping with 1e400 params", r#"{"jsonrpc":"2.0","id":10,"method":"ping","params":{"x":1e400}}"#.into(), Some(json!(10)), Expect::Error(-32602)),
+        ("ping with a lone surrogate", r#"{"jsonrpc":"2.0","id":"s-11","method":"ping","params":{"x":"\ud800"}}"#.into(), Some(json!("s-11")), Expect::Error(-32602)),
+        ("ping nested 200 deep", format!(r#"{{"jsonrpc":"2.0","id":12,"method":"ping","params":{{"x":{}}}}}"#, nested(200)), Some(json!(12)), Expect::Error(-32602)),
+        ("a repeated name", call(13, r#"{"name":"charge_card","name":"refund","arguments":{}}"#), Some(json!(13)), Expect::Error(-32602)),
+        ("a repeated arguments member", call(14, r#"{"name":"get_balance","arguments":{"customer":"a"},"arguments":{"customer":"b"}}"#), Some(json!(14)), Expect::Error(-32602)),
+        ("params an array", call(15, r#"["charge_card",{}]"#), Some(json!(15)), Expect::Error(-32602)),
+        ("params a string", call(16, r#""charge_card""#), Some(json!(16)), Expect::Error(-32600)),
+        ("no tool name", call(17, r#"{"arguments":{}}"#), Some(json!(17)), Expect::Error(-32602)),
+        ("initialize params that do not fit", r#"{"jsonrpc":"2.0","id":18,"method":"initialize","params":{"protocolVersion":7}}"#.into(), Some(json!(18)), Expect::Error(-32602)),
+        ("the id after a bad value", r#"{"jsonrpc":"2.0","method":"ping","params":{"x":1e400},"id":19}"#.into(), Some(json!(19)), Expect::Error(-32602)),
+        ("jsonrpc 1.0", r#"{"jsonrpc":"1.0","id":20,"method":"ping"}"#.into(), Some(json!(20)), Expect::Error(-32600)),
+        ("method a number", r#"{"jsonrpc":"2.0","id":21,"method":5}"#.into(), Some(json!(21)), Expect::Error(-32600)),
+        ("a repeated method", r#"{"jsonrpc":"2.0","id":22,"method":"ping","method":"tools/list"}"#.into(), Some(json!(22)), Expect::Error(-32600)),
+        ("unknown method", r#"{"jsonrpc":"2.0","id":23,"method":"tools/frobnicate"}"#.into(), Some(json!(23)), Expect::Error(-32601)),
+        ("truncated after the id", r#"{"jsonrpc":"2.0","id":24,"method":"ping""#.into(), Some(json!(24)), Expect::Error(-32700)),
+        // No id to be had: answered with id null.
+        ("not JSON", "charge the card please".into(), None, Expect::Error(-32700)),
+        ("truncated before the id", r#"{"jsonrpc":"2.0","method":"ping","#.into(), None, Expect::Error(-32700)),
+        ("a batch", r#"[{"jsonrpc":"2.0","id":25,"method":"ping"}]"#.into(), None, Expect::Error(-32600)),
+        ("a string", r#""ping""#.into(), None, Expect::Error(-32600)),
+        ("a null id", r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#.into(), None, Expect::Error(-32600)),
+        ("a float id", r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#.into(), None, Expect::Error(-32600)),
+        ("a repeated id", r#"{"jsonrpc":"2.0","id":26,"id":27,"method":"ping"}"#.into(), None, Expect::Error(-32600)),
+        // Notifications: never answered, however bad.
+        ("notification with 1e400", r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"x":1e400}}"#.into(), None, Expect::Nothing),
+        ("notification with a lone surrogate", r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"x":"\ud800"}}"#.into(), None, Expect::Nothing),
+        ("notification params an array", r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":[1]}"#.into(), None, Expect::Nothing),
+        ("notification with repeated members", r#"{"jsonrpc":"2.0","method":"notifications/roots/list_changed","params":{"a":1,"a":2}}"#.into(), None, Expect::Nothing),
+        ("unknown notification", r#"{"jsonrpc":"2.0","method":"notifications/frobnicated"}"#.into(), None, Expect::Nothing),
+        ("notification nested 100,000 deep", format!(r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{}}}"#, nested(100_000)), None, Expect::Nothing),
+        // And the server still works.
+        ("a good call", charge(28, r#"{"customer":"cus_raw","amount_cents":5}"#), Some(json!(28)), Expect::ToolOk),
+    ];
+    for (what, line, id, expect) in cases {
+        s.check(what, &line, id, expect);
+    }
+    // The first good charge ran once; a repeat with members in another order replays it.
+    let again =
+        s.exchange(&charge(29, r#"{"amount_cents":5,"customer":"cus_raw"}"#), Some(&json!(29)));
+    let text = again["29"][0]["result"]["content"][0]["text"].as_str().unwrap().to_owned();
+    assert!(text.contains("ch_0001"), "one charge in all: {text}");
+    // Closing stdin ends the session; nothing else was written.
+    drop(s.stdin.take());
+    assert_eq!(s.read(), None, "nothing after the last answer");
+    assert!(s.child.wait().unwrap().success());
+}
