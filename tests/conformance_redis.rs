@@ -484,7 +484,8 @@ async fn unreachable_server_is_unavailable_with_the_cause() {
     let lazy = RedisStore::builder("redis://127.0.0.1:1/").open_lazy().unwrap();
     let (key, fp) = fresh_key("unreachable", "{}");
     assert!(matches!(lazy.claim(claim_req(&key, &fp)).await, Err(StoreError::Unavailable(_))));
-    assert!(matches!(RedisStore::open("not a url").await, Err(StoreError::Unavailable(_))));
+    // A malformed URL is a configuration error, not an outage.
+    assert!(matches!(RedisStore::open("not a url").await, Err(StoreError::InvalidConfig(_))));
 }
 
 #[tokio::test]

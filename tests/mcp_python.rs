@@ -1,6 +1,7 @@
 //! The MCP server, driven by a client nobody on this team wrote: the official Python MCP SDK
 //! (`mcp` on PyPI, pinned below), running `tests/mcp/client_test.py` against the `payments_mcp`
-//! example (idem-mcp, SQLite store), restarted once in the middle.
+//! example (idem-mcp, SQLite store), restarted once in the middle, and `tests/mcp/mixed_test.py`
+//! against `mixed_mcp` (idem tools inside a plain rmcp server).
 //!
 //! The test builds the example with `cargo build -p idem-mcp --features sqlite --example
 //! payments_mcp`, and creates (once) a virtual environment under `<target>/mcp-venv` with
@@ -52,4 +53,18 @@ fn python_mcp_client_sees_one_charge_and_an_honest_unknown_refund() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("ok: one charge ch_0001 for cus_1"), "{stdout}");
+}
+
+#[test]
+fn python_mcp_client_drives_idem_tools_inside_a_plain_rmcp_server() {
+    let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
+        return;
+    };
+    let server = mcp_support::build_example("mixed_mcp", "sqlite");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/mixed_test.py");
+    let out = Command::new(python).arg(script).arg(&server).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("ok: rmcp tool and idem tools in one server"), "{stdout}");
 }

@@ -7,25 +7,10 @@
 //! sentinel's answer (and the case's, when it goes to a tool) has arrived: anything else that
 //! arrives is a failure.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
-
+use mcp_support::Server;
 use serde_json::{Value, json};
 
 mod mcp_support;
-
-/// Only a guard against a hang: every expected answer arrives in milliseconds.
-const HANG_GUARD: Duration = Duration::from_secs(120);
-
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    next_sentinel: i64,
-}
 
 /// What one case expects: `None` for no response at all.
 #[derive(Clone, Copy, Debug)]
@@ -40,81 +25,11 @@ enum Expect {
     Nothing,
 }
 
-impl Server {
-    fn start() -> Server {
-        let binary = mcp_support::payments_mcp();
-        let mut child = Command::new(binary)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the example starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        Server { child, stdin, lines, next_sentinel: 1_000_000 }
-    }
+trait Check {
+    fn check(&mut self, what: &str, line: &str, id: Option<Value>, expect: Expect);
+}
 
-    fn write(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(line.as_bytes()).unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn read(&self) -> Option<Value> {
-        match self.lines.recv_timeout(HANG_GUARD) {
-            Ok(line) => Some(serde_json::from_str(&line).expect("the server writes JSON lines")),
-            Err(RecvTimeoutError::Disconnected) => None,
-            Err(RecvTimeoutError::Timeout) => panic!("no answer after {HANG_GUARD:?}: a hang"),
-        }
-    }
-
-    /// Sends `line`, then a sentinel ping; returns every response that arrived up to the
-    /// sentinel's (and `wait_for`'s, if given), by id (`null` as "null").
-    fn exchange(&mut self, line: &str, wait_for: Option<&Value>) -> BTreeMap<String, Vec<Value>> {
-        self.write(line);
-        let sentinel = self.next_sentinel;
-        self.next_sentinel += 1;
-        self.write(&json!({"jsonrpc": "2.0", "id": sentinel, "method": "ping"}).to_string());
-        let mut got: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-        let key = |id: &Value| id.to_string();
-        loop {
-            let done = got.contains_key(&key(&json!(sentinel)))
-                && wait_for.is_none_or(|id| got.contains_key(&key(id)));
-            if done {
-                break;
-            }
-            let msg = self.read().unwrap_or_else(|| panic!("the server exited after {line}"));
-            got.entry(key(&msg["id"])).or_default().push(msg);
-        }
-        let pong = got.remove(&key(&json!(sentinel))).unwrap();
-        assert_eq!(pong.len(), 1, "one answer to the sentinel: {pong:?}");
-        assert_eq!(pong[0]["result"], json!({}), "{pong:?}");
-        got
-    }
-
-    fn initialize(&mut self) {
-        self.write(
-            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {},
-                "clientInfo": {"name": "raw-lines", "version": "1"}}})
-            .to_string(),
-        );
-        let init = self.read().expect("an initialize answer");
-        assert_eq!(init["id"], 0, "{init}");
-        assert!(init["result"]["serverInfo"].is_object(), "{init}");
-        self.write(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-    }
-
+impl Check for Server {
     /// Sends `line` and checks that exactly the expected response, and nothing else, came back.
     fn check(&mut self, what: &str, line: &str, id: Option<Value>, expect: Expect) {
         // Answers from rmcp's handlers may come after the sentinel's: wait for them too.
@@ -147,13 +62,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn call(id: i64, params: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#)
 }
@@ -165,7 +73,7 @@ fn nested(depth: usize) -> String {
 #[test]
 fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
     const INVALID_ARGUMENTS: &str = "Error (invalid_arguments)";
-    let mut s = Server::start();
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
     s.initialize();
     let charge =
         |id, args: &str| call(id, &format!(r#"{{"name":"charge_card","arguments":{args}}}"#));

@@ -212,6 +212,7 @@ fn policy() -> Policy {
         backoff: Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(1) },
         cache_safe: false,
         store_timeout: Duration::from_secs(5),
+        ..Policy::default()
     }
 }
 

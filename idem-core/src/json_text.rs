@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 #[non_exhaustive]
 pub enum JsonTextError {
     /// Not JSON that serde_json can represent: a syntax error, a number beyond `f64`, a lone
-    /// surrogate escape, nesting deeper than 128 levels, trailing characters.
+    /// surrogate escape, nesting deeper than [`crate::MAX_DEPTH`] (127) levels, trailing characters.
     #[error("{0}")]
     Syntax(#[source] serde_json::Error),
     /// An object names the same member twice (after unescaping: `"a"` and `"\u0061"` are equal).
@@ -33,7 +33,7 @@ pub enum JsonTextError {
 /// Parses `text` (one JSON value, surrounding whitespace allowed) into a [`Value`], refusing an
 /// object that repeats a member name at any depth.
 ///
-/// Errors: [`JsonTextError`]. serde_json's nesting limit (128 levels) bounds both passes.
+/// Errors: [`JsonTextError`]. serde_json's nesting limit ([`crate::MAX_DEPTH`], 127 levels) bounds both passes.
 pub fn parse_unique(text: &str) -> Result<Value, JsonTextError> {
     check_unique(text)?;
     serde_json::from_str(text).map_err(JsonTextError::Syntax)
@@ -87,6 +87,12 @@ pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
     let mut msg = format!(
         "the arguments of `{tool}` are not valid JSON ({e}); nothing was executed. Send one JSON object"
     );
+    if e.to_string().starts_with("recursion limit exceeded") {
+        msg.push_str(&format!(
+            " (arrays and objects may nest at most {} levels deep)",
+            crate::limits::MAX_DEPTH
+        ));
+    }
     if text.contains("NaN") || text.contains("Infinity") {
         msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
     }

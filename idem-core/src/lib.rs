@@ -37,7 +37,7 @@ pub use class::{RetryClass, UnknownRetryClass};
 pub use clock::FOREVER;
 pub use ctx::Ctx;
 pub use error::{BudgetKind, Error, ErrorKind};
-pub use executor::{Idem, IdemBuilder, Run};
+pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, WaitHook};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;

@@ -71,6 +71,28 @@ pub fn check_value_depth(value: &Value) -> Result<(), KeyError> {
     Ok(())
 }
 
+/// Checks that `value` nests at most [`MAX_DEPTH`] levels (and [`MAX_WRAPPERS`]), before
+/// serde_json (which has no limit when writing) or a `Value` conversion walks it: the value is
+/// written as canonical JSON into a scratch buffer, a walk that stops at the limit. Only depth is
+/// judged; any other error is left to the serializer that follows.
+///
+/// Errors: [`KeyError::TooDeep`].
+pub fn check_depth<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), KeyError> {
+    thread_local! {
+        static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+    let mut scratch = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
+    let result = crate::canonical::canonicalize(value, &mut scratch);
+    if scratch.capacity() <= 64 * 1024 {
+        scratch.clear();
+        let _ = SCRATCH.try_with(|s| s.set(scratch));
+    }
+    match result {
+        Err(e @ KeyError::TooDeep { .. }) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// A `Value` of `depth` nested arrays around `inner`, built and taken apart without recursion:
 /// for tests of the limits, which must neither build nor drop deep data recursively.
 #[doc(hidden)]

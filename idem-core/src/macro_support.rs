@@ -516,9 +516,15 @@ impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
         if F::SKIP == 0 {
-            crate::canonical::canonicalize(self, out)
-        } else {
-            crate::canonical::canonicalize(&IntentFields(self), out)
+            return crate::canonical::canonicalize(self, out);
+        }
+        crate::canonical::canonicalize(&IntentFields(self), out)?;
+        // The skipped parameters are not part of the key, but the tool still receives (and a
+        // retry clones) them: they are held to the same depth limit. Only depth is checked;
+        // anything else about them is the tool's business.
+        match crate::canonical::canonicalize(self, &mut Vec::new()) {
+            Err(e @ KeyError::TooDeep { .. }) => Err(e),
+            _ => Ok(()),
         }
     }
 }

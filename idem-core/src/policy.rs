@@ -1,4 +1,4 @@
-//! Retry policy: attempts, timeouts, budgets, leases and retention (DESIGN §6).
+//! Retry policy: attempts, timeouts, budgets, leases, retention and size limits.
 
 use std::time::Duration;
 
@@ -57,6 +57,16 @@ pub struct Policy {
     /// How long one store operation may take before it counts as the store being unavailable.
     /// A claim is also bounded by the call's wall-clock budget. Default 5 s.
     pub store_timeout: Duration,
+    /// The largest canonical arguments, in bytes, a call accepts; larger ones are refused before
+    /// the claim ([`crate::KeyError::TooLarge`]). Default 1 MiB: far above what a model writes
+    /// as one tool call's arguments, and small enough to hash and hold per call.
+    pub max_argument_bytes: usize,
+    /// The largest stored outcome (the output's or a permanent error's JSON), in bytes. A larger
+    /// output is not sent to the store: the effect happened, so the call is answered like an
+    /// output that cannot be stored; a larger permanent error releases the key. Default 4 MiB:
+    /// writing it keeps a shared Redis busy for milliseconds, not seconds, and it is more than
+    /// a model's context takes in from one tool result.
+    pub max_outcome_bytes: usize,
 }
 
 impl Default for Policy {
@@ -71,9 +81,16 @@ impl Default for Policy {
             backoff: Backoff::default(),
             cache_safe: false,
             store_timeout: Duration::from_secs(5),
+            max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
         }
     }
 }
+
+/// [`Policy::max_argument_bytes`]'s default: 1 MiB.
+const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
+/// [`Policy::max_outcome_bytes`]'s default: 4 MiB.
+const DEFAULT_MAX_OUTCOME_BYTES: usize = 4 << 20;
 
 /// The options a tool declares in `#[tool(...)]`; `None` keeps the executor's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

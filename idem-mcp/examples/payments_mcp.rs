@@ -238,7 +238,7 @@ struct Payments {
 
 impl Payments {
     /// Charge a customer's card `amount_cents` (in cents, positive). Returns the charge id.
-    /// Repeating the call with the same arguments returns the same charge.
+    /// Repeating the call with the same arguments in the same run returns the same charge.
     #[tool(retry = "keyed")]
     async fn charge_card(
         &self,
@@ -354,8 +354,10 @@ async fn serve() -> Result<(), String> {
     IdemServer::new(tools, &idem)
         .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
         .with_instructions(
-            "Payments. charge_card is safe to repeat with the same arguments; refund is never \
-             repeated: if its outcome is unknown, check get_balance instead of calling it again.",
+            "Payments. charge_card charges a card: a repeat with the same arguments in the same \
+             run returns the first charge, but the same call in another run (or with no run id, \
+             after a reconnect) is a new charge. refund is never repeated: if its outcome is \
+             unknown, check get_balance instead of calling it again.",
         )
         .serve_stdio()
         .await

@@ -12,7 +12,10 @@ ledger (WORK_DIR/idem.db.ledger.json), and checks what a client would see:
   the restart;
 - an unknown tool is a JSON-RPC error (-32602); bad arguments are an isError result;
 - a client-supplied idempotency key in _meta, reused with other arguments, is refused;
-- without _meta["idem/run"] the scope is the session.
+- without _meta["idem/run"] the scope is the session;
+- the instructions tell the host to send _meta["idem/run"] and never call charge_card safe to
+  repeat; every result's _meta names the run, the key and the outcome (executed, replayed,
+  joined).
 Exits non-zero with a message on the first failed check.
 """
 
@@ -47,6 +50,15 @@ def charge_id(result):
     return json.loads(text_of(result))["charge_id"]
 
 
+def outcome(result, run=None):
+    """The result's _meta["idem/outcome"], after checking its run and key."""
+    meta = result.meta or {}
+    check(len(meta.get("idem/key", "")) == 64, f"_meta has no key: {meta}")
+    if run is not None:
+        check(meta.get("idem/run") == run, f"_meta run: {meta}")
+    return meta.get("idem/outcome")
+
+
 def ledger(work):
     return json.loads((work / "idem.db.ledger.json").read_text())
 
@@ -62,7 +74,9 @@ def server(binary, work):
 async def first_session(binary, work):
     async with stdio_client(server(binary, work)) as (read, write):
         async with ClientSession(read, write) as session:
-            await session.initialize()
+            init = await session.initialize()
+            check('"idem/run"' in (init.instructions or ""), f"instructions: {init.instructions}")
+            check("safe to repeat" not in init.instructions, f"instructions: {init.instructions}")
 
             tools = {t.name: t for t in (await session.list_tools()).tools}
             check(sorted(tools) == ["charge_card", "get_balance", "refund"], f"tools: {sorted(tools)}")
@@ -84,7 +98,9 @@ async def first_session(binary, work):
                 check("timed out" in e.error.message, f"timeout error: {e.error}")
 
             # The same call again: joins the charge still in flight, or replays it.
-            first = charge_id(await session.call_tool("charge_card", CHARGE, meta=RUN))
+            joined = await session.call_tool("charge_card", CHARGE, meta=RUN)
+            first = charge_id(joined)
+            check(outcome(joined, "conversation-42") in ("joined", "replayed"), f"{joined.meta}")
 
             # Five concurrent duplicates, keys in another order.
             swapped = {"amount_cents": 4900, "customer": "cus_1"}
@@ -92,6 +108,7 @@ async def first_session(binary, work):
                 *[session.call_tool("charge_card", swapped, meta=RUN) for _ in range(5)]
             )
             check([charge_id(r) for r in dups] == [first] * 5, "duplicates returned another charge")
+            check({outcome(r) for r in dups} <= {"joined", "replayed"}, "a duplicate executed")
 
             # A refund whose answer is lost: outcome unknown, honestly, and never run twice.
             refund_args = {"charge_id": first, "amount_cents": 13}
@@ -125,9 +142,12 @@ async def first_session(binary, work):
             check(other.is_error is True and "key_reuse_mismatch" in text_of(other), f"reuse: {text_of(other)}")
 
             # No run in _meta: the session is the scope.
-            s1 = charge_id(await session.call_tool("charge_card", {"customer": "cus_3", "amount_cents": 7}))
-            s1b = charge_id(await session.call_tool("charge_card", {"customer": "cus_3", "amount_cents": 7}))
+            r1 = await session.call_tool("charge_card", {"customer": "cus_3", "amount_cents": 7})
+            r1b = await session.call_tool("charge_card", {"customer": "cus_3", "amount_cents": 7})
+            s1, s1b = charge_id(r1), charge_id(r1b)
             check(s1 == s1b, "a repeat in one session charged again")
+            check((outcome(r1), outcome(r1b)) == ("executed", "replayed"), f"{r1.meta} {r1b.meta}")
+            check(r1.meta["idem/run"].startswith("mcp-session-"), f"session run: {r1.meta}")
             return first, refund_args
 
 

@@ -2,8 +2,14 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use serde_json::{Value, json};
 
 /// The cargo target directory the tests were built in.
 pub fn target_dir() -> PathBuf {
@@ -46,4 +52,103 @@ pub fn build_example(name: &str, features: &str) -> PathBuf {
 /// The payments example with the SQLite store.
 pub fn payments_mcp() -> PathBuf {
     build_example("payments_mcp", "sqlite")
+}
+
+/// Only a guard against a hang: every expected answer arrives in milliseconds.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// A server process spoken to with raw JSON-RPC lines.
+pub struct Server {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_sentinel: i64,
+}
+
+impl Server {
+    /// Starts `binary` with `env` set, speaking MCP over its stdin and stdout.
+    pub fn start(binary: &Path, env: &[(&str, &str)]) -> Server {
+        let mut child = Command::new(binary)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the example starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Server { child, stdin, lines, next_sentinel: 1_000_000 }
+    }
+
+    pub fn write(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    pub fn read(&self) -> Option<Value> {
+        match self.lines.recv_timeout(HANG_GUARD) {
+            Ok(line) => Some(serde_json::from_str(&line).expect("the server writes JSON lines")),
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => panic!("no answer after {HANG_GUARD:?}: a hang"),
+        }
+    }
+
+    /// Sends `line`, then a sentinel ping; returns every response that arrived up to the
+    /// sentinel's (and `wait_for`'s, if given), by id (`null` as "null").
+    pub fn exchange(
+        &mut self,
+        line: &str,
+        wait_for: Option<&Value>,
+    ) -> BTreeMap<String, Vec<Value>> {
+        self.write(line);
+        let sentinel = self.next_sentinel;
+        self.next_sentinel += 1;
+        self.write(&json!({"jsonrpc": "2.0", "id": sentinel, "method": "ping"}).to_string());
+        let mut got: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let key = |id: &Value| id.to_string();
+        loop {
+            let done = got.contains_key(&key(&json!(sentinel)))
+                && wait_for.is_none_or(|id| got.contains_key(&key(id)));
+            if done {
+                break;
+            }
+            let msg = self.read().unwrap_or_else(|| panic!("the server exited after {line}"));
+            got.entry(key(&msg["id"])).or_default().push(msg);
+        }
+        let pong = got.remove(&key(&json!(sentinel))).unwrap();
+        assert_eq!(pong.len(), 1, "one answer to the sentinel: {pong:?}");
+        assert_eq!(pong[0]["result"], json!({}), "{pong:?}");
+        got
+    }
+
+    pub fn initialize(&mut self) {
+        self.write(
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "raw-lines", "version": "1"}}})
+            .to_string(),
+        );
+        let init = self.read().expect("an initialize answer");
+        assert_eq!(init["id"], 0, "{init}");
+        assert!(init["result"]["serverInfo"].is_object(), "{init}");
+        self.write(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

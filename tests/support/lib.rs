@@ -58,3 +58,6 @@ pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
 
 /// Worker processes, their ledger and their answers (multi-process and outage tests).
 pub mod workers;
+
+/// Private servers with TLS (PostgreSQL, Redis) and the certificates they use.
+pub mod servers;

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::call::Call;
 use super::lease::Owned;
+use super::report::Served;
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
@@ -147,8 +148,12 @@ impl<T: Tool> Call<'_, T> {
     /// the key. Returns the caller's error.
     async fn permanent(&self, fence: Option<Fence>, err: Error<T::Error>) -> Error<T::Error> {
         if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
-            match serde_json::to_string(error) {
-                Ok(json) => {
+            let json = crate::limits::check_depth(error)
+                .ok()
+                .and_then(|()| serde_json::to_string(error).ok())
+                .filter(|json| json.len() <= self.policy.max_outcome_bytes);
+            match json {
+                Some(json) => {
                     let outcome = Outcome::Failure(json);
                     let ttl = self.policy.failure_ttl;
                     // Not stored (store down, lease lost): the caller still gets the tool's
@@ -158,8 +163,8 @@ impl<T: Tool> Call<'_, T> {
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
-                // than storing what cannot be replayed.
-                Err(_) => self.release(fence).await,
+                // than storing what cannot be replayed (or is past the limits).
+                None => self.release(fence).await,
             }
         }
         err
@@ -176,7 +181,7 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %e, "unknown outcome not stored");
             }
         }
-        self.outcome("unknown");
+        self.outcome(Served::Unknown);
         Error::OutcomeUnknown { tool: self.name(), key: self.key }
     }
 
@@ -191,19 +196,28 @@ impl<T: Tool> Call<'_, T> {
         fence: Option<Fence>,
         output: T::Output,
     ) -> Result<T::Output, Error<T::Error>> {
+        // serde_json writes without a depth limit, and so does every caller that turns the output
+        // into JSON: an output past the limit (docs/key-spec.md, "Limits") goes no further. It
+        // is leaked, not dropped: dropping it would recurse as deep as it is.
+        if let Err(e) = crate::limits::check_depth(&output) {
+            std::mem::forget(output);
+            return Err(self.not_storable(&e));
+        }
         let Some(fence) = fence else { return Ok(output) };
+        // The effect happened but the output cannot be stored (or not within the policy's size):
+        // keep the claim until its lease ends rather than invite a second run, tell the caller,
+        // and send the store nothing.
         let json = match serde_json::to_string(&output) {
             Ok(json) => json,
-            Err(e) => {
-                // The effect happened but cannot be stored: keep the claim until its lease ends
-                // rather than invite a second run, and tell the caller.
-                return Err(Error::ReplayFailed {
-                    tool: self.name(),
-                    key: self.key,
-                    reason: format!("the output could not be serialized: {e}"),
-                });
-            }
+            Err(e) => return Err(self.not_storable(&e)),
         };
+        if json.len() > self.policy.max_outcome_bytes {
+            let limit = self.policy.max_outcome_bytes;
+            return Err(self.not_storable(&format_args!(
+                "its JSON is {} bytes, more than the limit of {limit} bytes (Policy::max_outcome_bytes)",
+                json.len()
+            )));
+        }
         let outcome = Outcome::Success(json);
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),
@@ -215,6 +229,15 @@ impl<T: Tool> Call<'_, T> {
                 tracing::warn!(error = %e, "outcome not stored");
                 Ok(output)
             }
+        }
+    }
+
+    /// The error of an output that ran but cannot be stored: why, and that it happened.
+    fn not_storable(&self, why: &dyn std::fmt::Display) -> Error<T::Error> {
+        Error::ReplayFailed {
+            tool: self.name(),
+            key: self.key,
+            reason: format!("the tool ran, but its output could not be stored: {why}"),
         }
     }
 

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::Inner;
 use super::lease::Owned;
+use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
 use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
@@ -25,6 +26,8 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) policy: Policy,
     pub(super) deadline: Instant,
     pub(super) span: tracing::Span,
+    pub(super) served: ServedSlot,
+    pub(super) on_wait: Option<&'a WaitHook>,
 }
 
 /// What the leader hands to joiners, built only when someone joined.
@@ -33,6 +36,8 @@ fn share<T: Tool>(
     key: Key,
     result: &Result<T::Output, Error<T::Error>>,
 ) -> Shared {
+    // An output reaches here only within the depth limit (`finish_ok`); a tool's error is
+    // checked before serde_json, which has no limit, writes it.
     Arc::new(match result {
         Ok(out) => serde_json::to_string(out).map_err(|e| Error::ReplayFailed {
             tool: name,
@@ -40,7 +45,10 @@ fn share<T: Tool>(
             reason: format!("the output could not be serialized: {e}"),
         }),
         Err(e) => Err(e
-            .try_retype(|err| serde_json::to_string(err).map_err(|_| ()))
+            .try_retype(|err| {
+                crate::limits::check_depth(err).map_err(|_| ())?;
+                serde_json::to_string(err).map_err(|_| ())
+            })
             .unwrap_or_else(|()| Error::ReplayFailed {
                 tool: name,
                 key,
@@ -89,8 +97,16 @@ impl<T: Tool> Call<'_, T> {
         self.tool.def().class
     }
 
-    pub(super) fn outcome(&self, what: &'static str) {
-        self.span.record("idem.outcome", what);
+    pub(super) fn outcome(&self, served: Served) {
+        self.span.record("idem.outcome", served.as_str());
+        self.served.set(served);
+    }
+
+    /// This call starts waiting for another owner of its key.
+    pub(super) fn waiting(&self) {
+        if let Some(hook) = self.on_wait {
+            hook.call(&self.key);
+        }
     }
 
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
@@ -105,6 +121,7 @@ impl<T: Tool> Call<'_, T> {
                     return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
                 }
                 Enter::Join(slot) => {
+                    self.waiting();
                     let shared = match tokio::time::timeout_at(self.deadline, slot.wait()).await {
                         Err(_) => {
                             return Err(Error::BudgetExhausted {
@@ -116,7 +133,7 @@ impl<T: Tool> Call<'_, T> {
                         Ok(None) => continue,
                         Ok(Some(shared)) => shared,
                     };
-                    self.outcome("joined");
+                    self.outcome(Served::Joined);
                     return self.decode_shared(&shared);
                 }
                 Enter::Lead(leader) => {
@@ -146,7 +163,7 @@ impl<T: Tool> Call<'_, T> {
 
     async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
         if !self.uses_store() {
-            self.outcome("executed");
+            self.outcome(Served::Executed);
             return self.attempts(args, None).await;
         }
         let on_expired = match self.class() {
@@ -155,13 +172,13 @@ impl<T: Tool> Call<'_, T> {
         };
         match self.acquire(on_expired).await {
             Ok(Owned::Fence(fence)) => {
-                self.outcome("executed");
+                self.outcome(Served::Executed);
                 self.attempts(args, Some(fence)).await
             }
             Ok(Owned::Answer(answer)) => answer,
             Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
                 tracing::warn!(error = %e, "store unavailable; running safe tool without it");
-                self.outcome("executed");
+                self.outcome(Served::Executed);
                 self.attempts(args, None).await
             }
             Err(e) => Err(self.store_error(e)),

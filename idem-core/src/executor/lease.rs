@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::call::Call;
+use super::report::Served;
 use crate::clock::later;
 use crate::error::{BudgetKind, Error};
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
@@ -37,6 +38,7 @@ impl<T: Tool> Call<'_, T> {
                         return answer(Err(Error::BudgetExhausted { tool: self.name(), budget }));
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
+                    self.waiting();
                     // A store that stops answering is caught by the next claim's timeout.
                     let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
                     if let Ok(Err(e)) = woken {
@@ -45,11 +47,11 @@ impl<T: Tool> Call<'_, T> {
                     waited = true;
                 }
                 Claim::Completed(record) => {
-                    self.outcome(if waited { "joined" } else { "replayed" });
+                    self.outcome(if waited { Served::Joined } else { Served::Replayed });
                     return answer(self.replay(record));
                 }
                 Claim::Unknown => {
-                    self.outcome("unknown");
+                    self.outcome(Served::Unknown);
                     return answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }));
                 }
                 Claim::Mismatch => {

@@ -9,6 +9,7 @@
 mod attempts;
 mod call;
 mod lease;
+mod report;
 mod run;
 
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
+pub use report::{CallReport, Served, WaitHook};
 pub use run::Run;
 
 use crate::budget::RetryBudget;

@@ -9,9 +9,10 @@ use tracing::field::Empty;
 
 use super::Idem;
 use super::call::Call;
+use super::report::{CallReport, ServedSlot, WaitHook};
 use crate::clock::later;
 use crate::error::Error;
-use crate::key::{self, Fingerprint, Scope};
+use crate::key::{self, Fingerprint, KeyError, Scope};
 use crate::tool::Tool;
 
 /// A run: the scope of keys, and how tools are called. Cheap to clone.
@@ -28,11 +29,12 @@ pub struct Run {
     scope: Arc<Scope>,
     caller_key: Option<Arc<str>>,
     call_id: Option<Arc<str>>,
+    on_wait: Option<WaitHook>,
 }
 
 impl Run {
     pub(super) fn new(idem: Idem, scope: Scope) -> Run {
-        Run { idem, scope: Arc::new(scope), caller_key: None, call_id: None }
+        Run { idem, scope: Arc::new(scope), caller_key: None, call_id: None, on_wait: None }
     }
     /// The scope of this run's keys.
     pub fn scope(&self) -> &Scope {
@@ -53,6 +55,15 @@ impl Run {
     pub fn with_call_id(&self, id: impl Into<Arc<str>>) -> Run {
         Run { call_id: Some(id.into()), ..self.clone() }
     }
+    /// The same run (caller key, call id, wait hook) in another scope.
+    pub fn in_scope(&self, scope: Scope) -> Run {
+        Run { scope: Arc::new(scope), ..self.clone() }
+    }
+    /// The same run, with `hook` called each time one of its calls starts waiting for another
+    /// owner of its key (for signs of life while it waits, such as MCP progress notifications).
+    pub fn with_wait_hook(&self, hook: WaitHook) -> Run {
+        Run { on_wait: Some(hook), ..self.clone() }
+    }
     /// The caller-supplied idempotency key, if any.
     pub fn caller_key(&self) -> Option<&str> {
         self.caller_key.as_deref()
@@ -61,16 +72,42 @@ impl Run {
     /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
     /// or claim, run with retries, store the outcome, replay it for repeats.
     ///
-    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]).
+    /// Errors: the tool's own ([`Error::Tool`]) or any of idem's ([`Error`]). Arguments that
+    /// cannot be canonicalised, nest deeper than [`crate::MAX_DEPTH`] or are larger than
+    /// [`crate::Policy::max_argument_bytes`] are refused with [`Error::InvalidArguments`] before
+    /// anything is claimed or run. Arguments refused for their depth are leaked, not dropped:
+    /// dropping them would recurse as deep as they are (`docs/key-spec.md`, "Limits").
     pub async fn call<T: Tool>(
         &self,
         tool: &T,
         args: T::Args,
     ) -> Result<T::Output, Error<T::Error>> {
+        self.call_reported(tool, args).await.0
+    }
+
+    /// [`Run::call`], and what the call reports beside its result: its key and how it was served
+    /// (executed, replayed, joined). The report is `None` when the arguments were refused before
+    /// a key existed.
+    pub async fn call_reported<T: Tool>(
+        &self,
+        tool: &T,
+        args: T::Args,
+    ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let def = tool.def();
+        let inner = &self.idem.inner;
+        let policy = inner.policy.with_options(def.class, &def.options);
         let mut canonical = Vec::with_capacity(256);
-        T::write_intent(&args, &mut canonical)
-            .map_err(|source| Error::InvalidArguments { tool: def.name, source })?;
+        if let Err(source) = T::write_intent(&args, &mut canonical) {
+            if matches!(source, KeyError::TooDeep { .. }) {
+                std::mem::forget(args);
+            }
+            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+        }
+        if canonical.len() > policy.max_argument_bytes {
+            let source =
+                KeyError::TooLarge { size: canonical.len(), limit: policy.max_argument_bytes };
+            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+        }
         let (key, fingerprint) = match &self.caller_key {
             Some(k) => (key::caller_key(&self.scope, def.name, k), key::fingerprint(&canonical)),
             None => {
@@ -78,8 +115,6 @@ impl Run {
                 (key, Fingerprint::of_derived_key(&key))
             }
         };
-        let inner = &self.idem.inner;
-        let policy = inner.policy.with_options(def.class, &def.options);
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = Empty,
@@ -104,11 +139,14 @@ impl Run {
             policy,
             deadline: later(Instant::now(), policy.budget),
             span: span.clone(),
+            served: ServedSlot::default(),
+            on_wait: self.on_wait.as_ref(),
         };
         let result = call.execute(args).instrument(span.clone()).await;
         if let Err(e) = &result {
             span.record("error.type", e.kind().as_str());
         }
-        result
+        let scope = Arc::clone(&self.scope);
+        (result, Some(CallReport { scope, key, served: call.served.get() }))
     }
 }

@@ -22,7 +22,8 @@ pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
 }
 
 /// The outcome of the kind and payload columns; `None` when they are not a pair this version
-/// writes (the caller reports the record as incompatible).
+/// writes (the caller reports the record as incompatible). Public for the fuzz targets
+/// (`fuzz/`, through `store::decode_sql_outcome`), not an API.
 pub(crate) fn decode(kind: Option<i64>, payload: Option<String>) -> Option<Outcome> {
     match (kind, payload) {
         (Some(k), Some(json)) if k == i64::from(SUCCESS) => Some(Outcome::Success(json)),

@@ -14,7 +14,16 @@ use crate::key::{Fingerprint, Key};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
+
+/// The SQL stores' outcome columns (kind, payload) as a record's outcome; `None` for a pair this
+/// version does not write. For the fuzz targets (`fuzz/`), not an API.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[doc(hidden)]
+pub fn decode_sql_outcome(kind: Option<i64>, payload: Option<String>) -> Option<Outcome> {
+    codec::decode(kind, payload)
+}
 pub mod memory;
+mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -25,6 +34,7 @@ pub mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use memory::MemoryStore;
+pub use open::open;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
@@ -124,6 +134,11 @@ pub enum StoreError {
     /// replayed from it.
     #[error("incompatible record or schema: {0}; upgrade idem, or migrate the store")]
     Incompatible(String),
+    /// The store's configuration is invalid: a malformed or unknown store URL, an option the
+    /// store does not know, an unreadable CA file, or a store or TLS feature not compiled in.
+    /// Nothing was attempted; fix the configuration.
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
 }
 
 impl StoreError {

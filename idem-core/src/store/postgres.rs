@@ -17,10 +17,10 @@
 //!
 //! Connections: a fixed set (4 by default) of pipelined tokio-postgres connections plus one
 //! listener connection, opened on demand and re-opened after a failure, so the store works again
-//! by itself once the server is back. Without TLS (`NoTls`).
+//! by itself once the server is back. TLS (feature `postgres-tls`) follows the connection string's
+//! `sslmode` and `sslrootcert` as libpq does: see [`PostgresStore::connect`].
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,11 +29,19 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Config, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Statement};
 
 use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
+
+mod pool;
+mod tls;
+#[cfg(feature = "postgres-tls")]
+mod verify;
+
+use pool::PgClient;
+use tls::Target;
 
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
 ///
@@ -183,7 +191,7 @@ const CLAIM_RUNS: usize = 4;
 
 /// One connection with its prepared statements.
 struct Conn {
-    client: Client,
+    client: PgClient,
     claim: Statement,
     complete: Statement,
     release: Statement,
@@ -250,7 +258,10 @@ impl Waiters {
 }
 
 struct Inner {
-    config: Config,
+    /// Where the slots connect and the listener listens (`None`: a pool without a listener).
+    target: Option<Target>,
+    /// The application's pool ([`PostgresStore::from_pool`]), used instead of the slots.
+    pool: Option<deadpool_postgres::Pool>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
     /// first open only under concurrency.
@@ -289,41 +300,63 @@ impl std::fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Connects with a libpq-style connection string (`host=127.0.0.1 user=postgres dbname=app`)
-    /// or URL (`postgresql://user@host:5432/app`), with [`DEFAULT_CONNECTIONS`] connections,
-    /// and creates or checks the schema. Must run inside a tokio runtime.
+    /// or URL (`postgresql://user@host:5432/app?sslmode=verify-full`), with
+    /// [`DEFAULT_CONNECTIONS`] connections, and creates or checks the schema. Must run inside a
+    /// tokio runtime.
     ///
-    /// Fails with [`StoreError::Unavailable`] when the server cannot be reached (5 s connect
-    /// timeout unless the string sets `connect_timeout`) and [`StoreError::Incompatible`] when
-    /// the schema is from another version.
+    /// TLS (feature `postgres-tls`, rustls) follows libpq's `sslmode`: `disable`, `prefer` (the
+    /// default: TLS when the server offers it), `require` (encrypted, certificate unchecked),
+    /// `verify-ca` (the chain must lead to a trusted root) and `verify-full` (and the host name
+    /// must match). The roots are the PEM file `sslrootcert` names, else the system's roots; with
+    /// `sslrootcert`, `prefer` and `require` check the chain as `verify-ca` does.
+    ///
+    /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
+    /// unreadable `sslrootcert`, or a TLS mode without the `postgres-tls` feature;
+    /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
+    /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
+    /// [`StoreError::Incompatible`] when the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let config = Config::from_str(url).map_err(pg)?;
-        Self::connect_with(config, DEFAULT_CONNECTIONS).await
+        Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS).await
     }
 
     /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
-    /// another schema) and `connections` connections (at least 1).
-    pub async fn connect_with(mut config: Config, connections: usize) -> Result<Self, StoreError> {
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
+    /// another schema) and `connections` connections (at least 1). Its `ssl_mode` applies
+    /// (`require`: encrypted, certificate unchecked); use [`connect`](Self::connect) for
+    /// `verify-ca` and `verify-full`.
+    pub async fn connect_with(config: Config, connections: usize) -> Result<Self, StoreError> {
+        Self::open_target(Target::from_config(config)?, connections).await
+    }
+
+    async fn open_target(target: Target, connections: usize) -> Result<Self, StoreError> {
+        let store = Self::assemble(Some(target), None, connections);
+        // Opens the first connection now, so a wrong address or schema fails here.
+        store.conn().await?;
+        Ok(store)
+    }
+
+    /// The store around its connection source; the listener starts when there is a target.
+    fn assemble(
+        target: Option<Target>,
+        pool: Option<deadpool_postgres::Pool>,
+        connections: usize,
+    ) -> Self {
         let waiters = Arc::new(Waiters::default());
         let listening = Arc::new(AtomicBool::new(false));
-        let listener =
-            tokio::spawn(listen(config.clone(), Arc::clone(&waiters), Arc::clone(&listening)));
-        let store = PostgresStore {
+        let listener = target.clone().map(|target| {
+            tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
+        });
+        PostgresStore {
             inner: Arc::new(Inner {
-                config,
+                target,
+                pool,
                 slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
                 busy: AtomicUsize::new(0),
                 waiters,
                 listening,
-                listener: Mutex::new(Some(listener)),
+                listener: Mutex::new(listener),
                 sweeps: SweepClock::new(),
             }),
-        };
-        // Opens the first connection now, so a wrong address or schema fails here.
-        store.conn().await?;
-        Ok(store)
+        }
     }
 
     /// Removes every record whose retention ended (at most 1000 per call); returns how many.
@@ -339,13 +372,20 @@ impl PostgresStore {
     /// guard is dropped.
     async fn conn(&self) -> Result<Held<'_>, StoreError> {
         let busy = Busy(&self.inner.busy);
+        if let Some(pool) = &self.inner.pool {
+            let conn = pool::checkout(pool, CONNECT_TIMEOUT).await?;
+            return Ok(Held { conn: Arc::new(conn), _busy: busy });
+        }
         let i = busy.0.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
         let mut slot = self.inner.slots[i].lock().await;
         if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(Held { conn: Arc::clone(conn), _busy: busy });
         }
         *slot = None;
-        let conn = Arc::new(open(&self.inner.config).await?);
+        let Some(target) = &self.inner.target else {
+            return Err(StoreError::unavailable("the PostgreSQL store has no connection source"));
+        };
+        let conn = Arc::new(open(target).await?);
         *slot = Some(Arc::clone(&conn));
         Ok(Held { conn, _busy: busy })
     }
@@ -380,16 +420,8 @@ impl PostgresStore {
 }
 
 /// Opens one connection, checks or creates the schema, and prepares the statements.
-async fn open(config: &Config) -> Result<Conn, StoreError> {
-    // `connect_timeout` bounds only the TCP connect; a server that accepts and never answers
-    // the startup handshake would hang here without this bound.
-    let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
-    let connected = tokio::time::timeout(bound, config.connect(NoTls)).await.map_err(|_| {
-        StoreError::unavailable(format!(
-            "PostgreSQL accepted the connection but did not complete the startup within {bound:?}"
-        ))
-    })?;
-    let (mut client, connection) = connected.map_err(pg)?;
+async fn open(target: &Target) -> Result<Conn, StoreError> {
+    let (mut client, connection) = target.connect().await?;
     tokio::spawn(async move {
         // Ends when the client is dropped or the connection breaks; the error resurfaces as
         // the next statement's error.
@@ -412,7 +444,17 @@ async fn open(config: &Config) -> Result<Conn, StoreError> {
     let (mark_waited, held, forget, sweep) =
         tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
             .map_err(pg)?;
-    Ok(Conn { client, claim, complete, release, renew, mark_waited, held, forget, sweep })
+    Ok(Conn {
+        client: PgClient::Own(client),
+        claim,
+        complete,
+        release,
+        renew,
+        mark_waited,
+        held,
+        forget,
+        sweep,
+    })
 }
 
 const VERSION: &str = "SELECT value FROM idem_meta WHERE name = 'schema_version'";
@@ -488,13 +530,10 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
 
 /// The listener: one connection that `LISTEN`s on [`CHANNEL`] and wakes waiters by key;
 /// reconnects after a failure (waking everyone, since notifications may have been lost).
-async fn listen(config: Config, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
+async fn listen(target: Target, waiters: Arc<Waiters>, listening: Arc<AtomicBool>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let bound = config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
-        if let Ok(Ok((client, mut connection))) =
-            tokio::time::timeout(bound, config.connect(NoTls)).await
-        {
+        if let Ok((client, mut connection)) = target.connect().await {
             let driver = {
                 let waiters = Arc::clone(&waiters);
                 async move {

@@ -90,6 +90,8 @@ use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, Store
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
 
+mod conn;
+
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
 pub const SCHEMA_VERSION: &str = "2";
@@ -366,7 +368,7 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let client = Client::open(self.url.as_str()).map_err(unavailable)?;
+        let client = conn::client(&self.url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
@@ -550,9 +552,12 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to the server at `url` (`redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://` with a TLS feature of redis-rs) with the default settings.
+    /// `rediss://…[?ca=/path/ca.pem]` with the feature `redis-tls`: TLS checked against the PEM
+    /// roots `ca` names, else the system's roots) with the default settings.
     ///
-    /// Errors: [`StoreError::Unavailable`] for a malformed URL or a server that cannot be reached.
+    /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unreadable CA file or
+    /// `rediss://` without `redis-tls`; [`StoreError::Unavailable`] for a server that cannot be
+    /// reached or a TLS check that fails.
     pub async fn open(url: &str) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).open().await
     }
@@ -611,44 +616,7 @@ impl RedisStore {
         raw: &[u8],
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
-        let version = fields.first().copied().unwrap_or_default();
-        if version != SCHEMA_VERSION.as_bytes() {
-            let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
-            let record = self.record_key(key);
-            return Err(StoreError::Incompatible(format!(
-                "record {record} has schema version {shown:?}"
-            )));
-        }
-        let malformed = |what: &str| {
-            let record = self.record_key(key);
-            StoreError::Incompatible(format!(
-                "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
-            ))
-        };
-        let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
-            return Err(malformed("fewer than 8 fields"));
-        };
-        let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
-        if state != b"d" {
-            return Err(malformed("not a completed record"));
-        }
-        if fence.is_empty() || !digits(fence) {
-            return Err(malformed("fence"));
-        }
-        if waited != b"0" && waited != b"1" {
-            return Err(malformed("waited-on flag"));
-        }
-        if !digits(lease_end) {
-            return Err(malformed("lease end"));
-        }
-        let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
-        let Some(stored) = stored else { return Err(malformed("fingerprint")) };
-        if stored != *fingerprint {
-            return Ok(Claim::Mismatch);
-        }
-        let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
-        Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
+        decode_record(&self.record_key(key), raw, fingerprint)
     }
 
     fn interest(&self, channel: Vec<u8>) -> Interest {
@@ -661,6 +629,52 @@ impl RedisStore {
         drop(map);
         Interest { inner: Arc::clone(&self.inner), channel, notify }
     }
+}
+
+/// Decodes a completed record as the claim script returns it (`RedisStore::replay`);
+/// `record` names it in errors. Public for the fuzz targets (`fuzz/`), not an API.
+#[doc(hidden)]
+pub fn decode_record(
+    record: &str,
+    raw: &[u8],
+    fingerprint: &Fingerprint,
+) -> Result<Claim, StoreError> {
+    let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
+    let version = fields.first().copied().unwrap_or_default();
+    if version != SCHEMA_VERSION.as_bytes() {
+        let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
+        return Err(StoreError::Incompatible(format!(
+            "record {record} has schema version {shown:?}"
+        )));
+    }
+    let malformed = |what: &str| {
+        StoreError::Incompatible(format!(
+            "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
+        ))
+    };
+    let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
+        return Err(malformed("fewer than 8 fields"));
+    };
+    let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
+    if state != b"d" {
+        return Err(malformed("not a completed record"));
+    }
+    if fence.is_empty() || !digits(fence) {
+        return Err(malformed("fence"));
+    }
+    if waited != b"0" && waited != b"1" {
+        return Err(malformed("waited-on flag"));
+    }
+    if !digits(lease_end) {
+        return Err(malformed("lease end"));
+    }
+    let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
+    let Some(stored) = stored else { return Err(malformed("fingerprint")) };
+    if stored != *fingerprint {
+        return Ok(Claim::Mismatch);
+    }
+    let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
+    Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
 }
 
 fn unavailable(e: RedisError) -> StoreError {
@@ -684,6 +698,12 @@ impl Answer {
             other => Err(StoreError::Incompatible(format!("unexpected script answer {other:?}"))),
         }
     }
+}
+
+/// Reads a script's reply (see [`Answer`]). Public for the fuzz targets (`fuzz/`), not an API.
+#[doc(hidden)]
+pub fn decode_answer(reply: Value) -> Result<impl std::fmt::Debug, StoreError> {
+    answer(reply)
 }
 
 fn answer(reply: Value) -> Result<Answer, StoreError> {

@@ -23,7 +23,14 @@ pub enum Arguments<'a> {
 pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A, String> {
     let empty = Value::Object(Map::new());
     let value = match args {
-        Arguments::Json(v) => v,
+        Arguments::Json(v) => {
+            // Deserializing recurses as deep as the value nests: measure it first, without
+            // recursion (JSON text is bounded the same way by serde_json's parser).
+            crate::limits::check_value_depth(v).map_err(|e| {
+                format!("invalid arguments for `{tool}`: {e}; nothing was executed")
+            })?;
+            v
+        }
         Arguments::Absent => &empty,
         Arguments::Text(text) if text.trim().is_empty() => &empty,
         Arguments::Text(text) => {

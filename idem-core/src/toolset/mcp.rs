@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
+use super::{Arguments, ErrorKind, ToolDefinition, ToolResult, ToolSet};
 use crate::class::RetryClass;
 use crate::executor::Run;
 use crate::key::Scope;
@@ -21,6 +21,13 @@ pub const MCP_META_RUN: &str = "idem/run";
 /// goes through [`Run::with_idempotency_key`]: the fingerprint of the arguments is stored, and a
 /// reuse with other arguments is refused (`key_reuse_mismatch`).
 pub const MCP_META_IDEMPOTENCY_KEY: &str = "idem/idempotencyKey";
+
+/// The `_meta` key of a `CallToolResult` that carries the call's idempotency key (64 hex digits).
+pub const MCP_META_KEY: &str = "idem/key";
+
+/// The `_meta` key of a `CallToolResult` that says how the call was served: `executed`,
+/// `replayed`, `joined` or `unknown` ([`crate::Served`]).
+pub const MCP_META_OUTCOME: &str = "idem/outcome";
 
 /// MCP tool annotations (MCP spec 2025-11-25, `ToolAnnotations`), derived from the retry class.
 ///
@@ -93,19 +100,27 @@ impl ToolDefinition {
 
 impl ToolResult {
     /// MCP `CallToolResult` JSON (spec 2025-11-25): one text block with [`Self::text`],
-    /// `isError`, and `structuredContent` when the output is a JSON object.
+    /// `isError`, `structuredContent` when the output is a JSON object, and `_meta` saying what
+    /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
+    /// digits>", "idem/outcome": "executed" | "replayed" | "joined" | "unknown"}` (`idem/outcome`
+    /// is absent when the call failed before that was decided).
     pub fn to_mcp(&self) -> Value {
-        let mut out = json!({
-            "content": [{ "type": "text", "text": self.text }],
-            "isError": self.is_error,
-        });
-        if !self.is_error
-            && self.content.is_object()
-            && let Some(obj) = out.as_object_mut()
-        {
-            obj.insert("structuredContent".into(), self.content.clone());
+        let mut out = Map::new();
+        out.insert("content".into(), json!([{ "type": "text", "text": self.text }]));
+        out.insert("isError".into(), Value::Bool(self.is_error));
+        if !self.is_error && self.content.is_object() {
+            out.insert("structuredContent".into(), self.content.clone());
         }
-        out
+        if let Some(report) = &self.report {
+            let mut meta = Map::new();
+            meta.insert(MCP_META_RUN.into(), report.scope.run_id().into());
+            meta.insert(MCP_META_KEY.into(), report.key.as_str().into());
+            if let Some(served) = report.served {
+                meta.insert(MCP_META_OUTCOME.into(), served.as_str().into());
+            }
+            out.insert("_meta".into(), Value::Object(meta));
+        }
+        Value::Object(out)
     }
 }
 
@@ -134,6 +149,44 @@ impl McpProtocolError {
     }
 }
 
+/// What an MCP server does with a `keyed` or `never` call that names no run in
+/// `_meta["idem/run"]`. Such a call is scoped to the server's session run, so its repeat after a
+/// reconnect or a server restart is a new intent and runs again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingRun {
+    /// Run it in the session's scope and log a `tracing` warning (the default).
+    #[default]
+    Warn,
+    /// Refuse it: an `isError` result of kind `invalid_tool_call` that says what to send;
+    /// nothing runs. `safe` tools are never refused.
+    Refuse,
+}
+
+/// One MCP `tools/call` as a server received it.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct McpCall<'a> {
+    /// `params.name`.
+    pub name: &'a str,
+    /// `params.arguments` (as text when the transport kept it: integers beyond 64 bits stay
+    /// exact).
+    pub arguments: Arguments<'a>,
+    /// `params._meta`, whose idem entries name the run and carry a caller key.
+    pub meta: Option<&'a Map<String, Value>>,
+}
+
+impl<'a> McpCall<'a> {
+    /// A call of `name` with `arguments` and `_meta`.
+    pub fn new(
+        name: &'a str,
+        arguments: Arguments<'a>,
+        meta: Option<&'a Map<String, Value>>,
+    ) -> Self {
+        McpCall { name, arguments, meta }
+    }
+}
+
 impl ToolSet {
     /// MCP `tools/list` entries.
     pub fn mcp_tools(&self) -> Vec<Value> {
@@ -141,20 +194,15 @@ impl ToolSet {
     }
 
     /// Dispatches MCP `tools/call` params (`{"name","arguments","_meta"}`) and returns
-    /// `CallToolResult` JSON. `_meta` may name the run ([`MCP_META_RUN`]) and carry the caller's
-    /// idempotency key ([`MCP_META_IDEMPOTENCY_KEY`]); otherwise `run` applies.
+    /// `CallToolResult` JSON ([`ToolResult::to_mcp`]), as [`ToolSet::dispatch_mcp`] with
+    /// [`MissingRun::Warn`].
     ///
-    /// Errors (protocol errors, MCP spec 2025-11-25 "Error Handling", code -32602): no `name`, an
-    /// unknown tool, or an ill-formed idem `_meta` entry. Everything else, invalid arguments
-    /// included, is a result with `isError: true`.
+    /// Errors: as [`ToolSet::dispatch_mcp`], and params without a string `name`.
     pub async fn call_mcp(&self, run: &Run, params: &Value) -> Result<Value, McpProtocolError> {
         let name = params
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| McpProtocolError::invalid_params("tools/call params have no `name`"))?;
-        if !self.tools.contains_key(name) {
-            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
-        }
         let meta = match params.get("_meta") {
             None | Some(Value::Null) => None,
             Some(Value::Object(meta)) => Some(meta),
@@ -163,13 +211,60 @@ impl ToolSet {
                 return Err(McpProtocolError::invalid_params("`_meta` must be a JSON object"));
             }
         };
-        let run = mcp_run(run, meta)?;
         let args = match params.get("arguments") {
             None | Some(Value::Null) => Arguments::Absent,
             Some(args) => Arguments::Json(args),
         };
-        Ok(self.call_args(&run, name, args).await.to_mcp())
+        let call = McpCall { name, arguments: args, meta };
+        Ok(self.dispatch_mcp(run, call, MissingRun::Warn).await?.to_mcp())
     }
+
+    /// Dispatches one MCP `tools/call`: the one MCP mapping of idem (idem-mcp's server uses it).
+    /// `_meta` may name the run ([`MCP_META_RUN`], looked up inside `session`'s tenant) and carry
+    /// the caller's idempotency key ([`MCP_META_IDEMPOTENCY_KEY`]); otherwise `session` applies,
+    /// and a `keyed` or `never` call is handled as `missing_run` says.
+    ///
+    /// Errors (protocol errors, MCP spec 2025-11-25 "Error Handling", code -32602): an unknown
+    /// tool, or an ill-formed idem `_meta` entry. Everything else, invalid arguments included,
+    /// is a result with `isError: true`.
+    pub async fn dispatch_mcp(
+        &self,
+        session: &Run,
+        call: McpCall<'_>,
+        missing_run: MissingRun,
+    ) -> Result<ToolResult, McpProtocolError> {
+        let Some(def) = self.definition(call.name) else {
+            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {}", call.name)));
+        };
+        let run = mcp_run(session, call.meta)?;
+        let named =
+            call.meta.is_some_and(|m| matches!(m.get(MCP_META_RUN), Some(Value::String(_))));
+        if !named && def.class != RetryClass::Safe {
+            match missing_run {
+                MissingRun::Warn => tracing::warn!(
+                    tool = call.name,
+                    run = session.scope().run_id(),
+                    "a {} MCP call without _meta[\"{MCP_META_RUN}\"]: it is scoped to this session, so a repeat after a reconnect or a restart runs again",
+                    def.class.as_str(),
+                ),
+                MissingRun::Refuse => {
+                    return Ok(ToolResult::error(
+                        ErrorKind::InvalidToolCall,
+                        missing_run_text(call.name),
+                        None,
+                    ));
+                }
+            }
+        }
+        Ok(self.call_args(&run, call.name, call.arguments).await)
+    }
+}
+
+/// What a refused call without a run id tells the host.
+fn missing_run_text(tool: &str) -> String {
+    format!(
+        "`{tool}` changes something, and this server requires the run id with every such call; nothing was executed. Send `\"_meta\": {{\"{MCP_META_RUN}\": \"<conversation id>\"}}` in the `tools/call` params: the same id for every call of one conversation, also after a reconnect, so that a repeat is recognised and never runs twice"
+    )
 }
 
 /// The run an MCP request asks for: `run` with its run id replaced by `_meta["idem/run"]`
@@ -188,14 +283,7 @@ pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpP
         }
     };
     let mut out = match text(MCP_META_RUN)? {
-        Some(id) => {
-            let scope = Scope::run(id).with_tenant(run.scope().tenant());
-            let mut next = run.idem().scope(scope);
-            if let Some(k) = run.caller_key() {
-                next = next.with_idempotency_key(k);
-            }
-            next
-        }
+        Some(id) => run.in_scope(Scope::run(id).with_tenant(run.scope().tenant())),
         None => run.clone(),
     };
     if let Some(key) = text(MCP_META_IDEMPOTENCY_KEY)? {

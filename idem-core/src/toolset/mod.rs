@@ -38,7 +38,8 @@ use serde_json::{Map, Value};
 
 pub use self::arguments::Arguments;
 pub use self::mcp::{
-    Annotations, MCP_META_IDEMPOTENCY_KEY, MCP_META_RUN, McpProtocolError, mcp_run,
+    Annotations, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN, McpCall,
+    McpProtocolError, MissingRun, mcp_run,
 };
 pub use self::result::ToolResult;
 pub use crate::error::ErrorKind;
@@ -109,7 +110,8 @@ impl<T: Tool> DynTool for T {
                     return ToolResult::error(ErrorKind::InvalidArguments, message, None);
                 }
             };
-            match run.call(self, args).await {
+            let (result, report) = run.call_reported(self, args).await;
+            let out = match result {
                 Ok(output) => match serde_json::to_value(&output) {
                     Ok(v) => ToolResult::success(v),
                     Err(e) => ToolResult::error(
@@ -122,7 +124,8 @@ impl<T: Tool> DynTool for T {
                     ),
                 },
                 Err(e) => result::error_result(def, &e, cx),
-            }
+            };
+            out.with_report(report)
         })
     }
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::DispatchContext;
 use crate::class::RetryClass;
 use crate::error::{Error, ErrorKind};
+use crate::executor::CallReport;
 use crate::key::Key;
 use crate::tool::ToolDef;
 
@@ -28,6 +29,9 @@ pub struct ToolResult {
     /// [`Error::kind`]'s, or a kind only a tool set knows ([`ErrorKind::UnknownTool`],
     /// [`ErrorKind::InvalidToolCall`], [`ErrorKind::OutputNotJson`]). `None` on success.
     pub error_kind: Option<ErrorKind>,
+    /// The call's key and how it was served, once the arguments were accepted (MCP results carry
+    /// them in `_meta`).
+    pub report: Option<CallReport>,
 }
 
 impl ToolResult {
@@ -39,7 +43,13 @@ impl ToolResult {
             Value::String(s) => s.clone(),
             other => sorted_text(other),
         };
-        ToolResult { content: output, text, is_error: false, error_kind: None }
+        ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
+    }
+
+    /// The same result, carrying `report`.
+    pub fn with_report(mut self, report: Option<CallReport>) -> Self {
+        self.report = report;
+        self
     }
 
     /// A failed result of kind `kind` with the message the model reads and optional detail.
@@ -55,6 +65,7 @@ impl ToolResult {
             text,
             is_error: true,
             error_kind: Some(kind),
+            report: None,
         }
     }
 }
@@ -92,7 +103,7 @@ pub(super) fn error_result<E: Serialize + Display>(
         Error::Tool { error, .. } => ToolResult::error(
             kind,
             format!("`{name}` failed: {error}"),
-            serde_json::to_value(error).ok(),
+            crate::limits::check_depth(error).ok().and_then(|()| serde_json::to_value(error).ok()),
         ),
         Error::OutcomeUnknown { key, .. } => {
             ToolResult::error(kind, outcome_unknown_text(name, key, cx), Some(key_detail(key)))

@@ -13,7 +13,7 @@ use serde_json::json;
 use super::*;
 use crate::key::Key;
 use crate::store::{Claim, ClaimRequest, Fence, Outcome, Store, StoreError};
-use crate::{Classify, Ctx, Failure, Idem, Policy, RetryBudget, ToolOptions};
+use crate::{Classify, Ctx, Failure, Idem, Policy, RetryBudget, Served, ToolOptions};
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 struct ChargeArgs {
@@ -340,11 +340,20 @@ async fn a_tool_error_is_readable_and_replayed() {
     let args = json!({"customer": "cus_1", "amount_cents": 100});
     let a = set.call(&run, "charge_card", &args).await;
     let b = set.call(&run, "charge_card", &args).await;
-    assert_eq!(a, b);
+    assert_eq!((&a.content, &a.text, a.error_kind), (&b.content, &b.text, b.error_kind));
+    let served = |r: &ToolResult| r.report.as_ref().and_then(|r| r.served);
+    assert_eq!((served(&a), served(&b)), (Some(Served::Executed), Some(Served::Replayed)));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(a.error_kind, Some(ErrorKind::Tool));
     assert!(a.text.contains("card declined: insufficient funds (run 1)"), "{}", a.text);
     assert_eq!(a.content["error"]["detail"], json!({"Declined": "insufficient funds (run 1)"}));
+}
+
+/// An MCP result without its `_meta` (which says how each call was served).
+fn without_meta(result: &Value) -> Value {
+    let mut out = result.clone();
+    out.as_object_mut().map(|o| o.remove("_meta"));
+    out
 }
 
 #[tokio::test]
@@ -359,7 +368,11 @@ async fn a_caller_key_reused_with_other_arguments_is_refused() {
     assert_eq!(a["isError"], false);
     assert_eq!(a["structuredContent"]["charge_id"], "ch_1");
     let b = t.set.call_mcp(&run, &call(100)).await.unwrap();
-    assert_eq!(a, b);
+    assert_eq!(without_meta(&a), without_meta(&b));
+    assert_eq!(
+        (&a["_meta"]["idem/outcome"], &b["_meta"]["idem/outcome"]),
+        (&json!("executed"), &json!("replayed"))
+    );
     let c = t.set.call_mcp(&run, &call(999)).await.unwrap();
     assert_eq!(c["isError"], true);
     let text = c["content"][0]["text"].as_str().unwrap();
@@ -401,7 +414,13 @@ async fn meta_run_is_the_key_scope() {
         "_meta": {"idem/run": "conv-1"}});
     let a = t.set.call_mcp(&session_a, &call).await.unwrap();
     let b = t.set.call_mcp(&session_b, &call).await.unwrap();
-    assert_eq!(a, b, "the same run id from two sessions is one intent");
+    assert_eq!(
+        without_meta(&a),
+        without_meta(&b),
+        "the same run id from two sessions is one intent"
+    );
+    assert_eq!(a["_meta"]["idem/key"], b["_meta"]["idem/key"]);
+    assert_eq!(b["_meta"]["idem/run"], "conv-1");
     assert_eq!(t.charges.load(Ordering::SeqCst), 1);
     let no_meta = json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1}});
     t.set.call_mcp(&session_a, &no_meta).await.unwrap();
@@ -491,4 +510,43 @@ async fn budget_exhausted_and_timeout_are_readable() {
     assert!(r.text.contains("timed out after 500 ms on attempt 2"), "{}", r.text);
     assert!(r.text.contains("calling it again with the same arguments is safe"), "{}", r.text);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_changing_call_without_a_run_id_is_refused_when_the_server_requires_one() {
+    let t = tools();
+    let session = Idem::in_memory().run("session");
+    let args = json!({"customer": "cus_1", "amount_cents": 100});
+    let no_run = Map::new();
+    let named: Map<String, Value> =
+        [(MCP_META_RUN.to_owned(), json!("conv-3"))].into_iter().collect();
+    let call = |name, meta| McpCall::new(name, Arguments::Json(&args), Some(meta));
+    let refused = t
+        .set
+        .dispatch_mcp(&session, call("charge_card", &no_run), MissingRun::Refuse)
+        .await
+        .unwrap();
+    assert_eq!(refused.error_kind, Some(ErrorKind::InvalidToolCall));
+    assert!(
+        refused.text.contains(r#""_meta": {"idem/run": "<conversation id>"}"#),
+        "{}",
+        refused.text
+    );
+    assert!(refused.text.contains("nothing was executed"), "{}", refused.text);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+    // A safe tool is never refused; a call that names its run runs.
+    let balance = json!({"customer": "cus_1"});
+    let read = McpCall::new("get_balance", Arguments::Json(&balance), None);
+    assert!(!t.set.dispatch_mcp(&session, read, MissingRun::Refuse).await.unwrap().is_error);
+    let ran = t
+        .set
+        .dispatch_mcp(&session, call("charge_card", &named), MissingRun::Refuse)
+        .await
+        .unwrap();
+    assert!(!ran.is_error, "{}", ran.text);
+    // The default only warns: the call runs in the session's scope.
+    let warned =
+        t.set.dispatch_mcp(&session, call("charge_card", &no_run), MissingRun::Warn).await.unwrap();
+    assert_eq!(warned.report.unwrap().scope.run_id(), "session");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2);
 }

@@ -1,0 +1,110 @@
+//! What a call reports beside its result (its key and how it was served), and the hook a caller
+//! sets to hear when a call waits on another owner of its key.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::key::{Key, Scope};
+
+/// How a call was served (the span field `idem.outcome` carries the same words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Served {
+    /// `executed`: this call ran the tool (or is the one whose run every duplicate shares).
+    Executed,
+    /// `replayed`: a stored outcome was returned; nothing ran.
+    Replayed,
+    /// `joined`: the call waited for another call of the same key (in this process or
+    /// another) and returned that call's outcome; nothing ran twice.
+    Joined,
+    /// `unknown`: an earlier attempt may have taken effect and its outcome is not known.
+    Unknown,
+}
+
+impl Served {
+    /// `executed`, `replayed`, `joined` or `unknown`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Served::Executed => "executed",
+            Served::Replayed => "replayed",
+            Served::Joined => "joined",
+            Served::Unknown => "unknown",
+        }
+    }
+
+    fn from_u8(n: u8) -> Option<Served> {
+        match n {
+            1 => Some(Served::Executed),
+            2 => Some(Served::Replayed),
+            3 => Some(Served::Joined),
+            4 => Some(Served::Unknown),
+            _ => None,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            Served::Executed => 1,
+            Served::Replayed => 2,
+            Served::Joined => 3,
+            Served::Unknown => 4,
+        }
+    }
+}
+
+impl fmt::Display for Served {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one call reports beside its result ([`crate::Run::call_reported`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallReport {
+    /// The scope the key was derived in (tenant and run).
+    pub scope: Arc<Scope>,
+    /// The idempotency key of the call.
+    pub key: Key,
+    /// How it was served; `None` when it failed before that was decided (store unavailable,
+    /// budget exhausted while waiting, a caller key reused with other arguments).
+    pub served: Option<Served>,
+}
+
+/// Called each time a call starts to wait for another owner of its key: a duplicate in flight
+/// in this process, or a claim held by another process (until its outcome is stored or its
+/// lease runs out). Set with [`crate::Run::with_wait_hook`]; it must return quickly.
+#[derive(Clone)]
+pub struct WaitHook(Arc<dyn Fn(&Key) + Send + Sync>);
+
+impl WaitHook {
+    /// A hook that calls `f` with the key being waited on.
+    pub fn new(f: impl Fn(&Key) + Send + Sync + 'static) -> Self {
+        WaitHook(Arc::new(f))
+    }
+
+    pub(super) fn call(&self, key: &Key) {
+        (self.0)(key)
+    }
+}
+
+impl fmt::Debug for WaitHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WaitHook")
+    }
+}
+
+/// Where a call records how it was served.
+#[derive(Debug, Default)]
+pub(super) struct ServedSlot(AtomicU8);
+
+impl ServedSlot {
+    pub(super) fn set(&self, served: Served) {
+        self.0.store(served.to_u8(), Ordering::Relaxed);
+    }
+
+    pub(super) fn get(&self) -> Option<Served> {
+        Served::from_u8(self.0.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,120 @@
+//! One way to name a store: [`open`] takes a URL and returns the store it names.
+
+use std::sync::Arc;
+
+use super::{MemoryStore, Store, StoreError};
+
+/// The URL forms [`open`] knows, for error messages.
+const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?sslmode=..., \
+                     postgresql://..., redis://host:port/db, rediss://host:port/db?ca=/ca.pem";
+
+/// Opens the store `url` names, connecting now:
+///
+/// | URL | store | feature |
+/// |-----|-------|---------|
+/// | `memory:` | [`MemoryStore`] (this process only) | - |
+/// | `sqlite:///abs/path.db`, `sqlite:rel/path.db`, `sqlite::memory:` | `SqliteStore` | `sqlite` |
+/// | `postgres://…`, `postgresql://…` (`sslmode`, `sslrootcert` as in libpq) | `PostgresStore` | `postgres` (TLS: `postgres-tls`) |
+/// | `redis://…`, `rediss://…?ca=/path/ca.pem` | `RedisStore` | `redis` (TLS: `redis-tls`) |
+///
+/// Errors: [`StoreError::InvalidConfig`] for an unknown scheme, a malformed URL, or a store
+/// whose cargo feature is not compiled in (the message names the feature); otherwise what the
+/// store's own constructor answers (`Unavailable` when the server cannot be reached,
+/// `Incompatible` for a schema of another version).
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_core::StoreError> {
+/// let store = idem_core::store::open("postgres://idem@db.example/app?sslmode=verify-full").await?;
+/// let idem = idem_core::Idem::builder_shared(store).build();
+/// # Ok(()) }
+/// ```
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let Some((scheme, _)) = url.split_once(':') else {
+        return Err(StoreError::InvalidConfig(format!(
+            "store URL {url:?} has no scheme; expected one of {FORMS}"
+        )));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" => Ok(Arc::new(MemoryStore::new())),
+        "sqlite" => sqlite(url).await,
+        "postgres" | "postgresql" => postgres(url).await,
+        "redis" | "rediss" | "redis+unix" | "unix" => redis(url).await,
+        other => Err(StoreError::InvalidConfig(format!(
+            "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
+        ))),
+    }
+}
+
+#[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "redis")))]
+fn not_compiled(store: &str, feature: &str) -> StoreError {
+    StoreError::InvalidConfig(format!(
+        "the {store} store is not compiled in: enable the cargo feature `{feature}` of idem-core"
+    ))
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let url = url.to_owned();
+    // Opening a file blocks (and may wait for another process's lock).
+    let opened = tokio::task::spawn_blocking(move || super::SqliteStore::open_url(&url)).await;
+    let store = opened.map_err(StoreError::unavailable)??;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn sqlite(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(not_compiled("SQLite", "sqlite"))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(super::PostgresStore::connect(url).await?))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(not_compiled("PostgreSQL", "postgres"))
+}
+
+#[cfg(feature = "redis")]
+async fn redis(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(super::RedisStore::open(url).await?))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(not_compiled("Redis", "redis"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refused(url: &str) -> String {
+        match open(url).await {
+            Err(StoreError::InvalidConfig(m)) => m,
+            Err(other) => panic!("{url}: expected InvalidConfig, got {other}"),
+            Ok(_) => panic!("{url}: opened"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_scheme_names_the_known_forms() {
+        let m = refused("mysql://h/db").await;
+        assert!(m.contains("\"mysql\"") && m.contains("postgres://"), "{m}");
+        let m = refused("/var/lib/idem.db").await;
+        assert!(m.contains("no scheme"), "{m}");
+    }
+
+    #[tokio::test]
+    async fn memory_opens() {
+        assert!(open("memory:").await.expect("opens").is_local());
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    #[tokio::test]
+    async fn missing_feature_is_named() {
+        let m = refused("postgres://h/db").await;
+        assert!(m.contains("`postgres`"), "{m}");
+    }
+}

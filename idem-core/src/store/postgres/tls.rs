@@ -1,0 +1,416 @@
+//! How the PostgreSQL store reaches its server: the connection string, with `sslmode` and
+//! `sslrootcert` read as libpq reads them (PostgreSQL manual, "SSL Support" in the libpq
+//! chapter), and TLS through rustls (feature `postgres-tls`).
+//!
+//! | `sslmode`       | TLS                    | certificate checked                        |
+//! |-----------------|------------------------|--------------------------------------------|
+//! | `disable`       | never                  | -                                          |
+//! | `prefer` (default) | if the server offers it | no (as `verify-ca` when `sslrootcert` is set) |
+//! | `require`       | always                 | no (as `verify-ca` when `sslrootcert` is set) |
+//! | `verify-ca`     | always                 | chain to a trusted root                    |
+//! | `verify-full`   | always                 | chain to a trusted root, and the host name |
+//!
+//! Trusted roots: the PEM file `sslrootcert` names, or the operating system's roots
+//! (rustls-native-certs) when it is absent or `system`. libpq reads `~/.postgresql/root.crt`
+//! instead when `sslrootcert` is absent; this store does not.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, Config, Socket};
+
+use super::{CONNECT_TIMEOUT, PgError};
+use crate::store::StoreError;
+
+#[cfg(feature = "postgres-tls")]
+type Connector = tokio_postgres_rustls::MakeRustlsConnect;
+#[cfg(not(feature = "postgres-tls"))]
+type Connector = tokio_postgres::NoTls;
+
+/// A connection's driver, to spawn or poll (notifications).
+pub(super) type Connection =
+    tokio_postgres::Connection<Socket, <Connector as MakeTlsConnect<Socket>>::Stream>;
+
+/// libpq's `sslmode` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(s: &str) -> Result<SslMode, StoreError> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            // libpq's `allow` tries plaintext first; nobody needs it for a managed database.
+            other => {
+                return Err(StoreError::InvalidConfig(format!(
+                    "sslmode={other:?} is not supported: use disable, prefer, require, \
+                     verify-ca or verify-full"
+                )));
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// Where and how to connect: the parsed configuration and its TLS connector.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub(super) config: Config,
+    tls: Connector,
+    mode: SslMode,
+    /// Whether certificates are checked, and against what (for error messages).
+    #[cfg_attr(not(feature = "postgres-tls"), allow(dead_code))]
+    roots: Option<String>,
+}
+
+impl Target {
+    /// Parses a libpq connection string (`host=.. sslmode=verify-full sslrootcert=/ca.pem`) or
+    /// URL (`postgresql://user@host/db?sslmode=verify-full&sslrootcert=/ca.pem`).
+    pub(super) fn parse(url: &str) -> Result<Target, StoreError> {
+        let (rest, mode, root) = take_ssl_params(url)?;
+        let config = Config::from_str(&rest).map_err(|e| {
+            StoreError::InvalidConfig(format!("PostgreSQL connection string: {}", PgError(e)))
+        })?;
+        let mode = match mode.as_deref() {
+            Some(m) => SslMode::parse(m)?,
+            // libpq: `sslrootcert=system` without a mode means verify-full.
+            None if root.as_deref() == Some("system") => SslMode::VerifyFull,
+            None => SslMode::Prefer,
+        };
+        Target::new(config, mode, root)
+    }
+
+    /// A parsed [`Config`]: its `ssl_mode` (disable, prefer, require), certificates unchecked.
+    pub(super) fn from_config(config: Config) -> Result<Target, StoreError> {
+        let mode = match config.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        };
+        Target::new(config, mode, None)
+    }
+
+    fn new(mut config: Config, mode: SslMode, root: Option<String>) -> Result<Target, StoreError> {
+        config.ssl_mode(match mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // libpq: with a root file, prefer and require check the chain as verify-ca does.
+        let checks = match mode {
+            SslMode::Disable => None,
+            SslMode::Prefer | SslMode::Require if root.is_none() => None,
+            SslMode::Prefer | SslMode::Require | SslMode::VerifyCa => Some(false),
+            SslMode::VerifyFull => Some(true),
+        };
+        let roots = checks.map(|_| match root.as_deref() {
+            None | Some("system") => "the system's CA roots".to_owned(),
+            Some(path) => format!("sslrootcert={path}"),
+        });
+        let tls = connector(mode, checks, root.as_deref())?;
+        Ok(Target { config, tls, mode, roots })
+    }
+
+    /// Opens one connection, bounded by the connect timeout (which tokio-postgres applies to the
+    /// TCP connect only: a server that accepts and never answers the startup would hang here).
+    // Without TLS the connector is `NoTls`, which is Copy.
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    pub(super) async fn connect(&self) -> Result<(Client, Connection), StoreError> {
+        let bound = self.config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
+        let connected = tokio::time::timeout(bound, self.config.connect(self.tls.clone()));
+        match connected.await {
+            Ok(Ok(pair)) => Ok(pair),
+            Ok(Err(e)) => Err(self.refused(e)),
+            Err(_) => Err(StoreError::unavailable(format!(
+                "PostgreSQL accepted the connection but did not complete the startup within \
+                 {}",
+                ms_text(bound)
+            ))),
+        }
+    }
+
+    /// A connection error, saying which TLS check failed when one did.
+    fn refused(&self, e: tokio_postgres::Error) -> StoreError {
+        let mode = self.mode.name();
+        #[cfg(feature = "postgres-tls")]
+        if let Some(tls) = rustls_cause(&e) {
+            let roots = self.roots.as_deref().unwrap_or("no roots");
+            let why = match tls {
+                rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::NotValidForName
+                    | rustls::CertificateError::NotValidForNameContext { .. },
+                ) => "host name check failed: the server's certificate is not valid for the host \
+                      name connected to"
+                    .to_owned(),
+                rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::UnknownIssuer
+                    | rustls::CertificateError::BadSignature,
+                ) => format!(
+                    "certificate chain check failed: the server's certificate is not signed by \
+                     a trusted CA ({roots})"
+                ),
+                rustls::Error::InvalidCertificate(_) => {
+                    format!("certificate check failed ({roots})")
+                }
+                _ => "TLS handshake failed".to_owned(),
+            };
+            return StoreError::unavailable(format!(
+                "PostgreSQL TLS {why} (sslmode={mode}): {}",
+                PgError(e)
+            ));
+        }
+        let hint = match self.mode {
+            // A hostssl-only pg_hba.conf refuses a plaintext connection with 28000.
+            SslMode::Disable
+                if e.code()
+                    == Some(
+                        &tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                    ) =>
+            {
+                "; the server may require TLS (a hostssl line in pg_hba.conf): use sslmode=require \
+                 or stronger"
+            }
+            _ => "",
+        };
+        StoreError::unavailable(format!("PostgreSQL (sslmode={mode}): {}{hint}", PgError(e)))
+    }
+}
+
+fn ms_text(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+#[cfg(not(feature = "postgres-tls"))]
+fn connector(
+    mode: SslMode,
+    _checks: Option<bool>,
+    _root: Option<&str>,
+) -> Result<Connector, StoreError> {
+    match mode {
+        // Prefer without TLS support connects in plaintext, as libpq built without SSL does.
+        SslMode::Disable | SslMode::Prefer => Ok(tokio_postgres::NoTls),
+        other => Err(StoreError::InvalidConfig(format!(
+            "sslmode={} needs TLS: enable the cargo feature `postgres-tls` of idem-core",
+            other.name()
+        ))),
+    }
+}
+
+#[cfg(feature = "postgres-tls")]
+fn connector(
+    _mode: SslMode,
+    checks: Option<bool>,
+    root: Option<&str>,
+) -> Result<Connector, StoreError> {
+    super::verify::connector(checks, root)
+}
+
+#[cfg(feature = "postgres-tls")]
+fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        // io::Error's own `source` skips the error it wraps.
+        if let Some(tls) = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls);
+        }
+        cause = c.source();
+    }
+    None
+}
+
+/// Splits `sslmode` and `sslrootcert` off a connection string (tokio-postgres knows neither
+/// `verify-ca`/`verify-full` nor `sslrootcert`); returns the rest, the mode and the root file.
+fn take_ssl_params(url: &str) -> Result<(String, Option<String>, Option<String>), StoreError> {
+    let (mut mode, mut root) = (None, None);
+    let mut take = |key: &str, value: String| match key {
+        "sslmode" => {
+            mode = Some(value);
+            true
+        }
+        "sslrootcert" => {
+            root = Some(value);
+            true
+        }
+        _ => false,
+    };
+    let rest = if let Some((base, query)) = url
+        .split_once('?')
+        .filter(|_| url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                !take(k, percent_decode(v))
+            })
+            .collect();
+        if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) }
+    } else if url.contains("://") {
+        url.to_owned()
+    } else {
+        let mut kept = Vec::new();
+        for (span, key, value) in conninfo_pairs(url)? {
+            if !take(key, value) {
+                kept.push(span);
+            }
+        }
+        kept.join(" ")
+    };
+    Ok((rest, mode, root))
+}
+
+/// `%XX` escapes of a URL query value.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The `key=value` pairs of a libpq keyword/value string, each with its text as written: values
+/// may be single-quoted, and a backslash escapes the next character.
+fn conninfo_pairs(s: &str) -> Result<Vec<(&str, &str, String)>, StoreError> {
+    let bad =
+        |why: &str| StoreError::InvalidConfig(format!("PostgreSQL connection string {s:?}: {why}"));
+    let mut pairs = Vec::new();
+    let mut chars = s.char_indices().peekable();
+    loop {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = chars.peek() else { break };
+        let mut key_end = start;
+        while let Some((i, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
+            key_end = i + c.len_utf8();
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        if chars.next().map(|(_, c)| c) != Some('=') {
+            return Err(bad("expected key=value"));
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        let mut end = s.len();
+        let quoted = chars.next_if(|(_, c)| *c == '\'').is_some();
+        loop {
+            match chars.next() {
+                None if quoted => return Err(bad("unterminated quoted value")),
+                None => break,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, c)) => value.push(c),
+                    None => return Err(bad("a backslash ends the string")),
+                },
+                Some((i, '\'')) if quoted => {
+                    end = i + 1;
+                    break;
+                }
+                Some((i, c)) if c.is_whitespace() && !quoted => {
+                    end = i;
+                    break;
+                }
+                Some((_, c)) => value.push(c),
+            }
+        }
+        pairs.push((&s[start..end], &s[start..key_end], value));
+    }
+    Ok(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(s: &str) -> (String, Option<String>, Option<String>) {
+        take_ssl_params(s).expect("parses")
+    }
+
+    #[test]
+    fn ssl_params_leave_the_url() {
+        assert_eq!(
+            split("postgresql://u@h:5/db?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem"),
+            (
+                "postgresql://u@h:5/db".into(),
+                Some("verify-full".into()),
+                Some("/tmp/ca.pem".into())
+            )
+        );
+        assert_eq!(
+            split("postgres://h/db?application_name=x&sslmode=require"),
+            ("postgres://h/db?application_name=x".into(), Some("require".into()), None)
+        );
+        assert_eq!(split("postgres://h/db"), ("postgres://h/db".into(), None, None));
+    }
+
+    #[test]
+    fn ssl_params_leave_the_keyword_string() {
+        assert_eq!(
+            split("host=127.0.0.1  sslmode = verify-ca sslrootcert='/a b/c\\'s.pem' dbname=test"),
+            (
+                "host=127.0.0.1 dbname=test".into(),
+                Some("verify-ca".into()),
+                Some("/a b/c's.pem".into())
+            )
+        );
+        assert!(take_ssl_params("host='open").is_err());
+        assert!(take_ssl_params("host").is_err());
+    }
+
+    #[test]
+    fn unknown_sslmode_is_invalid_config() {
+        let err = Target::parse("host=h sslmode=allow").err().expect("refused");
+        assert!(matches!(&err, StoreError::InvalidConfig(m) if m.contains("allow")), "{err}");
+        let err = Target::parse("host=h nonsense=1").err().expect("refused");
+        assert!(matches!(err, StoreError::InvalidConfig(_)), "{err}");
+    }
+
+    #[cfg(feature = "postgres-tls")]
+    #[test]
+    fn missing_root_file_is_invalid_config() {
+        let err = Target::parse("host=h sslmode=verify-full sslrootcert=/nonexistent/ca.pem")
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&err, StoreError::InvalidConfig(m) if m.contains("/nonexistent/ca.pem")),
+            "{err}"
+        );
+    }
+}

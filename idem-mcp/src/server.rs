@@ -1,0 +1,115 @@
+//! [`IdemServer`]: an MCP server whose tools are one idem [`ToolSet`], over any rmcp transport.
+
+use idem_core::toolset::MissingRun;
+use idem_core::{Idem, Run, ToolSet};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+
+use crate::tools::{IdemTools, RUN_ID_INSTRUCTIONS};
+use crate::{ServeError, stdio};
+
+/// An MCP server over a [`ToolSet`]. One value serves one connection (one session).
+#[derive(Clone, Debug)]
+pub struct IdemServer {
+    tools: IdemTools,
+    implementation: Implementation,
+    instructions: Option<String>,
+}
+
+impl IdemServer {
+    /// A server for `tools` on `idem`; calls without `_meta["idem/run"]` are scoped to a new run
+    /// id for this session (`mcp-session-<pid>-<start ns>-<n>`).
+    pub fn new(tools: ToolSet, idem: &Idem) -> Self {
+        IdemServer::from_tools(IdemTools::new(tools, idem))
+    }
+
+    /// A server whose calls without `_meta["idem/run"]` use `session` (its scope, tenant and
+    /// caller key).
+    pub fn with_session_run(tools: ToolSet, session: Run) -> Self {
+        IdemServer::from_tools(IdemTools::with_session_run(tools, session))
+    }
+
+    /// A server over `tools`.
+    pub fn from_tools(tools: IdemTools) -> Self {
+        IdemServer {
+            tools,
+            implementation: Implementation::new("idem-mcp", env!("CARGO_PKG_VERSION")),
+            instructions: None,
+        }
+    }
+
+    /// The name and version reported in `initialize` (`serverInfo`).
+    pub fn with_implementation(
+        mut self,
+        name: impl Into<String>,
+        version: impl Into<String>,
+    ) -> Self {
+        self.implementation = Implementation::new(name, version);
+        self
+    }
+
+    /// Instructions for the model, reported in `initialize` after [`RUN_ID_INSTRUCTIONS`].
+    pub fn with_instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.instructions = Some(instructions.into());
+        self
+    }
+
+    /// See [`IdemTools::with_missing_run`].
+    pub fn with_missing_run(mut self, missing_run: MissingRun) -> Self {
+        self.tools = self.tools.with_missing_run(missing_run);
+        self
+    }
+
+    /// The run used when a call names none.
+    pub fn session_run(&self) -> &Run {
+        self.tools.session_run()
+    }
+
+    /// The tools.
+    pub fn tools(&self) -> &IdemTools {
+        &self.tools
+    }
+
+    /// Serves this session over stdin/stdout ([`stdio::stdio`]) until the client closes it.
+    ///
+    /// Errors: [`ServeError`].
+    pub async fn serve_stdio(self) -> Result<(), ServeError> {
+        let running =
+            self.serve(stdio::stdio()).await.map_err(|e| ServeError::Initialize(Box::new(e)))?;
+        let reason = running.waiting().await?;
+        tracing::debug!(?reason, "MCP session ended");
+        Ok(())
+    }
+}
+
+impl ServerHandler for IdemServer {
+    fn get_info(&self) -> ServerConfig {
+        let instructions = match &self.instructions {
+            Some(text) => format!("{RUN_ID_INSTRUCTIONS}\n\n{text}"),
+            None => RUN_ID_INSTRUCTIONS.to_owned(),
+        };
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(self.implementation.clone())
+            .with_instructions(instructions)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.list()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.tools.call(&request.name, request.arguments, context).await
+    }
+}

@@ -1,0 +1,216 @@
+//! [`IdemTools`]: an idem [`ToolSet`] as MCP tools, for [`IdemServer`](crate::IdemServer) or for
+//! a user's own rmcp server beside its `#[tool_router]` tools ([`IdemTools::router`]).
+//!
+//! The mapping itself (definitions, `_meta`, results) is idem-core's
+//! ([`ToolSet::dispatch_mcp`], [`ToolDefinition::to_mcp`], [`ToolResult::to_mcp`]); this module
+//! only moves it into rmcp's types and adds what needs the MCP session: the session run, the
+//! client's `progressToken`, the arguments' text kept by the transport.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::BoxFuture;
+use idem_core::toolset::{Arguments, McpCall, MissingRun, ToolDefinition, ToolResult};
+use idem_core::{Idem, Run, ToolSet, WaitHook};
+use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::{Map, Value};
+
+use crate::jsonrpc::ArgumentsText;
+
+/// What a host should be told to send so that retries survive a reconnect: put it in the
+/// server's `instructions` (MCP `initialize`). [`IdemServer`](crate::IdemServer) does.
+pub const RUN_ID_INSTRUCTIONS: &str = "Tool calls that change something are protected against \
+running twice. With every tools/call, send `_meta: {\"idem/run\": \"<conversation id>\"}`: one \
+stable id per conversation, the same on every retry, also after a reconnect or a server restart. \
+A repeat with the same arguments in the same run then returns the first call's result instead of \
+acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed or \
+joined.";
+
+/// How often a call that waits on another owner of its key sends an MCP progress notification.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A run id unique to this connection: process id, start time (ns) and a counter.
+pub(crate) fn session_run_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("mcp-session-{}-{nanos}-{n}", std::process::id())
+}
+
+/// An idem [`ToolSet`] as MCP tools for one session. Cheap to clone.
+#[derive(Clone)]
+pub struct IdemTools {
+    tools: Arc<ToolSet>,
+    session: Run,
+    missing_run: MissingRun,
+}
+
+impl std::fmt::Debug for IdemTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdemTools")
+            .field("tools", &self.tools)
+            .field("session", &self.session.scope())
+            .field("missing_run", &self.missing_run)
+            .finish()
+    }
+}
+
+impl IdemTools {
+    /// `tools` on `idem`; calls without `_meta["idem/run"]` are scoped to a new run id for this
+    /// session (`mcp-session-<pid>-<start ns>-<n>`).
+    pub fn new(tools: ToolSet, idem: &Idem) -> Self {
+        IdemTools::with_session_run(tools, idem.run(session_run_id()))
+    }
+
+    /// `tools`, with calls that name no run scoped to `session` (its tenant, run and caller key).
+    /// A run named in `_meta["idem/run"]` is looked up inside `session`'s tenant.
+    pub fn with_session_run(tools: ToolSet, session: Run) -> Self {
+        IdemTools { tools: Arc::new(tools), session, missing_run: MissingRun::Warn }
+    }
+
+    /// What to do with a `keyed` or `never` call that names no run (default
+    /// [`MissingRun::Warn`]: a `tracing` warning). [`MissingRun::Refuse`] answers it with an
+    /// `isError` result saying what to send.
+    pub fn with_missing_run(mut self, missing_run: MissingRun) -> Self {
+        self.missing_run = missing_run;
+        self
+    }
+
+    /// The run used when a call names none.
+    pub fn session_run(&self) -> &Run {
+        &self.session
+    }
+
+    /// The tool set.
+    pub fn tools(&self) -> &ToolSet {
+        &self.tools
+    }
+
+    /// The rmcp tools for `tools/list`, sorted by name.
+    pub fn list(&self) -> Vec<rmcp::model::Tool> {
+        self.tools.definitions().filter_map(|d| to_mcp_tool(d).ok()).collect()
+    }
+
+    /// A router of these tools for a user's own rmcp server: merge it with the server's
+    /// `#[tool_router]` (`Self::tool_router() + idem.router()`), and each idem tool is listed and
+    /// called like the server's own.
+    pub fn router<S: Send + Sync + 'static>(&self) -> ToolRouter<S> {
+        let mut router = ToolRouter::new();
+        for def in self.tools.definitions() {
+            let tool = match to_mcp_tool(def) {
+                Ok(tool) => tool,
+                Err(e) => {
+                    tracing::error!(tool = def.name, error = %e, "not an MCP tool definition");
+                    continue;
+                }
+            };
+            let this = self.clone();
+            router.add_route(ToolRoute::new_dyn(tool, move |cx: ToolCallContext<'_, S>| {
+                let this = this.clone();
+                let ToolCallContext { request_context, name, arguments, .. } = cx;
+                let call: BoxFuture<'static, _> =
+                    Box::pin(async move { this.call(&name, arguments, request_context).await });
+                call
+            }));
+        }
+        router
+    }
+
+    /// Handles one `tools/call` of `name`, with the request's context (its `_meta`, progress
+    /// token, the arguments' text kept by [`crate::stdio::LineTransport`]).
+    ///
+    /// Errors: an unknown tool or an ill-formed idem `_meta` entry (JSON-RPC -32602).
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let meta: Map<String, Value> = context.meta.0.0.clone();
+        let text = context.extensions.get::<ArgumentsText>().cloned();
+        let mut session = self.session.clone();
+        let waits = context.meta.get_progress_token().map(|token| {
+            let (tx, rx) = tokio::sync::watch::channel(0u64);
+            session = session.with_wait_hook(WaitHook::new(move |_| {
+                tx.send_modify(|n| *n += 1);
+            }));
+            (token, rx)
+        });
+        let tools = Arc::clone(&self.tools);
+        let missing_run = self.missing_run;
+        let name = name.to_owned();
+        // The call runs in its own task: if the client gives up on the request (or cancels it),
+        // the effect still finishes and its outcome is stored, so the client's repeat is answered
+        // from it; a joiner that goes away leaves the run it joined alone.
+        let mut task = tokio::spawn(async move {
+            let value = arguments.map(Value::Object);
+            let args = match (&text, &value) {
+                (Some(text), _) => Arguments::Text(&text.0),
+                (None, Some(value)) => Arguments::Json(value),
+                (None, None) => Arguments::Absent,
+            };
+            let call = McpCall::new(&name, args, Some(&meta));
+            tools.dispatch_mcp(&session, call, missing_run).await
+        });
+        let joined = match waits {
+            None => (&mut task).await,
+            Some((token, mut rx)) => {
+                let mut sent = 0u64;
+                let start = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                let mut tick = tokio::time::interval_at(start, PROGRESS_INTERVAL);
+                loop {
+                    tokio::select! {
+                        done = &mut task => break done,
+                        changed = rx.changed() => {
+                            if changed.is_err() {
+                                // The hook is gone with the call: only the result is left.
+                                break (&mut task).await;
+                            }
+                        }
+                        _ = tick.tick(), if sent > 0 => {}
+                    }
+                    if *rx.borrow() == 0 {
+                        continue;
+                    }
+                    sent += 1;
+                    #[allow(clippy::cast_precision_loss)]
+                    let param = ProgressNotificationParam::new(token.clone(), sent as f64)
+                        .with_message(
+                            "waiting for another call with the same idempotency key to finish; \
+                             its result will be this call's",
+                        );
+                    if let Err(e) = context.peer.notify_progress(param).await {
+                        tracing::debug!(error = %e, "cannot send a progress notification");
+                    }
+                }
+            }
+        };
+        let result = joined
+            .map_err(|e| {
+                ErrorData::internal_error(format!("the tool call task failed: {e}"), None)
+            })?
+            .map_err(|e| ErrorData::invalid_params(e.message, None))?;
+        Ok(to_call_tool_result(&result)?.into())
+    }
+}
+
+/// The rmcp `Tool` for a definition (from [`ToolDefinition::to_mcp`]).
+///
+/// Errors: the definition does not fit rmcp's `Tool` (a schema that is not an object).
+pub fn to_mcp_tool(def: &ToolDefinition) -> Result<rmcp::model::Tool, serde_json::Error> {
+    serde_json::from_value(def.to_mcp())
+}
+
+/// The rmcp `CallToolResult` for a dispatch result (from [`ToolResult::to_mcp`]: one text block,
+/// `isError`, `structuredContent` for object outputs, `_meta` with the run, key and outcome).
+///
+/// Errors: JSON-RPC internal error when rmcp cannot read it (never for idem's own results).
+pub fn to_call_tool_result(result: &ToolResult) -> Result<CallToolResult, ErrorData> {
+    serde_json::from_value(result.to_mcp())
+        .map_err(|e| ErrorData::internal_error(format!("not an MCP tool result: {e}"), None))
+}

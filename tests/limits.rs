@@ -1,0 +1,471 @@
+//! The depth and size limits of `docs/key-spec.md` ("Limits") on every way in: the typed call,
+//! `ToolSet::call`, and the OpenAI, Anthropic and MCP entry points. Each deep case runs on a
+//! thread with a 2 MiB stack (what `std::thread::spawn` gives), at the limit, one past it, and
+//! 100,000 levels deep; past the limit nothing is claimed and the tool body never runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::limits::{drop_flat, nested_arrays};
+use idem_core::store::{Claim, ClaimRequest, Fence, Outcome};
+use idem_core::{
+    Classify, Error, Failure, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError,
+    ToolSet, tool,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("never fails")]
+struct Never;
+
+impl Classify for Never {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// A store that counts what reaches it and the largest outcome it was asked to keep.
+#[derive(Default)]
+struct Counting {
+    inner: MemoryStore,
+    claims: AtomicU32,
+    completes: AtomicU32,
+    largest_outcome: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Counting {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        key: &idem_core::Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.completes.fetch_add(1, Ordering::SeqCst);
+        let size = match outcome {
+            Outcome::Success(json) | Outcome::Failure(json) => json.len(),
+            _ => 0,
+        };
+        self.largest_outcome.fetch_max(size, Ordering::SeqCst);
+        self.inner.complete(key, fence, outcome, ttl).await
+    }
+    async fn release(&self, key: &idem_core::Key, fence: Fence) -> Result<(), StoreError> {
+        self.inner.release(key, fence).await
+    }
+    async fn renew(
+        &self,
+        key: &idem_core::Key,
+        fence: Fence,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.renew(key, fence, lease).await
+    }
+    async fn wait(
+        &self,
+        key: &idem_core::Key,
+        fence: Fence,
+        max: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.wait(key, fence, max).await
+    }
+    fn is_local(&self) -> bool {
+        true
+    }
+    async fn forget(&self, key: &idem_core::Key) -> Result<bool, StoreError> {
+        self.inner.forget(key).await
+    }
+}
+
+static TREES: AtomicU32 = AtomicU32::new(0);
+
+/// The tests count runs of the same tools: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Stores a tree of JSON.
+#[tool(retry = "keyed")]
+async fn save_tree(tree: Value) -> Result<u32, Never> {
+    drop_flat(tree);
+    Ok(TREES.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+static NOTES: AtomicU32 = AtomicU32::new(0);
+
+/// The tree is not part of the intent, but the tool still receives it.
+#[tool(retry = "keyed")]
+async fn annotate(note: String, #[idem(skip)] tree: Value) -> Result<u32, Never> {
+    let _ = note;
+    drop_flat(tree);
+    Ok(NOTES.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// Runs `f` on a fresh thread with a 2 MiB stack and a current-thread runtime.
+fn on_small_stack<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let thread = std::thread::Builder::new().stack_size(2 << 20).spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build();
+        rt.expect("runtime").block_on(f());
+    });
+    thread.expect("thread").join().expect("the test thread panicked or overflowed");
+}
+
+fn executor() -> (Arc<Counting>, Idem) {
+    let store = Arc::new(Counting::default());
+    let idem = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build();
+    (store, idem)
+}
+
+/// The path of a `TooDeep` refusal.
+fn too_deep<O: std::fmt::Debug>(r: Result<O, Error<Never>>) -> String {
+    match r {
+        Err(Error::InvalidArguments { source: KeyError::TooDeep { path, limit }, .. }) => {
+            assert_eq!(limit, MAX_DEPTH);
+            path
+        }
+        other => panic!("expected InvalidArguments(TooDeep), got {other:?}"),
+    }
+}
+
+// The arguments object is one level, so the tree may nest MAX_DEPTH - 1 levels.
+const AT: usize = MAX_DEPTH - 1;
+
+#[test]
+fn typed_call_at_the_depth_limit_runs_once() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("typed-at");
+        let before = TREES.load(Ordering::SeqCst);
+        assert!(save_tree(&run, nested_arrays(AT, json!(1))).await.is_ok());
+        assert!(save_tree(&run, nested_arrays(AT, json!(1))).await.is_ok());
+        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "the repeat is a replay");
+        assert_eq!(store.claims.load(Ordering::SeqCst), 2);
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn typed_call_past_the_depth_limit_is_refused_before_the_claim() {
+    let _serial = serial();
+    for depth in [AT + 1, 100_000] {
+        on_small_stack(move || async move {
+            let (store, idem) = executor();
+            let run = idem.run("typed-past");
+            let before = TREES.load(Ordering::SeqCst);
+            let path = too_deep(save_tree(&run, nested_arrays(depth, json!(1))).await);
+            assert!(path.starts_with("tree[0][0][0]"), "{path}");
+            assert!(path.ends_with("levels)"), "the path is shortened: {path}");
+            assert_eq!(TREES.load(Ordering::SeqCst), before, "the body never ran");
+            assert_eq!(store.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
+            assert_eq!(store.completes.load(Ordering::SeqCst), 0);
+        });
+    }
+}
+
+#[test]
+fn a_skipped_parameter_is_held_to_the_same_limit() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("skip");
+        let before = NOTES.load(Ordering::SeqCst);
+        assert!(annotate(&run, "n".into(), nested_arrays(AT, json!(1))).await.is_ok());
+        for depth in [AT + 1, 100_000] {
+            let path = too_deep(annotate(&run, "n".into(), nested_arrays(depth, json!(1))).await);
+            assert!(path.starts_with("tree[0]"), "{path}");
+        }
+        assert_eq!(NOTES.load(Ordering::SeqCst) - before, 1);
+        assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+    });
+}
+
+fn tool_set() -> ToolSet {
+    ToolSet::new().with(SaveTreeTool).expect("a valid tool")
+}
+
+/// `{"tree": <depth nested arrays around 2>}`, built without recursion.
+fn deep_args(depth: usize) -> Value {
+    let mut args = serde_json::Map::new();
+    args.insert("tree".into(), nested_arrays(depth, json!(2)));
+    Value::Object(args)
+}
+
+/// `members` as a JSON object, moved in (no recursive copy of deep values).
+fn object(members: Vec<(&str, Value)>) -> Value {
+    Value::Object(members.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+/// Every way a model's parsed arguments come in, with `deep_args(depth)` as the arguments.
+async fn every_entry_point(tools: &ToolSet, run: &idem_core::Run, depth: usize) -> Vec<Value> {
+    let args = deep_args(depth);
+    let direct = tools.call(run, "save_tree", &args).await;
+    drop_flat(args);
+    let mut out = vec![json!({"text": direct.text, "is_error": direct.is_error})];
+    let function = object(vec![("name", json!("save_tree")), ("arguments", deep_args(depth))]);
+    let openai =
+        object(vec![("id", json!("c1")), ("type", json!("function")), ("function", function)]);
+    out.push(tools.call_openai(run, &openai).await);
+    drop_flat(openai);
+    let anthropic = object(vec![
+        ("type", json!("tool_use")),
+        ("id", json!("t1")),
+        ("name", json!("save_tree")),
+        ("input", deep_args(depth)),
+    ]);
+    out.push(tools.call_anthropic(run, &anthropic).await);
+    drop_flat(anthropic);
+    let mcp = object(vec![("name", json!("save_tree")), ("arguments", deep_args(depth))]);
+    out.push(tools.call_mcp(run, &mcp).await.unwrap_or_else(|e| e.to_json()));
+    drop_flat(mcp);
+    out
+}
+
+#[test]
+fn tool_set_entry_points_at_the_depth_limit_run_once() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("set-at");
+        let before = TREES.load(Ordering::SeqCst);
+        let results = every_entry_point(&tool_set(), &run, AT).await;
+        for r in &results {
+            let text = r.to_string();
+            let failed = ["\"is_error\":true", "\"isError\":true", "Error ("];
+            assert!(!failed.iter().any(|f| text.contains(f)), "{text}");
+        }
+        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "one run, three replays");
+        assert_eq!(store.claims.load(Ordering::SeqCst), 4);
+    });
+}
+
+#[test]
+fn tool_set_entry_points_past_the_depth_limit_are_refused_before_the_claim() {
+    let _serial = serial();
+    for depth in [AT + 1, 100_000] {
+        on_small_stack(move || async move {
+            let (store, idem) = executor();
+            let run = idem.run("set-past");
+            let before = TREES.load(Ordering::SeqCst);
+            let results = every_entry_point(&tool_set(), &run, depth).await;
+            for r in &results {
+                let text = r.to_string();
+                assert!(text.contains("invalid_arguments"), "{text}");
+                assert!(text.contains("argument `tree[0][0]"), "{text}");
+                assert!(text.contains("more than 127 levels deep"), "{text}");
+                assert!(text.contains("nothing was executed"), "{text}");
+            }
+            assert_eq!(TREES.load(Ordering::SeqCst), before, "the body never ran");
+            assert_eq!(store.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
+        });
+    }
+}
+
+#[test]
+fn openai_argument_text_has_the_same_limit() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("text");
+        let tools = tool_set();
+        let text =
+            |depth: usize| format!("{{\"tree\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+        let call = |args: String| {
+            json!({"id": "c1", "type": "function",
+                   "function": {"name": "save_tree", "arguments": args}})
+        };
+        let before = TREES.load(Ordering::SeqCst);
+        let at = tools.call_openai(&run, &call(text(AT))).await;
+        assert!(!at["content"].as_str().unwrap_or_default().starts_with("Error"), "{at}");
+        for depth in [AT + 1, 100_000] {
+            let past = tools.call_openai(&run, &call(text(depth))).await;
+            let content = past["content"].as_str().unwrap_or_default();
+            assert!(content.starts_with("Error (invalid_arguments)"), "{content}");
+            assert!(content.contains("at most 127 levels deep"), "{content}");
+        }
+        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1);
+        assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let store = Arc::new(Counting::default());
+        let policy = Policy { max_argument_bytes: 1024, ..Policy::default() };
+        let idem =
+            Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
+        let run = idem.run("size");
+        let before = TREES.load(Ordering::SeqCst);
+        // {"tree":"xx..."}: 11 bytes of framing.
+        assert!(save_tree(&run, json!("x".repeat(1024 - 11))).await.is_ok());
+        match save_tree(&run, json!("x".repeat(1024 - 10))).await {
+            Err(Error::InvalidArguments { source: KeyError::TooLarge { size, limit }, .. }) => {
+                assert_eq!((size, limit), (1025, 1024));
+            }
+            other => panic!("expected InvalidArguments(TooLarge), got {other:?}"),
+        }
+        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1);
+        assert_eq!(store.claims.load(Ordering::SeqCst), 1, "the large call claimed nothing");
+
+        // The default is 1 MiB, and the message says both numbers.
+        let (store, idem) = executor();
+        let err = save_tree(&idem.run("size"), json!("x".repeat(2 << 20))).await;
+        let message = err.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("2097163 bytes"), "{message}");
+        assert!(message.contains("limit of 1048576 bytes"), "{message}");
+        assert_eq!(store.claims.load(Ordering::SeqCst), 0);
+    });
+}
+
+// Outputs and stored outcomes.
+
+static GROWN: AtomicU32 = AtomicU32::new(0);
+
+/// Answers with a tree `depth` levels deep: the output is as deep as the caller asks.
+#[tool(retry = "keyed")]
+async fn grow(depth: usize) -> Result<Value, Never> {
+    GROWN.fetch_add(1, Ordering::SeqCst);
+    Ok(nested_arrays(depth, json!("leaf")))
+}
+
+static BIG: AtomicU32 = AtomicU32::new(0);
+
+/// Answers with `bytes` bytes of text.
+#[tool(retry = "keyed")]
+async fn big(bytes: usize) -> Result<String, Never> {
+    BIG.fetch_add(1, Ordering::SeqCst);
+    Ok("x".repeat(bytes))
+}
+
+#[test]
+fn an_output_at_the_depth_limit_is_stored_and_replayed() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("out-at");
+        let before = GROWN.load(Ordering::SeqCst);
+        let first = grow(&run, MAX_DEPTH).await;
+        let again = grow(&run, MAX_DEPTH).await;
+        assert!(matches!((&first, &again), (Ok(a), Ok(b)) if a == b));
+        assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the repeat is a replay");
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        // And through a tool set, which turns the output into JSON for the model.
+        let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
+        let result = tools.call(&run, "grow", &json!({ "depth": MAX_DEPTH })).await;
+        assert!(!result.is_error, "{}", result.text);
+        for v in [first.ok(), again.ok(), Some(result.content)].into_iter().flatten() {
+            drop_flat(v);
+        }
+    });
+}
+
+#[test]
+fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
+    let _serial = serial();
+    for depth in [MAX_DEPTH + 1, 100_000] {
+        on_small_stack(move || async move {
+            let (store, idem) = executor();
+            let run = idem.run("out-past");
+            let before = GROWN.load(Ordering::SeqCst);
+            match grow(&run, depth).await {
+                Err(Error::ReplayFailed { reason, .. }) => {
+                    assert!(reason.contains("the tool ran, but its output could not be stored"));
+                    assert!(reason.contains("more than 127 levels deep"), "{reason}");
+                }
+                other => panic!("expected the output to be refused, got {other:?}"),
+            }
+            assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the effect happened once");
+            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+            // A tool set answers the model instead of overflowing while writing JSON.
+            let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
+            let result =
+                tools.call(&idem.run("out-past-2"), "grow", &json!({ "depth": depth })).await;
+            assert!(
+                result.is_error && result.text.contains("could not be stored"),
+                "{}",
+                result.text
+            );
+            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+        });
+    }
+}
+
+#[test]
+fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        // 64 MB: what must never be written to a shared Redis (the default limit is 4 MiB).
+        let (store, idem) = executor();
+        let before = BIG.load(Ordering::SeqCst);
+        match big(&idem.run("big"), 64 << 20).await {
+            Err(Error::ReplayFailed { reason, .. }) => {
+                assert!(reason.contains("67108866 bytes"), "{reason}");
+                assert!(reason.contains("limit of 4194304 bytes"), "{reason}");
+            }
+            other => panic!("expected the output to be refused, got {:?}", other.map(|s| s.len())),
+        }
+        assert_eq!(BIG.load(Ordering::SeqCst) - before, 1, "the effect happened once");
+        assert_eq!(store.completes.load(Ordering::SeqCst), 0);
+        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 0, "no byte reached the store");
+
+        // At the limit exactly it is stored: `"` + bytes + `"`.
+        let store = Arc::new(Counting::default());
+        let policy = Policy { max_outcome_bytes: 1000, ..Policy::default() };
+        let idem =
+            Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
+        assert!(big(&idem.run("small"), 998).await.is_ok());
+        assert!(big(&idem.run("small"), 999).await.is_err());
+        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 1000);
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn a_stored_outcome_deeper_than_the_limit_is_a_replay_failure() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        for depth in [MAX_DEPTH + 1, 100_000] {
+            // A record planted in the store (another version, or tampering): decoding it must
+            // stop at the limit, not overflow.
+            let (store, idem) = executor();
+            let run = idem.run("planted");
+            let canonical = br#"{"depth":3}"#;
+            let key = idem_core::key::derive_key(run.scope(), "grow", canonical);
+            let fp = idem_core::Fingerprint::of_derived_key(&key);
+            let req = ClaimRequest {
+                key: &key,
+                fingerprint: &fp,
+                lease: Duration::from_secs(30),
+                on_expired: idem_core::store::OnExpired::TakeOver,
+            };
+            let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else { panic!("claim") };
+            let text = "[".repeat(depth) + &"]".repeat(depth);
+            let planted = Outcome::Success(text);
+            let stored = store.complete(&key, fence, &planted, Duration::from_secs(60)).await;
+            assert!(stored.is_ok());
+            let before = GROWN.load(Ordering::SeqCst);
+            match grow(&run, 3).await {
+                Err(Error::ReplayFailed { reason, .. }) => {
+                    assert!(reason.contains("recursion limit exceeded"), "{reason}")
+                }
+                other => panic!("expected ReplayFailed, got {other:?}"),
+            }
+            assert_eq!(GROWN.load(Ordering::SeqCst), before, "nothing ran again");
+        }
+    });
+}

@@ -1,0 +1,257 @@
+//! Private servers for the managed-database tests: a CA and certificates made by `openssl`, a
+//! PostgreSQL cluster made by `initdb` with TLS on, and a `redis-server` with a TLS port. Each
+//! runs on a free loopback port in its own temporary directory, and is stopped (and its directory
+//! removed) when the test process ends: a small shell watchdog waits for the process to exit, so
+//! a server shared by every test of a binary does not outlive it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Runs a command; its stderr on failure.
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// Runs `stop` (a shell script) once this process has exited.
+fn stop_at_exit(stop: &str) -> Result<(), String> {
+    let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 0.3; done; eval \"$1\"";
+    Command::new("sh")
+        .args(["-c", script, &std::process::id().to_string(), stop])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|e| format!("watchdog: {e}"))
+}
+
+fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("{what} did not open port {port}"))
+}
+
+/// A test CA, a server certificate it signed (for `db.idem.test` and 127.0.0.1), and a second
+/// CA that signed nothing here (the wrong CA).
+pub struct Certs {
+    pub ca: PathBuf,
+    pub other_ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl Certs {
+    /// The host name the server certificate is valid for (besides 127.0.0.1).
+    pub const HOST: &'static str = "db.idem.test";
+
+    pub fn make(dir: &Path) -> Result<Certs, String> {
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        for name in ["ca", "other-ca"] {
+            run(Command::new("openssl")
+                .args(["req", "-x509", "-days", "2", "-subj"])
+                .arg(format!("/CN=idem test {name}"))
+                .args(ec)
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(dir.join(format!("{name}.key")))
+                .arg("-out")
+                .arg(dir.join(format!("{name}.pem"))))?;
+        }
+        run(Command::new("openssl")
+            .args(["req", "-subj"])
+            .arg(format!("/CN={}", Self::HOST))
+            .args(ec)
+            .arg("-keyout")
+            .arg(dir.join("server.key"))
+            .arg("-out")
+            .arg(dir.join("server.csr")))?;
+        let ext = dir.join("server.ext");
+        std::fs::write(
+            &ext,
+            format!(
+                "subjectAltName=DNS:{},IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+                Self::HOST
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        run(Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-in"])
+            .arg(dir.join("server.csr"))
+            .arg("-CA")
+            .arg(dir.join("ca.pem"))
+            .arg("-CAkey")
+            .arg(dir.join("ca.key"))
+            .args(["-set_serial", "2", "-extfile"])
+            .arg(&ext)
+            .arg("-out")
+            .arg(dir.join("server.pem")))?;
+        Ok(Certs {
+            ca: dir.join("ca.pem"),
+            other_ca: dir.join("other-ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+        })
+    }
+}
+
+/// The directory holding PostgreSQL's server binaries (`initdb`, `pg_ctl`): the newest under
+/// /usr/lib/postgresql, else the PATH.
+fn pg_bin(tool: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path().join("bin"))).collect())
+        .unwrap_or_default();
+    versions.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    match versions.last() {
+        Some(dir) if dir.join(tool).exists() => dir.join(tool),
+        _ => PathBuf::from(tool),
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// PostgreSQL refuses to run as root: as root, its tools run as the `postgres` user.
+fn as_pg_user(tool: &str) -> Command {
+    if is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(pg_bin(tool));
+        cmd
+    } else {
+        Command::new(pg_bin(tool))
+    }
+}
+
+/// A private PostgreSQL cluster on 127.0.0.1 with `ssl=on` and the test certificates, trust
+/// authentication, and only `hostssl` lines for TCP (a plaintext connection is refused).
+pub struct PgTls {
+    pub port: u16,
+    pub certs: Certs,
+}
+
+impl PgTls {
+    pub fn start() -> Result<PgTls, String> {
+        let dir = crate::workers::temp_dir("pg-tls");
+        let data = dir.join("data");
+        let certs = Certs::make(&dir)?;
+        if is_root() {
+            run(Command::new("chown").args(["-R", "postgres"]).arg(&dir))?;
+        }
+        run(as_pg_user("initdb")
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "-D"])
+            .arg(&data))?;
+        let port = free_port()?;
+        let conf = format!(
+            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
+             ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nfsync = off\n\
+             max_connections = 200\n",
+            dir.display(),
+            certs.server_cert.display(),
+            certs.server_key.display()
+        );
+        append(&data.join("postgresql.conf"), &conf)?;
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .map_err(|e| e.to_string())?;
+        run(as_pg_user("pg_ctl")
+            .args(["-w", "-l"])
+            .arg(dir.join("log"))
+            .arg("-D")
+            .arg(&data)
+            .arg("start"))?;
+        let stop = format!(
+            "{} stop -m immediate -D '{}'; rm -rf '{}'",
+            if is_root() {
+                format!("runuser -u postgres -- '{}'", pg_bin("pg_ctl").display())
+            } else {
+                format!("'{}'", pg_bin("pg_ctl").display())
+            },
+            data.display(),
+            dir.display()
+        );
+        stop_at_exit(&stop)?;
+        wait_for_port(port, "PostgreSQL")?;
+        Ok(PgTls { port, certs })
+    }
+
+    /// A connection string with `extra` options (`sslmode=…`).
+    pub fn conninfo(&self, extra: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname=postgres {extra}", self.port)
+    }
+}
+
+fn append(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| e.to_string())?;
+    f.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
+/// A private `redis-server` that serves only TLS (`--port 0 --tls-port`), with the test
+/// certificates and no client certificates required.
+pub struct RedisTls {
+    pub port: u16,
+    pub certs: Certs,
+}
+
+impl RedisTls {
+    pub fn start() -> Result<RedisTls, String> {
+        let dir = crate::workers::temp_dir("redis-tls");
+        let certs = Certs::make(&dir)?;
+        let port = free_port()?;
+        let pid = dir.join("redis.pid");
+        run(Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--tls-cert-file")
+            .arg(&certs.server_cert)
+            .arg("--tls-key-file")
+            .arg(&certs.server_key)
+            .arg("--tls-ca-cert-file")
+            .arg(&certs.ca)
+            .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "yes", "--pidfile"])
+            .arg(&pid)
+            .arg("--dir")
+            .arg(&dir))?;
+        stop_at_exit(&format!(
+            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
+            pid.display(),
+            dir.display()
+        ))?;
+        wait_for_port(port, "redis-server (TLS)")?;
+        Ok(RedisTls { port, certs })
+    }
+
+    /// The `rediss://` URL checked against `ca`.
+    pub fn url(&self, ca: &Path) -> String {
+        format!("rediss://127.0.0.1:{}/?ca={}", self.port, ca.display())
+    }
+}
