@@ -1,4 +1,4 @@
-//! Key derivation (DESIGN §4, `docs/key-spec.md`): the same intent gets the same key whatever
+//! Key derivation (`docs/design.md` §4, `docs/key-spec.md`): the same intent gets the same key whatever
 //! its JSON spelling, different intents never share one, and arguments without a JSON form are
 //! refused before the tool runs.
 

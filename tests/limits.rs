@@ -51,7 +51,9 @@ impl Store for Counting {
     ) -> Result<(), StoreError> {
         self.completes.fetch_add(1, Ordering::SeqCst);
         let size = match outcome {
-            Outcome::Success(json) | Outcome::Failure(json) => json.len(),
+            Outcome::Success(json) | Outcome::Failure(json) | Outcome::NotStorable(json) => {
+                json.len()
+            }
             _ => 0,
         };
         self.largest_outcome.fetch_max(size, Ordering::SeqCst);
@@ -325,7 +327,11 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
         // The default is 1 MiB, and the message says both numbers.
         let (store, idem) = executor();
         let err = save_tree(&idem.run("size"), json!("x".repeat(2 << 20))).await;
-        let message = err.err().map(|e| e.to_string()).unwrap_or_default();
+        // The cause is the error's source (each cause is given once, not also in the message).
+        let message = err
+            .err()
+            .and_then(|e| std::error::Error::source(&e).map(ToString::to_string))
+            .unwrap_or_default();
         assert!(message.contains("2097163 bytes"), "{message}");
         assert!(message.contains("limit of 1048576 bytes"), "{message}");
         assert_eq!(store.claims.load(Ordering::SeqCst), 0);
@@ -375,7 +381,7 @@ fn an_output_at_the_depth_limit_is_stored_and_replayed() {
 }
 
 #[test]
-fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
+fn an_output_past_the_depth_limit_ran_once_and_the_record_says_so() {
     let _serial = serial();
     for depth in [MAX_DEPTH + 1, 100_000] {
         on_small_stack(move || async move {
@@ -383,14 +389,20 @@ fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
             let run = idem.run("out-past");
             let before = GROWN.load(Ordering::SeqCst);
             match grow(&run, depth).await {
-                Err(Error::ReplayFailed { reason, .. }) => {
+                Err(Error::OutputNotStorable { reason, .. }) => {
                     assert!(reason.contains("the tool ran, but its output could not be stored"));
                     assert!(reason.contains("more than 127 levels deep"), "{reason}");
                 }
                 other => panic!("expected the output to be refused, got {other:?}"),
             }
             assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the effect happened once");
-            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+            // Only the short record that the output could not be stored.
+            assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+            assert!(store.largest_outcome.load(Ordering::SeqCst) < 1000);
+            // A repeat hears it and runs nothing.
+            let again = grow(&run, depth).await;
+            assert!(matches!(again, Err(Error::OutputNotStorable { .. })), "{again:?}");
+            assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "nothing ran again");
             // A tool set answers the model instead of overflowing while writing JSON.
             let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
             let result =
@@ -400,7 +412,7 @@ fn an_output_past_the_depth_limit_ran_once_and_nothing_is_stored() {
                 "{}",
                 result.text
             );
-            assert_eq!(store.completes.load(Ordering::SeqCst), 0, "nothing was stored");
+            assert_eq!(store.completes.load(Ordering::SeqCst), 2);
         });
     }
 }
@@ -412,16 +424,21 @@ fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
         // 64 MB: what must never be written to a shared Redis (the default limit is 4 MiB).
         let (store, idem) = executor();
         let before = BIG.load(Ordering::SeqCst);
-        match big(&idem.run("big"), 64 << 20).await {
-            Err(Error::ReplayFailed { reason, .. }) => {
+        let run = idem.run("big");
+        // This caller has the output; the store gets only the record that it was not stored.
+        let first = big(&run, 64 << 20).await;
+        assert_eq!(first.map(|s| s.len()).ok(), Some(64 << 20));
+        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        let largest = store.largest_outcome.load(Ordering::SeqCst);
+        assert!(largest < 1000, "{largest} bytes reached the store");
+        match big(&run, 64 << 20).await {
+            Err(Error::OutputNotStorable { reason, .. }) => {
                 assert!(reason.contains("67108866 bytes"), "{reason}");
                 assert!(reason.contains("limit of 4194304 bytes"), "{reason}");
             }
-            other => panic!("expected the output to be refused, got {:?}", other.map(|s| s.len())),
+            other => panic!("expected the stored refusal, got {:?}", other.map(|s| s.len())),
         }
         assert_eq!(BIG.load(Ordering::SeqCst) - before, 1, "the effect happened once");
-        assert_eq!(store.completes.load(Ordering::SeqCst), 0);
-        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 0, "no byte reached the store");
 
         // At the limit exactly it is stored: `"` + bytes + `"`.
         let store = Arc::new(Counting::default());
@@ -429,9 +446,10 @@ fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
         let idem =
             Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
         assert!(big(&idem.run("small"), 998).await.is_ok());
-        assert!(big(&idem.run("small"), 999).await.is_err());
+        assert!(big(&idem.run("small"), 999).await.is_ok());
+        assert!(matches!(big(&idem.run("small"), 999).await, Err(Error::OutputNotStorable { .. })));
         assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 1000);
-        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        assert_eq!(store.completes.load(Ordering::SeqCst), 2);
     });
 }
 

@@ -216,7 +216,14 @@ async fn context_gives_the_same_key_to_every_attempt_and_every_repeat() {
 static WIRES: AtomicU32 = AtomicU32::new(0);
 
 /// Send a wire transfer. Nobody can deduplicate it.
-#[tool(retry = "never", name = "wire", timeout = "500ms", budget = "2m", lease = "10s", ttl = "1h")]
+#[tool(
+    retry = "never",
+    name = "wire",
+    timeout = "500ms",
+    deadline = "2m",
+    lease = "10s",
+    ttl = "1h"
+)]
 async fn wire_transfer(iban: String, amount_cents: u64) -> Result<String, PayError> {
     let _ = (iban, amount_cents);
     WIRES.fetch_add(1, Ordering::SeqCst);
@@ -230,7 +237,7 @@ fn options_reach_the_tool_definition() {
     assert_eq!(def.class, RetryClass::Never);
     assert_eq!(def.options.attempts, None);
     assert_eq!(def.options.attempt_timeout, Some(Duration::from_millis(500)));
-    assert_eq!(def.options.budget, Some(Duration::from_secs(120)));
+    assert_eq!(def.options.deadline, Some(Duration::from_secs(120)));
     assert_eq!(def.options.lease, Some(Duration::from_secs(10)));
     assert_eq!(def.options.ttl, Some(Duration::from_secs(3600)));
 }

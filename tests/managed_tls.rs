@@ -35,7 +35,16 @@ fn verify_full(server: &PgTls) -> String {
 fn refused<T>(what: &str, r: Result<T, StoreError>) -> String {
     match r {
         Ok(_) => panic!("{what}: connected, but must be refused"),
-        Err(e @ StoreError::Unavailable(_)) => e.to_string(),
+        Err(e @ StoreError::Unavailable(_)) => {
+            // The backend's words are the cause (`source()`), not part of the message.
+            let mut msg = e.to_string();
+            let mut next = std::error::Error::source(&e);
+            while let Some(cause) = next {
+                msg = format!("{msg}: {cause}");
+                next = cause.source();
+            }
+            msg
+        }
         Err(other) => panic!("{what}: expected Unavailable, got {other:?}"),
     }
 }

@@ -1,10 +1,11 @@
 //! The MCP server, driven by a client nobody on this team wrote: the official Python MCP SDK
 //! (`mcp` on PyPI, pinned below), running `tests/mcp/client_test.py` against the `payments_mcp`
 //! example (idem-mcp, SQLite store), restarted once in the middle, and `tests/mcp/mixed_test.py`
-//! against `mixed_mcp` (idem tools inside a plain rmcp server).
+//! against `mixed_mcp` (idem tools inside a plain rmcp server), and `tests/mcp/http_test.py`
+//! against `payments_mcp --http` (two users with bearer tokens over streamable HTTP).
 //!
-//! The test builds the example with `cargo build -p idem-mcp --features sqlite --example
-//! payments_mcp`, and creates (once) a virtual environment under `<target>/mcp-venv` with
+//! The tests build the examples with `cargo build -p idem-mcp --features sqlite,http --example
+//! ..`, and creates (once) a virtual environment under `<target>/mcp-venv` with
 //! `python3 -m venv` and `pip install mcp==MCP_VERSION`. Without python3 or PyPI it prints a
 //! skip line, unless `CI=true`, where it fails.
 
@@ -60,11 +61,26 @@ fn python_mcp_client_drives_idem_tools_inside_a_plain_rmcp_server() {
     let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
         return;
     };
-    let server = mcp_support::build_example("mixed_mcp", "sqlite");
+    let server = mcp_support::build_example("mixed_mcp");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/mixed_test.py");
     let out = Command::new(python).arg(script).arg(&server).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("ok: rmcp tool and idem tools in one server"), "{stdout}");
+}
+
+#[test]
+fn python_mcp_client_over_http_sees_each_principal_in_its_own_scope() {
+    let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
+        return;
+    };
+    let server = mcp_support::payments_mcp();
+    let work = target_dir().join("mcp-python-http-test");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/http_test.py");
+    let out = Command::new(python).arg(script).arg(&server).arg(&work).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("ok: two principals over HTTP"), "{stdout}");
 }

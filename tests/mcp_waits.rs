@@ -18,9 +18,13 @@ fn charge(id: i64, amount: u64, meta: Value) -> String {
     .to_string()
 }
 
-/// Reads until the response to `id`; returns it and the progress notifications before it.
+/// The response to `id` (already read into `others`, or read now) and the progress
+/// notifications read before it.
 fn until_response(s: &Server, id: i64, others: &mut Vec<Value>) -> (Value, Vec<Value>) {
     let mut progress = Vec::new();
+    if let Some(i) = others.iter().position(|m| m["id"] == id) {
+        return (others.remove(i), progress);
+    }
     loop {
         let msg = s.read().unwrap_or_else(|| panic!("the server exited before answering {id}"));
         if msg["method"] == "notifications/progress" {
@@ -42,6 +46,21 @@ fn outcome(response: &Value) -> &str {
     response["result"]["_meta"]["idem/outcome"].as_str().unwrap_or_default()
 }
 
+/// The id of the first request that hears progress (the one waiting), reading from `s`; other
+/// messages go to `others`.
+fn first_waiter(s: &Server, tokens: &[(&str, i64)], others: &mut Vec<Value>) -> i64 {
+    loop {
+        let msg = s.read().expect("the server answers");
+        if msg["method"] == "notifications/progress" {
+            let token = msg["params"]["progressToken"].clone();
+            if let Some((_, id)) = tokens.iter().find(|(t, _)| token == *t) {
+                return *id;
+            }
+        }
+        others.push(msg);
+    }
+}
+
 #[test]
 fn a_joiner_gets_progress_and_cancelling_it_leaves_the_shared_run_alone() {
     let binary = mcp_support::payments_mcp();
@@ -49,39 +68,45 @@ fn a_joiner_gets_progress_and_cancelling_it_leaves_the_shared_run_alone() {
     s.initialize();
     let mut others = Vec::new();
 
-    // A joiner with a progress token hears from the server while the first call runs.
-    s.write(&charge(1, 11, json!({"idem/run": "conv-w"})));
+    // Two duplicates with progress tokens: whichever rmcp runs second joins the first, and only
+    // the joiner hears progress while it waits.
+    s.write(&charge(1, 11, json!({"idem/run": "conv-w", "progressToken": "tok-1"})));
     s.write(&charge(2, 11, json!({"idem/run": "conv-w", "progressToken": "tok-2"})));
-    let (first, before_first) = until_response(&s, 1, &mut others);
-    let (joined, progress) = until_response(&s, 2, &mut others);
-    let progress: Vec<_> = before_first.into_iter().chain(progress).collect();
-    assert_eq!(charge_id(&first), "ch_0001");
-    assert_eq!(charge_id(&joined), "ch_0001", "the joiner shares the first call's charge");
-    assert_eq!((outcome(&first), outcome(&joined)), ("executed", "joined"));
+    let (one, mut progress) = until_response(&s, 1, &mut others);
+    let (two, more) = until_response(&s, 2, &mut others);
+    progress.extend(more);
+    progress.extend(others.extract_if(.., |m| m["method"] == "notifications/progress"));
+    assert!(others.is_empty(), "{others:?}");
+    assert_eq!((charge_id(&one), charge_id(&two)), ("ch_0001".into(), "ch_0001".into()));
+    let (joined, token) = match (outcome(&one), outcome(&two)) {
+        ("executed", "joined") => (&two, "tok-2"),
+        ("joined", "executed") => (&one, "tok-1"),
+        other => panic!("one executes, one joins: {other:?}"),
+    };
+    assert_eq!(joined["result"]["_meta"]["idem/run"], "conv-w");
     assert!(!progress.is_empty(), "no progress notification while the joiner waited");
     for (n, p) in progress.iter().enumerate() {
-        assert_eq!(p["params"]["progressToken"], "tok-2", "{p}");
-        assert_eq!(
-            p["params"]["progress"].as_f64(),
-            Some((n + 1) as f64),
-            "progress increases: {p}"
-        );
+        assert_eq!(p["params"]["progressToken"], token, "only the joiner waits: {p}");
+        let expected = f64::from(u32::try_from(n + 1).unwrap());
+        assert_eq!(p["params"]["progress"].as_f64(), Some(expected), "progress increases: {p}");
         let message = p["params"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("same idempotency key"), "{p}");
     }
 
-    // The joiner is cancelled while the first call is in flight: the first call's charge is
-    // made once and stored, and a repeat replays it.
-    s.write(&charge(3, 12, json!({"idem/run": "conv-w"})));
+    // A joiner (the one that hears progress) is cancelled while the first call is in flight:
+    // the charge is made once and stored, and a repeat replays it.
+    s.write(&charge(3, 12, json!({"idem/run": "conv-w", "progressToken": "tok-3"})));
     s.write(&charge(4, 12, json!({"idem/run": "conv-w", "progressToken": "tok-4"})));
+    let waiter = first_waiter(&s, &[("tok-3", 3), ("tok-4", 4)], &mut others);
+    let leader = 7 - waiter;
     s.write(
         &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-            "params": {"requestId": 4, "reason": "the user gave up"}})
+            "params": {"requestId": waiter, "reason": "the user gave up"}})
         .to_string(),
     );
-    let (leader, _) = until_response(&s, 3, &mut others);
-    assert_eq!(charge_id(&leader), "ch_0002");
-    assert_eq!(outcome(&leader), "executed");
+    let (led, _) = until_response(&s, leader, &mut others);
+    assert_eq!(charge_id(&led), "ch_0002");
+    assert_eq!(outcome(&led), "executed");
     s.write(&charge(5, 12, json!({"idem/run": "conv-w"})));
     let (repeat, _) = until_response(&s, 5, &mut others);
     assert_eq!(charge_id(&repeat), "ch_0002");
@@ -93,7 +118,11 @@ fn a_joiner_gets_progress_and_cancelling_it_leaves_the_shared_run_alone() {
     // Whatever the cancelled request got (MCP: nothing, or its shared result), it was never an
     // error and never another charge.
     for msg in &others {
-        assert_eq!(msg["id"], 4, "an unexpected message: {msg}");
+        if msg["method"] == "notifications/progress" {
+            assert_eq!(msg["params"]["progressToken"], format!("tok-{waiter}"), "{msg}");
+            continue;
+        }
+        assert_eq!(msg["id"], waiter, "an unexpected message: {msg}");
         assert_eq!(charge_id(msg), "ch_0002", "{msg}");
     }
 }

@@ -1,4 +1,4 @@
-//! The protocol of DESIGN §3, row by row and class by class, on the in-memory store.
+//! The protocol of `docs/design.md` §3, row by row and class by class, on the in-memory store.
 //!
 //! Each test counts what a user would count: how many times the tool body ran, how many charges
 //! the (fake) payment provider created, and what every caller received. Time is tokio's paused
@@ -205,7 +205,7 @@ fn policy() -> Policy {
     Policy {
         attempts: 3,
         attempt_timeout: Duration::from_secs(1),
-        budget: Duration::from_secs(60),
+        deadline: Duration::from_secs(60),
         lease: Duration::from_secs(10),
         ttl: Duration::from_secs(3600),
         failure_ttl: Duration::from_secs(600),
@@ -705,14 +705,14 @@ async fn the_wall_clock_budget_bounds_the_whole_call() {
     let opts = ToolOptions {
         attempts: Some(10),
         attempt_timeout: Some(Duration::from_secs(1)),
-        budget: Some(Duration::from_millis(2500)),
+        deadline: Some(Duration::from_millis(2500)),
         ..Default::default()
     };
     let tool = PayTool::new(RetryClass::Keyed, opts, &[], Step::ChargeThenTimeout);
     let started = Instant::now();
     let got = executor().run("r").call(&*tool, args("cus_1", 4900)).await;
     assert!(
-        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
+        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, .. })),
         "{got:?}"
     );
     assert!(started.elapsed() <= Duration::from_millis(2500), "{:?}", started.elapsed());
@@ -1031,7 +1031,7 @@ async fn a_duplicate_that_waits_past_its_budget_stops_and_the_first_call_is_unaf
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let patient =
         executor_on(store.clone(), Policy { attempt_timeout: Duration::from_secs(60), ..policy() });
-    let hasty = executor_on(store, Policy { budget: Duration::from_secs(1), ..policy() });
+    let hasty = executor_on(store, Policy { deadline: Duration::from_secs(1), ..policy() });
     let tool = PayTool::new(
         RetryClass::Keyed,
         ToolOptions::default(),
@@ -1049,7 +1049,7 @@ async fn a_duplicate_that_waits_past_its_budget_stops_and_the_first_call_is_unaf
     let (first, (second, waited)) = tokio::join!(first, second);
     assert_eq!(first.unwrap(), "ch_1");
     assert!(
-        matches!(second, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
+        matches!(second, Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, .. })),
         "{second:?}"
     );
     assert!(waited <= Duration::from_secs(1), "never waits past its budget: {waited:?}");
@@ -1074,7 +1074,7 @@ async fn an_unknown_outcome_outlives_the_retention_of_results() {
 #[tokio::test(start_paused = true)]
 async fn a_frozen_store_fails_closed_within_the_budget() {
     let idem = Idem::builder(faulty(Fault::Frozen))
-        .policy(Policy { budget: Duration::from_secs(1), ..policy() })
+        .policy(Policy { deadline: Duration::from_secs(1), ..policy() })
         .build();
     let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
     let started = Instant::now();
@@ -1105,7 +1105,7 @@ async fn a_late_claim_answer_is_released_so_nothing_is_left_owned() {
 async fn huge_durations_and_retry_after_hints_do_not_panic() {
     let unlimited = Policy {
         attempt_timeout: Duration::MAX,
-        budget: Duration::MAX,
+        deadline: Duration::MAX,
         lease: Duration::MAX,
         ttl: Duration::MAX,
         failure_ttl: Duration::MAX,
@@ -1121,7 +1121,7 @@ async fn huge_durations_and_retry_after_hints_do_not_panic() {
     let forever = rate_limited(&RATE_LIMITED_SAFE, u64::MAX, usize::MAX);
     let got = executor().run("r").call(&forever, args("q", 1)).await;
     assert!(
-        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::WallClock, .. })),
+        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, .. })),
         "{got:?}"
     );
 }

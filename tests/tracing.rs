@@ -71,9 +71,12 @@ mod spans {
     use tracing_subscriber::layer::{Context, SubscriberExt};
     use tracing_subscriber::registry::LookupSpan;
 
-    /// Every span seen: its name and its fields as text.
+    /// Every span seen: its name and its fields as text; and every event: level and fields.
     #[derive(Clone, Default)]
-    pub struct Spans(pub Arc<Mutex<Vec<SpanRecord>>>);
+    pub struct Spans(pub Arc<Mutex<Vec<SpanRecord>>>, pub Arc<Mutex<Vec<EventRecord>>>);
+
+    /// An event's level and its fields as text.
+    pub type EventRecord = (tracing::Level, Vec<(String, String)>);
 
     /// A span's name and its fields as text.
     pub type SpanRecord = (String, Vec<(String, String)>);
@@ -100,6 +103,11 @@ mod spans {
             if let Some(span) = ctx.span(id) {
                 span.extensions_mut().insert(Index(all.len() - 1));
             }
+        }
+        fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+            let mut fields = Fields(Vec::new());
+            event.record(&mut fields);
+            self.1.lock().unwrap().push((*event.metadata().level(), fields.0));
         }
         fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
             let mut fields = Fields(Vec::new());
@@ -180,4 +188,37 @@ async fn every_call_has_one_span_with_its_outcome_and_no_argument_values() {
         !text.contains("cus_secret") && !text.contains("4242"),
         "argument values leaked: {text}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_mcp_call_that_changes_something_without_a_run_id_is_a_warning() {
+    use idem_core::toolset::{Arguments, McpCall, MissingRun};
+    use serde_json::{Map, Value, json};
+
+    let spans = spans::Spans::default();
+    let _guard = spans.install();
+    let set = idem_core::ToolSet::new()
+        .with(Charge { def: &KEYED, reset: false, runs: AtomicUsize::new(0) })
+        .unwrap();
+    let session = Idem::in_memory().run("mcp-session-1");
+    let args = json!({"customer": "cus_1", "amount_cents": 5});
+    let named: Map<String, Value> =
+        [("idem/run".to_owned(), json!("conv-1"))].into_iter().collect();
+    for meta in [None, Some(&named)] {
+        let call = McpCall::new("charge_card", Arguments::Json(&args), meta);
+        let result = set.dispatch_mcp(&session, call, MissingRun::Warn).await.unwrap();
+        assert!(!result.is_error, "{}", result.text);
+    }
+    let warnings: Vec<_> = spans
+        .1
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .map(|(_, fields)| fields.clone())
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning, for the call without a run id: {warnings:?}");
+    let text = format!("{:?}", warnings[0]);
+    assert!(text.contains("without _meta"), "{text}");
+    assert!(text.contains("charge_card") && text.contains("mcp-session-1"), "{text}");
 }

@@ -1,6 +1,6 @@
-//! RFC 8785 (JSON Canonicalization Scheme, JCS) text written straight from typed values by a
-//! `serde::Serializer`, with the stricter rules of `docs/key-spec.md`, where they are specified
-//! with test vectors.
+//! JCS (RFC 8785, the JSON Canonicalization Scheme) with exact integers, written straight from
+//! typed values by a `serde::Serializer`, with the stricter rules of `docs/key-spec.md`, where
+//! they are specified with test vectors.
 //!
 //! Objects are written member by member into the output while each member's byte span is
 //! remembered; when the members did not arrive in key order (UTF-16 code units, RFC 8785 §3.2.3),

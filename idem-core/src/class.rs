@@ -1,4 +1,4 @@
-//! The retry class a tool declares: how it may be retried (DESIGN §3).
+//! The retry class a tool declares: how it may be retried (`docs/design.md` §3).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,19 +1,19 @@
 //! The errors a caller of a tool can receive. Every variant can be matched, and every message
 //! says what happened and what to do next.
 
+use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::key::{Key, KeyError};
 use crate::store::StoreError;
 
-/// What stopped a budget: the executor's attempts, its wall-clock budget, or the shared retry
-/// budget (token bucket).
+/// What refused to go on: the call's deadline, or the shared retry budget (token bucket).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetKind {
-    /// The tool's `attempts` were all used.
-    Attempts,
-    /// The wall-clock budget for the whole call (all attempts and waits) ran out.
-    WallClock,
+    /// The deadline of the whole call ([`Policy::deadline`](crate::Policy::deadline): all
+    /// attempts and waits) has passed, or the next wait would pass it.
+    Deadline,
     /// The shared retry budget refused another retry: the dependency is failing for many callers.
     RetryBudget,
 }
@@ -21,8 +21,7 @@ pub enum BudgetKind {
 impl std::fmt::Display for BudgetKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            BudgetKind::Attempts => "attempts",
-            BudgetKind::WallClock => "wall-clock budget",
+            BudgetKind::Deadline => "deadline",
             BudgetKind::RetryBudget => "shared retry budget",
         })
     }
@@ -32,6 +31,11 @@ impl std::fmt::Display for BudgetKind {
 ///
 /// `E` is the tool's error type. A permanent tool error of a keyed or never tool is stored and
 /// replayed: repeats receive the same [`Error::Tool`].
+///
+/// Each error gives its cause once: a variant that wraps another error names it as its
+/// [`source`](std::error::Error::source) and does not repeat it in its message, so a report that
+/// walks the chain (`anyhow`'s `{:#}`, [`ToolResult`](crate::ToolResult) text) prints each cause
+/// once.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error<E> {
@@ -46,7 +50,7 @@ pub enum Error<E> {
 
     /// The arguments cannot be turned into a key (NaN, an infinity, a map with non-string keys).
     /// The tool did not run; fix the arguments.
-    #[error("tool `{tool}` was not called: {source}")]
+    #[error("tool `{tool}` was not called: its arguments have no canonical form")]
     InvalidArguments {
         /// The tool's stable name.
         tool: &'static str,
@@ -58,7 +62,7 @@ pub enum Error<E> {
     /// The store could not be reached or answered with an error. Keyed and never tools did not run
     /// (fail closed). Retry later; nothing happened.
     #[error(
-        "tool `{tool}` was not called: the idempotency store is unavailable ({source}); nothing was executed, retry when the store is back"
+        "tool `{tool}` was not called: the idempotency store is unavailable; nothing was executed, retry when the store is back"
     )]
     StoreUnavailable {
         /// The tool's stable name.
@@ -66,6 +70,21 @@ pub enum Error<E> {
         /// The store's error.
         #[source]
         source: StoreError,
+    },
+
+    /// The record of the key was written by another version of idem, or is damaged: the store
+    /// cannot say what happened, so nothing ran and nothing is replayed from it. Upgrade every
+    /// process sharing the store to one version, or inspect and `forget` the record.
+    #[error(
+        "tool `{tool}` was not called: the stored record of key {key} is not readable by this version of idem ({reason}); nothing ran. Upgrade idem, or inspect and forget the record"
+    )]
+    Incompatible {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The idempotency key.
+        key: Key,
+        /// What the store could not read.
+        reason: String,
     },
 
     /// This worker's lease was taken over by another worker (it paused or ran past its lease), so
@@ -120,14 +139,24 @@ pub enum Error<E> {
         attempt: u32,
     },
 
-    /// No attempt was allowed, or a duplicate could not be joined, within the named budget.
-    /// Nothing new ran; retry later.
-    #[error("tool `{tool}` stopped: its {budget} is exhausted; retry later")]
+    /// A budget stopped the call before its outcome was settled: its deadline passed (while it
+    /// waited for a duplicate, or before the wait a retry needed could end), or the shared retry
+    /// budget refused a retry. Nothing is stored and the claim was released: a later call may
+    /// run again (a keyed tool with the same key).
+    ///
+    /// When an attempt had failed with the tool's own error, `error` is that last error and
+    /// `retry_after` its hint, if it gave one: a caller may try again after it.
+    #[error("{}", budget_message(.tool, .budget, .error.as_ref(), .retry_after))]
     BudgetExhausted {
         /// The tool's stable name.
         tool: &'static str,
         /// Which budget.
         budget: BudgetKind,
+        /// The tool's last error, when the last attempt ended with one (not when it timed out
+        /// or when no attempt ran).
+        error: Option<E>,
+        /// The retry-after hint of the last error (RFC 9110 §10.2.3 `Retry-After`), if any.
+        retry_after: Option<Duration>,
     },
 
     /// The stored outcome could not be decoded into the tool's output type (the type changed since
@@ -143,28 +172,118 @@ pub enum Error<E> {
         /// Why decoding failed.
         reason: String,
     },
+
+    /// The tool ran (its effect happened), but its output could not be stored faithfully: its
+    /// JSON does not read back as the same value (a NaN or infinite float, a map whose keys are
+    /// not strings, a `Serialize` that `Deserialize` does not mirror). The record says so, and
+    /// every later call of the intent receives this error, never a different value; the first
+    /// caller received the output itself. An output deeper than the depth limit or larger than
+    /// [`Policy::max_outcome_bytes`](crate::Policy::max_outcome_bytes) is refused to the first
+    /// caller too, and nothing is sent to the store (the claim ends with its lease). Do not call again for this intent: check the target
+    /// system for the result.
+    #[error(
+        "tool `{tool}`: {reason}; it is not replayed (key {key}). The effect happened: do not call it again for this intent, check the target system for its result"
+    )]
+    OutputNotStorable {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The idempotency key.
+        key: Key,
+        /// Why the output could not be stored.
+        reason: String,
+    },
+
+    /// A broken invariant of idem itself, reported instead of a panic. Please report it.
+    #[error("internal error in idem for tool `{tool}` (key {key}): {what}; please report it")]
+    Internal {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The idempotency key.
+        key: Key,
+        /// What went wrong.
+        what: String,
+    },
+}
+
+/// The message of [`Error::BudgetExhausted`]: the tool's last error if there is one, and why no
+/// retry was made.
+fn budget_message<E: std::fmt::Display>(
+    tool: &str,
+    budget: &BudgetKind,
+    error: Option<&E>,
+    retry_after: &Option<Duration>,
+) -> String {
+    let mut msg = match error {
+        Some(error) => format!("tool `{tool}` failed: {error}; no retry was made: "),
+        None => format!("tool `{tool}` stopped: "),
+    };
+    match (budget, retry_after) {
+        (BudgetKind::Deadline, Some(after)) => {
+            let _ = write!(
+                msg,
+                "the tool asked to retry after {} ms, which is past the call's deadline; retry after {} ms",
+                after.as_millis(),
+                after.as_millis()
+            );
+        }
+        (BudgetKind::Deadline, None) if error.is_some() => {
+            msg.push_str(
+                "the wait before the next attempt would end past the call's deadline; retry later",
+            );
+        }
+        (BudgetKind::Deadline, None) => msg.push_str("its deadline has passed; retry later"),
+        (BudgetKind::RetryBudget, _) => {
+            msg.push_str("the shared retry budget is exhausted; retry later");
+        }
+    }
+    msg
 }
 
 impl<E> Error<E> {
-    /// Maps the tool's error type, keeping every framework variant.
-    pub fn map_tool<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
-        match self {
-            Error::Tool { tool, error } => Error::Tool { tool, error: f(error) },
+    /// Converts the tool's error type with `f`, keeping every framework variant as it is.
+    pub fn map_tool<F>(self, mut f: impl FnMut(E) -> F) -> Error<F> {
+        match self.try_map_tool(|e| Ok::<F, Infallible>(f(e))) {
+            Ok(mapped) => mapped,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Converts the tool's error type with `f`, which may fail; its failure is returned as is.
+    /// The one place that lists every variant.
+    pub(crate) fn try_map_tool<F, X>(
+        self,
+        mut f: impl FnMut(E) -> Result<F, X>,
+    ) -> Result<Error<F>, X> {
+        Ok(match self {
+            Error::Tool { tool, error } => Error::Tool { tool, error: f(error)? },
+            Error::BudgetExhausted { tool, budget, error, retry_after } => {
+                let error = match error {
+                    Some(e) => Some(f(e)?),
+                    None => None,
+                };
+                Error::BudgetExhausted { tool, budget, error, retry_after }
+            }
             Error::InvalidArguments { tool, source } => Error::InvalidArguments { tool, source },
             Error::StoreUnavailable { tool, source } => Error::StoreUnavailable { tool, source },
+            Error::Incompatible { tool, key, reason } => Error::Incompatible { tool, key, reason },
             Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key },
             Error::KeyReuseMismatch { tool, key } => Error::KeyReuseMismatch { tool, key },
             Error::OutcomeUnknown { tool, key } => Error::OutcomeUnknown { tool, key },
             Error::Timeout { tool, timeout, attempt } => Error::Timeout { tool, timeout, attempt },
-            Error::BudgetExhausted { tool, budget } => Error::BudgetExhausted { tool, budget },
             Error::ReplayFailed { tool, key, reason } => Error::ReplayFailed { tool, key, reason },
-        }
+            Error::OutputNotStorable { tool, key, reason } => {
+                Error::OutputNotStorable { tool, key, reason }
+            }
+            Error::Internal { tool, key, what } => Error::Internal { tool, key, what },
+        })
     }
 
-    /// The tool's own error, if this is one.
+    /// The tool's own error: of [`Error::Tool`], or the last one before a budget stopped the
+    /// retries ([`Error::BudgetExhausted`]).
     pub fn tool_error(&self) -> Option<&E> {
         match self {
             Error::Tool { error, .. } => Some(error),
+            Error::BudgetExhausted { error, .. } => error.as_ref(),
             _ => None,
         }
     }
@@ -176,13 +295,32 @@ impl<E> Error<E> {
             Error::Tool { .. } => ErrorKind::Tool,
             Error::InvalidArguments { .. } => ErrorKind::InvalidArguments,
             Error::StoreUnavailable { .. } => ErrorKind::StoreUnavailable,
+            Error::Incompatible { .. } => ErrorKind::Incompatible,
             Error::LeaseLost { .. } => ErrorKind::LeaseLost,
             Error::KeyReuseMismatch { .. } => ErrorKind::KeyReuseMismatch,
             Error::OutcomeUnknown { .. } => ErrorKind::OutcomeUnknown,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::BudgetExhausted { .. } => ErrorKind::BudgetExhausted,
             Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
+            Error::OutputNotStorable { .. } => ErrorKind::OutputNotStorable,
+            Error::Internal { .. } => ErrorKind::Internal,
         }
+    }
+}
+
+/// Displays an error and every cause under it ([`source`](std::error::Error::source)), each once:
+/// `message: cause: cause of the cause`. For logs and for the text a model reads.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            write!(f, ": {cause}")?;
+            next = cause.source();
+        }
+        Ok(())
     }
 }
 
@@ -218,6 +356,12 @@ pub enum ErrorKind {
     InvalidToolCall,
     /// `output_not_json`: the tool ran, but its output could not be turned into JSON.
     OutputNotJson,
+    /// `incompatible`: [`Error::Incompatible`].
+    Incompatible,
+    /// `output_not_storable`: [`Error::OutputNotStorable`].
+    OutputNotStorable,
+    /// `internal`: [`Error::Internal`].
+    Internal,
 }
 
 impl ErrorKind {
@@ -236,6 +380,9 @@ impl ErrorKind {
             ErrorKind::UnknownTool => "unknown_tool",
             ErrorKind::InvalidToolCall => "invalid_tool_call",
             ErrorKind::OutputNotJson => "output_not_json",
+            ErrorKind::Incompatible => "incompatible",
+            ErrorKind::OutputNotStorable => "output_not_storable",
+            ErrorKind::Internal => "internal",
         }
     }
 }

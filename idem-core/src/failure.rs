@@ -1,4 +1,4 @@
-//! How a tool's own error is classified: transient, ambiguous or permanent (DESIGN §3).
+//! How a tool's own error is classified: transient, ambiguous or permanent (`docs/design.md` §3).
 
 use std::convert::Infallible;
 use std::time::Duration;

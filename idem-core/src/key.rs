@@ -157,7 +157,8 @@ fn framed(tag: &[u8], fields: &[&[u8]]) -> Hex64 {
 
 /// The key of an intent: `SHA-256(frame("idem-key/v1") ‖ frame(tenant) ‖ frame(run) ‖
 /// frame(tool) ‖ frame(canonical_args))`, where `frame(x) = u64_be(len(x)) ‖ x`.
-/// `canonical_args` is the RFC 8785 text from [`canonicalize`]; `tool` is the stable name.
+/// `canonical_args` is the canonical text (JCS (RFC 8785) with exact integers) from
+/// [`canonicalize`]; `tool` is the stable name.
 pub fn derive_key(scope: &Scope, tool: &str, canonical_args: &[u8]) -> Key {
     Key(framed(
         KEY_TAG,

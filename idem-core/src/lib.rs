@@ -2,10 +2,10 @@
 //!
 //! Agents retry at every layer: the HTTP client inside a tool, the framework, and the model
 //! re-calling a tool that timed out. idem gives every tool call an idempotency key derived from its
-//! intent (scope, stable tool name, RFC 8785 canonical arguments, SHA-256), claims that key
-//! atomically before the work, stores the outcome and replays it for every repeat, makes concurrent
-//! duplicates wait for the first result, and lets each tool declare how it may be retried with
-//! `#[tool(retry = "safe" | "keyed" | "never")]`.
+//! intent (scope, stable tool name, arguments in JCS (RFC 8785) with exact integers, SHA-256),
+//! claims that key atomically before the work, stores the outcome and replays it for every repeat,
+//! makes concurrent duplicates wait for the first result, and lets each tool declare how it may be
+//! retried with `#[tool(retry = "safe" | "keyed" | "never")]`.
 //!
 //! See `README.md` for a tour and `docs/key-spec.md` for the key derivation.
 

@@ -101,8 +101,8 @@ pub const fn assert_result<T: ToolReturn + ?Sized>() {}
 /// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
 /// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
-    /// Writes the RFC 8785 canonical text of the arguments that make up the intent (the ones not
-    /// marked `#[idem(skip)]`).
+    /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
+    /// arguments that make up the intent (the ones not marked `#[idem(skip)]`).
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError>;
 }
 
@@ -123,10 +123,6 @@ impl<S, A, O, E> MethodTool<S, A, O, E> {
     /// The tool of `receiver`, whose definition is `def`, running `body`.
     pub fn new(receiver: Arc<S>, def: &'static ToolDef, body: MethodBody<S, A, O, E>) -> Self {
         MethodTool { receiver, def, body }
-    }
-    /// The receiver.
-    pub fn receiver(&self) -> &Arc<S> {
-        &self.receiver
     }
 }
 

@@ -1,4 +1,5 @@
-//! Retry policy: attempts, timeouts, budgets, leases, retention and size limits.
+//! Retry policy: attempts, timeouts, the deadline, leases, retention and size limits
+//! (`docs/design.md` §6).
 
 use std::time::Duration;
 
@@ -40,9 +41,9 @@ pub struct Policy {
     pub attempts: u32,
     /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s.
     pub attempt_timeout: Duration,
-    /// Wall-clock budget of the whole call: attempts, backoff and waiting for a duplicate.
-    /// Default 120 s.
-    pub budget: Duration,
+    /// Deadline of the whole call, measured from its start (gRPC's word): every attempt, the
+    /// backoff between them and waiting for a duplicate end by then. Default 120 s.
+    pub deadline: Duration,
     /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s.
     pub lease: Duration,
     /// Retention of a successful outcome. Default 24 h.
@@ -55,7 +56,7 @@ pub struct Policy {
     /// only share in-flight duplicates within the process and never touch the store.
     pub cache_safe: bool,
     /// How long one store operation may take before it counts as the store being unavailable.
-    /// A claim is also bounded by the call's wall-clock budget. Default 5 s.
+    /// A claim is also bounded by the call's deadline. Default 5 s.
     pub store_timeout: Duration,
     /// The largest canonical arguments, in bytes, a call accepts; larger ones are refused before
     /// the claim ([`crate::KeyError::TooLarge`]). Default 1 MiB: far above what a model writes
@@ -74,7 +75,7 @@ impl Default for Policy {
         Policy {
             attempts: 3,
             attempt_timeout: Duration::from_secs(30),
-            budget: Duration::from_secs(120),
+            deadline: Duration::from_secs(120),
             lease: Duration::from_secs(30),
             ttl: Duration::from_secs(24 * 3600),
             failure_ttl: Duration::from_secs(3600),
@@ -99,8 +100,8 @@ pub struct ToolOptions {
     pub attempts: Option<u32>,
     /// `timeout = "30s"`: per-attempt timeout.
     pub attempt_timeout: Option<Duration>,
-    /// `budget = "2m"`: wall-clock budget of the whole call.
-    pub budget: Option<Duration>,
+    /// `deadline = "2m"`: deadline of the whole call, from its start.
+    pub deadline: Option<Duration>,
     /// `lease = "30s"`.
     pub lease: Option<Duration>,
     /// `ttl = "24h"`: retention of the outcome.
@@ -110,8 +111,13 @@ pub struct ToolOptions {
 impl ToolOptions {
     /// Every option unset (the executor's defaults apply): `Default::default()` for `static`s and
     /// `const`s, e.g. `ToolOptions { attempts: Some(5), ..ToolOptions::NONE }`.
-    pub const NONE: ToolOptions =
-        ToolOptions { attempts: None, attempt_timeout: None, budget: None, lease: None, ttl: None };
+    pub const NONE: ToolOptions = ToolOptions {
+        attempts: None,
+        attempt_timeout: None,
+        deadline: None,
+        lease: None,
+        ttl: None,
+    };
 }
 
 impl Policy {
@@ -123,8 +129,8 @@ impl Policy {
         if let Some(v) = opts.attempt_timeout {
             self.attempt_timeout = v;
         }
-        if let Some(v) = opts.budget {
-            self.budget = v;
+        if let Some(v) = opts.deadline {
+            self.deadline = v;
         }
         if let Some(v) = opts.lease {
             self.lease = v;
@@ -140,7 +146,7 @@ impl Policy {
         // `Duration::MAX` means "no limit"; stores and instants get at most a century.
         for d in [
             &mut self.attempt_timeout,
-            &mut self.budget,
+            &mut self.deadline,
             &mut self.lease,
             &mut self.ttl,
             &mut self.failure_ttl,

@@ -39,8 +39,8 @@ pub trait Tool: Send + Sync + 'static {
     /// The tool's definition.
     fn def(&self) -> &'static ToolDef;
 
-    /// Writes the RFC 8785 canonical text of the arguments that make up the intent (all but the
-    /// skipped ones) into `out`. See [`crate::canonicalize`]. By default all of `args` are the
+    /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
+    /// arguments that make up the intent (all but the skipped ones) into `out`. See [`crate::canonicalize`]. By default all of `args` are the
     /// intent; `#[tool]` overrides it when a parameter is `#[idem(skip)]`.
     fn write_intent(args: &Self::Args, out: &mut Vec<u8>) -> Result<(), KeyError> {
         crate::canonical::canonicalize(args, out)

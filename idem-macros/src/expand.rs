@@ -87,7 +87,7 @@ fn def_static(model: &Model) -> TokenStream {
     }
     for (field, value) in [
         (quote!(attempt_timeout), opts.timeout),
-        (quote!(budget), opts.budget),
+        (quote!(deadline), opts.deadline),
         (quote!(lease), opts.lease),
         (quote!(ttl), opts.ttl),
     ] {

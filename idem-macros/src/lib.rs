@@ -59,9 +59,9 @@ mod validate;
 /// - `name = ".."`: the stable name, part of every key (default: the fn name). 1 to 64 ASCII
 ///   letters, digits, `_` or `-`, so OpenAI function names and MCP tool names accept it.
 /// - `attempts = N`: attempts in all, the first included (at least 1; a `never` tool allows 1).
-/// - `timeout`, `budget`, `lease`, `ttl`: the per-attempt timeout, the wall-clock budget of the
+/// - `timeout`, `deadline`, `lease`, `ttl`: the per-attempt timeout, the deadline of the
 ///   whole call, the claim's lease and the retention of the outcome, written `"500ms"`, `"30s"`,
-///   `"2m"` or `"1h"` (a whole number and a unit, greater than zero). For `never`, `budget`,
+///   `"2m"` or `"1h"` (a whole number and a unit, greater than zero). For `never`, `deadline`,
 ///   `timeout`, `lease` and `ttl` keep their meaning (a timeout then ends in "outcome unknown").
 /// - `skip(a, b)`, or `#[idem(skip)]` on a parameter: an argument that is not part of the intent
 ///   (trace ids, nonces the model invents). It is still passed to the body but not in the key.

@@ -8,7 +8,7 @@ use syn::meta::ParseNestedMeta;
 use syn::{Ident, LitInt, LitStr, Token};
 
 /// The options allowed in `#[tool(..)]`, for the "unknown option" message.
-pub const OPTIONS: &str = "retry, name, attempts, timeout, budget, lease, ttl, skip";
+pub const OPTIONS: &str = "retry, name, attempts, timeout, deadline, lease, ttl, skip";
 
 /// How a tool may be retried (mirrors `idem_core::RetryClass`).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct Attr {
     pub name: Option<LitStr>,
     pub attempts: Option<(u32, LitInt)>,
     pub timeout: Option<DurationOpt>,
-    pub budget: Option<DurationOpt>,
+    pub deadline: Option<DurationOpt>,
     pub lease: Option<DurationOpt>,
     pub ttl: Option<DurationOpt>,
     /// `skip(a, b)`: parameters excluded from the key, named in the attribute.
@@ -134,11 +134,11 @@ impl Attr {
                     ),
                 }
             }
-            "timeout" | "budget" | "lease" | "ttl" => {
+            "timeout" | "deadline" | "lease" | "ttl" => {
                 let lit: LitStr = meta.value()?.parse()?;
                 let slot = match key.to_string().as_str() {
                     "timeout" => &mut self.timeout,
-                    "budget" => &mut self.budget,
+                    "deadline" => &mut self.deadline,
                     "lease" => &mut self.lease,
                     _ => &mut self.ttl,
                 };
@@ -165,6 +165,13 @@ impl Attr {
                     }
                     Ok(())
                 })?;
+            }
+            "budget" => {
+                errors.spanned(
+                    key.span(),
+                    "`budget` is now called `deadline`: the time limit of the whole call, e.g. `deadline = \"2m\"`",
+                );
+                return skip_value(&meta);
             }
             other => {
                 errors.spanned(

@@ -34,7 +34,7 @@ pub struct Ret {
 pub struct Options {
     pub attempts: Option<u32>,
     pub timeout: Option<Duration>,
-    pub budget: Option<Duration>,
+    pub deadline: Option<Duration>,
     pub lease: Option<Duration>,
     pub ttl: Option<Duration>,
 }
@@ -293,7 +293,7 @@ pub fn validate(
     let options = Options {
         attempts: attr.attempts.map(|(n, _)| n),
         timeout: attr.timeout.map(|d| d.value),
-        budget: attr.budget.map(|d| d.value),
+        deadline: attr.deadline.map(|d| d.value),
         lease: attr.lease.map(|d| d.value),
         ttl: attr.ttl.map(|d| d.value),
     };

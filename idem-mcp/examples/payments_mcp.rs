@@ -2,13 +2,18 @@
 //! and `refund` (never), every call protected by idem.
 //!
 //! ```text
-//! cargo run -p idem-mcp --example payments_mcp -- [--sqlite PATH] [--ledger PATH]
+//! cargo run -p idem-mcp --example payments_mcp -- [--sqlite PATH] [--ledger PATH] [--http ADDR]
 //! ```
 //!
 //! - `--sqlite PATH`: keep idempotency records in SQLite at PATH (needs `--features sqlite`), so
 //!   a restarted server replays earlier outcomes. Without it, records live in memory.
 //! - `--ledger PATH`: where the provider keeps its own ledger (JSON). Default: `PATH.ledger.json`
 //!   next to the SQLite file, or in memory only without `--sqlite`.
+//! - `--http ADDR` (needs `--features http`): serve MCP over streamable HTTP at
+//!   `http://ADDR/mcp` instead of stdio. Every request needs `Authorization: Bearer TOKEN` with a
+//!   token of `PAYMENTS_TOKENS` (`token=user,token=user`), else HTTP 401; the token's user is
+//!   the principal, the scope of every key (see `idem_mcp::http`). `PAYMENTS_NO_PRINCIPAL=1`
+//!   leaves the principal out, to show that such a server refuses keyed and never calls.
 //!
 //! The provider deduplicates charges by the idempotency key idem forwards (as a real provider does
 //! with its `Idempotency-Key` header), and persists its ledger, so a restarted server still
@@ -278,17 +283,19 @@ impl Payments {
 struct Options {
     sqlite: Option<PathBuf>,
     ledger: Option<PathBuf>,
+    http: Option<PathBuf>,
 }
 
-const USAGE: &str = "usage: payments_mcp [--sqlite PATH] [--ledger PATH]";
+const USAGE: &str = "usage: payments_mcp [--sqlite PATH] [--ledger PATH] [--http ADDR]";
 
 fn parse_args() -> Result<Options, String> {
-    let mut opts = Options { sqlite: None, ledger: None };
+    let mut opts = Options { sqlite: None, ledger: None, http: None };
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
         let slot = match arg.to_str() {
             Some("--sqlite") => &mut opts.sqlite,
             Some("--ledger") => &mut opts.ledger,
+            Some("--http") => &mut opts.http,
             Some("-h" | "--help") => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument {arg:?}\n{USAGE}")),
         };
@@ -346,20 +353,101 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+const INSTRUCTIONS: &str = "Payments. charge_card charges a card: a repeat with the same \
+    arguments in the same run returns the first charge, but the same call in another run (or with \
+    no run id, after a reconnect) is a new charge. refund is never repeated: if its outcome is \
+    unknown, check get_balance instead of calling it again.";
+
+fn server(payments: &Arc<Payments>, idem: &Idem) -> Result<IdemServer, String> {
+    let tools = tools(payments).map_err(|e| e.to_string())?;
+    Ok(IdemServer::new(tools, idem)
+        .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
+        .with_instructions(INSTRUCTIONS))
+}
+
 async fn serve() -> Result<(), String> {
     let opts = parse_args()?;
     let idem = executor(opts.sqlite.as_deref())?;
     let payments = Arc::new(Payments { provider: Provider::open(opts.ledger)? });
-    let tools = tools(&payments).map_err(|e| e.to_string())?;
-    IdemServer::new(tools, &idem)
-        .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
-        .with_instructions(
-            "Payments. charge_card charges a card: a repeat with the same arguments in the same \
-             run returns the first charge, but the same call in another run (or with no run id, \
-             after a reconnect) is a new charge. refund is never repeated: if its outcome is \
-             unknown, check get_balance instead of calling it again.",
-        )
-        .serve_stdio()
+    if let Some(addr) = opts.http {
+        return serve_http(&addr, payments, idem).await;
+    }
+    server(&payments, &idem)?.serve_stdio().await.map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "http"))]
+async fn serve_http(addr: &Path, _: Arc<Payments>, _: Idem) -> Result<(), String> {
+    Err(format!(
+        "--http {}: this build has no HTTP server; run with `--features http`",
+        addr.display()
+    ))
+}
+
+/// The user a bearer token belongs to, put in the request by [`authenticate`].
+#[cfg(feature = "http")]
+#[derive(Clone)]
+struct User(String);
+
+/// The app's auth layer: `Authorization: Bearer TOKEN` with a known token, else HTTP 401.
+#[cfg(feature = "http")]
+async fn authenticate(
+    axum::extract::State(tokens): axum::extract::State<
+        Arc<std::collections::HashMap<String, String>>,
+    >,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let bearer = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match bearer.and_then(|token| tokens.get(token)) {
+        Some(user) => {
+            request.extensions_mut().insert(User(user.clone()));
+            next.run(request).await
+        }
+        None => {
+            let mut response = axum::response::Response::new(axum::body::Body::from(
+                "a known bearer token is required",
+            ));
+            *response.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+            response
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<(), String> {
+    let addr = addr.to_str().ok_or("--http ADDR is not text")?.to_owned();
+    let tokens: std::collections::HashMap<String, String> = std::env::var("PAYMENTS_TOKENS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(token, user)| (token.to_owned(), user.to_owned()))
+        .collect();
+    server(&payments, &idem)?; // the tool set is valid
+    // Only to show the refusal of a multi-user server with no principal (tests/mcp/http_test.py).
+    let bound = std::env::var_os("PAYMENTS_NO_PRINCIPAL").is_none();
+    let make = move || {
+        let tools = tools(&payments).unwrap_or_default();
+        let mut tools = idem_mcp::IdemTools::new(tools, &idem);
+        if bound {
+            tools =
+                tools.with_principal(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+        }
+        IdemServer::from_tools(tools)
+            .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
+            .with_instructions(INSTRUCTIONS)
+    };
+    let mcp = idem_mcp::http::service(make, idem_mcp::http::StreamableHttpServerConfig::default());
+    let app = axum::Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(Arc::new(tokens), authenticate));
+    let listener = tokio::net::TcpListener::bind(&addr)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("payments_mcp: listening on http://{local}/mcp");
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
 }

@@ -1,7 +1,8 @@
-//! # idem-mcp: serve an idem [`ToolSet`] over MCP
+//! # idem-mcp: serve an idem [`ToolSet`](idem_core::ToolSet) over MCP
 //!
 //! An MCP server (spec 2025-11-25) on the official Rust SDK, `rmcp`, that serves any
-//! [`ToolSet`] over stdio. Every `tools/call` goes through the idem protocol, so a client that
+//! [`ToolSet`](idem_core::ToolSet) over stdio, or over streamable HTTP with the feature `http`
+//! (the `http` module). Every `tools/call` goes through the idem protocol, so a client that
 //! times out and calls again, or sends the same call twice at once, causes one effect.
 //!
 //! - `tools/list`: the set's definitions: name, description, `inputSchema` (schemars), and
@@ -46,6 +47,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "http")]
+pub mod http;
 pub mod jsonrpc;
 mod server;
 pub mod stdio;

@@ -1,7 +1,7 @@
 //! A newline-delimited JSON-RPC transport (MCP stdio) that answers every request it cannot pass
 //! on, in front of rmcp's service loop.
 //!
-//! Each line goes through [`check_message`](crate::jsonrpc::check_message): a well-formed message
+//! Each line goes through [`crate::jsonrpc::check_message`]: a well-formed message
 //! goes to rmcp, a bad request is answered here with its id, a bad notification is dropped.
 //! Outgoing messages are written by one task, one line each, so an answer written while rmcp
 //! polls for the next message is never interleaved with another.

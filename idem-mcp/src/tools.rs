@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
-use idem_core::toolset::{Arguments, McpCall, MissingRun, ToolDefinition, ToolResult};
+use idem_core::toolset::{Arguments, ErrorKind, McpCall, MissingRun, ToolDefinition, ToolResult};
 use idem_core::{Idem, Run, ToolSet, WaitHook};
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::tool::ToolCallContext;
@@ -48,6 +48,8 @@ pub struct IdemTools {
     tools: Arc<ToolSet>,
     session: Run,
     missing_run: MissingRun,
+    #[cfg(feature = "http")]
+    principal: Option<crate::http::PrincipalFn>,
 }
 
 impl std::fmt::Debug for IdemTools {
@@ -70,7 +72,54 @@ impl IdemTools {
     /// `tools`, with calls that name no run scoped to `session` (its tenant, run and caller key).
     /// A run named in `_meta["idem/run"]` is looked up inside `session`'s tenant.
     pub fn with_session_run(tools: ToolSet, session: Run) -> Self {
-        IdemTools { tools: Arc::new(tools), session, missing_run: MissingRun::Warn }
+        IdemTools {
+            tools: Arc::new(tools),
+            session,
+            missing_run: MissingRun::Warn,
+            #[cfg(feature = "http")]
+            principal: None,
+        }
+    }
+
+    /// Over HTTP, scope every call to the principal `principal` finds in the request (see
+    /// [`crate::http`]): the key scope's tenant is the principal, so a run id or caller key from
+    /// the client is only looked up among that principal's records.
+    #[cfg(feature = "http")]
+    pub fn with_principal(
+        mut self,
+        principal: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.principal = Some(Arc::new(principal));
+        self
+    }
+
+    /// The session run for a request: over HTTP, inside the request's principal. `Err` is the
+    /// refusal of a `keyed` or `never` call that has no principal.
+    fn session_for(&self, name: &str, context: &RequestContext<RoleServer>) -> Result<Run, String> {
+        #[cfg(feature = "http")]
+        if let Some(parts) = context.extensions.get::<http::request::Parts>() {
+            let principal = self.principal.as_ref().and_then(|f| f(parts));
+            if let Some(principal) = principal {
+                let run = self.session.scope().run_id().to_owned();
+                let scope = idem_core::Scope::run(run).with_tenant(principal);
+                return Ok(self.session.in_scope(scope));
+            }
+            let changes =
+                self.tools.definition(name).is_some_and(|d| d.class != idem_core::RetryClass::Safe);
+            if changes {
+                return Err(match self.principal {
+                    None => format!(
+                        "`{name}` is refused: this MCP server serves several users over HTTP and has no principal configured (idem_mcp::IdemTools::with_principal), so a run id or idempotency key from one client could reach another user's records; nothing was executed. The server's operator must configure how a request's user is found"
+                    ),
+                    Some(_) => format!(
+                        "`{name}` is refused: this request carries no authenticated principal, and over HTTP every call that changes something is scoped to one; nothing was executed. Authenticate (for example with an `Authorization: Bearer` token) and call again"
+                    ),
+                });
+            }
+        }
+        #[cfg(not(feature = "http"))]
+        let _ = (name, context);
+        Ok(self.session.clone())
     }
 
     /// What to do with a `keyed` or `never` call that names no run (default
@@ -133,7 +182,13 @@ impl IdemTools {
     ) -> Result<CallToolResponse, ErrorData> {
         let meta: Map<String, Value> = context.meta.0.0.clone();
         let text = context.extensions.get::<ArgumentsText>().cloned();
-        let mut session = self.session.clone();
+        let mut session = match self.session_for(name, &context) {
+            Ok(run) => run,
+            Err(refusal) => {
+                let result = ToolResult::error(ErrorKind::InvalidToolCall, refusal, None);
+                return Ok(to_call_tool_result(&result)?.into());
+            }
+        };
         let waits = context.meta.get_progress_token().map(|token| {
             let (tx, rx) = tokio::sync::watch::channel(0u64);
             session = session.with_wait_hook(WaitHook::new(move |_| {

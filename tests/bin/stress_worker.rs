@@ -272,7 +272,7 @@ async fn main() -> std::process::ExitCode {
     let policy = Policy {
         lease: Duration::from_millis(lease_ms),
         attempt_timeout: Duration::from_secs(20),
-        budget: Duration::from_secs(60),
+        deadline: Duration::from_secs(60),
         backoff: idem_core::Backoff {
             base: Duration::from_millis(20),
             cap: Duration::from_millis(200),

@@ -34,8 +34,13 @@ pub fn run(cmd: &mut Command) -> Result<String, String> {
     }
 }
 
-/// Builds the example `name` of idem-mcp with `features` and returns its executable.
-pub fn build_example(name: &str, features: &str) -> PathBuf {
+/// The features every MCP test builds idem-mcp's examples with: one set, since every build of an
+/// example writes the same executable path and tests run in parallel.
+pub const EXAMPLE_FEATURES: &str = "sqlite,http";
+
+/// Builds the example `name` of idem-mcp (with [`EXAMPLE_FEATURES`]) and returns its executable.
+pub fn build_example(name: &str) -> PathBuf {
+    let features = EXAMPLE_FEATURES;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = run(Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -49,9 +54,9 @@ pub fn build_example(name: &str, features: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("cargo reported no {name} executable"))
 }
 
-/// The payments example with the SQLite store.
+/// The payments example (SQLite store, HTTP server).
 pub fn payments_mcp() -> PathBuf {
-    build_example("payments_mcp", "sqlite")
+    build_example("payments_mcp")
 }
 
 /// Only a guard against a hang: every expected answer arrives in milliseconds.

@@ -8,16 +8,22 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::call::Call;
+use super::call::{Call, storable};
 use super::lease::Owned;
 use super::report::Served;
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;
+use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::failure::{Classify, Failure, FailureKind};
 use crate::store::{Fence, OnExpired, Outcome};
 use crate::tool::Tool;
+
+/// The reason of [`Error::OutputNotStorable`] and [`Outcome::NotStorable`].
+fn not_storable_reason(why: &dyn std::fmt::Display) -> String {
+    format!("the tool ran, but its output could not be stored: {why}")
+}
 
 /// How one attempt ended.
 enum Attempt<O, E> {
@@ -39,8 +45,9 @@ enum Next {
 enum Stop {
     /// Every allowed attempt ran: the caller gets the last attempt's error.
     AttemptsUsed,
-    /// A budget refuses the retry.
-    Exhausted(BudgetKind),
+    /// A budget refuses the retry: the shared retry budget, or the deadline, before which the
+    /// wait (at least the tool's `retry_after`) would not end.
+    Exhausted { budget: BudgetKind, retry_after: Option<Duration> },
 }
 
 impl<T: Tool> Call<'_, T> {
@@ -58,15 +65,12 @@ impl<T: Tool> Call<'_, T> {
             self.span.record("idem.attempt", attempt);
             let started = Instant::now();
             if started >= self.deadline {
-                // Waiting for a duplicate used the whole budget: starting an attempt that would
+                // Waiting for a duplicate used the time up to the deadline: starting an attempt that would
                 // time out at once would only make its outcome ambiguous.
                 if let Some(fence) = fence {
                     self.release(fence).await;
                 }
-                return Err(Error::BudgetExhausted {
-                    tool: self.name(),
-                    budget: BudgetKind::WallClock,
-                });
+                return Err(self.deadline_passed());
             }
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
@@ -116,11 +120,18 @@ impl<T: Tool> Call<'_, T> {
                         // re-runs with the same key so the provider deduplicates.
                         self.release(fence).await;
                     }
-                    return Err(match stop {
-                        Stop::AttemptsUsed => error,
-                        Stop::Exhausted(budget) => {
-                            Error::BudgetExhausted { tool: self.name(), budget }
+                    return Err(match (stop, error) {
+                        (Stop::AttemptsUsed, error) => error,
+                        // The tool's last error and its hint go to the caller, with the reason.
+                        (Stop::Exhausted { budget, retry_after }, Error::Tool { tool, error }) => {
+                            Error::BudgetExhausted { tool, budget, error: Some(error), retry_after }
                         }
+                        (Stop::Exhausted { budget, retry_after }, _) => Error::BudgetExhausted {
+                            tool: self.name(),
+                            budget,
+                            error: None,
+                            retry_after,
+                        },
                     });
                 }
             }
@@ -134,12 +145,14 @@ impl<T: Tool> Call<'_, T> {
             return Next::Stop(Stop::AttemptsUsed);
         }
         if !self.inner.budget.can_retry() {
-            return Next::Stop(Stop::Exhausted(BudgetKind::RetryBudget));
+            let retry_after = failure.retry_after;
+            return Next::Stop(Stop::Exhausted { budget: BudgetKind::RetryBudget, retry_after });
         }
         let ceiling = self.policy.backoff.ceiling(attempt);
         let pause = self.jitter(ceiling).max(failure.retry_after.unwrap_or_default());
         if later(Instant::now(), pause) >= self.deadline {
-            return Next::Stop(Stop::Exhausted(BudgetKind::WallClock));
+            let retry_after = failure.retry_after;
+            return Next::Stop(Stop::Exhausted { budget: BudgetKind::Deadline, retry_after });
         }
         Next::Retry { pause }
     }
@@ -159,7 +172,7 @@ impl<T: Tool> Call<'_, T> {
                     // Not stored (store down, lease lost): the caller still gets the tool's
                     // answer; the claim ends with its lease.
                     if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
-                        tracing::warn!(error = %e, "permanent failure not stored");
+                        tracing::warn!(error = %Chain(&e), "permanent failure not stored");
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
@@ -178,7 +191,7 @@ impl<T: Tool> Call<'_, T> {
             // in flight and reads as unknown once its lease ends: either way the honest answer is
             // "unknown", never "not executed".
             if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await {
-                tracing::warn!(error = %e, "unknown outcome not stored");
+                tracing::warn!(error = %Chain(&e), "unknown outcome not stored");
             }
         }
         self.outcome(Served::Unknown);
@@ -199,26 +212,35 @@ impl<T: Tool> Call<'_, T> {
         // serde_json writes without a depth limit, and so does every caller that turns the output
         // into JSON: an output past the limit (docs/key-spec.md, "Limits") goes no further. It
         // is leaked, not dropped: dropping it would recurse as deep as it is.
+        // The record says the effect happened and its output could not be stored, as for any
+        // output that cannot be stored: every later caller hears it.
         if let Err(e) = crate::limits::check_depth(&output) {
             std::mem::forget(output);
-            return Err(self.not_storable(&e));
+            let error = self.not_storable(&e);
+            if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
+                let outcome = Outcome::NotStorable(reason.clone());
+                if let Err(e) = self.store_outcome(fence, &outcome, self.policy.ttl).await {
+                    tracing::warn!(error = %Chain(&e), "outcome not stored");
+                }
+            }
+            return Err(error);
         }
         let Some(fence) = fence else { return Ok(output) };
-        // The effect happened but the output cannot be stored (or not within the policy's size):
-        // keep the claim until its lease ends rather than invite a second run, tell the caller,
-        // and send the store nothing.
-        let json = match serde_json::to_string(&output) {
-            Ok(json) => json,
-            Err(e) => return Err(self.not_storable(&e)),
+        let outcome = match storable(&output) {
+            // Sending more than the policy allows could block a shared store: only the short
+            // record that the output could not be stored is sent. This caller has the output.
+            Ok(json) if json.len() > self.policy.max_outcome_bytes => {
+                let limit = self.policy.max_outcome_bytes;
+                Outcome::NotStorable(not_storable_reason(&format_args!(
+                    "its JSON is {} bytes, more than the limit of {limit} bytes (Policy::max_outcome_bytes)",
+                    json.len()
+                )))
+            }
+            Ok(json) => Outcome::Success(json),
+            // The effect happened but its output would not replay as itself: the record says so,
+            // and every later caller hears it. This caller has the real output.
+            Err(why) => Outcome::NotStorable(not_storable_reason(&why)),
         };
-        if json.len() > self.policy.max_outcome_bytes {
-            let limit = self.policy.max_outcome_bytes;
-            return Err(self.not_storable(&format_args!(
-                "its JSON is {} bytes, more than the limit of {limit} bytes (Policy::max_outcome_bytes)",
-                json.len()
-            )));
-        }
-        let outcome = Outcome::Success(json);
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
             Ok(()) => Ok(output),
             Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
@@ -226,7 +248,7 @@ impl<T: Tool> Call<'_, T> {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
                 // repeat answers OutcomeUnknown: nothing runs twice unprotected.
-                tracing::warn!(error = %e, "outcome not stored");
+                tracing::warn!(error = %Chain(&e), "outcome not stored");
                 Ok(output)
             }
         }
@@ -234,10 +256,10 @@ impl<T: Tool> Call<'_, T> {
 
     /// The error of an output that ran but cannot be stored: why, and that it happened.
     fn not_storable(&self, why: &dyn std::fmt::Display) -> Error<T::Error> {
-        Error::ReplayFailed {
+        Error::OutputNotStorable {
             tool: self.name(),
             key: self.key,
-            reason: format!("the tool ran, but its output could not be stored: {why}"),
+            reason: not_storable_reason(why),
         }
     }
 
@@ -257,7 +279,7 @@ impl<T: Tool> Call<'_, T> {
         }
         match self.acquire(OnExpired::TakeOver).await {
             Ok(Owned::Answer(answer)) => answer,
-            Ok(Owned::Fence(fence)) => {
+            Ok(Owned::Fence { fence, .. }) => {
                 self.store_outcome(fence, &outcome, self.policy.ttl).await.map(|()| output)
             }
             Err(_) => Err(lost()),

@@ -10,9 +10,10 @@ use super::Inner;
 use super::lease::Owned;
 use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
+use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
-use crate::key::{Fingerprint, Key};
+use crate::key::{Fingerprint, Key, KeyError};
 use crate::policy::Policy;
 use crate::store::{OnExpired, Outcome, Record, StoreError};
 use crate::tool::Tool;
@@ -30,58 +31,75 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) on_wait: Option<&'a WaitHook>,
 }
 
-/// What the leader hands to joiners, built only when someone joined.
-fn share<T: Tool>(
-    name: &'static str,
-    key: Key,
-    result: &Result<T::Output, Error<T::Error>>,
-) -> Shared {
-    // An output reaches here only within the depth limit (`finish_ok`); a tool's error is
-    // checked before serde_json, which has no limit, writes it.
-    Arc::new(match result {
-        Ok(out) => serde_json::to_string(out).map_err(|e| Error::ReplayFailed {
-            tool: name,
-            key,
-            reason: format!("the output could not be serialized: {e}"),
-        }),
-        Err(e) => Err(e
-            .try_retype(|err| {
-                crate::limits::check_depth(err).map_err(|_| ())?;
-                serde_json::to_string(err).map_err(|_| ())
-            })
-            .unwrap_or_else(|()| Error::ReplayFailed {
-                tool: name,
-                key,
-                reason: "the tool error could not be serialized".into(),
-            })),
-    })
+/// What the leader hands to joiners when its call succeeded, built only when someone joined: the
+/// output's JSON if it reads back as the same value (as a stored outcome would), else the error a
+/// later caller gets from the record.
+fn share_ok<T: Tool>(name: &'static str, key: Key, output: &T::Output) -> Shared {
+    Arc::new(storable(output).map_err(|reason| Error::OutputNotStorable {
+        tool: name,
+        key,
+        reason,
+    }))
 }
 
-impl<E> Error<E> {
-    /// A copy with the tool's error converted by `f`; `f`'s failure is returned as is.
-    fn try_retype<F, X>(&self, f: impl FnOnce(&E) -> Result<F, X>) -> Result<Error<F>, X> {
-        Ok(match self {
-            Error::Tool { tool, error } => Error::Tool { tool, error: f(error)? },
-            Error::InvalidArguments { tool, source } => {
-                Error::InvalidArguments { tool, source: source.clone() }
-            }
-            Error::StoreUnavailable { tool, source } => {
-                Error::StoreUnavailable { tool, source: source.clone() }
-            }
-            Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key: *key },
-            Error::KeyReuseMismatch { tool, key } => Error::KeyReuseMismatch { tool, key: *key },
-            Error::OutcomeUnknown { tool, key } => Error::OutcomeUnknown { tool, key: *key },
-            Error::Timeout { tool, timeout, attempt } => {
-                Error::Timeout { tool, timeout: *timeout, attempt: *attempt }
-            }
-            Error::BudgetExhausted { tool, budget } => {
-                Error::BudgetExhausted { tool, budget: *budget }
-            }
-            Error::ReplayFailed { tool, key, reason } => {
-                Error::ReplayFailed { tool, key: *key, reason: reason.clone() }
-            }
+/// What the leader hands to joiners when its call failed: `skeleton` is the error with the tool's
+/// own error taken out (`tool_error`), which joiners receive as JSON.
+fn share_err<E: serde::Serialize>(
+    name: &'static str,
+    key: Key,
+    skeleton: &Error<()>,
+    tool_error: Option<&E>,
+) -> Shared {
+    // A tool's error is checked before serde_json, which has no depth limit, writes it.
+    let json = tool_error.map(|e| {
+        crate::limits::check_depth(e).map_err(|_| ())?;
+        serde_json::to_string(e).map_err(|_| ())
+    });
+    Arc::new(Err(skeleton
+        .clone()
+        .try_map_tool(|()| match &json {
+            Some(Ok(json)) => Ok(json.clone()),
+            _ => Err(()),
         })
+        .unwrap_or_else(|()| Error::ReplayFailed {
+            tool: name,
+            key,
+            reason: "the tool error could not be serialized".into(),
+        })))
+}
+
+/// The JSON of `output` if it reads back as the same value, with the strictness of arguments:
+/// the canonical form of the output and of what its JSON reads back as must be equal. Otherwise
+/// why not, for [`Error::OutputNotStorable`] (`docs/design.md` §6.4).
+pub(crate) fn storable<O: serde::Serialize + DeserializeOwned>(
+    output: &O,
+) -> Result<String, String> {
+    let mut canonical = Vec::new();
+    crate::canonical::canonicalize(output, &mut canonical).map_err(|e| match e {
+        KeyError::NonFinite { path, value } => {
+            format!("{} is {value}, which JSON cannot carry", within(&path))
+        }
+        KeyError::NonStringKey { path } => {
+            format!("{} is a map whose keys are neither strings nor integers", within(&path))
+        }
+        other => other.to_string(),
+    })?;
+    let json = serde_json::to_string(output)
+        .map_err(|e| format!("it cannot be serialized as JSON: {e}"))?;
+    let back: O = serde_json::from_str(&json)
+        .map_err(|e| format!("its JSON does not read back as the output type: {e}"))?;
+    let mut again = Vec::new();
+    crate::canonical::canonicalize(&back, &mut again)
+        .map_err(|e| format!("its JSON reads back as a value without JSON form: {e}"))?;
+    if again != canonical {
+        return Err("its JSON reads back as a different value (is its Serialize mirrored by its Deserialize?)".into());
     }
+    Ok(json)
+}
+
+/// "the output" or "`path` of the output".
+fn within(path: &str) -> String {
+    if path.is_empty() { "the output".to_owned() } else { format!("`{path}` of the output") }
 }
 
 fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> Result<V, Error<E>> {
@@ -124,10 +142,7 @@ impl<T: Tool> Call<'_, T> {
                     self.waiting();
                     let shared = match tokio::time::timeout_at(self.deadline, slot.wait()).await {
                         Err(_) => {
-                            return Err(Error::BudgetExhausted {
-                                tool: self.name(),
-                                budget: BudgetKind::WallClock,
-                            });
+                            return Err(self.deadline_passed());
                         }
                         // The leader was cancelled before it finished: start over.
                         Ok(None) => continue,
@@ -137,9 +152,22 @@ impl<T: Tool> Call<'_, T> {
                     return self.decode_shared(&shared);
                 }
                 Enter::Lead(leader) => {
-                    let result = self.lead(args).await;
-                    leader.finish(|| share::<T>(self.name(), self.key, &result));
-                    return result;
+                    let (name, key) = (self.name(), self.key);
+                    return match self.lead(args).await {
+                        Ok(output) => {
+                            leader.finish(|| share_ok::<T>(name, key, &output));
+                            Ok(output)
+                        }
+                        Err(e) => {
+                            // Taken apart so joiners get the tool's error as JSON, then rebuilt.
+                            let mut tool_error = None;
+                            let skeleton = e.map_tool(|error| tool_error = Some(error));
+                            leader.finish(|| share_err(name, key, &skeleton, tool_error.as_ref()));
+                            Err(skeleton
+                                .try_map_tool(|()| tool_error.take().ok_or(()))
+                                .unwrap_or_else(|()| self.internal("a tool error went missing")))
+                        }
+                    };
                 }
             }
         }
@@ -152,7 +180,8 @@ impl<T: Tool> Call<'_, T> {
         match shared {
             Ok(json) => decode(self.name(), self.key, json),
             Err(e) => Err(e
-                .try_retype(|json| decode::<T::Error, T::Error>(self.name(), self.key, json))
+                .clone()
+                .try_map_tool(|json| decode::<T::Error, T::Error>(self.name(), self.key, &json))
                 .unwrap_or_else(|e| e)),
         }
     }
@@ -171,13 +200,15 @@ impl<T: Tool> Call<'_, T> {
             _ => OnExpired::TakeOver,
         };
         match self.acquire(on_expired).await {
-            Ok(Owned::Fence(fence)) => {
-                self.outcome(Served::Executed);
+            Ok(Owned::Fence { fence, takeover }) => {
+                // Taken over: a previous owner's lease ended without a result, so its attempt
+                // may have had an effect that this run repeats (with the same key).
+                self.outcome(if takeover { Served::TakenOver } else { Served::Executed });
                 self.attempts(args, Some(fence)).await
             }
             Ok(Owned::Answer(answer)) => answer,
             Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
-                tracing::warn!(error = %e, "store unavailable; running safe tool without it");
+                tracing::warn!(error = %Chain(&e), "store unavailable; running safe tool without it");
                 self.outcome(Served::Executed);
                 self.attempts(args, None).await
             }
@@ -188,6 +219,9 @@ impl<T: Tool> Call<'_, T> {
     pub(super) fn store_error(&self, e: StoreError) -> Error<T::Error> {
         match e {
             StoreError::LeaseLost => Error::LeaseLost { tool: self.name(), key: self.key },
+            StoreError::Incompatible(reason) => {
+                Error::Incompatible { tool: self.name(), key: self.key, reason }
+            }
             source => Error::StoreUnavailable { tool: self.name(), source },
         }
     }
@@ -199,16 +233,25 @@ impl<T: Tool> Call<'_, T> {
                 Err(Error::Tool { tool: self.name(), error: decode(self.name(), self.key, &json)? })
             }
             Outcome::Unknown => Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }),
+            Outcome::NotStorable(reason) => {
+                Err(Error::OutputNotStorable { tool: self.name(), key: self.key, reason })
+            }
         }
     }
 
     /// A broken invariant of the executor itself, reported rather than panicking.
     #[cold]
     pub(super) fn internal(&self, what: &str) -> Error<T::Error> {
-        Error::ReplayFailed {
+        Error::Internal { tool: self.name(), key: self.key, what: what.to_owned() }
+    }
+
+    /// The deadline passed before an attempt could start or a duplicate's outcome arrived.
+    pub(super) fn deadline_passed(&self) -> Error<T::Error> {
+        Error::BudgetExhausted {
             tool: self.name(),
-            key: self.key,
-            reason: format!("internal error in idem's executor: {what}; please report it"),
+            budget: BudgetKind::Deadline,
+            error: None,
+            retry_after: None,
         }
     }
 }

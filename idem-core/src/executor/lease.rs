@@ -11,31 +11,35 @@ use tokio::time::Instant;
 use super::call::Call;
 use super::report::Served;
 use crate::clock::later;
-use crate::error::{BudgetKind, Error};
+use crate::error::Chain;
+use crate::error::Error;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
 use crate::tool::Tool;
 
 /// What claiming ended with: this call owns the key, or it already has its answer.
 pub(super) enum Owned<T: Tool> {
-    Fence(Fence),
+    /// The key is this call's. `takeover`: a previous owner's lease had ended without a result.
+    Fence {
+        fence: Fence,
+        takeover: bool,
+    },
     Answer(Result<T::Output, Error<T::Error>>),
 }
 
 impl<T: Tool> Call<'_, T> {
     /// Claims until this call owns the key or has its answer: waits for another owner's
-    /// result, replays a stored one, or says why not. Bounded by the wall-clock budget.
+    /// result, replays a stored one, or says why not. Bounded by the deadline.
     pub(super) async fn acquire(&self, on_expired: OnExpired) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
         let answer = |a| Ok(Owned::Answer(a));
         let mut waited = false;
         loop {
             match self.claim(on_expired).await? {
-                Claim::Acquired { fence, .. } => return Ok(Owned::Fence(fence)),
+                Claim::Acquired { fence, takeover } => return Ok(Owned::Fence { fence, takeover }),
                 Claim::InFlight { fence, lease_remaining } => {
                     let now = Instant::now();
                     if now >= self.deadline {
-                        let budget = BudgetKind::WallClock;
-                        return answer(Err(Error::BudgetExhausted { tool: self.name(), budget }));
+                        return answer(Err(self.deadline_passed()));
                     }
                     let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
                     self.waiting();
@@ -64,7 +68,7 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    /// One claim, bounded by the call's budget and the store timeout. A claim that does not
+    /// One claim, bounded by the call's deadline and the store timeout. A claim that does not
     /// answer in time is finished in the background and released if it acquired, so a slow store
     /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
     async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
@@ -104,7 +108,7 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// A store step after the claim (complete, release, renew), bounded by the store timeout,
-    /// not by the call's budget: the tool's work is done and its outcome should be kept.
+    /// not by the call's deadline: the tool's work is done and its outcome should be kept.
     async fn bounded(
         &self,
         step: impl Future<Output = Result<(), StoreError>>,
@@ -132,7 +136,7 @@ impl<T: Tool> Call<'_, T> {
         {
             // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
             // LeaseLost when the outcome is stored.
-            tracing::warn!(error = %e, "lease renewal failed");
+            tracing::warn!(error = %Chain(&e), "lease renewal failed");
         }
     }
 

@@ -1,4 +1,4 @@
-//! The executor: claim → run → complete, row by row of the table in DESIGN §3.
+//! The executor: claim → run → complete, row by row of the table in `docs/design.md` §3.
 //!
 //! - this module: the runtime ([`Idem`]) and its builder;
 //! - `run`: the handle a caller holds ([`Run`]) and the entry of every call;
@@ -19,6 +19,8 @@ use rand::rngs::SmallRng;
 
 pub use report::{CallReport, Served, WaitHook};
 pub use run::Run;
+
+pub(crate) use call::storable;
 
 use crate::budget::RetryBudget;
 use crate::flight::Flights;
@@ -51,6 +53,7 @@ impl std::fmt::Debug for Idem {
 }
 
 /// Builds an [`Idem`].
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct IdemBuilder {
     store: Arc<dyn Store>,
     policy: Policy,

@@ -20,16 +20,21 @@ pub enum Served {
     Joined,
     /// `unknown`: an earlier attempt may have taken effect and its outcome is not known.
     Unknown,
+    /// `taken_over`: this call ran the tool after a previous owner's lease ended without a
+    /// result (that owner's attempt may have had an effect; a keyed tool repeats it with the
+    /// same key).
+    TakenOver,
 }
 
 impl Served {
-    /// `executed`, `replayed`, `joined` or `unknown`.
+    /// `executed`, `replayed`, `joined`, `unknown` or `taken_over`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Served::Executed => "executed",
             Served::Replayed => "replayed",
             Served::Joined => "joined",
             Served::Unknown => "unknown",
+            Served::TakenOver => "taken_over",
         }
     }
 
@@ -39,6 +44,7 @@ impl Served {
             2 => Some(Served::Replayed),
             3 => Some(Served::Joined),
             4 => Some(Served::Unknown),
+            5 => Some(Served::TakenOver),
             _ => None,
         }
     }
@@ -49,6 +55,7 @@ impl Served {
             Served::Replayed => 2,
             Served::Joined => 3,
             Served::Unknown => 4,
+            Served::TakenOver => 5,
         }
     }
 }

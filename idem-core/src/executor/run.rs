@@ -47,11 +47,13 @@ impl Run {
     /// The same run, but the next calls use `key` (the caller's own idempotency key) instead of
     /// a key derived from the arguments. A fingerprint of the arguments is stored with it, and a
     /// reuse with other arguments fails with [`Error::KeyReuseMismatch`].
+    #[must_use = "the key applies only to the returned run, not to this one"]
     pub fn with_idempotency_key(&self, key: impl Into<Arc<str>>) -> Run {
         Run { caller_key: Some(key.into()), ..self.clone() }
     }
     /// The same run, with the agent's tool-call id (recorded as `gen_ai.tool.call.id`; not part
     /// of the key: the model invents a new one for every repeat).
+    #[must_use = "the call id applies only to the returned run, not to this one"]
     pub fn with_call_id(&self, id: impl Into<Arc<str>>) -> Run {
         Run { call_id: Some(id.into()), ..self.clone() }
     }
@@ -137,7 +139,7 @@ impl Run {
             key,
             fingerprint,
             policy,
-            deadline: later(Instant::now(), policy.budget),
+            deadline: later(Instant::now(), policy.deadline),
             span: span.clone(),
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),

@@ -6,11 +6,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Fence, Outcome};
 
-/// The outcome kind column: 1 success, 2 permanent failure, 3 unknown. The payload column holds
-/// the JSON for 1 and 2, and is NULL for 3.
+/// The outcome kind column: 1 success, 2 permanent failure, 3 unknown, 4 output not storable.
+/// The payload column holds the JSON for 1 and 2, is NULL for 3, and the reason text for 4.
 pub(crate) const SUCCESS: i16 = 1;
 pub(crate) const FAILURE: i16 = 2;
 pub(crate) const UNKNOWN: i16 = 3;
+pub(crate) const NOT_STORABLE: i16 = 4;
 
 /// The kind and payload columns of `outcome`.
 pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
@@ -18,6 +19,7 @@ pub(crate) fn encode(outcome: &Outcome) -> (i16, Option<&str>) {
         Outcome::Success(json) => (SUCCESS, Some(json)),
         Outcome::Failure(json) => (FAILURE, Some(json)),
         Outcome::Unknown => (UNKNOWN, None),
+        Outcome::NotStorable(reason) => (NOT_STORABLE, Some(reason)),
     }
 }
 
@@ -29,6 +31,7 @@ pub(crate) fn decode(kind: Option<i64>, payload: Option<String>) -> Option<Outco
         (Some(k), Some(json)) if k == i64::from(SUCCESS) => Some(Outcome::Success(json)),
         (Some(k), Some(json)) if k == i64::from(FAILURE) => Some(Outcome::Failure(json)),
         (Some(k), None) if k == i64::from(UNKNOWN) => Some(Outcome::Unknown),
+        (Some(k), Some(why)) if k == i64::from(NOT_STORABLE) => Some(Outcome::NotStorable(why)),
         _ => None,
     }
 }

@@ -1,4 +1,4 @@
-//! The store contract (DESIGN §5): one atomic claim, fenced completion, release and renewal,
+//! The store contract (`docs/design.md` §5): one atomic claim, fenced completion, release and renewal,
 //! waiting for another owner's result, and retention.
 //!
 //! Every store passes the same conformance suite (`idem_core::conformance`, feature
@@ -28,6 +28,8 @@ mod open;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod resend;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -59,6 +61,11 @@ pub enum Outcome {
     /// A `never` tool failed ambiguously: the effect may have happened. Replayed as
     /// [`OutcomeUnknown`](crate::Error::OutcomeUnknown) until reconciled.
     Unknown,
+    /// The tool returned `Ok`, but its output could not be stored faithfully (its JSON does not
+    /// read back as the same value); why, as text. Replayed as
+    /// [`OutputNotStorable`](crate::Error::OutputNotStorable): the effect happened, its output is
+    /// lost (`docs/design.md` §6.4).
+    NotStorable(String),
 }
 
 /// A completed record: what claim returns for a repeat.
@@ -100,7 +107,8 @@ pub enum Claim {
     Acquired {
         /// The fencing token to present with complete, release and renew.
         fence: Fence,
-        /// A previous owner's lease had expired without a result.
+        /// A previous owner's lease had expired without a result (traced as the call's
+        /// `idem.outcome` `taken_over`).
         takeover: bool,
     },
     /// Another owner holds a live lease: wait (see [`Store::wait`]) and claim again.
@@ -124,8 +132,10 @@ pub enum Claim {
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or failed the operation (connection refused, I/O error,
-    /// timeout). Nothing was written; retry later.
-    #[error("store unavailable: {0}")]
+    /// timeout); retry later. The backend's error is the `source()`. A remote store sends a step
+    /// whose reply was lost again before it answers this, and a claim that answers it releases in
+    /// the background any record it may have created, so nothing is left held.
+    #[error("the store could not be reached or failed the operation")]
     Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
     /// The fence presented is not the current one: another owner took over, or the record is gone.
     #[error("lease lost: the fence is no longer current")]

@@ -148,11 +148,11 @@ impl SqliteStore {
     pub fn open_url(url: &str) -> Result<Self, StoreError> {
         let path =
             url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).ok_or_else(
-                || StoreError::unavailable(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
+                || StoreError::InvalidConfig(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
             )?;
         match path {
             ":memory:" => Self::in_memory(),
-            "" => Err(StoreError::unavailable(format!("sqlite URL without a path: {url:?}"))),
+            "" => Err(StoreError::InvalidConfig(format!("sqlite URL without a path: {url:?}"))),
             path => Self::open(path),
         }
     }
@@ -421,17 +421,31 @@ impl Store for SqliteStore {
             return Ok(claim);
         }
         let sweep = self.inner.sweeps.due(now);
-        self.call(move |conn| {
+        // SQLite runs in this process, so no reply is lost on the way as with a remote store: a
+        // statement either returns its answer to this function or the process is gone (with its
+        // leases, as any owner that dies). What can happen is that the caller drops this claim
+        // while the blocking call runs (a timeout, a cancelled call); the blocking call then
+        // releases what it acquired, since nobody holds it.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let conn = &mut *inner.lock();
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
-            let claim = claim_blocking(conn, key, fp, lease, on_expired, now)?;
+            let claim = claim_blocking(conn, key, fp, lease, on_expired, now);
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
                 let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
             }
-            Ok(claim)
-        })
-        .await
+            if let Err(Ok(Claim::Acquired { fence, .. })) = answer.send(claim) {
+                let release = params![key.as_str(), fence_param(fence)];
+                let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
+            }
+        });
+        match answered.await {
+            Ok(claim) => claim.map_err(Into::into),
+            Err(_) => Err(StoreError::unavailable("the SQLite claim stopped without an answer")),
+        }
     }
 
     async fn complete(

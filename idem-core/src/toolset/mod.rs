@@ -1,4 +1,4 @@
-//! Agent-facing tool sets (DESIGN §7): list tool definitions for a model and dispatch the calls
+//! Agent-facing tool sets (`docs/design.md` §7): list tool definitions for a model and dispatch the calls
 //! a model makes, by name with JSON arguments, always through the idem protocol.
 //!
 //! A [`ToolSet`] holds heterogeneous tools behind the object-safe [`DynTool`] adapter. It speaks
@@ -112,12 +112,15 @@ impl<T: Tool> DynTool for T {
             };
             let (result, report) = run.call_reported(self, args).await;
             let out = match result {
-                Ok(output) => match serde_json::to_value(&output) {
+                Ok(output) => match crate::executor::storable(&output)
+                    .and_then(|_| serde_json::to_value(&output).map_err(|e| e.to_string()))
+                {
                     Ok(v) => ToolResult::success(v),
-                    Err(e) => ToolResult::error(
+                    // JSON would carry another value (a NaN as `null`): say so rather than mislead.
+                    Err(why) => ToolResult::error(
                         ErrorKind::OutputNotJson,
                         format!(
-                            "`{}` ran, but its output could not be turned into JSON ({e}); do not call it again for this intent: a repeat replays the stored outcome",
+                            "`{}` ran, but its output cannot be turned into JSON faithfully ({why}); the effect happened: do not call it again for this intent",
                             def.name
                         ),
                         None,

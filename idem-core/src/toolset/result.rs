@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::DispatchContext;
 use crate::class::RetryClass;
-use crate::error::{Error, ErrorKind};
+use crate::error::{Chain, Error, ErrorKind};
 use crate::executor::CallReport;
 use crate::key::Key;
 use crate::tool::ToolDef;
@@ -131,6 +131,19 @@ pub(super) fn error_result<E: Serialize + Display>(
             ),
             None,
         ),
+        Error::BudgetExhausted { error: Some(error), retry_after, .. } => {
+            let mut detail = json!({ "tool_error": serde_json::to_value(error).ok() });
+            if let (Some(after), Some(obj)) = (retry_after, detail.as_object_mut()) {
+                obj.insert("retry_after_ms".into(), json!(crate::clock::ms(*after)));
+            }
+            ToolResult::error(kind, err.to_string(), Some(detail))
+        }
+        Error::StoreUnavailable { source, .. } => {
+            ToolResult::error(kind, format!("{err} ({})", Chain(source)), None)
+        }
+        Error::OutputNotStorable { key, .. } => {
+            ToolResult::error(kind, err.to_string(), Some(key_detail(key)))
+        }
         other => ToolResult::error(kind, other.to_string(), None),
     }
 }

@@ -11,7 +11,7 @@ impl idem_core::Classify for Failed {
 }
 
 /// Send a wire transfer.
-#[tool(retry = "never", attempts = 1, timeout = "10s", budget = "1m", lease = "30s", ttl = "24h")]
+#[tool(retry = "never", attempts = 1, timeout = "10s", deadline = "1m", lease = "30s", ttl = "24h")]
 async fn wire_transfer(iban: String, amount_cents: u64) -> Result<String, Failed> {
     Ok(format!("{iban}:{amount_cents}"))
 }

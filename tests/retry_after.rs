@@ -1,0 +1,83 @@
+//! A retry-after hint that does not fit before the deadline (`docs/design.md` §6.2): one attempt,
+//! the claim released, and the caller gets the tool's own error with its hint and the reason no
+//! retry was made, typed and in the text a model reads.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::{BudgetKind, Classify, Ctx, Error, ErrorKind, Failure, Idem, ToolSet, tool};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::time::Instant;
+
+/// A provider's rate limit with the `Retry-After` it sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("rate limited, retry after {after_s} s")]
+struct RateLimited {
+    after_s: u64,
+}
+
+impl Classify for RateLimited {
+    fn classify(&self) -> Failure {
+        Failure::transient().retry_after(Duration::from_secs(self.after_s))
+    }
+}
+
+static SENT: AtomicU32 = AtomicU32::new(0);
+
+/// Sends a report; the provider is rate limited for half an hour.
+#[tool(retry = "keyed", deadline = "60s")]
+async fn send_report(cx: &Ctx, to: String) -> Result<String, RateLimited> {
+    let _ = (cx.key(), to);
+    SENT.fetch_add(1, Ordering::SeqCst);
+    Err(RateLimited { after_s: 1800 })
+}
+
+const HALF_AN_HOUR: Duration = Duration::from_secs(1800);
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_past_the_deadline_returns_the_tool_error_with_the_hint() {
+    let run = Idem::in_memory().run("r");
+    let started = Instant::now();
+    let got = send_report(&run, "ops".into()).await;
+    assert_eq!(SENT.load(Ordering::SeqCst), 1, "one attempt: the retry would not fit");
+    assert!(started.elapsed() < Duration::from_secs(60), "no wait: {:?}", started.elapsed());
+    let err = got.unwrap_err();
+    match &err {
+        Error::BudgetExhausted {
+            budget: BudgetKind::Deadline,
+            error: Some(RateLimited { after_s: 1800 }),
+            retry_after: Some(after),
+            ..
+        } => assert_eq!(*after, HALF_AN_HOUR),
+        other => panic!("expected the tool's error with its hint, got {other:?}"),
+    }
+    assert_eq!(err.tool_error(), Some(&RateLimited { after_s: 1800 }));
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted);
+    let text = err.to_string();
+    assert!(text.contains("rate limited, retry after 1800 s"), "{text}");
+    assert!(text.contains("past the call's deadline"), "{text}");
+    assert!(text.contains("retry after 1800000 ms"), "{text}");
+
+    // The claim was released and nothing stored: the next call runs again at once (a held claim
+    // would make it wait for its deadline; a stored outcome would be replayed).
+    let again = send_report(&run, "ops".into()).await;
+    assert_eq!(SENT.load(Ordering::SeqCst), 2, "released, not stored");
+    assert!(
+        matches!(again, Err(Error::BudgetExhausted { error: Some(_), retry_after: Some(_), .. })),
+        "{again:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+
+    // A model reads the same: the tool's error, the hint, and why no retry was made.
+    let set = ToolSet::new().with(SendReportTool).unwrap();
+    let r = set.call(&run, "send_report", &json!({"to": "ops"})).await;
+    assert_eq!(SENT.load(Ordering::SeqCst), 3);
+    assert!(r.is_error);
+    assert_eq!(r.error_kind, Some(ErrorKind::BudgetExhausted));
+    assert!(r.text.contains("rate limited, retry after 1800 s"), "{}", r.text);
+    assert!(r.text.contains("retry after 1800000 ms"), "{}", r.text);
+    assert!(r.text.contains("no retry was made"), "{}", r.text);
+    assert_eq!(r.content["error"]["detail"]["retry_after_ms"], 1_800_000);
+    assert_eq!(r.content["error"]["detail"]["tool_error"], json!({"after_s": 1800}));
+}

@@ -1,0 +1,138 @@
+//! Outputs whose stored form would not read back as the same value (`docs/design.md` §6.4): a NaN,
+//! a map whose keys are not strings, a `Serialize` that `Deserialize` does not mirror. The first
+//! caller gets its output; the record says the effect happened and the output is not storable;
+//! every later caller gets `OutputNotStorable` with the key, never a different value, and the
+//! tool never runs again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{Classify, Ctx, Error, ErrorKind, Failure, Idem, MemoryStore, Store, tool};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl Classify for Declined {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// Runs per tool and case (each test uses its own case, so tests may run in parallel).
+static RUNS: Mutex<BTreeMap<(&str, String), u32>> = Mutex::new(BTreeMap::new());
+
+fn ran(tool: &'static str, case: &str) {
+    *RUNS.lock().unwrap().entry((tool, case.to_owned())).or_default() += 1;
+}
+
+fn runs(tool: &'static str, case: &str) -> u32 {
+    RUNS.lock().unwrap().get(&(tool, case.to_owned())).copied().unwrap_or(0)
+}
+
+/// Computes a ratio after booking something: NaN has no JSON form (serde_json writes `null`).
+#[tool(retry = "keyed")]
+async fn book_ratio(cx: &Ctx, case: String) -> Result<f64, Declined> {
+    let _ = cx.key();
+    ran("ratio", &case);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(f64::NAN)
+}
+
+/// A map keyed by tuples: JSON object keys are strings, serde_json refuses it.
+#[tool(retry = "keyed")]
+async fn book_grid(cx: &Ctx, case: String) -> Result<HashMap<(u8, u8), String>, Declined> {
+    let _ = cx.key();
+    ran("grid", &case);
+    Ok(HashMap::from([((1, 2), "a".to_owned())]))
+}
+
+/// Writes twice its value and reads the number back as is: a round trip changes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Doubling(u32);
+
+impl Serialize for Doubling {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.0 * 2)
+    }
+}
+
+impl<'de> Deserialize<'de> for Doubling {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        u32::deserialize(d).map(Doubling)
+    }
+}
+
+#[tool(retry = "never")]
+async fn book_doubling(case: String) -> Result<Doubling, Declined> {
+    ran("doubling", &case);
+    Ok(Doubling(21))
+}
+
+/// Every later call, through `a` and through `b` (another executor on the same store), gets the
+/// error with the key, and the key is the same each time.
+fn assert_not_storable<T: std::fmt::Debug, E: std::fmt::Debug + std::fmt::Display>(
+    got: &[Result<T, Error<E>>],
+    needle: &str,
+) {
+    let mut keys = Vec::new();
+    for r in got {
+        match r {
+            Err(e @ Error::OutputNotStorable { key, reason, .. }) => {
+                assert_eq!(e.kind(), ErrorKind::OutputNotStorable);
+                assert!(reason.contains(needle), "{reason}");
+                assert!(e.to_string().contains("do not call it again"), "{e}");
+                keys.push(*key);
+            }
+            other => panic!("expected OutputNotStorable, got {other:?}"),
+        }
+    }
+    keys.dedup();
+    assert_eq!(keys.len(), 1, "one intent, one key: {keys:?}");
+}
+
+async fn every_kind(store: Arc<dyn Store>, case: &str) {
+    let a = Idem::builder_shared(Arc::clone(&store)).build().run("r");
+    let b = Idem::builder_shared(store).build().run("r");
+    // The first caller and a duplicate that arrives while it runs.
+    let (first, joined) = tokio::join!(book_ratio(&a, case.into()), book_ratio(&a, case.into()));
+    assert!(first.unwrap().is_nan(), "the first caller gets the real output");
+    let later = [joined, book_ratio(&a, case.into()).await, book_ratio(&b, case.into()).await];
+    assert_not_storable(&later, "NaN");
+    assert_eq!(runs("ratio", case), 1, "ran once");
+
+    let first = book_grid(&a, case.into()).await.unwrap();
+    assert_eq!(first, HashMap::from([((1, 2), "a".to_owned())]));
+    let later = [book_grid(&a, case.into()).await, book_grid(&b, case.into()).await];
+    assert_not_storable(&later, "map whose keys");
+    assert_eq!(runs("grid", case), 1, "ran once");
+
+    assert_eq!(book_doubling(&a, case.into()).await.unwrap(), Doubling(21));
+    let later = [book_doubling(&a, case.into()).await, book_doubling(&b, case.into()).await];
+    assert_not_storable(&later, "different value");
+    assert_eq!(runs("doubling", case), 1, "a never tool ran once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_records_an_output_that_cannot_be_stored() {
+    every_kind(Arc::new(MemoryStore::new()), "memory").await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn sqlite_store_records_an_output_that_cannot_be_stored() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-unstorable-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let store = idem_core::SqliteStore::open(&path).expect("open the SQLite file");
+    every_kind(Arc::new(store), "sqlite").await;
+    // A store opened later on the same file reads the record written before.
+    let reopened = idem_core::SqliteStore::open(&path).expect("reopen");
+    let run = Idem::new(reopened).run("r");
+    assert_not_storable(&[book_grid(&run, "sqlite".into()).await], "map whose keys");
+    assert_eq!(runs("grid", "sqlite"), 1);
+}
