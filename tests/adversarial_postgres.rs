@@ -2,8 +2,6 @@
 //! migrated from schema 1 on connect). Destructive experiments run in private schemas that are
 //! dropped afterwards. Run: cargo test --all-features --test adversarial_postgres
 
-#![cfg(feature = "postgres")]
-
 use std::sync::Arc;
 use std::time::Duration;
 

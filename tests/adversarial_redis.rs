@@ -1,8 +1,6 @@
 //! Adversarial tests of the Redis store (schema 2: one string per record, Lua scripts).
 //! Run: cargo test --all-features --test adversarial_redis
 
-#![cfg(feature = "redis")]
-
 use std::sync::Arc;
 use std::time::Duration;
 

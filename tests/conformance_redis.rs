@@ -2,8 +2,6 @@
 //! `redis://127.0.0.1:6379/`), plus what only Redis has: the key layout for Redis Cluster, records
 //! of another schema version, and keys of another type.
 
-#![cfg(feature = "redis")]
-
 use std::time::Duration;
 
 use idem_core::StoreError;

@@ -14,6 +14,8 @@ use crate::key::{Fingerprint, Key};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sweep;
 
 /// The SQL stores' outcome columns (kind, payload) as a record's outcome; `None` for a pair this
 /// version does not write. For the fuzz targets (`fuzz/`), not an API.

@@ -39,8 +39,9 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, Statement};
 
-use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
+use super::codec::{self, encode, fence_param, ms, now_ms};
 use super::resend::{self, Failed, GiveUp, Owner};
+use super::sweep::SweepClock;
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -286,8 +287,7 @@ struct Waiters {
 
 impl Waiters {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Notify>>> {
-        // Every update is one insert or remove: a poisoned map is still consistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.map)
     }
     fn register(&self, key: Key) -> Arc<Notify> {
         Arc::clone(self.lock().entry(key).or_default())

@@ -28,7 +28,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
-use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
+use super::codec::{self, encode, fence_param, ms, now_ms};
+use super::sweep::SweepClock;
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -217,9 +218,7 @@ impl SqliteStore {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic inside a call unwinds through rusqlite's Transaction, which rolls back: the
-        // connection is consistent even when the mutex is poisoned.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.conn)
     }
 }
 

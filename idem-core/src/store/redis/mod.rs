@@ -231,8 +231,7 @@ struct Channel {
 
 impl Waiters {
     fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
-        // Every update is a single insert, remove or counter step: a poisoned map is consistent.
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.channels)
     }
     fn wake(&self, channel: &[u8]) {
         if let Some(c) = self.lock().get(channel) {
