@@ -2,8 +2,6 @@
 //! migrated from schema 1 on connect). Destructive experiments run in private schemas that are
 //! dropped afterwards. Run: cargo test --all-features --test adversarial_postgres
 
-#![cfg(feature = "postgres")]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,15 +41,15 @@ async fn connect_many(config: &Config, n: usize) -> Vec<Result<PostgresStore, St
     out
 }
 
-async fn schema_state(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64) {
-    let version: i64 = admin
-        .query_one(
-            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_version'"),
-            &[],
-        )
-        .await
-        .expect("version")
-        .get(0);
+/// Version, revision, and how many `idem_claim` functions (with and without owner token).
+async fn schema_state(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
+    let meta = |name: &'static str| async move {
+        let row = admin
+            .query_one(&format!("SELECT value FROM {schema}.idem_meta WHERE name = $1"), &[&name])
+            .await;
+        row.expect(name).get::<_, i64>(0)
+    };
+    let (version, revision) = (meta("schema_version").await, meta("schema_revision").await);
     let functions: i64 = admin
         .query_one(
             "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
@@ -61,7 +59,7 @@ async fn schema_state(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64
         .await
         .expect("functions")
         .get(0);
-    (version, functions)
+    (version, revision, functions)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,21 +81,15 @@ async fn many_stores_create_a_fresh_schema_at_once() {
         drop(got);
         drop_schema(&admin, &schema).await;
         assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
-        assert_eq!(state, (2, 1), "round {round}: version and idem_claim count");
+        assert_eq!(state, (2, 1, 2), "round {round}: version, revision, idem_claim count");
         let acquired = claims.iter().filter(|c| matches!(c, Ok(Claim::Acquired { .. }))).count();
         assert_eq!(acquired, 1, "{claims:?}");
     }
 }
 
-/// Version 1 simulated as the brief says: create v2, drop the function, set the version to 1.
+/// Version 1 simulated: create the current schema, then take back what came after version 1.
 async fn downgrade(admin: &tokio_postgres::Client, schema: &str) {
-    admin
-        .batch_execute(&format!(
-            "DROP FUNCTION {schema}.idem_claim; \
-             UPDATE {schema}.idem_meta SET value = 1 WHERE name = 'schema_version'"
-        ))
-        .await
-        .expect("downgrade to version 1");
+    pg::to_version_1(admin, schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,7 +136,7 @@ async fn many_stores_migrate_version_1_at_once() {
         drop(got);
         drop_schema(&admin, &schema).await;
         assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
-        assert_eq!(state, (2, 1), "round {round}: version and idem_claim count");
+        assert_eq!(state, (2, 1, 2), "round {round}: version, revision, idem_claim count");
         for (done, inflight) in answers {
             assert_eq!(
                 done.unwrap(),
@@ -263,7 +255,10 @@ async fn payloads_round_trip() {
             let fence = acquire(&*store, &key, &fp).await;
             store.complete(&key, fence, &outcome, LONG).await.unwrap();
             let got = store.claim(claim_req(&key, &fp)).await.unwrap();
-            assert!(got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }));
+            assert!(
+                got == Claim::Completed(Record { fingerprint: fp, outcome: outcome.clone() }),
+                "the store answered {got:?}"
+            );
         }
     }
 }
@@ -300,11 +295,11 @@ async fn zero_leases_and_retention() {
     let Claim::Acquired { fence: f1, .. } = store.claim(zero).await.unwrap() else { panic!() };
     let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };
-    assert!(f2 > f1);
+    assert!(f2 > f1, "{:?} must be above {:?}", f2, f1);
     store.complete(&key, f2, &Outcome::Success("1".into()), Duration::ZERO).await.unwrap();
     let got = store.claim(claim_req(&key, &fp)).await.unwrap();
     let Claim::Acquired { fence: f3, takeover: false } = got else { panic!("{got:?}") };
-    assert!(f3 > f2);
+    assert!(f3 > f2, "{:?} must be above {:?}", f3, f2);
     store.wait(&key, f3, Duration::MAX).await.ok();
 }
 
@@ -411,7 +406,8 @@ async fn version_2_without_the_claim_function_is_incompatible() {
     let Some(_) = store().await else { return };
     let (schema, admin, config) = private_schema("nofn").await;
     drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
-    admin.batch_execute(&format!("DROP FUNCTION {schema}.idem_claim")).await.expect("drop fn");
+    let drop_fn = format!("DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text)");
+    admin.batch_execute(&drop_fn).await.expect("drop fn");
     let got = PostgresStore::connect_with(config, 1).await;
     drop_schema(&admin, &schema).await;
     match got {

@@ -138,16 +138,13 @@ async fn schema_version_1_is_migrated_and_keeps_its_records() {
         acquire(&old, &held, &fp).await
     };
     // Back to what version 1 created.
-    admin
-        .batch_execute(&format!(
-            "DROP FUNCTION {schema}.idem_claim; \
-             UPDATE {schema}.idem_meta SET value = 1 WHERE name = 'schema_version'"
-        ))
-        .await
-        .expect("downgrade to version 1");
+    pg::to_version_1(&admin, &schema).await;
     let store = PostgresStore::connect_with(config, 1).await;
     let version = admin
-        .query_one(&format!("SELECT value FROM {schema}.idem_meta"), &[])
+        .query_one(
+            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_version'"),
+            &[],
+        )
         .await
         .map(|row| row.get::<_, i64>(0));
     let replay = match &store {
@@ -174,6 +171,91 @@ async fn schema_version_1_is_migrated_and_keeps_its_records() {
         other => panic!("the in-flight record must stay held, got {other:?}"),
     }
     completed.expect("store").expect("the owner completes after the migration");
+}
+
+/// A database at schema version 2, revision 0 (no owner column) is migrated to revision 1 when a
+/// store of this version connects, and what it holds is kept; the record's owner can still
+/// complete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_revision_0_is_migrated_and_keeps_its_records() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("revision").await;
+    let (done, fp) = fresh_key("revision", "done");
+    let (held, _) = fresh_key("revision", "held");
+    let fence = {
+        let old = PostgresStore::connect_with(config.clone(), 1).await.expect("create schema");
+        let first = acquire(&old, &done, &fp).await;
+        let ok = Outcome::Success("\"kept\"".into());
+        old.complete(&done, first, &ok, Duration::from_secs(60)).await.expect("complete");
+        acquire(&old, &held, &fp).await
+    };
+    pg::to_revision_0(&admin, &schema).await;
+    let store = PostgresStore::connect_with(config, 1).await;
+    let revision = admin
+        .query_one(
+            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_revision'"),
+            &[],
+        )
+        .await
+        .map(|row| row.get::<_, i64>(0));
+    let answers = match &store {
+        Ok(s) => Some((
+            s.claim(claim_req(&done, &fp)).await,
+            s.claim(claim_req(&held, &fp)).await,
+            s.complete(&held, fence, &Outcome::Unknown, Duration::from_secs(60)).await,
+        )),
+        Err(_) => None,
+    };
+    drop(store);
+    pg::drop_schema(&admin, &schema).await;
+    assert_eq!(revision.expect("revision row"), idem_core::store::postgres::SCHEMA_REVISION);
+    let (replay, in_flight, completed) = answers.expect("revision 0 must be migrated");
+    assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
+    assert!(
+        matches!(in_flight, Ok(Claim::InFlight { fence: f, .. }) if f == fence),
+        "{in_flight:?}"
+    );
+    completed.expect("the owner completes after the migration");
+}
+
+/// A store of revision 0 still running after the migration calls `idem_claim` without an owner
+/// token: its takeover of an expired lease clears the previous owner's token, so that owner's
+/// resend can never acquire a record another owner now holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revision_0_claims_clear_the_owner_token_on_takeover() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("revision0_takeover", "{}");
+    let short =
+        idem_core::store::ClaimRequest { lease: Duration::from_millis(1), ..claim_req(&key, &fp) };
+    let Ok(Claim::Acquired { fence, .. }) = store.claim(short).await else {
+        panic!("a fresh key must be acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let admin = pg::admin().await;
+    let owner = async |admin: &tokio_postgres::Client| {
+        let row = admin
+            .query_one("SELECT owner, fence FROM idem_records WHERE key = $1", &[&key.as_str()])
+            .await
+            .expect("the record");
+        (row.get::<_, Option<String>>(0), row.get::<_, i64>(1))
+    };
+    let (before, _) = owner(&admin).await;
+    assert!(before.is_some(), "a claim of this version stores its owner token");
+    // What a store of revision 0 sends.
+    let row = admin
+        .query_one(
+            "SELECT o_acquired, o_fence FROM idem_claim($1::text, $2::text, 30000::bigint, true)",
+            &[&key.as_str(), &fp.as_str()],
+        )
+        .await
+        .expect("the revision 0 claim");
+    let (acquired, taken): (bool, i64) = (row.get(0), row.get(1));
+    let (after, stored) = owner(&admin).await;
+    assert!(
+        acquired && taken > fence.0 as i64,
+        "a takeover with a higher fence: {taken} {fence:?}"
+    );
+    assert_eq!((after, stored), (None, taken), "the takeover clears the previous owner's token");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

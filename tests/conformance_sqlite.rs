@@ -217,3 +217,36 @@ async fn mutual_exclusion_under_churn() {
         .collect();
     executor::mutual_exclusion_under_churn(stores).await;
 }
+
+/// A claim dropped while its blocking call waits for the database (the caller's timeout, a
+/// cancelled call) does not leave a record nobody holds: the blocking call releases what it
+/// acquired once it finds nobody waiting for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_dropped_mid_flight_releases_what_it_acquired() {
+    let path = fresh_file("dropped");
+    let store = SqliteStore::open(&path).expect("open");
+    let other = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("dropped_claim", "{}");
+    let never = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::Unknown,
+    };
+    // Another connection holds the write lock, so the claim's write waits (busy timeout 5 s).
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let dropped = tokio::time::timeout(Duration::from_millis(200), store.claim(never)).await;
+    assert!(dropped.is_err(), "the claim must still be waiting for the lock: {dropped:?}");
+    raw.execute_batch("COMMIT").expect("unlock");
+    // The dropped claim's blocking call now acquires and releases: poll until it has.
+    let mut last = None;
+    for _ in 0..100 {
+        match other.claim(never).await {
+            Ok(Claim::Acquired { .. }) => return,
+            got => last = Some(got),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the dropped claim's record was never released; last answer {last:?}");
+}

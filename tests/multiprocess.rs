@@ -126,9 +126,17 @@ async fn hammer(url: &str, tag: &str) -> String {
     assert!(ledger.body_fences("charge", 0).len() >= 2, "charge 0 was taken over and re-run");
     assert!(ledger.body_fences("charge", 1).len() >= 2, "charge 1 was re-run, deduplicated");
     assert_eq!(ledger.effects("wire", 2).len(), 0);
-    assert!(finals[&("wire".to_owned(), 2)][0].1 == Err("OutcomeUnknown".to_owned()));
+    assert!(
+        finals[&("wire".to_owned(), 2)][0].1 == Err("OutcomeUnknown".to_owned()),
+        "{:?}",
+        finals[&("wire".to_owned(), 2)][0].1
+    );
     assert_eq!(ledger.effects("wire", 3).len(), 1);
-    assert!(finals[&("wire".to_owned(), 3)][0].1 == Err("OutcomeUnknown".to_owned()));
+    assert!(
+        finals[&("wire".to_owned(), 3)][0].1 == Err("OutcomeUnknown".to_owned()),
+        "{:?}",
+        finals[&("wire".to_owned(), 3)][0].1
+    );
     // The stopped wire worker still held the current fence: its late result stands.
     assert!(finals[&("wire".to_owned(), 5)][0].1.is_ok(), "wire 5: late completion accepted");
     let _ = std::fs::remove_dir_all(&dir);

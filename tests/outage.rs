@@ -178,86 +178,34 @@ impl Drop for Server {
 
 /// A TCP proxy in front of PostgreSQL that the test can cut and restore.
 #[cfg(feature = "postgres")]
-struct Proxy {
-    port: u16,
-    up: Arc<std::sync::atomic::AtomicBool>,
-    pumps: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    accept: tokio::task::JoinHandle<()>,
-    config: tokio_postgres::Config,
-}
+struct Proxy(idem_tests::proxy::Proxy);
 
 #[cfg(feature = "postgres")]
 impl Proxy {
     async fn start() -> Option<Proxy> {
-        use std::str::FromStr;
-        use std::sync::atomic::Ordering;
-        let url = idem_tests::pg_url();
         // Only when the server answers: otherwise skip (or fail under CI).
+        let url = idem_tests::pg_url();
         idem_tests::or_skip("PostgreSQL", idem_core::PostgresStore::connect(&url).await)?;
-        let config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            _ => "127.0.0.1".to_owned(),
-        };
-        let target = format!("{host}:{}", config.get_ports().first().copied().unwrap_or(5432));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
-        let port = listener.local_addr().expect("proxy addr").port();
-        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let pumps = Arc::new(Mutex::new(Vec::new()));
-        let accept = tokio::spawn({
-            let (up, pumps) = (up.clone(), pumps.clone());
-            async move {
-                while let Ok((mut client, _)) = listener.accept().await {
-                    if !up.load(Ordering::SeqCst) {
-                        continue; // dropped: the connection closes at once
-                    }
-                    let target = target.clone();
-                    let pump = tokio::spawn(async move {
-                        if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        }
-                    });
-                    pumps.lock().unwrap().push(pump);
-                }
-            }
-        });
-        Some(Proxy { port, up, pumps, accept, config })
+        Some(Proxy(idem_tests::proxy::Proxy::start(pg::target()).await))
     }
 
     /// The connection string of the server, through the proxy.
     fn conninfo(&self) -> String {
-        let mut s = format!("host=127.0.0.1 port={}", self.port);
-        if let Some(user) = self.config.get_user() {
-            s.push_str(&format!(" user={user}"));
-        }
-        if let Some(db) = self.config.get_dbname() {
-            s.push_str(&format!(" dbname={db}"));
-        }
-        if let Some(pw) = self.config.get_password() {
-            s.push_str(&format!(" password={}", String::from_utf8_lossy(pw)));
-        }
-        s
+        pg::through(self.0.port())
     }
 
     fn cut(&self) {
-        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
-        for pump in self.pumps.lock().unwrap().drain(..) {
-            pump.abort();
-        }
+        self.0.cut();
     }
 
     fn restore(&self) {
-        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.restore();
     }
 }
 
 #[cfg(feature = "postgres")]
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.accept.abort();
-    }
-}
+#[path = "shared/pg.rs"]
+mod pg;
 
 /// An executor on `store` with a 1.5 s lease.
 fn idem_on(store: Arc<dyn Store>) -> Idem {

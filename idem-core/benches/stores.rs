@@ -28,9 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::store::{
-    Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore, SqliteStore,
-};
+use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore};
 use idem_core::{Fingerprint, Idem, Key, Run, Scope};
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
@@ -352,7 +350,9 @@ fn sqlite_path(s: &Settings) -> PathBuf {
 async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, String) {
     let path = sqlite_path(s);
     std::fs::create_dir_all(path.parent().expect("parent")).expect("bench dir");
-    let store = SqliteStore::open(&path).expect("open the SQLite store");
+    // The URL form every tool and the operator command line take (`idem_core::store::open`).
+    let url = format!("sqlite://{}", path.display());
+    let store = idem_core::store::open(&url).await.expect("open the SQLite store");
     let conn = rusqlite::Connection::open(&path).expect("open the raw connection");
     // The store's settings: WAL and a busy timeout; `synchronous` left at its default, as the
     // store leaves it (read back below and printed).
@@ -375,7 +375,7 @@ async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, String) {
     let prefix: Arc<str> = format!("raw-{}", s.run_id).into();
     let subject = Subject {
         name: "SQLite",
-        run: Idem::new(store).scope(scope.clone()),
+        run: Idem::builder_shared(store).build().scope(scope.clone()),
         raw: Raw::Sqlite(Arc::new(Mutex::new(conn))),
         read_keys: read_keys(&prefix),
         prefix,

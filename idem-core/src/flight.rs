@@ -68,8 +68,7 @@ pub(crate) enum Enter<'a> {
 
 impl Flights {
     fn lock(&self) -> MutexGuard<'_, (HashMap<Key, Entry>, u64)> {
-        // Every update is a single insert or remove: a poisoned map is still consistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.map)
     }
 
     pub(crate) fn enter(&self, key: Key, fingerprint: Fingerprint) -> Enter<'_> {

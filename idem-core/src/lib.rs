@@ -29,6 +29,7 @@ pub mod limits;
 mod macro_support;
 mod policy;
 pub mod store;
+mod sync;
 mod tool;
 pub mod toolset;
 

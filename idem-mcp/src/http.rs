@@ -24,7 +24,13 @@
 //! # Ok(()) }
 //! ```
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 
 pub use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 pub use rmcp::transport::streamable_http_server::{
@@ -32,6 +38,7 @@ pub use rmcp::transport::streamable_http_server::{
 };
 
 use crate::IdemServer;
+use crate::jsonrpc::{Inbound, check_message};
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
 /// none, and `keyed`/`never` calls are refused). It sees the head as the app's middleware left
@@ -39,11 +46,85 @@ use crate::IdemServer;
 pub type PrincipalFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// rmcp's streamable HTTP service over a new [`IdemServer`] from `make` for each MCP session
-/// (sessions in memory). A tower service: mount it in an app's router, e.g.
+/// (sessions in memory), behind [`Checked`]. A tower service: mount it in an app's router, e.g.
 /// `axum::Router::new().nest_service("/mcp", service(make, config))`, behind the app's auth.
 pub fn service(
     make: impl Fn() -> IdemServer + Send + Sync + 'static,
     config: StreamableHttpServerConfig,
-) -> StreamableHttpService<IdemServer, LocalSessionManager> {
-    StreamableHttpService::new(move || Ok(make()), Arc::new(LocalSessionManager::default()), config)
+) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
+    let inner = StreamableHttpService::new(
+        move || Ok(make()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Checked { inner }
+}
+
+/// A tower service that reads each POSTed JSON-RPC message with
+/// [`crate::jsonrpc::check_message`] before rmcp does, as the stdio transport does: a request it
+/// cannot pass on (a repeated member, a value JSON text cannot carry into a value, arguments that
+/// are not one object) is answered here with its id (`application/json`), a bad notification
+/// with 202 and nothing; every other request goes on to `inner` unchanged.
+#[derive(Clone, Debug)]
+pub struct Checked<S> {
+    inner: S,
+}
+
+type Response = http::Response<BoxBody<Bytes, Infallible>>;
+
+impl<S, B> tower_service::Service<http::Request<B>> for Checked<S>
+where
+    S: tower_service::Service<
+            http::Request<Full<Bytes>>,
+            Response = Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::fmt::Display,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let mut inner = self.inner.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let bytes = match body.collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => return Ok(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
+            };
+            if parts.method == http::Method::POST
+                && let Ok(text) = std::str::from_utf8(&bytes)
+            {
+                match check_message(text) {
+                    Inbound::Reply(answer) => {
+                        return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
+                    }
+                    Inbound::Ignore => return Ok(reply(http::StatusCode::ACCEPTED, Bytes::new())),
+                    Inbound::Message(_) => {}
+                }
+            }
+            inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
+        })
+    }
+}
+
+fn reply(status: http::StatusCode, body: Bytes) -> Response {
+    let mut response = http::Response::new(Full::new(body).boxed());
+    *response.status_mut() = status;
+    if status == http::StatusCode::OK {
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    }
+    response
 }

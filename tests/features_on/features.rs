@@ -26,3 +26,11 @@ fn raw_value_is_written_as_the_data_it_holds() {
     let raw = raw.unwrap();
     assert_eq!(idem_core::to_canonical_string(&raw).unwrap(), r#"{"a":[100],"b":1.5}"#);
 }
+
+#[test]
+fn the_text_a_model_reads_sorts_members_whatever_the_map() {
+    let v: Value = serde_json::from_str(r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#).unwrap();
+    let result = idem_core::ToolResult::success(v.clone());
+    assert_eq!(result.text, r#"{"a":"s","b":{"x":[{"c":2,"d":1}],"y":1}}"#);
+    assert_eq!(result.content.to_string(), r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#);
+}

@@ -3,7 +3,8 @@ HTTP, as two users with their own bearer tokens.
 
 Usage: python http_test.py SERVER_BINARY WORK_DIR
 
-Checks: a request without a token, or with an unknown one, gets HTTP 401 and nothing runs; user
+Checks: a request without a token, or with an unknown one, gets HTTP 401 and nothing runs; a
+request with a repeated argument member or a number beyond f64 is answered with its id; user
 B who sends user A's run id, caller key and arguments gets a charge of its own, never A's; A's
 repeats replay A's charge, also concurrently, in a new session, and after a server restart on
 SQLite; a server without a principal configured refuses keyed calls over HTTP. Exits non-zero on
@@ -92,6 +93,24 @@ async def unauthorized(url):
             check(r.status_code == 401, f"{auth}: HTTP {r.status_code}, not 401")
 
 
+async def raw_bad_requests(url):
+    """Requests no SDK would send are answered with their id, and nothing runs."""
+    headers = {"accept": "application/json, text/event-stream", "Authorization": f"Bearer {A}",
+               "content-type": "application/json"}
+    dup = ('{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"charge_card",'
+           '"arguments":{"customer":"cus_dup","amount_cents":5,"customer":"cus_other"}}}')
+    big = '{"jsonrpc":"2.0","id":"p-42","method":"ping","params":{"x":1e400}}'
+    async with httpx2.AsyncClient() as client:
+        r = await client.post(url, content=dup, headers=headers)
+        body = r.json()
+        check(r.status_code == 200 and body["id"] == 41, f"duplicate member: {r.status_code} {body}")
+        text = body["result"]["content"][0]["text"]
+        check(body["result"]["isError"] is True and "appears twice" in text, f"duplicate member: {body}")
+        r = await client.post(url, content=big, headers=headers)
+        body = r.json()
+        check(body["id"] == "p-42" and body["error"]["code"] == -32602, f"1e400: {body}")
+
+
 async def main():
     binary, work = Path(sys.argv[1]), Path(sys.argv[2])
     work.mkdir(parents=True, exist_ok=True)
@@ -101,6 +120,7 @@ async def main():
     proc, url = start(binary, work)
     try:
         await unauthorized(url)
+        await raw_bad_requests(url)
         a1 = await call(url, A, "charge_card", CHARGE, META)
         check(a1.meta["idem/outcome"] == "executed", f"A first: {a1.meta}")
         a_charge = charge_id(a1)

@@ -69,7 +69,7 @@ pub async fn waiters_wake(
             .await
             .expect("complete"),
         End::Release => ender.release(&key, fence).await.expect("release"),
-        End::Forget => assert!(ender.forget(&key).await.expect("forget")),
+        End::Forget => idem_tests::assert_answer!(ender.forget(&key).await, Ok(true)),
         End::TakeOver => {
             tokio::time::sleep(Duration::from_millis(900)).await;
             let req = idem_tests::claim_req(&key, &fp);

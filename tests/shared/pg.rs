@@ -39,3 +39,56 @@ pub async fn private_schema(what: &str) -> (String, tokio_postgres::Client, Conf
 pub async fn drop_schema(admin: &tokio_postgres::Client, schema: &str) {
     admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.expect("drop");
 }
+
+/// The `host:port` of the tests' PostgreSQL server (`IDEM_PG_URL`), for a proxy in front of it.
+pub fn target() -> String {
+    let config = Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    format!("{host}:{}", config.get_ports().first().copied().unwrap_or(5432))
+}
+
+/// The connection string of the tests' server through a proxy on `port`, with the user, database
+/// and password of `IDEM_PG_URL`.
+pub fn through(port: u16) -> String {
+    let config = Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let mut s = format!("host=127.0.0.1 port={port}");
+    if let Some(user) = config.get_user() {
+        s.push_str(&format!(" user={user}"));
+    }
+    if let Some(db) = config.get_dbname() {
+        s.push_str(&format!(" dbname={db}"));
+    }
+    if let Some(pw) = config.get_password() {
+        s.push_str(&format!(" password={}", String::from_utf8_lossy(pw)));
+    }
+    s
+}
+
+/// Turns the idem schema in `schema` back into what schema version 2, revision 0 created: no
+/// `owner` column, no owner-token claim function, no revision row. (The claim function without a
+/// token stays, as the current one: a migration replaces it.)
+pub async fn to_revision_0(admin: &tokio_postgres::Client, schema: &str) {
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text); \
+             ALTER TABLE {schema}.idem_records DROP COLUMN owner; \
+             DELETE FROM {schema}.idem_meta WHERE name = 'schema_revision'"
+        ))
+        .await
+        .expect("downgrade to revision 0");
+}
+
+/// Turns the idem schema in `schema` back into what schema version 1 created: the tables alone.
+pub async fn to_version_1(admin: &tokio_postgres::Client, schema: &str) {
+    to_revision_0(admin, schema).await;
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean); \
+             UPDATE {schema}.idem_meta SET value = 1 WHERE name = 'schema_version'"
+        ))
+        .await
+        .expect("downgrade to version 1");
+}

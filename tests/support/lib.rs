@@ -22,6 +22,20 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
+/// A Redis key prefix of this test process alone (`idem-test-<pid>-<ns>`): tests on a server that
+/// other programs use at the same time never touch each other's keys.
+pub fn redis_prefix() -> String {
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PREFIX
+        .get_or_init(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("idem-test-{}-{nanos}", std::process::id())
+        })
+        .clone()
+}
+
 /// The rule for an unreachable service: under `CI=true` the test fails (panics with the cause);
 /// otherwise it prints a skip line and the caller returns (`None`).
 pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<T> {
@@ -58,6 +72,24 @@ pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
 
 /// Worker processes, their ledger and their answers (multi-process and outage tests).
 pub mod workers;
+
+/// A TCP proxy that cuts, restores, or loses one reply (outage and lost-reply tests).
+pub mod proxy;
+
+/// `assert!(matches!(answer, pattern))` that prints the answer when it fails: what the store
+/// said, not only that it was wrong.
+#[macro_export]
+macro_rules! assert_answer {
+    ($answer:expr, $($pattern:pat_param)|+ $(if $guard:expr)? $(,)?) => {
+        match $answer {
+            $($pattern)|+ $(if $guard)? => {}
+            ref other => panic!(
+                "expected {}, the store answered {other:?}",
+                stringify!($($pattern)|+ $(if $guard)?)
+            ),
+        }
+    };
+}
 
 /// Private servers with TLS (PostgreSQL, Redis) and the certificates they use.
 pub mod servers;

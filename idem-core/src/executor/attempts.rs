@@ -200,7 +200,7 @@ impl<T: Tool> Call<'_, T> {
 
     fn jitter(&self, ceiling: Duration) -> Duration {
         let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-        let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rng = crate::sync::lock(&self.inner.rng);
         Duration::from_nanos(rng.random_range(0..=nanos))
     }
 

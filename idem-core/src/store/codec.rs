@@ -1,7 +1,6 @@
 //! How the SQL stores (SQLite, PostgreSQL) write a record's outcome, fence and durations: one
 //! encoding, so a record means the same in both.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Fence, Outcome};
@@ -52,34 +51,4 @@ pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// How often a store sweeps records whose retention ended: once per minute, by whichever call
-/// first finds the minute over (claims already treat such records as absent; sweeping only
-/// reclaims space).
-pub(crate) struct SweepClock {
-    next_ms: AtomicI64,
-}
-
-const SWEEP_EVERY_MS: i64 = 60_000;
-
-impl SweepClock {
-    pub(crate) fn new() -> Self {
-        SweepClock { next_ms: AtomicI64::new(now_ms() + SWEEP_EVERY_MS) }
-    }
-
-    /// Whether the caller should sweep now; true for exactly one caller per minute.
-    pub(crate) fn due(&self, now_ms: i64) -> bool {
-        let due = self.next_ms.load(Ordering::Relaxed);
-        now_ms >= due
-            && self
-                .next_ms
-                .compare_exchange(
-                    due,
-                    now_ms + SWEEP_EVERY_MS,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
 }

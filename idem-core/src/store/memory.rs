@@ -112,9 +112,7 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Map> {
-        // A panic while holding the lock cannot leave a half-written entry (every update is one
-        // assignment), so a poisoned map is still consistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.map)
     }
 
     fn next_fence(&self) -> Fence {

@@ -14,6 +14,8 @@ use crate::key::{Fingerprint, Key};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sweep;
 
 /// The SQL stores' outcome columns (kind, payload) as a record's outcome; `None` for a pair this
 /// version does not write. For the fuzz targets (`fuzz/`), not an API.
@@ -28,6 +30,8 @@ mod open;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod resend;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -130,7 +134,9 @@ pub enum Claim {
 #[non_exhaustive]
 pub enum StoreError {
     /// The store could not be reached or failed the operation (connection refused, I/O error,
-    /// timeout). Nothing was written; retry later. The backend's error is the `source()`.
+    /// timeout); retry later. The backend's error is the `source()`. A remote store sends a step
+    /// whose reply was lost again before it answers this, and a claim that answers it releases in
+    /// the background any record it may have created, so nothing is left held.
     #[error("the store could not be reached or failed the operation")]
     Unavailable(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
     /// The fence presented is not the current one: another owner took over, or the record is gone.

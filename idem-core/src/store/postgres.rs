@@ -9,6 +9,14 @@
 //! and the function reads again (each statement in it takes a new snapshot under READ
 //! COMMITTED). complete, release and renew are conditional on the fence in one statement.
 //!
+//! A statement whose reply was lost (the connection broke after the server ran it) is sent again
+//! on a new connection, and answers as the first send would have (see `store/resend.rs`): a
+//! claim carries an owner token unique to the call, stored in the row (`owner`), so its resend
+//! finds its own row and acquires it with the same fence; a resent completion that finds the row
+//! completed under its fence succeeds; a resent release that finds nothing to release succeeds;
+//! renew is idempotent. A claim that gives up releases in the background the row it may have
+//! created, by owner token.
+//!
 //! Leases and retention are measured on the server's clock (`now()`); fences come from the
 //! sequence `idem_fence`, so they increase across release, takeover, forget and retention expiry.
 //! Waiters are woken across processes by `LISTEN/NOTIFY` on the channel `idem_wake` (only records
@@ -31,7 +39,9 @@ use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, Statement};
 
-use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
+use super::codec::{self, encode, fence_param, ms, now_ms};
+use super::resend::{self, Failed, GiveUp, Owner};
+use super::sweep::SweepClock;
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -46,8 +56,18 @@ use tls::Target;
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
 ///
 /// History: 1, the tables; 2, adds the `idem_claim` function (a database at version 1 is migrated
-/// when a store of this version connects).
+/// when a store of this version connects). Changes that stores of the same version keep working
+/// with are revisions ([`SCHEMA_REVISION`]).
 pub const SCHEMA_VERSION: i64 = 2;
+
+/// The revision of [`SCHEMA_VERSION`] this store writes; stored in `idem_meta` as
+/// `schema_revision` (absent: 0). Stores of an older revision of the same version keep working on
+/// a database of a newer one, so processes can be upgraded one by one.
+///
+/// History: 1 adds the `owner` column and `idem_claim(k, fp, lease_ms, take, own)` (the owner
+/// token); the function of revision 0, which older stores call, becomes the new one with no
+/// token.
+pub const SCHEMA_REVISION: i64 = 1;
 
 /// The `LISTEN/NOTIFY` channel; the payload is the key.
 const CHANNEL: &str = "idem_wake";
@@ -71,7 +91,8 @@ CREATE TABLE idem_records (
     -- Whether the last acquisition took over an expired lease (read by RETURNING).
     takeover    boolean NOT NULL DEFAULT false,
     -- Whether someone waits on this holder: complete and release then NOTIFY.
-    waited      boolean NOT NULL DEFAULT false
+    waited      boolean NOT NULL DEFAULT false,
+    owner       text
 );
 CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 ";
@@ -85,46 +106,58 @@ CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 /// snapshot under READ COMMITTED. One row: acquired, fence, takeover, fingerprint, state, alive
 /// (the lease or the retention has not ended), lease remaining (ms), outcome kind, payload; all
 /// NULL after 16 rounds of racing writers. Not a set-returning function: no tuplestore per call.
+///
+/// `own` is the claim's owner token (see `store/resend.rs`), stored in the row it acquires. A row
+/// in flight under the same token was created by an earlier send of this very claim whose reply
+/// was lost: the upsert then keeps its fence and answers acquired again, with a fresh lease.
 const CLAIM_FUNCTION: &str = "
-CREATE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean,
+CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean, own text,
     OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
     OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
     OUT o_payload text)
 LANGUAGE plpgsql AS $fn$
+DECLARE
+    mine boolean;
 BEGIN
     FOR round IN 1..16 LOOP
         -- One statement and one test on the common path: every plpgsql expression costs.
         SELECT false, fence, takeover, fingerprint, state,
                CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
-               (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload
+               (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload,
+               (state = 0 AND owner = own) IS TRUE
         INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
-             o_kind, o_payload
+             o_kind, o_payload, mine
         FROM idem_records WHERE key = k;
-        -- Takeable: retention ended, or lease ended and this claim takes over. Anything else,
-        -- a row of an unknown state included, is the answer (the client judges it).
-        IF FOUND AND NOT (o_alive IS FALSE
-                          AND (o_state = 1 OR (o_state = 0 AND o_fingerprint = fp AND take))) THEN
+        -- Takeable: retention ended, or lease ended and this claim takes over, or the row is this
+        -- claim's own. Anything else, a row of an unknown state included, is the answer (the
+        -- client judges it).
+        IF FOUND AND NOT (mine OR (o_alive IS FALSE
+                          AND (o_state = 1 OR (o_state = 0 AND o_fingerprint = fp AND take)))) THEN
             RETURN;
         END IF;
         -- Claims that may write take the key's lock first, so fences are drawn in the order
         -- owners acquire: a fence drawn before waiting on another claim's row would otherwise
         -- land below that claim's (held until this call's transaction ends).
         PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
-        INSERT INTO idem_records AS x (key, fingerprint, fence, state, lease_until, takeover)
-        VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false)
+        INSERT INTO idem_records AS x
+            (key, fingerprint, fence, state, lease_until, takeover, owner)
+        VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false,
+                own)
         ON CONFLICT (key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint,
-            fence = EXCLUDED.fence,
-            takeover = (x.state = 0),
+            fence = CASE WHEN x.owner = own THEN x.fence ELSE EXCLUDED.fence END,
+            takeover = CASE WHEN x.owner = own THEN x.takeover ELSE x.state = 0 END,
             state = 0,
             lease_until = EXCLUDED.lease_until,
             expires_at = NULL,
             kind = NULL,
             payload = NULL,
-            waited = false
+            waited = CASE WHEN x.owner = own THEN x.waited ELSE false END,
+            owner = own
         WHERE (x.state = 1 AND x.expires_at <= now())
            OR (x.state = 0 AND x.lease_until <= now() AND x.fingerprint = EXCLUDED.fingerprint
                AND take)
+           OR (x.state = 0 AND x.owner = own)
         RETURNING true, x.fence, x.takeover, NULL, NULL, NULL, NULL, NULL, NULL
         INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
              o_kind, o_payload;
@@ -137,7 +170,18 @@ BEGIN
 END
 $fn$";
 
-const CLAIM: &str = "SELECT * FROM idem_claim($1::text, $2::text, $3::bigint, $4::boolean)";
+/// The function of revision 0 (no owner token), which stores of that revision call, is the new one
+/// with no token, so their takeovers clear the previous owner's token too (a token left on a row
+/// another owner took would let the first owner's resend acquire it).
+const CLAIM_FUNCTION_REV0: &str = "
+CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean,
+    OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
+    OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
+    OUT o_payload text)
+LANGUAGE sql AS $fn$ SELECT * FROM idem_claim(k, fp, lease_ms, take, NULL::text) $fn$";
+
+const CLAIM: &str =
+    "SELECT * FROM idem_claim($1::text, $2::text, $3::bigint, $4::boolean, $5::text)";
 
 const COMPLETE: &str = "
 WITH u AS (
@@ -152,6 +196,17 @@ SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM u";
 const RELEASE: &str = "
 WITH d AS (
     DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state = 0 RETURNING key, waited
+)
+SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
+
+/// A resent completion that changed nothing: was the record completed under the fence (by the
+/// first send)?
+const COMPLETED: &str = "SELECT 1 FROM idem_records WHERE key = $1 AND fence = $2 AND state = 1";
+
+/// A claim that gave up releases the record it may have created, by owner token.
+const RELEASE_OWNED: &str = "
+WITH d AS (
+    DELETE FROM idem_records WHERE key = $1 AND owner = $2 AND state = 0 RETURNING key, waited
 )
 SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
 
@@ -232,8 +287,7 @@ struct Waiters {
 
 impl Waiters {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Notify>>> {
-        // Every update is one insert or remove: a poisoned map is still consistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.map)
     }
     fn register(&self, key: Key) -> Arc<Notify> {
         Arc::clone(self.lock().entry(key).or_default())
@@ -457,7 +511,10 @@ async fn open(target: &Target) -> Result<Conn, StoreError> {
     })
 }
 
-const VERSION: &str = "SELECT value FROM idem_meta WHERE name = 'schema_version'";
+const VERSION: &str = "
+SELECT max(value) FILTER (WHERE name = 'schema_version'),
+       coalesce(max(value) FILTER (WHERE name = 'schema_revision'), 0)
+FROM idem_meta";
 
 fn incompatible_version(v: i64) -> StoreError {
     StoreError::Incompatible(format!(
@@ -466,15 +523,20 @@ fn incompatible_version(v: i64) -> StoreError {
     ))
 }
 
+/// The schema version and revision recorded in `idem_meta` (version `None` when not recorded).
+async fn version_of(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<(Option<i64>, i64), tokio_postgres::Error> {
+    let row = client.query_one(VERSION, &[]).await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
 async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
-    // The common case, one round trip: the schema exists at our version.
-    match client.query_opt(VERSION, &[]).await {
-        Ok(Some(row)) => match row.try_get::<_, i64>(0).map_err(pg)? {
-            SCHEMA_VERSION => return Ok(()),
-            1 => {}
-            v => return Err(incompatible_version(v)),
-        },
-        Ok(None) => {}
+    // The common case, one round trip: the schema exists at our version and revision.
+    match version_of(client).await {
+        Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => return Ok(()),
+        Ok((Some(1 | SCHEMA_VERSION) | None, _)) => {}
+        Ok((Some(v), _)) => return Err(incompatible_version(v)),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
         Err(e) => return Err(pg(e)),
     }
@@ -485,33 +547,37 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
             "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
         )
         .await?;
-        if let Some(row) = tx.query_opt(VERSION, &[]).await? {
-            let v = row.try_get::<_, i64>(0)?;
-            if v == 1 {
-                // 1 -> 2: the tables are unchanged; stores of version 1 that are still running
-                // keep working on them (they read the version only when they connect).
-                tx.batch_execute(CLAIM_FUNCTION).await?;
-                tx.execute(
-                    "UPDATE idem_meta SET value = $1 WHERE name = 'schema_version'",
-                    &[&SCHEMA_VERSION],
-                )
-                .await?;
-                return Ok(None);
+        let fresh = match version_of(&tx).await? {
+            (Some(SCHEMA_VERSION), r) if r >= SCHEMA_REVISION => return Ok(None),
+            (Some(1 | SCHEMA_VERSION), _) => false,
+            (Some(v), _) => return Ok(Some(v)),
+            (None, _) => {
+                let records: bool = tx
+                    .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
+                    .await?
+                    .try_get(0)?;
+                if records {
+                    return Ok(Some(0));
+                }
+                true
             }
-            return Ok(Some(v));
+        };
+        if fresh {
+            tx.batch_execute(SCHEMA).await?;
+        } else {
+            // 1 -> 2 added the claim function; revision 1 the owner column. Stores of version 2
+            // that are still running keep working (their claim function now clears owner
+            // tokens). Stores of version 1 must stop first: their own upsert would keep a
+            // previous owner's token on a row it takes over.
+            tx.batch_execute("ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS owner text")
+                .await?;
         }
-        let records: bool = tx
-            .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
-            .await?
-            .try_get(0)?;
-        if records {
-            return Ok(Some(0));
-        }
-        tx.batch_execute(SCHEMA).await?;
         tx.batch_execute(CLAIM_FUNCTION).await?;
+        tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
         tx.execute(
-            "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1)",
-            &[&SCHEMA_VERSION],
+            "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \
+             ('schema_revision', $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+            &[&SCHEMA_VERSION, &SCHEMA_REVISION],
         )
         .await?;
         Ok::<_, tokio_postgres::Error>(None)
@@ -520,7 +586,6 @@ async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
     .map_err(pg)?;
     match found {
         None => tx.commit().await.map_err(pg),
-        Some(SCHEMA_VERSION) => Ok(()),
         Some(0) => Err(StoreError::Incompatible(
             "the PostgreSQL database has an idem_records table without a schema version".into(),
         )),
@@ -595,6 +660,25 @@ impl std::error::Error for PgError {
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
     StoreError::unavailable(PgError(e))
+}
+
+/// A connection could not be had: nothing was sent, so sending again is harmless.
+fn unreached(e: StoreError) -> Failed {
+    match e {
+        StoreError::Unavailable(_) => Failed::Lost(e),
+        other => Failed::Answered(other),
+    }
+}
+
+/// The failure of a statement that was sent: [`Failed::Lost`] when the server may have run it
+/// and its reply was lost (the connection closed or broke), else the server's answer.
+fn sent(e: tokio_postgres::Error) -> Failed {
+    let io = std::error::Error::source(&e).is_some_and(|c| c.is::<std::io::Error>());
+    if e.as_db_error().is_none() && (e.is_closed() || io) {
+        Failed::Lost(pg(e))
+    } else {
+        Failed::Answered(pg(e))
+    }
 }
 
 fn decode(key: &Key, kind: Option<i16>, payload: Option<String>) -> Result<Outcome, StoreError> {
@@ -682,13 +766,40 @@ impl Store for PostgresStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let take_over = req.on_expired == OnExpired::TakeOver;
         let lease = ms(req.lease);
+        let owner = Owner::new();
+        let give_up = GiveUp::arm({
+            let (store, key) = (self.clone(), *req.key);
+            move || {
+                Box::pin(async move {
+                    resend::release_eventually(|| store.release_owned(&key, &owner)).await;
+                })
+            }
+        });
+        let mut claimed = Err(StoreError::unavailable("no claim was sent"));
         for _ in 0..CLAIM_RUNS {
-            let conn = self.conn().await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&req.key.as_str(), &req.fingerprint.as_str(), &lease, &take_over];
-            let row = conn.client.query_opt(&conn.claim, &params).await;
-            let row = row.map_err(pg)?;
-            if let Step::Done(claim) = decide(req.key, req.fingerprint, req.on_expired, row)? {
+            let row = resend::resend(|_| async {
+                let conn = self.conn().await.map_err(unreached)?;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                    &req.key.as_str(),
+                    &req.fingerprint.as_str(),
+                    &lease,
+                    &take_over,
+                    &owner.as_str(),
+                ];
+                conn.client.query_opt(&conn.claim, &params).await.map_err(sent)
+            })
+            .await;
+            claimed = row.and_then(|row| decide(req.key, req.fingerprint, req.on_expired, row));
+            if !matches!(claimed, Ok(Step::Retry)) {
+                break;
+            }
+        }
+        // Only a claim whose every send may have been lost may have left a record behind.
+        if !matches!(claimed, Err(StoreError::Unavailable(_))) {
+            give_up.answered();
+        }
+        match claimed? {
+            Step::Done(claim) => {
                 if self.inner.sweeps.due(now_ms()) {
                     let store = self.clone();
                     // Space only: a failed sweep is retried at the next interval.
@@ -696,13 +807,13 @@ impl Store for PostgresStore {
                         let _ = store.sweep().await;
                     });
                 }
-                return Ok(claim);
+                Ok(claim)
             }
+            Step::Retry => Err(StoreError::unavailable(format!(
+                "the claim of key {} kept racing concurrent writers ({CLAIM_RUNS} runs)",
+                req.key
+            ))),
         }
-        Err(StoreError::unavailable(format!(
-            "the claim of key {} kept racing concurrent writers ({CLAIM_RUNS} runs)",
-            req.key
-        )))
     }
 
     async fn complete(
@@ -713,27 +824,44 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (kind, payload) = encode(outcome);
-        let conn = self.conn().await?;
-        let rows = conn
-            .client
-            .query(&conn.complete, &[&key.as_str(), &fence_param(fence), &ms(ttl), &kind, &payload])
-            .await;
-        self.done_or_lost(key, rows.map_err(pg)?.len())
+        let (k, f, ttl) = (key.as_str(), fence_param(fence), ms(ttl));
+        let changed = resend::resend(|again| async move {
+            let conn = self.conn().await.map_err(unreached)?;
+            let rows = conn.client.query(&conn.complete, &[&k, &f, &ttl, &kind, &payload]).await;
+            let changed = rows.map_err(sent)?.len();
+            if changed == 0 && again {
+                // Completed under this fence: only its holder, this call, can have done it.
+                let done = conn.client.query_opt(COMPLETED, &[&k, &f]).await.map_err(sent)?;
+                return Ok(usize::from(done.is_some()));
+            }
+            Ok(changed)
+        })
+        .await?;
+        self.done_or_lost(key, changed)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let conn = self.conn().await?;
-        let rows = conn.client.query(&conn.release, &[&key.as_str(), &fence_param(fence)]).await;
-        self.done_or_lost(key, rows.map_err(pg)?.len())
+        let (k, f) = (key.as_str(), fence_param(fence));
+        let changed = resend::resend(|again| async move {
+            let conn = self.conn().await.map_err(unreached)?;
+            let rows = conn.client.query(&conn.release, &[&k, &f]).await;
+            // A resend that finds nothing to release: the first send released it, or the lease
+            // is gone anyway.
+            Ok(rows.map_err(sent)?.len().max(usize::from(again)))
+        })
+        .await?;
+        self.done_or_lost(key, changed)
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
-        let conn = self.conn().await?;
-        let n = conn
-            .client
-            .execute(&conn.renew, &[&key.as_str(), &fence_param(fence), &ms(lease)])
-            .await;
-        if n.map_err(pg)? == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
+        let (k, f, lease) = (key.as_str(), fence_param(fence), ms(lease));
+        // Renewing twice renews.
+        let n = resend::resend(|_| async move {
+            let conn = self.conn().await.map_err(unreached)?;
+            conn.client.execute(&conn.renew, &[&k, &f, &lease]).await.map_err(sent)
+        })
+        .await?;
+        if n == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
@@ -754,6 +882,17 @@ impl Store for PostgresStore {
 }
 
 impl PostgresStore {
+    /// Releases the record of `key` if `owner` holds it (a claim that gave up); whether it did.
+    async fn release_owned(&self, key: &Key, owner: &Owner) -> Result<bool, StoreError> {
+        let conn = self.conn().await?;
+        let rows = conn.client.query(RELEASE_OWNED, &[&key.as_str(), &owner.as_str()]).await;
+        let released = !rows.map_err(pg)?.is_empty();
+        if released {
+            self.inner.waiters.wake(key);
+        }
+        Ok(released)
+    }
+
     fn done_or_lost(&self, key: &Key, rows: usize) -> Result<(), StoreError> {
         if rows == 1 {
             self.inner.waiters.wake(key);

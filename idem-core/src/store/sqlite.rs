@@ -28,7 +28,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
-use super::codec::{self, SweepClock, encode, fence_param, ms, now_ms};
+use super::codec::{self, encode, fence_param, ms, now_ms};
+use super::sweep::SweepClock;
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::key::{Fingerprint, Key};
 
@@ -217,9 +218,7 @@ impl SqliteStore {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic inside a call unwinds through rusqlite's Transaction, which rolls back: the
-        // connection is consistent even when the mutex is poisoned.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.conn)
     }
 }
 
@@ -421,17 +420,31 @@ impl Store for SqliteStore {
             return Ok(claim);
         }
         let sweep = self.inner.sweeps.due(now);
-        self.call(move |conn| {
+        // SQLite runs in this process, so no reply is lost on the way as with a remote store: a
+        // statement either returns its answer to this function or the process is gone (with its
+        // leases, as any owner that dies). What can happen is that the caller drops this claim
+        // while the blocking call runs (a timeout, a cancelled call); the blocking call then
+        // releases what it acquired, since nobody holds it.
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let conn = &mut *inner.lock();
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
-            let claim = claim_blocking(conn, key, fp, lease, on_expired, now)?;
+            let claim = claim_blocking(conn, key, fp, lease, on_expired, now);
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
                 let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
             }
-            Ok(claim)
-        })
-        .await
+            if let Err(Ok(Claim::Acquired { fence, .. })) = answer.send(claim) {
+                let release = params![key.as_str(), fence_param(fence)];
+                let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
+            }
+        });
+        match answered.await {
+            Ok(claim) => claim.map_err(Into::into),
+            Err(_) => Err(StoreError::unavailable("the SQLite claim stopped without an answer")),
+        }
     }
 
     async fn complete(

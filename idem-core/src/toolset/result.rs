@@ -20,8 +20,8 @@ pub struct ToolResult {
     /// `{"error": {"kind", "message", "detail"?}}`, where `detail` is the tool's own error as JSON
     /// (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`).
     pub content: Value,
-    /// What the model reads: the output as compact JSON text (a string output as itself), or
-    /// `Error (<kind>): <message>`.
+    /// What the model reads: the output as compact JSON text with object members sorted by name
+    /// (a string output as itself), or `Error (<kind>): <message>`.
     pub text: String,
     /// Whether the call failed (MCP `isError`, Anthropic `is_error`).
     pub is_error: bool,
@@ -35,11 +35,13 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
-    /// A successful result carrying `output`.
+    /// A successful result carrying `output`. Object members in the text are sorted by name at
+    /// every level, so the text (and a replay's text) does not depend on serde_json's
+    /// `preserve_order` feature, which any crate in the build may turn on (rig-core does).
     pub fn success(output: Value) -> Self {
         let text = match &output {
             Value::String(s) => s.clone(),
-            other => other.to_string(),
+            other => sorted_text(other),
         };
         ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
     }
@@ -66,6 +68,27 @@ impl ToolResult {
             report: None,
         }
     }
+}
+
+/// Compact JSON text of `value` with object members in byte order of their names (the order of
+/// serde_json's default map), whichever map serde_json was built with.
+fn sorted_text(value: &Value) -> String {
+    struct Sorted<'a>(&'a Value);
+    impl Serialize for Sorted<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self.0 {
+                Value::Object(map) => {
+                    let mut members: Vec<_> = map.iter().collect();
+                    members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
+                }
+                Value::Array(items) => s.collect_seq(items.iter().map(Sorted)),
+                other => other.serialize(s),
+            }
+        }
+    }
+    // Writing a `Value` cannot fail (its keys are strings); the fallback is unsorted text.
+    serde_json::to_string(&Sorted(value)).unwrap_or_else(|_| value.to_string())
 }
 
 /// The readable result of a failed protected call.

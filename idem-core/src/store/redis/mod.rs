@@ -13,7 +13,9 @@
 //!   ([`SCHEMA_VERSION`]), `st` the state (`f` in flight, `d` done), `fence` in decimal, `w` `1`
 //!   while someone waits on it (else `0`), `lu` the lease end in ms since the Unix epoch on the
 //!   server's clock (empty once done), `fp` the fingerprint (64 hex digits), `ok` the outcome (`s`
-//!   success, `f` failure, `u` unknown; empty in flight), and last the JSON payload, which may
+//!   success, `f` failure, `u` unknown) once done and the claim's owner token in flight (32 hex
+//!   digits; empty in records written before owner tokens, which no claim matches), and last the
+//!   JSON payload, which may
 //!   itself contain `|` (empty in flight and for unknown). A script reads the header with one
 //!   pattern match and never looks into the payload. A claim of a completed record returns the
 //!   string as it is and the client checks and decodes it: a completed record does not change
@@ -67,10 +69,14 @@
 //! # Failures
 //! A server that cannot be reached or does not answer within the response timeout (default 1 s)
 //! gives [`StoreError::Unavailable`] with the cause. The connection manager reconnects by itself:
-//! calls work again once the server is back. A script whose answer timed out may still have run
-//! (a hung server that resumes): a claim then leaves an in-flight record that nobody holds, which a
-//! keyed or safe tool takes over when its lease ends and a `never` tool reports as
-//! [`Claim::Unknown`]; complete, release and renew are fenced, so repeating them is harmless. A
+//! calls work again once the server is back. A script whose reply was lost (the connection reset
+//! after the command, a response timeout on a hung server that resumes) may have run: every step
+//! is sent again with backoff (see `store/resend.rs`). A claim carries an owner token unique to
+//! the call, so its resend finds its own record and acquires it with the same fence; a resent
+//! completion that finds the record completed under its fence succeeds; a resent release that
+//! finds the record no longer held under its fence succeeds; renew is idempotent. A claim that
+//! gives up releases in the background the record it may have created, by owner token. Records
+//! written before owner tokens (an empty seventh field) read as before. A
 //! record of another schema version (other than a version 1 hash, migrated as above), a malformed
 //! record, a string that is not a record, or a key of another type gives
 //! [`StoreError::Incompatible`] and is never replayed; forget removes whatever is there.
@@ -82,10 +88,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Script, Value};
+use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::resend::{self, Failed, GiveUp, Owner};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
@@ -105,220 +112,9 @@ const SUBSCRIBED_RECHECK: Duration = Duration::from_secs(1);
 const POLL_MIN: Duration = Duration::from_millis(20);
 const POLL_MAX: Duration = Duration::from_millis(500);
 
-// Redis spends microseconds on each `redis.call` (argument and reply conversion), on each closure
-// a script creates per run, and on a table reply (it looks for `err`, `ok` and other fields
-// first); a scalar reply is cheaper. So the scripts make few calls, share four small functions,
-// and give the common answer bare: a fresh claim its fence, a replay the record, complete,
-// release and renew `1`, the re-check of a wait the lease time left. Any other answer is a table
-// whose first item says what happened.
-//
-// Every script but forget starts with the version (see `Scripts::new`) and `HEAD`, the record's
-// GET: a key of another type answers WRONGTYPE, caught by `pcall`, so the common path pays no
-// TYPE lookup. Claim then answers a replay, before the prelude has cost anything.
-const HEAD: &str = r#"
-local v = redis.pcall('GET', KEYS[1])
-"#;
+mod scripts;
 
-// `now` reads the server's clock, only in the steps that need it. `record` migrates a version 1
-// hash, the only time a type is looked at. `header` reads the header with one match and never
-// copies the payload. `%d` prints an integer-valued Lua number without an exponent (Lua's own
-// tostring would print 1.7e+15).
-// Redis 3.2 to 4 replicate scripts verbatim unless told to replicate their effects, and refuse
-// writes after `TIME` in verbatim mode; 5 and later replicate effects anyway.
-const PRELUDE: &str = r#"
-if redis.replicate_commands then redis.replicate_commands() end
-local format = string.format
--- Lua numbers are doubles: a fence at or above 2^53 - 1 has no exact successor.
-local EXACT = 9007199254740991
-local function now()
-  local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return us, math.floor(us / 1000)
-end
-local function inflight(fence, w, lu, fp)
-  return V .. '|f|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '||'
-end
--- Of the GET's answer: the record (false when there is none), or an 'incompatible' answer. A
--- version 1 record is a hash (fields v st fence fp lu ok p w): rewritten as a string with the
--- same content and expiry, it goes on as if it had always been one. Anything else is left as it
--- is.
-local function record(v)
-  if type(v) ~= 'table' then return v end
-  local t = redis.call('TYPE', KEYS[1])['ok']
-  if t ~= 'hash' then return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. t} end
-  local h = redis.call('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
-  local bad = 'record ' .. KEYS[1] .. ' (schema version 1) is malformed'
-  if h[1] ~= '1' then
-    bad = 'record ' .. KEYS[1] .. ' is a hash of schema version ' .. (h[1] or 'none')
-  end
-  local st, fence, fp, w = h[2], h[3] or '', h[4] or '', h[8] or '0'
-  local lu, ok, p = '', '', ''
-  if st == 'f' then lu = h[5] or '' elseif st == 'd' then ok, p = h[6], h[7] or '' end
-  -- Version 1 always wrote `p` once done: the JSON with success and failure, '' with unknown.
-  local paid = (ok == 's' or ok == 'f') and h[7]
-  if h[1] ~= '1' or not (st == 'f' or paid or (ok == 'u' and p == ''))
-      or not (string.match(fence, '^%d+$') and #fp == 64 and string.match(fp, '^[0-9a-f]+$')
-        and string.match(lu, '^%d*$') and (w == '0' or w == '1')) then
-    return {'incompatible', bad}
-  end
-  v = V .. '|' .. st .. '|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. ok .. '|' .. p
-  local ttl = redis.call('PTTL', KEYS[1])
-  redis.call('DEL', KEYS[1])
-  if ttl > 0 then redis.call('SET', KEYS[1], v, 'PX', ttl) else redis.call('SET', KEYS[1], v) end
-  return v
-end
-local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|'
--- Of what `record` returned: nothing when there is no record; else an answer to return, or nil
--- and the header: state, fence, waited on, lease end, fingerprint.
-local function header(v)
-  if not v then return end
-  if type(v) == 'table' then return v end
-  local st, fence, w, lu, fp = string.match(v, HEADER)
-  if st and #fp == 64 then return nil, st, fence, w, lu, fp end
-  local version = string.match(v, '^(%w+)|')
-  if not version then
-    return {'incompatible', 'key ' .. KEYS[1] .. ' holds a string that is not an idem record'}
-  end
-  if version ~= V then
-    return {'incompatible', 'record ' .. KEYS[1] .. ' has schema version ' .. version}
-  end
-  return {'incompatible', 'record ' .. KEYS[1] .. ' (schema version ' .. V .. ') is malformed'}
-end
-"#;
-
-// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u).
-// A completed record is returned as it is stored: it does not change until it expires or is
-// forgotten, so the client can check its version and fingerprint and decode it, and a replay
-// costs the server one GET and no parsing. A fresh record starts above the counter; a takeover
-// above the record's own fence (a record's fence is never below the counter).
-const REPLAY: &str = r#"
-if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
-"#;
-
-const CLAIM: &str = r#"
-v = record(v)
-if not v then
-  local now_us, now_ms = now()
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
-  local f = math.max(c + 1, now_us)
-  local lu = format('%d', now_ms + ARGV[2])
-  redis.call('SET', KEYS[1], inflight(format('%d', f), '0', lu, ARGV[1]))
-  return f
-end
--- A version 1 record that was completed, just migrated.
-if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
-local bad, st, fence, w, lu, fp = header(v)
-if bad then return bad end
-if fp ~= ARGV[1] then return {'mismatch'} end
-local now_us, now_ms = now()
-lu = tonumber(lu) or 0
-if lu > now_ms then return {'inflight', tonumber(fence), lu - now_ms} end
-if ARGV[3] == 'u' then return {'unknown'} end
-if tonumber(fence) >= EXACT then
-  return {'incompatible', 'record ' .. KEYS[1] .. ' has a fence beyond 2^53'}
-end
-local f = math.max(tonumber(fence) + 1, now_us)
-redis.call('SET', KEYS[1], inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp))
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
-return {'takeover', f}
-"#;
-
-// KEYS: rec, fence counter. ARGV: fence, kind (s|f|u), payload, ttl ms, counter grace ms.
-// The record gets its expiry in the write that completes it, so expiry removes it whole. The
-// counter takes the fence for as long as the record may live, plus the grace.
-const COMPLETE: &str = r#"
-local bad, st, fence, w, lu, fp = header(record(v))
-if bad then return bad end
-if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
-if ARGV[4] == '0' then
-  -- Kept for no time (`SET .. PX 0` is refused): gone at once, as in the other stores.
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|' .. ARGV[3],
-    'PX', ARGV[4])
-end
-redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
-return 1
-"#;
-
-// KEYS: rec, fence counter. ARGV: fence, counter grace ms.
-const RELEASE: &str = r#"
-local bad, st, fence, w = header(record(v))
-if bad then return bad end
-if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
-redis.call('DEL', KEYS[1])
-redis.call('SET', KEYS[2], fence, 'PX', ARGV[2])
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
-return 1
-"#;
-
-// KEYS: rec. ARGV: fence, lease ms.
-const RENEW: &str = r#"
-local bad, st, fence, w, lu, fp = header(record(v))
-if bad then return bad end
-if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
-local _, now_ms = now()
-redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp))
-return 1
-"#;
-
-// KEYS: rec, fence counter. ARGV: counter grace ms. Removes whatever is there (an
-// operator's reconciliation) and answers how many keys it removed; a record's fence goes to the
-// counter first, from either layout.
-const FORGET: &str = r#"
-local v = redis.pcall('GET', KEYS[1])
-local f
-if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|')
-elseif type(v) == 'table' then f = redis.pcall('HGET', KEYS[1], 'fence') end
-if type(f) == 'string' and string.match(f, '^%d+$') then
-  redis.call('SET', KEYS[2], f, 'PX', ARGV[1])
-end
-local n = redis.call('DEL', KEYS[1])
-if n > 0 then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget') end
-return n
-"#;
-
-// KEYS: rec. ARGV: fence, mark (1|0). The lease time left (ms) if the record is in flight under
-// `fence`, else -1. With mark, flags the record as waited on (`w`), so that the steps that end or
-// move the lease publish on its channel.
-const WATCH: &str = r#"
-local bad, st, fence, w, lu, fp = header(record(v))
-if bad then return bad end
-if st ~= 'f' or fence ~= ARGV[1] then return -1 end
-local _, now_ms = now()
-local left = (tonumber(lu) or 0) - now_ms
-if left <= 0 then return -1 end
-if ARGV[2] == '1' and w ~= '1' then redis.call('SET', KEYS[1], inflight(fence, '1', lu, fp)) end
-return left
-"#;
-
-struct Scripts {
-    claim: Script,
-    complete: Script,
-    release: Script,
-    renew: Script,
-    forget: Script,
-    watch: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        // The version is part of the script's text: a script knows one layout.
-        let script = |first: &str, body: &str| {
-            Script::new(&format!("local V = '{SCHEMA_VERSION}'{HEAD}{first}{PRELUDE}{body}"))
-        };
-        Scripts {
-            claim: script(REPLAY, CLAIM),
-            complete: script("", COMPLETE),
-            release: script("", RELEASE),
-            renew: script("", RENEW),
-            forget: Script::new(FORGET),
-            watch: script("", WATCH),
-        }
-    }
-}
+use scripts::Scripts;
 
 /// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
 #[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
@@ -435,8 +231,7 @@ struct Channel {
 
 impl Waiters {
     fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
-        // Every update is a single insert, remove or counter step: a poisoned map is consistent.
-        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.channels)
     }
     fn wake(&self, channel: &[u8]) {
         if let Some(c) = self.lock().get(channel) {
@@ -589,8 +384,30 @@ impl RedisStore {
     }
 
     async fn run(&self, inv: redis::ScriptInvocation<'_>) -> Result<Answer, StoreError> {
+        self.send(&inv).await.map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
+    }
+
+    /// One send of a script; [`Failed::Lost`] when its reply may have been lost after the server
+    /// ran it (an I/O error, a dropped connection, a response timeout).
+    async fn send(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Answer, Failed> {
         let mut conn = self.inner.conn.clone();
-        answer(inv.invoke_async(&mut conn).await.map_err(unavailable)?)
+        match inv.invoke_async(&mut conn).await {
+            Ok(reply) => answer(reply).map_err(Failed::Answered),
+            Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                Err(Failed::Lost(unavailable(e)))
+            }
+            Err(e) => Err(Failed::Answered(unavailable(e))),
+        }
+    }
+
+    /// Releases the record of `key` if `owner` holds it (a claim that gave up); whether it did.
+    async fn release_owned(&self, key: &Key, owner: &Owner) -> Result<bool, StoreError> {
+        let mut inv = self.inner.scripts.release_owned.prepare_invoke();
+        inv.key(self.record_key(key))
+            .key(self.fence_key(key))
+            .arg(owner.as_str())
+            .arg(ms(FENCE_COUNTER_GRACE));
+        Ok(self.run(inv).await?.int()? == 1)
     }
 
     /// The lease time left if `key` is in flight under `fence`; with `mark`, flags the record
@@ -618,6 +435,19 @@ impl RedisStore {
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
         decode_record(&self.record_key(key), raw, fingerprint)
+    }
+
+    /// Sends complete, release or renew until answered (see `store/resend.rs`); `build` makes
+    /// the invocation, told whether this is a resend.
+    async fn step<'s>(
+        &'s self,
+        build: impl Fn(bool) -> redis::ScriptInvocation<'s>,
+    ) -> Result<(), StoreError> {
+        resend::resend(|again| {
+            let inv = build(again);
+            async move { self.send(&inv).await?.int().map(drop).map_err(Failed::Answered) }
+        })
+        .await
     }
 
     fn interest(&self, channel: Vec<u8>) -> Interest {
@@ -768,13 +598,28 @@ impl Store for RedisStore {
             OnExpired::TakeOver => "t",
             OnExpired::Unknown => "u",
         };
+        let owner = Owner::new();
         let mut inv = self.inner.scripts.claim.prepare_invoke();
         inv.key(self.record_key(req.key))
             .key(self.fence_key(req.key))
             .arg(req.fingerprint.as_str())
             .arg(ms(req.lease))
-            .arg(on_expired);
-        let items = match self.run(inv).await? {
+            .arg(on_expired)
+            .arg(owner.as_str());
+        let give_up = GiveUp::arm({
+            let (store, key) = (self.clone(), *req.key);
+            move || {
+                Box::pin(async move {
+                    resend::release_eventually(|| store.release_owned(&key, &owner)).await;
+                })
+            }
+        });
+        let answered = resend::resend(|_| self.send(&inv)).await;
+        // Only a claim whose every send may have been lost may have left a record behind.
+        if !matches!(answered, Err(StoreError::Unavailable(_))) {
+            give_up.answered();
+        }
+        let items = match answered? {
             // A fresh record: its fence.
             Answer::Int(f) => return Ok(Claim::Acquired { fence: fence(f)?, takeover: false }),
             // A completed record, as it is stored.
@@ -810,30 +655,45 @@ impl Store for RedisStore {
             Outcome::Unknown => ("u", ""),
             Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
-        let mut inv = self.inner.scripts.complete.prepare_invoke();
-        inv.key(self.record_key(key))
-            .key(self.fence_key(key))
-            .arg(fence.0)
-            .arg(kind)
-            .arg(payload)
-            .arg(ms(ttl))
-            .arg(ms(FENCE_COUNTER_GRACE));
-        self.run(inv).await?.int().map(drop)
+        let (record, counter) = (self.record_key(key), self.fence_key(key));
+        self.step(|again| {
+            let mut inv = self.inner.scripts.complete.prepare_invoke();
+            inv.key(&record)
+                .key(&counter)
+                .arg(fence.0)
+                .arg(kind)
+                .arg(payload)
+                .arg(ms(ttl))
+                .arg(ms(FENCE_COUNTER_GRACE))
+                .arg(u8::from(again));
+            inv
+        })
+        .await
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let mut inv = self.inner.scripts.release.prepare_invoke();
-        inv.key(self.record_key(key))
-            .key(self.fence_key(key))
-            .arg(fence.0)
-            .arg(ms(FENCE_COUNTER_GRACE));
-        self.run(inv).await?.int().map(drop)
+        let (record, counter) = (self.record_key(key), self.fence_key(key));
+        self.step(|again| {
+            let mut inv = self.inner.scripts.release.prepare_invoke();
+            inv.key(&record)
+                .key(&counter)
+                .arg(fence.0)
+                .arg(ms(FENCE_COUNTER_GRACE))
+                .arg(u8::from(again));
+            inv
+        })
+        .await
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
-        let mut inv = self.inner.scripts.renew.prepare_invoke();
-        inv.key(self.record_key(key)).arg(fence.0).arg(ms(lease));
-        self.run(inv).await?.int().map(drop)
+        let record = self.record_key(key);
+        // Renewing twice renews: a resend needs no flag.
+        self.step(|_| {
+            let mut inv = self.inner.scripts.renew.prepare_invoke();
+            inv.key(&record).arg(fence.0).arg(ms(lease));
+            inv
+        })
+        .await
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {

@@ -1,0 +1,93 @@
+//! How one idem [`ToolResult`] becomes what a rig agent hands back to the model.
+//!
+//! A success is the tool's output (a JSON string as text, anything else as a JSON block, as rig's
+//! own `IntoToolOutput` presents a value). A failure is a [`ToolExecutionError`] whose
+//! model-visible text is idem's text, unchanged (`Error (<kind>): <message>`), whose `code` is
+//! idem's stable `error_kind`, and whose rig kind and retryability hint follow the table on
+//! [`tool_error`].
+
+use idem_core::{ErrorKind, ToolResult};
+use rig_core::tool::{ToolErrorKind, ToolExecutionError, ToolOutput};
+use serde_json::Value;
+
+/// The outcome of one idem call in rig's terms: `Ok` with the output the model reads, or the
+/// error rig records as a failed tool result (the model reads [`ToolResult::text`]).
+pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
+    if !result.is_error {
+        return Ok(match result.content {
+            Value::String(text) => ToolOutput::text(text),
+            other => ToolOutput::json(other),
+        });
+    }
+    Err(tool_error(&result))
+}
+
+/// The rig error for a failed idem call. The model reads `result.text`; `code` is idem's
+/// `error_kind`. Kinds and retryability hints (rig-agent does not retry a tool by itself; the
+/// hint is for hosts and telemetry):
+///
+/// | idem `error_kind` | rig kind | retryable |
+/// |---|---|---|
+/// | `invalid_arguments`, `invalid_tool_call` | `InvalidArgs` | no: fix the arguments |
+/// | `unknown_tool` | `NotFound` | no |
+/// | `timeout` | `Timeout` | yes: a repeat reuses the key |
+/// | `budget_exhausted` | `RateLimited` | yes, later |
+/// | `store_unavailable` | `Network` | yes, when the store is back (nothing ran) |
+/// | `lease_lost` | `Other` | yes: a repeat returns the new owner's result |
+/// | `tool_error` | `Provider` | no: a permanent error is stored and replayed |
+/// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, others | `Other` | no |
+pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
+    let (kind, retryable) = match result.error_kind {
+        Some(ErrorKind::InvalidArguments | ErrorKind::InvalidToolCall) => {
+            (ToolErrorKind::InvalidArgs, false)
+        }
+        Some(ErrorKind::UnknownTool) => (ToolErrorKind::NotFound, false),
+        Some(ErrorKind::Timeout) => (ToolErrorKind::Timeout, true),
+        Some(ErrorKind::BudgetExhausted) => (ToolErrorKind::RateLimited, true),
+        Some(ErrorKind::StoreUnavailable) => (ToolErrorKind::Network, true),
+        Some(ErrorKind::LeaseLost) => (ToolErrorKind::Other, true),
+        Some(ErrorKind::Tool) => (ToolErrorKind::Provider, false),
+        _ => (ToolErrorKind::Other, false),
+    };
+    let code = result.error_kind.map_or("error", ErrorKind::as_str);
+    // `new` shows the message to the model as it is: idem's text already says what happened
+    // and what to do (for an unknown outcome: do not call again, check).
+    ToolExecutionError::new(kind, result.text.clone()).with_code(code).with_retryable(retryable)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn outputs_keep_their_shape() {
+        let out = to_rig(ToolResult::success(json!({"charge_id": "ch_1"}))).unwrap();
+        assert_eq!(out.as_json(), Some(&json!({"charge_id": "ch_1"})));
+        let out = to_rig(ToolResult::success(json!("done"))).unwrap();
+        assert_eq!(out.as_text(), Some("done"));
+    }
+
+    #[test]
+    fn errors_show_idem_text_and_kind() {
+        let cases = [
+            (ErrorKind::InvalidArguments, ToolErrorKind::InvalidArgs, Some(false)),
+            (ErrorKind::OutcomeUnknown, ToolErrorKind::Other, Some(false)),
+            (ErrorKind::KeyReuseMismatch, ToolErrorKind::Other, Some(false)),
+            (ErrorKind::Timeout, ToolErrorKind::Timeout, Some(true)),
+            (ErrorKind::StoreUnavailable, ToolErrorKind::Network, Some(true)),
+            (ErrorKind::Tool, ToolErrorKind::Provider, Some(false)),
+        ];
+        for (idem_kind, rig_kind, retryable) in cases {
+            let result = ToolResult::error(idem_kind, "what happened; what to do", None);
+            let err = to_rig(result.clone()).unwrap_err();
+            let code = idem_kind.as_str();
+            assert_eq!(err.kind(), rig_kind, "{code}");
+            assert_eq!(err.code(), Some(code));
+            assert_eq!(err.retryable(), retryable, "{code}");
+            assert_eq!(err.model_feedback(), Some(result.text.as_str()));
+            assert!(result.text.starts_with(&format!("Error ({code}): ")));
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! An idem [`ToolSet`] bound to a [`Run`], as rig [`DynamicTool`]s.
+
+use std::sync::Arc;
+
+use idem_core::toolset::Arguments;
+use idem_core::{Run, Scope, Tool, ToolSet, ToolSetError};
+use rig_core::message::ToolName;
+use rig_core::tool::{
+    ContextValue, DynamicTool, ToolContext, ToolErrorKind, ToolExecutionError, ToolOutput,
+};
+use rig_core::wasm_compat::WasmBoxedFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::result::to_rig;
+
+/// The run a rig agent's tool calls belong to, for one prompt: put it in the prompt's
+/// [`ToolContext`] (`agent.prompt(..).tool_context(cx)`) to scope that conversation's keys
+/// without building the tools again. A non-empty string; the tenant of the bound run is kept.
+/// Without it, the run the tools were bound to applies.
+///
+/// Its slot is `idem/run`, the name MCP requests use in `_meta` for the same thing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunId(pub String);
+
+impl ContextValue for RunId {
+    const KEY: &'static str = idem_core::toolset::MCP_META_RUN;
+}
+
+/// An idem tool set bound to a run, handed to rig as one [`DynamicTool`] per tool.
+///
+/// Each rig tool's call goes through the idem protocol under the run (or the prompt's
+/// [`RunId`]): the key is derived from the run, the tool's name and the arguments, so a model
+/// that calls `charge_card` again with the same arguments gets the stored charge replayed
+/// instead of a second charge. What rig sees of each tool is idem's definition: the name, the
+/// description (the tool fn's doc comment) and the JSON Schema of the arguments.
+///
+/// ```
+/// # use idem_core::{Idem, ToolSet};
+/// # use idem_rig::RigToolSet;
+/// # fn demo(tools: ToolSet) {
+/// let idem = Idem::in_memory();
+/// let tools = RigToolSet::new(tools, idem.run("conversation-42"));
+/// let rig_tools = tools.dynamic_tools(); // for rig-agent's `AgentBuilder::dynamic_tools`
+/// # let _ = rig_tools;
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RigToolSet {
+    tools: Arc<ToolSet>,
+    run: Run,
+}
+
+impl RigToolSet {
+    /// `tools`, every call of which runs in `run`.
+    pub fn new(tools: ToolSet, run: Run) -> Self {
+        RigToolSet { tools: Arc::new(tools), run }
+    }
+
+    /// One idem tool alone. Errors: [`ToolSetError`] (an invalid name, arguments that are not
+    /// a JSON object).
+    pub fn single(tool: impl Tool, run: Run) -> Result<Self, ToolSetError> {
+        Ok(RigToolSet::new(ToolSet::new().with(tool)?, run))
+    }
+
+    /// The idem tool set.
+    pub fn tool_set(&self) -> &ToolSet {
+        &self.tools
+    }
+
+    /// The run calls belong to when the prompt names none.
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// Every tool as a rig [`DynamicTool`], sorted by name.
+    pub fn dynamic_tools(&self) -> Vec<DynamicTool> {
+        self.tools.definitions().filter_map(|def| self.dynamic_tool(def.name)).collect()
+    }
+
+    /// The tool `name` as a rig [`DynamicTool`], if it is in the set.
+    pub fn dynamic_tool(&self, name: &str) -> Option<DynamicTool> {
+        let def = self.tools.definition(name)?;
+        // idem tool names are never empty (`ToolSet` checks them), so this never drops a tool.
+        let rig_name = ToolName::new(def.name).ok()?;
+        let parameters = Value::Object(def.input_schema.clone());
+        let tools = Arc::clone(&self.tools);
+        let run = self.run.clone();
+        let name: &'static str = def.name;
+        Some(DynamicTool::new_with_context(
+            rig_name,
+            def.description,
+            parameters,
+            move |cx: &mut ToolContext, args: Value| -> WasmBoxedFuture<'_, _> {
+                // Resolved before the future so it borrows nothing from the context.
+                let run = run_for(&run, cx);
+                let tools = Arc::clone(&tools);
+                Box::pin(async move { call(&tools, run?, name, args).await })
+            },
+        ))
+    }
+}
+
+/// Calls `name` through idem and turns the result into rig's terms.
+async fn call(
+    tools: &ToolSet,
+    run: Run,
+    name: &str,
+    args: Value,
+) -> Result<ToolOutput, ToolExecutionError> {
+    // rig hands over parsed JSON; `null` (no arguments) means `{}` as in the OpenAI format.
+    let args = match &args {
+        Value::Null => Arguments::Absent,
+        other => Arguments::Json(other),
+    };
+    to_rig(tools.call_args(&run, name, args).await)
+}
+
+/// The run of this call: the prompt's [`RunId`] in the bound run's tenant, or the bound run.
+fn run_for(bound: &Run, cx: &ToolContext) -> Result<Run, ToolExecutionError> {
+    match cx.get::<RunId>() {
+        Ok(None) => Ok(bound.clone()),
+        Ok(Some(RunId(id))) if !id.is_empty() => {
+            let scope = Scope::run(id).with_tenant(bound.scope().tenant());
+            let run = bound.idem().scope(scope);
+            Ok(match bound.caller_key() {
+                Some(key) => run.with_idempotency_key(key),
+                None => run,
+            })
+        }
+        Ok(Some(_)) => Err(context_error("it is empty".to_owned())),
+        Err(e) => Err(context_error(e.to_string())),
+    }
+}
+
+fn context_error(why: String) -> ToolExecutionError {
+    ToolExecutionError::new(
+        ToolErrorKind::Other,
+        format!(
+            "Error (invalid_run): the tool context's `{}` must be a non-empty string ({why}); nothing was executed",
+            RunId::KEY
+        ),
+    )
+    .with_code("invalid_run")
+    .with_retryable(false)
+}
