@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the durable-store benchmarks (issue 4, "Measure"): idem on SQLite, PostgreSQL and Redis
+# Runs the durable-store benchmarks: idem on SQLite, PostgreSQL and Redis
 # against raw round trips of the same servers, throughput with 32 callers, and the AWS Powertools
 # peer on the same Redis, all in one run (idem-core/benches/stores.rs prints the table).
 #

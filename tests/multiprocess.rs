@@ -1,4 +1,4 @@
-//! Exactly-once across processes (issue 4 "Multi-process"): worker processes hammer one set of
+//! Exactly-once across processes (docs/design.md, the store contract): worker processes hammer one set of
 //! intents with duplicate calls against a durable store, while the test SIGKILLs some of them
 //! between claim and complete and SIGSTOPs others past their lease, then resumes them. A ledger on
 //! disk, outside the store, counts the side effects.

@@ -1,4 +1,4 @@
-//! Store outage (issue 4 "Store outage"): the store's server goes away mid-run. Calls fail closed
+//! Store outage (fail closed, docs/design.md): the store's server goes away mid-run. Calls fail closed
 //! with `StoreUnavailable` and the tool body does not run while it is down; nothing runs twice
 //! unprotected; calls work again by themselves once it is back, with no new store or executor.
 //!

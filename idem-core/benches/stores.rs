@@ -1,5 +1,5 @@
 //! Per-call cost of the durable stores (SQLite, PostgreSQL, Redis) against raw round trips of the
-//! same server, measured in the same run with the same client library (issue 4, "Measure").
+//! same server, measured in the same run with the same client library.
 //!
 //! - first call (claim + complete, through [`Idem`] and a keyed [`Tool`] that does no work) against
 //!   two raw writes: `INSERT OR IGNORE` (SQLite, rusqlite), `INSERT .. ON CONFLICT DO NOTHING`

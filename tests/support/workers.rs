@@ -243,7 +243,7 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Checks the rules of issue 4 on what a run left: the ledger, every answer the workers received
+/// Checks the exactly-once rules on what a run left: the ledger, every answer the workers received
 /// (`seen`) and the answers of a final pass (`finals`, one call per intent after every lease
 /// ended). Panics naming the broken rule.
 ///
