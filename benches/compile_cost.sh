@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile cost of #[tool] (issue 3, "Measure"): `cargo check` wall time of a crate with N annotated
+# Compile cost of #[tool]: `cargo check` wall time of a crate with N annotated
 # tools against the same crate with N plain async fns (same signatures and bodies), same deps.
 # A third crate, the plain fns plus one args struct each deriving Serialize, Deserialize,
 # JsonSchema and Clone, shows the floor of any tool whose arguments come from a model's JSON.
@@ -90,6 +90,7 @@ gen_rmcp() { # the peer: rmcp's documented shape, one Parameters struct per tool
   for i in $(seq 1 "$N"); do
     echo
     echo '#[derive(serde::Deserialize, rmcp::schemars::JsonSchema)]'
+    echo '#[schemars(crate = "rmcp::schemars")]'
     echo "pub struct Tool${i}Args { pub customer: String, pub amount_cents: u64 }"
   done
   echo
