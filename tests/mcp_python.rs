@@ -22,6 +22,10 @@ const MCP_VERSION: &str = "2.3.0";
 
 /// A venv with `mcp==MCP_VERSION`, made once; its python.
 fn python_with_mcp() -> Result<PathBuf, String> {
+    // The tests of this file run in parallel: one makes the venv while the others wait, instead
+    // of each running `python3 -m venv` on the same directory.
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = MADE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = target_dir().join("mcp-venv");
     let python = venv.join("bin").join("python");
     let marker = venv.join(format!(".mcp-{MCP_VERSION}"));
