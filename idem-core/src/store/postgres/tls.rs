@@ -22,6 +22,7 @@ use tokio_postgres::{Client, Config, Socket};
 
 use super::{CONNECT_TIMEOUT, PgError};
 use crate::store::StoreError;
+use crate::store::url_query::percent_decode;
 
 #[cfg(feature = "postgres-tls")]
 type Connector = tokio_postgres_rustls::MakeRustlsConnect;
@@ -286,27 +287,6 @@ fn take_ssl_params(url: &str) -> Result<(String, Option<String>, Option<String>)
         kept.join(" ")
     };
     Ok((rest, mode, root))
-}
-
-/// `%XX` escapes of a URL query value.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The `key=value` pairs of a libpq keyword/value string, each with its text as written: values

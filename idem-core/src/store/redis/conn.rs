@@ -4,6 +4,7 @@
 use redis::Client;
 
 use crate::store::StoreError;
+use crate::store::url_query::percent_decode;
 
 /// The client for `url`. A `ca` query parameter names a PEM file of trusted roots for
 /// `rediss://` (instead of the system's roots); it is taken off the URL.
@@ -58,26 +59,6 @@ fn take_ca(url: &str) -> (String, Option<String>) {
         .collect();
     let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
     (rest, ca)
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
