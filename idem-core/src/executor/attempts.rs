@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::call::{Call, storable};
+use super::call::{Call, Unstorable, stored_json};
 use super::lease::Owned;
 use super::report::Served;
 use crate::class::RetryClass;
@@ -214,7 +214,14 @@ impl<T: Tool> Call<'_, T> {
         // is leaked, not dropped: dropping it would recurse as deep as it is.
         // The record says the effect happened and its output could not be stored, as for any
         // output that cannot be stored: every later caller hears it.
-        if let Err(e) = crate::limits::check_depth(&output) {
+        // With a store, the storability check is also the depth check; without one, only depth.
+        let checked = match fence {
+            Some(_) => stored_json(&output),
+            None => crate::limits::check_depth(&output)
+                .map(|()| String::new())
+                .map_err(Unstorable::TooDeep),
+        };
+        if let Err(Unstorable::TooDeep(e)) = &checked {
             std::mem::forget(output);
             let error = self.not_storable(&e);
             if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
@@ -226,7 +233,7 @@ impl<T: Tool> Call<'_, T> {
             return Err(error);
         }
         let Some(fence) = fence else { return Ok(output) };
-        let outcome = match storable(&output) {
+        let outcome = match checked {
             // Sending more than the policy allows could block a shared store: only the short
             // record that the output could not be stored is sent. This caller has the output.
             Ok(json) if json.len() > self.policy.max_outcome_bytes => {

@@ -74,25 +74,53 @@ fn share_err<E: serde::Serialize>(
 pub(crate) fn storable<O: serde::Serialize + DeserializeOwned>(
     output: &O,
 ) -> Result<String, String> {
+    stored_json(output).map_err(|e| e.to_string())
+}
+
+/// Why an output cannot be stored faithfully.
+pub(crate) enum Unstorable {
+    /// Nested past the depth limit: nothing may write it, and dropping it recurses as deep.
+    TooDeep(KeyError),
+    /// Any other reason, as the record and the error say it.
+    Other(String),
+}
+
+impl std::fmt::Display for Unstorable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unstorable::TooDeep(e) => e.fmt(f),
+            Unstorable::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// [`storable`], telling an output past the depth limit apart. The first canonicalization is also
+/// the depth check: it stops at the limit before serde_json, which has none, writes anything.
+pub(crate) fn stored_json<O: serde::Serialize + DeserializeOwned>(
+    output: &O,
+) -> Result<String, Unstorable> {
     let mut canonical = Vec::new();
     crate::canonical::canonicalize(output, &mut canonical).map_err(|e| match e {
         KeyError::NonFinite { path, value } => {
-            format!("{} is {value}, which JSON cannot carry", within(&path))
+            Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
         }
-        KeyError::NonStringKey { path } => {
-            format!("{} is a map whose keys are neither strings nor integers", within(&path))
-        }
-        other => other.to_string(),
+        KeyError::NonStringKey { path } => Unstorable::Other(format!(
+            "{} is a map whose keys are neither strings nor integers",
+            within(&path)
+        )),
+        e @ KeyError::TooDeep { .. } => Unstorable::TooDeep(e),
+        other => Unstorable::Other(other.to_string()),
     })?;
+    let other = |why: String| Unstorable::Other(why);
     let json = serde_json::to_string(output)
-        .map_err(|e| format!("it cannot be serialized as JSON: {e}"))?;
+        .map_err(|e| other(format!("it cannot be serialized as JSON: {e}")))?;
     let back: O = serde_json::from_str(&json)
-        .map_err(|e| format!("its JSON does not read back as the output type: {e}"))?;
+        .map_err(|e| other(format!("its JSON does not read back as the output type: {e}")))?;
     let mut again = Vec::new();
     crate::canonical::canonicalize(&back, &mut again)
-        .map_err(|e| format!("its JSON reads back as a value without JSON form: {e}"))?;
+        .map_err(|e| other(format!("its JSON reads back as a value without JSON form: {e}")))?;
     if again != canonical {
-        return Err("its JSON reads back as a different value (is its Serialize mirrored by its Deserialize?)".into());
+        return Err(other("its JSON reads back as a different value (is its Serialize mirrored by its Deserialize?)".into()));
     }
     Ok(json)
 }
