@@ -12,11 +12,11 @@ use std::time::Duration;
 use deadpool_postgres::{Object, Pool, PoolError};
 use tokio_postgres::Client;
 
+use super::conn::{CLAIM, COMPLETE, Conn, FORGET, HELD, MARK_WAITED, RELEASE, RENEW, SWEEP};
+use super::error::pg;
+use super::schema::ensure_schema;
 use super::tls::Target;
-use super::{
-    CLAIM, COMPLETE, CONNECT_TIMEOUT, Conn, FORGET, HELD, MARK_WAITED, PostgresStore, RELEASE,
-    RENEW, SWEEP, ensure_schema, pg,
-};
+use super::{CONNECT_TIMEOUT, PostgresStore};
 use crate::store::StoreError;
 
 /// A connection of the store: its own (a slot of [`PostgresStore::connect`]) or the pool's,

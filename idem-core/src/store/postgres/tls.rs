@@ -20,7 +20,8 @@ use std::time::Duration;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Config, Socket};
 
-use super::{CONNECT_TIMEOUT, PgError};
+use super::CONNECT_TIMEOUT;
+use super::error::PgError;
 use crate::store::StoreError;
 use crate::store::url_query::percent_decode;
 

@@ -81,23 +81,29 @@
 //! record, a string that is not a record, or a key of another type gives
 //! [`StoreError::Incompatible`] and is never replayed; forget removes whatever is there.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
-use tokio::sync::Notify;
+use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use super::resend::{self, Failed, GiveUp, Owner};
-use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Store, StoreError};
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
 
+mod builder;
 mod conn;
+mod pubsub;
+mod reply;
+
+pub use builder::RedisStoreBuilder;
+use pubsub::Waiters;
+use reply::{Answer, answer, fence, int, text, unavailable};
+pub use reply::{decode_answer, decode_record};
 
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
@@ -116,169 +122,6 @@ mod scripts;
 
 use scripts::Scripts;
 
-/// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
-#[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
-#[derive(Clone, Debug)]
-pub struct RedisStoreBuilder {
-    url: String,
-    prefix: String,
-    response_timeout: Duration,
-    connection_timeout: Duration,
-}
-
-impl RedisStoreBuilder {
-    /// The prefix of every Redis key and channel the store uses. Default `idem`. It must not
-    /// contain `{` or `}` (they would change the keys' hash tag); `open` refuses it.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How long a command may wait for its answer before the call fails with
-    /// [`StoreError::Unavailable`]. Default 1 s.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// How long one connection attempt may take. Default 1 s.
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// Connects now: fails with [`StoreError::Unavailable`] if the server cannot be reached.
-    pub async fn open(self) -> Result<RedisStore, StoreError> {
-        let store = self.open_lazy()?;
-        let mut conn = store.inner.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await.map_err(unavailable)?;
-        Ok(store)
-    }
-
-    /// Connects on first use, so a process can start while Redis is down (its calls fail closed
-    /// until Redis is back). Fails only on a malformed URL.
-    pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
-        if self.prefix.contains(['{', '}']) {
-            // A brace would change the hash tag, splitting a record from its fence counter.
-            return Err(StoreError::InvalidConfig(format!(
-                "invalid key prefix {:?}: it must not contain '{{' or '}}'",
-                self.prefix
-            )));
-        }
-        let client = conn::client(&self.url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            // One attempt per call: a call on a stopped server fails within the timeouts instead
-            // of waiting out a backoff; the next call tries again.
-            .set_number_of_retries(0);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(unavailable)?;
-        let waiters = Arc::new(Waiters::default());
-        let pubsub = pubsub_connection(&client, config, &waiters);
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                conn,
-                prefix: self.prefix,
-                scripts: Scripts::new(),
-                waiters,
-                pubsub,
-                subscribed: tokio::sync::Mutex::new(HashSet::new()),
-                pubsub_broken: AtomicBool::new(false),
-            }),
-        })
-    }
-}
-
-/// The dedicated pub/sub connection: RESP3 with a push handler that wakes the waiters of a
-/// channel, and re-subscription after a reconnect. `None` if it cannot be configured.
-fn pubsub_connection(
-    client: &Client,
-    config: ConnectionManagerConfig,
-    waiters: &Arc<Waiters>,
-) -> Option<ConnectionManager> {
-    let info = client.get_connection_info().clone();
-    let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
-    let client = Client::open(info.set_redis_settings(settings)).ok()?;
-    let waiters = Arc::clone(waiters);
-    let on_push = move |push: PushInfo| -> Result<(), ()> {
-        match push.kind {
-            PushKind::Message => {
-                if let Some(Value::BulkString(channel)) = push.data.first() {
-                    waiters.wake(channel);
-                }
-            }
-            // Messages may have been lost while disconnected: let every waiter re-check.
-            PushKind::Disconnection => waiters.wake_all(),
-            _ => {}
-        }
-        Ok(())
-    };
-    let config = config.set_push_sender(on_push).set_automatic_resubscription();
-    ConnectionManager::new_lazy_with_config(client, config).ok()
-}
-
-/// The waiters of this process, by channel.
-#[derive(Default)]
-struct Waiters {
-    channels: Mutex<HashMap<Vec<u8>, Channel>>,
-}
-
-struct Channel {
-    refs: usize,
-    notify: Arc<Notify>,
-}
-
-impl Waiters {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
-        crate::sync::lock(&self.channels)
-    }
-    fn wake(&self, channel: &[u8]) {
-        if let Some(c) = self.lock().get(channel) {
-            c.notify.notify_waiters();
-        }
-    }
-    fn wake_all(&self) {
-        for c in self.lock().values() {
-            c.notify.notify_waiters();
-        }
-    }
-    fn wanted(&self, channel: &[u8]) -> bool {
-        self.lock().contains_key(channel)
-    }
-}
-
-/// One waiter's interest in a channel; dropping it unsubscribes when it was the last.
-struct Interest {
-    inner: Arc<Inner>,
-    channel: Vec<u8>,
-    notify: Arc<Notify>,
-}
-
-impl Drop for Interest {
-    fn drop(&mut self) {
-        let last = {
-            let mut map = self.inner.waiters.lock();
-            match map.get_mut(&self.channel) {
-                Some(c) if c.refs > 1 => {
-                    c.refs -= 1;
-                    false
-                }
-                Some(_) => {
-                    map.remove(&self.channel);
-                    true
-                }
-                None => false,
-            }
-        };
-        if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let inner = Arc::clone(&self.inner);
-            let channel = std::mem::take(&mut self.channel);
-            rt.spawn(async move { inner.sync_subscription(&channel).await });
-        }
-    }
-}
-
 struct Inner {
     conn: ConnectionManager,
     prefix: String,
@@ -289,41 +132,6 @@ struct Inner {
     subscribed: tokio::sync::Mutex<HashSet<Vec<u8>>>,
     /// Set when the server refused pub/sub (no RESP3): wait by polling from then on.
     pubsub_broken: AtomicBool,
-}
-
-impl Inner {
-    /// Brings the server's subscription of `channel` in line with whether anyone waits on it.
-    /// Returns whether it is subscribed.
-    async fn sync_subscription(&self, channel: &[u8]) -> bool {
-        let Some(pubsub) = &self.pubsub else { return false };
-        if self.pubsub_broken.load(Ordering::Relaxed) {
-            return false;
-        }
-        let mut subscribed = self.subscribed.lock().await;
-        let wanted = self.waiters.wanted(channel);
-        let mut conn = pubsub.clone();
-        match (wanted, subscribed.contains(channel)) {
-            (true, false) => match conn.subscribe(channel).await {
-                Ok(()) => {
-                    subscribed.insert(channel.to_vec());
-                }
-                Err(e) => {
-                    if !e.is_io_error() && !e.is_timeout() {
-                        tracing::warn!(error = %e, "redis pub/sub unavailable; waiting by polling");
-                        self.pubsub_broken.store(true, Ordering::Relaxed);
-                    }
-                }
-            },
-            (false, true) => {
-                // Even if this fails the subscription is harmless: messages nobody waits for are
-                // dropped.
-                let _ = conn.unsubscribe(channel).await;
-                subscribed.remove(channel);
-            }
-            _ => {}
-        }
-        subscribed.contains(channel)
-    }
 }
 
 /// The Redis [`Store`]. Cheap to clone; share one per process.
@@ -448,146 +256,6 @@ impl RedisStore {
             async move { self.send(&inv).await?.int().map(drop).map_err(Failed::Answered) }
         })
         .await
-    }
-
-    fn interest(&self, channel: Vec<u8>) -> Interest {
-        let mut map = self.inner.waiters.lock();
-        let entry = map
-            .entry(channel.clone())
-            .or_insert_with(|| Channel { refs: 0, notify: Arc::new(Notify::new()) });
-        entry.refs += 1;
-        let notify = Arc::clone(&entry.notify);
-        drop(map);
-        Interest { inner: Arc::clone(&self.inner), channel, notify }
-    }
-}
-
-/// Decodes a completed record as the claim script returns it (`RedisStore::replay`);
-/// `record` names it in errors. Public for the fuzz targets (`fuzz/`), not an API.
-#[doc(hidden)]
-pub fn decode_record(
-    record: &str,
-    raw: &[u8],
-    fingerprint: &Fingerprint,
-) -> Result<Claim, StoreError> {
-    let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
-    let version = fields.first().copied().unwrap_or_default();
-    if version != SCHEMA_VERSION.as_bytes() {
-        let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
-        return Err(StoreError::Incompatible(format!(
-            "record {record} has schema version {shown:?}"
-        )));
-    }
-    let malformed = |what: &str| {
-        StoreError::Incompatible(format!(
-            "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
-        ))
-    };
-    let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
-        return Err(malformed("fewer than 8 fields"));
-    };
-    let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
-    if state != b"d" {
-        return Err(malformed("not a completed record"));
-    }
-    if fence.is_empty() || !digits(fence) {
-        return Err(malformed("fence"));
-    }
-    if waited != b"0" && waited != b"1" {
-        return Err(malformed("waited-on flag"));
-    }
-    if !digits(lease_end) {
-        return Err(malformed("lease end"));
-    }
-    let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
-    let Some(stored) = stored else { return Err(malformed("fingerprint")) };
-    if stored != *fingerprint {
-        return Ok(Claim::Mismatch);
-    }
-    let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
-    Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
-}
-
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::unavailable(e)
-}
-
-/// A script's answer. The common one comes bare (see the scripts): an integer, or a completed
-/// record from a claim. Any other is a table whose first item says what happened; `incompatible`
-/// and `lost` become errors here.
-#[derive(Debug)]
-enum Answer {
-    Int(i64),
-    Record(Vec<u8>),
-    Table(Vec<Value>),
-}
-
-impl Answer {
-    fn int(self) -> Result<i64, StoreError> {
-        match self {
-            Answer::Int(i) => Ok(i),
-            other => Err(StoreError::Incompatible(format!("unexpected script answer {other:?}"))),
-        }
-    }
-}
-
-/// Reads a script's reply (see [`Answer`]). Public for the fuzz targets (`fuzz/`), not an API.
-#[doc(hidden)]
-pub fn decode_answer(reply: Value) -> Result<impl std::fmt::Debug, StoreError> {
-    answer(reply)
-}
-
-fn answer(reply: Value) -> Result<Answer, StoreError> {
-    let items = match reply {
-        Value::Int(i) => return Ok(Answer::Int(i)),
-        Value::BulkString(record) => return Ok(Answer::Record(record)),
-        Value::Array(items) => items,
-        other => {
-            return Err(StoreError::Incompatible(format!("unexpected script reply {other:?}")));
-        }
-    };
-    match items.first().map(text).as_deref() {
-        Some("incompatible") => {
-            Err(StoreError::Incompatible(items.get(1).map(text).unwrap_or_default().into_owned()))
-        }
-        Some("lost") => Err(StoreError::LeaseLost),
-        Some(_) => Ok(Answer::Table(items)),
-        None => Err(StoreError::Incompatible("empty script reply".into())),
-    }
-}
-
-fn text(v: &Value) -> std::borrow::Cow<'_, str> {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b),
-        Value::SimpleString(s) => s.as_str().into(),
-        Value::Int(i) => i.to_string().into(),
-        other => format!("{other:?}").into(),
-    }
-}
-
-fn int(v: Option<&Value>) -> Result<i64, StoreError> {
-    match v {
-        Some(Value::Int(i)) => Ok(*i),
-        other => Err(StoreError::Incompatible(format!("expected an integer, got {other:?}"))),
-    }
-}
-
-fn fence(n: i64) -> Result<Fence, StoreError> {
-    u64::try_from(n).map(Fence).map_err(|_| StoreError::Incompatible(format!("negative fence {n}")))
-}
-
-/// The outcome of a completed record, or what is wrong with it.
-fn outcome_of(kind: &[u8], payload: &[u8]) -> Result<Outcome, String> {
-    // Success and failure carry their payload; unknown carries nothing.
-    let json =
-        || String::from_utf8(payload.to_vec()).map_err(|_| "payload is not UTF-8".to_owned());
-    match kind {
-        b"s" => Ok(Outcome::Success(json()?)),
-        b"f" => Ok(Outcome::Failure(json()?)),
-        b"u" if payload.is_empty() => Ok(Outcome::Unknown),
-        b"n" => Ok(Outcome::NotStorable(json()?)),
-        b"u" => Err("unknown outcome has a payload".to_owned()),
-        other => Err(format!("unknown outcome kind {:?}", String::from_utf8_lossy(other))),
     }
 }
 

@@ -1,0 +1,52 @@
+//! PostgreSQL errors as store errors, and whether a statement's reply may have been lost (see
+//! `store/resend.rs`).
+
+use crate::store::StoreError;
+use crate::store::resend::Failed;
+
+/// A PostgreSQL error whose text carries the server's message or the I/O cause (tokio-postgres
+/// alone prints "db error" or "error connecting to server" and keeps the rest in its source).
+#[derive(Debug)]
+pub(super) struct PgError(pub(super) tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "{} {}: {}", db.severity(), db.code().code(), db.message()),
+            // "error connecting to server" alone hides the reason ("Connection refused").
+            None => match std::error::Error::source(&self.0) {
+                Some(cause) => write!(f, "{}: {cause}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
+    StoreError::unavailable(PgError(e))
+}
+
+/// A connection could not be had: nothing was sent, so sending again is harmless.
+pub(super) fn unreached(e: StoreError) -> Failed {
+    match e {
+        StoreError::Unavailable(_) => Failed::Lost(e),
+        other => Failed::Answered(other),
+    }
+}
+
+/// The failure of a statement that was sent: [`Failed::Lost`] when the server may have run it
+/// and its reply was lost (the connection closed or broke), else the server's answer.
+pub(super) fn sent(e: tokio_postgres::Error) -> Failed {
+    let io = std::error::Error::source(&e).is_some_and(|c| c.is::<std::io::Error>());
+    if e.as_db_error().is_none() && (e.is_closed() || io) {
+        Failed::Lost(pg(e))
+    } else {
+        Failed::Answered(pg(e))
+    }
+}

@@ -1,0 +1,214 @@
+//! The PostgreSQL store's schema: the tables, the claim function `idem_claim`, and how a
+//! database is created, checked or migrated when a store connects.
+
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+use super::error::pg;
+use crate::store::StoreError;
+
+/// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
+///
+/// History: 1, the tables; 2, adds the `idem_claim` function (a database at version 1 is migrated
+/// when a store of this version connects). Changes that stores of the same version keep working
+/// with are revisions ([`SCHEMA_REVISION`]).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The revision of [`SCHEMA_VERSION`] this store writes; stored in `idem_meta` as
+/// `schema_revision` (absent: 0). Stores of an older revision of the same version keep working on
+/// a database of a newer one, so processes can be upgraded one by one.
+///
+/// History: 1 adds the `owner` column and `idem_claim(k, fp, lease_ms, take, own)` (the owner
+/// token); the function of revision 0, which older stores call, becomes the new one with no
+/// token.
+pub const SCHEMA_REVISION: i64 = 1;
+
+/// Serializes schema creation across processes (`pg_advisory_xact_lock`).
+const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
+
+const SCHEMA: &str = "
+CREATE SEQUENCE idem_fence AS bigint;
+CREATE TABLE idem_records (
+    key         text PRIMARY KEY,
+    fingerprint text NOT NULL,
+    fence       bigint NOT NULL,
+    -- 0: in flight until lease_until; 1: done, kept until expires_at.
+    state       smallint NOT NULL,
+    lease_until timestamptz,
+    expires_at  timestamptz,
+    -- Outcome kind when done: 1 success, 2 failure, 3 unknown; payload is its JSON text.
+    kind        smallint,
+    payload     text,
+    -- Whether the last acquisition took over an expired lease (read by RETURNING).
+    takeover    boolean NOT NULL DEFAULT false,
+    -- Whether someone waits on this holder: complete and release then NOTIFY.
+    waited      boolean NOT NULL DEFAULT false,
+    owner       text
+);
+CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
+";
+
+/// The claim, as a function so that the common answers cost one indexed read: it reads the row
+/// and returns it when the claim cannot take it (a replay, a live lease, a mismatch, an unknown
+/// outcome), writing nothing; otherwise it upserts. The upsert acquires when the key is absent,
+/// its retention ended, or its lease expired with the same fingerprint and the request takes over
+/// (`take`). When the upsert's conflict check sees a newer row than the read did (a concurrent
+/// claim), it changes nothing and the loop reads again: each statement inside takes a new
+/// snapshot under READ COMMITTED. One row: acquired, fence, takeover, fingerprint, state, alive
+/// (the lease or the retention has not ended), lease remaining (ms), outcome kind, payload; all
+/// NULL after 16 rounds of racing writers. Not a set-returning function: no tuplestore per call.
+///
+/// `own` is the claim's owner token (see `store/resend.rs`), stored in the row it acquires. A row
+/// in flight under the same token was created by an earlier send of this very claim whose reply
+/// was lost: the upsert then keeps its fence and answers acquired again, with a fresh lease.
+pub(super) const CLAIM_FUNCTION: &str = "
+CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean, own text,
+    OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
+    OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
+    OUT o_payload text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    mine boolean;
+BEGIN
+    FOR round IN 1..16 LOOP
+        -- One statement and one test on the common path: every plpgsql expression costs.
+        SELECT false, fence, takeover, fingerprint, state,
+               CASE WHEN state = 0 THEN lease_until > now() ELSE expires_at > now() END,
+               (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload,
+               (state = 0 AND owner = own) IS TRUE
+        INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
+             o_kind, o_payload, mine
+        FROM idem_records WHERE key = k;
+        -- Takeable: retention ended, or lease ended and this claim takes over, or the row is this
+        -- claim's own. Anything else, a row of an unknown state included, is the answer (the
+        -- client judges it).
+        IF FOUND AND NOT (mine OR (o_alive IS FALSE
+                          AND (o_state = 1 OR (o_state = 0 AND o_fingerprint = fp AND take)))) THEN
+            RETURN;
+        END IF;
+        -- Claims that may write take the key's lock first, so fences are drawn in the order
+        -- owners acquire: a fence drawn before waiting on another claim's row would otherwise
+        -- land below that claim's (held until this call's transaction ends).
+        PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
+        INSERT INTO idem_records AS x
+            (key, fingerprint, fence, state, lease_until, takeover, owner)
+        VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false,
+                own)
+        ON CONFLICT (key) DO UPDATE SET
+            fingerprint = EXCLUDED.fingerprint,
+            fence = CASE WHEN x.owner = own THEN x.fence ELSE EXCLUDED.fence END,
+            takeover = CASE WHEN x.owner = own THEN x.takeover ELSE x.state = 0 END,
+            state = 0,
+            lease_until = EXCLUDED.lease_until,
+            expires_at = NULL,
+            kind = NULL,
+            payload = NULL,
+            waited = CASE WHEN x.owner = own THEN x.waited ELSE false END,
+            owner = own
+        WHERE (x.state = 1 AND x.expires_at <= now())
+           OR (x.state = 0 AND x.lease_until <= now() AND x.fingerprint = EXCLUDED.fingerprint
+               AND take)
+           OR (x.state = 0 AND x.owner = own)
+        RETURNING true, x.fence, x.takeover, NULL, NULL, NULL, NULL, NULL, NULL
+        INTO o_acquired, o_fence, o_takeover, o_fingerprint, o_state, o_alive, o_remaining_ms,
+             o_kind, o_payload;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    -- Gave up racing: o_acquired NULL, which the client reads as 'send again'.
+    o_acquired := NULL;
+END
+$fn$";
+
+/// The function of revision 0 (no owner token), which stores of that revision call, is the new one
+/// with no token, so their takeovers clear the previous owner's token too (a token left on a row
+/// another owner took would let the first owner's resend acquire it).
+const CLAIM_FUNCTION_REV0: &str = "
+CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean,
+    OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
+    OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
+    OUT o_payload text)
+LANGUAGE sql AS $fn$ SELECT * FROM idem_claim(k, fp, lease_ms, take, NULL::text) $fn$";
+
+const VERSION: &str = "
+SELECT max(value) FILTER (WHERE name = 'schema_version'),
+       coalesce(max(value) FILTER (WHERE name = 'schema_revision'), 0)
+FROM idem_meta";
+
+fn incompatible_version(v: i64) -> StoreError {
+    StoreError::Incompatible(format!(
+        "the PostgreSQL database has idem schema version {v}; this idem reads version \
+         {SCHEMA_VERSION}"
+    ))
+}
+
+/// The schema version and revision recorded in `idem_meta` (version `None` when not recorded).
+async fn version_of(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<(Option<i64>, i64), tokio_postgres::Error> {
+    let row = client.query_one(VERSION, &[]).await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
+}
+
+pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
+    // The common case, one round trip: the schema exists at our version and revision.
+    match version_of(client).await {
+        Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => return Ok(()),
+        Ok((Some(1 | SCHEMA_VERSION) | None, _)) => {}
+        Ok((Some(v), _)) => return Err(incompatible_version(v)),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+        Err(e) => return Err(pg(e)),
+    }
+    let tx = client.transaction().await.map_err(pg)?;
+    let found = async {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
+        )
+        .await?;
+        let fresh = match version_of(&tx).await? {
+            (Some(SCHEMA_VERSION), r) if r >= SCHEMA_REVISION => return Ok(None),
+            (Some(1 | SCHEMA_VERSION), _) => false,
+            (Some(v), _) => return Ok(Some(v)),
+            (None, _) => {
+                let records: bool = tx
+                    .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
+                    .await?
+                    .try_get(0)?;
+                if records {
+                    return Ok(Some(0));
+                }
+                true
+            }
+        };
+        if fresh {
+            tx.batch_execute(SCHEMA).await?;
+        } else {
+            // 1 -> 2 added the claim function; revision 1 the owner column. Stores of version 2
+            // that are still running keep working (their claim function now clears owner
+            // tokens). Stores of version 1 must stop first: their own upsert would keep a
+            // previous owner's token on a row it takes over.
+            tx.batch_execute("ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS owner text")
+                .await?;
+        }
+        tx.batch_execute(CLAIM_FUNCTION).await?;
+        tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
+        tx.execute(
+            "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \
+             ('schema_revision', $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+            &[&SCHEMA_VERSION, &SCHEMA_REVISION],
+        )
+        .await?;
+        Ok::<_, tokio_postgres::Error>(None)
+    }
+    .await
+    .map_err(pg)?;
+    match found {
+        None => tx.commit().await.map_err(pg),
+        Some(0) => Err(StoreError::Incompatible(
+            "the PostgreSQL database has an idem_records table without a schema version".into(),
+        )),
+        Some(v) => Err(incompatible_version(v)),
+    }
+}
