@@ -209,6 +209,7 @@ async fn concurrent_takeovers_many_stores() {
             fingerprint: &fp,
             lease: Duration::from_millis(100),
             on_expired: OnExpired::TakeOver,
+            origin: Default::default(),
         };
         let Claim::Acquired { fence: first, .. } = stores[0].claim(short).await.unwrap() else {
             panic!()

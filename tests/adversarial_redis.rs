@@ -101,6 +101,7 @@ async fn zero_and_huge_leases() {
         fingerprint: &fp,
         lease: Duration::ZERO,
         on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
     };
     let Claim::Acquired { fence: f1, .. } = store.claim(r).await.unwrap() else { panic!() };
     // A zero lease has expired at once.
@@ -109,6 +110,7 @@ async fn zero_and_huge_leases() {
         fingerprint: &fp,
         lease: Duration::MAX,
         on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
     };
     let got = store.claim(r).await.unwrap();
     let Claim::Acquired { fence: f2, takeover: true } = got else { panic!("{got:?}") };

@@ -63,6 +63,7 @@ async fn stores_on_one_file_acquire_once() {
                     fingerprint: &fp,
                     lease: Duration::from_secs(30),
                     on_expired: OnExpired::TakeOver,
+                    origin: Default::default(),
                 };
                 store.claim(req).await.expect("claim")
             })
@@ -106,6 +107,7 @@ async fn claim_after_tampering(
         fingerprint: &fp,
         lease: Duration::from_secs(30),
         on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
     };
     let Claim::Acquired { fence, .. } = store.claim(req).await.expect("claim") else {
         panic!("fresh key must be acquired")
@@ -232,6 +234,7 @@ async fn claim_dropped_mid_flight_releases_what_it_acquired() {
         fingerprint: &fp,
         lease: Duration::from_secs(30),
         on_expired: OnExpired::Unknown,
+        origin: Default::default(),
     };
     // Another connection holds the write lock, so the claim's write waits (busy timeout 5 s).
     let raw = rusqlite::Connection::open(&path).expect("raw");

@@ -470,6 +470,7 @@ fn a_stored_outcome_deeper_than_the_limit_is_a_replay_failure() {
                 fingerprint: &fp,
                 lease: Duration::from_secs(30),
                 on_expired: idem_core::store::OnExpired::TakeOver,
+                origin: Default::default(),
             };
             let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else { panic!("claim") };
             let text = "[".repeat(depth) + &"]".repeat(depth);

@@ -375,6 +375,7 @@ async fn crashed_owner(
             fingerprint: &fingerprint,
             lease: policy().lease,
             on_expired,
+            origin: Default::default(),
         })
         .await
         .unwrap();

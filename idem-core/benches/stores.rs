@@ -246,6 +246,7 @@ impl Subject {
                     fingerprint: &fp,
                     lease: Duration::from_secs(30),
                     on_expired: OnExpired::TakeOver,
+                    origin: Default::default(),
                 };
                 let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else {
                     panic!("a new key is acquired")
@@ -263,6 +264,7 @@ impl Subject {
                     fingerprint: &fp,
                     lease: Duration::from_secs(30),
                     on_expired: OnExpired::TakeOver,
+                    origin: Default::default(),
                 };
                 let claim = self.run.idem().store().claim(req).await;
                 assert!(matches!(claim, Ok(Claim::Completed(_))), "a seeded key replays");

@@ -27,6 +27,9 @@ use futures_util::future::join_all;
 use tokio::time::{Instant, sleep};
 
 use crate::key::{Fingerprint, Key, Scope, derive_key, fingerprint};
+
+mod admin;
+pub use admin::*;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 
 /// A lease meant to expire during a test.
@@ -69,6 +72,14 @@ macro_rules! store_conformance_tests {
             wait_never_past_max,
             wait_returns_when_not_held,
             forget_removes_any_state,
+            list_by_state,
+            list_filters_and_pages,
+            inspect_shows_one_record,
+            resolve_happened_replays,
+            resolve_not_happened_frees_key,
+            resolve_is_fenced,
+            purge_removes_only_expired,
+            stats_count_by_state,
         );
     };
     (@each #[$attr:meta] $make:expr; $($name:ident,)*) => {
@@ -103,7 +114,7 @@ pub fn other_fingerprint() -> Fingerprint {
 }
 
 fn req<'a>(key: &'a Key, fp: &'a Fingerprint, lease: Duration, on: OnExpired) -> ClaimRequest<'a> {
-    ClaimRequest { key, fingerprint: fp, lease, on_expired: on }
+    ClaimRequest { key, fingerprint: fp, lease, on_expired: on, origin: Default::default() }
 }
 
 async fn claim(store: &dyn Store, key: &Key, fp: &Fingerprint, lease: Duration) -> Claim {

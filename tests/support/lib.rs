@@ -59,6 +59,7 @@ pub fn claim_req<'a>(key: &'a Key, fp: &'a Fingerprint) -> ClaimRequest<'a> {
         fingerprint: fp,
         lease: idem_core::conformance::LONG,
         on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::class::RetryClass;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
-use crate::key::{Fingerprint, Key, KeyError};
+use crate::key::{Fingerprint, Key, KeyError, Scope};
 use crate::policy::Policy;
 use crate::store::{OnExpired, Outcome, Record, StoreError};
 use crate::tool::Tool;
@@ -24,6 +24,8 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) tool: &'a T,
     pub(super) key: Key,
     pub(super) fingerprint: Fingerprint,
+    /// Stored with the record (its origin) for listing.
+    pub(super) scope: Arc<Scope>,
     pub(super) policy: Policy,
     pub(super) deadline: Instant,
     pub(super) span: tracing::Span,

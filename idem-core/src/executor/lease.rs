@@ -13,7 +13,8 @@ use super::report::Served;
 use crate::clock::later;
 use crate::error::Chain;
 use crate::error::Error;
-use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
+use crate::key::Scope;
+use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, StoreError};
 use crate::tool::Tool;
 
 /// What claiming ended with: this call owns the key, or it already has its answer.
@@ -71,6 +72,10 @@ impl<T: Tool> Call<'_, T> {
     /// One claim, bounded by the call's deadline and the store timeout. A claim that does not
     /// answer in time is finished in the background and released if it acquired, so a slow store
     /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
+    fn origin<'s>(&self, scope: &'s Scope) -> Origin<'s> {
+        Origin { tool: self.name(), tenant: scope.tenant(), run: scope.run_id() }
+    }
+
     async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
         if self.inner.local_store {
             // Answers without I/O: nothing to bound, nothing left behind.
@@ -79,6 +84,7 @@ impl<T: Tool> Call<'_, T> {
                 fingerprint: &self.fingerprint,
                 lease: self.policy.lease,
                 on_expired,
+                origin: self.origin(&self.scope),
             };
             return self.inner.store.claim(req).await;
         }
@@ -86,8 +92,10 @@ impl<T: Tool> Call<'_, T> {
         let bound = later(now, self.policy.store_timeout).min(self.deadline);
         let store = Arc::clone(&self.inner.store);
         let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
+        let (scope, tool) = (Arc::clone(&self.scope), self.name());
         let mut claim = Box::pin(async move {
-            let req = ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired };
+            let origin = Origin { tool, tenant: scope.tenant(), run: scope.run_id() };
+            let req = ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired, origin };
             store.claim(req).await
         });
         match tokio::time::timeout_at(bound, &mut claim).await {

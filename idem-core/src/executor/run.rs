@@ -138,6 +138,7 @@ impl Run {
             tool,
             key,
             fingerprint,
+            scope: Arc::clone(&self.scope),
             policy,
             deadline: later(Instant::now(), policy.deadline),
             span: span.clone(),

@@ -11,7 +11,10 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use super::admin::{self, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats};
+use super::{
+    Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, Record, Store, StoreError, StoredOrigin,
+};
 use crate::clock::later;
 use crate::key::{Fingerprint, Key};
 
@@ -25,6 +28,7 @@ enum State {
         on_expired: OnExpired,
     },
     Done {
+        fence: Fence,
         outcome: Outcome,
         expires: Instant,
     },
@@ -34,6 +38,9 @@ enum State {
 struct Entry {
     fingerprint: Fingerprint,
     state: State,
+    origin: StoredOrigin,
+    /// When the record entered its state (acquired, taken over, completed).
+    since: Instant,
     /// Created when someone first waits on this record.
     waiters: Option<Arc<Notify>>,
 }
@@ -142,6 +149,8 @@ impl Store for MemoryStore {
                 lease_until: later(now, req.lease),
                 on_expired: req.on_expired,
             },
+            origin: owned(req.origin),
+            since: now,
             waiters: None,
         };
         let Some(entry) = map.entries.get_mut(req.key) else {
@@ -175,6 +184,7 @@ impl Store for MemoryStore {
                         lease_until: later(now, req.lease),
                         on_expired: req.on_expired,
                     };
+                    entry.since = now;
                     Ok(Claim::Acquired { fence, takeover: true })
                 }
             },
@@ -192,7 +202,9 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         match map.entries.get_mut(key) {
             Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
-                e.state = State::Done { outcome: outcome.clone(), expires: later(now, ttl) };
+                e.state =
+                    State::Done { fence, outcome: outcome.clone(), expires: later(now, ttl) };
+                e.since = now;
                 e.wake();
                 Ok(())
             }
@@ -270,6 +282,116 @@ impl Store for MemoryStore {
             }
             None => false,
         })
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let after = match &query.cursor {
+            None => None,
+            Some(c) => Some(Key::parse(c).ok_or_else(|| {
+                StoreError::InvalidConfig(format!("not a cursor of this store: {c:?}"))
+            })?),
+        };
+        let now = Instant::now();
+        let map = self.lock();
+        let mut keys: Vec<&Key> = map
+            .entries
+            .iter()
+            .filter(|(k, e)| !e.expired(now) && after.is_none_or(|a| k.as_str() > a.as_str()))
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut page = ListPage::default();
+        for key in keys {
+            page.scanned += 1;
+            let info = map.entries[key].info(key, now);
+            if query.selects(&info) {
+                page.records.push(info);
+                if page.records.len() == query.page_size() {
+                    page.next = Some(key.to_string());
+                    break;
+                }
+            }
+        }
+        Ok(page)
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        Ok(map.entries.get(key).filter(|e| !e.expired(now)).map(|e| e.info(key, now)))
+    }
+
+    async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let Some(entry) = map.entries.get_mut(key) else { return Err(StoreError::LeaseLost) };
+        let info = entry.info(key, now);
+        if entry.expired(now) || info.fence != fence || !admin::resolvable(&info.state) {
+            return Err(StoreError::LeaseLost);
+        }
+        entry.wake();
+        match resolution {
+            Resolution::Happened { outcome, ttl } => {
+                entry.state =
+                    State::Done { fence, outcome: outcome.clone(), expires: later(now, *ttl) };
+                entry.since = now;
+            }
+            Resolution::NotHappened => {
+                map.entries.remove(key);
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let before = map.entries.len();
+        map.entries.retain(|_, e| !e.expired(now));
+        Ok((before - map.entries.len()) as u64)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let now = Instant::now();
+        let map = self.lock();
+        let mut stats = Stats::default();
+        for (key, e) in map.entries.iter().filter(|(_, e)| !e.expired(now)) {
+            stats.count(&e.info(key, now).state);
+        }
+        Ok(stats)
+    }
+}
+
+fn owned(origin: Origin<'_>) -> StoredOrigin {
+    StoredOrigin {
+        tool: origin.tool.to_owned(),
+        tenant: origin.tenant.to_owned(),
+        run: origin.run.to_owned(),
+    }
+}
+
+impl Entry {
+    fn info(&self, key: &Key, now: Instant) -> RecordInfo {
+        let (fence, state) = match &self.state {
+            State::InFlight { fence, lease_until, .. } => (
+                *fence,
+                RecordState::InFlight { lease_remaining: lease_until.saturating_duration_since(now) },
+            ),
+            State::Done { fence, outcome, .. } => (*fence, RecordState::Done(outcome.clone())),
+        };
+        RecordInfo {
+            key: *key,
+            fingerprint: self.fingerprint,
+            fence,
+            origin: Some(self.origin.clone()),
+            state,
+            age: Some(now.saturating_duration_since(self.since)),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 
 use crate::key::{Fingerprint, Key};
 
+pub mod admin;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod codec;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -39,6 +40,10 @@ mod url_query;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+pub use admin::{
+    ListPage, ListQuery, Origin, RecordInfo, RecordState, Resolution, StateFilter, Stats,
+    StoredOrigin,
+};
 pub use memory::MemoryStore;
 pub use open::open;
 #[cfg(feature = "postgres")]
@@ -102,6 +107,9 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// What to do with an expired lease.
     pub on_expired: OnExpired,
+    /// The tool and scope of the call, stored with the record for listing
+    /// ([`Store::list`]); `Origin::default()` when not known.
+    pub origin: Origin<'a>,
 }
 
 /// The answer to a claim: the only ways a claim can end.
@@ -148,6 +156,10 @@ pub enum StoreError {
     /// replayed from it.
     #[error("incompatible record or schema: {0}; upgrade idem, or migrate the store")]
     Incompatible(String),
+    /// The store does not implement this operation (a store written outside idem that only
+    /// implements the claim protocol). Nothing was attempted.
+    #[error("this store does not support {0}")]
+    Unsupported(&'static str),
     /// The store's configuration is invalid: a malformed or unknown store URL, an option the
     /// store does not know, an unreadable CA file, or a store or TLS feature not compiled in.
     /// Nothing was attempted; fix the configuration.
@@ -208,4 +220,47 @@ pub trait Store: Send + Sync + 'static {
     /// Removes the record of `key` whatever its state (an operator's reconciliation of an unknown
     /// outcome, or tests). Returns whether a record was removed.
     async fn forget(&self, key: &Key) -> Result<bool, StoreError>;
+
+    /// One page of the records `query` selects, in an order stable across pages (key order for
+    /// the SQL and in-memory stores, scan order for Redis). Records whose retention ended are
+    /// left out. Cheap on a large store: indexed queries, or an incremental scan that never
+    /// blocks the server. Records written by a version of idem that stored no origin list with
+    /// `origin: None`.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let _ = query;
+        Err(StoreError::Unsupported("listing"))
+    }
+
+    /// The record of `key` as an operator sees it; `None` when there is none (or its retention
+    /// ended).
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let _ = key;
+        Err(StoreError::Unsupported("inspecting a record"))
+    }
+
+    /// Settles the record of `key` by hand, in one atomic step, only if its fence is still
+    /// `fence` (as read by [`Store::inspect`] or [`Store::list`]) and it is resolvable
+    /// ([`admin::resolvable`]: outcome unknown, or a lease that ended without a result).
+    /// [`StoreError::LeaseLost`] otherwise, and nothing is changed: a live owner, or one that
+    /// completed meanwhile, is never overwritten. Waiters are woken.
+    async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        let _ = (key, fence, resolution);
+        Err(StoreError::Unsupported("resolving a record"))
+    }
+
+    /// Removes the records whose retention ended (claims already treat them as absent); how
+    /// many. A store whose backend expires records itself (Redis) answers 0.
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        Err(StoreError::Unsupported("purging"))
+    }
+
+    /// Counts of the records by state.
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        Err(StoreError::Unsupported("stats"))
+    }
 }
