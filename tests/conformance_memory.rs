@@ -14,11 +14,19 @@ idem_core::store_conformance_tests!(
     #[tokio::test(start_paused = true)]
     store().await
 );
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(start_paused = true)]
+    store().await
+);
 
 mod real_clock {
     use super::store;
 
     idem_core::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        store().await
+    );
+    idem_core::store_admin_conformance_tests!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         store().await
     );
