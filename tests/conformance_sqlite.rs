@@ -20,6 +20,10 @@ idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     file_store().await
 );
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    file_store().await
+);
 
 mod in_memory {
     async fn store() -> Option<std::sync::Arc<idem_core::SqliteStore>> {
@@ -27,6 +31,10 @@ mod in_memory {
     }
 
     idem_core::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        store().await
+    );
+    idem_core::store_admin_conformance_tests!(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         store().await
     );
@@ -252,4 +260,45 @@ async fn claim_dropped_mid_flight_releases_what_it_acquired() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("the dropped claim's record was never released; last answer {last:?}");
+}
+
+/// A database of schema revision 0 (before records kept their origin) is migrated when a store
+/// of this version opens it: its records still replay, list with an unknown origin and age, and
+/// can be resolved.
+#[tokio::test]
+async fn revision_0_database_is_migrated() {
+    use idem_core::store::{ListQuery, RecordState, Resolution, StateFilter};
+    let path = fresh_file("revision0");
+    let store = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("revision0", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.expect("done");
+    drop(store);
+    // Back to revision 0: the columns and indexes of revision 1 removed.
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute_batch(
+        "DROP INDEX idem_records_state; DROP INDEX idem_records_tool; DROP INDEX idem_records_run;
+         ALTER TABLE idem_records DROP COLUMN tool; ALTER TABLE idem_records DROP COLUMN tenant;
+         ALTER TABLE idem_records DROP COLUMN run_id; ALTER TABLE idem_records DROP COLUMN since;
+         DELETE FROM idem_meta WHERE name = 'schema_revision';",
+    )
+    .expect("revision 0");
+    let store = SqliteStore::open(&path).expect("a revision 0 database opens");
+    let revision: i64 = raw
+        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
+        .expect("revision");
+    assert_eq!(revision, idem_core::store::sqlite::SCHEMA_REVISION);
+    let info = store.inspect(&key).await.expect("inspect").expect("the old record");
+    assert_eq!((info.origin, info.age), (None, None), "unknown origin and age");
+    assert_eq!(info.state, RecordState::Done(Outcome::Unknown));
+    let query = ListQuery { state: Some(StateFilter::Unknown), ..ListQuery::default() };
+    let page = store.list(&query).await.expect("list");
+    assert!(page.records.iter().any(|r| r.key == key), "the old record lists: {page:?}");
+    let by_tool = ListQuery { tool: Some("revision0".into()), ..ListQuery::default() };
+    assert!(store.list(&by_tool).await.expect("list").records.is_empty(), "no origin, no match");
+    store.resolve(&key, info.fence, &Resolution::NotHappened).await.expect("resolve");
+    assert!(matches!(
+        store.claim(idem_tests::claim_req(&key, &fp)).await,
+        Ok(Claim::Acquired { .. })
+    ));
 }

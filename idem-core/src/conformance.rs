@@ -29,8 +29,8 @@ use tokio::time::{Instant, sleep};
 use crate::key::{Fingerprint, Key, Scope, derive_key, fingerprint};
 
 mod admin;
-pub use admin::*;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+pub use admin::*;
 
 /// A lease meant to expire during a test.
 pub const SHORT: Duration = Duration::from_millis(250);

@@ -46,7 +46,13 @@ pub async fn waiters_wake(
     let (key, fp) = idem_core::conformance::fresh_key("adversarial_wake", &format!("{end:?}"));
     let lease =
         if matches!(end, End::TakeOver) { Duration::from_secs(1) } else { Duration::from_secs(30) };
-    let req = ClaimRequest { key: &key, fingerprint: &fp, lease, on_expired: OnExpired::TakeOver, origin: Default::default() };
+    let req = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease,
+        on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
+    };
     let Claim::Acquired { fence, .. } = holder.claim(req).await.expect("claim") else {
         panic!("fresh key must be acquired")
     };

@@ -261,7 +261,10 @@ pub async fn resolve_not_happened_frees_key(store: &dyn Store) {
             }
             other => panic!("the next claim must acquire, got {other:?}"),
         }
-        refused("resolving a record now live", store.resolve(&key, fence, &Resolution::NotHappened).await);
+        refused(
+            "resolving a record now live",
+            store.resolve(&key, fence, &Resolution::NotHappened).await,
+        );
     }
 }
 
@@ -298,7 +301,10 @@ pub async fn resolve_is_fenced(store: &dyn Store) {
     for stale in [Fence(fence.0.wrapping_sub(1)), Fence(fence.0 + 1)] {
         refused("resolving with another fence", store.resolve(&unknown, stale, &happened).await);
     }
-    assert_eq!(f.inspect(&unknown).await.map(|i| i.state), Some(RecordState::Done(Outcome::Unknown)));
+    assert_eq!(
+        f.inspect(&unknown).await.map(|i| i.state),
+        Some(RecordState::Done(Outcome::Unknown))
+    );
     let (absent, _) = f.key(TOOL, "absent");
     refused("resolving an absent key", store.resolve(&absent, Fence(1), &happened).await);
     // The operator reads a dead owner's fence; the owner completes late (its fence is still

@@ -95,7 +95,8 @@ impl<T: Tool> Call<'_, T> {
         let (scope, tool) = (Arc::clone(&self.scope), self.name());
         let mut claim = Box::pin(async move {
             let origin = Origin { tool, tenant: scope.tenant(), run: scope.run_id() };
-            let req = ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired, origin };
+            let req =
+                ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired, origin };
             store.claim(req).await
         });
         match tokio::time::timeout_at(bound, &mut claim).await {

@@ -224,6 +224,7 @@ impl Stats {
 pub fn resolvable(state: &RecordState) -> bool {
     matches!(
         state,
-        RecordState::Done(Outcome::Unknown) | RecordState::InFlight { lease_remaining: Duration::ZERO }
+        RecordState::Done(Outcome::Unknown)
+            | RecordState::InFlight { lease_remaining: Duration::ZERO }
     )
 }

@@ -202,8 +202,7 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         match map.entries.get_mut(key) {
             Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
-                e.state =
-                    State::Done { fence, outcome: outcome.clone(), expires: later(now, ttl) };
+                e.state = State::Done { fence, outcome: outcome.clone(), expires: later(now, ttl) };
                 e.since = now;
                 e.wake();
                 Ok(())
@@ -380,7 +379,9 @@ impl Entry {
         let (fence, state) = match &self.state {
             State::InFlight { fence, lease_until, .. } => (
                 *fence,
-                RecordState::InFlight { lease_remaining: lease_until.saturating_duration_since(now) },
+                RecordState::InFlight {
+                    lease_remaining: lease_until.saturating_duration_since(now),
+                },
             ),
             State::Done { fence, outcome, .. } => (*fence, RecordState::Done(outcome.clone())),
         };

@@ -30,11 +30,26 @@ use tokio::sync::Notify;
 
 use super::codec::{self, encode, fence_param, ms, now_ms};
 use super::sweep::SweepClock;
-use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, Fence, ListPage, ListQuery, OnExpired, Outcome, Record, RecordInfo,
+    Resolution, Stats, Store, StoreError, StoredOrigin,
+};
 use crate::key::{Fingerprint, Key};
+
+mod admin;
 
 /// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
 pub const SCHEMA_VERSION: i64 = 1;
+
+/// The revision of [`SCHEMA_VERSION`] this store writes; stored in `idem_meta` as
+/// `schema_revision` (absent: 0). Stores of an older revision keep working on a database of a
+/// newer one (they ignore the columns they do not know), so processes can be upgraded one by one.
+///
+/// History: 1 adds the record's origin (`tool`, `tenant`, `run_id`), the time it entered its
+/// state (`since`, ms) and the indexes for listing (`docs/design.md` §5.1). A database of
+/// revision 0 is migrated when a store of this version opens it; its records list with an
+/// unknown origin and age.
+pub const SCHEMA_REVISION: i64 = 1;
 
 const SCHEMA: &str = "
 CREATE TABLE idem_records (
@@ -63,12 +78,25 @@ CREATE TRIGGER idem_fence_update AFTER UPDATE OF fence ON idem_records BEGIN
 END;
 ";
 
+/// Revision 1 (see [`SCHEMA_REVISION`]), applied to new databases and to those of revision 0.
+const REVISION_1: &str = "
+ALTER TABLE idem_records ADD COLUMN tool TEXT;
+ALTER TABLE idem_records ADD COLUMN tenant TEXT;
+ALTER TABLE idem_records ADD COLUMN run_id TEXT;
+ALTER TABLE idem_records ADD COLUMN since INTEGER;
+CREATE INDEX idem_records_state ON idem_records (state, kind, key);
+CREATE INDEX idem_records_tool ON idem_records (tool, key);
+CREATE INDEX idem_records_run ON idem_records (run_id, key);
+";
+
 /// Acquires when the key is absent, when its record's retention ended (any fingerprint: the old
 /// record is gone whole), or when its lease expired, the fingerprint matches and the request
 /// takes over (`?5 = 1`).
 const CLAIM: &str = "
-INSERT INTO idem_records (key, fingerprint, fence, state, lease_until, takeover)
-VALUES (?1, ?2, (SELECT value + 1 FROM idem_meta WHERE name = 'fence'), 0, ?3 + ?4, 0)
+INSERT INTO idem_records
+    (key, fingerprint, fence, state, lease_until, takeover, tool, tenant, run_id, since)
+VALUES (?1, ?2, (SELECT value + 1 FROM idem_meta WHERE name = 'fence'), 0, ?3 + ?4, 0,
+        ?6, ?7, ?8, ?3)
 ON CONFLICT (key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     fence = excluded.fence,
@@ -77,7 +105,11 @@ ON CONFLICT (key) DO UPDATE SET
     lease_until = excluded.lease_until,
     expires_at = NULL,
     kind = NULL,
-    payload = NULL
+    payload = NULL,
+    tool = excluded.tool,
+    tenant = excluded.tenant,
+    run_id = excluded.run_id,
+    since = excluded.since
 WHERE (state = 1 AND expires_at <= ?3)
    OR (state = 0 AND lease_until <= ?3 AND fingerprint = excluded.fingerprint AND ?5 = 1)
 RETURNING fence, takeover";
@@ -88,7 +120,7 @@ FROM idem_records WHERE key = ?1";
 
 const COMPLETE: &str = "
 UPDATE idem_records
-SET state = 1, lease_until = NULL, expires_at = ?3 + ?4, kind = ?5, payload = ?6
+SET state = 1, lease_until = NULL, expires_at = ?3 + ?4, kind = ?5, payload = ?6, since = ?3
 WHERE key = ?1 AND fence = ?2 AND state = 0";
 
 const RELEASE: &str = "DELETE FROM idem_records WHERE key = ?1 AND fence = ?2 AND state = 0";
@@ -289,6 +321,19 @@ fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
                 )?;
             }
         }
+        let revision: i64 = tx
+            .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| {
+                r.get(0)
+            })
+            .optional()?
+            .unwrap_or(0);
+        if revision < 1 {
+            tx.execute_batch(REVISION_1)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO idem_meta (name, value) VALUES ('schema_revision', ?1)",
+                params![SCHEMA_REVISION],
+            )?;
+        }
         tx.commit()?;
         Ok(())
     };
@@ -376,6 +421,7 @@ fn claim_blocking(
     fp: Fingerprint,
     lease: Duration,
     on_expired: OnExpired,
+    origin: &StoredOrigin,
     now: i64,
 ) -> Result<Claim, SqlError> {
     if let Some(row) = read_row(conn, &key)?
@@ -387,9 +433,19 @@ fn claim_blocking(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let acquired = tx
         .prepare_cached(CLAIM)?
-        .query_row(params![key.as_str(), fp.as_str(), now, ms(lease), take_over], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
-        })
+        .query_row(
+            params![
+                key.as_str(),
+                fp.as_str(),
+                now,
+                ms(lease),
+                take_over,
+                origin.tool,
+                origin.tenant,
+                origin.run
+            ],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?)),
+        )
         .optional()?;
     if let Some((fence, takeover)) = acquired {
         tx.commit()?;
@@ -420,6 +476,11 @@ impl Store for SqliteStore {
             return Ok(claim);
         }
         let sweep = self.inner.sweeps.due(now);
+        let origin = StoredOrigin {
+            tool: req.origin.tool.to_owned(),
+            tenant: req.origin.tenant.to_owned(),
+            run: req.origin.run.to_owned(),
+        };
         // SQLite runs in this process, so no reply is lost on the way as with a remote store: a
         // statement either returns its answer to this function or the process is gone (with its
         // leases, as any owner that dies). What can happen is that the caller drops this claim
@@ -431,7 +492,7 @@ impl Store for SqliteStore {
             let conn = &mut *inner.lock();
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
-            let claim = claim_blocking(conn, key, fp, lease, on_expired, now);
+            let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now);
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
                 let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
@@ -503,6 +564,44 @@ impl Store for SqliteStore {
             .await?;
         self.inner.changed.notify_waiters();
         Ok(removed > 0)
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let query = query.clone();
+        self.call(move |conn| admin::list(conn, &query, now_ms())).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let key = *key;
+        self.call(move |conn| admin::inspect(conn, &key, now_ms())).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        let (key, resolution) = (*key, resolution.clone());
+        let changed =
+            self.call(move |conn| admin::resolve(conn, &key, fence, &resolution, now_ms())).await?;
+        self.changed_or_lost(changed)
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            // Batches, so other processes' claims get the write lock in between.
+            let n = self.sweep().await?;
+            purged += n as u64;
+            if n < admin::SWEEP_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.call(move |conn| admin::stats(conn, now_ms())).await
     }
 }
 

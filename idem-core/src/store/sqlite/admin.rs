@@ -1,0 +1,227 @@
+//! The SQLite store's operator side (`docs/design.md` §5.1): listing with keyset pagination on
+//! the key over the indexes of schema revision 1, inspecting, fenced resolution, counting.
+
+use std::time::Duration;
+
+use rusqlite::types::Value;
+use rusqlite::{Connection, params, params_from_iter};
+
+use super::{SqlError, decode, fence_of};
+use crate::key::{Fingerprint, Key};
+use crate::store::codec::{self, encode, fence_param, ms};
+use crate::store::{
+    ListPage, ListQuery, RecordInfo, RecordState, Resolution, StateFilter, Stats, StoredOrigin,
+};
+
+/// How many records one sweep removes at most.
+pub(super) const SWEEP_BATCH: usize = 1000;
+
+const COLUMNS: &str = "key, fingerprint, fence, state, lease_until, kind, payload, tool, tenant, \
+                       run_id, since";
+
+/// Not past retention (`?1` is now).
+const LIVE: &str = "NOT (state = 1 AND expires_at <= ?1)";
+
+/// Resolvable under the fence `?3` at `?4` (now): outcome unknown, or a lease that ended.
+const RESOLVABLE: &str = "key = ?1 AND fence = ?3 AND (
+    (state = 0 AND lease_until <= ?4) OR (state = 1 AND kind = 3 AND expires_at > ?4))";
+
+fn info(r: &rusqlite::Row<'_>, now: i64) -> Result<RecordInfo, SqlError> {
+    let key: String = r.get(0)?;
+    let fingerprint: String = r.get(1)?;
+    let bad =
+        |what: &str| SqlError::Incompatible(format!("a SQLite record has a malformed {what}"));
+    let key = Key::parse(&key).ok_or_else(|| bad("key"))?;
+    let fingerprint = Fingerprint::parse(&fingerprint).ok_or_else(|| bad("fingerprint"))?;
+    let state: i64 = r.get(3)?;
+    let lease_until: Option<i64> = r.get(4)?;
+    let state = match (state, lease_until) {
+        (0, Some(until)) => RecordState::InFlight {
+            lease_remaining: Duration::from_millis(until.saturating_sub(now).max(0) as u64),
+        },
+        (1, _) => RecordState::Done(decode(&key, r.get(5)?, r.get(6)?)?),
+        (state, _) => {
+            return Err(SqlError::Incompatible(format!(
+                "the SQLite record of key {key} has an unknown state {state}"
+            )));
+        }
+    };
+    let tool: Option<String> = r.get(7)?;
+    let origin = tool.map(|tool| -> Result<StoredOrigin, SqlError> {
+        Ok(StoredOrigin {
+            tool,
+            tenant: r.get::<_, Option<String>>(8)?.unwrap_or_default(),
+            run: r.get::<_, Option<String>>(9)?.unwrap_or_default(),
+        })
+    });
+    let since: Option<i64> = r.get(10)?;
+    Ok(RecordInfo {
+        key,
+        fingerprint,
+        fence: fence_of(r.get(2)?),
+        origin: origin.transpose()?,
+        state,
+        age: since.map(|s| Duration::from_millis(now.saturating_sub(s).max(0) as u64)),
+    })
+}
+
+pub(super) fn inspect(
+    conn: &Connection,
+    key: &Key,
+    now: i64,
+) -> Result<Option<RecordInfo>, SqlError> {
+    let sql = format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?2 AND {LIVE}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![now, key.as_str()])?;
+    match rows.next()? {
+        Some(r) => Ok(Some(info(r, now)?)),
+        None => Ok(None),
+    }
+}
+
+/// The smallest string above every string that starts with `prefix` (in SQLite's byte order),
+/// for an indexed range; `None` when there is none (a prefix of only U+10FFFF).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        if let Some(next) = (last as u32 + 1..=0x10FFFF).find_map(char::from_u32) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+pub(super) fn list(conn: &Connection, q: &ListQuery, now: i64) -> Result<ListPage, SqlError> {
+    let mut sql = format!("SELECT {COLUMNS} FROM idem_records WHERE {LIVE}");
+    let mut args: Vec<Value> = vec![Value::Integer(now)];
+    let mut arg = |sql: &mut String, clause: &str, v: Value| {
+        args.push(v);
+        sql.push_str(&clause.replace('?', &format!("?{}", args.len())));
+    };
+    if let Some(cursor) = &q.cursor {
+        let key = Key::parse(cursor).ok_or_else(|| {
+            SqlError::Incompatible(format!("not a cursor of this store: {cursor:?}"))
+        })?;
+        arg(&mut sql, " AND key > ?", Value::Text(key.to_string()));
+    }
+    match q.state {
+        None => {}
+        Some(StateFilter::InFlight) => sql.push_str(" AND state = 0"),
+        Some(state) => {
+            let kind = match state {
+                StateFilter::Completed => codec::SUCCESS,
+                StateFilter::Failed => codec::FAILURE,
+                StateFilter::NotStorable => codec::NOT_STORABLE,
+                _ => codec::UNKNOWN,
+            };
+            arg(&mut sql, " AND state = 1 AND kind = ?", Value::Integer(kind.into()));
+        }
+    }
+    if let Some(tool) = &q.tool {
+        arg(&mut sql, " AND tool = ?", Value::Text(tool.clone()));
+    }
+    if let Some(prefix) = &q.run_prefix {
+        // The range lets the index on run_id serve the prefix; `substr` is the exact test.
+        arg(&mut sql, " AND run_id >= ?", Value::Text(prefix.clone()));
+        if let Some(end) = prefix_end(prefix) {
+            arg(&mut sql, " AND run_id < ?", Value::Text(end));
+        }
+        arg(&mut sql, " AND substr(run_id, 1, length(?))", Value::Text(prefix.clone()));
+        arg(&mut sql, " = ?", Value::Text(prefix.clone()));
+    }
+    if let Some(older) = q.older_than {
+        arg(&mut sql, " AND since <= ?", Value::Integer(now.saturating_sub(ms(older))));
+    }
+    let size = q.page_size();
+    arg(&mut sql, " ORDER BY key LIMIT ?", Value::Integer(size as i64));
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params_from_iter(args))?;
+    let mut page = ListPage::default();
+    while let Some(r) = rows.next()? {
+        page.records.push(info(r, now)?);
+    }
+    page.scanned = page.records.len() as u64;
+    if page.records.len() == size {
+        page.next = page.records.last().map(|r| r.key.to_string());
+    }
+    Ok(page)
+}
+
+/// Rows changed: 1 when resolved, 0 when refused.
+pub(super) fn resolve(
+    conn: &Connection,
+    key: &Key,
+    fence: crate::store::Fence,
+    resolution: &Resolution,
+    now: i64,
+) -> Result<usize, SqlError> {
+    let fence = fence_param(fence);
+    Ok(match resolution {
+        Resolution::Happened { outcome, ttl } => {
+            let (kind, payload) = encode(outcome);
+            let sql = format!(
+                "UPDATE idem_records SET state = 1, lease_until = NULL, expires_at = ?4 + ?5, \
+                 kind = ?6, payload = ?2, since = ?4 WHERE {RESOLVABLE}"
+            );
+            conn.prepare_cached(&sql)?.execute(params![
+                key.as_str(),
+                payload,
+                fence,
+                now,
+                ms(*ttl),
+                kind
+            ])?
+        }
+        Resolution::NotHappened => {
+            let sql = format!("DELETE FROM idem_records WHERE {RESOLVABLE}");
+            let none: Option<&str> = None;
+            // ?2 is unused here; bound so both statements share the clause's numbering.
+            conn.prepare_cached(&sql)?.execute(params![key.as_str(), none, fence, now])?
+        }
+    })
+}
+
+pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
+    let sql = format!(
+        "SELECT state, kind, state = 0 AND lease_until <= ?1, count(*) FROM idem_records \
+         WHERE {LIVE} GROUP BY 1, 2, 3"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![now])?;
+    let mut stats = Stats::default();
+    while let Some(r) = rows.next()? {
+        let (state, kind, ended, n): (i64, Option<i64>, bool, i64) =
+            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
+        let n = n as u64;
+        let slot = match (state, kind.map(|k| k as i16)) {
+            (0, _) if ended => &mut stats.lease_expired,
+            (0, _) => &mut stats.in_flight,
+            (_, Some(codec::SUCCESS)) => &mut stats.completed,
+            (_, Some(codec::FAILURE)) => &mut stats.failed,
+            (_, Some(codec::UNKNOWN)) => &mut stats.unknown,
+            (_, Some(codec::NOT_STORABLE)) => &mut stats.not_storable,
+            _ => {
+                return Err(SqlError::Incompatible(format!(
+                    "SQLite records of state {state} and outcome kind {kind:?}"
+                )));
+            }
+        };
+        *slot += n;
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_above_every_extension() {
+        assert_eq!(prefix_end("run-1").as_deref(), Some("run-2"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    }
+}
