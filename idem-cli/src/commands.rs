@@ -1,0 +1,258 @@
+//! What each command does against the store.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+
+use idem_core::Key;
+use idem_core::store::{
+    self, ListQuery, Outcome, RecordInfo, RecordState, Resolution, Store, admin,
+};
+
+use crate::render;
+use crate::{Cli, Command, Exit, Failure, ListArgs, ResolveArgs};
+
+/// The page size of one store call while listing.
+const PAGE: usize = 500;
+
+pub async fn run(cli: Cli) -> Result<(), Failure> {
+    let Some(url) = cli.store.as_deref() else {
+        return Err(Failure::new(Exit::Usage, "no store: pass --store URL or set IDEM_STORE"));
+    };
+    let store = store::open(url).await?;
+    let json = cli.json;
+    match cli.command {
+        Command::List(args) => list(&*store, args, json).await,
+        Command::Show { key } => show(&*store, &parse_key(&key)?, json).await,
+        Command::Resolve(args) => resolve(&store, args, json).await,
+        Command::Forget { key, yes } => forget(&*store, &parse_key(&key)?, yes, json).await,
+        Command::Purge { expired: _, yes } => purge(&*store, yes, json).await,
+        Command::Stats => stats(&*store, json).await,
+    }
+}
+
+fn parse_key(key: &str) -> Result<Key, Failure> {
+    Key::parse(key.trim()).ok_or_else(|| {
+        Failure::new(Exit::Usage, format!("{key:?} is not an idempotency key (64 hex digits)"))
+    })
+}
+
+async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failure> {
+    let mut query = ListQuery {
+        state: args.state.map(Into::into),
+        tool: args.tool,
+        run_prefix: args.run,
+        older_than: args.older_than,
+        limit: 0,
+        cursor: args.cursor,
+    };
+    let progress = Progress::new();
+    let mut records: Vec<RecordInfo> = Vec::new();
+    let mut scanned = 0u64;
+    let mut next = None;
+    while records.len() < args.limit {
+        query.limit = (args.limit - records.len()).min(PAGE);
+        let page = store.list(&query).await?;
+        scanned += page.scanned;
+        records.extend(page.records);
+        next = page.next;
+        match &next {
+            Some(cursor) => query.cursor = Some(cursor.clone()),
+            None => break,
+        }
+        progress.show(scanned, records.len());
+    }
+    progress.done();
+    if json {
+        let records: Vec<_> = records.iter().map(render::record_json).collect();
+        render::print_json(&serde_json::json!({ "records": records, "next": next }));
+    } else {
+        print!("{}", render::table(&records));
+        if let Some(cursor) = next {
+            eprintln!("more records follow: --cursor {cursor}");
+        }
+    }
+    Ok(())
+}
+
+async fn show(store: &dyn Store, key: &Key, json: bool) -> Result<(), Failure> {
+    let info = found(store, key).await?;
+    if json {
+        render::print_json(&render::record_json(&info));
+    } else {
+        print!("{}", render::detail(&info));
+    }
+    Ok(())
+}
+
+async fn found(store: &dyn Store, key: &Key) -> Result<RecordInfo, Failure> {
+    store
+        .inspect(key)
+        .await?
+        .ok_or_else(|| Failure::new(Exit::NotFound, format!("no record of key {key}")))
+}
+
+/// Why a record cannot be resolved, for the refusal.
+fn not_resolvable(info: &RecordInfo) -> String {
+    match &info.state {
+        RecordState::InFlight { lease_remaining } => format!(
+            "key {} is held by a live owner (fence {}, lease ends in {}); resolve it once the \
+             lease has ended",
+            info.key,
+            info.fence.0,
+            render::duration(*lease_remaining)
+        ),
+        RecordState::Done(outcome) => format!(
+            "key {} is already settled ({}); use `idem forget` to remove it",
+            info.key,
+            render::state_name(&RecordState::Done(outcome.clone()))
+        ),
+    }
+}
+
+async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Result<(), Failure> {
+    let key = parse_key(&args.key)?;
+    let resolution = match &args.happened {
+        Some(result) => {
+            let value: serde_json::Value = serde_json::from_str(result).map_err(|e| {
+                Failure::new(Exit::Usage, format!("--happened takes the result as JSON: {e}"))
+            })?;
+            Resolution::Happened { outcome: Outcome::Success(value.to_string()), ttl: args.ttl }
+        }
+        None => Resolution::NotHappened,
+    };
+    let info = found(&**store, &key).await?;
+    if !admin::resolvable(&info.state) {
+        return Err(Failure::new(Exit::Refused, not_resolvable(&info)));
+    }
+    let what = match &resolution {
+        Resolution::Happened { .. } => "store this result for",
+        Resolution::NotHappened => "remove (the next call runs)",
+    };
+    confirm(
+        &format!("{what} {} record {key} of {}", render::state_name(&info.state), origin(&info)),
+        args.yes,
+    )?;
+    match store.resolve(&key, info.fence, &resolution).await {
+        Ok(()) => {}
+        Err(idem_core::StoreError::LeaseLost) => {
+            let now = store.inspect(&key).await?;
+            let why = match now {
+                None => format!("key {key} was removed meanwhile"),
+                Some(now) if now.fence != info.fence => {
+                    format!("key {key} was claimed again meanwhile (fence {})", now.fence.0)
+                }
+                Some(now) => not_resolvable(&now),
+            };
+            return Err(Failure::new(Exit::Refused, format!("not resolved: {why}")));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let done = match resolution {
+        Resolution::Happened { .. } => "resolved as happened: later calls replay the result",
+        Resolution::NotHappened => "resolved as not happened: the next call runs",
+    };
+    report(json, "resolved", &key, done);
+    Ok(())
+}
+
+async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(), Failure> {
+    let info = found(store, key).await?;
+    confirm(
+        &format!("forget {} record {key} of {}", render::state_name(&info.state), origin(&info)),
+        yes,
+    )?;
+    if !store.forget(key).await? {
+        return Err(Failure::new(Exit::NotFound, format!("no record of key {key}")));
+    }
+    report(json, "forgotten", key, "forgotten: the next call runs");
+    Ok(())
+}
+
+async fn purge(store: &dyn Store, yes: bool, json: bool) -> Result<(), Failure> {
+    confirm("remove every record whose retention ended", yes)?;
+    let purged = store.purge_expired().await?;
+    if json {
+        render::print_json(&serde_json::json!({ "purged": purged }));
+    } else {
+        println!("purged {purged} expired records");
+    }
+    Ok(())
+}
+
+async fn stats(store: &dyn Store, json: bool) -> Result<(), Failure> {
+    let stats = store.stats().await?;
+    if json {
+        render::print_json(&render::stats_json(&stats));
+    } else {
+        print!("{}", render::stats_table(&stats));
+    }
+    Ok(())
+}
+
+fn origin(info: &RecordInfo) -> String {
+    match &info.origin {
+        Some(o) => format!("tool {} in run {:?}", o.tool, o.run),
+        None => "unknown tool and run".into(),
+    }
+}
+
+fn report(json: bool, status: &str, key: &Key, text: &str) {
+    if json {
+        render::print_json(&serde_json::json!({ "status": status, "key": key.as_str() }));
+    } else {
+        println!("{key}: {text}");
+    }
+}
+
+/// Asks on the terminal unless `yes`; without a terminal and without `yes`, refuses.
+fn confirm(action: &str, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::new(
+            Exit::Refused,
+            format!(
+                "refusing to {action} without confirmation: pass --yes (no terminal to ask on)"
+            ),
+        ));
+    }
+    eprint!("{action}? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::new(Exit::Failed, format!("reading the answer: {e}")))?;
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+        Ok(())
+    } else {
+        Err(Failure::new(Exit::Refused, "not confirmed; nothing changed"))
+    }
+}
+
+/// Progress of a listing that takes more than one page, on stderr when it is a terminal.
+struct Progress {
+    shown: std::cell::Cell<bool>,
+    tty: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress { shown: false.into(), tty: std::io::stderr().is_terminal() }
+    }
+
+    fn show(&self, scanned: u64, found: usize) {
+        if self.tty {
+            eprint!("\rscanned {scanned} records, {found} selected...");
+            self.shown.set(true);
+        }
+    }
+
+    fn done(&self) {
+        if self.shown.get() {
+            eprintln!();
+        }
+    }
+}

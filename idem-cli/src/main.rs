@@ -1,0 +1,204 @@
+//! `idem`: list, inspect and settle the records of an idem store from the command line
+//! (`docs/design.md` §5.1). The store is named by a URL, as for `idem_core::store::open`.
+//!
+//! Exit codes: 0 done; 1 any other failure; 2 bad usage (arguments, key, JSON, store URL);
+//! 3 no such record; 4 refused (the record is held by a live owner, already settled, changed
+//! meanwhile, or the operator did not confirm); 5 store unavailable; 6 a record or schema of
+//! another idem version.
+
+mod commands;
+mod render;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idem_core::store::StateFilter;
+
+/// List, inspect and settle the records of an idem store.
+#[derive(Parser, Debug)]
+#[command(name = "idem", version, about, long_about = None, after_help = EXIT_CODES)]
+struct Cli {
+    /// The store: memory:, sqlite:///abs/path.db, postgres://user@host/db, redis://host:6379/
+    #[arg(long, env = "IDEM_STORE", global = true)]
+    store: Option<String>,
+
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage, 3 no such record, \
+4 refused (live owner, already settled, changed meanwhile, not confirmed), 5 store unavailable, \
+6 record or schema of another idem version.";
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List records, in key order.
+    List(ListArgs),
+    /// Show one record.
+    Show {
+        /// The idempotency key (64 hex digits, as in errors and listings).
+        key: String,
+    },
+    /// Settle a record whose outcome is unknown or whose owner died: fenced, so a record that a
+    /// live owner holds or completes meanwhile is never overwritten.
+    Resolve(ResolveArgs),
+    /// Remove a record whatever its state; the next call with its key runs.
+    Forget {
+        /// The idempotency key.
+        key: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Remove records whose retention ended.
+    Purge {
+        /// Records whose retention ended (the only kind purged).
+        #[arg(long, required = true)]
+        expired: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Count records by state.
+    Stats,
+}
+
+#[derive(Args, Debug)]
+struct ListArgs {
+    /// Only records in this state.
+    #[arg(long, value_enum)]
+    state: Option<State>,
+    /// Only records of this tool (its stable name).
+    #[arg(long)]
+    tool: Option<String>,
+    /// Only records whose run id starts with this.
+    #[arg(long)]
+    run: Option<String>,
+    /// Only records in their state for at least this long (e.g. 90s, 15m, 1h, 2d).
+    #[arg(long, value_parser = parse_duration)]
+    older_than: Option<Duration>,
+    /// Print at most this many records.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Go on from the cursor a previous listing printed.
+    #[arg(long)]
+    cursor: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ResolveArgs {
+    /// The idempotency key.
+    key: String,
+    /// The effect took place and returned this result (JSON): it is stored and later calls
+    /// replay it.
+    #[arg(
+        long,
+        value_name = "RESULT_JSON",
+        conflicts_with = "not_happened",
+        required_unless_present = "not_happened"
+    )]
+    happened: Option<String>,
+    /// The effect did not take place: the record is removed and the next call runs.
+    #[arg(long)]
+    not_happened: bool,
+    /// How long a stored result is kept.
+    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    ttl: Duration,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum State {
+    InFlight,
+    Unknown,
+    Completed,
+    Failed,
+    NotStorable,
+}
+
+impl From<State> for StateFilter {
+    fn from(s: State) -> Self {
+        match s {
+            State::InFlight => StateFilter::InFlight,
+            State::Unknown => StateFilter::Unknown,
+            State::Completed => StateFilter::Completed,
+            State::Failed => StateFilter::Failed,
+            State::NotStorable => StateFilter::NotStorable,
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 90s, 15m, 1h, 2d)"))
+}
+
+/// How a command ended, as the process's exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Ok = 0,
+    Failed = 1,
+    Usage = 2,
+    NotFound = 3,
+    Refused = 4,
+    Unavailable = 5,
+    Incompatible = 6,
+}
+
+/// A command's failure: the exit code and what to tell the operator.
+#[derive(Debug)]
+pub struct Failure {
+    pub exit: Exit,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Failure { exit, message: message.into() }
+    }
+}
+
+impl From<idem_core::StoreError> for Failure {
+    fn from(e: idem_core::StoreError) -> Self {
+        use idem_core::StoreError as E;
+        let exit = match &e {
+            E::Unavailable(_) => Exit::Unavailable,
+            E::Incompatible(_) => Exit::Incompatible,
+            E::InvalidConfig(_) => Exit::Usage,
+            E::LeaseLost => Exit::Refused,
+            _ => Exit::Failed,
+        };
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        Failure { exit, message }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idem: cannot start: {e}");
+            return ExitCode::from(Exit::Failed as u8);
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("idem: {}", f.message);
+            ExitCode::from(f.exit as u8)
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The `idem` binary against SQLite, PostgreSQL and Redis, on records made by real tool calls:
+//! in flight, outcome unknown, completed and failed. Each test counts how often the tool's body
+//! ran, so "resolved as happened" is seen replaying without running, and "not happened" running
+//! exactly once more.
+
+use std::collections::HashMap;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use idem_core::{Classify, Failure, Idem, Store, tool};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::Notify;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Refund {
+    refund_id: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, thiserror::Error)]
+enum RefundError {
+    #[error("declined")]
+    Declined,
+    #[error("timed out after sending")]
+    Timeout,
+}
+
+impl Classify for RefundError {
+    fn classify(&self) -> Failure {
+        match self {
+            RefundError::Declined => Failure::permanent(),
+            RefundError::Timeout => Failure::ambiguous(),
+        }
+    }
+}
+
+/// How often the body ran, by `order`.
+fn runs() -> &'static Mutex<HashMap<String, usize>> {
+    static RUNS: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+    RUNS.get_or_init(Default::default)
+}
+
+fn ran(order: &str) -> usize {
+    runs().lock().unwrap().get(order).copied().unwrap_or(0)
+}
+
+/// What a body that must hang waits for, by `order`.
+fn gates() -> &'static Mutex<HashMap<String, Arc<Notify>>> {
+    static GATES: OnceLock<Mutex<HashMap<String, Arc<Notify>>>> = OnceLock::new();
+    GATES.get_or_init(Default::default)
+}
+
+/// Refund an order. `order` says how the provider behaves: `declined-*` declines, `timeout-*`
+/// times out on its first run (ambiguous) and succeeds afterwards, `hang-*` waits for its gate.
+#[tool(retry = "never")]
+async fn refund(order: String) -> Result<Refund, RefundError> {
+    let n = {
+        let mut runs = runs().lock().unwrap();
+        let n = runs.entry(order.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    if order.starts_with("declined") {
+        return Err(RefundError::Declined);
+    }
+    if order.starts_with("timeout") && n == 1 {
+        return Err(RefundError::Timeout);
+    }
+    if order.starts_with("hang") {
+        let gate = Arc::clone(gates().lock().unwrap().entry(order.clone()).or_default());
+        gate.notified().await;
+    }
+    Ok(Refund { refund_id: format!("re_{order}_{n}") })
+}
+
+/// Runs `idem --store URL args..` with no terminal on stdin.
+fn idem(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("--store")
+        .arg(url)
+        .args(args)
+        .stdin(Stdio::null())
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited")
+}
+
+fn ok(url: &str, args: &[&str]) -> String {
+    let out = idem(url, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 0, "idem {args:?} must succeed; stderr: {stderr}");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn exits(url: &str, args: &[&str], want: i32) -> String {
+    let out = idem(url, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(code(&out), want, "idem {args:?}: exit code; stderr: {stderr}");
+    stderr
+}
+
+fn json(url: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&ok(url, &all)).expect("JSON output")
+}
+
+/// The key of the one record of `run` in `state` that the CLI lists.
+fn key_in(url: &str, run: &str, state: &str) -> String {
+    let listed = json(url, &["list", "--run", run, "--state", state]);
+    let records = listed["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1, "one {state} record of the run: {listed}");
+    assert_eq!(records[0]["tool"], "refund", "the record names its tool: {listed}");
+    assert_eq!(records[0]["run"], run);
+    records[0]["key"].as_str().expect("key").to_owned()
+}
+
+fn unique_run(store: &str) -> String {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("cli-{store}-{}-{nanos}", std::process::id())
+}
+
+/// The whole operator workflow on one store.
+async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
+    let idem = Idem::builder_shared(store).build();
+    let run_id = unique_run(name);
+    let run = idem.run(&run_id);
+    let tag = |what: &str| format!("{what}-{run_id}");
+    let (done, declined, unknown, flaky, hang) =
+        (tag("done"), tag("declined"), tag("timeout-a"), tag("timeout-b"), tag("hang"));
+
+    refund(&run, done.clone()).await.expect("completed");
+    refund(&run, declined.clone()).await.expect_err("declined");
+    let e = refund(&run, unknown.clone()).await.expect_err("ambiguous");
+    assert!(matches!(e, idem_core::Error::OutcomeUnknown { .. }), "{e}");
+    let e = refund(&run, flaky.clone()).await.expect_err("ambiguous");
+    assert!(matches!(e, idem_core::Error::OutcomeUnknown { .. }), "{e}");
+    let held = tokio::spawn({
+        let (run, hang) = (run.clone(), hang.clone());
+        async move { refund(&run, hang).await }
+    });
+    while ran(&hang) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Listing: every record of the run, by state, as JSON and as a table.
+    let all = json(url, &["list", "--run", &run_id]);
+    assert_eq!(all["records"].as_array().expect("records").len(), 5, "{all}");
+    let listed = json(url, &["list", "--run", &run_id, "--state", "unknown"]);
+    assert_eq!(listed["records"].as_array().expect("records").len(), 2, "{listed}");
+    let completed = key_in(url, &run_id, "completed");
+    let failed = key_in(url, &run_id, "failed");
+    let in_flight = key_in(url, &run_id, "in-flight");
+    let table = ok(url, &["list", "--run", &run_id, "--tool", "refund"]);
+    assert!(table.starts_with("STATE"), "a table with a header: {table}");
+    for key in [&completed, &failed, &in_flight] {
+        assert!(table.contains(key.as_str()), "the table lists {key}: {table}");
+    }
+    let none = json(url, &["list", "--run", &run_id, "--older-than", "1h"]);
+    assert_eq!(none["records"], serde_json::json!([]), "nothing is an hour old: {none}");
+    let shown = json(url, &["show", &completed]);
+    assert_eq!(shown["state"], "completed");
+    assert_eq!(shown["result"]["refund_id"], format!("re_{done}_1"));
+
+    // Resolve is fenced: a live owner's record is refused and stays in flight.
+    let why = exits(url, &["resolve", &in_flight, "--happened", "{}", "--yes"], 4);
+    assert!(why.contains("live owner"), "{why}");
+    assert_eq!(json(url, &["show", &in_flight])["state"], "in-flight");
+    exits(url, &["resolve", &completed, "--not-happened", "--yes"], 4);
+
+    // Unknown, resolved as happened: the next call replays the result; the body ran once.
+    let unknown_key = key_of(url, &run_id, &unknown);
+    let result = r#"{"refund_id":"re_checked"}"#;
+    let why = exits(url, &["resolve", &unknown_key, "--happened", result], 4);
+    assert!(why.contains("--yes"), "no terminal and no --yes: refused: {why}");
+    ok(url, &["resolve", &unknown_key, "--happened", result, "--yes"]);
+    let replayed = refund(&run, unknown.clone()).await.expect("replayed");
+    assert_eq!(replayed, Refund { refund_id: "re_checked".into() });
+    assert_eq!(ran(&unknown), 1, "the body did not run again");
+    exits(url, &["resolve", &unknown_key, "--not-happened", "--yes"], 4);
+
+    // Unknown, resolved as not happened: the next call runs, exactly once.
+    let flaky_key = key_of(url, &run_id, &flaky);
+    ok(url, &["resolve", &flaky_key, "--not-happened", "--yes"]);
+    let ran_again = refund(&run, flaky.clone()).await.expect("ran");
+    assert_eq!(ran_again, Refund { refund_id: format!("re_{flaky}_2") });
+    assert_eq!(ran(&flaky), 2, "the body ran exactly once more");
+    refund(&run, flaky.clone()).await.expect("replayed");
+    assert_eq!(ran(&flaky), 2, "and is replayed afterwards");
+
+    // Forget, show of a missing record, bad keys, stats and purge.
+    exits(url, &["forget", &failed], 4);
+    ok(url, &["forget", &failed, "--yes"]);
+    exits(url, &["show", &failed], 3);
+    exits(url, &["forget", &failed, "--yes"], 3);
+    exits(url, &["show", "not-a-key"], 2);
+    let stats = json(url, &["stats"]);
+    assert!(stats["in_flight"].as_u64().expect("count") >= 1, "{stats}");
+    assert!(stats["completed"].as_u64().expect("count") >= 2, "{stats}");
+    let text = ok(url, &["stats"]);
+    assert!(text.contains("unknown"), "{text}");
+    ok(url, &["purge", "--expired", "--yes"]);
+
+    // The held call finishes normally; its record is completed.
+    gates().lock().unwrap()[&hang].notify_one();
+    held.await.expect("task").expect("the held call completes");
+    assert_eq!(json(url, &["show", &in_flight])["state"], "completed");
+}
+
+/// The key of the record of `order` (the listed record whose result or state is its own).
+fn key_of(url: &str, run: &str, order: &str) -> String {
+    let scope = idem_core::Scope::run(run);
+    let args = serde_json::json!({ "order": order });
+    let key = idem_core::key::derive_key(&scope, "refund", args.to_string().as_bytes());
+    let shown = json(url, &["show", key.as_str()]);
+    assert_eq!(shown["state"], "unknown", "{shown}");
+    key.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    workflow(&url, store, "sqlite").await;
+    // Usage and availability errors have their own exit codes.
+    exits(&url, &["list", "--state", "stuck"], 2);
+    exits(&url, &["resolve", &"0".repeat(64)], 2);
+    exits(&url, &["show", &"0".repeat(64)], 3);
+    exits(&url, &["purge"], 2);
+    exits("sqlite:///nonexistent-dir/idem.db", &["stats"], 5);
+    exits("mysql://h/db", &["stats"], 2);
+}
