@@ -5,45 +5,18 @@
 //! against `payments_mcp --http` (two users with bearer tokens over streamable HTTP).
 //!
 //! The tests build the examples with `cargo build -p idem-mcp --features sqlite,http --example
-//! ..`, and creates (once) a virtual environment under `<target>/mcp-venv` with
-//! `python3 -m venv` and `pip install mcp==MCP_VERSION`. Without python3 or PyPI it prints a
-//! skip line, unless `CI=true`, where it fails.
+//! ..`, and create (once) a virtual environment under `<target>/mcp-venv` with `python3 -m venv`
+//! and `pip install mcp==MCP_VERSION` (`mcp_support::python_with_mcp`). Without python3 or PyPI
+//! they print a skip line, unless `CI=true`, where they fail. The cases held over stdio are held
+//! over HTTP in `tests/mcp_http.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use idem_tests::or_skip;
-use mcp_support::{payments_mcp, run, target_dir};
+use mcp_support::{payments_mcp, python_with_mcp, target_dir};
 
 mod mcp_support;
-
-/// The pinned version of the official Python MCP SDK.
-const MCP_VERSION: &str = "2.3.0";
-
-/// A venv with `mcp==MCP_VERSION`, made once; its python.
-fn python_with_mcp() -> Result<PathBuf, String> {
-    // The tests of this file run in parallel: one makes the venv while the others wait, instead
-    // of each running `python3 -m venv` on the same directory.
-    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _once = MADE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let venv = target_dir().join("mcp-venv");
-    let python = venv.join("bin").join("python");
-    let marker = venv.join(format!(".mcp-{MCP_VERSION}"));
-    if marker.exists() {
-        return Ok(python);
-    }
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&python).args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        &format!("mcp=={MCP_VERSION}"),
-    ]))?;
-    std::fs::write(&marker, MCP_VERSION).map_err(|e| e.to_string())?;
-    Ok(python)
-}
 
 #[test]
 fn python_mcp_client_sees_one_charge_and_an_honest_unknown_refund() {

@@ -22,6 +22,8 @@
 //! Environment:
 //! - `PAYMENTS_DELAY_MS` (default 0): how long the provider takes to answer a charge, in ms
 //!   (lets a client time out while the charge is still in flight).
+//! - `PAYMENTS_SESSION_IDLE_MS` (default rmcp's 5 minutes; only with `--http`): how long an MCP
+//!   session may be silent before the server closes it (a request in it then gets HTTP 404).
 //! - `PAYMENTS_AMBIGUOUS_REFUND_CENTS` (default 13): a refund of exactly this amount reaches the
 //!   provider, takes effect, and then times out: its outcome is unknown to the caller.
 
@@ -40,6 +42,8 @@ struct ChargeRecord {
     id: String,
     customer: String,
     amount_cents: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reference: Option<u128>,
     idempotency_key: String,
 }
 
@@ -135,6 +139,7 @@ impl Provider {
         &self,
         customer: &str,
         amount_cents: u64,
+        reference: Option<u128>,
         key: &str,
     ) -> Result<ChargeRecord, PaymentError> {
         tokio::time::sleep(self.delay).await;
@@ -151,6 +156,7 @@ impl Provider {
                     id: format!("ch_{:04}", next.charges.len() + 1),
                     customer: customer.to_owned(),
                     amount_cents,
+                    reference,
                     idempotency_key: key.to_owned(),
                 };
                 next.charges.push(charge.clone());
@@ -218,6 +224,10 @@ struct Charge {
     charge_id: String,
     customer: String,
     amount_cents: u64,
+    /// The order number as decimal text: an output is stored as a JSON value, which holds
+    /// integers of up to 64 bits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
 }
 
 /// What `get_balance` returns.
@@ -250,11 +260,19 @@ impl Payments {
         cx: &Ctx,
         customer: String,
         amount_cents: u64,
+        /// The merchant's order number, if any (an integer of up to 128 bits), kept with the
+        /// charge.
+        reference: Option<u128>,
     ) -> Result<Charge, PaymentError> {
         // The key goes to the provider as its Idempotency-Key: a re-run after a takeover or an
         // ambiguous failure is deduplicated there.
-        let c = self.provider.charge(&customer, amount_cents, cx.key()).await?;
-        Ok(Charge { charge_id: c.id, customer: c.customer, amount_cents: c.amount_cents })
+        let c = self.provider.charge(&customer, amount_cents, reference, cx.key()).await?;
+        Ok(Charge {
+            charge_id: c.id,
+            customer: c.customer,
+            amount_cents: c.amount_cents,
+            reference: c.reference.map(|r| r.to_string()),
+        })
     }
 
     /// A customer's balance: charged minus refunded, in cents.
@@ -440,7 +458,13 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
             .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
             .with_instructions(INSTRUCTIONS)
     };
-    let mcp = idem_mcp::http::service(make, idem_mcp::http::StreamableHttpServerConfig::default());
+    let mut sessions = idem_mcp::http::SessionConfig::default();
+    if let Ok(ms) = std::env::var("PAYMENTS_SESSION_IDLE_MS") {
+        let ms: u64 = ms.parse().map_err(|e| format!("PAYMENTS_SESSION_IDLE_MS={ms:?}: {e}"))?;
+        sessions.keep_alive = Some(Duration::from_millis(ms));
+    }
+    let config = idem_mcp::http::StreamableHttpServerConfig::default();
+    let mcp = idem_mcp::http::service_with_sessions(make, config, sessions);
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(Arc::new(tokens), authenticate));

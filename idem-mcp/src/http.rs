@@ -31,14 +31,17 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
 
-pub use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+pub use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, SessionConfig,
+};
 pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService,
 };
 
 use crate::IdemServer;
-use crate::jsonrpc::{Inbound, check_message};
+use crate::jsonrpc::{ArgumentsText, Inbound, check_message};
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
 /// none, and `keyed`/`never` calls are refused). It sees the head as the app's middleware left
@@ -52,11 +55,25 @@ pub fn service(
     make: impl Fn() -> IdemServer + Send + Sync + 'static,
     config: StreamableHttpServerConfig,
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
-    let inner = StreamableHttpService::new(
-        move || Ok(make()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
+    service_with_sessions(make, config, SessionConfig::default())
+}
+
+/// [`service`] with rmcp's settings for its sessions: `keep_alive` (default 5 minutes) is how
+/// long a session may go without a message before rmcp closes it; a request naming a closed
+/// session gets HTTP 404, and the client starts a new session. rmcp counts a tool call that is
+/// still running as silence, so keep it longer than the slowest tool.
+///
+/// Keys do not depend on the session: a client that re-initializes and repeats a call with the
+/// same principal and `_meta["idem/run"]` gets the first call's outcome; one that names no run
+/// was scoped to the closed session's run, and its repeat runs again.
+pub fn service_with_sessions(
+    make: impl Fn() -> IdemServer + Send + Sync + 'static,
+    config: StreamableHttpServerConfig,
+    sessions: SessionConfig,
+) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
+    let mut manager = LocalSessionManager::default();
+    manager.session_config = sessions;
+    let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
     Checked { inner }
 }
 
@@ -97,7 +114,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let mut inner = self.inner.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
             let bytes = match body.collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => return Ok(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
@@ -110,12 +127,27 @@ where
                         return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
                     }
                     Inbound::Ignore => return Ok(reply(http::StatusCode::ACCEPTED, Bytes::new())),
-                    Inbound::Message(_) => {}
+                    Inbound::Message(message) => {
+                        // rmcp parses the body again with serde_json, which reads an integer
+                        // beyond 64 bits as a double; the handler finds the arguments' text in
+                        // the request head it gets from rmcp, and parses typed arguments from
+                        // it, exactly, as over stdio.
+                        if let Some(text) = arguments_text(&message) {
+                            parts.extensions.insert(text);
+                        }
+                    }
                 }
             }
             inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
         })
     }
+}
+
+/// The arguments' text [`check_message`] kept for a `tools/call` request.
+fn arguments_text(message: &ClientJsonRpcMessage) -> Option<ArgumentsText> {
+    let ClientJsonRpcMessage::Request(request) = message else { return None };
+    let ClientRequest::CallToolRequest(call) = &request.request else { return None };
+    call.extensions.get::<ArgumentsText>().cloned()
 }
 
 fn reply(status: http::StatusCode, body: Bytes) -> Response {

@@ -181,7 +181,7 @@ impl IdemTools {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let meta: Map<String, Value> = context.meta.0.0.clone();
-        let text = context.extensions.get::<ArgumentsText>().cloned();
+        let text = arguments_text(&context);
         let mut session = match self.session_for(name, &context) {
             Ok(run) => run,
             Err(refusal) => {
@@ -252,6 +252,21 @@ impl IdemTools {
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
         Ok(to_call_tool_result(&result)?.into())
     }
+}
+
+/// The arguments' text as the client sent it: put in the request by
+/// [`crate::stdio::LineTransport`], or over HTTP in the request head by [`crate::http::Checked`].
+/// `None` behind another transport: the arguments are then the value rmcp parsed, where an integer
+/// beyond 64 bits has become a double (a typed integer parameter refuses it as `invalid_arguments`).
+fn arguments_text(context: &RequestContext<RoleServer>) -> Option<ArgumentsText> {
+    if let Some(text) = context.extensions.get::<ArgumentsText>() {
+        return Some(text.clone());
+    }
+    #[cfg(feature = "http")]
+    if let Some(parts) = context.extensions.get::<http::request::Parts>() {
+        return parts.extensions.get::<ArgumentsText>().cloned();
+    }
+    None
 }
 
 /// The rmcp `Tool` for a definition (from [`ToolDefinition::to_mcp`]).

@@ -54,6 +54,34 @@ pub fn build_example(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("cargo reported no {name} executable"))
 }
 
+/// The pinned version of the official Python MCP SDK.
+pub const MCP_VERSION: &str = "2.3.0";
+
+/// A venv with `mcp==MCP_VERSION` under `<target>/mcp-venv`, made once; its python.
+pub fn python_with_mcp() -> Result<PathBuf, String> {
+    // The tests of a file run in parallel: one makes the venv while the others wait, instead of
+    // each running `python3 -m venv` on the same directory.
+    static MADE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = MADE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let venv = target_dir().join("mcp-venv");
+    let python = venv.join("bin").join("python");
+    let marker = venv.join(format!(".mcp-{MCP_VERSION}"));
+    if marker.exists() {
+        return Ok(python);
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python).args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        &format!("mcp=={MCP_VERSION}"),
+    ]))?;
+    std::fs::write(&marker, MCP_VERSION).map_err(|e| e.to_string())?;
+    Ok(python)
+}
+
 /// The payments example (SQLite store, HTTP server).
 pub fn payments_mcp() -> PathBuf {
     build_example("payments_mcp")

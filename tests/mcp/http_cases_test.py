@@ -1,0 +1,346 @@
+"""The cases held over stdio, held over streamable HTTP too: `payments_mcp --http` driven by the
+official Python MCP SDK (`mcp` on PyPI), one case per run, each with its own server and store.
+
+Usage: python http_cases_test.py CASE SERVER_BINARY WORK_DIR
+
+Cases:
+- expiry: the server closes an idle session (PAYMENTS_SESSION_IDLE_MS); the client's next request
+  in it gets HTTP 404; a new session with the same token and run id replays the charge (the
+  provider is not asked again); one with another token and the same run id and arguments is a
+  charge of its own.
+- joins: duplicates sent while the first charge is in flight (the provider takes 3 s), from two
+  sessions of one user, join it: one executes, the rest are joined (and hear progress while they
+  wait), one charge; a call the client gave up on is joined or replayed by its repeat.
+- cancel: a joiner cancelled by the client (`notifications/cancelled`, sent by the SDK when the
+  caller abandons the request) leaves the shared run alone: the first call still executes once,
+  and a repeat replays it.
+- restart: after the server restarts on the same SQLite store, a charge is replayed and a refund
+  whose outcome was unknown stays unknown, neither asked of the provider again; another user's
+  identical call is their own.
+- numbers: integers beyond 64 bits (a `u128` argument) and beyond 2^53 (a `u64` argument) reach
+  the tool and the key exactly: two integers that are one double are two charges.
+
+Every HTTP request and response is recorded (httpx event hooks) so that a check can name what
+went over the wire. Exits non-zero with a message on the first failed check.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+TOKENS = "tok-alice=alice,tok-bob=bob"
+A, B = "tok-alice", "tok-bob"
+HANG_GUARD = 120
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def text_of(result):
+    check(len(result.content) == 1, f"one content block expected: {result}")
+    return result.content[0].text
+
+
+def charge_id(result):
+    check(result.is_error is not True, f"charge_card failed: {text_of(result)}")
+    return result.structured_content["charge_id"]
+
+
+def outcome(result):
+    return (result.meta or {}).get("idem/outcome")
+
+
+def ledger(work):
+    return json.loads((work / "idem.db.ledger.json").read_text())
+
+
+def charges_of(work, customer):
+    return [c for c in ledger(work)["charges"] if c["customer"] == customer]
+
+
+def start(binary, work, env=None):
+    full_env = {**os.environ, "PAYMENTS_TOKENS": TOKENS, **(env or {})}
+    proc = subprocess.Popen(
+        [str(binary), "--sqlite", str(work / "idem.db"), "--http", "127.0.0.1:0"],
+        env=full_env, stderr=subprocess.PIPE, text=True,
+    )
+    line = proc.stderr.readline()
+    check("listening on " in line, f"the server did not start: {line}")
+    return proc, line.split("listening on ", 1)[1].strip()
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait()
+
+
+class Wire:
+    """What went over HTTP: (method, JSON-RPC body or None) per request, and per response the
+    request's method, status and JSON-RPC method."""
+
+    def __init__(self):
+        self.requests, self.responses = [], []
+
+    @staticmethod
+    def body(request):
+        try:
+            return json.loads(request.content) if request.content else None
+        except (ValueError, httpx2.RequestNotRead):
+            return None
+
+    async def on_request(self, request):
+        self.requests.append((request.method, self.body(request)))
+
+    async def on_response(self, response):
+        body = self.body(response.request)
+        self.responses.append((response.request.method, response.status_code, (body or {}).get("method")))
+
+    def posted(self, method):
+        return [b for m, b in self.requests if m == "POST" and b and b.get("method") == method]
+
+
+@asynccontextmanager
+async def session(url, token, wire=None):
+    """An initialized SDK session of the user with `token`."""
+    wire = wire or Wire()
+    client = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=httpx2.Timeout(30, read=300),
+        event_hooks={"request": [wire.on_request], "response": [wire.on_response]},
+    )
+    async with client:
+        async with streamable_http_client(url, http_client=client) as streams:
+            async with ClientSession(streams[0], streams[1]) as s:
+                await s.initialize()
+                yield s
+
+
+async def expiry(binary, work):
+    proc, url = start(binary, work, {"PAYMENTS_SESSION_IDLE_MS": "300"})
+    args, run = {"customer": "cus_e", "amount_cents": 700}, {"idem/run": "conversation-E"}
+    try:
+        wire = Wire()
+        async with session(url, A, wire) as s:
+            first = await s.call_tool("charge_card", args, meta=run)
+            check(outcome(first) == "executed", f"first: {first.meta}")
+            # Silence, ten times the idle limit: the server closes the session.
+            await asyncio.sleep(3)
+            try:
+                await s.call_tool("charge_card", args, meta=run)
+                raise AssertionError("a call in the closed session was answered")
+            except MCPError as e:
+                check("Session terminated" in e.error.message, f"the SDK's error: {e.error}")
+        calls = [(m, status) for m, status, rpc in wire.responses if rpc == "tools/call"]
+        check(calls == [("POST", 200), ("POST", 404)], f"tools/call statuses: {calls}")
+        requests = ledger(work)["charge_requests"]
+
+        # The client re-initializes with the same token and run id: the charge is replayed.
+        async with session(url, A) as s:
+            again = await s.call_tool("charge_card", args, meta=run)
+        check(charge_id(again) == charge_id(first), f"a new charge after expiry: {text_of(again)}")
+        check(outcome(again) == "replayed", f"after expiry: {again.meta}")
+        check(ledger(work)["charge_requests"] == requests, "the provider was asked again")
+        check(len(charges_of(work, "cus_e")) == 1, f"charges: {charges_of(work, 'cus_e')}")
+
+        # Another token, the same run id and arguments: that user's own charge.
+        async with session(url, B) as s:
+            other = await s.call_tool("charge_card", args, meta=run)
+        check(outcome(other) == "executed", f"another token: {other.meta}")
+        check(charge_id(other) != charge_id(first), "another token received the first charge")
+        check(len(charges_of(work, "cus_e")) == 2, f"charges: {charges_of(work, 'cus_e')}")
+    finally:
+        stop(proc)
+    return f"session expired with HTTP 404, {charge_id(first)} replayed, {charge_id(other)} for the other token"
+
+
+def progress_log():
+    heard = {}
+
+    def callback(i):
+        async def on_progress(progress, total, message):
+            heard.setdefault(i, []).append(message or "")
+        return on_progress
+
+    return heard, callback
+
+
+async def joins(binary, work):
+    proc, url = start(binary, work, {"PAYMENTS_DELAY_MS": "3000"})
+    run = {"idem/run": "conversation-J"}
+    try:
+        heard, callback = progress_log()
+        args = {"customer": "cus_j", "amount_cents": 300}
+        async with session(url, A) as s1, session(url, A) as s2:
+            calls = [(s1 if i < 3 else s2).call_tool("charge_card", args, progress_callback=callback(i), meta=run)
+                     for i in range(5)]
+            results = await asyncio.gather(*calls)
+            ids = {charge_id(r) for r in results}
+            outcomes = sorted(outcome(r) for r in results)
+            check(len(ids) == 1, f"duplicates returned other charges: {ids}")
+            check(outcomes.count("executed") == 1, f"outcomes: {outcomes}")
+            check("joined" in outcomes and set(outcomes) <= {"executed", "joined", "replayed"}, f"outcomes: {outcomes}")
+            for i, r in enumerate(results):
+                if outcome(r) == "joined":
+                    check(heard.get(i), f"joiner {i} heard no progress while it waited")
+                    check(all("same idempotency key" in m for m in heard[i]), f"progress: {heard[i]}")
+                if outcome(r) == "executed":
+                    check(i not in heard, f"the executing call heard progress: {heard.get(i)}")
+
+            # The client gives up on a slow charge; its repeat joins or replays it.
+            slow = {"customer": "cus_j2", "amount_cents": 301}
+            try:
+                await s1.call_tool("charge_card", slow, read_timeout_seconds=0.3, meta=run)
+                raise AssertionError("the slow charge did not time out in the client")
+            except MCPError as e:
+                check("timed out" in e.error.message, f"timeout error: {e.error}")
+            again = await s2.call_tool("charge_card", slow, meta=run)
+            check(outcome(again) in ("joined", "replayed"), f"the repeat of a timed-out call: {again.meta}")
+        check(len(charges_of(work, "cus_j")) == 1, f"charges: {charges_of(work, 'cus_j')}")
+        check(len(charges_of(work, "cus_j2")) == 1, f"charges: {charges_of(work, 'cus_j2')}")
+        check(ledger(work)["charge_requests"] == 2, f"provider requests: {ledger(work)['charge_requests']}")
+    finally:
+        stop(proc)
+    return f"5 duplicates over HTTP: {outcomes}, one charge {ids.pop()}"
+
+
+async def cancel(binary, work):
+    proc, url = start(binary, work, {"PAYMENTS_DELAY_MS": "3000"})
+    run = {"idem/run": "conversation-C"}
+    args = {"customer": "cus_c", "amount_cents": 12}
+    try:
+        wire = Wire()
+        heard, callback = progress_log()
+        async with session(url, A, wire) as s:
+            tasks = [asyncio.create_task(s.call_tool("charge_card", args, progress_callback=callback(i), meta=run))
+                     for i in range(2)]
+            # The joiner is the one that hears progress while it waits.
+            async with asyncio.timeout(HANG_GUARD):
+                while not heard:
+                    await asyncio.sleep(0.02)
+            (waiter,) = heard
+            leader = 1 - waiter
+            tasks[waiter].cancel()
+            try:
+                await tasks[waiter]
+            except asyncio.CancelledError:
+                pass
+            led = await tasks[leader]
+            check(outcome(led) == "executed", f"the shared run: {led.meta}")
+            cancels = wire.posted("notifications/cancelled")
+            call_ids = [b["id"] for b in wire.posted("tools/call")]
+            check(len(cancels) == 1 and cancels[0]["params"]["requestId"] in call_ids,
+                  f"the SDK sent no notifications/cancelled for the joiner: {cancels} {call_ids}")
+            repeat = await s.call_tool("charge_card", args, meta=run)
+            check(charge_id(repeat) == charge_id(led) and outcome(repeat) == "replayed", f"repeat: {repeat.meta}")
+        check(len(charges_of(work, "cus_c")) == 1, f"charges: {charges_of(work, 'cus_c')}")
+        check(ledger(work)["charge_requests"] == 1, f"provider requests: {ledger(work)['charge_requests']}")
+    finally:
+        stop(proc)
+    return f"cancelled joiner {waiter}, one charge {charge_id(led)} replayed"
+
+
+async def restart(binary, work):
+    args, run = {"customer": "cus_r", "amount_cents": 4900}, {"idem/run": "conversation-R"}
+    proc, url = start(binary, work)
+    try:
+        async with session(url, A) as s:
+            first = await s.call_tool("charge_card", args, meta=run)
+            check(outcome(first) == "executed", f"first: {first.meta}")
+            refund_args = {"charge_id": charge_id(first), "amount_cents": 13}
+            refund = await s.call_tool("refund", refund_args, meta=run)
+            check(refund.is_error is True and "may have taken effect" in text_of(refund), f"refund: {text_of(refund)}")
+    finally:
+        stop(proc)
+    before = ledger(work)
+    proc, url = start(binary, work)
+    try:
+        async with session(url, A) as s:
+            again = await s.call_tool("charge_card", args, meta=run)
+            check(charge_id(again) == charge_id(first) and outcome(again) == "replayed", f"after restart: {again.meta}")
+            refund = await s.call_tool("refund", refund_args, meta=run)
+            check(refund.is_error is True and "may have taken effect" in text_of(refund),
+                  f"refund after restart: {text_of(refund)}")
+        after = ledger(work)
+        check(after["charge_requests"] == before["charge_requests"] == 1, f"charge requests: {after}")
+        check(after["refund_requests"] == before["refund_requests"] == 1, f"refund requests: {after}")
+        async with session(url, B) as s:
+            other = await s.call_tool("charge_card", args, meta=run)
+            check(outcome(other) == "executed" and charge_id(other) != charge_id(first), f"B: {other.meta}")
+    finally:
+        stop(proc)
+    return f"{charge_id(first)} replayed and its refund still unknown after a restart"
+
+
+async def numbers(binary, work):
+    # 2^64 + 1 and 2^64 + 2 are one double (18446744073709551616.0); 2^53 + 1 and 2^53 + 2 are
+    # exact in a u64 but not in a double.
+    wide, twin, top = 2**64 + 1, 2**64 + 2, 2**128 - 1
+    run = {"idem/run": "conversation-N"}
+    proc, url = start(binary, work)
+    try:
+        wire = Wire()
+        async with session(url, A, wire) as s:
+            async def charge(amount, reference=None):
+                args = {"customer": "cus_n", "amount_cents": amount}
+                if reference is not None:
+                    args["reference"] = reference
+                r = await s.call_tool("charge_card", args, meta=run)
+                check(r.is_error is not True, f"{args}: {text_of(r)}")
+                return r
+
+            first = await charge(5, wide)
+            check(first.structured_content["reference"] == str(wide), f"reference: {first.structured_content}")
+            check(outcome(first) == "executed", f"{first.meta}")
+            again = await charge(5, wide)
+            check(outcome(again) == "replayed" and charge_id(again) == charge_id(first), f"{again.meta}")
+            other = await charge(5, twin)
+            check(outcome(other) == "executed" and charge_id(other) != charge_id(first), f"2^64+2: {other.meta}")
+            check(other.structured_content["reference"] == str(twin), f"reference: {other.structured_content}")
+            check(other.meta["idem/key"] != first.meta["idem/key"], "one key for two integers")
+            biggest = await charge(5, top)
+            check(biggest.structured_content["reference"] == str(top), f"u128::MAX: {biggest.structured_content}")
+            a = await charge(2**53 + 1)
+            b = await charge(2**53 + 2)
+            check(outcome(b) == "executed" and charge_id(a) != charge_id(b), f"2^53+2: {b.meta}")
+            check(b.structured_content["amount_cents"] == 2**53 + 2, f"amount: {b.structured_content}")
+        sent = [json.dumps(b) for b in wire.posted("tools/call")]
+        check(any(str(wide) in t for t in sent), f"the SDK did not send {wide} exactly: {sent}")
+        refs = sorted(c.get("reference", 0) for c in charges_of(work, "cus_n"))
+        check(refs == [0, 0, wide, twin, top], f"the provider's references: {refs}")
+    finally:
+        stop(proc)
+    return f"references {wide} and {twin} charged apart, {top} exact"
+
+
+CASES = {"expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers}
+
+
+async def main():
+    case, binary, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    work.mkdir(parents=True, exist_ok=True)
+    for f in ("idem.db", "idem.db-wal", "idem.db-shm", "idem.db.ledger.json"):
+        (work / f).unlink(missing_ok=True)
+    said = await CASES[case](binary, work)
+    print(f"ok: {case}: {said}")
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except* AssertionError as group:
+        # A failed check inside a session arrives wrapped by the SDK's task groups.
+        while isinstance(group, BaseExceptionGroup):
+            group = group.exceptions[0]
+        print(f"FAILED: {group}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,59 @@
+//! The cases held over stdio, held over streamable HTTP: `tests/mcp/http_cases_test.py` drives
+//! `payments_mcp --http` (SQLite store, two bearer tokens) with the official Python MCP SDK, one
+//! case per test, each with its own server and store:
+//!
+//! - a session the server closed for silence answers HTTP 404; re-initialized with the same
+//!   token and run id the call replays, with another token it is that user's own;
+//! - duplicates in flight join the first call (and hear progress while they wait);
+//! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
+//! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
+//! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio.
+//!
+//! Setup and skips as in `tests/mcp_python.rs`.
+
+use std::path::Path;
+use std::process::Command;
+
+use idem_tests::or_skip;
+use mcp_support::{payments_mcp, python_with_mcp, target_dir};
+
+mod mcp_support;
+
+fn case(name: &str) {
+    let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
+        return;
+    };
+    let server = payments_mcp();
+    let work = target_dir().join(format!("mcp-http-{name}"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/http_cases_test.py");
+    let out = Command::new(python).arg(script).arg(name).arg(&server).arg(&work).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python MCP client failed ({name}):\n{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("ok: {name}:")), "{stdout}");
+}
+
+#[test]
+fn an_expired_session_answers_404_and_its_reinitialized_repeat_replays_for_the_same_token_only() {
+    case("expiry");
+}
+
+#[test]
+fn duplicates_over_http_join_the_call_in_flight() {
+    case("joins");
+}
+
+#[test]
+fn cancelling_a_joiner_over_http_leaves_the_shared_run_alone() {
+    case("cancel");
+}
+
+#[test]
+fn a_restart_on_sqlite_replays_over_http() {
+    case("restart");
+}
+
+#[test]
+fn integers_beyond_64_bits_and_2_pow_53_are_exact_over_http() {
+    case("numbers");
+}
