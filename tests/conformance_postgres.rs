@@ -26,6 +26,10 @@ idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     store().await
 );
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    store().await
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_on_one_database_acquire_once() {

@@ -148,7 +148,7 @@ pub fn detail(info: &RecordInfo) -> String {
     out
 }
 
-fn stats_rows(s: &Stats) -> [(&'static str, u64); 7] {
+fn stats_rows(s: &Stats) -> [(&'static str, u64); 8] {
     [
         ("in-flight", s.in_flight),
         ("lease-ended", s.lease_expired),
@@ -156,6 +156,7 @@ fn stats_rows(s: &Stats) -> [(&'static str, u64); 7] {
         ("completed", s.completed),
         ("failed", s.failed),
         ("not-storable", s.not_storable),
+        ("unreadable", s.unreadable),
         ("total", s.total()),
     ]
 }

@@ -240,3 +240,34 @@ async fn sqlite() {
     exits("sqlite:///nonexistent-dir/idem.db", &["stats"], 5);
     exits("mysql://h/db", &["stats"], 2);
 }
+
+/// `IDEM_PG_URL` as a URL: the tests' connection string may be in libpq's keyword form.
+fn pg_url() -> String {
+    let conninfo = idem_tests::pg_url();
+    if conninfo.starts_with("postgres") {
+        return conninfo;
+    }
+    let field = |name: &str, default: &str| {
+        conninfo
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .unwrap_or(default)
+            .to_owned()
+    };
+    format!(
+        "postgres://{}@{}:{}/{}",
+        field("user", "postgres"),
+        field("host", "127.0.0.1"),
+        field("port", "5432"),
+        field("dbname", "test")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let url = pg_url();
+    let Some(store) = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await) else {
+        return;
+    };
+    workflow(&url, store, "postgres").await;
+}

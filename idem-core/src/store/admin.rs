@@ -191,6 +191,8 @@ pub struct Stats {
     pub failed: u64,
     /// Output not storable.
     pub not_storable: u64,
+    /// Records this version cannot read (another version's, or edited by hand).
+    pub unreadable: u64,
 }
 
 impl Stats {
@@ -216,6 +218,7 @@ impl Stats {
             + self.completed
             + self.failed
             + self.not_storable
+            + self.unreadable
     }
 }
 
@@ -227,4 +230,32 @@ pub fn resolvable(state: &RecordState) -> bool {
         RecordState::Done(Outcome::Unknown)
             | RecordState::InFlight { lease_remaining: Duration::ZERO }
     )
+}
+
+/// The smallest string above every string that starts with `prefix` (in code point order, which is UTF-8's byte order and SQL's binary / "C" collation),
+/// for an indexed range; `None` when there is none (a prefix of only U+10FFFF).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        if let Some(next) = (last as u32 + 1..=0x10FFFF).find_map(char::from_u32) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_above_every_extension() {
+        assert_eq!(prefix_end("run-1").as_deref(), Some("run-2"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+    }
 }

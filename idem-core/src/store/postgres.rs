@@ -40,9 +40,13 @@ use tokio_postgres::Config;
 use super::codec::{encode, fence_param, ms, now_ms};
 use super::resend::{self, GiveUp, Owner};
 use super::sweep::SweepClock;
-use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, Fence, ListPage, ListQuery, OnExpired, Outcome, RecordInfo, Resolution,
+    Stats, Store, StoreError,
+};
 use crate::key::Key;
 
+mod admin;
 mod claim;
 mod conn;
 mod error;
@@ -229,12 +233,15 @@ impl Store for PostgresStore {
         for _ in 0..CLAIM_RUNS {
             let row = resend::resend(|_| async {
                 let conn = self.conn().await.map_err(unreached)?;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
                     &req.key.as_str(),
                     &req.fingerprint.as_str(),
                     &lease,
                     &take_over,
                     &owner.as_str(),
+                    &req.origin.tool,
+                    &req.origin.tenant,
+                    &req.origin.run,
                 ];
                 conn.client.query_opt(&conn.claim, &params).await.map_err(sent)
             })
@@ -328,6 +335,40 @@ impl Store for PostgresStore {
         let removed = !rows.map_err(pg)?.is_empty();
         self.inner.waiters.wake(key);
         Ok(removed)
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        self.list_records(query).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(key).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        let changed = self.resolve_record(key, fence, resolution).await?;
+        self.done_or_lost(key, changed)
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            // Batches of 1000, so no statement holds many row locks for long.
+            let n = self.sweep().await?;
+            purged += n;
+            if n < 1000 {
+                return Ok(purged);
+            }
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.count_records().await
     }
 }
 

@@ -14,13 +14,13 @@ use super::tls::Target;
 use super::{CONNECT_TIMEOUT, PostgresStore};
 use crate::store::StoreError;
 
-pub(super) const CLAIM: &str =
-    "SELECT * FROM idem_claim($1::text, $2::text, $3::bigint, $4::boolean, $5::text)";
+pub(super) const CLAIM: &str = "SELECT * FROM idem_claim($1::text, $2::text, $3::bigint, \
+                                  $4::boolean, $5::text, $6::text, $7::text, $8::text)";
 
 pub(super) const COMPLETE: &str = "
 WITH u AS (
     UPDATE idem_records
-    SET state = 1, lease_until = NULL, kind = $4, payload = $5,
+    SET state = 1, lease_until = NULL, kind = $4, payload = $5, since = now(),
         expires_at = now() + $3::bigint * interval '1 millisecond'
     WHERE key = $1 AND fence = $2 AND state = 0
     RETURNING key, waited

@@ -20,8 +20,13 @@ pub const SCHEMA_VERSION: i64 = 2;
 ///
 /// History: 1 adds the `owner` column and `idem_claim(k, fp, lease_ms, take, own)` (the owner
 /// token); the function of revision 0, which older stores call, becomes the new one with no
-/// token.
-pub const SCHEMA_REVISION: i64 = 1;
+/// token. 3 adds the record's origin (`tool`, `tenant`, `run_id`), the time it entered its state
+/// (`since`), the indexes for listing (`docs/design.md` §5.1) and
+/// `idem_claim(k, fp, lease_ms, take, own, tool, tenant, run)`; the function of revision 1 becomes
+/// the new one with no origin, so stores of an older revision keep working on a migrated
+/// database (their records list with an unknown origin and age). The migration only adds
+/// (columns, indexes, functions), so a database of any older revision takes it.
+pub const SCHEMA_REVISION: i64 = 3;
 
 /// Serializes schema creation across processes (`pg_advisory_xact_lock`).
 const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
@@ -63,6 +68,7 @@ CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
 /// was lost: the upsert then keeps its fence and answers acquired again, with a fresh lease.
 pub(super) const CLAIM_FUNCTION: &str = "
 CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean, own text,
+    tool_name text, tenant_id text, run text,
     OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
     OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
     OUT o_payload text)
@@ -91,9 +97,10 @@ BEGIN
         -- land below that claim's (held until this call's transaction ends).
         PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
         INSERT INTO idem_records AS x
-            (key, fingerprint, fence, state, lease_until, takeover, owner)
+            (key, fingerprint, fence, state, lease_until, takeover, owner, tool, tenant, run_id,
+             since)
         VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false,
-                own)
+                own, tool_name, tenant_id, run, now())
         ON CONFLICT (key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint,
             fence = CASE WHEN x.owner = own THEN x.fence ELSE EXCLUDED.fence END,
@@ -104,7 +111,11 @@ BEGIN
             kind = NULL,
             payload = NULL,
             waited = CASE WHEN x.owner = own THEN x.waited ELSE false END,
-            owner = own
+            owner = own,
+            tool = EXCLUDED.tool,
+            tenant = EXCLUDED.tenant,
+            run_id = EXCLUDED.run_id,
+            since = CASE WHEN x.owner = own THEN x.since ELSE EXCLUDED.since END
         WHERE (x.state = 1 AND x.expires_at <= now())
            OR (x.state = 0 AND x.lease_until <= now() AND x.fingerprint = EXCLUDED.fingerprint
                AND take)
@@ -120,6 +131,28 @@ BEGIN
     o_acquired := NULL;
 END
 $fn$";
+
+/// The function of revision 1 (no origin), which stores of that revision call, is the new one
+/// with no origin.
+const CLAIM_FUNCTION_REV1: &str = "
+CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boolean, own text,
+    OUT o_acquired boolean, OUT o_fence bigint, OUT o_takeover boolean, OUT o_fingerprint text,
+    OUT o_state smallint, OUT o_alive boolean, OUT o_remaining_ms bigint, OUT o_kind smallint,
+    OUT o_payload text)
+LANGUAGE sql AS $fn$
+SELECT * FROM idem_claim(k, fp, lease_ms, take, own, NULL::text, NULL::text, NULL::text) $fn$";
+
+/// Revision 3's columns and indexes; `IF NOT EXISTS`, so it applies to new databases and to those
+/// of an older revision alike. The run id index is in byte order ("C"), which prefix ranges need.
+const REVISION_3: &str = "
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS tool text;
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS tenant text;
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS run_id text;
+ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS since timestamptz;
+CREATE INDEX IF NOT EXISTS idem_records_state ON idem_records (state, kind, key);
+CREATE INDEX IF NOT EXISTS idem_records_tool ON idem_records (tool, key);
+CREATE INDEX IF NOT EXISTS idem_records_run ON idem_records ((run_id COLLATE \"C\"), key);
+";
 
 /// The function of revision 0 (no owner token), which stores of that revision call, is the new one
 /// with no token, so their takeovers clear the previous owner's token too (a token left on a row
@@ -192,7 +225,9 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError>
             tx.batch_execute("ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS owner text")
                 .await?;
         }
+        tx.batch_execute(REVISION_3).await?;
         tx.batch_execute(CLAIM_FUNCTION).await?;
+        tx.batch_execute(CLAIM_FUNCTION_REV1).await?;
         tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
         tx.execute(
             "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \

@@ -1,0 +1,202 @@
+//! The PostgreSQL store's operator side (`docs/design.md` §5.1): listing with keyset pagination
+//! on the key over the indexes of schema revision 3, inspecting, fenced resolution, counting.
+//! Leases, ages and retention are read on the server's clock, as the claim reads them.
+
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::PostgresStore;
+use super::error::pg;
+use crate::key::{Fingerprint, Key};
+use crate::store::admin::prefix_end;
+use crate::store::codec::{self, encode, fence_param, ms};
+use crate::store::{
+    Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, StateFilter, Stats,
+    StoreError, StoredOrigin,
+};
+
+const COLUMNS: &str = "key, fingerprint, fence, state, \
+    greatest((extract(epoch FROM lease_until - now()) * 1000)::bigint, 0), kind, payload, tool, \
+    tenant, run_id, greatest((extract(epoch FROM now() - since) * 1000)::bigint, 0)";
+
+/// Not past retention.
+const LIVE: &str = "NOT (state = 1 AND expires_at <= now())";
+
+/// Resolvable under the fence `$2`: outcome unknown, or a lease that ended.
+const RESOLVABLE: &str = "key = $1 AND fence = $2 AND (
+    (state = 0 AND lease_until <= now()) OR (state = 1 AND kind = 3 AND expires_at > now()))";
+
+fn info(r: &Row) -> Result<RecordInfo, StoreError> {
+    let bad = |what: String| StoreError::Incompatible(format!("a PostgreSQL record {what}"));
+    let get = |e: tokio_postgres::Error| bad(format!("has a value of an unexpected type: {e}"));
+    let key: String = r.try_get(0).map_err(get)?;
+    let key = Key::parse(&key).ok_or_else(|| bad(format!("has a malformed key {key:?}")))?;
+    let fingerprint: String = r.try_get(1).map_err(get)?;
+    let fingerprint = Fingerprint::parse(&fingerprint)
+        .ok_or_else(|| bad(format!("of key {key} has a malformed fingerprint")))?;
+    let fence: i64 = r.try_get(2).map_err(get)?;
+    let fence = Fence(u64::try_from(fence).map_err(|_| bad(format!("has a fence {fence}")))?);
+    let state: i16 = r.try_get(3).map_err(get)?;
+    let state = match state {
+        0 => {
+            let left: Option<i64> = r.try_get(4).map_err(get)?;
+            RecordState::InFlight {
+                lease_remaining: Duration::from_millis(left.unwrap_or(0).max(0) as u64),
+            }
+        }
+        1 => {
+            let kind: Option<i16> = r.try_get(5).map_err(get)?;
+            let payload: Option<String> = r.try_get(6).map_err(get)?;
+            let outcome = codec::decode(kind.map(i64::from), payload).ok_or_else(|| {
+                bad(format!("of key {key} has an outcome this idem cannot read (kind {kind:?})"))
+            })?;
+            RecordState::Done(outcome)
+        }
+        s => return Err(bad(format!("of key {key} has an unknown state {s}"))),
+    };
+    let tool: Option<String> = r.try_get(7).map_err(get)?;
+    let origin = match tool {
+        None => None,
+        Some(tool) => Some(StoredOrigin {
+            tool,
+            tenant: r.try_get::<_, Option<String>>(8).map_err(get)?.unwrap_or_default(),
+            run: r.try_get::<_, Option<String>>(9).map_err(get)?.unwrap_or_default(),
+        }),
+    };
+    let age: Option<i64> = r.try_get(10).map_err(get)?;
+    Ok(RecordInfo {
+        key,
+        fingerprint,
+        fence,
+        origin,
+        state,
+        age: age.map(|a| Duration::from_millis(a.max(0) as u64)),
+    })
+}
+
+impl PostgresStore {
+    pub(super) async fn inspect_record(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM idem_records WHERE key = $1 AND {LIVE}");
+        let conn = self.conn().await?;
+        let row = conn.client.query_opt(&sql, &[&key.as_str()]).await.map_err(pg)?;
+        row.as_ref().map(info).transpose()
+    }
+
+    pub(super) async fn list_records(&self, q: &ListQuery) -> Result<ListPage, StoreError> {
+        let mut sql = format!("SELECT {COLUMNS} FROM idem_records WHERE {LIVE}");
+        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let mut arg = |sql: &mut String, clause: &str, v: Box<dyn ToSql + Sync + Send>| {
+            args.push(v);
+            sql.push_str(&clause.replace('?', &format!("${}", args.len())));
+        };
+        if let Some(cursor) = &q.cursor {
+            let key = Key::parse(cursor).ok_or_else(|| {
+                StoreError::InvalidConfig(format!("not a cursor of this store: {cursor:?}"))
+            })?;
+            arg(&mut sql, " AND key > ?", Box::new(key.to_string()));
+        }
+        match q.state {
+            None => {}
+            Some(StateFilter::InFlight) => sql.push_str(" AND state = 0"),
+            Some(state) => {
+                let kind = match state {
+                    StateFilter::Completed => codec::SUCCESS,
+                    StateFilter::Failed => codec::FAILURE,
+                    StateFilter::NotStorable => codec::NOT_STORABLE,
+                    _ => codec::UNKNOWN,
+                };
+                arg(&mut sql, " AND state = 1 AND kind = ?::smallint", Box::new(kind));
+            }
+        }
+        if let Some(tool) = &q.tool {
+            arg(&mut sql, " AND tool = ?", Box::new(tool.clone()));
+        }
+        if let Some(prefix) = &q.run_prefix {
+            // The range lets the byte-ordered index serve the prefix; starts_with is the test.
+            arg(&mut sql, " AND run_id COLLATE \"C\" >= ?", Box::new(prefix.clone()));
+            if let Some(end) = prefix_end(prefix) {
+                arg(&mut sql, " AND run_id COLLATE \"C\" < ?", Box::new(end));
+            }
+            arg(&mut sql, " AND starts_with(run_id, ?)", Box::new(prefix.clone()));
+        }
+        if let Some(older) = q.older_than {
+            arg(
+                &mut sql,
+                " AND since <= now() - ?::bigint * interval '1 millisecond'",
+                Box::new(ms(older)),
+            );
+        }
+        let size = q.page_size();
+        arg(&mut sql, " ORDER BY key LIMIT ?::bigint", Box::new(size as i64));
+        let params: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| &**a as &(dyn ToSql + Sync)).collect();
+        let conn = self.conn().await?;
+        let rows = conn.client.query(&sql, &params).await.map_err(pg)?;
+        let records = rows.iter().map(info).collect::<Result<Vec<_>, _>>()?;
+        let next = (records.len() == size).then(|| records.last().map(|r| r.key.to_string()));
+        Ok(ListPage { scanned: records.len() as u64, next: next.flatten(), records })
+    }
+
+    /// Rows changed: 1 when resolved, 0 when refused.
+    pub(super) async fn resolve_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<usize, StoreError> {
+        let (k, f) = (key.as_str(), fence_param(fence));
+        let conn = self.conn().await?;
+        let rows = match resolution {
+            Resolution::Happened { outcome, ttl } => {
+                let (kind, payload) = encode(outcome);
+                let sql = format!(
+                    "WITH u AS (UPDATE idem_records SET state = 1, lease_until = NULL, \
+                     kind = $3, payload = $4, since = now(), \
+                     expires_at = now() + $5::bigint * interval '1 millisecond' \
+                     WHERE {RESOLVABLE} RETURNING key, waited) \
+                     SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM u"
+                );
+                conn.client.query(&sql, &[&k, &f, &kind, &payload, &ms(*ttl)]).await
+            }
+            Resolution::NotHappened => {
+                let sql = format!(
+                    "WITH d AS (DELETE FROM idem_records WHERE {RESOLVABLE} RETURNING key, waited) \
+                     SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d"
+                );
+                conn.client.query(&sql, &[&k, &f]).await
+            }
+        };
+        Ok(rows.map_err(pg)?.len())
+    }
+
+    pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
+        let sql = format!(
+            "SELECT state, kind, state = 0 AND lease_until <= now(), count(*) FROM idem_records \
+             WHERE {LIVE} GROUP BY 1, 2, 3"
+        );
+        let conn = self.conn().await?;
+        let rows = conn.client.query(&sql, &[]).await.map_err(pg)?;
+        let mut stats = Stats::default();
+        for r in rows {
+            let get = |e| StoreError::Incompatible(format!("PostgreSQL record counts: {e}"));
+            let state: i16 = r.try_get(0).map_err(get)?;
+            let kind: Option<i16> = r.try_get(1).map_err(get)?;
+            let ended: Option<bool> = r.try_get(2).map_err(get)?;
+            let n: i64 = r.try_get(3).map_err(get)?;
+            let slot = match (state, kind) {
+                (0, _) if ended == Some(true) => &mut stats.lease_expired,
+                (0, _) => &mut stats.in_flight,
+                (_, Some(codec::SUCCESS)) => &mut stats.completed,
+                (_, Some(codec::FAILURE)) => &mut stats.failed,
+                (_, Some(codec::UNKNOWN)) => &mut stats.unknown,
+                (_, Some(codec::NOT_STORABLE)) => &mut stats.not_storable,
+                // Counted, not refused: one odd record must not hide the others' counts.
+                _ => &mut stats.unreadable,
+            };
+            *slot += n.max(0) as u64;
+        }
+        Ok(stats)
+    }
+}
