@@ -81,7 +81,7 @@ async fn many_stores_create_a_fresh_schema_at_once() {
         drop(got);
         drop_schema(&admin, &schema).await;
         assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
-        assert_eq!(state, (2, 1, 2), "round {round}: version, revision, idem_claim count");
+        assert_eq!(state, (2, 3, 3), "round {round}: version, revision, idem_claim count");
         let acquired = claims.iter().filter(|c| matches!(c, Ok(Claim::Acquired { .. }))).count();
         assert_eq!(acquired, 1, "{claims:?}");
     }
@@ -136,7 +136,7 @@ async fn many_stores_migrate_version_1_at_once() {
         drop(got);
         drop_schema(&admin, &schema).await;
         assert!(errors.is_empty(), "round {round}: {} connects failed: {errors:#?}", errors.len());
-        assert_eq!(state, (2, 1, 2), "round {round}: version, revision, idem_claim count");
+        assert_eq!(state, (2, 3, 3), "round {round}: version, revision, idem_claim count");
         for (done, inflight) in answers {
             assert_eq!(
                 done.unwrap(),
@@ -407,7 +407,9 @@ async fn version_2_without_the_claim_function_is_incompatible() {
     let Some(_) = store().await else { return };
     let (schema, admin, config) = private_schema("nofn").await;
     drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
-    let drop_fn = format!("DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text)");
+    let drop_fn = format!(
+        "DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text, text, text, text)"
+    );
     admin.batch_execute(&drop_fn).await.expect("drop fn");
     let got = PostgresStore::connect_with(config, 1).await;
     drop_schema(&admin, &schema).await;

@@ -70,13 +70,16 @@ pub fn through(port: u16) -> String {
 }
 
 /// Turns the idem schema in `schema` back into what schema version 2, revision 0 created: no
-/// `owner` column, no owner-token claim function, no revision row. (The claim function without a
+/// `owner` column, no origin columns, no owner-token claim function, no revision row. (The claim function without a
 /// token stays, as the current one: a migration replaces it.)
 pub async fn to_revision_0(admin: &tokio_postgres::Client, schema: &str) {
     admin
         .batch_execute(&format!(
             "DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text); \
-             ALTER TABLE {schema}.idem_records DROP COLUMN owner; \
+             DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text, text, text, \
+                                               text); \
+             ALTER TABLE {schema}.idem_records DROP COLUMN owner, DROP COLUMN tool, \
+                 DROP COLUMN tenant, DROP COLUMN run_id, DROP COLUMN since; \
              DELETE FROM {schema}.idem_meta WHERE name = 'schema_revision'"
         ))
         .await
