@@ -37,6 +37,8 @@ mod resend;
 pub mod sqlite;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod url_query;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+mod wait;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};

@@ -40,6 +40,7 @@ use tokio_postgres::Config;
 use super::codec::{encode, fence_param, ms, now_ms};
 use super::resend::{self, GiveUp, Owner};
 use super::sweep::SweepClock;
+use super::wait::{self, WaiterMap};
 use super::{
     Claim, ClaimRequest, Fence, ListPage, ListQuery, OnExpired, Outcome, RecordInfo, Resolution,
     Stats, Store, StoreError,
@@ -60,7 +61,7 @@ mod verify;
 use claim::{Step, decide};
 use conn::{COMPLETED, Conn, RELEASE_OWNED};
 use error::{pg, sent, unreached};
-use listen::{Waiters, listen};
+use listen::listen;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 use tls::Target;
 
@@ -84,7 +85,7 @@ struct Inner {
     /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
     /// first open only under concurrency.
     busy: AtomicUsize,
-    waiters: Arc<Waiters>,
+    waiters: Arc<WaiterMap<Key>>,
     listening: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
     sweeps: SweepClock,
@@ -158,7 +159,7 @@ impl PostgresStore {
         pool: Option<deadpool_postgres::Pool>,
         connections: usize,
     ) -> Self {
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(WaiterMap::default());
         let listening = Arc::new(AtomicBool::new(false));
         let listener = target.clone().map(|target| {
             tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
@@ -187,31 +188,24 @@ impl PostgresStore {
     }
 
     async fn wait_inner(&self, key: &Key, fence: Fence, notify: &Notify) -> Result<(), StoreError> {
-        let mut pause = POLL_FIRST;
-        let mut first = true;
-        loop {
-            // Registered before the check, so a wake-up in between is not missed.
-            let woken = notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
+        let cap = || {
+            if self.inner.listening.load(Ordering::Relaxed) {
+                POLL_MAX_LISTENED
+            } else {
+                POLL_MAX_UNLISTENED
+            }
+        };
+        wait::poll_with_backoff(notify, POLL_FIRST, cap, |first| async move {
             let row = {
                 let conn = self.conn().await?;
                 let stmt = if first { &conn.mark_waited } else { &conn.held };
                 conn.client.query_opt(stmt, &[&key.as_str(), &fence_param(fence)]).await
             };
-            first = false;
-            let Some(row) = row.map_err(pg)? else { return Ok(()) };
+            let Some(row) = row.map_err(pg)? else { return Ok(None) };
             let remaining: Option<i64> = row.try_get(0).map_err(pg)?;
-            let cap = if self.inner.listening.load(Ordering::Relaxed) {
-                POLL_MAX_LISTENED
-            } else {
-                POLL_MAX_UNLISTENED
-            };
-            // Wake at lease expiry at the latest: a takeover needs a claim to happen.
-            let lease_left = Duration::from_millis(remaining.unwrap_or(0).max(1) as u64);
-            let _ = tokio::time::timeout(pause.min(lease_left), woken).await;
-            pause = (pause * 2).min(cap);
-        }
+            Ok(Some(Duration::from_millis(remaining.unwrap_or(0).max(1) as u64)))
+        })
+        .await
     }
 }
 
@@ -325,7 +319,7 @@ impl Store for PostgresStore {
         let notify = self.inner.waiters.register(*key);
         // The deadline bounds everything, a reconnect or a slow server included.
         let r = tokio::time::timeout(max, self.wait_inner(key, fence, &notify)).await;
-        self.inner.waiters.unregister(key, notify);
+        self.inner.waiters.unregister(key);
         r.unwrap_or(Ok(()))
     }
 

@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 
 use super::codec::{self, encode, fence_param, ms, now_ms};
 use super::sweep::SweepClock;
+use super::wait;
 use super::{
     Claim, ClaimRequest, Fence, ListPage, ListQuery, OnExpired, Outcome, Record, RecordInfo,
     Resolution, Stats, Store, StoreError, StoredOrigin,
@@ -607,25 +608,23 @@ impl Store for SqliteStore {
 
 impl SqliteStore {
     async fn wait_inner(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        let mut pause = POLL_FIRST;
-        loop {
-            // Registered before the check, so a change by this store in between is not missed.
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let key = *key;
-            let held = self
-                .call(move |conn| {
-                    let params = params![key.as_str(), fence_param(fence), now_ms()];
-                    Ok(conn.prepare_cached(HELD)?.exists(params)?)
-                })
-                .await?;
-            if !held {
-                return Ok(());
-            }
-            let _ = tokio::time::timeout(pause, changed).await;
-            pause = (pause * 2).min(POLL_MAX);
-        }
+        wait::poll_with_backoff(
+            &self.inner.changed,
+            POLL_FIRST,
+            || POLL_MAX,
+            |_| async move {
+                let key = *key;
+                let held = self
+                    .call(move |conn| {
+                        let params = params![key.as_str(), fence_param(fence), now_ms()];
+                        Ok(conn.prepare_cached(HELD)?.exists(params)?)
+                    })
+                    .await?;
+                // The check does not read the lease end: the pause (at most POLL_MAX) bounds the sleep.
+                Ok(held.then_some(Duration::MAX))
+            },
+        )
+        .await
     }
 
     /// The claim's read-only answer (a replay, a live lease, a mismatch), computed on the

@@ -136,31 +136,29 @@ async fn open(target: &Target) -> Result<Conn, StoreError> {
         let _ = connection.await;
     });
     ensure_schema(&mut client).await?;
-    let prepare = |sql| client.prepare(sql);
-    let (claim, complete, release, renew) =
-        tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
-            .map_err(|e| match e.code() {
+    Conn::prepared(PgClient::Own(client)).await
+}
+
+impl Conn {
+    /// Prepares the statements on `client` (once per pooled connection: deadpool's statement
+    /// cache).
+    pub(super) async fn prepared(client: PgClient) -> Result<Conn, StoreError> {
+        let prepare = |sql| client.prepare(sql);
+        let (claim, complete, release, renew) =
+            tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
+                .map_err(|e| match e.code() {
                 // E.g. the tables were restored without their functions.
                 Some(&SqlState::UNDEFINED_FUNCTION) => StoreError::Incompatible(format!(
                     "the PostgreSQL database is at idem schema version {SCHEMA_VERSION} but \
-                     lacks the function idem_claim ({}); re-create the schema or restore it \
-                     whole",
+                         lacks the function idem_claim ({}); re-create the schema or restore it \
+                         whole",
                     PgError(e)
                 )),
                 _ => pg(e),
             })?;
-    let (mark_waited, held, forget, sweep) =
-        tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
-            .map_err(pg)?;
-    Ok(Conn {
-        client: PgClient::Own(client),
-        claim,
-        complete,
-        release,
-        renew,
-        mark_waited,
-        held,
-        forget,
-        sweep,
-    })
+        let (mark_waited, held, forget, sweep) =
+            tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
+                .map_err(pg)?;
+        Ok(Conn { client, claim, complete, release, renew, mark_waited, held, forget, sweep })
+    }
 }

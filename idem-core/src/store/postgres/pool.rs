@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool, PoolError};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
-use super::conn::{CLAIM, COMPLETE, Conn, FORGET, HELD, MARK_WAITED, RELEASE, RENEW, SWEEP};
+use super::conn::Conn;
 use super::error::pg;
 use super::schema::ensure_schema;
 use super::tls::Target;
@@ -24,6 +24,16 @@ use crate::store::StoreError;
 pub(super) enum PgClient {
     Own(Client),
     Pooled(Object),
+}
+
+impl PgClient {
+    /// Prepares `sql`; on a pooled connection once per connection (deadpool's statement cache).
+    pub(super) async fn prepare(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        match self {
+            PgClient::Own(c) => c.prepare(sql).await,
+            PgClient::Pooled(o) => o.prepare_cached(sql).await,
+        }
+    }
 }
 
 impl std::ops::Deref for PgClient {
@@ -52,24 +62,7 @@ pub(super) async fn checkout(pool: &Pool, wait: Duration) -> Result<Conn, StoreE
             )));
         }
     };
-    let prepare = |sql| object.prepare_cached(sql);
-    let (claim, complete, release, renew) =
-        tokio::try_join!(prepare(CLAIM), prepare(COMPLETE), prepare(RELEASE), prepare(RENEW))
-            .map_err(pg)?;
-    let (mark_waited, held, forget, sweep) =
-        tokio::try_join!(prepare(MARK_WAITED), prepare(HELD), prepare(FORGET), prepare(SWEEP))
-            .map_err(pg)?;
-    Ok(Conn {
-        client: PgClient::Pooled(object),
-        claim,
-        complete,
-        release,
-        renew,
-        mark_waited,
-        held,
-        forget,
-        sweep,
-    })
+    Conn::prepared(PgClient::Pooled(object)).await
 }
 
 impl PostgresStore {

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::pubsub::{Waiters, pubsub_connection};
+use super::pubsub::pubsub_connection;
 use super::reply::unavailable;
 use super::scripts::Scripts;
 use super::{Inner, RedisStore, conn};
 use crate::store::StoreError;
+use crate::store::wait::WaiterMap;
 
 /// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
 #[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
@@ -71,7 +72,7 @@ impl RedisStoreBuilder {
             .set_number_of_retries(0);
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(unavailable)?;
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(WaiterMap::default());
         let pubsub = pubsub_connection(&client, config, &waiters);
         Ok(RedisStore {
             inner: Arc::new(Inner {

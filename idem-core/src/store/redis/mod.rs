@@ -88,9 +88,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
-use tokio::time::Instant;
 
 use super::resend::{self, Failed, GiveUp, Owner};
+use super::wait::{self, WaiterMap};
 use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Store, StoreError};
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
@@ -101,7 +101,6 @@ mod pubsub;
 mod reply;
 
 pub use builder::RedisStoreBuilder;
-use pubsub::Waiters;
 use reply::{Answer, answer, fence, int, text, unavailable};
 pub use reply::{decode_answer, decode_record};
 
@@ -126,7 +125,7 @@ struct Inner {
     conn: ConnectionManager,
     prefix: String,
     scripts: Scripts,
-    waiters: Arc<Waiters>,
+    waiters: Arc<WaiterMap<Vec<u8>>>,
     pubsub: Option<ConnectionManager>,
     /// Channels subscribed on the server; the lock also orders SUBSCRIBE and UNSUBSCRIBE.
     subscribed: tokio::sync::Mutex<HashSet<Vec<u8>>>,
@@ -365,41 +364,25 @@ impl Store for RedisStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        let deadline = crate::clock::later(Instant::now(), max);
         let interest = self.interest(self.channel(key).into_bytes());
-        let notified = interest.notify.notified();
-        tokio::pin!(notified);
-        // Registered before subscribing and before the re-check below, so a message that
-        // arrives in between is not missed.
-        notified.as_mut().enable();
-        let subscribed =
-            tokio::time::timeout_at(deadline, self.inner.sync_subscription(&interest.channel))
-                .await
-                .unwrap_or(false);
-        let mut poll = if subscribed { SUBSCRIBED_RECHECK } else { POLL_MIN };
-        loop {
-            let watched = self.watch(key, fence, subscribed);
-            let Ok(held) = tokio::time::timeout_at(deadline, watched).await else {
-                return Ok(());
+        // The deadline bounds everything, subscribing included.
+        let waited = tokio::time::timeout(max, async {
+            let subscribed = self.inner.sync_subscription(&interest.channel).await;
+            let (first, cap) = if subscribed {
+                (SUBSCRIBED_RECHECK, SUBSCRIBED_RECHECK)
+            } else {
+                (POLL_MIN, POLL_MAX)
             };
-            let Some(lease_left) = held? else { return Ok(()) };
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            // At lease end the caller must claim again (a takeover or `Unknown`).
-            let until = deadline.min(now + lease_left).min(now + poll);
-            tokio::select! {
-                () = &mut notified => return Ok(()),
-                () = tokio::time::sleep_until(until) => {}
-            }
-            if Instant::now() >= deadline {
-                return Ok(());
-            }
-            if !subscribed {
-                poll = (poll * 2).min(POLL_MAX);
-            }
-        }
+            // Flagged as waited on only when subscribed: a flag makes writers publish.
+            wait::poll_with_backoff(
+                &interest.notify,
+                first,
+                || cap,
+                |_| self.watch(key, fence, subscribed),
+            )
+            .await
+        });
+        waited.await.unwrap_or(Ok(()))
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {

@@ -1,22 +1,22 @@
 //! Waiting across processes: the dedicated RESP3 pub/sub connection, the subscriptions it holds,
 //! and the in-process waiters it wakes by channel.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::{Inner, RedisStore};
+use crate::store::wait::WaiterMap;
 
 /// The dedicated pub/sub connection: RESP3 with a push handler that wakes the waiters of a
 /// channel, and re-subscription after a reconnect. `None` if it cannot be configured.
 pub(super) fn pubsub_connection(
     client: &Client,
     config: ConnectionManagerConfig,
-    waiters: &Arc<Waiters>,
+    waiters: &Arc<WaiterMap<Vec<u8>>>,
 ) -> Option<ConnectionManager> {
     let info = client.get_connection_info().clone();
     let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
@@ -26,7 +26,7 @@ pub(super) fn pubsub_connection(
         match push.kind {
             PushKind::Message => {
                 if let Some(Value::BulkString(channel)) = push.data.first() {
-                    waiters.wake(channel);
+                    waiters.wake(&channel[..]);
                 }
             }
             // Messages may have been lost while disconnected: let every waiter re-check.
@@ -39,36 +39,6 @@ pub(super) fn pubsub_connection(
     ConnectionManager::new_lazy_with_config(client, config).ok()
 }
 
-/// The waiters of this process, by channel.
-#[derive(Default)]
-pub(super) struct Waiters {
-    channels: Mutex<HashMap<Vec<u8>, Channel>>,
-}
-
-struct Channel {
-    refs: usize,
-    notify: Arc<Notify>,
-}
-
-impl Waiters {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Channel>> {
-        crate::sync::lock(&self.channels)
-    }
-    fn wake(&self, channel: &[u8]) {
-        if let Some(c) = self.lock().get(channel) {
-            c.notify.notify_waiters();
-        }
-    }
-    fn wake_all(&self) {
-        for c in self.lock().values() {
-            c.notify.notify_waiters();
-        }
-    }
-    fn wanted(&self, channel: &[u8]) -> bool {
-        self.lock().contains_key(channel)
-    }
-}
-
 /// One waiter's interest in a channel; dropping it unsubscribes when it was the last.
 pub(super) struct Interest {
     inner: Arc<Inner>,
@@ -78,20 +48,7 @@ pub(super) struct Interest {
 
 impl Drop for Interest {
     fn drop(&mut self) {
-        let last = {
-            let mut map = self.inner.waiters.lock();
-            match map.get_mut(&self.channel) {
-                Some(c) if c.refs > 1 => {
-                    c.refs -= 1;
-                    false
-                }
-                Some(_) => {
-                    map.remove(&self.channel);
-                    true
-                }
-                None => false,
-            }
-        };
+        let last = self.inner.waiters.unregister(&self.channel[..]);
         if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
             let inner = Arc::clone(&self.inner);
             let channel = std::mem::take(&mut self.channel);
@@ -137,13 +94,7 @@ impl Inner {
 
 impl RedisStore {
     pub(super) fn interest(&self, channel: Vec<u8>) -> Interest {
-        let mut map = self.inner.waiters.lock();
-        let entry = map
-            .entry(channel.clone())
-            .or_insert_with(|| Channel { refs: 0, notify: Arc::new(Notify::new()) });
-        entry.refs += 1;
-        let notify = Arc::clone(&entry.notify);
-        drop(map);
+        let notify = self.inner.waiters.register(channel.clone());
         Interest { inner: Arc::clone(&self.inner), channel, notify }
     }
 }
