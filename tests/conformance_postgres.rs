@@ -31,6 +31,16 @@ idem_core::store_admin_conformance_tests!(
     store().await
 );
 
+/// Two stores on one database, each with its own connections and listener.
+async fn pair() -> Option<(Arc<PostgresStore>, Arc<PostgresStore>)> {
+    Some((store().await?, store().await?))
+}
+
+idem_core::store_multi_instance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    pair().await
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_on_one_database_acquire_once() {
     let Some(first) = store().await else { return };
@@ -125,67 +135,21 @@ async fn other_schema_version_is_incompatible() {
     }
 }
 
-/// A database at schema version 1 (the tables without the `idem_claim` function) is migrated
-/// when a store of this version connects, and what it holds is kept: a completed record replays,
-/// an in-flight one keeps its owner.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_version_1_is_migrated_and_keeps_its_records() {
-    let Some(_) = store().await else { return };
-    let (schema, admin, config) = private_schema("migrate").await;
-    let (done, fp) = fresh_key("migrate", "done");
-    let (held, _) = fresh_key("migrate", "held");
-    let fence = {
-        let old = PostgresStore::connect_with(config.clone(), 1).await.expect("create schema");
-        let first = acquire(&old, &done, &fp).await;
-        let ok = Outcome::Success("\"kept\"".into());
-        old.complete(&done, first, &ok, Duration::from_secs(60)).await.expect("complete");
-        acquire(&old, &held, &fp).await
-    };
-    // Back to what version 1 created.
-    pg::to_version_1(&admin, &schema).await;
-    let store = PostgresStore::connect_with(config, 1).await;
-    let version = admin
-        .query_one(
-            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_version'"),
-            &[],
-        )
-        .await
-        .map(|row| row.get::<_, i64>(0));
-    let replay = match &store {
-        Ok(s) => Some((s.claim(claim_req(&done, &fp)).await, s.claim(claim_req(&held, &fp)).await)),
-        Err(_) => None,
-    };
-    let completed = match &store {
-        Ok(s) => Some(s.complete(&held, fence, &Outcome::Unknown, Duration::from_secs(60)).await),
-        Err(_) => None,
-    };
-    drop(store);
-    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop schema");
-    assert_eq!(version.expect("version row"), idem_core::store::postgres::SCHEMA_VERSION);
-    let (replay, in_flight) = replay.expect("a version 1 database must be migrated, not refused");
-    assert_eq!(
-        replay.expect("claim"),
-        Claim::Completed(idem_core::store::Record {
-            fingerprint: fp,
-            outcome: Outcome::Success("\"kept\"".into())
-        })
-    );
-    match in_flight.expect("claim") {
-        Claim::InFlight { fence: f, .. } => assert_eq!(f, fence, "the owner is kept"),
-        other => panic!("the in-flight record must stay held, got {other:?}"),
-    }
-    completed.expect("store").expect("the owner completes after the migration");
+/// What a store of this version answers on a database taken back to schema version 1
+/// (`to_version_1`) or to version 2, revision 0: the value of `meta` in `idem_meta` after it connected, and (when it connected)
+/// its claims of a record completed and one held before the downgrade, and the held record's
+/// completion by its owner. The schema is dropped before returning.
+struct Migrated {
+    meta: Result<i64, tokio_postgres::Error>,
+    fp: idem_core::Fingerprint,
+    fence: idem_core::store::Fence,
+    answers: Option<(Result<Claim, StoreError>, Result<Claim, StoreError>, Result<(), StoreError>)>,
 }
 
-/// A database at schema version 2, revision 0 (no owner column) is migrated to revision 1 when a
-/// store of this version connects, and what it holds is kept; the record's owner can still
-/// complete it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_revision_0_is_migrated_and_keeps_its_records() {
-    let Some(_) = store().await else { return };
-    let (schema, admin, config) = private_schema("revision").await;
-    let (done, fp) = fresh_key("revision", "done");
-    let (held, _) = fresh_key("revision", "held");
+async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {
+    let (schema, admin, config) = private_schema(tag).await;
+    let (done, fp) = fresh_key(tag, "done");
+    let (held, _) = fresh_key(tag, "held");
     let fence = {
         let old = PostgresStore::connect_with(config.clone(), 1).await.expect("create schema");
         let first = acquire(&old, &done, &fp).await;
@@ -193,13 +157,15 @@ async fn schema_revision_0_is_migrated_and_keeps_its_records() {
         old.complete(&done, first, &ok, Duration::from_secs(60)).await.expect("complete");
         acquire(&old, &held, &fp).await
     };
-    pg::to_revision_0(&admin, &schema).await;
+    if to_version_1 {
+        // Back to what version 1 created.
+        pg::to_version_1(&admin, &schema).await;
+    } else {
+        pg::to_revision_0(&admin, &schema).await;
+    }
     let store = PostgresStore::connect_with(config, 1).await;
-    let revision = admin
-        .query_one(
-            &format!("SELECT value FROM {schema}.idem_meta WHERE name = 'schema_revision'"),
-            &[],
-        )
+    let meta = admin
+        .query_one(&format!("SELECT value FROM {schema}.idem_meta WHERE name = '{meta}'"), &[])
         .await
         .map(|row| row.get::<_, i64>(0));
     let answers = match &store {
@@ -212,7 +178,42 @@ async fn schema_revision_0_is_migrated_and_keeps_its_records() {
     };
     drop(store);
     pg::drop_schema(&admin, &schema).await;
-    assert_eq!(revision.expect("revision row"), idem_core::store::postgres::SCHEMA_REVISION);
+    Migrated { meta, fp, fence, answers }
+}
+
+/// A database at schema version 1 (the tables without the `idem_claim` function) is migrated
+/// when a store of this version connects, and what it holds is kept: a completed record replays,
+/// an in-flight one keeps its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_version_1_is_migrated_and_keeps_its_records() {
+    let Some(_) = store().await else { return };
+    let Migrated { meta, fp, fence, answers } = migrated("migrate", "schema_version", true).await;
+    assert_eq!(meta.expect("version row"), idem_core::store::postgres::SCHEMA_VERSION);
+    let (replay, in_flight, completed) =
+        answers.expect("a version 1 database must be migrated, not refused");
+    assert_eq!(
+        replay.expect("claim"),
+        Claim::Completed(idem_core::store::Record {
+            fingerprint: fp,
+            outcome: Outcome::Success("\"kept\"".into())
+        })
+    );
+    match in_flight.expect("claim") {
+        Claim::InFlight { fence: f, .. } => assert_eq!(f, fence, "the owner is kept"),
+        other => panic!("the in-flight record must stay held, got {other:?}"),
+    }
+    completed.expect("the owner completes after the migration");
+}
+
+/// A database at schema version 2, revision 0 (no owner column) is migrated to revision 1 when a
+/// store of this version connects, and what it holds is kept; the record's owner can still
+/// complete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_revision_0_is_migrated_and_keeps_its_records() {
+    let Some(_) = store().await else { return };
+    let Migrated { meta, fence, answers, .. } =
+        migrated("revision", "schema_revision", false).await;
+    assert_eq!(meta.expect("revision row"), idem_core::store::postgres::SCHEMA_REVISION);
     let (replay, in_flight, completed) = answers.expect("revision 0 must be migrated");
     assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
     assert!(
