@@ -1,0 +1,113 @@
+//! Writing leaves: escaped strings, integers, and numbers as RFC 8785 writes them.
+
+use std::fmt;
+
+use super::*;
+
+// Leaves.
+
+/// What RFC 8785 §3.2.2.2 escapes: 0 = nothing, `u` = `\u00xx`, else the letter after `\`.
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
+pub(super) const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends the escaped contents of a string (without quotes). Only ASCII bytes are escaped, so
+/// valid UTF-8 stays valid.
+pub(super) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let e = ESCAPE[usize::from(b)];
+        if e == 0 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[run..i]);
+        if e == b'u' {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', e]);
+        }
+        run = i + 1;
+    }
+    out.extend_from_slice(&bytes[run..]);
+}
+
+pub(super) fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    escape_into(out, bytes);
+    out.push(b'"');
+}
+
+pub(super) fn write_int<I: itoa::Integer>(out: &mut Vec<u8>, v: I) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// 2^53: every integer of smaller magnitude is exactly one double.
+pub(super) const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+pub(super) fn write_f64(out: &mut Vec<u8>, v: f64) -> Result<(), Fail> {
+    if !v.is_finite() {
+        let name = if v.is_nan() {
+            "NaN"
+        } else if v > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        };
+        return Err(Fail::new(Kind::NonFinite(name)));
+    }
+    if v == 0.0 {
+        // ECMAScript prints -0 as "0".
+        out.push(b'0');
+    } else if v.fract() == 0.0 && v.abs() < MAX_SAFE_INTEGER {
+        // Fast path for whole amounts: below 2^53 every integer is a double one unit or less
+        // from its neighbours, so its shortest round-trip digits are its exact decimal digits,
+        // which is what Number::toString prints for values below 1e21.
+        write_int(out, v as i64);
+    } else {
+        out.extend_from_slice(ryu_js::Buffer::new().format_finite(v).as_bytes());
+    }
+    Ok(())
+}
+
+/// `fmt::Write` into the output, escaping as a JSON string body.
+pub(super) struct Escaping<'a>(pub(super) &'a mut Vec<u8>);
+
+impl fmt::Write for Escaping<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        escape_into(self.0, s.as_bytes());
+        Ok(())
+    }
+}
+
+/// `fmt::Write` into a byte buffer, unescaped.
+pub(super) struct Bytes<'a>(pub(super) &'a mut Vec<u8>);
+
+impl fmt::Write for Bytes<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
