@@ -23,6 +23,16 @@ idem_core::store_conformance_tests!(
     store().await.map(Box::new)
 );
 
+/// Two stores on one server with the same prefix, each with its own connections and pub/sub.
+async fn pair() -> Option<(Box<RedisStore>, Box<RedisStore>)> {
+    Some((Box::new(store().await?), Box::new(store().await?)))
+}
+
+idem_core::store_multi_instance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    pair().await
+);
+
 /// CRC16 of a Redis Cluster hash slot (XMODEM), of the hash tag when there is one.
 fn slot(key: &str) -> u16 {
     let tagged = match (key.find('{'), key.find('}')) {

@@ -302,3 +302,21 @@ async fn revision_0_database_is_migrated() {
         Ok(Claim::Acquired { .. })
     ));
 }
+
+mod multi_instance {
+    use std::sync::Arc;
+
+    use idem_core::SqliteStore;
+
+    /// Two stores on the shared file, each with its own connection, as two processes would.
+    async fn pair() -> Option<(Arc<SqliteStore>, Arc<SqliteStore>)> {
+        let open =
+            || Arc::new(SqliteStore::open(super::shared_file()).expect("open the SQLite file"));
+        Some((open(), open()))
+    }
+
+    idem_core::store_multi_instance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        pair().await
+    );
+}

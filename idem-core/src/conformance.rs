@@ -18,6 +18,10 @@
 //! idem_core::store_conformance_tests!(#[tokio::test(start_paused = true)] store().await);
 //! ```
 //!
+//! Stores shared by processes also pass the multi-instance tier ([`multi_instance`]): the same
+//! rules across two instances over one backend, with
+//! [`store_multi_instance_tests!`](crate::store_multi_instance_tests).
+//!
 //! This module is test support: it panics on purpose when a store breaks the contract.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +35,10 @@ use crate::key::{Fingerprint, Key, Scope, derive_key, fingerprint};
 mod admin;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store, StoreError};
 pub use admin::*;
+
+mod multi_instance;
+
+pub use multi_instance::*;
 
 /// A lease meant to expire during a test.
 pub const SHORT: Duration = Duration::from_millis(250);

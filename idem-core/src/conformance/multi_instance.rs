@@ -1,0 +1,177 @@
+//! The multi-instance tier: two store instances over one backend (two handles on one SQLite file,
+//! one PostgreSQL database, one Redis server), as two processes would hold them. Each test takes
+//! both and checks that the protocol holds across them: what one instance writes, the other
+//! reads, waits on, and fences against. Run it with
+//! [`store_multi_instance_tests!`](crate::store_multi_instance_tests).
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::sleep;
+
+use super::{
+    LONG, PAST_SHORT, SHORT, acquire, assert_completed, assert_in_flight, assert_lease_lost, claim,
+    complete, fresh_key, req, success, wait_for,
+};
+use crate::store::{Claim, Fence, OnExpired, Store};
+
+/// Generates one `#[tokio::test]` per behaviour of the multi-instance tier.
+///
+/// The first tokens are the test attribute; then an expression, evaluated in each test's async
+/// body, of type `Option<(P, P)>` where `P` derefs to a [`Store`]: two instances over the same
+/// backend, each with its own connections. `None` skips the test.
+#[macro_export]
+macro_rules! store_multi_instance_tests {
+    (#[$attr:meta] $make:expr) => {
+        $crate::store_multi_instance_tests!(@each #[$attr] $make;
+            one_claim_wins_across_instances,
+            completion_replays_on_the_other_instance,
+            waiter_is_woken_by_the_other_instance,
+            takeover_across_instances_after_expiry,
+            fences_increase_across_instances,
+        );
+    };
+    (@each #[$attr:meta] $make:expr; $($name:ident,)*) => {
+        $(
+            #[$attr]
+            async fn $name() {
+                let Some((a, b)) = $make else { return };
+                let (a, b): (&dyn $crate::Store, &dyn $crate::Store) = (&*a, &*b);
+                $crate::conformance::$name(a, b).await;
+            }
+        )*
+    };
+}
+
+/// 16 concurrent claims of one free key on each instance: exactly one of the 32 acquires, and
+/// every other, on either instance, sees the winner's fence in flight.
+pub async fn one_claim_wins_across_instances(a: &dyn Store, b: &dyn Store) {
+    let (key, fp) = fresh_key("one_claim_wins_across_instances", "{}");
+    let claims = join_all((0..32).map(|i| {
+        let store = if i % 2 == 0 { a } else { b };
+        store.claim(req(&key, &fp, LONG, OnExpired::TakeOver))
+    }));
+    let claims: Vec<Claim> = claims.await.into_iter().map(|r| r.expect("claim failed")).collect();
+    let winners: Vec<Fence> = claims
+        .iter()
+        .filter_map(|c| match c {
+            Claim::Acquired { fence, .. } => Some(*fence),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(winners.len(), 1, "exactly one claim over both instances must acquire: {claims:?}");
+    for c in &claims {
+        match c {
+            Claim::Acquired { .. } => {}
+            c => assert_in_flight("a losing claim on either instance", c.clone(), winners[0]),
+        }
+    }
+    // Sequentially too: the other instance sees the holder.
+    let (key, fp) = fresh_key("one_claim_wins_across_instances", "{\"sequential\":true}");
+    let fence = acquire(a, &key, &fp, LONG).await;
+    assert_in_flight("a claim on the other instance", claim(b, &key, &fp, LONG).await, fence);
+}
+
+/// A completion on one instance is replayed, exactly, by the other; the other cannot complete
+/// the record again under the same fence with another outcome.
+pub async fn completion_replays_on_the_other_instance(a: &dyn Store, b: &dyn Store) {
+    let (key, fp) = fresh_key("completion_replays_on_the_other_instance", "{}");
+    let fence = acquire(a, &key, &fp, LONG).await;
+    complete(a, &key, fence, &success("{\"id\":\"ch_1\"}"), LONG).await;
+    let got = claim(b, &key, &fp, LONG).await;
+    assert_completed("a claim on the other instance", got, &fp, &success("{\"id\":\"ch_1\"}"));
+    assert_lease_lost(
+        "a second completion on the other instance",
+        b.complete(&key, fence, &success("\"other\""), LONG).await,
+    );
+    let got = claim(a, &key, &fp, LONG).await;
+    assert_completed("a claim on the first instance", got, &fp, &success("{\"id\":\"ch_1\"}"));
+}
+
+/// A waiter on one instance returns well before its `max` when the holder completes on the
+/// other, and then replays; likewise when the holder releases, after which it acquires.
+pub async fn waiter_is_woken_by_the_other_instance(a: &dyn Store, b: &dyn Store) {
+    let max = Duration::from_secs(20);
+    let (key, fp) = fresh_key("waiter_is_woken_by_the_other_instance", "{}");
+    let fence = acquire(a, &key, &fp, LONG).await;
+    let holder = async {
+        sleep(Duration::from_millis(100)).await;
+        complete(a, &key, fence, &success("7"), LONG).await;
+    };
+    let (waited, ()) = tokio::join!(wait_for(b, &key, fence, max), holder);
+    assert!(
+        waited < max / 2,
+        "a wait must return soon after a completion on the other instance, took {waited:?} of \
+         {max:?}"
+    );
+    assert_completed("after the wait", claim(b, &key, &fp, LONG).await, &fp, &success("7"));
+
+    let (key, fp) = fresh_key("waiter_is_woken_by_the_other_instance", "{\"release\":true}");
+    let fence = acquire(b, &key, &fp, LONG).await;
+    let holder = async {
+        sleep(Duration::from_millis(100)).await;
+        b.release(&key, fence).await.expect("release");
+    };
+    let (waited, ()) = tokio::join!(wait_for(a, &key, fence, max), holder);
+    assert!(
+        waited < max / 2,
+        "a wait must return soon after a release on the other instance, took {waited:?} of \
+         {max:?}"
+    );
+    let next = acquire(a, &key, &fp, LONG).await;
+    assert!(next > fence, "the fence after the release {next:?} must exceed {fence:?}");
+}
+
+/// A lease taken on one instance is not taken over by the other while it lives; once it expired
+/// the other takes it over with a higher fence, the first owner's calls fail with `LeaseLost`,
+/// and the new owner's result is what both replay.
+pub async fn takeover_across_instances_after_expiry(a: &dyn Store, b: &dyn Store) {
+    let (key, fp) = fresh_key("takeover_across_instances_after_expiry", "{}");
+    let old = acquire(a, &key, &fp, SHORT).await;
+    assert_in_flight(
+        "a claim on the other instance before expiry",
+        claim(b, &key, &fp, LONG).await,
+        old,
+    );
+    sleep(PAST_SHORT).await;
+    let new = match claim(b, &key, &fp, LONG).await {
+        Claim::Acquired { fence, takeover: true } => fence,
+        other => panic!("a claim on the other instance after expiry must take over, got {other:?}"),
+    };
+    assert!(new > old, "the takeover fence {new:?} must be higher than the old {old:?}");
+    assert_lease_lost(
+        "the old owner's complete",
+        a.complete(&key, old, &success("\"old\""), LONG).await,
+    );
+    assert_lease_lost("the old owner's renew", a.renew(&key, old, LONG).await);
+    assert_lease_lost("the old owner's release", a.release(&key, old).await);
+    assert_in_flight("after the old owner's calls", claim(a, &key, &fp, LONG).await, new);
+    complete(b, &key, new, &success("\"new\""), LONG).await;
+    for (what, store) in [("first", a), ("second", b)] {
+        let got = claim(store, &key, &fp, LONG).await;
+        assert_completed(&format!("a claim on the {what} instance"), got, &fp, &success("\"new\""));
+    }
+}
+
+/// Fences of one key strictly increase while the instances take turns: acquire and release on
+/// each, a takeover by the other, forget on the other, and retention expiry.
+pub async fn fences_increase_across_instances(a: &dyn Store, b: &dyn Store) {
+    let (key, fp) = fresh_key("fences_increase_across_instances", "{}");
+    let f1 = acquire(a, &key, &fp, LONG).await;
+    a.release(&key, f1).await.expect("release");
+    let f2 = acquire(b, &key, &fp, SHORT).await;
+    assert!(f2 > f1, "after a release on the other instance: {f2:?} must exceed {f1:?}");
+    sleep(PAST_SHORT).await;
+    let f3 = match claim(a, &key, &fp, LONG).await {
+        Claim::Acquired { fence, takeover: true } => fence,
+        other => panic!("expected a takeover, got {other:?}"),
+    };
+    assert!(f3 > f2, "after a takeover across instances: {f3:?} must exceed {f2:?}");
+    assert!(b.forget(&key).await.expect("forget"), "forget on the other instance must remove it");
+    let f4 = acquire(a, &key, &fp, LONG).await;
+    assert!(f4 > f3, "after a forget on the other instance: {f4:?} must exceed {f3:?}");
+    complete(a, &key, f4, &success("1"), SHORT).await;
+    sleep(PAST_SHORT).await;
+    let f5 = acquire(b, &key, &fp, LONG).await;
+    assert!(f5 > f4, "after retention expiry, on the other instance: {f5:?} must exceed {f4:?}");
+}
