@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
-use serde::Serialize;
+use serde::{Serialize, ser};
 use serde_json::json;
 
 use super::*;
