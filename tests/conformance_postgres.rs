@@ -135,6 +135,9 @@ async fn other_schema_version_is_incompatible() {
     }
 }
 
+/// The claims of the completed and the held record, and the held record's completion.
+type Answers = (Result<Claim, StoreError>, Result<Claim, StoreError>, Result<(), StoreError>);
+
 /// What a store of this version answers on a database taken back to schema version 1
 /// (`to_version_1`) or to version 2, revision 0: the value of `meta` in `idem_meta` after it connected, and (when it connected)
 /// its claims of a record completed and one held before the downgrade, and the held record's
@@ -143,7 +146,7 @@ struct Migrated {
     meta: Result<i64, tokio_postgres::Error>,
     fp: idem_core::Fingerprint,
     fence: idem_core::store::Fence,
-    answers: Option<(Result<Claim, StoreError>, Result<Claim, StoreError>, Result<(), StoreError>)>,
+    answers: Option<Answers>,
 }
 
 async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {

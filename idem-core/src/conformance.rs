@@ -18,8 +18,8 @@
 //! idem_core::store_conformance_tests!(#[tokio::test(start_paused = true)] store().await);
 //! ```
 //!
-//! Stores shared by processes also pass the multi-instance tier ([`multi_instance`]): the same
-//! rules across two instances over one backend, with
+//! Stores shared by processes also pass the multi-instance tier (`conformance/multi_instance.rs`):
+//! the same rules across two instances over one backend, with
 //! [`store_multi_instance_tests!`](crate::store_multi_instance_tests).
 //!
 //! This module is test support: it panics on purpose when a store breaks the contract.
