@@ -1,0 +1,428 @@
+//! The protocol of `docs/design.md` §3 when things fail, on the in-memory store: a store that is
+//! down or frozen fails closed, caller keys reused with other arguments, exact replay of falsy
+//! outcomes, retention and sweeping, cancelled callers, and hardening found by adversarial testing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Store};
+use idem_core::{
+    BudgetKind, Ctx, Error, Idem, MemoryStore, Policy, RetryClass, StoreError, Tool, ToolDef,
+    ToolOptions,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+#[path = "shared/protocol.rs"]
+mod rig;
+
+use rig::*;
+
+// ---------------------------------------------------------------------------------------------
+// Fail closed, caller-supplied keys, exact replay, retention.
+
+/// A memory store with one fault injected.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// The server is down: every operation fails at once.
+    Down,
+    /// The server accepts requests and never answers.
+    Frozen,
+    /// Claims are answered after this long (the caller may have given up).
+    SlowClaims(Duration),
+    /// The server goes down after the claim: `complete` fails.
+    CompleteFails,
+}
+
+struct Faulty {
+    inner: MemoryStore,
+    fault: Fault,
+}
+
+fn faulty(fault: Fault) -> Faulty {
+    Faulty { inner: MemoryStore::new(), fault }
+}
+
+fn down() -> StoreError {
+    StoreError::unavailable("connection refused (127.0.0.1:6379)")
+}
+
+impl Faulty {
+    /// What every operation meets first.
+    async fn gate(&self) -> Result<(), StoreError> {
+        match self.fault {
+            Fault::Down => Err(down()),
+            Fault::Frozen => std::future::pending().await,
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Faulty {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.gate().await?;
+        if let Fault::SlowClaims(d) = self.fault {
+            tokio::time::sleep(d).await;
+        }
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        k: &idem_core::Key,
+        f: Fence,
+        o: &Outcome,
+        t: Duration,
+    ) -> Result<(), StoreError> {
+        self.gate().await?;
+        if let Fault::CompleteFails = self.fault {
+            return Err(down());
+        }
+        self.inner.complete(k, f, o, t).await
+    }
+    async fn release(&self, k: &idem_core::Key, f: Fence) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.release(k, f).await
+    }
+    async fn renew(&self, k: &idem_core::Key, f: Fence, l: Duration) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.renew(k, f, l).await
+    }
+    async fn wait(&self, k: &idem_core::Key, f: Fence, m: Duration) -> Result<(), StoreError> {
+        self.gate().await?;
+        self.inner.wait(k, f, m).await
+    }
+    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+        self.gate().await?;
+        self.inner.forget(k).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_store_is_down_keyed_and_never_tools_do_not_run() {
+    for class in [RetryClass::Keyed, RetryClass::Never] {
+        let tool = PayTool::new(class, ToolOptions::default(), &[], Step::Succeed);
+        let got = Idem::new(faulty(Fault::Down)).run("r").call(&*tool, args("cus_1", 4900)).await;
+        match got {
+            Err(e @ Error::StoreUnavailable { .. }) => {
+                assert!(e.to_string().contains("nothing was executed"), "{e}");
+            }
+            other => panic!("{class}: {other:?}"),
+        }
+        assert_eq!(tool.runs(), 0, "{class}: fail closed");
+    }
+    // A safe tool without caching does not need the store; with caching it fails closed unless
+    // the executor allows it to fail open.
+    let tool = PayTool::new(RetryClass::Safe, ToolOptions::default(), &[], Step::Succeed);
+    assert!(Idem::new(faulty(Fault::Down)).run("r").call(&*tool, args("c", 1)).await.is_ok());
+    let cached =
+        Idem::builder(faulty(Fault::Down)).policy(Policy { cache_safe: true, ..policy() }).build();
+    let got = cached.run("r").call(&*tool, args("c", 1)).await;
+    assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
+    let open = Idem::builder(faulty(Fault::Down))
+        .policy(Policy { cache_safe: true, ..policy() })
+        .safe_fail_open(true)
+        .build();
+    assert!(open.run("r").call(&*tool, args("c", 1)).await.is_ok());
+    assert_eq!(tool.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_key_reused_with_other_arguments_is_refused() {
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_millis(100)),
+    );
+    let run = executor().run("r").with_idempotency_key("order-1042");
+    // While the first is in flight and after it completed.
+    let (first, clash) =
+        tokio::join!(run.call(&*tool, args("cus_1", 4900)), run.call(&*tool, args("cus_1", 9900)));
+    assert_eq!(first.unwrap(), "ch_1");
+    assert!(matches!(clash, Err(Error::KeyReuseMismatch { .. })), "{clash:?}");
+    let clash = run.call(&*tool, args("cus_1", 9900)).await;
+    match clash {
+        Err(e @ Error::KeyReuseMismatch { .. }) => {
+            assert!(e.to_string().contains("use a new key"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        run.call(&*tool, args("cus_1", 4900)).await.unwrap(),
+        "ch_1",
+        "same key, same arguments: replay"
+    );
+    assert_eq!(tool.runs(), 1);
+}
+
+/// Returns whatever JSON it is given.
+struct Echo {
+    runs: AtomicUsize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct EchoArgs {
+    value: serde_json::Value,
+}
+
+static ECHO_DEF: ToolDef = ToolDef {
+    name: "echo",
+    description: "",
+    class: RetryClass::Keyed,
+    options: ToolOptions { ttl: Some(Duration::from_secs(2)), ..ToolOptions::NONE },
+};
+
+impl Tool for Echo {
+    type Args = EchoArgs;
+    type Output = serde_json::Value;
+    type Error = PayError;
+    fn def(&self) -> &'static ToolDef {
+        &ECHO_DEF
+    }
+    fn run(
+        &self,
+        _cx: &Ctx,
+        args: EchoArgs,
+    ) -> impl std::future::Future<Output = Result<serde_json::Value, PayError>> + Send {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(args.value) }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn falsy_outcomes_replay_as_themselves() {
+    use serde_json::json;
+    let tool = Echo { runs: AtomicUsize::new(0) };
+    let run = executor().run("r");
+    let values = [
+        json!(0),
+        json!(false),
+        json!(""),
+        json!([]),
+        json!({}),
+        json!(null),
+        json!(0.5),
+        json!("é\u{1F600}"),
+    ];
+    for v in &values {
+        assert_eq!(&run.call(&tool, EchoArgs { value: v.clone() }).await.unwrap(), v);
+        assert_eq!(
+            &run.call(&tool, EchoArgs { value: v.clone() }).await.unwrap(),
+            v,
+            "replayed exactly"
+        );
+    }
+    assert_eq!(tool.runs.load(Ordering::SeqCst), values.len(), "each value ran once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_records_are_swept_so_memory_stays_bounded() {
+    let store = Arc::new(MemoryStore::with_sweep_interval(Duration::from_secs(1)));
+    let idem = executor_on(store.clone(), policy());
+    let tool = Echo { runs: AtomicUsize::new(0) };
+    let run = idem.run("r");
+    for i in 0..3000 {
+        run.call(&tool, EchoArgs { value: i.into() }).await.unwrap();
+    }
+    assert!(store.len() <= 3000);
+    // Past the 2 s retention, the next call sweeps everything that expired.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.call(&tool, EchoArgs { value: "one more".into() }).await.unwrap();
+    assert_eq!(store.len(), 1, "only the live record remains");
+    // An expired intent runs again (its outcome was forgotten with the record).
+    run.call(&tool, EchoArgs { value: 0.into() }).await.unwrap();
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 3002);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_leader_does_not_strand_its_joiners() {
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[Step::Slow(Duration::from_secs(3600))],
+        Step::Succeed,
+    );
+    let idem = executor();
+    let run = idem.run("r");
+    let leader = run.call(&*tool, args("cus_1", 4900));
+    let joiner = run.call(&*tool, args("cus_1", 4900));
+    // The leader is dropped (its caller gave up) a second in; the joiner must still finish: it
+    // waits for the abandoned lease to expire, takes over and runs with the same key.
+    let leader = tokio::time::timeout(Duration::from_secs(1), leader);
+    let (l, j) = tokio::join!(leader, joiner);
+    assert!(l.is_err(), "the leader timed out");
+    assert_eq!(j.unwrap(), "ch_1");
+    assert_eq!(tool.runs(), 2);
+    assert_eq!(tool.distinct_keys(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_that_waits_past_its_budget_stops_and_the_first_call_is_unaffected() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let patient =
+        executor_on(store.clone(), Policy { attempt_timeout: Duration::from_secs(60), ..policy() });
+    let hasty = executor_on(store, Policy { deadline: Duration::from_secs(1), ..policy() });
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_secs(5)),
+    );
+    let run_a = patient.run("r");
+    let first = run_a.call(&*tool, args("cus_1", 4900));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = Instant::now();
+        let got = hasty.run("r").call(&*tool, args("cus_1", 4900)).await;
+        (got, started.elapsed())
+    };
+    let (first, (second, waited)) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), "ch_1");
+    assert!(
+        matches!(second, Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, .. })),
+        "{second:?}"
+    );
+    assert!(waited <= Duration::from_secs(1), "never waits past its budget: {waited:?}");
+    assert_eq!(tool.runs(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening found by adversarial testing.
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_outlives_the_retention_of_results() {
+    let opts = ToolOptions { ttl: Some(Duration::from_secs(3600)), ..Default::default() };
+    let tool = PayTool::new(RetryClass::Never, opts, &[Step::ChargeThenReset], Step::Succeed);
+    let run = executor().run("r");
+    assert!(matches!(run.call(&*tool, args("cus_1", 1)).await, Err(Error::OutcomeUnknown { .. })));
+    tokio::time::sleep(Duration::from_secs(48 * 3600)).await;
+    let later = run.call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(later, Err(Error::OutcomeUnknown { .. })), "{later:?}");
+    assert_eq!(tool.runs(), 1, "unknown until reconciled, not until the retention ends");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_store_fails_closed_within_the_budget() {
+    let idem = Idem::builder(faulty(Fault::Frozen))
+        .policy(Policy { deadline: Duration::from_secs(1), ..policy() })
+        .build();
+    let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    let started = Instant::now();
+    let got = idem.run("r").call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
+    assert!(started.elapsed() <= Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(tool.runs(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_claim_answer_is_released_so_nothing_is_left_owned() {
+    let store = Arc::new(faulty(Fault::SlowClaims(Duration::from_secs(10))));
+    let hasty =
+        executor_on(store.clone(), Policy { store_timeout: Duration::from_secs(1), ..policy() });
+    let tool = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::Succeed);
+    let got = hasty.run("r").call(&*tool, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::StoreUnavailable { .. })), "{got:?}");
+    // The claim lands later and is released in the background: the never tool is not stuck as
+    // "unknown", and a patient caller runs it once.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(store.inner.len(), 0, "the late claim was released");
+    let patient = executor_on(store, Policy { store_timeout: Duration::from_secs(60), ..policy() });
+    assert_eq!(patient.run("r").call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
+    assert_eq!(tool.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_durations_and_retry_after_hints_do_not_panic() {
+    let unlimited = Policy {
+        attempt_timeout: Duration::MAX,
+        deadline: Duration::MAX,
+        lease: Duration::MAX,
+        ttl: Duration::MAX,
+        failure_ttl: Duration::MAX,
+        store_timeout: Duration::MAX,
+        ..policy()
+    };
+    let tool =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let run = executor_on(Arc::new(MemoryStore::new()), unlimited).run("r");
+    assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1");
+    assert_eq!(run.call(&*tool, args("cus_1", 1)).await.unwrap(), "ch_1", "replayed");
+
+    let forever = rate_limited(&RATE_LIMITED_SAFE, u64::MAX, usize::MAX);
+    let got = executor().run("r").call(&forever, args("q", 1)).await;
+    assert!(
+        matches!(got, Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, .. })),
+        "{got:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_renewed_while_waiting_out_a_retry_after_hint() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let short_lease = Policy { lease: Duration::from_millis(100), ..policy() };
+    let (a, b) = (executor_on(store.clone(), short_lease), executor_on(store, short_lease));
+    let tool = rate_limited(&RATE_LIMITED_KEYED, 5000, 1);
+    let run_a = a.run("r");
+    let first = run_a.call(&tool, args("q", 1));
+    let second = async {
+        // During the 5 s retry-after pause, long past the 100 ms lease.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        b.run("r").call(&tool, args("q", 1)).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), 42);
+    assert_eq!(second.unwrap(), 42);
+    assert_eq!(
+        tool.runs.load(Ordering::SeqCst),
+        2,
+        "one rate-limited attempt, one retry; no takeover"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_abandoned_by_cancelled_callers_are_swept() {
+    let store = Arc::new(MemoryStore::with_sweep_interval(Duration::from_secs(1)));
+    let idem = executor_on(store.clone(), Policy { lease: Duration::from_secs(2), ..policy() });
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_secs(3600)),
+    );
+    let run = idem.run("r");
+    for i in 0..2000 {
+        // The caller gives up while the tool runs: the claim stays until its lease ends.
+        let _ =
+            tokio::time::timeout(Duration::from_millis(1), run.call(&*tool, args("cus", i))).await;
+    }
+    assert!(store.len() >= 2000);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let _ = tokio::time::timeout(Duration::from_millis(1), run.call(&*tool, args("last", 0))).await;
+    assert_eq!(store.len(), 1, "expired leases of re-runnable tools are swept");
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
+    let idem = executor_on(Arc::new(faulty(Fault::CompleteFails)), policy());
+    let run = idem.run("r");
+    // A never tool whose attempt was ambiguous: "unknown", not "nothing was executed".
+    let never = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::ChargeThenReset);
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    // Once its lease ends the claim reads as unknown too; the tool never runs again.
+    tokio::time::sleep(policy().lease * 2).await;
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    assert_eq!(never.runs(), 1);
+
+    // A declined card: the caller gets the decline, not a store error.
+    let keyed = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Decline);
+    let got = run.call(&*keyed, args("cus_2", 1)).await;
+    assert!(matches!(got, Err(Error::Tool { error: PayError::Declined(_), .. })), "{got:?}");
+    // A success: the caller gets the charge.
+    let ok = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    assert_eq!(run.call(&*ok, args("cus_3", 1)).await.unwrap(), "ch_1");
+}

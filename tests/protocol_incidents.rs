@@ -1,0 +1,157 @@
+//! The protocol of `docs/design.md` §3 in the incidents it exists for, on the in-memory store:
+//! the double charge, a thousand duplicates, and fencing a paused worker out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::store::Store;
+use idem_core::{MemoryStore, Policy, RetryClass, ToolOptions};
+
+#[path = "shared/protocol.rs"]
+mod rig;
+
+use rig::*;
+
+// ---------------------------------------------------------------------------------------------
+// The incident of seed 000: the charge happens, the response times out.
+
+#[tokio::test(start_paused = true)]
+async fn the_double_charge_incident_ends_with_one_charge_for_every_kind_of_retry() {
+    // Without idem: the retry after a timeout charges again.
+    let naive = Provider::default();
+    let _first = naive.charge(None); // response lost
+    let _retry = naive.charge(None);
+    assert_eq!(naive.count(), 2, "the failure this test guards against");
+
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[Step::ChargeThenTimeout],
+        Step::Succeed,
+    );
+    let idem = executor();
+    let run = idem.run("conversation-1");
+    // The executor retries the timed-out attempt with the same key.
+    let first = run.call(&*tool, args("cus_1", 4900)).await.unwrap();
+    assert_eq!(first, "ch_1");
+    // "The model" calls again with the same arguments: replayed.
+    let again = run.call(&*tool, args("cus_1", 4900)).await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(tool.charges(), 1);
+    assert_eq!(tool.runs(), 2, "one timed-out attempt and its retry; the re-call was a replay");
+
+    // 1,000 concurrent duplicates of a new intent whose first attempt times out.
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[Step::ChargeThenTimeout],
+        Step::Succeed,
+    );
+    let calls = (0..1000).map(|_| run.call(&*tool, args("cus_2", 1200)));
+    let results = futures_util::future::join_all(calls).await;
+    assert_eq!(results.len(), 1000);
+    for r in results {
+        assert_eq!(r.unwrap(), "ch_1", "every duplicate receives the first charge id");
+    }
+    assert_eq!(tool.charges(), 1);
+    assert_eq!(tool.runs(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_duplicates_across_two_executors_give_one_charge() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[Step::ChargeThenTimeout],
+        Step::Succeed,
+    );
+    let calls = (0..1000).map(|i| {
+        let idem = if i % 2 == 0 { &a } else { &b };
+        let tool = &tool;
+        async move { idem.run("r").call(&**tool, args("cus_1", 4900)).await }
+    });
+    for r in futures_util::future::join_all(calls).await {
+        assert_eq!(r.unwrap(), "ch_1");
+    }
+    assert_eq!(tool.charges(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing: a paused worker whose lease was taken over cannot complete over the new owner.
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stands() {
+    // (The store-level refusal, LeaseLost for a stale fence, is in the conformance suite.)
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    // Worker A's first attempt charges slowly; worker B's succeeds at once.
+    let slow = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    );
+    let fast = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    // A's provider already has a charge, so A's own charge is "ch_2", B's is "ch_1".
+    slow.provider.charge(None);
+
+    let run_a = a.run("r");
+    let worker_a = run_a.call(&*slow, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    // Poll A until its tool body started, then stop polling it: A is "paused" (no renewals).
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = slow.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+
+    let b_result = b.run("r").call(&*fast, args("cus_1", 4900)).await;
+    assert_eq!(b_result.unwrap(), "ch_1", "B took over the expired lease");
+
+    // A resumes; its charge happens (its own provider) but it cannot store its result over B's:
+    // its caller receives the result that stands, B's.
+    let a_result = worker_a.await;
+    assert_eq!(
+        a_result.unwrap(),
+        "ch_1",
+        "A's caller gets the new owner's result, not its own ch_2"
+    );
+    assert_eq!(slow.charges(), 2, "A's own charge did happen (in its provider)");
+
+    // The record holds B's result.
+    let replay = b.run("r").call(&*fast, args("cus_1", 4900)).await.unwrap();
+    assert_eq!(replay, "ch_1");
+    let replay_a = a.run("r").call(&*slow, args("cus_1", 4900)).await.unwrap();
+    assert_eq!(replay_a, "ch_1", "A's executor replays B's result too");
+    assert_eq!((fast.runs(), slow.runs()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_call_renews_its_lease_so_nobody_takes_over() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let policy = Policy {
+        lease: Duration::from_secs(3),
+        attempt_timeout: Duration::from_secs(60),
+        ..policy()
+    };
+    let (a, b) = (executor_on(store.clone(), policy), executor_on(store, policy));
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_secs(20)),
+    );
+    let run_a = a.run("r");
+    let first = run_a.call(&*tool, args("cus_1", 4900));
+    let second = async {
+        // Long past the original lease: only renewal keeps the first call the owner.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        b.run("r").call(&*tool, args("cus_1", 4900)).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), "ch_1");
+    assert_eq!(second.unwrap(), "ch_1");
+    assert_eq!(tool.runs(), 1, "the second executor waited instead of taking over");
+}
