@@ -32,6 +32,10 @@ mod listening {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         store(true).await
     );
+    idem_core::store_admin_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        store(true).await
+    );
 }
 
 /// Without a LISTEN connection, waits poll: the wait tests pass all the same.
