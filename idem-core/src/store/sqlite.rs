@@ -38,57 +38,10 @@ use super::{
 use crate::key::{Fingerprint, Key};
 
 mod admin;
+mod schema;
 
-/// The schema this version reads and writes; stored in `idem_meta` as `schema_version`.
-pub const SCHEMA_VERSION: i64 = 1;
-
-/// The revision of [`SCHEMA_VERSION`] this store writes; stored in `idem_meta` as
-/// `schema_revision` (absent: 0). Stores of an older revision keep working on a database of a
-/// newer one (they ignore the columns they do not know), so processes can be upgraded one by one.
-///
-/// History: 1 adds the record's origin (`tool`, `tenant`, `run_id`), the time it entered its
-/// state (`since`, ms) and the indexes for listing (`docs/design.md` §5.1). A database of
-/// revision 0 is migrated when a store of this version opens it; its records list with an
-/// unknown origin and age.
-pub const SCHEMA_REVISION: i64 = 1;
-
-const SCHEMA: &str = "
-CREATE TABLE idem_records (
-    key         TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    fence       INTEGER NOT NULL,
-    -- 0: in flight until lease_until (ms); 1: done, kept until expires_at (ms).
-    state       INTEGER NOT NULL,
-    lease_until INTEGER,
-    expires_at  INTEGER,
-    -- Outcome kind when done: 1 success, 2 failure, 3 unknown; payload is its JSON text.
-    kind        INTEGER,
-    payload     TEXT,
-    -- Whether the last acquisition took over an expired lease (read by RETURNING).
-    takeover    INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
-CREATE INDEX idem_records_expiry ON idem_records (expires_at) WHERE state = 1;
-INSERT INTO idem_meta (name, value) VALUES ('fence', 0);
--- Every new fence is taken from the counter in the claim statement; the triggers move the
--- counter in that same statement.
-CREATE TRIGGER idem_fence_insert AFTER INSERT ON idem_records BEGIN
-    UPDATE idem_meta SET value = NEW.fence WHERE name = 'fence' AND value < NEW.fence;
-END;
-CREATE TRIGGER idem_fence_update AFTER UPDATE OF fence ON idem_records BEGIN
-    UPDATE idem_meta SET value = NEW.fence WHERE name = 'fence' AND value < NEW.fence;
-END;
-";
-
-/// Revision 1 (see [`SCHEMA_REVISION`]), applied to new databases and to those of revision 0.
-const REVISION_1: &str = "
-ALTER TABLE idem_records ADD COLUMN tool TEXT;
-ALTER TABLE idem_records ADD COLUMN tenant TEXT;
-ALTER TABLE idem_records ADD COLUMN run_id TEXT;
-ALTER TABLE idem_records ADD COLUMN since INTEGER;
-CREATE INDEX idem_records_state ON idem_records (state, kind, key);
-CREATE INDEX idem_records_tool ON idem_records (tool, key);
-CREATE INDEX idem_records_run ON idem_records (run_id, key);
-";
+use schema::init_schema;
+pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 
 /// Acquires when the key is absent, when its record's retention ended (any fingerprint: the old
 /// record is gone whole), or when its lease expired, the fingerprint matches and the request
@@ -281,64 +234,6 @@ impl From<SqlError> for StoreError {
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
         }
     }
-}
-
-fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
-    let run = |conn: &mut Connection| -> Result<(), SqlError> {
-        // IMMEDIATE: two processes opening a new file at once create the schema once.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        tx.execute_batch(
-            "CREATE TABLE IF NOT EXISTS idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-        )?;
-        let version: Option<i64> = tx
-            .query_row("SELECT value FROM idem_meta WHERE name = 'schema_version'", [], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        match version {
-            Some(SCHEMA_VERSION) => {}
-            Some(v) => {
-                return Err(SqlError::Incompatible(format!(
-                    "the SQLite database has idem schema version {v}; this idem reads version \
-                     {SCHEMA_VERSION}"
-                )));
-            }
-            None => {
-                let records: i64 = tx.query_row(
-                    "SELECT count(*) FROM sqlite_master WHERE name = 'idem_records'",
-                    [],
-                    |r| r.get(0),
-                )?;
-                if records > 0 {
-                    return Err(SqlError::Incompatible(
-                        "the SQLite database has an idem_records table without a schema version"
-                            .into(),
-                    ));
-                }
-                tx.execute_batch(SCHEMA)?;
-                tx.execute(
-                    "INSERT INTO idem_meta (name, value) VALUES ('schema_version', ?1)",
-                    params![SCHEMA_VERSION],
-                )?;
-            }
-        }
-        let revision: i64 = tx
-            .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| {
-                r.get(0)
-            })
-            .optional()?
-            .unwrap_or(0);
-        if revision < 1 {
-            tx.execute_batch(REVISION_1)?;
-            tx.execute(
-                "INSERT OR REPLACE INTO idem_meta (name, value) VALUES ('schema_revision', ?1)",
-                params![SCHEMA_REVISION],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
-    };
-    run(conn).map_err(StoreError::from)
 }
 
 fn fence_of(v: i64) -> Fence {

@@ -3,9 +3,13 @@
 //! is gone. Wake-ups (this store's own writes, `LISTEN/NOTIFY`, pub/sub) only cut a pause short;
 //! the re-check decides, so a lost wake-up costs at most one pause.
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::borrow::Borrow;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::collections::HashMap;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::hash::Hash;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,21 +19,25 @@ use super::StoreError;
 
 /// This process's waiters by key (a record's key, or a pub/sub channel): one [`Notify`] per key,
 /// shared by its waiters and removed with the last of them.
+#[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) struct WaiterMap<K> {
     map: Mutex<HashMap<K, Waiting>>,
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 struct Waiting {
     waiters: usize,
     notify: Arc<Notify>,
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 impl<K> Default for WaiterMap<K> {
     fn default() -> Self {
         WaiterMap { map: Mutex::new(HashMap::new()) }
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 impl<K: Hash + Eq> WaiterMap<K> {
     /// Adds a waiter on `key`; give it back with [`unregister`](Self::unregister).
     pub(crate) fn register(&self, key: K) -> Arc<Notify> {
@@ -80,6 +88,7 @@ impl<K: Hash + Eq> WaiterMap<K> {
     }
 
     /// Whether anyone waits on `key`.
+    #[cfg(feature = "redis")]
     pub(crate) fn wanted<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
