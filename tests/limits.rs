@@ -11,21 +11,11 @@ use async_trait::async_trait;
 use idem_core::limits::{drop_flat, nested_arrays};
 use idem_core::store::{Claim, ClaimRequest, Fence, Outcome};
 use idem_core::{
-    Classify, Error, Failure, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError,
+    Error, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError,
     ToolSet, tool,
 };
-use serde::{Deserialize, Serialize};
+use idem_tests::Never;
 use serde_json::{Value, json};
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
 
 /// A store that counts what reaches it and the largest outcome it was asked to keep.
 #[derive(Default)]

@@ -15,11 +15,10 @@ use std::time::Duration;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, Record, Store};
 use idem_core::{
-    Classify, Ctx, Error, Failure, Idem, Key, RetryClass, Run, Scope, StoreError, Tool, ToolDef,
+    Ctx, Error, Idem, Key, RetryClass, Run, Scope, StoreError, Tool, ToolDef,
 };
 use idem_tests::proxy::Proxy;
-use idem_tests::{acquire, claim_req};
-use serde::{Deserialize, Serialize};
+use idem_tests::{Never, acquire, claim_req};
 
 /// A store behind a proxy (`through`), the same store reached directly (`direct`, to look behind
 /// the caller's back), and the proxy.
@@ -172,21 +171,6 @@ async fn give_up(rig: Rig) {
 
 // ---------------------------------------------------------------------------------------------
 // Through the executor: the caller's view.
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Never;
-
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never fails")
-    }
-}
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
 
 static WIRE: ToolDef = ToolDef {
     name: "wire",

@@ -16,24 +16,10 @@ use std::time::Duration;
 
 use idem_core::store::Store;
 use idem_core::{Classify, Ctx, Error, Failure, Idem, Policy, RetryClass, Run, Tool, ToolDef};
+use idem_tests::Never;
 use idem_tests::workers::{self, Action, Ledger as Files, Log, Spec};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Never;
-
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never fails")
-    }
-}
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
 
 /// Counts tool bodies and provider effects per intent; a gate lets the test hold bodies open.
 #[derive(Default)]

@@ -444,24 +444,31 @@ pub async fn release_frees_key(store: &dyn Store) {
 
 /// Fences of one key strictly increase across release, takeover, forget and retention expiry.
 pub async fn fences_increase_across_release_takeover_forget_retention(store: &dyn Store) {
-    let (key, fp) = fresh_key("fences_increase", "{}");
-    let f1 = acquire(store, &key, &fp, LONG).await;
-    store.release(&key, f1).await.expect("release");
-    let f2 = acquire(store, &key, &fp, SHORT).await;
-    assert!(f2 > f1, "after release: {f2:?} must exceed {f1:?}");
+    fence_turns("fences_increase", store, store, "").await;
+}
+
+/// Acquire and release on `a`, acquire on `b`, a takeover by `a`, forget on `b`, a completion on
+/// `a` and retention expiry, then acquire on `b`: each fence must exceed the one before. `across`
+/// ends the failure messages (which instances were involved).
+async fn fence_turns(test: &str, a: &dyn Store, b: &dyn Store, across: &str) {
+    let (key, fp) = fresh_key(test, "{}");
+    let f1 = acquire(a, &key, &fp, LONG).await;
+    a.release(&key, f1).await.expect("release");
+    let f2 = acquire(b, &key, &fp, SHORT).await;
+    assert!(f2 > f1, "after release{across}: {f2:?} must exceed {f1:?}");
     sleep(PAST_SHORT).await;
-    let f3 = match claim(store, &key, &fp, LONG).await {
+    let f3 = match claim(a, &key, &fp, LONG).await {
         Claim::Acquired { fence, takeover: true } => fence,
-        other => panic!("expected a takeover, got {other:?}"),
+        other => panic!("expected a takeover{across}, got {other:?}"),
     };
-    assert!(f3 > f2, "after takeover: {f3:?} must exceed {f2:?}");
-    assert!(store.forget(&key).await.expect("forget"), "forget must remove the record");
-    let f4 = acquire(store, &key, &fp, LONG).await;
-    assert!(f4 > f3, "after forget: {f4:?} must exceed {f3:?}");
-    complete(store, &key, f4, &success("1"), SHORT).await;
+    assert!(f3 > f2, "after takeover{across}: {f3:?} must exceed {f2:?}");
+    assert!(b.forget(&key).await.expect("forget"), "forget{across} must remove the record");
+    let f4 = acquire(a, &key, &fp, LONG).await;
+    assert!(f4 > f3, "after forget{across}: {f4:?} must exceed {f3:?}");
+    complete(a, &key, f4, &success("1"), SHORT).await;
     sleep(PAST_SHORT).await;
-    let f5 = acquire(store, &key, &fp, LONG).await;
-    assert!(f5 > f4, "after retention expiry: {f5:?} must exceed {f4:?}");
+    let f5 = acquire(b, &key, &fp, LONG).await;
+    assert!(f5 > f4, "after retention expiry{across}: {f5:?} must exceed {f4:?}");
 }
 
 /// The same key with another fingerprint is a `Mismatch` whatever the record's state: in flight,

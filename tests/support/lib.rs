@@ -4,7 +4,7 @@
 use std::fmt::Display;
 
 use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Store};
-use idem_core::{Fingerprint, Key};
+use idem_core::{Classify, Failure, Fingerprint, Key};
 
 /// Whether the tests run under CI (`CI=true`): a missing service then fails the run.
 pub fn is_ci() -> bool {
@@ -94,3 +94,21 @@ macro_rules! assert_answer {
 
 /// Private servers with TLS (PostgreSQL, Redis) and the certificates they use.
 pub mod servers;
+
+/// The error type of test tools that never fail ("never fails"; permanent, were it ever made).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Never;
+
+impl Display for Never {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("never fails")
+    }
+}
+
+impl std::error::Error for Never {}
+
+impl Classify for Never {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}

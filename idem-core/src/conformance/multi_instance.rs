@@ -11,7 +11,7 @@ use tokio::time::sleep;
 
 use super::{
     LONG, PAST_SHORT, SHORT, acquire, assert_completed, assert_in_flight, assert_lease_lost, claim,
-    complete, fresh_key, req, success, wait_for,
+    complete, fence_turns, fresh_key, req, success, wait_for,
 };
 use crate::store::{Claim, Fence, OnExpired, Store};
 
@@ -156,22 +156,5 @@ pub async fn takeover_across_instances_after_expiry(a: &dyn Store, b: &dyn Store
 /// Fences of one key strictly increase while the instances take turns: acquire and release on
 /// each, a takeover by the other, forget on the other, and retention expiry.
 pub async fn fences_increase_across_instances(a: &dyn Store, b: &dyn Store) {
-    let (key, fp) = fresh_key("fences_increase_across_instances", "{}");
-    let f1 = acquire(a, &key, &fp, LONG).await;
-    a.release(&key, f1).await.expect("release");
-    let f2 = acquire(b, &key, &fp, SHORT).await;
-    assert!(f2 > f1, "after a release on the other instance: {f2:?} must exceed {f1:?}");
-    sleep(PAST_SHORT).await;
-    let f3 = match claim(a, &key, &fp, LONG).await {
-        Claim::Acquired { fence, takeover: true } => fence,
-        other => panic!("expected a takeover, got {other:?}"),
-    };
-    assert!(f3 > f2, "after a takeover across instances: {f3:?} must exceed {f2:?}");
-    assert!(b.forget(&key).await.expect("forget"), "forget on the other instance must remove it");
-    let f4 = acquire(a, &key, &fp, LONG).await;
-    assert!(f4 > f3, "after a forget on the other instance: {f4:?} must exceed {f3:?}");
-    complete(a, &key, f4, &success("1"), SHORT).await;
-    sleep(PAST_SHORT).await;
-    let f5 = acquire(b, &key, &fp, LONG).await;
-    assert!(f5 > f4, "after retention expiry, on the other instance: {f5:?} must exceed {f4:?}");
+    fence_turns("fences_increase_across_instances", a, b, " across instances").await;
 }
