@@ -11,8 +11,7 @@ use async_trait::async_trait;
 use idem_core::limits::{drop_flat, nested_arrays};
 use idem_core::store::{Claim, ClaimRequest, Fence, Outcome};
 use idem_core::{
-    Error, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError,
-    ToolSet, tool,
+    Error, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError, ToolSet, tool,
 };
 use idem_tests::Never;
 use serde_json::{Value, json};

@@ -14,9 +14,7 @@ use std::time::Duration;
 
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, Record, Store};
-use idem_core::{
-    Ctx, Error, Idem, Key, RetryClass, Run, Scope, StoreError, Tool, ToolDef,
-};
+use idem_core::{Ctx, Error, Idem, Key, RetryClass, Run, Scope, StoreError, Tool, ToolDef};
 use idem_tests::proxy::Proxy;
 use idem_tests::{Never, acquire, claim_req};
 
