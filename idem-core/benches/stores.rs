@@ -34,6 +34,7 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 
 mod common;
+mod delay_proxy;
 
 use common::{ChargeArgs, ChargeCard, DEF, charge_args};
 
@@ -310,6 +311,10 @@ struct Settings {
     stores: Vec<String>,
     run_id: String,
     python: Option<String>,
+    /// Calls per op and round through the delay proxy.
+    proxy_calls: usize,
+    /// The delay proxy's delay in each direction.
+    proxy_delay: Duration,
 }
 
 fn env_or<T: FromStr>(name: &str, default: T) -> T {
@@ -334,6 +339,8 @@ impl Settings {
                 .collect(),
             run_id: format!("{:x}{:x}", (nanos % (1 << 40)) as u64, std::process::id()),
             python: std::env::var("IDEM_BENCH_PYTHON").ok().filter(|s| !s.is_empty()),
+            proxy_calls: env_or("IDEM_BENCH_PROXY_CALLS", 100),
+            proxy_delay: Duration::from_micros(env_or("IDEM_BENCH_PROXY_DELAY_US", 500)),
         }
     }
 }
@@ -401,8 +408,17 @@ async fn pg_client(config: &tokio_postgres::Config) -> tokio_postgres::Client {
     client
 }
 
-async fn pg_subject(s: &Settings, scope: &Scope, raw_conns: usize) -> Subject {
-    let base = tokio_postgres::Config::from_str(&s.pg_url).expect("IDEM_PG_URL");
+/// The PostgreSQL server's configuration from `IDEM_PG_URL`.
+fn pg_config(s: &Settings) -> tokio_postgres::Config {
+    tokio_postgres::Config::from_str(&s.pg_url).expect("IDEM_PG_URL")
+}
+
+async fn pg_subject(
+    s: &Settings,
+    base: tokio_postgres::Config,
+    scope: &Scope,
+    raw_conns: usize,
+) -> Subject {
     let admin = pg_client(&base).await;
     let schema = pg_schema(s);
     admin.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await.expect("schema");
@@ -445,14 +461,14 @@ fn redis_prefix(s: &Settings) -> String {
     format!("idem-bench-{}", s.run_id)
 }
 
-async fn redis_subject(s: &Settings, scope: &Scope) -> Subject {
-    let store = RedisStore::builder(&s.redis_url)
+async fn redis_subject(s: &Settings, url: &str, scope: &Scope) -> Subject {
+    let store = RedisStore::builder(url)
         .prefix(redis_prefix(s))
         .open()
         .await
         .expect("connect the Redis store");
     // The same kind of connection as the store's: a connection manager (multiplexed).
-    let client = redis::Client::open(s.redis_url.as_str()).expect("IDEM_REDIS_URL");
+    let client = redis::Client::open(url).expect("IDEM_REDIS_URL");
     let conn = ConnectionManager::new(client).await.expect("connect to Redis");
     let prefix: Arc<str> = format!("{}:raw", redis_prefix(s)).into();
     Subject {
@@ -467,8 +483,8 @@ async fn redis_subject(s: &Settings, scope: &Scope) -> Subject {
 async fn subject(name: &str, s: &Settings, scope: &Scope, raw_conns: usize) -> Subject {
     match name {
         "sqlite" => sqlite_subject(s, scope).await.0,
-        "postgres" => pg_subject(s, scope, raw_conns).await,
-        "redis" => redis_subject(s, scope).await,
+        "postgres" => pg_subject(s, pg_config(s), scope, raw_conns).await,
+        "redis" => redis_subject(s, &s.redis_url, scope).await,
         other => panic!("unknown store {other:?} in IDEM_BENCH_STORES (sqlite, postgres, redis)"),
     }
 }
@@ -562,16 +578,20 @@ impl Latencies {
 }
 
 async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
-    let ops = subject.ops();
+    latencies_of(subject, subject.ops(), s.rounds, s.calls).await
+}
+
+/// [`latencies`] of `ops`, `rounds` rounds of `calls` calls each.
+async fn latencies_of(subject: &Subject, ops: Vec<Op>, rounds: usize, calls: usize) -> Latencies {
     // Warm-up: connections, prepared statements, script cache, page cache.
     for &op in &ops {
-        for _ in 0..(s.calls / 4).max(10) {
+        for _ in 0..(calls / 4).max(10) {
             subject.op(op, 0).await;
         }
     }
     let mut all: BTreeMap<Op, Vec<u64>> = BTreeMap::new();
-    let mut rounds = Vec::new();
-    for round in 0..s.rounds {
+    let mut per_round = Vec::new();
+    for round in 0..rounds {
         let mut order = ops.clone();
         // Alternate the order so no op always runs right after another one.
         if round % 2 == 1 {
@@ -579,8 +599,8 @@ async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
         }
         let mut medians = BTreeMap::new();
         for op in order {
-            let mut samples = Vec::with_capacity(s.calls);
-            for _ in 0..s.calls {
+            let mut samples = Vec::with_capacity(calls);
+            for _ in 0..calls {
                 let t = Instant::now();
                 subject.op(op, 0).await;
                 samples.push(t.elapsed().as_nanos() as u64);
@@ -588,9 +608,9 @@ async fn latencies(subject: &Subject, s: &Settings) -> Latencies {
             all.entry(op).or_default().extend_from_slice(&samples);
             medians.insert(op, median(&mut samples));
         }
-        rounds.push(medians);
+        per_round.push(medians);
     }
-    Latencies { all, rounds }
+    Latencies { all, rounds: per_round }
 }
 
 /// Calls per second of `callers` concurrent callers doing `op` on distinct keys for `dur`.
@@ -615,6 +635,123 @@ async fn throughput(subject: &Arc<Subject>, op: Op, callers: u64, dur: Duration)
         t.await.expect("caller");
     }
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------------------
+// At a realistic round trip: the same servers behind the delay proxy.
+
+/// One store's per-call medians through the delay proxy.
+struct Proxied {
+    label: &'static str,
+    raw2: f64,
+    first: f64,
+    first_ratio: f64,
+    raw1: f64,
+    replay: f64,
+    replay_ratio: f64,
+}
+
+fn first_addr(host: &str, port: u16) -> std::net::SocketAddr {
+    use std::net::ToSocketAddrs;
+    (host, port).to_socket_addrs().ok().and_then(|mut a| a.next()).unwrap_or_else(|| {
+        panic!("cannot resolve {host}:{port}");
+    })
+}
+
+/// `url` with its host and port replaced by `addr` (user, password and database kept).
+fn redis_url_via(url: &str, addr: std::net::SocketAddr) -> String {
+    let info = redis::Client::open(url).expect("IDEM_REDIS_URL").get_connection_info().clone();
+    let settings = info.redis_settings();
+    let auth = match (settings.username(), settings.password()) {
+        (Some(u), Some(p)) => format!("{u}:{p}@"),
+        (None, Some(p)) => format!(":{p}@"),
+        _ => String::new(),
+    };
+    format!("redis://{auth}{addr}/{}", settings.db())
+}
+
+fn redis_upstream(url: &str) -> std::net::SocketAddr {
+    let client = redis::Client::open(url).expect("IDEM_REDIS_URL");
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => first_addr(host, *port),
+        other => panic!("the delay proxy needs a plain TCP Redis, not {other:?}"),
+    }
+}
+
+fn pg_upstream(config: &tokio_postgres::Config) -> std::net::SocketAddr {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    first_addr(&host, config.get_ports().first().copied().unwrap_or(5432))
+}
+
+/// `base` reaching the server at `addr` instead (user, password, database kept).
+fn pg_config_via(
+    base: &tokio_postgres::Config,
+    addr: std::net::SocketAddr,
+) -> tokio_postgres::Config {
+    let mut c = tokio_postgres::Config::new();
+    if let Some(u) = base.get_user() {
+        c.user(u);
+    }
+    if let Some(p) = base.get_password() {
+        c.password(p);
+    }
+    if let Some(d) = base.get_dbname() {
+        c.dbname(d);
+    }
+    c.host(addr.ip().to_string()).port(addr.port());
+    c
+}
+
+/// PostgreSQL and Redis again, each behind its own delay proxy (`s.proxy_delay` each way):
+/// idem's first call and replay against the raw baselines through the same proxy.
+async fn proxied_runs(s: &Settings, scope: &Scope) -> Vec<Proxied> {
+    let mut out = Vec::new();
+    for name in s.stores.iter().filter(|n| *n == "postgres" || *n == "redis") {
+        let upstream = if name == "postgres" {
+            pg_upstream(&pg_config(s))
+        } else {
+            redis_upstream(&s.redis_url)
+        };
+        let proxy = delay_proxy::DelayProxy::start(upstream, s.proxy_delay).expect("delay proxy");
+        let subject = if name == "postgres" {
+            let config = pg_config_via(&pg_config(s), proxy.addr());
+            pg_subject(s, config, scope, 1).await
+        } else {
+            redis_subject(s, &redis_url_via(&s.redis_url, proxy.addr()), scope).await
+        };
+        subject.seed().await;
+        let ops = vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay];
+        let lat = latencies_of(&subject, ops, s.rounds, s.proxy_calls).await;
+        println!(
+            "\n## {} through the delay proxy ({} µs each way): per call (median of {} calls per op)",
+            subject.name,
+            s.proxy_delay.as_micros(),
+            s.rounds * s.proxy_calls
+        );
+        for (op, v) in &lat.all {
+            println!("  {:<30} {:>10}  (n={})", op.label(), us(lat.median(*op)), v.len());
+        }
+        let p = Proxied {
+            label: subject.name,
+            raw2: lat.median(Op::Raw2),
+            first: lat.median(Op::First),
+            first_ratio: lat.ratio(Op::First, Op::Raw2),
+            raw1: lat.median(Op::Raw1),
+            replay: lat.median(Op::Replay),
+            replay_ratio: lat.ratio(Op::Replay, Op::Raw1),
+        };
+        println!(
+            "  first call / 2 raw writes = {:.2}  (target <= 1.10: {})",
+            p.first_ratio,
+            verdict(p.first_ratio, 1.1)
+        );
+        println!("  replay / 1 raw read       = {:.2}", p.replay_ratio);
+        out.push(p);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -809,6 +946,8 @@ fn main() {
         summary.push((label, lat.median(Op::First), first, lat.median(Op::Replay), replay, tput));
     }
 
+    let proxied = latency_rt.block_on(proxied_runs(&s, &scope));
+
     let mut peer_line = None;
     if let (Some(python), Some((first, replay))) = (&s.python, redis_idem) {
         println!(
@@ -865,6 +1004,27 @@ fn main() {
             t(Op::Replay),
             t(Op::Raw1),
         );
+    }
+    if !proxied.is_empty() {
+        println!(
+            "\n| through the delay proxy ({} µs each way) | raw 2 writes | first call | first / 2 raw \
+             (≤ 1.1) | raw 1 read | replay | replay / 1 raw |",
+            s.proxy_delay.as_micros()
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for p in &proxied {
+            println!(
+                "| {} | {} | {} | {:.2} {} | {} | {} | {:.2} |",
+                p.label,
+                us(p.raw2),
+                us(p.first),
+                p.first_ratio,
+                verdict(p.first_ratio, 1.1),
+                us(p.raw1),
+                us(p.replay),
+                p.replay_ratio
+            );
+        }
     }
     if let Some((p, fr, rr)) = peer_line {
         println!(
