@@ -529,3 +529,26 @@ proptest! {
         prop_assert_eq!(text.parse::<f64>().ok(), Some(if v == 0.0 { 0.0 } else { v }));
     }
 }
+
+#[test]
+fn the_word_test_finds_every_escaped_byte() {
+    use super::leaves::{ESCAPE, word_needs_escape};
+    let bytewise = |w: [u8; 8]| w.iter().any(|&b| ESCAPE[usize::from(b)] != 0);
+    for b in 0..=255u8 {
+        for at in 0..8 {
+            for fill in [b'a', 0x7f, 0x80, 0xff, b' ', b'!', b'#', b'[', b']'] {
+                let mut w = [fill; 8];
+                w[at] = b;
+                assert_eq!(word_needs_escape(u64::from_le_bytes(w)), bytewise(w), "{w:?}");
+            }
+        }
+    }
+    // Random words, several escaped bytes among them.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        assert_eq!(word_needs_escape(x), bytewise(x.to_le_bytes()), "{x:#x}");
+    }
+}

@@ -248,14 +248,23 @@ impl<T: Tool> Call<'_, T> {
             // and every later caller hears it. This caller has the real output.
             Err(why) => Outcome::NotStorable(not_storable_reason(&why)),
         };
+        let checked = || {
+            if matches!(outcome, Outcome::Success(_)) {
+                self.served.set_output_checked();
+            }
+        };
         match self.store_outcome(fence, &outcome, self.policy.ttl).await {
-            Ok(()) => Ok(output),
+            Ok(()) => {
+                checked();
+                Ok(output)
+            }
             Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
             Err(e) => {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
                 // repeat answers OutcomeUnknown: nothing runs twice unprotected.
                 tracing::warn!(error = %Chain(&e), "outcome not stored");
+                checked();
                 Ok(output)
             }
         }

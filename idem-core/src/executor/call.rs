@@ -101,7 +101,8 @@ impl std::fmt::Display for Unstorable {
 pub(crate) fn stored_json<O: serde::Serialize + DeserializeOwned>(
     output: &O,
 ) -> Result<String, Unstorable> {
-    let mut canonical = Vec::new();
+    // Sized for a typical output at once: growing from empty costs more than the walk itself.
+    let mut canonical = Vec::with_capacity(256);
     crate::canonical::canonicalize(output, &mut canonical).map_err(|e| match e {
         KeyError::NonFinite { path, value } => {
             Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
@@ -118,7 +119,7 @@ pub(crate) fn stored_json<O: serde::Serialize + DeserializeOwned>(
         .map_err(|e| other(format!("it cannot be serialized as JSON: {e}")))?;
     let back: O = serde_json::from_str(&json)
         .map_err(|e| other(format!("its JSON does not read back as the output type: {e}")))?;
-    let mut again = Vec::new();
+    let mut again = Vec::with_capacity(canonical.len());
     crate::canonical::canonicalize(&back, &mut again)
         .map_err(|e| other(format!("its JSON reads back as a value without JSON form: {e}")))?;
     if again != canonical {

@@ -77,6 +77,9 @@ pub struct CallReport {
     /// How it was served; `None` when it failed before that was decided (store unavailable,
     /// budget exhausted while waiting, a caller key reused with other arguments).
     pub served: Option<Served>,
+    /// The `Ok` output is this call's own and the executor found that its JSON reads back as
+    /// itself (it stored it): a caller that turns it into JSON need not check again.
+    pub(crate) output_checked: bool,
 }
 
 /// Called each time a call starts to wait for another owner of its key: a duplicate in flight
@@ -102,16 +105,29 @@ impl fmt::Debug for WaitHook {
     }
 }
 
-/// Where a call records how it was served.
+/// Where a call records how it was served, and whether its own output was found storable.
 #[derive(Debug, Default)]
 pub(super) struct ServedSlot(AtomicU8);
 
+/// The bit of [`ServedSlot`] that says the output was checked; the others are [`Served`].
+const CHECKED: u8 = 0x80;
+
 impl ServedSlot {
     pub(super) fn set(&self, served: Served) {
-        self.0.store(served.to_u8(), Ordering::Relaxed);
+        let checked = self.0.load(Ordering::Relaxed) & CHECKED;
+        self.0.store(served.to_u8() | checked, Ordering::Relaxed);
     }
 
     pub(super) fn get(&self) -> Option<Served> {
-        Served::from_u8(self.0.load(Ordering::Relaxed))
+        Served::from_u8(self.0.load(Ordering::Relaxed) & !CHECKED)
+    }
+
+    /// The output this call returns is its own, and its JSON reads back as itself.
+    pub(super) fn set_output_checked(&self) {
+        self.0.fetch_or(CHECKED, Ordering::Relaxed);
+    }
+
+    pub(super) fn output_checked(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & CHECKED != 0
     }
 }

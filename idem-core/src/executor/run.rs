@@ -150,6 +150,7 @@ impl Run {
             span.record("error.type", e.kind().as_str());
         }
         let scope = Arc::clone(&self.scope);
-        (result, Some(CallReport { scope, key, served: call.served.get() }))
+        let (served, output_checked) = (call.served.get(), call.served.output_checked());
+        (result, Some(CallReport { scope, key, served, output_checked }))
     }
 }

@@ -153,10 +153,14 @@ impl Store for MemoryStore {
             since: now,
             waiters: None,
         };
-        let Some(entry) = map.entries.get_mut(req.key) else {
-            let fence = self.next_fence();
-            map.entries.insert(*req.key, acquire(fence));
-            return Ok(Claim::Acquired { fence, takeover: false });
+        // One lookup whether the key is new or not.
+        let entry = match map.entries.entry(*req.key) {
+            std::collections::hash_map::Entry::Vacant(free) => {
+                let fence = self.next_fence();
+                free.insert(acquire(fence));
+                return Ok(Claim::Acquired { fence, takeover: false });
+            }
+            std::collections::hash_map::Entry::Occupied(held) => held.into_mut(),
         };
         if entry.expired(now) {
             let fence = self.next_fence();

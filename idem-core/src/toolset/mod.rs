@@ -111,9 +111,15 @@ impl<T: Tool> DynTool for T {
                 }
             };
             let (result, report) = run.call_reported(self, args).await;
+            // The executor checked an output it stored: checking again would walk it 4 times more.
+            let checked = report.as_ref().is_some_and(|r| r.output_checked);
             let out = match result {
-                Ok(output) => match crate::executor::storable(&output)
-                    .and_then(|_| serde_json::to_value(&output).map_err(|e| e.to_string()))
+                Ok(output) => match (if checked {
+                    Ok(())
+                } else {
+                    crate::executor::storable(&output).map(drop)
+                })
+                .and_then(|()| serde_json::to_value(&output).map_err(|e| e.to_string()))
                 {
                     Ok(v) => ToolResult::success(v),
                     // JSON would carry another value (a NaN as `null`): say so rather than mislead.

@@ -550,3 +550,47 @@ async fn a_changing_call_without_a_run_id_is_refused_when_the_server_requires_on
     assert_eq!(warned.report.unwrap().scope.run_id(), "session");
     assert_eq!(t.charges.load(Ordering::SeqCst), 2);
 }
+
+/// An output that counts how often it is serialized.
+#[derive(Deserialize)]
+struct Counted(u64);
+
+static SERIALIZED: AtomicU32 = AtomicU32::new(0);
+
+impl Serialize for Counted {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SERIALIZED.fetch_add(1, Ordering::SeqCst);
+        self.0.serialize(s)
+    }
+}
+
+struct Counting;
+
+impl Tool for Counting {
+    type Args = BalanceArgs;
+    type Output = Counted;
+    type Error = PayError;
+    fn def(&self) -> &'static ToolDef {
+        static DEF: ToolDef = ToolDef {
+            name: "counting",
+            description: "counts serializations",
+            class: RetryClass::Keyed,
+            options: ToolOptions::NONE,
+        };
+        &DEF
+    }
+    async fn run(&self, _cx: &Ctx, _: BalanceArgs) -> Result<Counted, PayError> {
+        Ok(Counted(7))
+    }
+}
+
+#[tokio::test]
+async fn an_output_the_executor_stored_is_not_checked_again() {
+    let set = ToolSet::new().with(Counting).unwrap();
+    let run = Idem::in_memory().run("r");
+    let r = set.call(&run, "counting", &json!({"customer": "c"})).await;
+    assert!(!r.is_error, "{r:?}");
+    // The executor's check (canonical form, JSON, canonical form of what it reads back) and the
+    // JSON the model gets; checking again would add three.
+    assert_eq!(SERIALIZED.load(Ordering::SeqCst), 4);
+}
