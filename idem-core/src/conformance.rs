@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 use crate::key::{Fingerprint, Key, Scope, derive_key, fingerprint};
 
@@ -37,8 +37,10 @@ use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record, Store
 pub use admin::*;
 
 mod multi_instance;
+mod wait;
 
 pub use multi_instance::*;
+pub use wait::*;
 
 /// A lease meant to expire during a test.
 pub const SHORT: Duration = Duration::from_millis(250);
@@ -531,72 +533,6 @@ pub async fn retention_removes_record_whole(store: &dyn Store) {
     // The old fingerprint now meets the new record: a mismatch, never the old replay.
     let got = claim(store, &key, &fp, LONG).await;
     assert_eq!(got, Claim::Mismatch, "the old intent must meet the new record, not a replay");
-}
-
-async fn wait_for(store: &dyn Store, key: &Key, fence: Fence, max: Duration) -> Duration {
-    let start = Instant::now();
-    if let Err(e) = store.wait(key, fence, max).await {
-        panic!("wait failed: {e}");
-    }
-    start.elapsed()
-}
-
-/// A waiter wakes promptly (well before `max`) when the holder completes, and then replays.
-pub async fn wait_wakes_on_complete(store: &dyn Store) {
-    let (key, fp) = fresh_key("wait_wakes_on_complete", "{}");
-    let fence = acquire(store, &key, &fp, LONG).await;
-    let max = Duration::from_secs(20);
-    let holder = async {
-        sleep(Duration::from_millis(100)).await;
-        complete(store, &key, fence, &success("7"), LONG).await;
-    };
-    let (waited, ()) = tokio::join!(wait_for(store, &key, fence, max), holder);
-    assert!(waited < max / 2, "wait must return soon after complete, took {waited:?} of {max:?}");
-    assert_completed("after wait", claim(store, &key, &fp, LONG).await, &fp, &success("7"));
-}
-
-/// A waiter wakes promptly (well before `max`) when the holder releases, and then acquires.
-pub async fn wait_wakes_on_release(store: &dyn Store) {
-    let (key, fp) = fresh_key("wait_wakes_on_release", "{}");
-    let fence = acquire(store, &key, &fp, LONG).await;
-    let max = Duration::from_secs(20);
-    let holder = async {
-        sleep(Duration::from_millis(100)).await;
-        store.release(&key, fence).await.expect("release");
-    };
-    let (waited, ()) = tokio::join!(wait_for(store, &key, fence, max), holder);
-    assert!(waited < max / 2, "wait must return soon after release, took {waited:?} of {max:?}");
-    let next = acquire(store, &key, &fp, LONG).await;
-    assert!(next > fence, "the fence after release must be higher");
-}
-
-/// A waiter on a live lease returns by `max` (plus [`WAIT_SLACK`]) even though nothing happens.
-pub async fn wait_never_past_max(store: &dyn Store) {
-    let (key, fp) = fresh_key("wait_never_past_max", "{}");
-    let fence = acquire(store, &key, &fp, LONG).await;
-    for max in [Duration::ZERO, Duration::from_millis(1), Duration::from_millis(300)] {
-        let waited = wait_for(store, &key, fence, max).await;
-        assert!(
-            waited <= max + WAIT_SLACK,
-            "wait({max:?}) must not wait past max, took {waited:?}"
-        );
-    }
-    assert_in_flight("after waits", claim(store, &key, &fp, LONG).await, fence);
-}
-
-/// wait returns promptly when the key is not held under that fence: absent, completed, held
-/// under another fence.
-pub async fn wait_returns_when_not_held(store: &dyn Store) {
-    let max = Duration::from_secs(20);
-    let (key, fp) = fresh_key("wait_returns_when_not_held", "{}");
-    let waited = wait_for(store, &key, Fence(1), max).await;
-    assert!(waited < max / 2, "wait on an absent key must return promptly, took {waited:?}");
-    let fence = acquire(store, &key, &fp, LONG).await;
-    let waited = wait_for(store, &key, Fence(fence.0 + 1), max).await;
-    assert!(waited < max / 2, "wait on another fence must return promptly, took {waited:?}");
-    complete(store, &key, fence, &success("1"), LONG).await;
-    let waited = wait_for(store, &key, fence, max).await;
-    assert!(waited < max / 2, "wait on a completed key must return promptly, took {waited:?}");
 }
 
 /// forget removes a record in any state and reports whether there was one; the key is then free

@@ -9,9 +9,10 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::sleep;
 
+use super::wait::wait_for;
 use super::{
     LONG, PAST_SHORT, SHORT, acquire, assert_completed, assert_in_flight, assert_lease_lost, claim,
-    complete, fence_turns, fresh_key, req, success, wait_for,
+    complete, fence_turns, fresh_key, req, success,
 };
 use crate::store::{Claim, Fence, OnExpired, Store};
 
