@@ -255,3 +255,67 @@ impl RedisTls {
         format!("rediss://127.0.0.1:{}/?ca={}", self.port, ca.display())
     }
 }
+
+/// A private PgBouncer (the `pgbouncer` package) in transaction mode on a free loopback port, in
+/// front of an existing PostgreSQL: every transaction may run on another server connection, so
+/// named prepared statements and `LISTEN` do not carry over. Trust authentication; run as the
+/// `postgres` user when the test runs as root (PgBouncer refuses root).
+pub struct PgBouncer {
+    pub port: u16,
+    /// The database name clients connect to (the upstream's).
+    pub dbname: String,
+    pub user: String,
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer in front of the PostgreSQL at `host:port`, database `dbname`, as `user`.
+    pub fn start(host: &str, port: u16, dbname: &str, user: &str) -> Result<PgBouncer, String> {
+        let bin = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .map_or_else(|| PathBuf::from("pgbouncer"), PathBuf::from);
+        let dir = crate::workers::temp_dir("pgbouncer");
+        let listen = free_port()?;
+        let ini = dir.join("pgbouncer.ini");
+        let pid = dir.join("pgbouncer.pid");
+        std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n"))
+            .map_err(|e| e.to_string())?;
+        // server_reset_query is not used in transaction mode; ignore_startup_parameters lets
+        // clients that send extra_float_digits (many drivers do) connect.
+        let conf = format!(
+            "[databases]\n{dbname} = host={host} port={port} dbname={dbname} user={user}\n\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+             max_client_conn = 500\ndefault_pool_size = 10\nlogfile = {log}\npidfile = {pid}\n\
+             ignore_startup_parameters = extra_float_digits\n",
+            users = dir.join("users.txt").display(),
+            log = dir.join("pgbouncer.log").display(),
+            pid = pid.display(),
+        );
+        std::fs::write(&ini, conf).map_err(|e| e.to_string())?;
+        let mut cmd = if is_root() {
+            run(Command::new("chown").args(["-R", "postgres"]).arg(&dir))?;
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", "postgres", "--"]).arg(&bin);
+            cmd
+        } else {
+            Command::new(&bin)
+        };
+        run(cmd.arg("-d").arg(&ini)).map_err(|e| format!("{e} (is the pgbouncer package installed?)"))?;
+        stop_at_exit(&format!(
+            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
+            pid.display(),
+            dir.display()
+        ))?;
+        wait_for_port(listen, "pgbouncer")?;
+        Ok(PgBouncer { port: listen, dbname: dbname.to_owned(), user: user.to_owned() })
+    }
+
+    /// A connection string through PgBouncer with `extra` options (`pgbouncer=true`).
+    pub fn conninfo(&self, extra: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} dbname={} sslmode=disable {extra}",
+            self.port, self.user, self.dbname
+        )
+    }
+}
