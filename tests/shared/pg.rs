@@ -75,7 +75,9 @@ pub fn through(port: u16) -> String {
 pub async fn to_revision_0(admin: &tokio_postgres::Client, schema: &str) {
     admin
         .batch_execute(&format!(
-            "DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text); \
+            "DROP FUNCTION {schema}.idem_claim_fresh(text, text, bigint, text, text, text, \
+                                                     text); \
+             DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text); \
              DROP FUNCTION {schema}.idem_claim(text, text, bigint, boolean, text, text, text, \
                                                text); \
              ALTER TABLE {schema}.idem_records DROP COLUMN owner, DROP COLUMN tool, \

@@ -301,7 +301,8 @@ impl PgBouncer {
         } else {
             Command::new(&bin)
         };
-        run(cmd.arg("-d").arg(&ini)).map_err(|e| format!("{e} (is the pgbouncer package installed?)"))?;
+        run(cmd.arg("-d").arg(&ini))
+            .map_err(|e| format!("{e} (is the pgbouncer package installed?)"))?;
         stop_at_exit(&format!(
             "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
             pid.display(),

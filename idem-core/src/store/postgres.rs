@@ -1,13 +1,16 @@
 //! The PostgreSQL store (feature `postgres`): shared by many processes and machines.
 //!
-//! A claim is one call of the function `idem_claim` (created with the schema): it reads the row
-//! and answers from it when the claim cannot take it (a replay, a live lease, a mismatch, an
-//! unknown outcome), so the common repeat costs one indexed read and writes nothing; otherwise it
-//! runs `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE <free or expired> RETURNING ..`, whose
-//! conflict check re-decides on the newest row, so nothing is read and then written unchecked.
-//! When that check sees a row newer than the read (a concurrent claim), the upsert changes nothing
-//! and the function reads again (each statement in it takes a new snapshot under READ
-//! COMMITTED). complete, release and renew are conditional on the fence in one statement.
+//! A claim is one plain statement on its common paths (`Sql::Claim` in `postgres/conn.rs`): it
+//! reads the key's row and answers from it (a replay, a live lease, a mismatch, an unknown
+//! outcome), so a repeat costs one indexed read and writes nothing; only when the key has no row
+//! does it call `idem_claim_fresh`, which takes the key's lock, draws a fence and inserts with
+//! `ON CONFLICT DO NOTHING`: the read and the acquisition share one round trip. The rare paths (a
+//! row the claim may take: an expired lease, an ended retention, this claim's own row after a
+//! lost reply; or a concurrent claim that inserted first) call the plpgsql function
+//! `idem_claim`, which upserts with `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE <free or
+//! expired>`, whose conflict check re-decides on the newest row, and reads again when it lost a
+//! race. Both draw fences under the same per-key lock. complete, release and renew are
+//! conditional on the fence in one statement.
 //!
 //! A statement whose reply was lost (the connection broke after the server ran it) is sent again
 //! on a new connection, and answers as the first send would have (see `store/resend.rs`): a
@@ -20,13 +23,15 @@
 //! Leases and retention are measured on the server's clock (`now()`); fences come from the
 //! sequence `idem_fence`, so they increase across release, takeover, forget and retention expiry.
 //! Waiters are woken across processes by `LISTEN/NOTIFY` on the channel `idem_wake` (only records
-//! someone waits on send a notification, so the common path pays nothing for it), with bounded
-//! polling as the fallback, and never past the caller's `max`.
+//! someone waits on send a notification, so the common path pays nothing for it), with bounded,
+//! jittered polling as the fallback, and never past the caller's `max`.
 //!
 //! Connections: a fixed set (4 by default) of pipelined tokio-postgres connections plus one
 //! listener connection, opened on demand and re-opened after a failure, so the store works again
 //! by itself once the server is back. TLS (feature `postgres-tls`) follows the connection string's
-//! `sslmode` and `sslrootcert` as libpq does: see [`PostgresStore::connect`].
+//! `sslmode` and `sslrootcert` as libpq does: see [`PostgresStore::connect`]. Behind PgBouncer in
+//! transaction mode (`pgbouncer=true`) the store keeps no session state between transactions:
+//! statements are unnamed, and waiters poll.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,6 +41,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::Config;
+use tokio_postgres::types::ToSql;
 
 use super::codec::{encode, fence_param, ms, now_ms};
 use super::resend::{self, GiveUp, Owner};
@@ -58,8 +64,8 @@ mod tls;
 #[cfg(feature = "postgres-tls")]
 mod verify;
 
-use claim::{Step, decide};
-use conn::{COMPLETED, Conn, RELEASE_OWNED};
+use claim::{Step, decide, decide_common};
+use conn::{Conn, Sql};
 use error::{pg, sent, unreached};
 use listen::listen;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
@@ -129,8 +135,19 @@ impl PostgresStore {
     /// must match). The roots are the PEM file `sslrootcert` names, else the system's roots; with
     /// `sslrootcert`, `prefer` and `require` check the chain as `verify-ca` does.
     ///
+    /// Through PgBouncer in transaction mode (or any pooler that may run each transaction on
+    /// another server connection), add `pgbouncer=true` (`postgres://..?pgbouncer=true`, or the
+    /// keyword `pgbouncer=true`): statements are then sent unnamed (parsed at each call, since a
+    /// prepared statement stays on the server connection that prepared it), and waiters poll
+    /// (every 1 to 50 ms, full jitter) instead of listening, since `LISTEN` ends with its
+    /// transaction there. Without it, a listener that hears nothing is detected (its probe
+    /// notification never arrives, see [`listening`](Self::listening)) and waiters poll, but
+    /// prepared statements would fail: set the option. Claims stay exactly-once either way:
+    /// every step is one statement, and so one transaction.
+    ///
     /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
-    /// unreadable `sslrootcert`, or a TLS mode without the `postgres-tls` feature;
+    /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, or a TLS mode without
+    /// the `postgres-tls` feature;
     /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
     /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
     /// [`StoreError::Incompatible`] when the schema is from another version.
@@ -161,7 +178,8 @@ impl PostgresStore {
     ) -> Self {
         let waiters = Arc::new(WaiterMap::default());
         let listening = Arc::new(AtomicBool::new(false));
-        let listener = target.clone().map(|target| {
+        // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.
+        let listener = target.clone().filter(|t| !t.pgbouncer).map(|target| {
             tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
         });
         PostgresStore {
@@ -178,12 +196,20 @@ impl PostgresStore {
         }
     }
 
+    /// Whether waiters are woken by `LISTEN/NOTIFY` now: the listener is connected and its probe
+    /// notification arrived. `false` while it (re)connects, behind PgBouncer (`pgbouncer=true`,
+    /// or a listener whose probe never arrived), and for [`from_pool`](Self::from_pool) without a
+    /// listen connection; waiters then poll.
+    pub fn listening(&self) -> bool {
+        self.inner.listening.load(Ordering::Relaxed)
+    }
+
     /// Removes every record whose retention ended (at most 1000 per call); returns how many.
     /// Claims already treat them as absent; this only reclaims space. Runs on its own every 60 s
     /// during claims.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let conn = self.conn().await?;
-        let swept = conn.client.execute(&conn.sweep, &[]).await;
+        let swept = conn.execute(Sql::Sweep, &[]).await;
         swept.map_err(pg)
     }
 
@@ -198,8 +224,8 @@ impl PostgresStore {
         wait::poll_with_backoff(notify, POLL_FIRST, cap, |first| async move {
             let row = {
                 let conn = self.conn().await?;
-                let stmt = if first { &conn.mark_waited } else { &conn.held };
-                conn.client.query_opt(stmt, &[&key.as_str(), &fence_param(fence)]).await
+                let sql = if first { Sql::MarkWaited } else { Sql::Held };
+                conn.query_opt(sql, &[&key.as_str(), &fence_param(fence)]).await
             };
             let Some(row) = row.map_err(pg)? else { return Ok(None) };
             let remaining: Option<i64> = row.try_get(0).map_err(pg)?;
@@ -223,27 +249,31 @@ impl Store for PostgresStore {
                 })
             }
         });
-        let mut claimed = Err(StoreError::unavailable("no claim was sent"));
+        let (k, fp, own) = (req.key.as_str(), req.fingerprint.as_str(), owner.as_str());
+        let (tool, tenant, run) = (req.origin.tool, req.origin.tenant, req.origin.run);
+        // The common path: one plain statement answers a replay, a live lease, a mismatch or an
+        // unknown outcome from the row, or acquires a key that has none.
+        let row = resend::resend(|_| async {
+            let conn = self.conn().await.map_err(unreached)?;
+            let params: [&(dyn ToSql + Sync); 7] = [&k, &fp, &lease, &own, &tool, &tenant, &run];
+            conn.query_opt(Sql::Claim, &params).await.map_err(sent)
+        })
+        .await;
+        let mut claimed =
+            row.and_then(|row| decide_common(req.key, req.fingerprint, req.on_expired, row));
+        // The rare path: the function takes over, re-acquires this claim's own row, or races.
         for _ in 0..CLAIM_RUNS {
-            let row = resend::resend(|_| async {
-                let conn = self.conn().await.map_err(unreached)?;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
-                    &req.key.as_str(),
-                    &req.fingerprint.as_str(),
-                    &lease,
-                    &take_over,
-                    &owner.as_str(),
-                    &req.origin.tool,
-                    &req.origin.tenant,
-                    &req.origin.run,
-                ];
-                conn.client.query_opt(&conn.claim, &params).await.map_err(sent)
-            })
-            .await;
-            claimed = row.and_then(|row| decide(req.key, req.fingerprint, req.on_expired, row));
             if !matches!(claimed, Ok(Step::Retry)) {
                 break;
             }
+            let row = resend::resend(|_| async {
+                let conn = self.conn().await.map_err(unreached)?;
+                let params: [&(dyn ToSql + Sync); 8] =
+                    [&k, &fp, &lease, &take_over, &own, &tool, &tenant, &run];
+                conn.query_opt(Sql::Take, &params).await.map_err(sent)
+            })
+            .await;
+            claimed = row.and_then(|row| decide(req.key, req.fingerprint, req.on_expired, row));
         }
         // Only a claim whose every send may have been lost may have left a record behind.
         if !matches!(claimed, Err(StoreError::Unavailable(_))) {
@@ -278,11 +308,11 @@ impl Store for PostgresStore {
         let (k, f, ttl) = (key.as_str(), fence_param(fence), ms(ttl));
         let changed = resend::resend(|again| async move {
             let conn = self.conn().await.map_err(unreached)?;
-            let rows = conn.client.query(&conn.complete, &[&k, &f, &ttl, &kind, &payload]).await;
+            let rows = conn.query(Sql::Complete, &[&k, &f, &ttl, &kind, &payload]).await;
             let changed = rows.map_err(sent)?.len();
             if changed == 0 && again {
                 // Completed under this fence: only its holder, this call, can have done it.
-                let done = conn.client.query_opt(COMPLETED, &[&k, &f]).await.map_err(sent)?;
+                let done = conn.query_opt(Sql::Completed, &[&k, &f]).await.map_err(sent)?;
                 return Ok(usize::from(done.is_some()));
             }
             Ok(changed)
@@ -295,7 +325,7 @@ impl Store for PostgresStore {
         let (k, f) = (key.as_str(), fence_param(fence));
         let changed = resend::resend(|again| async move {
             let conn = self.conn().await.map_err(unreached)?;
-            let rows = conn.client.query(&conn.release, &[&k, &f]).await;
+            let rows = conn.query(Sql::Release, &[&k, &f]).await;
             // A resend that finds nothing to release: the first send released it, or the lease
             // is gone anyway.
             Ok(rows.map_err(sent)?.len().max(usize::from(again)))
@@ -309,7 +339,7 @@ impl Store for PostgresStore {
         // Renewing twice renews.
         let n = resend::resend(|_| async move {
             let conn = self.conn().await.map_err(unreached)?;
-            conn.client.execute(&conn.renew, &[&k, &f, &lease]).await.map_err(sent)
+            conn.execute(Sql::Renew, &[&k, &f, &lease]).await.map_err(sent)
         })
         .await?;
         if n == 1 { Ok(()) } else { Err(StoreError::LeaseLost) }
@@ -325,7 +355,7 @@ impl Store for PostgresStore {
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let conn = self.conn().await?;
-        let rows = conn.client.query(&conn.forget, &[&key.as_str()]).await;
+        let rows = conn.query(Sql::Forget, &[&key.as_str()]).await;
         let removed = !rows.map_err(pg)?.is_empty();
         self.inner.waiters.wake(key);
         Ok(removed)
@@ -370,7 +400,7 @@ impl PostgresStore {
     /// Releases the record of `key` if `owner` holds it (a claim that gave up); whether it did.
     async fn release_owned(&self, key: &Key, owner: &Owner) -> Result<bool, StoreError> {
         let conn = self.conn().await?;
-        let rows = conn.client.query(RELEASE_OWNED, &[&key.as_str(), &owner.as_str()]).await;
+        let rows = conn.query(Sql::ReleaseOwned, &[&key.as_str(), &owner.as_str()]).await;
         let released = !rows.map_err(pg)?.is_empty();
         if released {
             self.inner.waiters.wake(key);

@@ -14,8 +14,20 @@ use crate::store::wait::WaiterMap;
 /// The `LISTEN/NOTIFY` channel; the payload is the key.
 const CHANNEL: &str = "idem_wake";
 
+/// How long the listener waits for its probe notification before it concludes that
+/// notifications do not reach it (a `LISTEN` through PgBouncer in transaction mode ends with its
+/// transaction's server connection, and says nothing).
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a listener whose probe never arrived waits before trying again; waiters poll
+/// meanwhile.
+const PROBE_RETRY: Duration = Duration::from_secs(60);
+
 /// The listener: one connection that `LISTEN`s on [`CHANNEL`] and wakes waiters by key;
 /// reconnects after a failure (waking everyone, since notifications may have been lost).
+///
+/// A `LISTEN` can succeed and still hear nothing (PgBouncer in transaction mode), so the listener
+/// counts as listening only once a probe notification, sent from another connection, arrived.
 /// The waiters are this process's, by key, woken by notifications and by this store's own
 /// writes.
 pub(super) async fn listen(
@@ -25,38 +37,72 @@ pub(super) async fn listen(
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
+        let mut deaf = false;
         if let Ok((client, mut connection)) = target.connect().await {
+            let probe = {
+                use rand::{RngCore, SeedableRng};
+                format!("idem-probe-{:016x}", rand::rngs::SmallRng::from_os_rng().next_u64())
+            };
+            let (heard, heard_rx) = tokio::sync::oneshot::channel::<()>();
             let driver = {
-                let waiters = Arc::clone(&waiters);
+                let (waiters, probe) = (Arc::clone(&waiters), probe.clone());
+                let mut heard = Some(heard);
                 async move {
                     while let Some(Ok(msg)) =
                         std::future::poll_fn(|cx| connection.poll_message(cx)).await
                     {
-                        if let AsyncMessage::Notification(n) = msg
-                            && let Some(key) = Key::parse(n.payload())
-                        {
+                        let AsyncMessage::Notification(n) = msg else { continue };
+                        if n.payload() == probe {
+                            if let Some(heard) = heard.take() {
+                                let _ = heard.send(());
+                            }
+                        } else if let Some(key) = Key::parse(n.payload()) {
                             waiters.wake(&key);
                         }
                     }
                 }
             };
             let subscribe = async {
-                if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_ok() {
+                if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_err()
+                    || !send_probe(&target, &probe).await
+                {
+                    return false;
+                }
+                if let Ok(Ok(())) = tokio::time::timeout(PROBE_WAIT, heard_rx).await {
                     listening.store(true, Ordering::Relaxed);
                     waiters.wake_all();
+                    // Keeps the client (and so the connection) alive while the driver runs.
+                    std::future::pending::<()>().await
                 }
-                // Keeps the client (and so the connection) alive while the driver runs.
-                std::future::pending::<()>().await
+                tracing::warn!(
+                    "PostgreSQL notifications do not reach the store's listener (PgBouncer in \
+                     transaction mode?); waiters poll instead"
+                );
+                true
             };
-            tokio::select! {
-                () = driver => {}
-                () = subscribe => {}
-            }
+            deaf = tokio::select! {
+                () = driver => false,
+                deaf = subscribe => deaf,
+            };
             listening.store(false, Ordering::Relaxed);
             waiters.wake_all();
             backoff = Duration::from_millis(100);
         }
-        tokio::time::sleep(backoff).await;
+        tokio::time::sleep(if deaf { PROBE_RETRY } else { backoff }).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Sends the probe notification from a connection of its own (a session hears its own
+/// notifications, so the listener's connection would prove nothing); whether it was sent.
+async fn send_probe(target: &Target, probe: &str) -> bool {
+    let Ok((client, connection)) = target.connect().await else { return false };
+    let driver = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    // The probe is hex digits: nothing to quote.
+    let sent = client.batch_execute(&format!("NOTIFY {CHANNEL}, '{probe}'")).await.is_ok();
+    drop(client);
+    let _ = driver.await;
+    sent
 }

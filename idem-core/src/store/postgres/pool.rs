@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool, PoolError};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
 use super::conn::Conn;
@@ -27,11 +28,16 @@ pub(super) enum PgClient {
 }
 
 impl PgClient {
-    /// Prepares `sql`; on a pooled connection once per connection (deadpool's statement cache).
-    pub(super) async fn prepare(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+    /// Prepares `sql` with its parameter types; on a pooled connection once per connection
+    /// (deadpool's statement cache).
+    pub(super) async fn prepare(
+        &self,
+        sql: &str,
+        types: &[Type],
+    ) -> Result<Statement, tokio_postgres::Error> {
         match self {
-            PgClient::Own(c) => c.prepare(sql).await,
-            PgClient::Pooled(o) => o.prepare_cached(sql).await,
+            PgClient::Own(c) => c.prepare_typed(sql, types).await,
+            PgClient::Pooled(o) => o.prepare_typed_cached(sql, types).await,
         }
     }
 }
@@ -62,7 +68,7 @@ pub(super) async fn checkout(pool: &Pool, wait: Duration) -> Result<Conn, StoreE
             )));
         }
     };
-    Conn::prepared(PgClient::Pooled(object)).await
+    Conn::new(PgClient::Pooled(object), false).await
 }
 
 impl PostgresStore {
@@ -72,6 +78,10 @@ impl PostgresStore {
     /// `listen` is a connection string for one dedicated connection that `LISTEN`s for wake-ups
     /// (a pooled connection cannot: the pool drives its connections and drops notifications);
     /// with `None`, waiters poll (every 2 ms at first, backing off to 50 ms).
+    ///
+    /// The pool must reach PostgreSQL directly (or through PgBouncer in session mode): the
+    /// statements are prepared once per pooled connection. Behind PgBouncer in transaction mode
+    /// use [`connect`](Self::connect) with `pgbouncer=true`.
     ///
     /// A call waits at most 5 s for a free connection, then fails with
     /// [`StoreError::Unavailable`]; the executor bounds each store step by

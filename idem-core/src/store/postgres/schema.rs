@@ -3,6 +3,7 @@
 
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 
 use super::error::pg;
 use crate::store::StoreError;
@@ -25,8 +26,11 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// `idem_claim(k, fp, lease_ms, take, own, tool, tenant, run)`; the function of revision 1 becomes
 /// the new one with no origin, so stores of an older revision keep working on a migrated
 /// database (their records list with an unknown origin and age). The migration only adds
-/// (columns, indexes, functions), so a database of any older revision takes it.
-pub const SCHEMA_REVISION: i64 = 3;
+/// (columns, indexes, functions), so a database of any older revision takes it. 4 adds
+/// `idem_claim_fresh(k, fp, lease_ms, own, tool, tenant, run)`, the fresh acquisition of the
+/// claim's common path (one plain statement; `idem_claim` stays for the rare paths and for
+/// stores of older revisions, and both draw fences under the same per-key lock).
+pub const SCHEMA_REVISION: i64 = 4;
 
 /// Serializes schema creation across processes (`pg_advisory_xact_lock`).
 const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
@@ -132,6 +136,29 @@ BEGIN
 END
 $fn$";
 
+/// The fresh acquisition of the claim's common path (`Sql::Claim` in `conn.rs` calls it only
+/// when the key has no row): the fence is drawn under the key's lock, as `idem_claim` draws it,
+/// so fences follow the order in which owners acquire; a concurrent claim that inserted first
+/// makes it answer NULL (the caller then runs `idem_claim`). plpgsql rather than a SQL function:
+/// its plan is kept for the session, where a SQL function's body is planned again at every call.
+const CLAIM_FRESH_FUNCTION: &str = "
+CREATE OR REPLACE FUNCTION idem_claim_fresh(k text, fp text, lease_ms bigint, own text,
+    tool_name text, tenant_id text, run text)
+RETURNS bigint LANGUAGE plpgsql AS $fn$
+DECLARE
+    f bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
+    INSERT INTO idem_records
+        (key, fingerprint, fence, state, lease_until, takeover, owner, tool, tenant, run_id, since)
+    VALUES (k, fp, nextval('idem_fence'), 0, now() + lease_ms * interval '1 millisecond', false,
+            own, tool_name, tenant_id, run, now())
+    ON CONFLICT (key) DO NOTHING
+    RETURNING fence INTO f;
+    RETURN f;
+END
+$fn$";
+
 /// The function of revision 1 (no origin), which stores of that revision call, is the new one
 /// with no origin.
 const CLAIM_FUNCTION_REV1: &str = "
@@ -180,7 +207,7 @@ fn incompatible_version(v: i64) -> StoreError {
 async fn version_of(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<(Option<i64>, i64), tokio_postgres::Error> {
-    let row = client.query_one(VERSION, &[]).await?;
+    let row = client.query_typed_one(VERSION, &[]).await?;
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
@@ -195,7 +222,7 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError>
     }
     let tx = client.transaction().await.map_err(pg)?;
     let found = async {
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK]).await?;
+        tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&SCHEMA_LOCK, Type::INT8)]).await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
         )
@@ -206,7 +233,7 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError>
             (Some(v), _) => return Ok(Some(v)),
             (None, _) => {
                 let records: bool = tx
-                    .query_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
+                    .query_typed_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
                     .await?
                     .try_get(0)?;
                 if records {
@@ -229,10 +256,11 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError>
         tx.batch_execute(CLAIM_FUNCTION).await?;
         tx.batch_execute(CLAIM_FUNCTION_REV1).await?;
         tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
-        tx.execute(
+        tx.batch_execute(CLAIM_FRESH_FUNCTION).await?;
+        tx.execute_typed(
             "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \
              ('schema_revision', $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-            &[&SCHEMA_VERSION, &SCHEMA_REVISION],
+            &[(&SCHEMA_VERSION, Type::INT8), (&SCHEMA_REVISION, Type::INT8)],
         )
         .await?;
         Ok::<_, tokio_postgres::Error>(None)

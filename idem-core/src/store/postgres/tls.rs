@@ -82,13 +82,16 @@ pub(super) struct Target {
     /// Whether certificates are checked, and against what (for error messages).
     #[cfg_attr(not(feature = "postgres-tls"), allow(dead_code))]
     roots: Option<String>,
+    /// Through PgBouncer in transaction mode (`pgbouncer=true`): unnamed statements only, and no
+    /// `LISTEN` (waiters poll).
+    pub(super) pgbouncer: bool,
 }
 
 impl Target {
     /// Parses a libpq connection string (`host=.. sslmode=verify-full sslrootcert=/ca.pem`) or
     /// URL (`postgresql://user@host/db?sslmode=verify-full&sslrootcert=/ca.pem`).
     pub(super) fn parse(url: &str) -> Result<Target, StoreError> {
-        let (rest, mode, root) = take_ssl_params(url)?;
+        let (rest, mode, root, pgbouncer) = take_own_params(url)?;
         let config = Config::from_str(&rest).map_err(|e| {
             StoreError::InvalidConfig(format!("PostgreSQL connection string: {}", PgError(e)))
         })?;
@@ -98,7 +101,18 @@ impl Target {
             None if root.as_deref() == Some("system") => SslMode::VerifyFull,
             None => SslMode::Prefer,
         };
-        Target::new(config, mode, root)
+        let mut target = Target::new(config, mode, root)?;
+        target.pgbouncer = match pgbouncer.as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(StoreError::InvalidConfig(format!(
+                    "pgbouncer={other:?}: use true (through PgBouncer in transaction mode) or \
+                     false"
+                )));
+            }
+        };
+        Ok(target)
     }
 
     /// A parsed [`Config`]: its `ssl_mode` (disable, prefer, require), certificates unchecked.
@@ -132,7 +146,7 @@ impl Target {
             Some(path) => format!("sslrootcert={path}"),
         });
         let tls = connector(mode, checks, root.as_deref())?;
-        Ok(Target { config, tls, mode, roots })
+        Ok(Target { config, tls, mode, roots, pgbouncer: false })
     }
 
     /// Opens one connection, bounded by the connect timeout (which tokio-postgres applies to the
@@ -249,10 +263,12 @@ fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
     None
 }
 
-/// Splits `sslmode` and `sslrootcert` off a connection string (tokio-postgres knows neither
-/// `verify-ca`/`verify-full` nor `sslrootcert`); returns the rest, the mode and the root file.
-fn take_ssl_params(url: &str) -> Result<(String, Option<String>, Option<String>), StoreError> {
-    let (mut mode, mut root) = (None, None);
+/// The connection string without idem's own parameters, and theirs: `sslmode`, `sslrootcert`
+/// (tokio-postgres knows neither `verify-ca`/`verify-full` nor `sslrootcert`) and `pgbouncer`.
+type Taken = (String, Option<String>, Option<String>, Option<String>);
+
+fn take_own_params(url: &str) -> Result<Taken, StoreError> {
+    let (mut mode, mut root, mut pgbouncer) = (None, None, None);
     let mut take = |key: &str, value: String| match key {
         "sslmode" => {
             mode = Some(value);
@@ -260,6 +276,10 @@ fn take_ssl_params(url: &str) -> Result<(String, Option<String>, Option<String>)
         }
         "sslrootcert" => {
             root = Some(value);
+            true
+        }
+        "pgbouncer" => {
+            pgbouncer = Some(value);
             true
         }
         _ => false,
@@ -287,7 +307,7 @@ fn take_ssl_params(url: &str) -> Result<(String, Option<String>, Option<String>)
         }
         kept.join(" ")
     };
-    Ok((rest, mode, root))
+    Ok((rest, mode, root, pgbouncer))
 }
 
 /// The `key=value` pairs of a libpq keyword/value string, each with its text as written: values
@@ -341,7 +361,8 @@ mod tests {
     use super::*;
 
     fn split(s: &str) -> (String, Option<String>, Option<String>) {
-        take_ssl_params(s).expect("parses")
+        let (rest, mode, root, _) = take_own_params(s).expect("parses");
+        (rest, mode, root)
     }
 
     #[test]
@@ -371,8 +392,8 @@ mod tests {
                 Some("/a b/c's.pem".into())
             )
         );
-        assert!(take_ssl_params("host='open").is_err());
-        assert!(take_ssl_params("host").is_err());
+        assert!(take_own_params("host='open").is_err());
+        assert!(take_own_params("host").is_err());
     }
 
     #[test]
