@@ -19,6 +19,46 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 export IDEM_PG_URL="${IDEM_PG_URL:-host=127.0.0.1 port=5432 user=postgres dbname=test}"
 export IDEM_REDIS_URL="${IDEM_REDIS_URL:-redis://127.0.0.1:6379/}"
 
+# `run_store_benches.sh pgbouncer`: the PostgreSQL store through a private PgBouncer in transaction
+# mode (started here on a free loopback port in front of IDEM_PG_URL's server, in the keyword
+# form; as the postgres user when run as root) against raw round trips through it
+# (idem-core/benches/pgbouncer.rs). IDEM_BENCH_PGBOUNCER_URL instead uses a running PgBouncer.
+if [ "${1:-}" = pgbouncer ]; then
+    mkdir -p "$target/idem-bench"
+    log="$target/idem-bench/pgbouncer-$(date -u +%Y%m%dT%H%M%SZ).txt"
+    if [ -z "${IDEM_BENCH_PGBOUNCER_URL:-}" ]; then
+        conf() { # the value of keyword $1 in IDEM_PG_URL, else $2
+            local v
+            v=$(printf '%s\n' $IDEM_PG_URL | sed -n "s/^$1=//p" | head -n1)
+            echo "${v:-$2}"
+        }
+        bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+        dir=$(mktemp -d)
+        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        db=$(conf dbname test)
+        user=$(conf user postgres)
+        printf '"%s" ""\n' "$user" > "$dir/users.txt"
+        printf '%s\n' "[databases]" \
+            "$db = host=$(conf host 127.0.0.1) port=$(conf port 5432) dbname=$db user=$user" \
+            "[pgbouncer]" "listen_addr = 127.0.0.1" "listen_port = $port" "unix_socket_dir =" \
+            "auth_type = trust" "auth_file = $dir/users.txt" "pool_mode = transaction" \
+            "default_pool_size = 10" "logfile = $dir/pgbouncer.log" "pidfile = $dir/pgbouncer.pid" \
+            > "$dir/pgbouncer.ini"
+        if [ "$(id -u)" -eq 0 ]; then
+            chown -R postgres "$dir"
+            runuser -u postgres -- "$bin" -d "$dir/pgbouncer.ini"
+        else
+            "$bin" -d "$dir/pgbouncer.ini"
+        fi
+        trap 'kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null; rm -rf "$dir"' EXIT
+        sleep 0.5
+        export IDEM_BENCH_PGBOUNCER_URL="host=127.0.0.1 port=$port user=$user dbname=$db sslmode=disable"
+    fi
+    cargo bench -p idem-core --features postgres --bench pgbouncer 2>&1 | tee "$log"
+    echo "saved to $log" >&2
+    exit 0
+fi
+
 venv="$target/bench-venv"
 if ! "$venv/bin/python" -c 'import aws_lambda_powertools, redis, boto3' 2>/dev/null; then
     echo "creating $venv (aws-lambda-powertools, redis; boto3 because the idempotency package imports it)" >&2
