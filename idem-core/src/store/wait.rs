@@ -13,6 +13,8 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use super::StoreError;
@@ -99,11 +101,11 @@ impl<K: Hash + Eq> WaiterMap<K> {
 }
 
 /// Re-checks a record until its holder is gone: `check(first)` answers the holder's lease time
-/// left, or `None` once the record is no longer held under the awaited fence (`first` is true
-/// for the first check only). Between checks it sleeps `pause` (from `first_pause`, doubling up
-/// to `cap()`, read at each step), never past the lease end (the caller must then claim again:
-/// a takeover or `Unknown`), and wakes early on `notify`. The caller bounds the whole wait by its
-/// `max`.
+/// left, or `None` once the record is no longer held under the awaited fence (`first` is true for
+/// the first check only). Between checks it sleeps a random time from 1 ms to `pause` (full jitter;
+/// `pause` from `first_pause`, doubling up to `cap()`, read at each step), never past the lease end
+/// (the caller must then claim again: a takeover or `Unknown`), and wakes early on `notify`. The
+/// caller bounds the whole wait by its `max`.
 pub(crate) async fn poll_with_backoff<F, Fut>(
     notify: &Notify,
     first_pause: Duration,
@@ -116,6 +118,7 @@ where
 {
     let mut pause = first_pause;
     let mut first = true;
+    let mut rng = SmallRng::from_os_rng();
     loop {
         // Registered before the check, so a wake-up in between is not missed.
         let woken = notify.notified();
@@ -123,7 +126,9 @@ where
         woken.as_mut().enable();
         let Some(lease_left) = check(first).await? else { return Ok(()) };
         first = false;
-        let _ = tokio::time::timeout(pause.min(lease_left), woken).await;
+        // Full jitter (1 ms to `pause`): waiters polling one server do not query in step.
+        let sleep = Duration::from_millis(rng.random_range(1..=pause.as_millis().max(1) as u64));
+        let _ = tokio::time::timeout(sleep.min(lease_left), woken).await;
         pause = (pause * 2).min(cap());
     }
 }
