@@ -596,3 +596,33 @@ async fn ending_a_lease_publishes_only_when_someone_waits() {
         sub.unsubscribe(&[store.channel(&quiet), store.channel(&watched)]).await.unwrap();
     }
 }
+
+#[path = "shared/executor.rs"]
+mod executor;
+
+/// Two executors, each with its own store on one server (as two processes).
+async fn two_stores() -> Option<(std::sync::Arc<dyn Store>, std::sync::Arc<dyn Store>)> {
+    Some((std::sync::Arc::new(store().await?), std::sync::Arc::new(store().await?)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_duplicates_across_processes_run_once() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::duplicates_across_executors_run_once(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_crashed_holder_is_taken_over() {
+    let Some((a, b)) = two_stores().await else { return };
+    executor::crashed_holder_is_taken_over(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_exclusion_under_churn() {
+    let mut stores: Vec<std::sync::Arc<dyn Store>> = Vec::new();
+    for _ in 0..4 {
+        let Some(store) = store().await else { return };
+        stores.push(std::sync::Arc::new(store));
+    }
+    executor::mutual_exclusion_under_churn(stores).await;
+}

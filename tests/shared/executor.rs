@@ -1,6 +1,6 @@
-//! Executor-level tests on a durable store, shared by the SQLite and PostgreSQL test files: two
-//! executors (two processes' worth of in-process state) on one database, and a hand-written keyed
-//! tool whose side effects are counted outside the store.
+//! Executor-level tests on a durable store, shared by the SQLite, PostgreSQL and Redis test
+//! files: two executors (two processes' worth of in-process state) on one database, and a
+//! hand-written keyed tool whose side effects are counted outside the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
