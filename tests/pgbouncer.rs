@@ -1,9 +1,9 @@
 //! The PostgreSQL store through PgBouncer in transaction mode (a private `pgbouncer` this binary
 //! starts in front of `IDEM_PG_URL`'s server): with `pgbouncer=true` the store sends only unnamed
 //! statements and keeps no session state between transactions, and waiters poll instead of
-//! listening. The conformance suite and the multi-process scenario pass through it, polling wakes
-//! a waiter in another store, and a listener behind PgBouncer finds out that notifications do not
-//! arrive.
+//! listening. The conformance suites (claims, operator side, several instances) and the
+//! multi-process scenario pass through it, polling wakes a waiter in another store, and a
+//! listener behind PgBouncer finds out that notifications do not arrive.
 
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
@@ -44,6 +44,21 @@ async fn store() -> Option<Arc<PostgresStore>> {
 idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     store().await
+);
+// Listing, inspecting, resolving and counting: unnamed statements too.
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    store().await
+);
+
+/// Two stores on one database, both through PgBouncer.
+async fn pair() -> Option<(Arc<PostgresStore>, Arc<PostgresStore>)> {
+    Some((store().await?, store().await?))
+}
+
+idem_core::store_multi_instance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    pair().await
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,13 @@
 //! The PostgreSQL store's operator side (`docs/design.md` §5.1): listing with keyset pagination
 //! on the key over the indexes of schema revision 3, inspecting, fenced resolution, counting.
 //! Leases, ages and retention are read on the server's clock, as the claim reads them.
+//! Statements are sent unnamed with their parameter types (one round trip each, no prepared
+//! statement), so they also run through PgBouncer in transaction mode.
 
 use std::time::Duration;
 
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::PostgresStore;
 use super::error::pg;
@@ -80,22 +82,23 @@ impl PostgresStore {
     pub(super) async fn inspect_record(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM idem_records WHERE key = $1 AND {LIVE}");
         let conn = self.conn().await?;
-        let row = conn.client.query_opt(&sql, &[&key.as_str()]).await.map_err(pg)?;
+        let row = conn.client.query_typed_opt(&sql, &[(&key.as_str(), Type::TEXT)]).await;
+        let row = row.map_err(pg)?;
         row.as_ref().map(info).transpose()
     }
 
     pub(super) async fn list_records(&self, q: &ListQuery) -> Result<ListPage, StoreError> {
         let mut sql = format!("SELECT {COLUMNS} FROM idem_records WHERE {LIVE}");
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        let mut arg = |sql: &mut String, clause: &str, v: Box<dyn ToSql + Sync + Send>| {
-            args.push(v);
+        let mut args: Vec<(Box<dyn ToSql + Sync + Send>, Type)> = Vec::new();
+        let mut arg = |sql: &mut String, clause: &str, v: Box<dyn ToSql + Sync + Send>, t| {
+            args.push((v, t));
             sql.push_str(&clause.replace('?', &format!("${}", args.len())));
         };
         if let Some(cursor) = &q.cursor {
             let key = Key::parse(cursor).ok_or_else(|| {
                 StoreError::InvalidConfig(format!("not a cursor of this store: {cursor:?}"))
             })?;
-            arg(&mut sql, " AND key > ?", Box::new(key.to_string()));
+            arg(&mut sql, " AND key > ?", Box::new(key.to_string()), Type::TEXT);
         }
         match q.state {
             None => {}
@@ -107,33 +110,34 @@ impl PostgresStore {
                     StateFilter::NotStorable => codec::NOT_STORABLE,
                     _ => codec::UNKNOWN,
                 };
-                arg(&mut sql, " AND state = 1 AND kind = ?::smallint", Box::new(kind));
+                arg(&mut sql, " AND state = 1 AND kind = ?", Box::new(kind), Type::INT2);
             }
         }
         if let Some(tool) = &q.tool {
-            arg(&mut sql, " AND tool = ?", Box::new(tool.clone()));
+            arg(&mut sql, " AND tool = ?", Box::new(tool.clone()), Type::TEXT);
         }
         if let Some(prefix) = &q.run_prefix {
             // The range lets the byte-ordered index serve the prefix; starts_with is the test.
-            arg(&mut sql, " AND run_id COLLATE \"C\" >= ?", Box::new(prefix.clone()));
+            arg(&mut sql, " AND run_id COLLATE \"C\" >= ?", Box::new(prefix.clone()), Type::TEXT);
             if let Some(end) = prefix_end(prefix) {
-                arg(&mut sql, " AND run_id COLLATE \"C\" < ?", Box::new(end));
+                arg(&mut sql, " AND run_id COLLATE \"C\" < ?", Box::new(end), Type::TEXT);
             }
-            arg(&mut sql, " AND starts_with(run_id, ?)", Box::new(prefix.clone()));
+            arg(&mut sql, " AND starts_with(run_id, ?)", Box::new(prefix.clone()), Type::TEXT);
         }
         if let Some(older) = q.older_than {
             arg(
                 &mut sql,
-                " AND since <= now() - ?::bigint * interval '1 millisecond'",
+                " AND since <= now() - ? * interval '1 millisecond'",
                 Box::new(ms(older)),
+                Type::INT8,
             );
         }
         let size = q.page_size();
-        arg(&mut sql, " ORDER BY key LIMIT ?::bigint", Box::new(size as i64));
-        let params: Vec<&(dyn ToSql + Sync)> =
-            args.iter().map(|a| &**a as &(dyn ToSql + Sync)).collect();
+        arg(&mut sql, " ORDER BY key LIMIT ?", Box::new(size as i64), Type::INT8);
+        let params: Vec<(&(dyn ToSql + Sync), Type)> =
+            args.iter().map(|(a, t)| (&**a as &(dyn ToSql + Sync), t.clone())).collect();
         let conn = self.conn().await?;
-        let rows = conn.client.query(&sql, &params).await.map_err(pg)?;
+        let rows = conn.client.query_typed(&sql, &params).await.map_err(pg)?;
         let records = rows.iter().map(info).collect::<Result<Vec<_>, _>>()?;
         let next = (records.len() == size).then(|| records.last().map(|r| r.key.to_string()));
         Ok(ListPage { scanned: records.len() as u64, next: next.flatten(), records })
@@ -158,14 +162,21 @@ impl PostgresStore {
                      WHERE {RESOLVABLE} RETURNING key, waited) \
                      SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM u"
                 );
-                conn.client.query(&sql, &[&k, &f, &kind, &payload, &ms(*ttl)]).await
+                let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                    (&k, Type::TEXT),
+                    (&f, Type::INT8),
+                    (&kind, Type::INT2),
+                    (&payload, Type::TEXT),
+                    (&ms(*ttl), Type::INT8),
+                ];
+                conn.client.query_typed(&sql, &params).await
             }
             Resolution::NotHappened => {
                 let sql = format!(
                     "WITH d AS (DELETE FROM idem_records WHERE {RESOLVABLE} RETURNING key, waited) \
                      SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d"
                 );
-                conn.client.query(&sql, &[&k, &f]).await
+                conn.client.query_typed(&sql, &[(&k, Type::TEXT), (&f, Type::INT8)]).await
             }
         };
         Ok(rows.map_err(pg)?.len())
@@ -177,7 +188,7 @@ impl PostgresStore {
              WHERE {LIVE} GROUP BY 1, 2, 3"
         );
         let conn = self.conn().await?;
-        let rows = conn.client.query(&sql, &[]).await.map_err(pg)?;
+        let rows = conn.client.query_typed(&sql, &[]).await.map_err(pg)?;
         let mut stats = Stats::default();
         for r in rows {
             let get = |e| StoreError::Incompatible(format!("PostgreSQL record counts: {e}"));
