@@ -171,18 +171,24 @@ impl<T> Is<T> for T {
 // error type, where a function argument of such a type would be skipped and the next argument's
 // concrete type would decide them, and the failed bound be reported a second time.
 impl<P, O, E> Checked<P, O, E> {
-    /// The typed call of a free fn tool: `run.call(tool, args)`.
+    /// The typed call of a free fn tool: `run.call(tool, args)`, boxed. The boxed future's type
+    /// is written out in the typed call's signature, so the user's crate infers no opaque type
+    /// per tool (the one allocation per call is nothing next to the store's round trips).
     pub fn call<'a, F, T>(
         self,
         run: &'a Run,
         tool: T,
         args: Args<P, F>,
-    ) -> impl Future<Output = Result<O, Error<E>>> + 'a
+    ) -> BoxFuture<'a, Result<O, Error<E>>>
     where
         T: Is<&'a FnTool<Args<P, F>, O, E>>,
         FnTool<Args<P, F>, O, E>: Tool<Args = Args<P, F>, Output = O, Error = E>,
+        P: Send + Sync + 'a,
+        O: Send + 'a,
+        E: Send + 'a,
+        F: 'a,
     {
-        run.call(tool.into_same(), args)
+        Box::pin(run.call(tool.into_same(), args))
     }
 
     /// A method tool, typed by the checks.
@@ -196,18 +202,21 @@ impl<P, O, E> Checked<P, O, E> {
 
 /// The same for a tool whose one parameter is `#[idem(flatten)]`.
 impl<A, O, E> Checked<(A,), O, E> {
-    /// The typed call of a free fn tool taking one arguments struct.
+    /// The typed call of a free fn tool taking one arguments struct, boxed as [`Checked::call`].
     pub fn call_flat<'a, T>(
         self,
         run: &'a Run,
         tool: T,
         args: Flat<A>,
-    ) -> impl Future<Output = Result<O, Error<E>>> + 'a
+    ) -> BoxFuture<'a, Result<O, Error<E>>>
     where
         T: Is<&'a FnTool<Flat<A>, O, E>>,
         FnTool<Flat<A>, O, E>: Tool<Args = Flat<A>, Output = O, Error = E>,
+        A: Send + Sync + 'a,
+        O: Send + 'a,
+        E: Send + 'a,
     {
-        run.call(tool.into_same(), args)
+        Box::pin(run.call(tool.into_same(), args))
     }
 
     /// A method tool taking one arguments struct, typed by the checks.

@@ -19,7 +19,8 @@ mod args;
 
 pub use args::*;
 
-/// A boxed, sendable future borrowing for `'a`: what a method tool's body returns.
+/// A boxed, sendable future borrowing for `'a`: what a tool's body returns, and what the typed
+/// call of a free fn tool returns (`Pin<Box<dyn Future<Output = T> + Send + 'a>>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Splits a tool's return type into its success and error types, so that aliases such as

@@ -131,6 +131,9 @@ fn checks(model: &Model) -> TokenStream {
     let elems = model.params.iter().enumerate().map(|(i, p)| {
         let index = syn::Index::from(i);
         let ty = &p.ty;
+        if is_std_data(ty) {
+            return quote!(__idem_p.#index);
+        }
         let calls = quote_spanned! {ty.span()=>
             .__idem_arg_json_schema()
             .__idem_arg_serialize()
@@ -144,8 +147,11 @@ fn checks(model: &Model) -> TokenStream {
         (Some(ok), Some(err)) => (ok.span(), err.span()),
         _ => (model.ret.ty.span(), model.ret.ty.span()),
     };
-    let ok_calls = quote_spanned! {ok_span=>
-        .__idem_output_serialize().__idem_output_deserialize().__idem_output_send()
+    let ok_calls = match &model.ret.ok {
+        Some(ok) if is_std_data(ok) => quote!(),
+        _ => quote_spanned! {ok_span=>
+            .__idem_output_serialize().__idem_output_deserialize().__idem_output_send()
+        },
     };
     let err_calls = quote_spanned! {err_span=>
         .__idem_error_classify()
@@ -197,6 +203,40 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>
             #optional
             #docs
         }
+    }
+}
+
+/// A standard type written by its usual name that has every trait a tool argument or output
+/// needs (`String`, `bool`, `char`, the integers and floats, `()`, and `Option` or `Vec` of
+/// these): its checks are left out of the expansion, since they cannot fail and cost type
+/// checking per tool. (A user type that shadows one of these names and lacks a trait is still
+/// refused, by the bounds of the generic tool types, in a less precise message.)
+fn is_std_data(ty: &Type) -> bool {
+    const SCALARS: &[&str] = &[
+        "String", "bool", "char", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32",
+        "u64", "u128", "usize", "f32", "f64",
+    ];
+    match ty {
+        Type::Tuple(t) => t.elems.is_empty(),
+        Type::Paren(p) => is_std_data(&p.elem),
+        Type::Group(g) => is_std_data(&g.elem),
+        Type::Path(tp) if tp.qself.is_none() && tp.path.leading_colon.is_none() => {
+            let [segment] = &tp.path.segments.iter().collect::<Vec<_>>()[..] else {
+                return false;
+            };
+            let name = segment.ident.to_string();
+            match &segment.arguments {
+                syn::PathArguments::None => SCALARS.contains(&name.as_str()),
+                syn::PathArguments::AngleBracketed(args) if name == "Option" || name == "Vec" => {
+                    matches!(
+                        &args.args.iter().collect::<Vec<_>>()[..],
+                        [syn::GenericArgument::Type(inner)] if is_std_data(inner)
+                    )
+                }
+                _ => false,
+            }
+        }
+        _ => false,
     }
 }
 
@@ -325,9 +365,7 @@ fn expand_free(model: &Model) -> TokenStream {
         #vis fn #ident(
             #run: &#krate::Run,
             #(#idents: #tys),*
-        ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<#ok, #krate::Error<#err>>,
-        > + '_ {
+        ) -> #krate::__private::BoxFuture<'_, ::core::result::Result<#ok, #krate::Error<#err>>> {
             #checks
             #call
         }
