@@ -4,7 +4,7 @@
 //! ```text
 //! idem-stress-worker <mode> <store-url> <ledger-dir> <run-id> <worker-id> <intents> <rounds> <lease-ms> [first]
 //! ```
-//! `store-url` is `redis://..`, `sqlite://PATH`, or `pg:` followed by a PostgreSQL connection
+//! `store-url` is `redis://..`, `redis+cluster://..`, `sqlite://PATH`, or `pg:` followed by a PostgreSQL connection
 //! string (libpq key=value or URL). `mode` is `hammer` (call every intent of both tools `rounds` times, in a per-worker shuffled
 //! order, starting with intent `first` if given) or `final` (call every intent of both tools
 //! once, in order). Two tools:
@@ -167,7 +167,7 @@ impl Tool for Wire {
 
 async fn open_store(url: &str) -> Result<Arc<dyn Store>, String> {
     #[cfg(feature = "redis")]
-    if url.starts_with("redis://") {
+    if url.starts_with("redis://") || url.starts_with("redis+cluster://") {
         // Lazy: a worker started while Redis is down fails its calls closed, then recovers.
         return idem_core::store::RedisStore::builder(url)
             .open_lazy()

@@ -115,3 +115,6 @@ impl Classify for Never {
         Failure::permanent()
     }
 }
+
+/// A private Redis Cluster (3 masters, 3 replicas) the test starts, kills and reshapes.
+pub mod cluster;

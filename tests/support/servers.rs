@@ -25,7 +25,7 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 }
 
 /// Runs `stop` (a shell script) once this process has exited.
-fn stop_at_exit(stop: &str) -> Result<(), String> {
+pub(crate) fn stop_at_exit(stop: &str) -> Result<(), String> {
     let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 0.3; done; eval \"$1\"";
     Command::new("sh")
         .args(["-c", script, &std::process::id().to_string(), stop])
@@ -37,7 +37,7 @@ fn stop_at_exit(stop: &str) -> Result<(), String> {
         .map_err(|e| format!("watchdog: {e}"))
 }
 
-fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
+pub(crate) fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());

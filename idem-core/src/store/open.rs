@@ -6,7 +6,8 @@ use super::{MemoryStore, Store, StoreError};
 
 /// The URL forms [`open`] knows, for error messages.
 const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?sslmode=..., \
-                     postgresql://..., redis://host:port/db, rediss://host:port/db?ca=/ca.pem";
+                     postgresql://..., redis://host:port/db, rediss://host:port/db?ca=/ca.pem, \
+                     redis+cluster://host1:port1,host2:port2/, rediss+cluster://...";
 
 /// Opens the store `url` names, connecting now:
 ///
@@ -15,7 +16,12 @@ const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?ssl
 /// | `memory:` | [`MemoryStore`] (this process only) | - |
 /// | `sqlite:///abs/path.db`, `sqlite:rel/path.db`, `sqlite::memory:` | `SqliteStore` | `sqlite` |
 /// | `postgres://…`, `postgresql://…` (`sslmode`, `sslrootcert` as in libpq) | `PostgresStore` | `postgres` (TLS: `postgres-tls`) |
-/// | `redis://…`, `rediss://…?ca=/path/ca.pem` | `RedisStore` | `redis` (TLS: `redis-tls`) |
+/// | `redis://…`, `rediss://…?ca=/path/ca.pem` | `RedisStore` on one server | `redis` (TLS: `redis-tls`) |
+/// | `redis+cluster://h1:p1,h2:p2,…/`, `rediss+cluster://…` | `RedisStore` on a Redis Cluster (any of its nodes listed) | `redis` (TLS: `redis-tls`) |
+///
+/// A Redis URL also takes `wait_replicas=N` and `wait_timeout_ms=T` (wait for `N` replicas after
+/// each claim and completion; see `RedisStoreBuilder::wait_for_replicas`); an unknown option is
+/// `InvalidConfig`.
 ///
 /// Errors: [`StoreError::InvalidConfig`] for an unknown scheme, a malformed URL, or a store
 /// whose cargo feature is not compiled in (the message names the feature); otherwise what the
@@ -38,7 +44,9 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "sqlite" => sqlite(url).await,
         "postgres" | "postgresql" => postgres(url).await,
-        "redis" | "rediss" | "redis+unix" | "unix" => redis(url).await,
+        "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
+            redis(url).await
+        }
         other => Err(StoreError::InvalidConfig(format!(
             "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
         ))),

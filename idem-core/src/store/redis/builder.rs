@@ -1,4 +1,5 @@
-//! [`RedisStoreBuilder`]: the URL, key prefix and timeouts of a [`RedisStore`], and opening it.
+//! [`RedisStoreBuilder`]: the URL, key prefix, timeouts and replica wait of a [`RedisStore`], and
+//! opening it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -6,15 +7,17 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterConfig;
 
-use super::pubsub::pubsub_connection;
+use super::pubsub::{cluster_pubsub, pubsub_connection};
 use super::reply::unavailable;
+use super::route::{Conn, Replicas};
 use super::scripts::Scripts;
 use super::{Inner, RedisStore, conn};
 use crate::store::StoreError;
 use crate::store::wait::WaiterMap;
 
-/// Builds a [`RedisStore`]: the URL, a key prefix and timeouts.
+/// Builds a [`RedisStore`]: the URL, a key prefix, timeouts and the replica wait.
 #[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
 #[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
@@ -22,6 +25,7 @@ pub struct RedisStoreBuilder {
     pub(super) prefix: String,
     pub(super) response_timeout: Duration,
     pub(super) connection_timeout: Duration,
+    pub(super) wait: Option<Replicas>,
 }
 
 impl RedisStoreBuilder {
@@ -45,11 +49,25 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects now: fails with [`StoreError::Unavailable`] if the server cannot be reached.
+    /// After each claim that acquires and each completion, wait until `count` replicas have
+    /// acknowledged the write, for at most `timeout` (Redis `WAIT`, on the connection that wrote).
+    /// Overrides the URL's `wait_replicas` and `wait_timeout_ms`; a `count` of 0 turns it off.
+    ///
+    /// A claim acknowledged by fewer replicas is not trusted: it fails with
+    /// [`StoreError::Unavailable`] and its record is released in the background, so the tool does
+    /// not run. A completion acknowledged by fewer fails with [`StoreError::Unavailable`] (the
+    /// executor still answers with the output; the record may come back in flight after a
+    /// failover, see the module docs). Commands may take up to `timeout` longer.
+    pub fn wait_for_replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.wait = Some(Replicas { count, timeout });
+        self
+    }
+
+    /// Connects now: fails with [`StoreError::Unavailable`] if the server (on a cluster, a node
+    /// of it) cannot be reached.
     pub async fn open(self) -> Result<RedisStore, StoreError> {
         let store = self.open_lazy()?;
-        let mut conn = store.inner.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await.map_err(unavailable)?;
+        store.inner.conn.ping().await.map_err(unavailable)?;
         Ok(store)
     }
 
@@ -63,20 +81,49 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
-        let client = conn::client(&self.url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            // One attempt per call: a call on a stopped server fails within the timeouts instead
-            // of waiting out a backoff; the next call tries again.
-            .set_number_of_retries(0);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(unavailable)?;
+        let target = conn::target(&self.url)?;
+        let wait = match self.wait.or(target.wait) {
+            Some(Replicas { count: 0, .. }) | None => None,
+            some => some,
+        };
+        // `WAIT` holds the reply for up to its timeout.
+        let response_timeout = self.response_timeout + wait.map_or(Duration::ZERO, |w| w.timeout);
         let waiters = Arc::new(WaiterMap::default());
-        let pubsub = pubsub_connection(&client, config, &waiters);
+        let (conn, pubsub) = match target.servers {
+            conn::Servers::One(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(response_timeout))
+                    .set_connection_timeout(Some(self.connection_timeout))
+                    // One attempt per call: a call on a stopped server fails within the timeouts
+                    // instead of waiting out a backoff; the next call tries again.
+                    .set_number_of_retries(0);
+                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    .map_err(unavailable)?;
+                let config = config.set_response_timeout(Some(self.response_timeout));
+                (Conn::One(conn), pubsub_connection(&client, config, &waiters))
+            }
+            conn::Servers::Cluster(nodes) => {
+                // No retries in the client: the store follows redirections and resends itself
+                // (see `route.rs`).
+                let client = nodes
+                    .builder()
+                    .retries(0)
+                    .connection_timeout(self.connection_timeout)
+                    .response_timeout(response_timeout)
+                    .build()
+                    .map_err(|e| StoreError::InvalidConfig(format!("Redis URL: {e}")))?;
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(self.connection_timeout)
+                    .set_response_timeout(response_timeout);
+                let conn = Conn::Cluster(client.get_pending_async_connection_with_config(config));
+                let (connect, respond) = (self.connection_timeout, self.response_timeout);
+                (conn, cluster_pubsub(&nodes, connect, respond, &waiters))
+            }
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
+                wait,
                 prefix: self.prefix,
                 scripts: Scripts::new(),
                 waiters,

@@ -1,30 +1,108 @@
-//! How the Redis store reaches its server: the client for a `redis://` or `rediss://` URL, with
-//! the CA of a private TLS deployment (`?ca=/path/ca.pem`, feature `redis-tls`).
+//! How the Redis store reaches its servers: the URL forms, the TLS roots of a private deployment
+//! (`?ca=/path/ca.pem`, feature `redis-tls`), and the clients they give.
+//!
+//! | URL | servers |
+//! |-----|---------|
+//! | `redis://[user:password@]host[:port][/db]` | one server (standalone or a primary) |
+//! | `rediss://…` | the same over TLS |
+//! | `redis+unix:///path/redis.sock[?db=N]`, `unix://…` | one server on a Unix socket |
+//! | `redis+cluster://[user:password@]host1[:port1],host2[:port2],…[/]` | a Redis Cluster, found from any of the nodes listed |
+//! | `rediss+cluster://…` | the same over TLS |
+//!
+//! Query options: `ca` (a PEM file of trusted roots, TLS only), `wait_replicas` and
+//! `wait_timeout_ms` (wait for that many replicas after a claim and a completion, see
+//! `RedisStoreBuilder::wait_for_replicas`), `protocol` (`resp2`, `resp3`, as the redis crate reads
+//! it), and on a Unix socket `db`, `user`, `pass`. Anything else is refused.
+
+use std::time::Duration;
 
 use redis::Client;
+use redis::cluster::ClusterClientBuilder;
 
+use super::route::Replicas;
 use crate::store::StoreError;
 use crate::store::url_query::percent_decode;
 
-/// The client for `url`. A `ca` query parameter names a PEM file of trusted roots for
-/// `rediss://` (instead of the system's roots); it is taken off the URL.
+/// How long `WAIT` waits for replicas when the URL names no `wait_timeout_ms`.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The servers a URL names.
+pub(super) enum Servers {
+    One(Client),
+    Cluster(ClusterNodes),
+}
+
+/// The initial nodes of a cluster (one URL each) and its TLS roots.
+pub(super) struct ClusterNodes {
+    nodes: Vec<String>,
+    #[cfg_attr(not(feature = "redis-tls"), allow(dead_code))]
+    ca: Option<Vec<u8>>,
+}
+
+impl ClusterNodes {
+    /// A cluster client builder for these nodes.
+    pub(super) fn builder(&self) -> ClusterClientBuilder {
+        #[allow(unused_mut)]
+        let mut builder = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str));
+        #[cfg(feature = "redis-tls")]
+        if let Some(pem) = &self.ca {
+            let root_cert = Some(pem.clone());
+            builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert });
+        }
+        builder
+    }
+}
+
+/// What a Redis store URL says.
+pub(super) struct Target {
+    pub(super) servers: Servers,
+    pub(super) wait: Option<Replicas>,
+}
+
+fn invalid(what: impl std::fmt::Display) -> StoreError {
+    StoreError::InvalidConfig(format!("Redis URL: {what}"))
+}
+
+/// Reads a store URL (see the module docs).
 ///
-/// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unreadable CA file, or
-/// `rediss://` without the `redis-tls` feature.
-pub(super) fn client(url: &str) -> Result<Client, StoreError> {
-    let invalid = |e: &dyn std::fmt::Display| StoreError::InvalidConfig(format!("Redis URL: {e}"));
-    let (url, ca) = take_ca(url);
-    let tls = url.starts_with("rediss://");
-    if ca.is_some() && !tls {
-        return Err(StoreError::InvalidConfig(
-            "the `ca` parameter needs a rediss:// URL (TLS)".to_owned(),
-        ));
+/// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unknown scheme or option, an
+/// unreadable CA file, or TLS without the `redis-tls` feature.
+pub(super) fn target(url: &str) -> Result<Target, StoreError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(invalid(format_args!("{url:?} has no scheme")));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, query),
+        None => (rest, ""),
+    };
+    let unix = matches!(scheme.as_str(), "redis+unix" | "unix");
+    let opts = Options::parse(query, unix)?;
+    let (cluster, tls) = match scheme.as_str() {
+        "redis" | "redis+unix" | "unix" => (false, false),
+        "rediss" => (false, true),
+        "redis+cluster" => (true, false),
+        "rediss+cluster" => (true, true),
+        other => {
+            return Err(invalid(format_args!(
+                "unknown scheme {other:?}; expected redis, rediss, redis+unix, unix, \
+                 redis+cluster or rediss+cluster"
+            )));
+        }
+    };
+    if opts.ca.is_some() && !tls {
+        return Err(invalid("the `ca` parameter needs TLS (rediss:// or rediss+cluster://)"));
     }
     if tls && !cfg!(feature = "redis-tls") {
-        return Err(StoreError::InvalidConfig(
-            "rediss:// needs TLS: enable the cargo feature `redis-tls` of idem-core".to_owned(),
-        ));
+        return Err(invalid("TLS needs the cargo feature `redis-tls` of idem-core"));
     }
+    let ca = match &opts.ca {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| StoreError::InvalidConfig(format!("Redis CA file {path}: {e}")))?,
+        ),
+        None => None,
+    };
     #[cfg(feature = "redis-tls")]
     if tls {
         // redis-rs builds its rustls configuration on the process's default provider; name ring
@@ -33,50 +111,163 @@ pub(super) fn client(url: &str) -> Result<Client, StoreError> {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        if let Some(path) = ca {
-            let pem = std::fs::read(&path)
-                .map_err(|e| StoreError::InvalidConfig(format!("Redis CA file {path}: {e}")))?;
-            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
-            return Client::build_with_tls(url, certs).map_err(|e| invalid(&e));
-        }
     }
-    Client::open(url).map_err(|e| invalid(&e))
+    let servers = if cluster {
+        Servers::Cluster(cluster_nodes(rest, tls, &opts.passed, ca)?)
+    } else {
+        let base = format!("{scheme}://{rest}{}", query_of(&opts.passed));
+        Servers::One(one_client(&base, ca)?)
+    };
+    Ok(Target { servers, wait: opts.wait })
 }
 
-/// Splits the `ca` query parameter off a URL: the rest and the (percent-decoded) path.
-fn take_ca(url: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else { return (url.to_owned(), None) };
-    let mut ca = None;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("ca=") {
-            Some(path) => {
-                ca = Some(percent_decode(path));
-                false
+fn query_of(passed: &[String]) -> String {
+    if passed.is_empty() { String::new() } else { format!("?{}", passed.join("&")) }
+}
+
+#[cfg_attr(not(feature = "redis-tls"), allow(unused_variables))]
+fn one_client(url: &str, ca: Option<Vec<u8>>) -> Result<Client, StoreError> {
+    #[cfg(feature = "redis-tls")]
+    if let Some(pem) = ca {
+        let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
+        return Client::build_with_tls(url, certs).map_err(invalid);
+    }
+    Client::open(url).map_err(invalid)
+}
+
+/// The nodes of `rest` (`[user:password@]h1[:p1],h2[:p2],…[/[0]]`).
+fn cluster_nodes(
+    rest: &str,
+    tls: bool,
+    passed: &[String],
+    ca: Option<Vec<u8>>,
+) -> Result<ClusterNodes, StoreError> {
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if !matches!(path, "" | "/" | "/0") {
+        return Err(invalid(format_args!(
+            "a Redis Cluster has one database (0); the path {path:?} names another"
+        )));
+    }
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let query = query_of(passed);
+    let mut nodes = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err(invalid(format_args!("an empty host in the cluster node list {hosts:?}")));
+        }
+        let node = format!("{scheme}://{user}{host}/{query}");
+        // Checked one by one, so the error names the node.
+        Client::open(node.as_str())
+            .map_err(|e| invalid(format_args!("cluster node {host:?}: {e}")))?;
+        nodes.push(node);
+    }
+    let cluster = ClusterNodes { nodes, ca };
+    // The cluster client checks what one node's URL cannot show (mixed TLS, credentials).
+    cluster.builder().build().map_err(invalid)?;
+    Ok(cluster)
+}
+
+/// The query options of a URL.
+#[derive(Debug, Default, PartialEq)]
+struct Options {
+    /// The CA file (percent-decoded path).
+    ca: Option<String>,
+    wait: Option<Replicas>,
+    /// Options passed on to the redis crate, as written (`protocol=resp3`).
+    passed: Vec<String>,
+}
+
+impl Options {
+    fn parse(query: &str, unix: bool) -> Result<Options, StoreError> {
+        let mut opts = Options::default();
+        let (mut replicas, mut timeout) = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = |what: &str| {
+                value.parse::<u32>().map_err(|_| {
+                    invalid(format_args!("{what} must be a whole number, got {value:?}"))
+                })
+            };
+            match name {
+                "ca" => opts.ca = Some(percent_decode(value)),
+                "wait_replicas" => replicas = Some(number("wait_replicas")?),
+                "wait_timeout_ms" => {
+                    timeout = Some(Duration::from_millis(number("wait_timeout_ms")?.into()));
+                }
+                "protocol" => opts.passed.push(pair.to_owned()),
+                "db" | "user" | "pass" if unix => opts.passed.push(pair.to_owned()),
+                other => {
+                    return Err(invalid(format_args!(
+                        "unknown option {other:?}; known: ca, wait_replicas, wait_timeout_ms, \
+                         protocol{}",
+                        if unix { ", db, user, pass" } else { "" }
+                    )));
+                }
             }
-            None => true,
-        })
-        .collect();
-    let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
-    (rest, ca)
+        }
+        opts.wait = match (replicas, timeout) {
+            (None, None) | (Some(0), None) => None,
+            (None, Some(_)) => return Err(invalid("wait_timeout_ms needs wait_replicas")),
+            (Some(0), Some(_)) => return Err(invalid("wait_timeout_ms needs wait_replicas >= 1")),
+            (Some(count), timeout) => {
+                Some(Replicas { count, timeout: timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT) })
+            }
+        };
+        Ok(opts)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn ca_leaves_the_url() {
-        assert_eq!(
-            take_ca("rediss://h:1/0?ca=%2Ftmp%2Fca.pem&protocol=resp3"),
-            ("rediss://h:1/0?protocol=resp3".to_owned(), Some("/tmp/ca.pem".to_owned()))
-        );
-        assert_eq!(take_ca("redis://h:1/0"), ("redis://h:1/0".to_owned(), None));
+    fn refused(url: &str) -> String {
+        match target(url) {
+            Err(StoreError::InvalidConfig(m)) => m,
+            Err(other) => panic!("{url}: expected InvalidConfig, got {other}"),
+            Ok(_) => panic!("{url}: accepted"),
+        }
     }
 
     #[test]
-    fn ca_without_tls_is_invalid_config() {
-        let err = client("redis://h:1/?ca=/tmp/ca.pem").expect_err("refused");
-        assert!(matches!(err, StoreError::InvalidConfig(_)), "{err}");
+    fn options_are_read_and_passed_on() {
+        let o = Options::parse("ca=%2Ftmp%2Fca.pem&protocol=resp3&wait_replicas=2", false).unwrap();
+        assert_eq!(o.ca.as_deref(), Some("/tmp/ca.pem"));
+        assert_eq!(o.passed, vec!["protocol=resp3".to_owned()]);
+        assert_eq!(o.wait, Some(Replicas { count: 2, timeout: DEFAULT_WAIT_TIMEOUT }));
+        let o = Options::parse("wait_replicas=1&wait_timeout_ms=50", false).unwrap();
+        assert_eq!(o.wait, Some(Replicas { count: 1, timeout: Duration::from_millis(50) }));
+        assert_eq!(Options::parse("", false).unwrap(), Options::default());
+    }
+
+    #[test]
+    fn unknown_and_malformed_options_are_invalid_config() {
+        let m = refused("redis://h:1/?colour=blue");
+        assert!(m.contains("\"colour\"") && m.contains("wait_replicas"), "{m}");
+        assert!(refused("redis://h:1/?db=2").contains("\"db\""));
+        assert!(refused("redis://h:1/?wait_replicas=two").contains("whole number"));
+        assert!(refused("redis://h:1/?wait_timeout_ms=5").contains("needs wait_replicas"));
+        assert!(refused("redis://h:1/?ca=/tmp/ca.pem").contains("needs TLS"));
+        assert!(refused("redis+sentinel://h:1/").contains("unknown scheme"));
+        assert!(refused("h:1").contains("no scheme"));
+    }
+
+    #[test]
+    fn cluster_form_lists_nodes() {
+        assert!(matches!(
+            target("redis+cluster://a:7000,b:7001,c/?wait_replicas=1"),
+            Ok(Target { servers: Servers::Cluster(_), wait: Some(Replicas { count: 1, .. }) })
+        ));
+        assert!(matches!(target("redis+cluster://u:p@a:7000"), Ok(Target { wait: None, .. })));
+        assert!(refused("redis+cluster://a:7000,,b:7001/").contains("empty host"));
+        assert!(refused("redis+cluster://a:7000/3").contains("one database"));
+        assert!(refused("redis+cluster://a:notaport/").contains("cluster node \"a:notaport\""));
     }
 }

@@ -25,9 +25,40 @@
 //! - `P:{K}:ev`: the pub/sub channel on which complete, release, takeover and forget publish
 //!   (the scripts derive it from the record's key, and only when they publish).
 //!
-//! The `{K}` hash tag puts a record and its fence counter in one slot of a Redis Cluster, so a
-//! script may touch both. The store itself connects to one server (a standalone Redis, a primary,
-//! or a cluster proxy); it does not follow cluster redirections.
+//! The `{K}` hash tag puts a record, its fence counter and its channel in one slot of a Redis
+//! Cluster, so a script may touch both keys and publish on the channel.
+//!
+//! # Redis Cluster
+//! `redis+cluster://host1:port1,host2:port2/` (or `rediss+cluster://`) opens the store on a
+//! Redis Cluster through the redis crate's async cluster client, which finds every node from any
+//! of those listed (`conn.rs`). Each script runs on the master of its record's slot; the store
+//! follows `MOVED` and `ASK` itself and sends again what a node refused without running it
+//! (`TRYAGAIN` while a slot moves, `CLUSTERDOWN` during a failover), for a bounded time
+//! (`route.rs`). Waiters subscribe on a second cluster connection (RESP3), on the node that serves
+//! the channel's slot; a cluster forwards every `PUBLISH` to all its nodes, and the client
+//! subscribes again after a reconnect or a change of topology.
+//!
+//! # Replication
+//! Redis replicates asynchronously: a master acknowledges a write before any replica has it. If
+//! the master dies before its replicas received a claim, the replica promoted in its place has no
+//! record, and a second caller acquires the key: the tool runs twice. A completion lost that way
+//! brings the record back in flight; the next caller waits for its lease to end and then takes it
+//! over (a `keyed` tool runs again) or answers `Unknown` (a `never` tool).
+//!
+//! With [`RedisStoreBuilder::wait_for_replicas`] (or `?wait_replicas=N&wait_timeout_ms=T` in the
+//! URL), a claim that acquires and a completion are followed by `WAIT N T` on the same connection.
+//! A claim fewer than `N` replicas acknowledged is not trusted: it answers
+//! [`StoreError::Unavailable`] and its record is released in the background, so its tool does not
+//! run. A completion fewer replicas acknowledged answers [`StoreError::Unavailable`]. So a claim a
+//! tool runs under is on `N` replicas, and when Redis promotes one of them (it prefers the replica
+//! with the most data; with one replica per master, that one), the record is there and no second
+//! owner acquires it. `WAIT` does not make Redis strongly consistent: a failover may still promote
+//! a replica that did not acknowledge (with several replicas per master), and a master that
+//! restarts empty without persistence loses what it held. Renewals, releases and waiter flags are
+//! not waited for: a lost renewal shortens a lease back to its previous end (a takeover may then
+//! come sooner, under a higher fence), a lost release keeps a key in flight until its lease ends.
+//! While a master has fewer than `N` replicas online (a failover just promoted its only replica),
+//! every claim on its slots fails closed until a replica is back.
 //!
 //! Schema version 1 stored the record as a hash (fields `v`, `st`, `fence`, `fp`, `lu`, `ok`,
 //! `p`, `w`). A script that meets one (its `GET` answers `WRONGTYPE`) rewrites it as a version 2
@@ -67,9 +98,10 @@
 //! backoff from 20 ms to 500 ms. It never waits past `max` nor past the holder's lease end.
 //!
 //! # Failures
-//! A server that cannot be reached or does not answer within the response timeout (default 1 s)
-//! gives [`StoreError::Unavailable`] with the cause. The connection manager reconnects by itself:
-//! calls work again once the server is back. A script whose reply was lost (the connection reset
+//! A server that cannot be reached or does not answer within the response timeout (default 1 s;
+//! plus the replica wait's timeout when set) gives [`StoreError::Unavailable`] with the cause.
+//! The connection manager (or the cluster client) reconnects by itself: calls work again once the
+//! server is back, on a cluster once a replica has been promoted in place of a failed master. A script whose reply was lost (the connection reset
 //! after the command, a response timeout on a hung server that resumes) may have run: every step
 //! is sent again with backoff (see `store/resend.rs`). A claim carries an owner token unique to
 //! the call, so its resend finds its own record and acquires it with the same fence; a resent
@@ -87,7 +119,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 
 use super::resend::{self, Failed, GiveUp, Owner};
 use super::wait::{self, WaiterMap};
@@ -99,10 +130,14 @@ mod builder;
 mod conn;
 mod pubsub;
 mod reply;
+mod route;
 
 pub use builder::RedisStoreBuilder;
+use pubsub::PubSub;
 use reply::{Answer, answer, fence, int, text, unavailable};
 pub use reply::{decode_answer, decode_record};
+pub use route::Replicas;
+use route::{Conn, Invocation};
 
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
@@ -122,11 +157,13 @@ mod scripts;
 use scripts::Scripts;
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
+    /// Replicas to wait for after a claim that acquires and after a completion.
+    wait: Option<Replicas>,
     prefix: String,
     scripts: Scripts,
     waiters: Arc<WaiterMap<Vec<u8>>>,
-    pubsub: Option<ConnectionManager>,
+    pubsub: Option<PubSub>,
     /// Channels subscribed on the server; the lock also orders SUBSCRIBE and UNSUBSCRIBE.
     subscribed: tokio::sync::Mutex<HashSet<Vec<u8>>>,
     /// Set when the server refused pub/sub (no RESP3): wait by polling from then on.
@@ -156,11 +193,14 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Connects to the server at `url` (`redis://[user:password@]host[:port][/db]`, or
     /// `rediss://…[?ca=/path/ca.pem]` with the feature `redis-tls`: TLS checked against the PEM
-    /// roots `ca` names, else the system's roots) with the default settings.
+    /// roots `ca` names, else the system's roots), or to the Redis Cluster at
+    /// `redis+cluster://host1:port1,host2:port2/` (`rediss+cluster://` with TLS), with the default
+    /// settings. Query options: `ca`, `wait_replicas`, `wait_timeout_ms` (see
+    /// [`RedisStoreBuilder::wait_for_replicas`]), `protocol`.
     ///
-    /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unreadable CA file or
-    /// `rediss://` without `redis-tls`; [`StoreError::Unavailable`] for a server that cannot be
-    /// reached or a TLS check that fails.
+    /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unknown scheme or option, an
+    /// unreadable CA file or TLS without `redis-tls`; [`StoreError::Unavailable`] for a server
+    /// that cannot be reached or a TLS check that fails.
     pub async fn open(url: &str) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).open().await
     }
@@ -172,6 +212,7 @@ impl RedisStore {
             prefix: "idem".to_owned(),
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
+            wait: None,
         }
     }
 
@@ -190,20 +231,41 @@ impl RedisStore {
         format!("{}:{{{}}}:ev", self.inner.prefix, key)
     }
 
-    async fn run(&self, inv: redis::ScriptInvocation<'_>) -> Result<Answer, StoreError> {
-        self.send(&inv).await.map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
+    async fn run(&self, inv: Invocation<'_>) -> Result<Answer, StoreError> {
+        self.send(&inv, false)
+            .await
+            .map(|(answer, _)| answer)
+            .map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
     }
 
     /// One send of a script; [`Failed::Lost`] when its reply may have been lost after the server
-    /// ran it (an I/O error, a dropped connection, a response timeout).
-    async fn send(&self, inv: &redis::ScriptInvocation<'_>) -> Result<Answer, Failed> {
-        let mut conn = self.inner.conn.clone();
-        match inv.invoke_async(&mut conn).await {
-            Ok(reply) => answer(reply).map_err(Failed::Answered),
+    /// ran it (an I/O error, a dropped connection, a response timeout). With `acked` and a
+    /// replica wait set, the script is followed by `WAIT`, and the answer comes with how many
+    /// replicas acknowledged.
+    async fn send(
+        &self,
+        inv: &Invocation<'_>,
+        acked: bool,
+    ) -> Result<(Answer, Option<i64>), Failed> {
+        let wait = if acked { self.inner.wait } else { None };
+        match self.inner.conn.eval(inv, wait).await {
+            Ok((reply, acks)) => Ok((answer(reply).map_err(Failed::Answered)?, acks)),
             Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
                 Err(Failed::Lost(unavailable(e)))
             }
             Err(e) => Err(Failed::Answered(unavailable(e))),
+        }
+    }
+
+    /// `Unavailable` when fewer replicas than the store waits for acknowledged `what`.
+    fn replicated(&self, acks: Option<i64>, what: &str) -> Result<(), StoreError> {
+        match (self.inner.wait, acks) {
+            (Some(w), Some(n)) if n < i64::from(w.count) => Err(StoreError::unavailable(format!(
+                "{what} acknowledged by {n} of {} replicas within {} ms; not trusted",
+                w.count,
+                w.timeout.as_millis()
+            ))),
+            _ => Ok(()),
         }
     }
 
@@ -245,14 +307,20 @@ impl RedisStore {
     }
 
     /// Sends complete, release or renew until answered (see `store/resend.rs`); `build` makes
-    /// the invocation, told whether this is a resend.
+    /// the invocation, told whether this is a resend. With `acked`, the step must be acknowledged
+    /// by the replicas the store waits for.
     async fn step<'s>(
         &'s self,
-        build: impl Fn(bool) -> redis::ScriptInvocation<'s>,
+        acked: bool,
+        build: impl Fn(bool) -> Invocation<'s>,
     ) -> Result<(), StoreError> {
         resend::resend(|again| {
             let inv = build(again);
-            async move { self.send(&inv).await?.int().map(drop).map_err(Failed::Answered) }
+            async move {
+                let (answer, acks) = self.send(&inv, acked).await?;
+                answer.int().map_err(Failed::Answered)?;
+                self.replicated(acks, "completion").map_err(Failed::Answered)
+            }
         })
         .await
     }
@@ -281,8 +349,21 @@ impl Store for RedisStore {
                 })
             }
         });
-        let answered = resend::resend(|_| self.send(&inv)).await;
-        // Only a claim whose every send may have been lost may have left a record behind.
+        let answered =
+            resend::resend(|_| self.send(&inv, true)).await.and_then(|(answer, acks)| {
+                // A record this claim wrote must reach the replicas, or it is not trusted.
+                let acquired = match &answer {
+                    Answer::Int(_) => true,
+                    Answer::Table(items) => items.first().map(text).as_deref() == Some("takeover"),
+                    Answer::Record(_) => false,
+                };
+                if acquired {
+                    self.replicated(acks, "claim")?;
+                }
+                Ok(answer)
+            });
+        // Only a claim whose every send may have been lost, or whose record the replicas did not
+        // acknowledge, may have left a record behind.
         if !matches!(answered, Err(StoreError::Unavailable(_))) {
             give_up.answered();
         }
@@ -323,7 +404,7 @@ impl Store for RedisStore {
             Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
         let (record, counter) = (self.record_key(key), self.fence_key(key));
-        self.step(|again| {
+        self.step(true, |again| {
             let mut inv = self.inner.scripts.complete.prepare_invoke();
             inv.key(&record)
                 .key(&counter)
@@ -340,7 +421,7 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
         let (record, counter) = (self.record_key(key), self.fence_key(key));
-        self.step(|again| {
+        self.step(false, |again| {
             let mut inv = self.inner.scripts.release.prepare_invoke();
             inv.key(&record)
                 .key(&counter)
@@ -355,7 +436,7 @@ impl Store for RedisStore {
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
         let record = self.record_key(key);
         // Renewing twice renews: a resend needs no flag.
-        self.step(|_| {
+        self.step(false, |_| {
             let mut inv = self.inner.scripts.renew.prepare_invoke();
             inv.key(&record).arg(fence.0).arg(ms(lease));
             inv

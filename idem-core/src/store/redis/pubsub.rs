@@ -3,13 +3,84 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::cluster::ClusterConfig;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::Notify;
 
+use super::conn::ClusterNodes;
 use super::{Inner, RedisStore};
 use crate::store::wait::WaiterMap;
+
+/// The connection that subscribes: to one server, or to a cluster.
+#[derive(Clone)]
+pub(super) enum PubSub {
+    One(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl PubSub {
+    async fn subscribe(&mut self, channel: &[u8]) -> Result<(), RedisError> {
+        match self {
+            PubSub::One(c) => c.subscribe(channel).await,
+            PubSub::Cluster(c) => c.subscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &[u8]) -> Result<(), RedisError> {
+        match self {
+            PubSub::One(c) => c.unsubscribe(channel).await,
+            PubSub::Cluster(c) => c.unsubscribe(channel).await,
+        }
+    }
+}
+
+/// The push handler of a pub/sub connection: wakes the waiters of a channel on a message, and
+/// every waiter after a disconnection (messages may have been lost meanwhile).
+fn on_push(
+    waiters: &Arc<WaiterMap<Vec<u8>>>,
+) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static {
+    let waiters = Arc::clone(waiters);
+    move |push: PushInfo| -> Result<(), ()> {
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = push.data.first() {
+                    waiters.wake(&channel[..]);
+                }
+            }
+            PushKind::Disconnection => waiters.wake_all(),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The pub/sub connection of a cluster: RESP3 with the same push handler; the cluster client
+/// subscribes on the node that serves the channel's slot (its hash tag is the record's) and
+/// subscribes again after a reconnect or a change of topology. Scripts `PUBLISH`, which a cluster
+/// forwards to every node. `None` if it cannot be configured.
+pub(super) fn cluster_pubsub(
+    nodes: &ClusterNodes,
+    connection_timeout: Duration,
+    response_timeout: Duration,
+    waiters: &Arc<WaiterMap<Vec<u8>>>,
+) -> Option<PubSub> {
+    let client = nodes
+        .builder()
+        .use_protocol(ProtocolVersion::RESP3)
+        .connection_timeout(connection_timeout)
+        .response_timeout(response_timeout)
+        .build()
+        .ok()?;
+    let config = ClusterConfig::new()
+        .set_connection_timeout(connection_timeout)
+        .set_response_timeout(response_timeout)
+        .set_push_sender(on_push(waiters));
+    Some(PubSub::Cluster(client.get_pending_async_connection_with_config(config)))
+}
 
 /// The dedicated pub/sub connection: RESP3 with a push handler that wakes the waiters of a
 /// channel, and re-subscription after a reconnect. `None` if it cannot be configured.
@@ -17,26 +88,12 @@ pub(super) fn pubsub_connection(
     client: &Client,
     config: ConnectionManagerConfig,
     waiters: &Arc<WaiterMap<Vec<u8>>>,
-) -> Option<ConnectionManager> {
+) -> Option<PubSub> {
     let info = client.get_connection_info().clone();
     let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
     let client = Client::open(info.set_redis_settings(settings)).ok()?;
-    let waiters = Arc::clone(waiters);
-    let on_push = move |push: PushInfo| -> Result<(), ()> {
-        match push.kind {
-            PushKind::Message => {
-                if let Some(Value::BulkString(channel)) = push.data.first() {
-                    waiters.wake(&channel[..]);
-                }
-            }
-            // Messages may have been lost while disconnected: let every waiter re-check.
-            PushKind::Disconnection => waiters.wake_all(),
-            _ => {}
-        }
-        Ok(())
-    };
-    let config = config.set_push_sender(on_push).set_automatic_resubscription();
-    ConnectionManager::new_lazy_with_config(client, config).ok()
+    let config = config.set_push_sender(on_push(waiters)).set_automatic_resubscription();
+    ConnectionManager::new_lazy_with_config(client, config).ok().map(PubSub::One)
 }
 
 /// One waiter's interest in a channel; dropping it unsubscribes when it was the last.

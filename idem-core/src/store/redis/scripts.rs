@@ -1,7 +1,7 @@
 //! The Lua scripts of the Redis store: one per step, each run atomically by the server (see the
 //! parent module for the record layout they share).
 
-use redis::Script;
+use super::route::Script;
 
 use super::SCHEMA_VERSION;
 

@@ -1,0 +1,270 @@
+//! How the Redis store sends a script: to one server through a connection manager, or to a Redis
+//! Cluster through the redis crate's async cluster client (`redis::cluster_async`).
+//!
+//! Scripts go as `EVALSHA`; a `NOSCRIPT` answer loads the script (`SCRIPT LOAD`, on a cluster to
+//! every master) and sends it once more: the server ran nothing.
+//!
+//! # Redirections
+//! The cluster client is built with no retries of its own: it would send a step again after an
+//! I/O error without the resend flag of `store/resend.rs`, so a completion whose reply was lost
+//! would come back `LeaseLost`. Whatever may have run comes back to the store, which resends it
+//! flagged. What a node refused without running it is sent again here:
+//! - `MOVED`: to the node it names (the client refreshes its slot map meanwhile);
+//! - `ASK` (the slot is being migrated and the key is not here): to the importing node, after
+//!   `ASKING`, on the same connection;
+//! - `TRYAGAIN` (a record and its fence counter on both sides of a migration), `CLUSTERDOWN`,
+//!   `MASTERDOWN`, `READONLY` (a failover under way), or no connection to the node: to the slot's
+//!   master again after a full-jitter pause, for [`REFUSED_FOR`] at most; then the refusal is the
+//!   answer (the caller fails closed with `StoreUnavailable`).
+//!
+//! Every script names its record first, and every key it touches carries the record's hash tag,
+//! so a script runs on one node, chosen by its first key's slot.
+//!
+//! # Replica acknowledgement
+//! With [`Replicas`], the script and `WAIT count timeout` go as one pipeline on one connection to
+//! one node, so the `WAIT` covers the script's writes (Redis counts the replicas that acknowledged
+//! every write of the connection so far).
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{
+    Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, ToRedisArgs, Value,
+};
+
+use crate::clock::ms;
+
+/// How long a send keeps trying while cluster nodes refuse it without running it. A slot being
+/// migrated refuses a script on a record whose fence counter has not moved with it (`TRYAGAIN`)
+/// until its last key has moved, and a failover refuses until a replica has been promoted. The
+/// executor's `Policy::store_timeout` (5 s by default) bounds a step sooner.
+pub(super) const REFUSED_FOR: Duration = Duration::from_secs(5);
+/// The pauses in between: full jitter, up to 10 ms at first, doubling up to 250 ms.
+const REFUSED_PAUSE: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(250));
+
+/// Redirections followed in a row (with no refusal in between); more means the nodes disagree
+/// about the slot.
+const MAX_REDIRECTS: usize = 5;
+
+/// After a write, wait until `count` replicas acknowledged it, for at most `timeout` (Redis
+/// `WAIT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    /// How many replicas must acknowledge.
+    pub count: u32,
+    /// How long the server waits for them.
+    pub timeout: Duration,
+}
+
+/// A Lua script with its text (for `SCRIPT LOAD`) and SHA-1 (for `EVALSHA`).
+pub(super) struct Script {
+    script: redis::Script,
+    code: String,
+}
+
+impl Script {
+    pub(super) fn new(code: &str) -> Self {
+        Script { script: redis::Script::new(code), code: code.to_owned() }
+    }
+
+    /// An invocation to which keys and arguments are added.
+    pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
+        Invocation { script: self, keys: Vec::new(), args: Vec::new() }
+    }
+}
+
+/// One call of a [`Script`]: its keys and arguments.
+pub(super) struct Invocation<'a> {
+    script: &'a Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.script.get_hash())
+            .arg(self.keys.len())
+            .arg(&*self.keys)
+            .arg(&*self.args);
+        cmd
+    }
+
+    fn load(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(&self.script.code);
+        cmd
+    }
+}
+
+/// The store's connection for commands: one server, or a cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    One(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Runs the script; with `wait`, then `WAIT` on the same connection. The script's reply, and
+    /// with `wait` how many replicas acknowledged (0 when `WAIT` itself failed: nothing is known
+    /// to be replicated).
+    pub(super) async fn eval(
+        &self,
+        inv: &Invocation<'_>,
+        wait: Option<Replicas>,
+    ) -> RedisResult<(Value, Option<i64>)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(inv.evalsha());
+        if let Some(w) = wait {
+            pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout));
+        }
+        let count = if wait.is_some() { 2 } else { 1 };
+        let key = inv.keys.first().map(Vec::as_slice).unwrap_or_default();
+        let mut replies = self.pipeline(&pipe, count, key).await?;
+        if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
+        {
+            self.command(&inv.load()).await?.extract_error()?;
+            replies = self.pipeline(&pipe, count, key).await?;
+        }
+        let mut replies = replies.into_iter();
+        let reply = replies.next().unwrap_or(Value::Nil).extract_error()?;
+        let acks = wait.map(|_| match replies.next() {
+            Some(Value::Int(n)) => n,
+            other => {
+                tracing::warn!(reply = ?other, "redis WAIT failed; counting no replica");
+                0
+            }
+        });
+        Ok((reply, acks))
+    }
+
+    /// Checks that the servers answer (on a cluster, one node of it).
+    pub(super) async fn ping(&self) -> RedisResult<()> {
+        let ping = redis::cmd("PING");
+        let reply = match self {
+            Conn::One(c) => c.clone().req_packed_command(&ping).await,
+            Conn::Cluster(c) => {
+                c.clone()
+                    .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                    .await
+            }
+        };
+        reply?.extract_error().map(drop)
+    }
+
+    /// Runs one command without a key (`PING`, `SCRIPT LOAD`): on a cluster where the cluster
+    /// client routes it.
+    pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::One(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
+        }
+    }
+
+    /// The replies of `count` commands of `pipe` (server errors among them as values), on the
+    /// master of `key`'s slot.
+    async fn pipeline(&self, pipe: &Pipeline, count: usize, key: &[u8]) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::One(c) => c.clone().req_packed_commands(pipe, 0, count).await,
+            Conn::Cluster(c) => cluster_send(c, pipe, count, key).await,
+        }
+    }
+}
+
+/// Sends `pipe` to the master of `key`'s slot, following redirections (see the module docs).
+async fn cluster_send(
+    conn: &ClusterConnection,
+    pipe: &Pipeline,
+    count: usize,
+    key: &[u8],
+) -> RedisResult<Vec<Value>> {
+    // The node a redirection named, and whether it was an ASK.
+    let mut to: Option<(String, u16, bool)> = None;
+    let mut redirects = 0;
+    let started = tokio::time::Instant::now();
+    let mut pause = REFUSED_PAUSE.0;
+    loop {
+        let mut conn = conn.clone();
+        let sent = match &to {
+            None => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                conn.route_pipeline(
+                    pipe.clone(),
+                    0,
+                    count,
+                    SingleNodeRoutingInfo::SpecificNode(route),
+                )
+                .await
+            }
+            Some((host, port, asking)) => {
+                let node = SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
+                if *asking {
+                    let mut asked = redis::pipe();
+                    asked.cmd("ASKING");
+                    for cmd in pipe.cmd_iter() {
+                        asked.add_command(cmd.clone());
+                    }
+                    conn.route_pipeline(asked, 1, count, node).await
+                } else {
+                    conn.route_pipeline(pipe.clone(), 0, count, node).await
+                }
+            }
+        };
+        let err = match sent {
+            Ok(replies) => return Ok(replies),
+            Err(err) => err,
+        };
+        match err.kind() {
+            ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask))
+                if redirects < MAX_REDIRECTS =>
+            {
+                let Some((host, port)) = redirected_to(&err) else { return Err(err) };
+                redirects += 1;
+                to = Some((host, port, kind == ServerErrorKind::Ask));
+            }
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly,
+            )
+            | ErrorKind::ClusterConnectionNotFound => {
+                if started.elapsed() >= REFUSED_FOR {
+                    return Err(err);
+                }
+                tokio::time::sleep(full_jitter(pause)).await;
+                pause = (pause * 2).min(REFUSED_PAUSE.1);
+                // Back to the slot's master, which redirects again while the slot moves.
+                to = None;
+                redirects = 0;
+            }
+            _ => return Err(err),
+        }
+    }
+}
+
+/// The node a `MOVED` or `ASK` names (`<slot> <host>:<port>`).
+fn redirected_to(err: &RedisError) -> Option<(String, u16)> {
+    let (node, _slot) = err.redirect_node()?;
+    let (host, port) = node.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+fn full_jitter(ceiling: Duration) -> Duration {
+    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rngs::SmallRng::from_os_rng().random_range(0..=nanos))
+}
