@@ -259,7 +259,7 @@ async fn slot_migrated_while_calls_run_loses_nothing() {
     ran_at_most_once(&bodies);
     // Nothing lost: every key, before or during, replays its one outcome from the new owner.
     let fresh = store_on(&cluster.url("")).await;
-    let answers = answers.lock().unwrap();
+    let answers = answers.lock().unwrap().clone();
     for key in keys.iter() {
         let want = Ended::Replayed(Outcome::Success(format!("\"{key}\"")));
         let history: Vec<_> = answers.iter().filter(|(k, _)| k == key).map(|(_, e)| e).collect();

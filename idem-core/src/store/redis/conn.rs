@@ -24,7 +24,7 @@ use crate::store::StoreError;
 use crate::store::url_query::percent_decode;
 
 /// How long `WAIT` waits for replicas when the URL names no `wait_timeout_ms`.
-pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
+pub(super) const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The servers a URL names.
 pub(super) enum Servers {
