@@ -128,7 +128,13 @@ fn fp() -> Fingerprint {
 }
 
 fn unknown_on_expiry<'a>(key: &'a Key, fp: &'a Fingerprint) -> ClaimRequest<'a> {
-    ClaimRequest { key, fingerprint: fp, lease: LONG, on_expired: OnExpired::Unknown }
+    ClaimRequest {
+        key,
+        fingerprint: fp,
+        lease: LONG,
+        on_expired: OnExpired::Unknown,
+        origin: Default::default(),
+    }
 }
 
 /// How one call of a `never` tool ended, as the executor would end it.
