@@ -110,12 +110,14 @@ async fn exactly_once_across_processes() {
     let run = idem_tests::hammer::hammer(EXE, &url, "mp-cluster").await;
     let store = store_on(&url).await;
     let scope = idem_core::Scope::run(run);
-    for key in ["charge", "wire"].into_iter().flat_map(|tool| {
-        (0..idem_tests::hammer::INTENTS).map(move |intent| {
+    let mut keys = Vec::new();
+    for tool in ["charge", "wire"] {
+        for intent in 0..idem_tests::hammer::INTENTS {
             let args = idem_core::to_canonical_string(&intent).expect("canonical u32");
-            idem_core::key::derive_key(&scope, tool, args.as_bytes())
-        })
-    }) {
+            keys.push(idem_core::key::derive_key(&scope, tool, args.as_bytes()));
+        }
+    }
+    for key in keys {
         assert!(store.forget(&key).await.expect("forget"), "every intent left a record");
     }
 }
