@@ -31,6 +31,7 @@ pub mod limits;
 mod macro_checks;
 mod macro_support;
 mod policy;
+mod reconcile;
 pub mod store;
 mod sync;
 mod tool;
@@ -46,6 +47,7 @@ pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, Policy, ToolOptions};
+pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]

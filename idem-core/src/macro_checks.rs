@@ -27,6 +27,7 @@ use crate::executor::Run;
 use crate::failure::Classify;
 use crate::flat_args::Flat;
 use crate::macro_support::{Args, BoxFuture, FnTool, MethodTool};
+use crate::reconcile::Reconciled;
 use crate::tool::Tool;
 
 /// One requirement: a marker trait with its message and a check trait whose method applies
@@ -234,4 +235,21 @@ where
     F: Future + Send + 'a, // tools must be Send: retries, joins and the runtime move them across threads
 {
     Box::pin(body)
+}
+
+/// What a reconciliation check returns: the future of an `async fn` answering `Reconciled<O>`,
+/// where `O` is the tool's success type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not what a reconciliation check returns: it must be the future of an `async fn` returning `Reconciled<{O}>`",
+    label = "the check named by `reconcile = ..` is called here with the key and the tool's arguments",
+    note = "write `async fn check(key: &idem_core::Key, <the tool's parameters, by value, in order>) -> idem_core::Reconciled<{O}>`; on a method tool, a method taking `&self` first; its future must be `Send`"
+)]
+pub trait ReconcileFuture<O>: Future<Output = Reconciled<O>> + Send {}
+
+#[diagnostic::do_not_recommend]
+impl<O, F: Future<Output = Reconciled<O>> + Send> ReconcileFuture<O> for F {}
+
+/// Boxes the future of a tool's reconciliation check.
+pub fn reconcile_check<'a, O, F: ReconcileFuture<O> + 'a>(check: F) -> BoxFuture<'a, Reconciled<O>> {
+    Box::pin(check)
 }

@@ -13,6 +13,8 @@ use serde::de::DeserializeOwned;
 use crate::canonical::KeyError;
 use crate::ctx::Ctx;
 use crate::failure::Classify;
+use crate::key::Key;
+use crate::reconcile::Reconciled;
 use crate::tool::{Tool, ToolDef};
 
 mod args;
@@ -101,6 +103,14 @@ pub trait Intent {
 /// The body of a method tool: calls the user's method on the receiver.
 pub type MethodBody<S, A, O, E> = for<'a> fn(&'a S, &'a Ctx, A) -> BoxFuture<'a, Result<O, E>>;
 
+/// The reconciliation check of a method tool (`reconcile = check`): calls the user's method on
+/// the receiver with the key and a copy of the arguments.
+pub type MethodCheck<S, A, O> = for<'a> fn(&'a S, &'a Key, &'a A) -> BoxFuture<'a, Reconciled<O>>;
+
+/// The reconciliation check of a free fn tool: calls the user's check with the key and a copy of
+/// the arguments.
+pub type FnCheck<A, O> = for<'a> fn(&'a Key, &'a A) -> BoxFuture<'a, Reconciled<O>>;
+
 /// A tool declared with `#[tool]` on an `async fn(&self, ..)` method: holds the receiver in an
 /// `Arc` and calls the method for each attempt. An attribute on a method can only add items to
 /// its `impl` block, so the arguments' field names are declared inside the generated constructor
@@ -109,18 +119,29 @@ pub struct MethodTool<S, A, O, E> {
     receiver: Arc<S>,
     def: &'static ToolDef,
     body: MethodBody<S, A, O, E>,
+    check: Option<MethodCheck<S, A, O>>,
 }
 
 impl<S, A, O, E> MethodTool<S, A, O, E> {
     /// The tool of `receiver`, whose definition is `def`, running `body`.
     pub fn new(receiver: Arc<S>, def: &'static ToolDef, body: MethodBody<S, A, O, E>) -> Self {
-        MethodTool { receiver, def, body }
+        MethodTool { receiver, def, body, check: None }
+    }
+
+    /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).
+    pub fn reconciled_by(self, check: MethodCheck<S, A, O>) -> Self {
+        MethodTool { check: Some(check), ..self }
     }
 }
 
 impl<S, A, O, E> Clone for MethodTool<S, A, O, E> {
     fn clone(&self) -> Self {
-        MethodTool { receiver: Arc::clone(&self.receiver), def: self.def, body: self.body }
+        MethodTool {
+            receiver: Arc::clone(&self.receiver),
+            def: self.def,
+            body: self.body,
+            check: self.check,
+        }
     }
 }
 
@@ -153,6 +174,17 @@ where
     async fn run(&self, cx: &Ctx, args: A) -> Result<O, E> {
         (self.body)(&self.receiver, cx, args).await
     }
+
+    fn reconciles(&self) -> bool {
+        self.check.is_some()
+    }
+
+    async fn reconcile(&self, key: &Key, args: &A) -> Reconciled<O> {
+        match self.check {
+            Some(check) => check(&self.receiver, key, args).await,
+            None => Reconciled::Unknown,
+        }
+    }
 }
 
 /// The body of a free fn tool: calls the user's fn (declared inside the closure `#[tool]` writes).
@@ -164,12 +196,18 @@ pub type FnBody<A, O, E> = for<'a> fn(&'a Ctx, A) -> BoxFuture<'a, Result<O, E>>
 pub struct FnTool<A, O, E> {
     def: &'static ToolDef,
     body: FnBody<A, O, E>,
+    check: Option<FnCheck<A, O>>,
 }
 
 impl<A, O, E> FnTool<A, O, E> {
     /// The tool whose definition is `def`, running `body`.
     pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self {
-        FnTool { def, body }
+        FnTool { def, body, check: None }
+    }
+
+    /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).
+    pub const fn reconciled_by(self, check: FnCheck<A, O>) -> Self {
+        FnTool { def: self.def, body: self.body, check: Some(check) }
     }
 }
 
@@ -207,5 +245,16 @@ where
 
     fn run(&self, cx: &Ctx, args: A) -> impl Future<Output = Result<O, E>> + Send {
         (self.body)(cx, args)
+    }
+
+    fn reconciles(&self) -> bool {
+        self.check.is_some()
+    }
+
+    async fn reconcile(&self, key: &Key, args: &A) -> Reconciled<O> {
+        match self.check {
+            Some(check) => check(key, args).await,
+            None => Reconciled::Unknown,
+        }
     }
 }

@@ -11,7 +11,9 @@ use crate::canonical::KeyError;
 use crate::class::RetryClass;
 use crate::ctx::Ctx;
 use crate::failure::Classify;
+use crate::key::Key;
 use crate::policy::ToolOptions;
+use crate::reconcile::Reconciled;
 
 /// A tool's static definition: what the model sees and how the executor treats it.
 #[derive(Clone, Copy, Debug)]
@@ -52,4 +54,24 @@ pub trait Tool: Send + Sync + 'static {
         cx: &Ctx,
         args: Self::Args,
     ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
+
+    /// Whether [`Tool::reconcile`] asks the target system (`#[tool(reconcile = check)]`). When it
+    /// does, the executor consults it before answering [`crate::Error::OutcomeUnknown`], and
+    /// takes over a dead owner's expired lease of a `never` tool to ask it
+    /// (`docs/design.md` §3.1). Default `false`.
+    fn reconciles(&self) -> bool {
+        false
+    }
+
+    /// Asks the target system whether the intent of `key` with `args` took effect. Called by the
+    /// executor only, while the caller holds the key's fence, and only when
+    /// [`Tool::reconciles`]. Default: [`Reconciled::Unknown`].
+    fn reconcile(
+        &self,
+        key: &Key,
+        args: &Self::Args,
+    ) -> impl Future<Output = Reconciled<Self::Output>> + Send {
+        let _ = (key, args);
+        std::future::ready(Reconciled::Unknown)
+    }
 }

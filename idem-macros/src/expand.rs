@@ -275,6 +275,33 @@ fn run_ident(model: &Model) -> Ident {
     Ident::new(name, Span::call_site())
 }
 
+/// `.reconciled_by(|.., key, args| ..)` when the tool names a check: the check is called with
+/// the key and a copy of every parameter, in order, spanned at the check's path so a signature
+/// that does not fit is one error there. `recv` is the receiver of a method tool.
+fn reconcile_call(model: &Model, args_ty: &TokenStream) -> TokenStream {
+    let Some(path) = &model.reconcile else { return quote!() };
+    let krate = &model.krate;
+    let span = path.span();
+    let copies: Vec<TokenStream> = match model.params.first().filter(|p| p.flatten) {
+        Some(_) => vec![quote_spanned!(span=> ::core::clone::Clone::clone(&args.0))],
+        None => (0..model.params.len())
+            .map(syn::Index::from)
+            .map(|i| quote_spanned!(span=> ::core::clone::Clone::clone(&args.0.#i)))
+            .collect(),
+    };
+    let (recv, callee) = match (model.method, path.get_ident()) {
+        (true, Some(ident)) => (quote!(recv,), quote_spanned!(span=> Self::#ident)),
+        (true, None) => (quote!(recv,), quote!(#path)),
+        (false, _) => (quote!(), quote!(#path)),
+    };
+    let call = quote_spanned! {span=>
+        #krate::__private::checks::reconcile_check(#callee(#recv key, #(#copies),*))
+    };
+    quote! {
+        .reconciled_by(|#recv key, args: &#args_ty| #call)
+    }
+}
+
 fn expand_free(model: &Model) -> TokenStream {
     let krate = &model.krate;
     let item = &model.item;
@@ -356,6 +383,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let send_check = quote_spanned! {ident.span()=>
         #krate::__private::checks::tool_body(#ident(#cx_arg #body_args))
     };
+    let reconcile = reconcile_call(model, &tool_args);
 
     quote! {
         #(#cfg)*
@@ -386,6 +414,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 #inner
                 #send_check
             })
+            #reconcile
         };
     }
 }
@@ -442,6 +471,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let send_check = quote_spanned! {ident.span()=>
         #krate::__private::checks::tool_body(Self::#hidden(recv, #cx_arg #body_args))
     };
+    let reconcile = reconcile_call(model, &args_ty);
 
     quote! {
         #(#cfg)*
@@ -471,7 +501,8 @@ fn expand_method(model: &Model) -> TokenStream {
                         let _ = cx;
                         #send_check
                     },
-                ),
+                )
+                #reconcile,
             )
         }
 

@@ -9,7 +9,7 @@ use syn::{Ident, LitInt, LitStr, Token};
 
 /// The options allowed in `#[tool(..)]`, for the "unknown option" message.
 pub const OPTIONS: &str =
-    "retry, name, description, attempts, timeout, deadline, lease, ttl, skip, crate";
+    "retry, name, description, attempts, timeout, deadline, lease, ttl, skip, reconcile, crate";
 
 /// What `retry` accepts, for the messages.
 const CLASSES: &str = "\"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)";
@@ -46,6 +46,9 @@ pub struct Attr {
     pub ttl: Option<DurationOpt>,
     /// `skip(a, b)`: parameters excluded from the key, named in the attribute.
     pub skip: Vec<Ident>,
+    /// `reconcile = check`: the fn (or, on a method tool, the method) that asks the target
+    /// system whether an attempt whose outcome is unknown took effect.
+    pub reconcile: Option<syn::Path>,
 }
 
 /// Collected errors, reported together (serde_derive's `Ctxt`).
@@ -202,6 +205,25 @@ impl Attr {
                     ),
                     Ok(_) if slot.is_some() => duplicate(errors),
                     Ok(value) => *slot = Some(DurationOpt { value }),
+                }
+            }
+            "reconcile" => {
+                let value = meta.value()?;
+                let hint = "`reconcile` names the check: write reconcile = check_fn, an `async fn(key: &Key, <the tool's parameters by value>) -> Reconciled<Output>`";
+                if value.peek(LitStr) {
+                    let lit: LitStr = value.parse()?;
+                    errors.spanned(
+                        lit.span(),
+                        format!("{hint}; without quotes: reconcile = {}", lit.value()),
+                    );
+                    return Ok(());
+                }
+                let tokens = rest_of_option(value)?;
+                match syn::parse2::<syn::Path>(tokens.clone()) {
+                    Ok(_) if self.reconcile.is_some() => duplicate(errors),
+                    Ok(path) => self.reconcile = Some(path),
+                    Err(_) if tokens.is_empty() => errors.spanned(key.span(), hint),
+                    Err(_) => errors.at(tokens, hint),
                 }
             }
             "skip" => {

@@ -61,6 +61,8 @@ pub struct Model {
     pub ctx: Option<Ident>,
     pub params: Vec<Param>,
     pub ret: Ret,
+    /// `reconcile = check`, when valid: the path as written.
+    pub reconcile: Option<syn::Path>,
     /// The signature is sound (errors, if any, are in the options): the full expansion can be
     /// emitted next to the errors, so call sites and the tool value type-check.
     pub shape_ok: bool,
@@ -161,6 +163,17 @@ pub fn validate(
             ),
         );
     }
+
+    let reconcile = match attr.reconcile {
+        Some(path) if class == Class::Safe => {
+            errors.at(
+                &path,
+                "a `safe` tool runs again when its outcome is unknown, so it has nothing to reconcile: `reconcile` applies to `keyed` and `never` tools",
+            );
+            None
+        }
+        other => other,
+    };
 
     let mut shape_errors = errors.len() - before_shape;
     let before_params = errors.len();
@@ -365,6 +378,7 @@ pub fn validate(
         ctx,
         params,
         ret,
+        reconcile,
         shape_ok,
     })
 }

@@ -17,6 +17,7 @@ use crate::ctx::Ctx;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::failure::{Classify, Failure, FailureKind};
+use crate::reconcile::Reconciled;
 use crate::store::{Fence, OnExpired, Outcome};
 use crate::tool::Tool;
 
@@ -58,8 +59,13 @@ impl<T: Tool> Call<'_, T> {
         fence: Option<Fence>,
     ) -> Result<T::Output, Error<T::Error>> {
         let budget = &self.inner.budget;
+        // A reconciling tool keeps the arguments for its check, after the last attempt too.
+        let reconciles = self.tool.reconciles() && fence.is_some();
         let mut args = Some(args);
         let mut attempt = 0u32;
+        // Attempts allowed: the policy's, plus one for a never tool whose check found that its
+        // ambiguous attempt did not happen (at most once per call).
+        let mut allowed = self.policy.attempts;
         loop {
             attempt += 1;
             self.span.record("idem.attempt", attempt);
@@ -76,7 +82,7 @@ impl<T: Tool> Call<'_, T> {
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
             // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
             let this_args = match args.take() {
-                Some(a) if attempt >= self.policy.attempts => a,
+                Some(a) if attempt >= allowed && !reconciles => a,
                 Some(a) => {
                     let copy = a.clone();
                     args = Some(a);
@@ -104,6 +110,24 @@ impl<T: Tool> Call<'_, T> {
                 (FailureKind::Permanent, _) => return Err(self.permanent(fence, error).await),
                 (FailureKind::Ambiguous, RetryClass::Never) => {
                     budget.on_failure();
+                    if let (true, Some(fence), Some(kept)) = (reconciles, fence, args.as_ref()) {
+                        match self.ask_check(fence, kept).await {
+                            Reconciled::Happened(output) => return self.happened(fence, output).await,
+                            // Nothing happened: the call goes on as a never tool does, with
+                            // its one attempt (still holding the fence: no other caller runs).
+                            Reconciled::NotHappened if allowed == self.policy.attempts => {
+                                allowed += 1;
+                                continue;
+                            }
+                            // Nothing happened twice: free the key, as after a transient
+                            // failure, rather than run a third time in one call.
+                            Reconciled::NotHappened => {
+                                self.release(fence).await;
+                                return Err(error);
+                            }
+                            Reconciled::Unknown => {}
+                        }
+                    }
                     return Err(self.unknown(fence).await);
                 }
                 (FailureKind::Transient | FailureKind::Ambiguous, _) => {
@@ -115,6 +139,14 @@ impl<T: Tool> Call<'_, T> {
                         }
                         Next::Stop(stop) => stop,
                     };
+                    // A keyed tool whose last attempt was ambiguous: the check may know that it
+                    // happened, and then its output is the call's.
+                    if let (FailureKind::Ambiguous, true, Some(fence), Some(kept)) =
+                        (failure.kind, reconciles, fence, args.as_ref())
+                        && let Reconciled::Happened(output) = self.ask_check(fence, kept).await
+                    {
+                        return self.happened(fence, output).await;
+                    }
                     if let Some(fence) = fence {
                         // Nothing is stored: a later call claims again and, for a keyed tool,
                         // re-runs with the same key so the provider deduplicates.
@@ -184,7 +216,7 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// An ambiguous failure of a never tool: the outcome is unknown, for good.
-    async fn unknown(&self, fence: Option<Fence>) -> Error<T::Error> {
+    pub(super) async fn unknown(&self, fence: Option<Fence>) -> Error<T::Error> {
         if let Some(fence) = fence {
             // Kept until someone reconciles it, not for the retention of a result: expiring it
             // would let the tool run a second time. If the store cannot take it, the claim stays
@@ -204,7 +236,7 @@ impl<T: Tool> Call<'_, T> {
         Duration::from_nanos(rng.random_range(0..=nanos))
     }
 
-    async fn finish_ok(
+    pub(super) async fn finish_ok(
         &self,
         fence: Option<Fence>,
         output: T::Output,

@@ -15,6 +15,7 @@ use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
 use crate::key::{Fingerprint, Key, KeyError, Scope};
 use crate::policy::Policy;
+use crate::reconcile::Reconciled;
 use crate::store::{OnExpired, Outcome, Record, StoreError};
 use crate::tool::Tool;
 
@@ -226,8 +227,10 @@ impl<T: Tool> Call<'_, T> {
             self.outcome(Served::Executed);
             return self.attempts(args, None).await;
         }
+        // A never tool with a check takes a dead owner's expired lease over, to ask the check
+        // under its own fence; without one, the record stays as it is and reads as unknown.
         let on_expired = match self.class() {
-            RetryClass::Never => OnExpired::Unknown,
+            RetryClass::Never if !self.tool.reconciles() => OnExpired::Unknown,
             _ => OnExpired::TakeOver,
         };
         match self.acquire(on_expired).await {
@@ -235,6 +238,18 @@ impl<T: Tool> Call<'_, T> {
                 // Taken over: a previous owner's lease ended without a result, so its attempt
                 // may have had an effect that this run repeats (with the same key).
                 self.outcome(if takeover { Served::TakenOver } else { Served::Executed });
+                if takeover && self.tool.reconciles() {
+                    match self.ask_check(fence, &args).await {
+                        Reconciled::Happened(output) => return self.happened(fence, output).await,
+                        Reconciled::NotHappened => {}
+                        // A keyed tool re-runs with the same key (the provider deduplicates); a
+                        // never tool may not run again.
+                        Reconciled::Unknown if self.class() == RetryClass::Never => {
+                            return Err(self.unknown(Some(fence)).await);
+                        }
+                        Reconciled::Unknown => {}
+                    }
+                }
                 self.attempts(args, Some(fence)).await
             }
             Ok(Owned::Answer(answer)) => answer,

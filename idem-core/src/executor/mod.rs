@@ -9,6 +9,7 @@
 mod attempts;
 mod call;
 mod lease;
+mod reconcile;
 mod report;
 mod run;
 

@@ -24,10 +24,13 @@ pub enum Served {
     /// result (that owner's attempt may have had an effect; a keyed tool repeats it with the
     /// same key).
     TakenOver,
+    /// `reconciled`: an attempt's outcome was unknown (this call's, or a dead owner's), and the
+    /// tool's reconciliation check found that it happened; its output was stored and returned.
+    Reconciled,
 }
 
 impl Served {
-    /// `executed`, `replayed`, `joined`, `unknown` or `taken_over`.
+    /// `executed`, `replayed`, `joined`, `unknown`, `taken_over` or `reconciled`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Served::Executed => "executed",
@@ -35,6 +38,7 @@ impl Served {
             Served::Joined => "joined",
             Served::Unknown => "unknown",
             Served::TakenOver => "taken_over",
+            Served::Reconciled => "reconciled",
         }
     }
 
@@ -45,6 +49,7 @@ impl Served {
             3 => Some(Served::Joined),
             4 => Some(Served::Unknown),
             5 => Some(Served::TakenOver),
+            6 => Some(Served::Reconciled),
             _ => None,
         }
     }
@@ -56,6 +61,7 @@ impl Served {
             Served::Joined => 3,
             Served::Unknown => 4,
             Served::TakenOver => 5,
+            Served::Reconciled => 6,
         }
     }
 }

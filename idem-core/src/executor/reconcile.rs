@@ -1,0 +1,68 @@
+//! Asking a tool's reconciliation check (`#[tool(reconcile = check)]`) whether an attempt whose
+//! outcome is unknown took effect, and acting on the answer (`docs/design.md` §3.1).
+//!
+//! The check runs only while this call holds the key's current fence: after its own ambiguous
+//! attempt, or after taking over a dead owner's expired lease. So at most one caller asks at a
+//! time, and whatever it stores is fenced: the earlier owner, finishing late, presents a stale
+//! fence and is refused (`LeaseLost`), and a caller that lost its own lease while the check ran
+//! stores nothing. The check's answer and a late owner's completion can never both be stored.
+
+use std::task::Poll;
+
+use tokio::time::Instant;
+
+use super::call::Call;
+use super::report::Served;
+use crate::clock::later;
+use crate::error::Error;
+use crate::reconcile::Reconciled;
+use crate::store::Fence;
+use crate::tool::Tool;
+
+impl<T: Tool> Call<'_, T> {
+    /// Runs the tool's check while holding `fence`, renewing the lease every third of it.
+    ///
+    /// Bounded by the per-attempt timeout, not by the call's deadline: the check comes after the
+    /// attempt that may have used the deadline up, and the answer without it is "unknown". A check
+    /// that does not answer in time is "unknown".
+    pub(super) async fn ask_check(&self, fence: Fence, args: &T::Args) -> Reconciled<T::Output> {
+        let mut check = std::pin::pin!(self.tool.reconcile(&self.key, args));
+        let verdict = match std::future::poll_fn(|c| Poll::Ready(check.as_mut().poll(c))).await {
+            Poll::Ready(verdict) => verdict,
+            Poll::Pending => {
+                let timeout = self.policy.attempt_timeout;
+                let mut expired = std::pin::pin!(tokio::time::sleep(timeout));
+                let period = self.policy.lease / 3;
+                let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
+                loop {
+                    tokio::select! {
+                        biased;
+                        verdict = &mut check => break verdict,
+                        () = &mut expired => {
+                            tracing::warn!(?timeout, "reconciliation check timed out; outcome unknown");
+                            break Reconciled::Unknown;
+                        }
+                        () = &mut renew_at => {
+                            self.renew(fence).await;
+                            renew_at.as_mut().reset(later(Instant::now(), period));
+                        }
+                    }
+                }
+            }
+        };
+        tracing::info!(idem.reconciled = verdict.as_str(), "reconciliation check answered");
+        verdict
+    }
+
+    /// The check found that the effect happened: `output` is stored under `fence` (as a success
+    /// of the tool would be) and returned. A lost lease answers `LeaseLost` for a `never` tool:
+    /// another caller took the key over, and its answer stands.
+    pub(super) async fn happened(
+        &self,
+        fence: Fence,
+        output: T::Output,
+    ) -> Result<T::Output, Error<T::Error>> {
+        self.outcome(Served::Reconciled);
+        self.finish_ok(Some(fence), output).await
+    }
+}

@@ -1,0 +1,398 @@
+//! Automatic reconciliation (`#[tool(reconcile = check)]`, `docs/design.md` §3.1): a tool whose
+//! attempt ended ambiguously, or whose owner died holding the lease, asks the target system
+//! whether the effect happened instead of answering "outcome unknown". Side effects and checks
+//! are counted at the (fake) provider; the clock is tokio's paused clock, so leases end without
+//! waiting.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::key::{Fingerprint, Key, derive_key};
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
+use idem_core::{
+    Classify, Ctx, Error, Failure, Idem, Reconciled, Run, Served, Tool, ToolSet, tool,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+enum RefundError {
+    #[error("the provider timed out after the request was sent")]
+    TimedOut,
+}
+
+impl Classify for RefundError {
+    fn classify(&self) -> Failure {
+        Failure::ambiguous()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Refund {
+    id: String,
+    cents: u64,
+}
+
+/// What one run of the refund's body does at the provider.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// The refund is made, then the reply is lost: the caller sees a timeout.
+    EffectThenTimeout,
+    /// The request never reached the provider: the caller sees a timeout.
+    TimeoutNoEffect,
+    /// The refund is made and the reply arrives.
+    Ok,
+}
+
+/// A payment provider with a list of refunds by idempotency key, counting the refund's runs and
+/// the checks that ask it.
+#[derive(Default)]
+struct Provider {
+    runs: AtomicUsize,
+    checks: AtomicUsize,
+    refunds: Mutex<HashMap<String, Refund>>,
+    script: Mutex<VecDeque<Step>>,
+    /// When set, the check answers "unknown" (the lookup itself failed).
+    lookup_down: Mutex<bool>,
+    /// When set, the check waits for it before answering.
+    check_gate: Mutex<Option<Arc<Notify>>>,
+    /// Notified when a check starts.
+    check_started: Notify,
+}
+
+impl Provider {
+    fn with_script(steps: &[Step]) -> Arc<Provider> {
+        let p = Provider::default();
+        p.script.lock().unwrap().extend(steps.iter().copied());
+        Arc::new(p)
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    fn checks(&self) -> usize {
+        self.checks.load(Ordering::SeqCst)
+    }
+
+    fn make(&self, key: &str, cents: u64) -> Refund {
+        let mut refunds = self.refunds.lock().unwrap();
+        let n = refunds.len() + 1;
+        refunds.entry(key.to_owned()).or_insert(Refund { id: format!("re_{n}"), cents }).clone()
+    }
+}
+
+#[idem_core::tool_set]
+impl Provider {
+    /// Refund a payment. Refunds have no provider-side deduplication: one attempt only.
+    #[tool(retry = "never", reconcile = refund_made, lease = "10s")]
+    async fn refund(&self, cx: &Ctx, payment: String, cents: u64) -> Result<Refund, RefundError> {
+        let _ = payment;
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let step = self.script.lock().unwrap().pop_front().unwrap_or(Step::Ok);
+        match step {
+            Step::EffectThenTimeout => {
+                self.make(cx.key(), cents);
+                Err(RefundError::TimedOut)
+            }
+            Step::TimeoutNoEffect => Err(RefundError::TimedOut),
+            Step::Ok => Ok(self.make(cx.key(), cents)),
+        }
+    }
+
+    /// The check: the provider's list of refunds, by idempotency key.
+    async fn refund_made(&self, key: &Key, payment: String, cents: u64) -> Reconciled<Refund> {
+        let _ = (payment, cents);
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        self.check_started.notify_one();
+        let gate = self.check_gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            gate.notified().await;
+        }
+        if *self.lookup_down.lock().unwrap() {
+            return Reconciled::Unknown;
+        }
+        match self.refunds.lock().unwrap().get(key.as_str()) {
+            Some(refund) => Reconciled::Happened(refund.clone()),
+            None => Reconciled::NotHappened,
+        }
+    }
+}
+
+async fn refund(
+    p: &Arc<Provider>,
+    run: &Run,
+) -> (Result<Refund, Error<RefundError>>, Option<Served>) {
+    let tool = p.refund_tool();
+    let args = idem_core::__private::make_args(&tool, ("pay_1".to_owned(), 500u64));
+    let (result, report) = run.call_reported(&tool, args).await;
+    (result, report.and_then(|r| r.served))
+}
+
+/// The key and fingerprint of `refund("pay_1", 500)` in `run`.
+fn refund_key(p: &Arc<Provider>, run: &Run) -> (Key, Fingerprint) {
+    fn intent<T: Tool>(_: &T, args: &T::Args) -> Vec<u8> {
+        let mut out = Vec::new();
+        T::write_intent(args, &mut out).unwrap();
+        out
+    }
+    let tool = p.refund_tool();
+    let args = idem_core::__private::make_args(&tool, ("pay_1".to_owned(), 500u64));
+    let key = derive_key(run.scope(), "refund", &intent(&tool, &args));
+    (key, Fingerprint::of_derived_key(&key))
+}
+
+/// An owner that claimed the key and then stopped (its process died, or it paused): its lease
+/// of 1 s runs out without a result. Returns its fence.
+async fn dead_owner(idem: &Idem, key: &Key, fingerprint: &Fingerprint) -> Fence {
+    let req = ClaimRequest {
+        key,
+        fingerprint,
+        lease: Duration::from_secs(1),
+        on_expired: OnExpired::Unknown,
+    };
+    let Claim::Acquired { fence, .. } = idem.store().claim(req).await.unwrap() else {
+        panic!("the first claim acquires");
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fence
+}
+
+#[tokio::test(start_paused = true)]
+async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it() {
+    let p = Provider::with_script(&[Step::EffectThenTimeout]);
+    let run = Idem::in_memory().run("r");
+    let (first, served) = refund(&p, &run).await;
+    assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+
+    for _ in 0..3 {
+        let (again, served) = refund(&p, &run).await;
+        assert_eq!(again.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+        assert_eq!(served, Some(Served::Replayed));
+    }
+    assert_eq!((p.runs(), p.checks()), (1, 1), "repeats replay: nothing runs or asks again");
+    assert_eq!(p.refunds.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_happened_runs_the_body_exactly_once_more() {
+    let p = Provider::with_script(&[Step::TimeoutNoEffect, Step::Ok]);
+    let run = Idem::in_memory().run("r");
+    let (first, served) = refund(&p, &run).await;
+    assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Executed));
+    assert_eq!((p.runs(), p.checks()), (2, 1));
+
+    let (again, served) = refund(&p, &run).await;
+    assert_eq!(again.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Replayed));
+    assert_eq!((p.runs(), p.checks()), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
+    let p = Provider::with_script(&[Step::TimeoutNoEffect, Step::TimeoutNoEffect]);
+    let run = Idem::in_memory().run("r");
+    let (first, _) = refund(&p, &run).await;
+    assert!(
+        matches!(first, Err(Error::Tool { error: RefundError::TimedOut, .. })),
+        "{first:?}"
+    );
+    assert_eq!((p.runs(), p.checks()), (2, 2));
+
+    // Nothing happened, and the record says nothing: the next call runs.
+    let (again, served) = refund(&p, &run).await;
+    assert_eq!(again.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Executed));
+    assert_eq!((p.runs(), p.checks()), (3, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_answers_outcome_unknown_as_without_a_check() {
+    let p = Provider::with_script(&[Step::EffectThenTimeout]);
+    *p.lookup_down.lock().unwrap() = true;
+    let run = Idem::in_memory().run("r");
+    let (first, served) = refund(&p, &run).await;
+    assert!(matches!(first, Err(Error::OutcomeUnknown { .. })), "{first:?}");
+    assert_eq!(served, Some(Served::Unknown));
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+
+    // The stored "unknown" is replayed: settling it is the operator's (the check is asked only
+    // by the caller that holds the fence).
+    let (again, _) = refund(&p, &run).await;
+    assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted() {
+    let p = Provider::with_script(&[]);
+    let idem = Idem::in_memory();
+    let run = idem.run("r");
+    let (key, fingerprint) = refund_key(&p, &run);
+    let dead = dead_owner(&idem, &key, &fingerprint).await;
+    // The dead owner's refund reached the provider before it died.
+    let made = p.make(key.as_str(), 500);
+
+    let (result, served) = refund(&p, &run).await;
+    assert_eq!(result.unwrap(), made);
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (0, 1), "the check answered; the body did not run");
+
+    // The dead owner, finishing late, cannot overwrite the reconciled outcome: its fence is stale.
+    let late = Outcome::Success(r#"{"id":"re_late","cents":500}"#.into());
+    let refused = idem.store().complete(&key, dead, &late, Duration::from_secs(60)).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost)), "{refused:?}");
+    let (again, served) = refund(&p, &run).await;
+    assert_eq!(again.unwrap(), made);
+    assert_eq!(served, Some(Served::Replayed));
+    assert_eq!((p.runs(), p.checks()), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once() {
+    let p = Provider::with_script(&[]);
+    let idem = Idem::in_memory();
+    let run = idem.run("r");
+    let (key, fingerprint) = refund_key(&p, &run);
+    dead_owner(&idem, &key, &fingerprint).await;
+
+    let (result, served) = refund(&p, &run).await;
+    assert_eq!(result.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::TakenOver));
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+    let (_, served) = refund(&p, &run).await;
+    assert_eq!(served, Some(Served::Replayed));
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_owners_unknown_check_answer_stays_unknown() {
+    let p = Provider::with_script(&[]);
+    *p.lookup_down.lock().unwrap() = true;
+    let idem = Idem::in_memory();
+    let run = idem.run("r");
+    let (key, fingerprint) = refund_key(&p, &run);
+    dead_owner(&idem, &key, &fingerprint).await;
+
+    let (result, served) = refund(&p, &run).await;
+    assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+    assert_eq!(served, Some(Served::Unknown));
+    assert_eq!((p.runs(), p.checks()), (0, 1), "a never tool does not run on an unknown answer");
+}
+
+/// While the check runs, its caller holds the fence: the dead owner's late completion is
+/// refused, a duplicate waits for the reconciled outcome instead of asking or running, and
+/// exactly one outcome is stored.
+#[tokio::test(start_paused = true)]
+async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win() {
+    let p = Provider::with_script(&[]);
+    let gate = Arc::new(Notify::new());
+    *p.check_gate.lock().unwrap() = Some(Arc::clone(&gate));
+    let idem = Idem::in_memory();
+    let run = idem.run("r");
+    let (key, fingerprint) = refund_key(&p, &run);
+    let dead = dead_owner(&idem, &key, &fingerprint).await;
+    let made = p.make(key.as_str(), 500);
+
+    let started = p.check_started.notified();
+    let reconciler = tokio::spawn({
+        let (p, run) = (Arc::clone(&p), run.clone());
+        async move { refund(&p, &run).await }
+    });
+    started.await;
+
+    // The dead owner comes back while the check runs: refused, nothing written.
+    let late = Outcome::Success(r#"{"id":"re_late","cents":500}"#.into());
+    let refused = idem.store().complete(&key, dead, &late, Duration::from_secs(60)).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost)), "{refused:?}");
+    // A duplicate finds the key in flight and waits.
+    let duplicate = tokio::spawn({
+        let (p, run) = (Arc::clone(&p), run.clone());
+        async move { refund(&p, &run).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!duplicate.is_finished());
+
+    gate.notify_one();
+    let (result, served) = reconciler.await.unwrap();
+    assert_eq!(result.unwrap(), made);
+    assert_eq!(served, Some(Served::Reconciled));
+    let (dup, dup_served) = duplicate.await.unwrap();
+    assert_eq!(dup.unwrap(), made);
+    assert_eq!(dup_served, Some(Served::Joined));
+    assert_eq!((p.runs(), p.checks()), (0, 1));
+}
+
+/// The other order: the owner completes before anyone takes its lease over; its outcome stands
+/// and the check is not asked.
+#[tokio::test(start_paused = true)]
+async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked() {
+    let p = Provider::with_script(&[]);
+    let idem = Idem::in_memory();
+    let run = idem.run("r");
+    let (key, fingerprint) = refund_key(&p, &run);
+    let owner = dead_owner(&idem, &key, &fingerprint).await;
+    let done = Outcome::Success(r#"{"id":"re_owner","cents":500}"#.into());
+    idem.store().complete(&key, owner, &done, Duration::from_secs(60)).await.unwrap();
+
+    let (result, served) = refund(&p, &run).await;
+    assert_eq!(result.unwrap(), Refund { id: "re_owner".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Replayed));
+    assert_eq!((p.runs(), p.checks()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_tool_set_calls_the_reconciling_tool_like_any_other() {
+    let p = Provider::with_script(&[Step::EffectThenTimeout]);
+    let set: ToolSet = p.tool_set();
+    let run = Idem::in_memory().run("r");
+    let args = serde_json::json!({ "payment": "pay_1", "cents": 500 });
+    let result = set.call(&run, "refund", &args).await;
+    assert!(!result.is_error, "{result:?}");
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+    let again = set.call(&run, "refund", &args).await;
+    assert_eq!(again.text, result.text);
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+}
+
+// A free fn tool and a keyed tool: the check is a free fn.
+
+static WIRES: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+static WIRE_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Send a wire transfer (keyed: the bank deduplicates by the key), whose replies are lost.
+#[tool(retry = "keyed", attempts = 2, reconcile = wire_sent)]
+async fn wire(cx: &Ctx, to: String, cents: u64) -> Result<String, RefundError> {
+    let _ = cents;
+    WIRE_RUNS.fetch_add(1, Ordering::SeqCst);
+    let mut wires = WIRES.lock().unwrap();
+    if !wires.iter().any(|(k, _)| k == cx.key()) {
+        wires.push((cx.key().to_owned(), format!("wire_to_{to}")));
+    }
+    Err(RefundError::TimedOut)
+}
+
+async fn wire_sent(key: &Key, to: String, cents: u64) -> Reconciled<String> {
+    let _ = (to, cents);
+    let wires = WIRES.lock().unwrap();
+    match wires.iter().find(|(k, _)| k == key.as_str()) {
+        Some((_, id)) => Reconciled::Happened(id.clone()),
+        None => Reconciled::NotHappened,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_tool_whose_last_attempt_was_ambiguous_gets_the_checks_output() {
+    let run = Idem::in_memory().run("wire-test");
+    let id = wire(&run, "acct_9".into(), 100).await.unwrap();
+    assert_eq!(id, "wire_to_acct_9");
+    assert_eq!(WIRE_RUNS.load(Ordering::SeqCst), 2, "both attempts ran (same key)");
+    let again = wire(&run, "acct_9".into(), 100).await.unwrap();
+    assert_eq!(again, id);
+    assert_eq!(WIRE_RUNS.load(Ordering::SeqCst), 2);
+}
