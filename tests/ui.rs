@@ -10,4 +10,5 @@ fn ui() {
     t.compile_fail("tests/ui/skip/*.rs");
     t.compile_fail("tests/ui/types/*.rs");
     t.compile_fail("tests/ui/tool_set/*.rs");
+    t.compile_fail("tests/ui/reconcile/*.rs");
 }

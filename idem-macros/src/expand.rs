@@ -276,29 +276,42 @@ fn run_ident(model: &Model) -> Ident {
 }
 
 /// `.reconciled_by(|.., key, args| ..)` when the tool names a check: the check is called with
-/// the key and a copy of every parameter, in order, spanned at the check's path so a signature
-/// that does not fit is one error there. `recv` is the receiver of a method tool.
+/// the key and a copy of every parameter, in order, everything spanned at the check's path, and
+/// its future's output is checked against the tool's success type there: a signature that does
+/// not fit is one error at the name in the attribute. `recv` is the receiver of a method tool.
 fn reconcile_call(model: &Model, args_ty: &TokenStream) -> TokenStream {
     let Some(path) = &model.reconcile else { return quote!() };
     let krate = &model.krate;
     let span = path.span();
-    let copies: Vec<TokenStream> = match model.params.first().filter(|p| p.flatten) {
-        Some(_) => vec![quote_spanned!(span=> ::core::clone::Clone::clone(&args.0))],
-        None => (0..model.params.len())
-            .map(syn::Index::from)
-            .map(|i| quote_spanned!(span=> ::core::clone::Clone::clone(&args.0.#i)))
-            .collect(),
+    let (ok, _) = result_types(model);
+    // The copies are typed by the arguments (one clone of the whole), so a parameter of the check
+    // that does not fit is reported at the call, not inside a `clone`.
+    let (copy, values) = match model.params.first().filter(|p| p.flatten) {
+        Some(_) => {
+            let v = format_ident!("__idem_a0", span = span);
+            (quote!(let #v = ::core::clone::Clone::clone(&args.0);), vec![v])
+        }
+        None => {
+            let vs: Vec<Ident> = (0..model.params.len())
+                .map(|i| format_ident!("__idem_a{}", i, span = span))
+                .collect();
+            (quote!(let (#(#vs,)*) = ::core::clone::Clone::clone(&args.0);), vs)
+        }
     };
-    let (recv, callee) = match (model.method, path.get_ident()) {
-        (true, Some(ident)) => (quote!(recv,), quote_spanned!(span=> Self::#ident)),
-        (true, None) => (quote!(recv,), quote!(#path)),
-        (false, _) => (quote!(), quote!(#path)),
+    let recv_param = model.method.then(|| quote!(recv,));
+    let recv = model.method.then(|| quote_spanned!(span=> recv,));
+    let callee = match (model.method, path.get_ident()) {
+        (true, Some(ident)) => quote_spanned!(span=> Self::#ident),
+        _ => quote!(#path),
     };
     let call = quote_spanned! {span=>
-        #krate::__private::checks::reconcile_check(#callee(#recv key, #(#copies),*))
+        #krate::__private::checks::reconcile_check::<#ok, _>(#callee(#recv key, #(#values),*))
     };
     quote! {
-        .reconciled_by(|#recv key, args: &#args_ty| #call)
+        .reconciled_by(|#recv_param key, args: &#args_ty| {
+            #copy
+            #call
+        })
     }
 }
 

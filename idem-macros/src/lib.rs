@@ -69,6 +69,11 @@ mod validate;
 ///   `timeout`, `lease` and `ttl` keep their meaning (a timeout then ends in "outcome unknown").
 /// - `skip(a, b)`, or `#[idem(skip)]` on a parameter: an argument that is not part of the intent
 ///   (trace ids, nonces the model invents). It is still passed to the body but not in the key.
+/// - `reconcile = check` (`keyed` and `never` tools): the check idem asks before it answers
+///   "outcome unknown": `async fn check(key: &Key, <the tool's parameters by value, in order>) ->
+///   Reconciled<T>` (the context left out). On a method tool, `reconcile = name` names a method
+///   of the same type taking `&self` first. A signature that does not fit is one error at the
+///   name. See `docs/design.md` §3.1.
 /// - `description = ".."`: the text the model reads, instead of the doc comment.
 /// - `crate = "path"`: where idem-core is. By default the macro reads idem-core's name in the
 ///   crate's Cargo.toml (so `idem = { package = "idem-core", .. }` and `#[idem::tool]` work), and

@@ -25,13 +25,16 @@
 //! - `PAYMENTS_SESSION_IDLE_MS` (default rmcp's 5 minutes; only with `--http`): how long an MCP
 //!   session may be silent before the server closes it (a request in it then gets HTTP 404).
 //! - `PAYMENTS_AMBIGUOUS_REFUND_CENTS` (default 13): a refund of exactly this amount reaches the
-//!   provider, takes effect, and then times out: its outcome is unknown to the caller.
+//!   provider, takes effect, and then times out. `refund` then reconciles: it looks the refund up
+//!   in the provider's list of refunds by its idempotency key, finds it and answers with it.
+//! - `PAYMENTS_REFUND_LOOKUP=down`: the provider's list of refunds cannot be read, so an
+//!   ambiguous refund stays unknown to the caller ("outcome unknown, do not retry").
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Classify, Ctx, Failure, Idem, ToolSet, tool};
+use idem_core::{Classify, Ctx, Failure, Idem, Key, Reconciled, ToolSet, tool};
 use idem_mcp::IdemServer;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -97,6 +100,7 @@ struct Provider {
     ledger: Mutex<Ledger>,
     delay: Duration,
     ambiguous_refund_cents: u64,
+    refund_lookup_down: bool,
 }
 
 impl Provider {
@@ -121,6 +125,7 @@ impl Provider {
             ledger: Mutex::new(ledger),
             delay: Duration::from_millis(env_u64("PAYMENTS_DELAY_MS", 0)?),
             ambiguous_refund_cents: env_u64("PAYMENTS_AMBIGUOUS_REFUND_CENTS", 13)?,
+            refund_lookup_down: std::env::var("PAYMENTS_REFUND_LOOKUP").is_ok_and(|v| v == "down"),
         })
     }
 
@@ -196,6 +201,15 @@ impl Provider {
             return Err(PaymentError::Timeout);
         }
         Ok(refund)
+    }
+
+    /// The refund made with idempotency key `key`, from the provider's list of refunds.
+    async fn refund_by_key(&self, key: &str) -> Result<Option<RefundRecord>, PaymentError> {
+        if self.refund_lookup_down {
+            return Err(PaymentError::Unavailable("the list of refunds cannot be read".into()));
+        }
+        let ledger = self.ledger.lock().await;
+        Ok(ledger.refunds.iter().find(|r| r.idempotency_key == key).cloned())
     }
 
     async fn balance(&self, customer: &str) -> i128 {
@@ -286,7 +300,7 @@ impl Payments {
 
     /// Refund `amount_cents` (in cents) of the charge `charge_id`. The provider cannot
     /// deduplicate refunds, so a refund is attempted once and never retried.
-    #[tool(retry = "never")]
+    #[tool(retry = "never", reconcile = refund_made)]
     async fn refund(
         &self,
         cx: &Ctx,
@@ -295,6 +309,27 @@ impl Payments {
     ) -> Result<Refund, PaymentError> {
         let r = self.provider.refund(&charge_id, amount_cents, cx.key()).await?;
         Ok(Refund { refund_id: r.id, charge_id: r.charge_id, amount_cents: r.amount_cents })
+    }
+
+    /// Whether a refund whose outcome is unknown took effect: the provider's list of refunds,
+    /// looked up by the idempotency key the refund was sent with (`cx.key()` above). Called by
+    /// idem before it would answer "outcome unknown".
+    async fn refund_made(
+        &self,
+        key: &Key,
+        charge_id: String,
+        amount_cents: u64,
+    ) -> Reconciled<Refund> {
+        let _ = (charge_id, amount_cents);
+        match self.provider.refund_by_key(key.as_str()).await {
+            Ok(Some(r)) => Reconciled::Happened(Refund {
+                refund_id: r.id,
+                charge_id: r.charge_id,
+                amount_cents: r.amount_cents,
+            }),
+            Ok(None) => Reconciled::NotHappened,
+            Err(_) => Reconciled::Unknown,
+        }
     }
 }
 

@@ -67,7 +67,13 @@ def server(binary, work):
     return StdioServerParameters(
         command=str(binary),
         args=["--sqlite", str(work / "idem.db")],
-        env={"PAYMENTS_DELAY_MS": str(DELAY_MS), "PAYMENTS_AMBIGUOUS_REFUND_CENTS": "13"},
+        # The list of refunds cannot be read: the ambiguous refund cannot be reconciled and
+        # stays unknown.
+        env={
+            "PAYMENTS_DELAY_MS": str(DELAY_MS),
+            "PAYMENTS_AMBIGUOUS_REFUND_CENTS": "13",
+            "PAYMENTS_REFUND_LOOKUP": "down",
+        },
     )
 
 

@@ -1,0 +1,24 @@
+use idem_core::{Key, Reconciled, tool};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::ambiguous()
+    }
+}
+
+// The check leaves out a parameter of the tool.
+async fn wire_sent(key: &Key, to: String) -> Reconciled<String> {
+    let _ = (key, to);
+    Reconciled::Unknown
+}
+
+#[tool(retry = "never", reconcile = wire_sent)]
+async fn wire(to: String, cents: u64) -> Result<String, Failed> {
+    Ok(format!("{to}{cents}"))
+}
+
+fn main() {}
