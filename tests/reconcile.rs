@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::key::{Fingerprint, Key, derive_key};
-use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, StoreError};
+use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, StoreError};
 use idem_core::{
     Classify, Ctx, Error, Failure, Idem, Reconciled, Run, Served, Tool, ToolSet, tool,
 };
@@ -152,6 +152,7 @@ async fn dead_owner(idem: &Idem, key: &Key, fingerprint: &Fingerprint) -> Fence 
         fingerprint,
         lease: Duration::from_secs(1),
         on_expired: OnExpired::Unknown,
+        origin: Origin { tool: "refund", tenant: "", run: "r" },
     };
     let Claim::Acquired { fence, .. } = idem.store().claim(req).await.unwrap() else {
         panic!("the first claim acquires");
