@@ -199,10 +199,7 @@ async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
     let p = Provider::with_script(&[Step::TimeoutNoEffect, Step::TimeoutNoEffect]);
     let run = Idem::in_memory().run("r");
     let (first, _) = refund(&p, &run).await;
-    assert!(
-        matches!(first, Err(Error::Tool { error: RefundError::TimedOut, .. })),
-        "{first:?}"
-    );
+    assert!(matches!(first, Err(Error::Tool { error: RefundError::TimedOut, .. })), "{first:?}");
     assert_eq!((p.runs(), p.checks()), (2, 2));
 
     // Nothing happened, and the record says nothing: the next call runs.

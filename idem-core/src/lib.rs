@@ -30,6 +30,7 @@ pub mod key;
 pub mod limits;
 mod macro_checks;
 mod macro_support;
+pub mod metrics;
 mod policy;
 mod reconcile;
 pub mod store;

@@ -250,6 +250,8 @@ pub trait ReconcileFuture<O>: Future<Output = Reconciled<O>> + Send {}
 impl<O, F: Future<Output = Reconciled<O>> + Send> ReconcileFuture<O> for F {}
 
 /// Boxes the future of a tool's reconciliation check.
-pub fn reconcile_check<'a, O, F: ReconcileFuture<O> + 'a>(check: F) -> BoxFuture<'a, Reconciled<O>> {
+pub fn reconcile_check<'a, O, F: ReconcileFuture<O> + 'a>(
+    check: F,
+) -> BoxFuture<'a, Reconciled<O>> {
     Box::pin(check)
 }

@@ -78,6 +78,7 @@ impl<T: Tool> Call<'_, T> {
                 }
                 return Err(self.deadline_passed());
             }
+            crate::metrics::attempt(self.name(), self.class().as_str());
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
             // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
@@ -112,7 +113,9 @@ impl<T: Tool> Call<'_, T> {
                     budget.on_failure();
                     if let (true, Some(fence), Some(kept)) = (reconciles, fence, args.as_ref()) {
                         match self.ask_check(fence, kept).await {
-                            Reconciled::Happened(output) => return self.happened(fence, output).await,
+                            Reconciled::Happened(output) => {
+                                return self.happened(fence, output).await;
+                            }
                             // Nothing happened: the call goes on as a never tool does, with
                             // its one attempt (still holding the fence: no other caller runs).
                             Reconciled::NotHappened if allowed == self.policy.attempts => {
@@ -177,6 +180,7 @@ impl<T: Tool> Call<'_, T> {
             return Next::Stop(Stop::AttemptsUsed);
         }
         if !self.inner.budget.can_retry() {
+            crate::metrics::retry_budget_refusal(self.name());
             let retry_after = failure.retry_after;
             return Next::Stop(Stop::Exhausted { budget: BudgetKind::RetryBudget, retry_after });
         }

@@ -14,6 +14,7 @@ use crate::clock::later;
 use crate::error::Chain;
 use crate::error::Error;
 use crate::key::Scope;
+use crate::metrics::StepTimer;
 use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, StoreError};
 use crate::tool::Tool;
 
@@ -77,6 +78,13 @@ impl<T: Tool> Call<'_, T> {
     }
 
     async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+        let timer = StepTimer::start();
+        let answer = self.claim_once(on_expired).await;
+        timer.done("claim");
+        answer
+    }
+
+    async fn claim_once(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
         if self.inner.local_store {
             // Answers without I/O: nothing to bound, nothing left behind.
             let req = ClaimRequest {
@@ -118,30 +126,36 @@ impl<T: Tool> Call<'_, T> {
 
     /// A store step after the claim (complete, release, renew), bounded by the store timeout,
     /// not by the call's deadline: the tool's work is done and its outcome should be kept.
+    /// Its latency is recorded under `name` (`idem_store_step_seconds`).
     async fn bounded(
         &self,
+        name: &'static str,
         step: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), StoreError> {
-        if self.inner.local_store {
-            return step.await;
-        }
-        let timeout = self.policy.store_timeout;
-        match tokio::time::timeout(timeout, step).await {
-            Ok(result) => result,
-            Err(_) => {
-                Err(StoreError::unavailable(format!("the store did not answer within {timeout:?}")))
+        let timer = StepTimer::start();
+        let result = if self.inner.local_store {
+            step.await
+        } else {
+            let timeout = self.policy.store_timeout;
+            match tokio::time::timeout(timeout, step).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::unavailable(format!(
+                    "the store did not answer within {timeout:?}"
+                ))),
             }
-        }
+        };
+        timer.done(name);
+        result
     }
 
     pub(super) async fn release(&self, fence: Fence) {
         // A failed release only delays the next claim until the lease ends.
-        let _ = self.bounded(self.inner.store.release(&self.key, fence)).await;
+        let _ = self.bounded("release", self.inner.store.release(&self.key, fence)).await;
     }
 
     pub(super) async fn renew(&self, fence: Fence) {
         if let Err(e) =
-            self.bounded(self.inner.store.renew(&self.key, fence, self.policy.lease)).await
+            self.bounded("renew", self.inner.store.renew(&self.key, fence, self.policy.lease)).await
         {
             // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
             // LeaseLost when the outcome is stored.
@@ -175,7 +189,7 @@ impl<T: Tool> Call<'_, T> {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), Error<T::Error>> {
-        self.bounded(self.inner.store.complete(&self.key, fence, outcome, ttl))
+        self.bounded("complete", self.inner.store.complete(&self.key, fence, outcome, ttl))
             .await
             .map_err(|e| self.store_error(e))
     }

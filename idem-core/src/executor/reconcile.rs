@@ -51,6 +51,7 @@ impl<T: Tool> Call<'_, T> {
             }
         };
         tracing::info!(idem.reconciled = verdict.as_str(), "reconciliation check answered");
+        crate::metrics::reconciliation(self.name(), verdict.as_str());
         verdict
     }
 

@@ -9,7 +9,7 @@ use tracing::field::Empty;
 
 use super::Idem;
 use super::call::Call;
-use super::report::{CallReport, ServedSlot, WaitHook};
+use super::report::{CallReport, Served, ServedSlot, WaitHook};
 use crate::clock::later;
 use crate::error::Error;
 use crate::key::{self, Fingerprint, KeyError, Scope};
@@ -103,9 +103,11 @@ impl Run {
             if matches!(source, KeyError::TooDeep { .. }) {
                 std::mem::forget(args);
             }
+            crate::metrics::call(def.name, def.class.as_str(), "failed");
             return (Err(Error::InvalidArguments { tool: def.name, source }), None);
         }
         if canonical.len() > policy.max_argument_bytes {
+            crate::metrics::call(def.name, def.class.as_str(), "failed");
             let source =
                 KeyError::TooLarge { size: canonical.len(), limit: policy.max_argument_bytes };
             return (Err(Error::InvalidArguments { tool: def.name, source }), None);
@@ -149,8 +151,23 @@ impl Run {
         if let Err(e) = &result {
             span.record("error.type", e.kind().as_str());
         }
+        let served = call.served.get();
+        crate::metrics::call(def.name, def.class.as_str(), outcome_label(&result, served));
         let scope = Arc::clone(&self.scope);
-        let (served, output_checked) = (call.served.get(), call.served.output_checked());
+        let output_checked = call.served.output_checked();
         (result, Some(CallReport { scope, key, served, output_checked }))
+    }
+}
+
+/// The `outcome` label of `idem_calls_total` (`crate::metrics`): how a call that returned the
+/// tool's output was served; `replayed` or `joined` for a stored or shared failure; `unknown`
+/// for `OutcomeUnknown`; `failed` for any other error.
+fn outcome_label<O, E>(result: &Result<O, Error<E>>, served: Option<Served>) -> &'static str {
+    match (result, served) {
+        (Err(Error::OutcomeUnknown { .. }), _) => "unknown",
+        (Ok(_), Some(served)) => served.as_str(),
+        (Ok(_), None) => "executed",
+        (Err(_), Some(served @ (Served::Replayed | Served::Joined))) => served.as_str(),
+        (Err(_), _) => "failed",
     }
 }

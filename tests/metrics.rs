@@ -1,0 +1,194 @@
+//! idem's metrics (`idem_core::metrics`, feature `metrics`): a scripted run of calls, each
+//! outcome of known count, read back exactly from `metrics-util`'s debugging recorder.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::{Classify, Failure, Idem, Key, MemoryStore, Reconciled, RetryBudget, tool};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+enum PayError {
+    #[error("declined")]
+    Declined,
+    #[error("unreachable")]
+    Unreachable,
+    #[error("timed out after sending")]
+    TimedOut,
+}
+
+impl Classify for PayError {
+    fn classify(&self) -> Failure {
+        match self {
+            PayError::Declined => Failure::permanent(),
+            PayError::Unreachable => Failure::transient(),
+            PayError::TimedOut => Failure::ambiguous(),
+        }
+    }
+}
+
+static RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn charge(customer: String) -> Result<String, PayError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("ch_{customer}"))
+}
+
+#[tool(retry = "keyed")]
+async fn slow_charge(customer: String) -> Result<String, PayError> {
+    RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(format!("ch_{customer}"))
+}
+
+#[tool(retry = "keyed")]
+async fn declined(customer: String) -> Result<String, PayError> {
+    let _ = customer;
+    Err(PayError::Declined)
+}
+
+#[tool(retry = "never")]
+async fn wire(to: String) -> Result<String, PayError> {
+    let _ = to;
+    Err(PayError::TimedOut)
+}
+
+async fn refund_made(key: &Key, payment: String) -> Reconciled<String> {
+    let _ = key;
+    Reconciled::Happened(format!("re_{payment}"))
+}
+
+#[tool(retry = "never", reconcile = refund_made)]
+async fn refund(payment: String) -> Result<String, PayError> {
+    let _ = payment;
+    Err(PayError::TimedOut)
+}
+
+#[tool(retry = "safe", attempts = 3)]
+async fn flaky(customer: String) -> Result<String, PayError> {
+    let _ = customer;
+    Err(PayError::Unreachable)
+}
+
+/// The recorded values by name and sorted labels.
+type Seen = BTreeMap<(String, Vec<(String, String)>), DebugValue>;
+
+fn key(name: &str, labels: &[(&str, &str)]) -> (String, Vec<(String, String)>) {
+    let mut labels: Vec<(String, String)> =
+        labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    labels.sort();
+    (name.to_owned(), labels)
+}
+
+fn counter(seen: &Seen, name: &str, labels: &[(&str, &str)]) -> u64 {
+    match seen.get(&key(name, labels)) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{name} {labels:?} is not a counter: {other:?}"),
+    }
+}
+
+#[test]
+fn a_scripted_run_is_counted_exactly() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let unknown_gauge = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            // Two tokens: after one failed attempt no retry is allowed.
+            let idem = Idem::builder(MemoryStore::new())
+                .retry_budget(Arc::new(RetryBudget::new(2, 0.1)))
+                .build();
+            let run = idem.run("metrics");
+            charge(&run, "a".into()).await.unwrap(); // executed
+            charge(&run, "a".into()).await.unwrap(); // replayed
+            let (x, y) = tokio::join!(slow_charge(&run, "b".into()), slow_charge(&run, "b".into()));
+            assert_eq!(x.unwrap(), y.unwrap()); // executed + joined
+            declined(&run, "c".into()).await.unwrap_err(); // failed (stored)
+            declined(&run, "c".into()).await.unwrap_err(); // replayed
+            wire(&run, "d".into()).await.unwrap_err(); // unknown
+            wire(&run, "d".into()).await.unwrap_err(); // unknown (replayed)
+            assert_eq!(refund(&run, "e".into()).await.unwrap(), "re_e"); // reconciled
+            flaky(&run, "f".into()).await.unwrap_err(); // failed; its retry refused by the budget
+            idem_core::metrics::refresh_record_gauges(idem.store().as_ref()).await.unwrap()
+        })
+    });
+    assert_eq!(unknown_gauge.unknown, 1);
+
+    let mut seen = Seen::new();
+    let mut histograms: BTreeMap<Vec<(String, String)>, usize> = BTreeMap::new();
+    for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
+        let k = composite.key();
+        let labels: Vec<(&str, &str)> = k.labels().map(|l| (l.key(), l.value())).collect();
+        let entry = key(k.name(), &labels);
+        if let DebugValue::Histogram(samples) = &value {
+            assert_eq!(k.name(), "idem_store_step_seconds");
+            assert!(samples.iter().all(|s| s.into_inner() >= 0.0));
+            histograms.insert(entry.1.clone(), samples.len());
+        }
+        seen.insert(entry, value);
+    }
+
+    let calls = |tool: &str, class: &str, outcome: &str| {
+        counter(
+            &seen,
+            "idem_calls_total",
+            &[("tool", tool), ("class", class), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(calls("charge", "keyed", "executed"), 1);
+    assert_eq!(calls("charge", "keyed", "replayed"), 1);
+    assert_eq!(calls("slow_charge", "keyed", "executed"), 1);
+    assert_eq!(calls("slow_charge", "keyed", "joined"), 1);
+    assert_eq!(calls("declined", "keyed", "failed"), 1);
+    assert_eq!(calls("declined", "keyed", "replayed"), 1);
+    assert_eq!(calls("wire", "never", "unknown"), 2);
+    assert_eq!(calls("refund", "never", "reconciled"), 1);
+    assert_eq!(calls("flaky", "safe", "failed"), 1);
+    let total_calls: u64 = seen
+        .iter()
+        .filter(|((name, _), _)| name == "idem_calls_total")
+        .map(|(_, v)| if let DebugValue::Counter(n) = v { *n } else { 0 })
+        .sum();
+    assert_eq!(total_calls, 10, "no other call series: {seen:?}");
+
+    let attempts = |tool: &str, class: &str| {
+        counter(&seen, "idem_attempts_total", &[("tool", tool), ("class", class)])
+    };
+    assert_eq!(attempts("charge", "keyed"), 1);
+    assert_eq!(attempts("slow_charge", "keyed"), 1);
+    assert_eq!(attempts("declined", "keyed"), 1);
+    assert_eq!(attempts("wire", "never"), 1);
+    assert_eq!(attempts("refund", "never"), 1);
+    assert_eq!(attempts("flaky", "safe"), 1);
+    assert_eq!(RUNS.load(Ordering::SeqCst), 2);
+
+    assert_eq!(counter(&seen, "idem_retry_budget_refusals_total", &[("tool", "flaky")]), 1);
+    assert_eq!(
+        counter(
+            &seen,
+            "idem_reconciliations_total",
+            &[("tool", "refund"), ("verdict", "happened")]
+        ),
+        1
+    );
+    match seen.get(&key("idem_outcomes_unknown", &[])) {
+        Some(DebugValue::Gauge(v)) => assert_eq!(v.into_inner(), 1.0),
+        other => panic!("idem_outcomes_unknown: {other:?}"),
+    }
+
+    // Claims: 2 charge, 3 slow_charge (the duplicate claims, waits, claims again), 2 declined,
+    // 2 wire, 1 refund; the safe tool uses no store. Completions: one per stored outcome.
+    let step = |s: &str| vec![("step".to_owned(), s.to_owned())];
+    assert_eq!(histograms.get(&step("claim")), Some(&10), "{histograms:?}");
+    assert_eq!(histograms.get(&step("complete")), Some(&5), "{histograms:?}");
+    assert_eq!(histograms.len(), 2, "no release or renewal in this run: {histograms:?}");
+}
