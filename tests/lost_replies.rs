@@ -24,10 +24,32 @@ struct Rig {
     proxy: Proxy,
     through: Arc<dyn Store>,
     direct: Arc<dyn Store>,
+    /// `through`, when it is the Redis store.
+    #[cfg(feature = "redis")]
+    redis: Option<idem_core::RedisStore>,
 }
 
+/// The Redis rig with the store's clock sampled, so its claims take the native path
+/// (`SET .. NX GET`, `idem-core/src/store/redis/native.rs`).
 #[cfg(feature = "redis")]
 async fn redis_rig() -> Option<Rig> {
+    let rig = redis_rig_scripts().await?;
+    let through = rig.redis.as_ref().expect("a Redis rig");
+    // A first claim samples the server's clock in the background.
+    let (key, fp) = fresh_key("warm_up", "{}");
+    through.claim(claim_req(&key, &fp)).await.expect("warm-up claim");
+    for _ in 0..200 {
+        if through.native_ready() {
+            return Some(rig);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the Redis store never sampled the server's clock");
+}
+
+/// The Redis rig on a new store, whose first claims take the claim script.
+#[cfg(feature = "redis")]
+async fn redis_rig_scripts() -> Option<Rig> {
     use idem_core::RedisStore;
     let url = idem_tests::redis_url();
     idem_tests::or_skip("Redis", RedisStore::open(&url).await)?;
@@ -42,7 +64,8 @@ async fn redis_rig() -> Option<Rig> {
     let prefix = format!("idem-lost-{}-{}", std::process::id(), nanos());
     let through = RedisStore::builder(proxied).prefix(&prefix).open().await.expect("through");
     let direct = RedisStore::builder(url).prefix(&prefix).open().await.expect("direct");
-    Some(Rig { proxy, through: Arc::new(through), direct: Arc::new(direct) })
+    let redis = Some(through.clone());
+    Some(Rig { proxy, through: Arc::new(through), direct: Arc::new(direct), redis })
 }
 
 #[cfg(feature = "postgres")]
@@ -58,7 +81,13 @@ async fn postgres_rig() -> Option<Rig> {
     // One connection, so every step goes through the one the proxy resets.
     let config = std::str::FromStr::from_str(&pg::through(proxy.port())).expect("config");
     let through = PostgresStore::connect_with(config, 1).await.expect("through");
-    Some(Rig { proxy, through: Arc::new(through), direct: Arc::new(direct) })
+    Some(Rig {
+        proxy,
+        through: Arc::new(through),
+        direct: Arc::new(direct),
+        #[cfg(feature = "redis")]
+        redis: None,
+    })
 }
 
 fn nanos() -> u128 {
@@ -310,4 +339,5 @@ macro_rules! lost_reply_tests {
 }
 
 lost_reply_tests!(redis, "redis", redis_rig);
+lost_reply_tests!(redis_scripts, "redis", redis_rig_scripts);
 lost_reply_tests!(postgres, "postgres", postgres_rig);

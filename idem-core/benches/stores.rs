@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore};
+use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, PostgresStore, RedisStore, Store};
 use idem_core::{Fingerprint, Idem, Key, Run, Scope};
 use redis::aio::ConnectionManager;
 use serde::Deserialize;
@@ -167,6 +167,9 @@ struct Subject {
     prefix: Arc<str>,
     /// Raw keys that exist, one per caller (the replay baseline reads them).
     read_keys: Vec<Arc<str>>,
+    /// Redis only: the same store with native claims off (every claim the script), for an A/B
+    /// of the claim in the same rounds.
+    scripts: Option<Arc<dyn Store>>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -205,6 +208,9 @@ enum Op {
     /// directly (no executor), to tell the store's cost from the executor's.
     StoreFirst,
     StoreReplay,
+    /// Redis only: the same through the claim script (native claims off).
+    ScriptFirst,
+    ScriptReplay,
 }
 
 impl Op {
@@ -218,6 +224,8 @@ impl Op {
             Op::Raw1Blocking => "raw 1 read, spawn_blocking",
             Op::StoreFirst => "store claim+complete only",
             Op::StoreReplay => "store claim (replay) only",
+            Op::ScriptFirst => "store claim+complete, scripts",
+            Op::ScriptReplay => "store claim (replay), scripts",
         }
     }
 }
@@ -239,9 +247,9 @@ impl Subject {
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
             Op::Raw1Blocking => self.raw.read1_blocking(&self.read_keys[caller as usize]).await,
-            Op::StoreFirst => {
+            Op::StoreFirst | Op::ScriptFirst => {
                 let (key, fp) = self.key_of(&charge_args(next()));
-                let store = self.run.idem().store();
+                let store = self.store(op);
                 let req = ClaimRequest {
                     key: &key,
                     fingerprint: &fp,
@@ -258,7 +266,7 @@ impl Subject {
                     .await
                     .expect("complete");
             }
-            Op::StoreReplay => {
+            Op::StoreReplay | Op::ScriptReplay => {
                 let (key, fp) = self.key_of(&seed_args(caller));
                 let req = ClaimRequest {
                     key: &key,
@@ -267,9 +275,17 @@ impl Subject {
                     on_expired: OnExpired::TakeOver,
                     origin: Default::default(),
                 };
-                let claim = self.run.idem().store().claim(req).await;
+                let claim = self.store(op).claim(req).await;
                 assert!(matches!(claim, Ok(Claim::Completed(_))), "a seeded key replays");
             }
+        }
+    }
+
+    /// The store an op calls directly: idem's, or the one with native claims off.
+    fn store(&self, op: Op) -> &Arc<dyn Store> {
+        match (op, &self.scripts) {
+            (Op::ScriptFirst | Op::ScriptReplay, Some(scripts)) => scripts,
+            _ => self.run.idem().store(),
         }
     }
 
@@ -294,6 +310,9 @@ impl Subject {
             vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay];
         if matches!(self.raw, Raw::Sqlite(_)) {
             ops.extend([Op::Raw2Blocking, Op::Raw1Blocking]);
+        }
+        if self.scripts.is_some() {
+            ops.extend([Op::ScriptFirst, Op::ScriptReplay]);
         }
         ops
     }
@@ -388,6 +407,7 @@ async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, String) {
         raw: Raw::Sqlite(Arc::new(Mutex::new(conn))),
         read_keys: read_keys(&prefix),
         prefix,
+        scripts: None,
     };
     (
         subject,
@@ -454,6 +474,7 @@ async fn pg_subject(
         raw: Raw::Postgres { conns, next: AtomicU64::new(0) },
         read_keys: read_keys(&prefix),
         prefix,
+        scripts: None,
     }
 }
 
@@ -471,12 +492,19 @@ async fn redis_subject(s: &Settings, url: &str, scope: &Scope) -> Subject {
     let client = redis::Client::open(url).expect("IDEM_REDIS_URL");
     let conn = ConnectionManager::new(client).await.expect("connect to Redis");
     let prefix: Arc<str> = format!("{}:raw", redis_prefix(s)).into();
+    let scripts = RedisStore::builder(url)
+        .prefix(redis_prefix(s))
+        .native_claims(false)
+        .open()
+        .await
+        .expect("connect the Redis store");
     Subject {
         name: "Redis",
         run: Idem::new(store).scope(scope.clone()),
         raw: Raw::Redis(conn),
         read_keys: read_keys(&prefix),
         prefix,
+        scripts: Some(Arc::new(scripts)),
     }
 }
 
@@ -802,6 +830,12 @@ fn us(ns: f64) -> String {
     format!("{:.1} µs", ns / 1e3)
 }
 
+/// The replay target of a store (one raw read): 1.5 for SQLite, whose raw read is a local
+/// primary-key lookup of about a microsecond; 1.2 for the servers.
+fn replay_target(label: &str) -> f64 {
+    if label == "SQLite" { 1.5 } else { 1.2 }
+}
+
 fn verdict(ratio: f64, target: f64) -> &'static str {
     if ratio <= target { "met" } else { "MISSED" }
 }
@@ -872,9 +906,10 @@ fn main() {
             "  first call / 2 raw writes = {first:.2}  (target <= 1.30: {})",
             verdict(first, 1.3)
         );
+        let replay_target = replay_target(label);
         println!(
-            "  replay / 1 raw read       = {replay:.2}  (target <= 1.30: {})",
-            verdict(replay, 1.3)
+            "  replay / 1 raw read       = {replay:.2}  (target <= {replay_target:.2}: {})",
+            verdict(replay, replay_target)
         );
         if name == "sqlite" {
             println!(
@@ -895,6 +930,12 @@ fn main() {
         );
         if name == "redis" {
             redis_idem = Some((lat.median(Op::First), lat.median(Op::Replay)));
+            println!(
+                "  diagnostics: claim script instead of native commands (same rounds): \
+                 claim+complete / 2 raw writes = {:.2}, claim of a completed key / 1 raw read = {:.2}",
+                lat.ratio(Op::ScriptFirst, Op::Raw2),
+                lat.ratio(Op::ScriptReplay, Op::Raw1),
+            );
         }
 
         // Throughput: 32 callers on a 2-worker runtime, idem and raw interleaved.
@@ -980,7 +1021,7 @@ fn main() {
 
     println!("\n## Summary (markdown)\n");
     println!(
-        "| store | first call | first / 2 raw writes (≤ 1.3) | replay | replay / 1 raw read (≤ 1.3) | \
+        "| store | first call | first / 2 raw writes (≤ 1.3) | replay | replay / 1 raw read (≤ 1.2; SQLite 1.5) | \
          first calls/s (raw 2 writes/s) | replays/s (raw reads/s) |"
     );
     println!("|---|---|---|---|---|---|---|");
@@ -998,7 +1039,7 @@ fn main() {
             us(*first),
             verdict(*fr, 1.3),
             us(*replay),
-            verdict(*rr, 1.3),
+            verdict(*rr, replay_target(label)),
             t(Op::First),
             t(Op::Raw2),
             t(Op::Replay),

@@ -26,6 +26,7 @@ pub struct RedisStoreBuilder {
     pub(super) response_timeout: Duration,
     pub(super) connection_timeout: Duration,
     pub(super) wait: Option<Replicas>,
+    pub(super) native_claims: bool,
 }
 
 impl RedisStoreBuilder {
@@ -60,6 +61,15 @@ impl RedisStoreBuilder {
     /// failover, see the module docs). Commands may take up to `timeout` longer.
     pub fn wait_for_replicas(mut self, count: u32, timeout: Duration) -> Self {
         self.wait = Some(Replicas { count, timeout });
+        self
+    }
+
+    /// Whether a fresh claim or a replay may be one native `SET .. NX GET` with the fence and
+    /// lease end from the store's estimate of the server's clock (see the module docs). Off, every
+    /// claim is the claim script, which reads the server's clock itself. Default on; it applies to
+    /// one server without a replica wait, and a server before Redis 7.0 turns it off by itself.
+    pub fn native_claims(mut self, on: bool) -> Self {
+        self.native_claims = on;
         self
     }
 
@@ -120,6 +130,9 @@ impl RedisStoreBuilder {
                 (conn, cluster_pubsub(&nodes, connect, respond, &waiters))
             }
         };
+        // Native claims: one server (on a cluster each master has its own clock) and no replica
+        // wait (the claim's `WAIT` goes with its script).
+        let native = self.native_claims && wait.is_none() && matches!(conn, Conn::One(_));
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -130,6 +143,8 @@ impl RedisStoreBuilder {
                 pubsub,
                 subscribed: tokio::sync::Mutex::new(HashSet::new()),
                 pubsub_broken: AtomicBool::new(false),
+                clock: super::native::ServerClock::default(),
+                native: super::native::Support::new(native),
             }),
         })
     }

@@ -1,11 +1,19 @@
 //! The Redis store (feature `redis`): shared by many processes and machines.
 //!
-//! Every step (claim, complete, release, renew, forget, and the re-check of a wait) is one Lua
-//! script, so Redis runs it atomically; nothing is read and then written from the client. Scripts
-//! are sent with EVALSHA and loaded on the first `NOSCRIPT` answer (redis-rs [`redis::Script`]).
-//! Redis runs one script at a time and each command a script makes costs it microseconds, so the
-//! scripts make few: a fresh claim is `GET`, `TIME`, `GET`, `SET`; a complete `GET`, `SET`, `SET`;
-//! a replay one `GET`.
+//! On one server, the common claim, a fresh one or a replay, is one native command: `SET rec
+//! <in-flight record> NX GET` (Redis 7.0 or later), pipelined with a `GET` of the fence counter, so
+//! the server runs no script for it (see `native.rs`: the fence and lease end come from the
+//! client's estimate of the server's clock, and a fence not above the counter is raised by the
+//! claim script before anyone sees it). Every other step (complete, release, renew, forget, the
+//! re-check of a wait, and the claims the native command cannot answer: a record in flight, a
+//! takeover, a version 1 record) is one Lua script, so Redis runs it atomically; nothing is read
+//! and then written from the client. Scripts are sent with EVALSHA and loaded on the first
+//! `NOSCRIPT` answer. Redis runs one script at a time and each command a script makes costs it
+//! microseconds, so the scripts make few: a claim `GET`, `TIME`, `GET`, `SET`; a complete `GET`,
+//! `SET`, `SET`. Claims are scripts only on a Redis Cluster (each master has its own clock), with
+//! a replica wait (the claim's `WAIT` goes with its script), with
+//! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
+//! `GET`).
 //!
 //! # Keys
 //! For an idempotency key `K` (64 hex digits) and the prefix `P` (default `idem`):
@@ -72,7 +80,10 @@
 //!
 //! # Time
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
-//! clocks agree on when a lease ends. Retention is the expiry of the record, set by the same `SET
+//! clocks agree on when a lease ends. A native claim writes a lease end from its estimate of that
+//! clock (a `TIME` sample at most 60 s old, corrected by the sample's round trip), never earlier
+//! than the server's time plus the lease except by the drift of the two clocks since the sample;
+//! whether a lease has ended is still decided by the scripts, on the server's clock. Retention is the expiry of the record, set by the same `SET
 //! .. PX` that completes it: expiry removes the whole record at once. In-flight records have no
 //! expiry: a record whose owner vanished must stay to answer [`Claim::Unknown`] to a `never` tool
 //! until an operator forgets it.
@@ -87,7 +98,8 @@
 //! server's clock steps back. Once a key has been idle past that grace the counter is gone and the
 //! next fence comes from the clock, which has moved on by at least the grace: fences still
 //! increase, and no counter is kept forever for a key nobody uses. A claim of a new key reads the
-//! counter but does not write it.
+//! counter but does not write it; a native claim reads it right after its `SET .. NX`, and if the
+//! fence it wrote is not above it, the claim script raises that fence (`native.rs`).
 //!
 //! # Waiting
 //! [`Store::wait`] subscribes to the key's channel on a dedicated RESP3 connection (one per
@@ -128,6 +140,7 @@ use crate::key::{Fingerprint, Key};
 
 mod builder;
 mod conn;
+mod native;
 mod pubsub;
 mod reply;
 mod route;
@@ -168,6 +181,10 @@ struct Inner {
     subscribed: tokio::sync::Mutex<HashSet<Vec<u8>>>,
     /// Set when the server refused pub/sub (no RESP3): wait by polling from then on.
     pubsub_broken: AtomicBool,
+    /// The server's clock as estimated here, for claims in native commands.
+    clock: native::ServerClock,
+    /// Whether claims may be native commands.
+    native: native::Support,
 }
 
 /// The Redis [`Store`]. Cheap to clone; share one per process.
@@ -213,6 +230,7 @@ impl RedisStore {
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
             wait: None,
+            native_claims: true,
         }
     }
 
@@ -224,6 +242,14 @@ impl RedisStore {
     /// The Redis key of the fence counter of `key`.
     pub fn fence_key(&self, key: &Key) -> String {
         format!("{}:{{{}}}:fence", self.inner.prefix, key)
+    }
+
+    /// Whether claims now take the native path (`store/redis/native.rs`): one server that takes
+    /// `SET .. NX GET`, no replica wait, and a recent sample of the server's clock (taken in the
+    /// background by the first claims). For tests, not an API.
+    #[doc(hidden)]
+    pub fn native_ready(&self) -> bool {
+        self.inner.native.usable() && self.inner.clock.now_us().0.is_some()
     }
 
     /// The pub/sub channel of `key`.
@@ -334,13 +360,7 @@ impl Store for RedisStore {
             OnExpired::Unknown => "u",
         };
         let owner = Owner::new();
-        let mut inv = self.inner.scripts.claim.prepare_invoke();
-        inv.key(self.record_key(req.key))
-            .key(self.fence_key(req.key))
-            .arg(req.fingerprint.as_str())
-            .arg(ms(req.lease))
-            .arg(on_expired)
-            .arg(owner.as_str());
+        let (record, counter) = (self.record_key(req.key), self.fence_key(req.key));
         let give_up = GiveUp::arm({
             let (store, key) = (self.clone(), *req.key);
             move || {
@@ -349,6 +369,32 @@ impl Store for RedisStore {
                 })
             }
         });
+        // The common claim (a fresh one, or a replay) in native commands; the rest by script.
+        match self.native_claim(&req, &owner, &record, &counter).await {
+            None | Some(Ok(native::Native::Script)) => {}
+            Some(Ok(native::Native::Answer(claim))) => {
+                give_up.answered();
+                return Ok(claim);
+            }
+            Some(Ok(native::Native::Completed(raw))) => {
+                give_up.answered();
+                return self.replay(req.key, &raw, req.fingerprint);
+            }
+            Some(Err(e)) => {
+                // Only a claim whose every send may have been lost may have left a record.
+                if !matches!(e, StoreError::Unavailable(_)) {
+                    give_up.answered();
+                }
+                return Err(e);
+            }
+        }
+        let mut inv = self.inner.scripts.claim.prepare_invoke();
+        inv.key(&record)
+            .key(&counter)
+            .arg(req.fingerprint.as_str())
+            .arg(ms(req.lease))
+            .arg(on_expired)
+            .arg(owner.as_str());
         let answered =
             resend::resend(|_| self.send(&inv, true)).await.and_then(|(answer, acks)| {
                 // A record this claim wrote must reach the replicas, or it is not trusted.

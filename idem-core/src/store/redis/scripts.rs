@@ -113,11 +113,20 @@ local bad, st, fence, w, lu, fp, o = header(v)
 if bad then return bad end
 if fp ~= ARGV[1] then return {'mismatch'} end
 local now_us, now_ms = now()
--- This claim's own record: an earlier send created it and its reply was lost. It is still ours
--- (a takeover would have changed the owner): acquired again, with a fresh lease.
+-- This claim's own record: an earlier send created it and its reply was lost, or the native
+-- claim wrote it with a fence from the client's estimate of this clock. It is still ours (a
+-- takeover would have changed the owner): acquired again, with a fresh lease, and a fence above
+-- the counter (nobody has seen this fence yet).
 if o == ARGV[4] then
+  local f = tonumber(fence)
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if c >= f then
+    if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
+    f = math.max(c + 1, now_us)
+    fence = format('%d', f)
+  end
   redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o))
-  return tonumber(fence)
+  return f
 end
 lu = tonumber(lu) or 0
 if lu > now_ms then return {'inflight', tonumber(fence), lu - now_ms} end

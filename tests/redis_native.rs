@@ -1,0 +1,128 @@
+//! The Redis store's common claim in native commands (`SET .. NX GET` with the fence counter,
+//! `idem-core/src/store/redis/native.rs`): the fence it picks from its estimate of the server's
+//! clock is still above every fence the key had, its lease is not shorter than asked, and a
+//! replay comes back from the same command.
+//! Run: cargo test --features redis --test redis_native
+
+use std::time::Duration;
+
+use idem_core::conformance::{LONG, fresh_key};
+use idem_core::store::{Claim, Outcome, Record, RedisStore, Store};
+use idem_tests::{claim_req, or_skip, redis_prefix, redis_url};
+
+/// A store whose claims take the native path: its first claim has it sample the server's clock.
+async fn warm_store() -> Option<RedisStore> {
+    let store =
+        or_skip("Redis", RedisStore::builder(redis_url()).prefix(redis_prefix()).open().await)?;
+    let (key, fp) = fresh_key("native_warm_up", "{}");
+    store.claim(claim_req(&key, &fp)).await.expect("warm-up claim");
+    for _ in 0..200 {
+        if store.native_ready() {
+            return Some(store);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the Redis store never sampled the server's clock");
+}
+
+async fn raw() -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    client.get_multiplexed_async_connection().await.expect("raw redis connection")
+}
+
+async fn server_ms(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let t: Vec<u64> = redis::cmd("TIME").query_async(raw).await.expect("TIME");
+    t[0] * 1000 + t[1] / 1000
+}
+
+/// The in-flight record's fields (see the Redis store's module docs).
+async fn record_fields(store: &RedisStore, key: &idem_core::Key) -> Vec<String> {
+    let raw: String =
+        redis::cmd("GET").arg(store.record_key(key)).query_async(&mut raw().await).await.unwrap();
+    raw.splitn(8, '|').map(str::to_owned).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_claim_starts_above_the_fence_counter() {
+    let Some(store) = warm_store().await else { return };
+    let (key, fp) = fresh_key("native_counter", "{}");
+    // An earlier owner's fence far ahead of the server's clock (a clock that stepped back, or a
+    // client whose estimate runs behind): the counter holds it after its record went away.
+    let mut raw = raw().await;
+    let ahead = server_ms(&mut raw).await * 1000 + 3_600_000_000;
+    let _: () = redis::cmd("SET")
+        .arg(store.fence_key(&key))
+        .arg(ahead)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    match store.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::Acquired { fence, takeover: false }) => {
+            assert!(fence.0 > ahead, "fence {} must be above the counter {ahead}", fence.0);
+            // The record holds the fence the caller got.
+            assert_eq!(record_fields(&store, &key).await[2], fence.0.to_string());
+        }
+        other => panic!("a fresh key must be acquired, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_release_and_forget() {
+    let Some(store) = warm_store().await else { return };
+    let (key, fp) = fresh_key("native_increase", "{}");
+    let mut last = 0;
+    for round in 0..20 {
+        let Ok(Claim::Acquired { fence, .. }) = store.claim(claim_req(&key, &fp)).await else {
+            panic!("round {round}: the free key must be acquired")
+        };
+        assert!(fence.0 > last, "round {round}: fence {} after {last}", fence.0);
+        last = fence.0;
+        if round % 2 == 0 {
+            store.release(&key, fence).await.expect("release");
+        } else {
+            assert!(store.forget(&key).await.expect("forget"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_not_shorter_than_asked() {
+    let Some(store) = warm_store().await else { return };
+    let (key, fp) = fresh_key("native_lease", "{}");
+    let mut raw = raw().await;
+    let before = server_ms(&mut raw).await;
+    let Ok(Claim::Acquired { .. }) = store.claim(claim_req(&key, &fp)).await else {
+        panic!("a fresh key must be acquired")
+    };
+    let after = server_ms(&mut raw).await;
+    let lease_end: u64 = record_fields(&store, &key).await[4].parse().expect("lease end");
+    let lease = u64::try_from(LONG.as_millis()).unwrap();
+    assert!(lease_end >= before + lease, "lease end {lease_end} before {before} + {lease}");
+    // The estimate errs late by at most a sample's round trip (20 ms) and the drift since.
+    assert!(lease_end <= after + lease + 100, "lease end {lease_end} past {after} + {lease}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_and_a_mismatch_come_from_the_same_command() {
+    let Some(store) = warm_store().await else { return };
+    let (key, fp) = fresh_key("native_replay", "{}");
+    let Ok(Claim::Acquired { fence, .. }) = store.claim(claim_req(&key, &fp)).await else {
+        panic!("a fresh key must be acquired")
+    };
+    let ok = Outcome::Success("{\"id\":\"ch_1\"}".into());
+    store.complete(&key, fence, &ok, LONG).await.expect("complete");
+    let replay = store.claim(claim_req(&key, &fp)).await.expect("replay");
+    assert_eq!(replay, Claim::Completed(Record { fingerprint: fp, outcome: ok }));
+    let (_, other) = fresh_key("native_replay_other", "{\"other\":1}");
+    assert_eq!(store.claim(claim_req(&key, &other)).await.expect("mismatch"), Claim::Mismatch);
+    // An in-flight record of another owner: the script answers (in flight, then mismatch).
+    let (key, fp) = fresh_key("native_inflight", "{}");
+    let Ok(Claim::Acquired { fence, .. }) = store.claim(claim_req(&key, &fp)).await else {
+        panic!("a fresh key must be acquired")
+    };
+    match store.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::InFlight { fence: held, .. }) => assert_eq!(held, fence),
+        other => panic!("held by the first claim, got {other:?}"),
+    }
+    assert_eq!(store.claim(claim_req(&key, &other)).await.expect("mismatch"), Claim::Mismatch);
+}
