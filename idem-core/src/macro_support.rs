@@ -12,6 +12,8 @@ use serde::de::DeserializeOwned;
 
 use crate::canonical::KeyError;
 use crate::ctx::Ctx;
+use crate::error::Error;
+use crate::executor::Run;
 use crate::failure::Classify;
 use crate::key::Key;
 use crate::reconcile::Reconciled;
@@ -24,6 +26,16 @@ pub use args::*;
 /// A boxed, sendable future borrowing for `'a`: what a tool's body returns, and what the typed
 /// call of a free fn tool returns (`Pin<Box<dyn Future<Output = T> + Send + 'a>>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The typed call of a method tool: `run.call(&tool, args)` with the tool moved in, boxed, so
+/// that the user's crate writes no `async fn` per tool.
+pub fn call_owned<T: Tool>(
+    run: &Run,
+    tool: T,
+    args: T::Args,
+) -> BoxFuture<'_, Result<T::Output, Error<T::Error>>> {
+    Box::pin(async move { run.call(&tool, args).await })
+}
 
 /// Splits a tool's return type into its success and error types, so that aliases such as
 /// `type Result<T> = std::result::Result<T, MyError>` work too.

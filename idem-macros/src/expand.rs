@@ -525,18 +525,18 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = #call_doc]
         #[doc = ""]
         #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
-        #vis async fn #ident(
+        #vis fn #ident<'__idem>(
             self: &::std::sync::Arc<Self>,
-            #run: &#krate::Run,
+            #run: &'__idem #krate::Run,
             #(#idents: #tys),*
-        ) -> ::core::result::Result<#ok, #krate::Error<#err>>
+        ) -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>>
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
         {
             let __idem_params = (#(#idents,)*);
             let __idem_tool = Self::#factory(self);
             let __idem_args = #krate::__private::make_args(&__idem_tool, __idem_params);
-            #krate::Run::call(#run, &__idem_tool, __idem_args).await
+            #krate::__private::call_owned(#run, __idem_tool, __idem_args)
         }
     }
 }
