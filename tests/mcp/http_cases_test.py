@@ -252,7 +252,10 @@ async def cancel(binary, work):
 
 async def restart(binary, work):
     args, run = {"customer": "cus_r", "amount_cents": 4900}, {"idem/run": "conversation-R"}
-    proc, url = start(binary, work)
+    # The provider's list of refunds cannot be read: the ambiguous refund cannot be reconciled
+    # and stays unknown.
+    env = {"PAYMENTS_REFUND_LOOKUP": "down"}
+    proc, url = start(binary, work, env)
     try:
         async with session(url, A) as s:
             first = await s.call_tool("charge_card", args, meta=run)
@@ -263,7 +266,7 @@ async def restart(binary, work):
     finally:
         stop(proc)
     before = ledger(work)
-    proc, url = start(binary, work)
+    proc, url = start(binary, work, env)
     try:
         async with session(url, A) as s:
             again = await s.call_tool("charge_card", args, meta=run)
