@@ -23,6 +23,11 @@ idem_core::store_conformance_tests!(
     store().await.map(Box::new)
 );
 
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    store().await.map(Box::new)
+);
+
 /// Two stores on one server with the same prefix, each with its own connections and pub/sub.
 async fn pair() -> Option<(Box<RedisStore>, Box<RedisStore>)> {
     Some((Box::new(store().await?), Box::new(store().await?)))
@@ -81,7 +86,7 @@ async fn pttl(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
 /// Field `i` of a stored record (0 version, 1 state, 2 fence, 3 waited on, 4 lease end,
 /// 5 fingerprint, 6 outcome kind, 7 payload).
 fn field(record: &str, i: usize) -> &str {
-    record.splitn(8, '|').nth(i).unwrap_or_else(|| panic!("record {record:?} has no field {i}"))
+    record.splitn(10, '|').nth(i).unwrap_or_else(|| panic!("record {record:?} has no field {i}"))
 }
 
 /// Every step but forget refuses the record at `key` as `Incompatible`, with `why` in the
@@ -119,16 +124,16 @@ async fn record_of_another_schema_version_is_refused_not_replayed() {
         }
         // A future version rewrote the record.
         let rec = store.record_key(&key);
-        let v2 = stored(&mut raw, &rec).await;
-        assert_eq!(field(&v2, 0), idem_core::store::redis::SCHEMA_VERSION);
-        set(&mut raw, &rec, &format!("3{}", &v2[1..])).await;
+        let v3 = stored(&mut raw, &rec).await;
+        assert_eq!(field(&v3, 0), idem_core::store::redis::SCHEMA_VERSION);
+        set(&mut raw, &rec, &format!("4{}", &v3[1..])).await;
         match store.claim(claim_req(&key, &fp)).await {
             Err(StoreError::Incompatible(why)) => {
-                assert!(why.contains("schema version 3"), "{why}")
+                assert!(why.contains("schema version 4"), "{why}")
             }
-            other => panic!("a v3 {state} record must be Incompatible, got {other:?}"),
+            other => panic!("a v4 {state} record must be Incompatible, got {other:?}"),
         }
-        refused_by_every_step(&store, &key, fence, "schema version 3").await;
+        refused_by_every_step(&store, &key, fence, "schema version 4").await;
     }
     // A hash that is not a version 1 record is not migrated: refused, and left as it is.
     let (key, _) = fresh_key("schema", "hash");
@@ -268,7 +273,14 @@ async fn record_layout_and_expiry() {
     let record = stored(&mut raw, &rec).await;
     assert_eq!(
         record,
-        format!("2|f|{}|0|{}|{fp}|{}|", fence.0, field(&record, 4), field(&record, 6))
+        format!(
+            "3|f|{}|0|{}|{fp}|{}|{}|{}|",
+            fence.0,
+            field(&record, 4),
+            field(&record, 6),
+            field(&record, 7),
+            field(&record, 8)
+        )
     );
     assert!(field(&record, 4).parse::<u64>().is_ok(), "{record}");
     let owner = field(&record, 6);
@@ -278,7 +290,12 @@ async fn record_layout_and_expiry() {
     );
     assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
     store.complete(&key, fence, &Outcome::Success("\"x|y\"".into()), LONG).await.unwrap();
-    assert_eq!(stored(&mut raw, &rec).await, format!("2|d|{}|0||{fp}|s|\"x|y\"", fence.0));
+    let done = stored(&mut raw, &rec).await;
+    assert!(field(&done, 7).parse::<u64>().is_ok(), "since, in ms: {done}");
+    assert_eq!(
+        done,
+        format!("3|d|{}|0||{fp}|s|{}|{}|\"x|y\"", fence.0, field(&done, 7), field(&record, 8))
+    );
     let left = pttl(&mut raw, &rec).await;
     assert!(left > 0 && left <= 30_000, "a completed record expires with its retention: {left}");
     let counter = pttl(&mut raw, &store.fence_key(&key)).await;
@@ -330,7 +347,7 @@ async fn v1_completed_record_replays() {
         assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "v1 ok={ok}");
         // Migrated: a string now, with the hash's expiry.
         let record = stored(&mut raw, &rec).await;
-        assert_eq!(record, format!("2|d|1700000000000000|0||{fp}|{ok}|{payload}"));
+        assert_eq!(record, format!("3|d|1700000000000000|0||{fp}|{ok}|||{payload}"));
         let left = pttl(&mut raw, &rec).await;
         assert!(left > 0 && left <= 60_000, "the migrated record keeps its expiry: {left}");
         assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want);
@@ -435,7 +452,11 @@ async fn v1_in_flight_record_keeps_its_fence() {
             _ => unreachable!(),
         }
         let record = stored(&mut raw, &rec).await;
-        assert_eq!(field(&record, 0), "2", "{first} migrates the record: {record}");
+        assert_eq!(
+            field(&record, 0),
+            idem_core::store::redis::SCHEMA_VERSION,
+            "{first} migrates the record: {record}"
+        );
         assert_eq!(field(&record, 2), fence.0.to_string(), "{first} keeps the fence: {record}");
         assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
         store.complete(&key, fence, &done, LONG).await.unwrap();
@@ -625,4 +646,35 @@ async fn mutual_exclusion_under_churn() {
         stores.push(std::sync::Arc::new(store));
     }
     executor::mutual_exclusion_under_churn(stores).await;
+}
+
+/// Records written by schema version 2 (no origin, no since) still work after the upgrade: an
+/// in-flight one is completed by its owner, and both read with origin and age unknown.
+#[tokio::test]
+async fn v2_records_read_with_origin_unknown() {
+    let Some(store) = store().await else { return };
+    let mut raw = raw().await;
+    let (key, fp) = fresh_key("v2_records", "done");
+    set(&mut raw, &store.record_key(&key), &format!("2|d|17|0||{fp}|s|\"a|b\"")).await;
+    let info = store.inspect(&key).await.unwrap().expect("a v2 record inspects");
+    assert_eq!((info.origin, info.age, info.fence), (None, None, Fence(17)));
+    assert_eq!(info.state, idem_core::store::RecordState::Done(Outcome::Success("\"a|b\"".into())));
+    let (key, fp) = fresh_key("v2_records", "in flight");
+    let (now, _) = server_now(&mut raw).await;
+    let lease_end = now + 60_000;
+    set(&mut raw, &store.record_key(&key), &format!("2|f|17|0|{lease_end}|{fp}||")).await;
+    let info = store.inspect(&key).await.unwrap().expect("a v2 record inspects");
+    assert_eq!((info.origin.clone(), info.age), (None, None));
+    assert!(matches!(info.state, idem_core::store::RecordState::InFlight { .. }), "{info:?}");
+    store.complete(&key, Fence(17), &Outcome::Success("1".into()), LONG).await.unwrap();
+    let info = store.inspect(&key).await.unwrap().expect("completed");
+    assert_eq!(info.origin, None, "completing a v2 record keeps its origin unknown");
+    assert!(info.age.is_some(), "completed by this version: since is known");
+    assert_eq!(
+        store.claim(claim_req(&key, &fp)).await.unwrap(),
+        Claim::Completed(idem_core::store::Record {
+            fingerprint: fp,
+            outcome: Outcome::Success("1".into())
+        })
+    );
 }

@@ -49,6 +49,12 @@ idem_core::store_conformance_tests!(
     store().await.map(Box::new)
 );
 
+// Listing scans every master in turn; inspect and resolve run on the record's master.
+idem_core::store_admin_conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    store().await.map(Box::new)
+);
+
 /// The same suite with the replica wait on: every claim and completion is acknowledged by the
 /// master's replica.
 mod with_replica_wait {

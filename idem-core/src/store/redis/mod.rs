@@ -134,10 +134,14 @@ use async_trait::async_trait;
 
 use super::resend::{self, Failed, GiveUp, Owner};
 use super::wait::{self, WaiterMap};
-use super::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Store, StoreError};
+use super::{
+    Claim, ClaimRequest, Fence, ListPage, ListQuery, OnExpired, Outcome, RecordInfo, Resolution,
+    Stats, Store, StoreError,
+};
 use crate::clock::ms;
 use crate::key::{Fingerprint, Key};
 
+mod admin;
 mod builder;
 mod conn;
 mod native;
@@ -147,14 +151,14 @@ mod route;
 
 pub use builder::RedisStoreBuilder;
 use pubsub::PubSub;
-use reply::{Answer, answer, fence, int, text, unavailable};
+use reply::{Answer, answer, encode_origin, fence, int, text, unavailable};
 pub use reply::{decode_answer, decode_record};
 pub use route::Replicas;
 use route::{Conn, Invocation};
 
 /// The version of the record layout written by this store. A record with another version is
 /// refused with [`StoreError::Incompatible`].
-pub const SCHEMA_VERSION: &str = "2";
+pub const SCHEMA_VERSION: &str = "3";
 
 /// How long a fence counter outlives its record: 7 days.
 pub const FENCE_COUNTER_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -394,7 +398,8 @@ impl Store for RedisStore {
             .arg(req.fingerprint.as_str())
             .arg(ms(req.lease))
             .arg(on_expired)
-            .arg(owner.as_str());
+            .arg(owner.as_str())
+            .arg(encode_origin(&req.origin));
         let answered =
             resend::resend(|_| self.send(&inv, true)).await.and_then(|(answer, acks)| {
                 // A record this claim wrote must reach the replicas, or it is not trusted.
@@ -516,5 +521,32 @@ impl Store for RedisStore {
         let mut inv = self.inner.scripts.forget.prepare_invoke();
         inv.key(self.record_key(key)).key(self.fence_key(key)).arg(ms(FENCE_COUNTER_GRACE));
         Ok(self.run(inv).await?.int()? > 0)
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        self.list_records(query).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        self.inspect_record(key).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        self.resolve_record(key, fence, resolution).await
+    }
+
+    /// Redis removes a record itself when its retention ends (the expiry set by the write that
+    /// completed it): nothing is left to purge, and this answers 0 without a command.
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.count_records().await
     }
 }

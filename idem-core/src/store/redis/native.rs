@@ -135,10 +135,13 @@ pub(super) fn pipeline(
     lease_end_ms: u64,
 ) -> redis::Pipeline {
     // The layout of the claim script's `inflight` (see the parent module): not waited on.
+    // Since: the estimated server time the fence is made of, in ms.
     let record = format!(
-        "{SCHEMA_VERSION}|f|{fence}|0|{lease_end_ms}|{}|{}|",
+        "{SCHEMA_VERSION}|f|{fence}|0|{lease_end_ms}|{}|{}|{}|{}|",
         req.fingerprint.as_str(),
-        owner.as_str()
+        owner.as_str(),
+        fence / 1000,
+        super::reply::encode_origin(&req.origin)
     );
     let mut pipe = redis::pipe();
     pipe.cmd("SET").arg(record_key).arg(record).arg("NX").arg("GET");

@@ -3,9 +3,11 @@
 
 use redis::{RedisError, Value};
 
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+
 use super::SCHEMA_VERSION;
 use crate::key::Fingerprint;
-use crate::store::{Claim, Fence, Outcome, Record, StoreError};
+use crate::store::{Claim, Fence, Origin, Outcome, Record, StoreError, StoredOrigin};
 
 /// Decodes a completed record as the claim script returns it (`RedisStore::replay`);
 /// `record` names it in errors. Public for the fuzz targets (`fuzz/`), not an API.
@@ -15,42 +17,133 @@ pub fn decode_record(
     raw: &[u8],
     fingerprint: &Fingerprint,
 ) -> Result<Claim, StoreError> {
-    let fields: Vec<&[u8]> = raw.splitn(8, |&b| b == b'|').collect();
-    let version = fields.first().copied().unwrap_or_default();
-    if version != SCHEMA_VERSION.as_bytes() {
+    let r = parse(record, raw)?;
+    if !r.done {
+        return Err(malformed(record, r.version, "not a completed record"));
+    }
+    if r.fingerprint != *fingerprint {
+        return Ok(Claim::Mismatch);
+    }
+    let outcome = r.outcome().map_err(|why| malformed(record, r.version, &why))?;
+    Ok(Claim::Completed(Record { fingerprint: r.fingerprint, outcome }))
+}
+
+/// A record as stored (see the module docs of `redis`), its fields checked.
+pub(super) struct Parsed<'a> {
+    pub(super) version: &'static str,
+    pub(super) done: bool,
+    pub(super) fence: u64,
+    /// The lease end (ms since the epoch) in flight; empty once done.
+    pub(super) lease_end: Option<u64>,
+    pub(super) fingerprint: Fingerprint,
+    /// The outcome kind once done; the owner token in flight.
+    pub(super) seventh: &'a [u8],
+    /// When the record entered its state (ms since the epoch); `None` in version 2 records.
+    pub(super) since: Option<u64>,
+    pub(super) origin: Option<StoredOrigin>,
+    pub(super) payload: &'a [u8],
+}
+
+impl Parsed<'_> {
+    /// The outcome of a completed record, or what is wrong with it.
+    pub(super) fn outcome(&self) -> Result<Outcome, String> {
+        outcome_of(self.seventh, self.payload)
+    }
+}
+
+fn malformed(record: &str, version: &str, what: &str) -> StoreError {
+    StoreError::Incompatible(format!(
+        "record {record} (schema version {version}) is malformed: {what}"
+    ))
+}
+
+/// Reads a record of this version, or of version 2 (no since, no origin: they read as unknown).
+/// `record` names it in errors.
+pub(super) fn parse<'a>(record: &str, raw: &'a [u8]) -> Result<Parsed<'a>, StoreError> {
+    let version = raw.split(|&b| b == b'|').next().unwrap_or_default();
+    let (version, count): (&'static str, usize) = if version == SCHEMA_VERSION.as_bytes() {
+        (SCHEMA_VERSION, 10)
+    } else if version == b"2" {
+        ("2", 8)
+    } else {
         let shown = String::from_utf8_lossy(&version[..version.len().min(16)]);
         return Err(StoreError::Incompatible(format!(
             "record {record} has schema version {shown:?}"
         )));
+    };
+    let bad = |what: &str| malformed(record, version, what);
+    let fields: Vec<&[u8]> = raw.splitn(count, |&b| b == b'|').collect();
+    if fields.len() < count {
+        return Err(bad(&format!("fewer than {count} fields")));
     }
-    let malformed = |what: &str| {
-        StoreError::Incompatible(format!(
-            "record {record} (schema version {SCHEMA_VERSION}) is malformed: {what}"
-        ))
-    };
-    let &[_, state, fence, waited, lease_end, fp, kind, payload] = fields.as_slice() else {
-        return Err(malformed("fewer than 8 fields"));
-    };
+    let (state, fence, waited, lease_end, fp, seventh) =
+        (fields[1], fields[2], fields[3], fields[4], fields[5], fields[6]);
     let digits = |f: &[u8]| f.iter().all(u8::is_ascii_digit);
-    if state != b"d" {
-        return Err(malformed("not a completed record"));
-    }
-    if fence.is_empty() || !digits(fence) {
-        return Err(malformed("fence"));
-    }
+    let number = |f: &[u8]| std::str::from_utf8(f).ok().and_then(|t| t.parse::<u64>().ok());
+    let done = match state {
+        b"d" => true,
+        b"f" => false,
+        _ => return Err(bad("state")),
+    };
+    let Some(fence) = number(fence).filter(|_| digits(fence)) else { return Err(bad("fence")) };
     if waited != b"0" && waited != b"1" {
-        return Err(malformed("waited-on flag"));
+        return Err(bad("waited-on flag"));
     }
-    if !digits(lease_end) {
-        return Err(malformed("lease end"));
+    if !digits(lease_end) || (!done && lease_end.is_empty()) {
+        return Err(bad("lease end"));
     }
-    let stored = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
-    let Some(stored) = stored else { return Err(malformed("fingerprint")) };
-    if stored != *fingerprint {
-        return Ok(Claim::Mismatch);
+    let fingerprint = std::str::from_utf8(fp).ok().and_then(Fingerprint::parse);
+    let Some(fingerprint) = fingerprint else { return Err(bad("fingerprint")) };
+    let (since, origin, payload) = if count == 10 {
+        let since = fields[7];
+        if !digits(since) {
+            return Err(bad("since"));
+        }
+        let origin = decode_origin(fields[8]).map_err(|()| bad("origin"))?;
+        (number(since), origin, fields[9])
+    } else {
+        (None, None, fields[7])
+    };
+    Ok(Parsed {
+        version,
+        done,
+        fence,
+        lease_end: if done { None } else { number(lease_end) },
+        fingerprint,
+        seventh,
+        since,
+        origin,
+        payload,
+    })
+}
+
+/// The characters escaped in a stored origin: the record's separator, the origin's own, and `%`.
+const ORIGIN_ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'|').add(b',');
+
+/// An origin as the record stores it: `o` then tool, tenant and run, percent-escaped and joined
+/// with `,`. An empty field means no origin is known (records of version 2).
+pub(super) fn encode_origin(origin: &Origin<'_>) -> String {
+    let esc = |s| utf8_percent_encode(s, ORIGIN_ESCAPED);
+    format!("o{},{},{}", esc(origin.tool), esc(origin.tenant), esc(origin.run))
+}
+
+fn decode_origin(field: &[u8]) -> Result<Option<StoredOrigin>, ()> {
+    if field.is_empty() {
+        return Ok(None);
     }
-    let outcome = outcome_of(kind, payload).map_err(|why| malformed(&why))?;
-    Ok(Claim::Completed(Record { fingerprint: stored, outcome }))
+    let text = std::str::from_utf8(field).map_err(drop)?;
+    let body = text.strip_prefix('o').ok_or(())?;
+    let mut parts = body.split(',').map(|p| percent_decode_str(p).decode_utf8().map_err(drop));
+    let (Some(tool), Some(tenant), Some(run), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(());
+    };
+    Ok(Some(StoredOrigin {
+        tool: tool?.into_owned(),
+        tenant: tenant?.into_owned(),
+        run: run?.into_owned(),
+    }))
 }
 
 pub(super) fn unavailable(e: RedisError) -> StoreError {

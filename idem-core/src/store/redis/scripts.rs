@@ -35,8 +35,9 @@ local function now()
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   return us, math.floor(us / 1000)
 end
-local function inflight(fence, w, lu, fp, owner)
-  return V .. '|f|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. owner .. '|'
+local function inflight(fence, w, lu, fp, owner, since, origin)
+  return V .. '|f|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. owner .. '|' .. since
+    .. '|' .. origin .. '|'
 end
 -- Of the GET's answer: the record (false when there is none), or an 'incompatible' answer. A
 -- version 1 record is a hash (fields v st fence fp lu ok p w): rewritten as a string with the
@@ -61,39 +62,47 @@ local function record(v)
         and string.match(lu, '^%d*$') and (w == '0' or w == '1')) then
     return {'incompatible', bad}
   end
-  v = V .. '|' .. st .. '|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. ok .. '|' .. p
+  -- No since nor origin: version 1 did not store them.
+  v = V .. '|' .. st .. '|' .. fence .. '|' .. w .. '|' .. lu .. '|' .. fp .. '|' .. ok .. '|||' .. p
   local ttl = redis.call('PTTL', KEYS[1])
   redis.call('DEL', KEYS[1])
   if ttl > 0 then redis.call('SET', KEYS[1], v, 'PX', ttl) else redis.call('SET', KEYS[1], v) end
   return v
 end
-local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|([^|]*)|'
+local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|([^|]*)|(%d*)|([^|]*)|'
+-- Version 2 had no since nor origin; its records read with both empty (unknown).
+local HEADER2 = '^2|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|([^|]*)|'
 -- Of what `record` returned: nothing when there is no record; else an answer to return, or nil
--- and the header: state, fence, waited on, lease end, fingerprint, and the seventh field (the
--- owner token in flight, empty in records written before owners; the outcome kind once done).
+-- and the header: state, fence, waited on, lease end, fingerprint, the seventh field (the owner
+-- token in flight, empty in records written before owners; the outcome kind once done), since
+-- (ms) and origin (both empty when unknown).
 local function header(v)
   if not v then return end
   if type(v) == 'table' then return v end
-  local st, fence, w, lu, fp, o = string.match(v, HEADER)
-  if st and #fp == 64 then return nil, st, fence, w, lu, fp, o end
+  local st, fence, w, lu, fp, o, since, origin = string.match(v, HEADER)
+  if st and #fp == 64 then return nil, st, fence, w, lu, fp, o, since, origin end
+  st, fence, w, lu, fp, o = string.match(v, HEADER2)
+  if st and #fp == 64 then return nil, st, fence, w, lu, fp, o, '', '' end
   local version = string.match(v, '^(%w+)|')
   if not version then
     return {'incompatible', 'key ' .. KEYS[1] .. ' holds a string that is not an idem record'}
   end
-  if version ~= V then
+  if version ~= V and version ~= '2' then
     return {'incompatible', 'record ' .. KEYS[1] .. ' has schema version ' .. version}
   end
   return {'incompatible', 'record ' .. KEYS[1] .. ' (schema version ' .. V .. ') is malformed'}
 end
 "#;
 
-// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u), owner token.
+// KEYS: rec, fence counter. ARGV: fingerprint, lease ms, on_expired (t|u), owner token, origin
+// (see `reply::encode_origin`).
 // A completed record is returned as it is stored: it does not change until it expires or is
 // forgotten, so the client can check its version and fingerprint and decode it, and a replay
 // costs the server one GET and no parsing. A fresh record starts above the counter; a takeover
 // above the record's own fence (a record's fence is never below the counter).
 const REPLAY: &str = r#"
-if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
+if type(v) == 'string' and (string.sub(v, 1, #V + 3) == V .. '|d|' or string.sub(v, 1, 4) == '2|d|')
+then return v end
 "#;
 
 const CLAIM: &str = r#"
@@ -104,12 +113,13 @@ if not v then
   if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
   local f = math.max(c + 1, now_us)
   local lu = format('%d', now_ms + ARGV[2])
-  redis.call('SET', KEYS[1], inflight(format('%d', f), '0', lu, ARGV[1], ARGV[4]))
+  redis.call('SET', KEYS[1],
+    inflight(format('%d', f), '0', lu, ARGV[1], ARGV[4], format('%d', now_ms), ARGV[5]))
   return f
 end
 -- A version 1 record that was completed, just migrated.
 if type(v) == 'string' and string.sub(v, 1, #V + 3) == V .. '|d|' then return v end
-local bad, st, fence, w, lu, fp, o = header(v)
+local bad, st, fence, w, lu, fp, o, since, origin = header(v)
 if bad then return bad end
 if fp ~= ARGV[1] then return {'mismatch'} end
 local now_us, now_ms = now()
@@ -125,7 +135,8 @@ if o == ARGV[4] then
     f = math.max(c + 1, now_us)
     fence = format('%d', f)
   end
-  redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o))
+  redis.call('SET', KEYS[1],
+    inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o, since, origin))
   return f
 end
 lu = tonumber(lu) or 0
@@ -136,7 +147,8 @@ if tonumber(fence) >= EXACT then
 end
 local f = math.max(tonumber(fence) + 1, now_us)
 redis.call('SET', KEYS[1],
-  inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp, ARGV[4]))
+  inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp, ARGV[4], format('%d', now_ms),
+    ARGV[5]))
 if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
 return {'takeover', f}
 "#;
@@ -149,7 +161,7 @@ return {'takeover', f}
 // The record gets its expiry in the write that completes it, so expiry removes it whole. The
 // counter takes the fence for as long as the record may live, plus the grace.
 const COMPLETE: &str = r#"
-local bad, st, fence, w, lu, fp = header(record(v))
+local bad, st, fence, w, lu, fp, o, since, origin = header(record(v))
 if bad then return bad end
 if ARGV[6] == '1' and ((st == 'd' and fence == ARGV[1])
     or (not st and redis.call('GET', KEYS[2]) == ARGV[1])) then
@@ -160,8 +172,9 @@ if ARGV[4] == '0' then
   -- Kept for no time (`SET .. PX 0` is refused): gone at once, as in the other stores.
   redis.call('DEL', KEYS[1])
 else
-  redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|' .. ARGV[3],
-    'PX', ARGV[4])
+  local _, now_ms = now()
+  redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|'
+    .. format('%d', now_ms) .. '|' .. origin .. '|' .. ARGV[3], 'PX', ARGV[4])
 end
 redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
 if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
@@ -185,11 +198,11 @@ return 1
 
 // KEYS: rec. ARGV: fence, lease ms.
 const RENEW: &str = r#"
-local bad, st, fence, w, lu, fp, o = header(record(v))
+local bad, st, fence, w, lu, fp, o, since, origin = header(record(v))
 if bad then return bad end
 if st ~= 'f' or fence ~= ARGV[1] then return {'lost'} end
 local _, now_ms = now()
-redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o))
+redis.call('SET', KEYS[1], inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o, since, origin))
 return 1
 "#;
 
@@ -225,14 +238,57 @@ return n
 // `fence`, else -1. With mark, flags the record as waited on (`w`), so that the steps that end or
 // move the lease publish on its channel.
 const WATCH: &str = r#"
-local bad, st, fence, w, lu, fp, o = header(record(v))
+local bad, st, fence, w, lu, fp, o, since, origin = header(record(v))
 if bad then return bad end
 if st ~= 'f' or fence ~= ARGV[1] then return -1 end
 local _, now_ms = now()
 local left = (tonumber(lu) or 0) - now_ms
 if left <= 0 then return -1 end
-if ARGV[2] == '1' and w ~= '1' then redis.call('SET', KEYS[1], inflight(fence, '1', lu, fp, o)) end
+if ARGV[2] == '1' and w ~= '1' then
+  redis.call('SET', KEYS[1], inflight(fence, '1', lu, fp, o, since, origin))
+end
 return left
+"#;
+
+// KEYS: rec. The server's time (ms) and the record as it is stored; the client reads it
+// (`admin.rs`). A version 1 hash is migrated first, as by every step.
+const INSPECT: &str = r#"
+v = record(v)
+local _, now_ms = now()
+if not v then return {'none', now_ms} end
+if type(v) == 'table' then return v end
+return {'rec', now_ms, v}
+"#;
+
+// KEYS: rec, fence counter. ARGV: fence, resolution (h happened | n not happened), kind (s|f|u|n),
+// payload, ttl ms, counter grace ms. Acts only if the record is under `fence` and resolvable: its
+// outcome is unknown, or it is in flight with a lease that ended. Happened stores the outcome as
+// complete does; not happened removes the record as release does. Either way the fence moves to
+// the counter, so the key's next fence is above it.
+const RESOLVE: &str = r#"
+local bad, st, fence, w, lu, fp, o, since, origin = header(record(v))
+if bad then return bad end
+if not st or fence ~= ARGV[1] then return {'lost'} end
+local _, now_ms = now()
+if st == 'f' then
+  if (tonumber(lu) or 0) > now_ms then return {'lost'} end
+elseif o ~= 'u' then
+  return {'lost'}
+end
+if ARGV[2] == 'h' then
+  if ARGV[5] == '0' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[3] .. '|'
+      .. format('%d', now_ms) .. '|' .. origin .. '|' .. ARGV[4], 'PX', ARGV[5])
+  end
+  redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[5] + ARGV[6]))
+else
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
+end
+if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'resolve') end
+return 1
 "#;
 
 /// The scripts, with the schema version in their text.
@@ -244,6 +300,8 @@ pub(super) struct Scripts {
     pub(super) renew: Script,
     pub(super) forget: Script,
     pub(super) watch: Script,
+    pub(super) inspect: Script,
+    pub(super) resolve: Script,
 }
 
 impl Scripts {
@@ -260,6 +318,8 @@ impl Scripts {
             renew: script("", RENEW),
             forget: Script::new(FORGET),
             watch: script("", WATCH),
+            inspect: script("", INSPECT),
+            resolve: script("", RESOLVE),
         }
     }
 }

@@ -1,0 +1,337 @@
+//! The Redis store's operator side (`docs/design.md` §5.1): listing by incremental `SCAN` (never
+//! `KEYS`), inspecting, fenced resolution (one script) and counting.
+//!
+//! A listing scans the keys `P:{*}:rec` of the store's prefix in batches (`SCAN … MATCH … COUNT`),
+//! reads each batch's records with the server's time in one pipeline, and applies the query's
+//! filters to them; so a page may hold fewer records than asked (even none) while more follow.
+//! Its cursor is `<node>;<scan cursor>;<keys>`: the node scanned (empty on one server), that
+//! node's `SCAN` cursor (`end` once through), and the keys of the last batch that did not fit in
+//! the page, read again from that node first. On a Redis
+//! Cluster every master is scanned in turn. `SCAN` may return a key twice (the table was resized
+//! meanwhile), and a record made during the listing may or may not be listed. Records this
+//! version cannot read are left out of listings and counted as unreadable by `stats`.
+
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionLike;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::reply::{Parsed, parse, text, unavailable};
+use super::route::Conn;
+use super::{FENCE_COUNTER_GRACE, RedisStore};
+use crate::clock::ms;
+use crate::key::Key;
+use crate::store::{
+    ListPage, ListQuery, Outcome, RecordInfo, RecordState, Resolution, Stats, StoreError,
+};
+
+/// At most this many keys examined for one page, times the page size (at least 1000): a
+/// selective filter on a large store answers a page with fewer records, and a cursor, rather
+/// than scan for long.
+const SCAN_PER_RECORD: u64 = 10;
+
+/// Where a listing goes on.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Cursor {
+    /// The node being scanned (`host:port`); empty on one server.
+    node: String,
+    /// That node's `SCAN` cursor (0 to start); `None` once the node is scanned through.
+    scan: Option<u64>,
+    /// Keys already scanned and not yet returned.
+    pending: Vec<Key>,
+}
+
+impl Cursor {
+    fn parse(s: &str) -> Result<Cursor, StoreError> {
+        let bad = || StoreError::Incompatible(format!("not a cursor of this store: {s:?}"));
+        let mut parts = s.splitn(3, ';');
+        let (Some(node), Some(scan), Some(pending)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let scan = match scan {
+            "end" => None,
+            n => Some(n.parse().map_err(|_| bad())?),
+        };
+        let pending = pending
+            .split(',')
+            .filter(|k| !k.is_empty())
+            .map(|k| Key::parse(k).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        Ok(Cursor { node: node.to_owned(), scan, pending })
+    }
+
+    fn encode(&self) -> String {
+        let pending: Vec<String> = self.pending.iter().map(Key::to_string).collect();
+        let scan = self.scan.map_or_else(|| "end".to_owned(), |n| n.to_string());
+        format!("{};{scan};{}", self.node, pending.join(","))
+    }
+}
+
+/// `s` with Redis glob's special characters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One record's info from its stored form at `now` (ms, the server's clock).
+fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
+    let state = if r.done {
+        RecordState::Done(r.outcome()?)
+    } else {
+        let end = r.lease_end.unwrap_or(0);
+        RecordState::InFlight { lease_remaining: Duration::from_millis(end.saturating_sub(now)) }
+    };
+    Ok(RecordInfo {
+        key,
+        fingerprint: r.fingerprint,
+        fence: crate::store::Fence(r.fence),
+        origin: r.origin.clone(),
+        state,
+        age: r.since.map(|s| Duration::from_millis(now.saturating_sub(s))),
+    })
+}
+
+/// The server's time in ms from a `TIME` reply.
+fn time_ms(v: &Value) -> Result<u64, StoreError> {
+    let bad = || StoreError::Incompatible(format!("unexpected TIME reply {v:?}"));
+    let Value::Array(parts) = v else { return Err(bad()) };
+    let num = |i: usize| parts.get(i).map(text).and_then(|t| t.parse::<u64>().ok());
+    let (Some(s), Some(us)) = (num(0), num(1)) else { return Err(bad()) };
+    Ok(s * 1000 + us / 1000)
+}
+
+/// What one listing step found.
+enum Found {
+    Record(RecordInfo),
+    /// Gone since it was scanned (expired, removed).
+    Gone,
+    Unreadable,
+}
+
+impl RedisStore {
+    /// The idempotency key of a Redis key of this store's records.
+    fn key_of(&self, name: &[u8]) -> Option<Key> {
+        let name = std::str::from_utf8(name).ok()?;
+        let rest = name.strip_prefix(self.inner.prefix.as_str())?.strip_prefix(":{")?;
+        Key::parse(rest.strip_suffix("}:rec")?)
+    }
+
+    /// The nodes a listing scans, in order: `host:port` of each master of a cluster (sorted, as
+    /// `CLUSTER SLOTS` names them), or one empty name for one server.
+    async fn scan_nodes(&self) -> Result<Vec<String>, StoreError> {
+        let Conn::Cluster(conn) = &self.inner.conn else { return Ok(vec![String::new()]) };
+        let slots = conn
+            .clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+            .map_err(unavailable)?;
+        let bad = || StoreError::Incompatible(format!("unexpected CLUSTER SLOTS reply {slots:?}"));
+        let Value::Array(ranges) = &slots else { return Err(bad()) };
+        let mut masters = Vec::new();
+        for range in ranges {
+            let Value::Array(parts) = range else { return Err(bad()) };
+            let Some(Value::Array(master)) = parts.get(2) else { return Err(bad()) };
+            let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
+                return Err(bad());
+            };
+            masters.push(format!("{}:{port}", text(host)));
+        }
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
+    /// Sends `pipe` (`count` commands) to `node` (see [`RedisStore::scan_nodes`]); server errors
+    /// come back as values.
+    async fn on_node(
+        &self,
+        node: &str,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, StoreError> {
+        match &self.inner.conn {
+            Conn::One(conn) => conn.clone().req_packed_commands(pipe, 0, count).await,
+            Conn::Cluster(conn) => {
+                let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
+                let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
+                let port = port.parse().map_err(|_| bad())?;
+                let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
+                conn.clone().route_pipeline(pipe.clone(), 0, count, to).await
+            }
+        }
+        .map_err(unavailable)
+    }
+
+    /// The records of `keys` as found on `node`, read with its clock in one pipeline.
+    async fn fetch(&self, node: &str, keys: &[Key]) -> Result<Vec<Found>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for key in keys {
+            pipe.cmd("GET").arg(self.record_key(key));
+        }
+        let replies = self.on_node(node, &pipe, keys.len() + 1).await?;
+        let now = time_ms(replies.first().unwrap_or(&Value::Nil))?;
+        Ok(keys
+            .iter()
+            .zip(replies.iter().skip(1))
+            .map(|(key, reply)| match reply {
+                Value::Nil => Found::Gone,
+                Value::BulkString(raw) => parse(&self.record_key(key), raw)
+                    .ok()
+                    .and_then(|r| info_of(*key, &r, now).ok())
+                    .map_or(Found::Unreadable, Found::Record),
+                // Another type (a version 1 hash until a step migrates it), or an error.
+                _ => Found::Unreadable,
+            })
+            .collect())
+    }
+
+    /// One page of `q`, and how many records could not be read.
+    async fn page(&self, q: &ListQuery) -> Result<(ListPage, u64), StoreError> {
+        let size = q.page_size();
+        let nodes = self.scan_nodes().await?;
+        let mut cur = match &q.cursor {
+            Some(c) => Cursor::parse(c)?,
+            None => Cursor {
+                node: nodes.first().cloned().unwrap_or_default(),
+                scan: Some(0),
+                pending: Vec::new(),
+            },
+        };
+        let Some(mut at) = nodes.iter().position(|n| *n == cur.node) else {
+            return Err(StoreError::Incompatible(format!(
+                "the listing's node {} is no longer a master; list again from the start",
+                cur.node
+            )));
+        };
+        let pattern = format!("{}:{{*}}:rec", glob_escape(&self.inner.prefix));
+        let budget = (size as u64 * SCAN_PER_RECORD).max(1000);
+        let (mut page, mut unreadable) = (ListPage::default(), 0);
+        loop {
+            let keys = if !cur.pending.is_empty() {
+                std::mem::take(&mut cur.pending)
+            } else if let Some(pos) = cur.scan {
+                let room = (size - page.records.len()).clamp(10, 1000);
+                let mut scan = redis::pipe();
+                scan.cmd("SCAN").arg(pos).arg("MATCH").arg(&pattern).arg("COUNT").arg(room);
+                let reply = self.on_node(&cur.node, &scan, 1).await?;
+                let (next, names): (u64, Vec<Vec<u8>>) =
+                    redis::from_redis_value(reply.into_iter().next().unwrap_or(Value::Nil))
+                        .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
+                page.scanned += names.len() as u64;
+                cur.scan = (next != 0).then_some(next);
+                names.iter().filter_map(|n| self.key_of(n)).collect()
+            } else {
+                // This node is scanned through (a page never ends here while one is left).
+                at += 1;
+                cur.node = nodes[at].clone();
+                cur.scan = Some(0);
+                continue;
+            };
+            if !keys.is_empty() {
+                let found = self.fetch(&cur.node, &keys).await?;
+                for (i, found) in found.into_iter().enumerate() {
+                    if page.records.len() == size {
+                        cur.pending = keys[i..].to_vec();
+                        break;
+                    }
+                    match found {
+                        Found::Record(info) if q.selects(&info) => page.records.push(info),
+                        Found::Unreadable => unreadable += 1,
+                        Found::Record(_) | Found::Gone => {}
+                    }
+                }
+            }
+            let left = !cur.pending.is_empty() || cur.scan.is_some() || at + 1 < nodes.len();
+            if !left {
+                return Ok((page, unreadable));
+            }
+            if page.records.len() == size || page.scanned >= budget {
+                page.next = Some(cur.encode());
+                return Ok((page, unreadable));
+            }
+        }
+    }
+
+    pub(super) async fn list_records(&self, q: &ListQuery) -> Result<ListPage, StoreError> {
+        Ok(self.page(q).await?.0)
+    }
+
+    pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
+        let mut stats = Stats::default();
+        let mut q = ListQuery { limit: 1000, ..ListQuery::default() };
+        loop {
+            let (page, unreadable) = self.page(&q).await?;
+            stats.unreadable += unreadable;
+            for info in &page.records {
+                stats.count(&info.state);
+            }
+            match page.next {
+                Some(next) => q.cursor = Some(next),
+                None => return Ok(stats),
+            }
+        }
+    }
+
+    pub(super) async fn inspect_record(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        let mut inv = self.inner.scripts.inspect.prepare_invoke();
+        inv.key(self.record_key(key));
+        let items = match self.run(inv).await? {
+            super::Answer::Table(items) => items,
+            other => {
+                return Err(StoreError::Incompatible(format!(
+                    "unexpected inspect answer {other:?}"
+                )));
+            }
+        };
+        let now = super::int(items.get(1))?;
+        let now = u64::try_from(now).unwrap_or(0);
+        let Some(Value::BulkString(raw)) = items.get(2) else { return Ok(None) };
+        let name = self.record_key(key);
+        let r = parse(&name, raw)?;
+        info_of(*key, &r, now)
+            .map(Some)
+            .map_err(|why| StoreError::Incompatible(format!("record {name} is malformed: {why}")))
+    }
+
+    pub(super) async fn resolve_record(
+        &self,
+        key: &Key,
+        fence: crate::store::Fence,
+        resolution: &Resolution,
+    ) -> Result<(), StoreError> {
+        let (mode, kind, payload, ttl) = match resolution {
+            Resolution::Happened { outcome, ttl } => {
+                let (kind, payload) = match outcome {
+                    Outcome::Success(json) => ("s", json.as_str()),
+                    Outcome::Failure(json) => ("f", json.as_str()),
+                    Outcome::Unknown => ("u", ""),
+                    Outcome::NotStorable(reason) => ("n", reason.as_str()),
+                };
+                ("h", kind, payload, ms(*ttl))
+            }
+            Resolution::NotHappened => ("n", "", "", 0),
+        };
+        let mut inv = self.inner.scripts.resolve.prepare_invoke();
+        inv.key(self.record_key(key))
+            .key(self.fence_key(key))
+            .arg(fence.0)
+            .arg(mode)
+            .arg(kind)
+            .arg(payload)
+            .arg(ttl)
+            .arg(ms(FENCE_COUNTER_GRACE));
+        self.run(inv).await?.int().map(drop)
+    }
+}
