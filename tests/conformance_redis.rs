@@ -678,3 +678,20 @@ async fn v2_records_read_with_origin_unknown() {
         })
     );
 }
+
+/// A listing's cursor is checked: one this store did not make is refused, and one at the end of
+/// the scan ends the listing.
+#[tokio::test]
+async fn listing_cursors_are_checked() {
+    let Some(store) = store().await else { return };
+    let list = |cursor: &str| {
+        let q = idem_core::store::ListQuery { cursor: Some(cursor.into()), ..Default::default() };
+        let store = store.clone();
+        async move { store.list(&q).await }
+    };
+    for bad in ["nonsense", "10.9.9.9:1;0;", ";x;"] {
+        assert!(matches!(list(bad).await, Err(StoreError::Incompatible(_))), "{bad:?}");
+    }
+    let end = list(";end;").await.expect("the end of the scan");
+    assert_eq!((end.records.len(), end.next), (0, None));
+}

@@ -216,7 +216,7 @@ impl RedisStore {
             )));
         };
         let pattern = format!("{}:{{*}}:rec", glob_escape(&self.inner.prefix));
-        let budget = (size as u64 * SCAN_PER_RECORD).max(1000);
+        let budget = (size as u64).saturating_mul(SCAN_PER_RECORD).max(1000);
         let (mut page, mut unreadable) = (ListPage::default(), 0);
         loop {
             let keys = if !cur.pending.is_empty() {
@@ -233,7 +233,10 @@ impl RedisStore {
                 cur.scan = (next != 0).then_some(next);
                 names.iter().filter_map(|n| self.key_of(n)).collect()
             } else {
-                // This node is scanned through (a page never ends here while one is left).
+                // This node is scanned through; a cursor never stops here unless it was edited.
+                if at + 1 >= nodes.len() {
+                    return Ok((page, unreadable));
+                }
                 at += 1;
                 cur.node = nodes[at].clone();
                 cur.scan = Some(0);
@@ -333,5 +336,34 @@ impl RedisStore {
             .arg(ttl)
             .arg(ms(FENCE_COUNTER_GRACE));
         self.run(inv).await?.int().map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trip() {
+        let key = Key::parse(&"ab".repeat(32)).expect("key");
+        for cur in [
+            Cursor { node: String::new(), scan: Some(0), pending: Vec::new() },
+            Cursor { node: "10.0.0.1:7000".into(), scan: None, pending: vec![key, key] },
+            Cursor { node: "[::1]:7001".into(), scan: Some(1234), pending: vec![key] },
+        ] {
+            assert_eq!(Cursor::parse(&cur.encode()).expect("parses"), cur);
+        }
+        for bad in ["", "x", ";1", ";x;", ";1;nokey", ";-1;"] {
+            assert!(
+                matches!(Cursor::parse(bad), Err(StoreError::Incompatible(_))),
+                "{bad:?} is refused"
+            );
+        }
+    }
+
+    #[test]
+    fn glob_escapes_specials() {
+        assert_eq!(glob_escape(r"a*b?[c]\d^"), r"a\*b\?\[c\]\\d\^");
+        assert_eq!(glob_escape("idem"), "idem");
     }
 }

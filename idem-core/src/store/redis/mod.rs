@@ -17,14 +17,21 @@
 //!
 //! # Keys
 //! For an idempotency key `K` (64 hex digits) and the prefix `P` (default `idem`):
-//! - `P:{K}:rec`: the record, one string `V|st|fence|w|lu|fp|ok|payload`: `V` the schema version
+//! - `P:{K}:rec`: the record, one string `V|st|fence|w|lu|fp|ok|since|origin|payload`: `V` the
+//!   schema version
 //!   ([`SCHEMA_VERSION`]), `st` the state (`f` in flight, `d` done), `fence` in decimal, `w` `1`
 //!   while someone waits on it (else `0`), `lu` the lease end in ms since the Unix epoch on the
 //!   server's clock (empty once done), `fp` the fingerprint (64 hex digits), `ok` the outcome (`s`
 //!   success, `f` failure, `u` unknown) once done and the claim's owner token in flight (32 hex
-//!   digits; empty in records written before owner tokens, which no claim matches), and last the
-//!   JSON payload, which may
-//!   itself contain `|` (empty in flight and for unknown). A script reads the header with one
+//!   digits; empty in records written before owner tokens, which no claim matches), `since` the
+//!   time the record entered its state (claimed, taken over, completed or resolved) in ms since
+//!   the epoch on the server's clock, `origin` the tool, tenant and run of the claim
+//!   (`o<tool>,<tenant>,<run>`, each percent-escaped for `%`, `|` and `,`; see
+//!   `reply::encode_origin`), and last the JSON payload, which may itself contain `|` (empty in
+//!   flight and for unknown). Version 2 records (`V|st|fence|w|lu|fp|ok|payload`, no since nor
+//!   origin) are read and written on as they are met: a step that rewrites one writes version 3
+//!   with since and origin empty (unknown), so they list with an unknown origin and age. The
+//!   operator's side (listing by `SCAN`, inspect, resolve, stats) is in `admin.rs`. A script reads the header with one
 //!   pattern match and never looks into the payload. A claim of a completed record returns the
 //!   string as it is and the client checks and decodes it: a completed record does not change
 //!   until it expires or is forgotten, so this is not a read followed by a write, and a replay
@@ -69,14 +76,14 @@
 //! every claim on its slots fails closed until a replica is back.
 //!
 //! Schema version 1 stored the record as a hash (fields `v`, `st`, `fence`, `fp`, `lu`, `ok`,
-//! `p`, `w`). A script that meets one (its `GET` answers `WRONGTYPE`) rewrites it as a version 2
-//! string with the same content and expiry, then goes on as usual, so records written by an older
+//! `p`, `w`). A script that meets one (its `GET` answers `WRONGTYPE`) rewrites it as a version 3
+//! string with the same content and expiry (since and origin unknown), then goes on as usual, so records written by an older
 //! idem keep their fences, leases and outcomes across an upgrade (forget removes one directly).
 //! Only that path looks at the key's type; the common path pays nothing for it. A hash that is not
 //! a valid version 1 record is left as it is and refused. Version 1 does not read strings: while
 //! both versions run against one server, a version 1 process fails closed
-//! ([`StoreError::Incompatible`]) on every key a version 2 process has touched, so upgrade all
-//! processes together.
+//! ([`StoreError::Incompatible`]) on every key a later version has touched; likewise a version 2
+//! process on every record a version 3 process wrote. So upgrade all processes together.
 //!
 //! # Time
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
