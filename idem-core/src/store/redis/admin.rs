@@ -110,7 +110,7 @@ fn time_ms(v: &Value) -> Result<u64, StoreError> {
 
 /// What one listing step found.
 enum Found {
-    Record(RecordInfo),
+    Record(Box<RecordInfo>),
     /// Gone since it was scanned (expired, removed).
     Gone,
     Unreadable,
@@ -190,7 +190,7 @@ impl RedisStore {
                 Value::BulkString(raw) => parse(&self.record_key(key), raw)
                     .ok()
                     .and_then(|r| info_of(*key, &r, now).ok())
-                    .map_or(Found::Unreadable, Found::Record),
+                    .map_or(Found::Unreadable, |info| Found::Record(Box::new(info))),
                 // Another type (a version 1 hash until a step migrates it), or an error.
                 _ => Found::Unreadable,
             })
@@ -250,7 +250,7 @@ impl RedisStore {
                         break;
                     }
                     match found {
-                        Found::Record(info) if q.selects(&info) => page.records.push(info),
+                        Found::Record(info) if q.selects(&info) => page.records.push(*info),
                         Found::Unreadable => unreadable += 1,
                         Found::Record(_) | Found::Gone => {}
                     }
