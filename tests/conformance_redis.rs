@@ -7,16 +7,13 @@ use std::time::Duration;
 use idem_core::StoreError;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, Fence, Outcome, RedisStore, Store};
-use idem_tests::{acquire, claim_req, or_skip, redis_prefix, redis_url};
+use idem_tests::{acquire, claim_req, redis_url};
 
-async fn store() -> Option<RedisStore> {
-    or_skip("Redis", RedisStore::builder(redis_url()).prefix(redis_prefix()).open().await)
-}
-
-async fn raw() -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(redis_url()).expect("redis url");
-    client.get_multiplexed_async_connection().await.expect("raw redis connection")
-}
+#[path = "shared/redis_records.rs"]
+mod redis_records;
+use redis_records::{
+    field, pttl, raw, refused_by_every_step, server_now, set, slot, store, stored,
+};
 
 idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,22 +35,6 @@ idem_core::store_multi_instance_tests!(
     pair().await
 );
 
-/// CRC16 of a Redis Cluster hash slot (XMODEM), of the hash tag when there is one.
-fn slot(key: &str) -> u16 {
-    let tagged = match (key.find('{'), key.find('}')) {
-        (Some(open), Some(close)) if close > open + 1 => &key[open + 1..close],
-        _ => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in tagged.as_bytes() {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
-}
-
 #[tokio::test]
 async fn record_and_fence_counter_share_a_cluster_slot() {
     let Some(store) = store().await else { return };
@@ -68,48 +49,6 @@ async fn record_and_fence_counter_share_a_cluster_slot() {
     }
     // The tag is the idempotency key, so keys spread over the cluster.
     assert!(slots.len() > 40, "only {} slots for 50 keys", slots.len());
-}
-
-/// A record as stored: `V|st|fence|w|lu|fp|ok|payload` (see the store's module docs).
-async fn stored(raw: &mut redis::aio::MultiplexedConnection, rec: &str) -> String {
-    redis::cmd("GET").arg(rec).query_async(raw).await.unwrap()
-}
-
-async fn set(raw: &mut redis::aio::MultiplexedConnection, rec: &str, value: &str) {
-    let _: () = redis::cmd("SET").arg(rec).arg(value).query_async(raw).await.unwrap();
-}
-
-async fn pttl(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query_async(raw).await.unwrap()
-}
-
-/// Field `i` of a stored record (0 version, 1 state, 2 fence, 3 waited on, 4 lease end,
-/// 5 fingerprint, 6 outcome kind, 7 payload).
-fn field(record: &str, i: usize) -> &str {
-    record.splitn(10, '|').nth(i).unwrap_or_else(|| panic!("record {record:?} has no field {i}"))
-}
-
-/// Every step but forget refuses the record at `key` as `Incompatible`, with `why` in the
-/// message; forget removes it and the key is free again.
-async fn refused_by_every_step(store: &RedisStore, key: &idem_core::Key, fence: Fence, why: &str) {
-    let fp = idem_core::conformance::other_fingerprint();
-    match store.claim(claim_req(key, &fp)).await {
-        Err(StoreError::Incompatible(msg)) => assert!(msg.contains(why), "{msg}"),
-        other => panic!("the record must be Incompatible ({why}), got {other:?}"),
-    }
-    for r in [
-        store.complete(key, fence, &Outcome::Success("1".into()), LONG).await,
-        store.release(key, fence).await,
-        store.renew(key, fence, LONG).await,
-        // A long `max`: the answer must come from the store, not from running out of time
-        // (a busy shared server may take longer than a few ms to answer).
-        store.wait(key, fence, LONG).await,
-    ] {
-        assert!(matches!(r, Err(StoreError::Incompatible(_))), "got {r:?}");
-    }
-    // Forget is the operator's way out, and works whatever is stored.
-    idem_tests::assert_answer!(store.forget(key).await, Ok(true));
-    idem_tests::assert_answer!(store.claim(claim_req(key, &fp)).await, Ok(Claim::Acquired { .. }));
 }
 
 #[tokio::test]
@@ -301,168 +240,6 @@ async fn record_layout_and_expiry() {
     let counter = pttl(&mut raw, &store.fence_key(&key)).await;
     let grace = i64::try_from(idem_core::store::redis::FENCE_COUNTER_GRACE.as_millis()).unwrap();
     assert!(counter > grace && counter <= grace + 30_000, "counter ttl {counter}");
-}
-
-/// A version 1 record (a hash with fields v, st, fence, fp, lu, ok, p, w).
-async fn write_v1(
-    raw: &mut redis::aio::MultiplexedConnection,
-    rec: &str,
-    fields: &[(&str, String)],
-) {
-    let mut cmd = redis::cmd("HSET");
-    cmd.arg(rec).arg("v").arg("1");
-    for (name, value) in fields {
-        cmd.arg(*name).arg(value);
-    }
-    let _: () = cmd.query_async(raw).await.unwrap();
-}
-
-/// The server's clock in ms and µs (leases and fences use it).
-async fn server_now(raw: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(raw).await.unwrap();
-    (s * 1000 + us / 1000, s * 1_000_000 + us)
-}
-
-/// Records written by schema version 1 (a hash) are migrated by the first step that meets them.
-#[tokio::test]
-async fn v1_completed_record_replays() {
-    let Some(store) = store().await else { return };
-    let mut raw = raw().await;
-    let other = idem_core::conformance::other_fingerprint();
-    for (ok, payload, outcome) in [
-        ("s", "\"paid|1\"", Outcome::Success("\"paid|1\"".into())),
-        ("f", "{\"declined\":true}", Outcome::Failure("{\"declined\":true}".into())),
-        ("u", "", Outcome::Unknown),
-    ] {
-        let (key, fp) = fresh_key("v1_completed", ok);
-        let rec = store.record_key(&key);
-        #[rustfmt::skip]
-        write_v1(&mut raw, &rec, &[
-            ("st", "d".into()), ("fence", "1700000000000000".into()), ("fp", fp.to_string()),
-            ("lu", "1700000000000".into()), ("ok", ok.into()), ("p", payload.into()),
-        ]).await;
-        let _: () =
-            redis::cmd("PEXPIRE").arg(&rec).arg(60_000).query_async(&mut raw).await.unwrap();
-        let want = Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome });
-        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "v1 ok={ok}");
-        // Migrated: a string now, with the hash's expiry.
-        let record = stored(&mut raw, &rec).await;
-        assert_eq!(record, format!("3|d|1700000000000000|0||{fp}|{ok}|||{payload}"));
-        let left = pttl(&mut raw, &rec).await;
-        assert!(left > 0 && left <= 60_000, "the migrated record keeps its expiry: {left}");
-        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want);
-        assert_eq!(store.claim(claim_req(&key, &other)).await.unwrap(), Claim::Mismatch);
-    }
-    // A v1 hash that is not a valid record is refused and left as it is.
-    let (key, fp) = fresh_key("v1_completed", "bad kind");
-    let rec = store.record_key(&key);
-    #[rustfmt::skip]
-    write_v1(&mut raw, &rec, &[
-        ("st", "d".into()), ("fence", "17".into()), ("fp", fp.to_string()), ("ok", "z".into()),
-        ("p", "1".into()),
-    ]).await;
-    match store.claim(claim_req(&key, &fp)).await {
-        Err(StoreError::Incompatible(why)) => assert!(why.contains("schema version 1"), "{why}"),
-        other => panic!("a malformed v1 record must be Incompatible, got {other:?}"),
-    }
-    let kind: String = redis::cmd("TYPE").arg(&rec).query_async(&mut raw).await.unwrap();
-    assert_eq!(kind, "hash");
-    store.forget(&key).await.unwrap();
-}
-
-/// A v1 in-flight record keeps its fence whichever step meets it first: a stale or other fence
-/// gets `LeaseLost`, the holder's fence completes, and a takeover starts above it. The fences
-/// are set above the server's clock so that only the record can explain the answers.
-#[tokio::test]
-async fn v1_in_flight_record_keeps_its_fence() {
-    let Some(store) = store().await else { return };
-    let mut raw = raw().await;
-    let (now_ms, now_us) = server_now(&mut raw).await;
-    let fence = Fence(now_us + 3_600_000_000);
-    let stale = Fence(fence.0 - 1);
-    let newer = Fence(fence.0 + 1);
-    for first in ["claim", "complete", "release", "renew", "wait", "takeover", "forget"] {
-        let (key, fp) = fresh_key("v1_in_flight", first);
-        let rec = store.record_key(&key);
-        let lease_end = if first == "takeover" { now_ms - 1 } else { now_ms + 60_000 };
-        #[rustfmt::skip]
-        write_v1(&mut raw, &rec, &[
-            ("st", "f".into()), ("fence", fence.0.to_string()), ("fp", fp.to_string()),
-            ("lu", lease_end.to_string()), ("w", "0".into()),
-        ]).await;
-        let done = Outcome::Success(format!("\"{first}\""));
-        match first {
-            "claim" => match store.claim(claim_req(&key, &fp)).await.unwrap() {
-                Claim::InFlight { fence: f, lease_remaining } => {
-                    assert_eq!(f, fence);
-                    assert!(lease_remaining > Duration::from_secs(50), "{lease_remaining:?}");
-                }
-                other => panic!("a v1 in-flight record must be InFlight, got {other:?}"),
-            },
-            "complete" => {
-                for f in [stale, newer] {
-                    let r = store.complete(&key, f, &done, LONG).await;
-                    assert!(matches!(r, Err(StoreError::LeaseLost)), "{f:?}: {r:?}");
-                }
-            }
-            "release" => {
-                for f in [stale, newer] {
-                    let r = store.release(&key, f).await;
-                    assert!(matches!(r, Err(StoreError::LeaseLost)), "{f:?}: {r:?}");
-                }
-            }
-            "renew" => {
-                let r = store.renew(&key, stale, LONG).await;
-                assert!(matches!(r, Err(StoreError::LeaseLost)), "{r:?}");
-                store.renew(&key, fence, LONG).await.unwrap();
-            }
-            // Returns at once: the lease runs for a minute, `max` is short.
-            "wait" => store.wait(&key, fence, Duration::from_millis(50)).await.unwrap(),
-            "takeover" => {
-                match store.claim(claim_req(&key, &fp)).await.unwrap() {
-                    Claim::Acquired { fence: f, takeover: true } => {
-                        assert_eq!(f, newer, "a takeover starts above the record's fence")
-                    }
-                    other => panic!("an expired v1 record must be taken over, got {other:?}"),
-                }
-                let r = store.complete(&key, fence, &done, LONG).await;
-                assert!(matches!(r, Err(StoreError::LeaseLost)), "{r:?}");
-                store.complete(&key, newer, &done, LONG).await.unwrap();
-                let want =
-                    Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome: done });
-                assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want);
-                continue;
-            }
-            "forget" => {
-                // The v1 record's fence goes to the counter: the next fence is above it.
-                idem_tests::assert_answer!(store.forget(&key).await, Ok(true));
-                let counter: String = redis::cmd("GET")
-                    .arg(store.fence_key(&key))
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-                assert_eq!(counter, fence.0.to_string());
-                match store.claim(claim_req(&key, &fp)).await.unwrap() {
-                    Claim::Acquired { fence: f, takeover: false } => assert_eq!(f, newer),
-                    other => panic!("a forgotten key must be acquired, got {other:?}"),
-                }
-                store.release(&key, newer).await.unwrap();
-                continue;
-            }
-            _ => unreachable!(),
-        }
-        let record = stored(&mut raw, &rec).await;
-        assert_eq!(
-            field(&record, 0),
-            idem_core::store::redis::SCHEMA_VERSION,
-            "{first} migrates the record: {record}"
-        );
-        assert_eq!(field(&record, 2), fence.0.to_string(), "{first} keeps the fence: {record}");
-        assert_eq!(pttl(&mut raw, &rec).await, -1, "an in-flight record has no expiry");
-        store.complete(&key, fence, &done, LONG).await.unwrap();
-        let want = Claim::Completed(idem_core::store::Record { fingerprint: fp, outcome: done });
-        assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "after {first}");
-    }
 }
 
 #[tokio::test]
