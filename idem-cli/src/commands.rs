@@ -9,7 +9,7 @@ use idem_core::store::{
 };
 
 use crate::render;
-use crate::{Cli, Command, Exit, Failure, ListArgs, ResolveArgs};
+use crate::{Cli, Command, Exit, Failure, ListArgs, ResolveArgs, State};
 
 /// The page size of one store call while listing.
 const PAGE: usize = 500;
@@ -18,6 +18,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let Some(url) = cli.store.as_deref() else {
         return Err(Failure::new(Exit::Usage, "no store: pass --store URL or set IDEM_STORE"));
     };
+    refuse_missing_sqlite_file(url)?;
     let store = store::open(url).await?;
     let json = cli.json;
     match cli.command {
@@ -30,6 +31,28 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// Opening a SQLite URL creates the file when it is missing. An operator who mistypes the path
+/// (or gives a relative one from another directory) would then inspect an empty new database and
+/// see nothing stuck, so the command line only opens a file that exists.
+fn refuse_missing_sqlite_file(url: &str) -> Result<(), Failure> {
+    let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
+        return Ok(());
+    };
+    let path = rest.split('?').next().unwrap_or(rest);
+    if path.is_empty() || path == ":memory:" || std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    let shown = std::path::absolute(path).unwrap_or_else(|_| path.into());
+    Err(Failure::new(
+        Exit::Usage,
+        format!(
+            "no SQLite database at {} (from {url:?}); the command line does not create stores. \
+             Name the file the application uses, with an absolute path: sqlite:///abs/path.db",
+            shown.display()
+        ),
+    ))
+}
+
 fn parse_key(key: &str) -> Result<Key, Failure> {
     Key::parse(key.trim()).ok_or_else(|| {
         Failure::new(Exit::Usage, format!("{key:?} is not an idempotency key (64 hex digits)"))
@@ -37,6 +60,8 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
 }
 
 async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failure> {
+    // The stores filter by state; a lease that has ended is told apart here.
+    let lease_ended_only = matches!(args.state, Some(State::LeaseEnded));
     let mut query = ListQuery {
         state: args.state.map(Into::into),
         tool: args.tool,
@@ -53,7 +78,7 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
         query.limit = (args.limit - records.len()).min(PAGE);
         let page = store.list(&query).await?;
         scanned += page.scanned;
-        records.extend(page.records);
+        records.extend(page.records.into_iter().filter(|r| !lease_ended_only || lease_ended(r)));
         next = page.next;
         match &next {
             Some(cursor) => query.cursor = Some(cursor.clone()),
@@ -72,6 +97,10 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
         }
     }
     Ok(())
+}
+
+fn lease_ended(info: &RecordInfo) -> bool {
+    matches!(info.state, RecordState::InFlight { lease_remaining } if lease_remaining.is_zero())
 }
 
 async fn show(store: &dyn Store, key: &Key, json: bool) -> Result<(), Failure> {

@@ -116,7 +116,11 @@ struct ResolveArgs {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum State {
+    /// Held by an owner, lease live or ended.
     InFlight,
+    /// In flight with the owner's lease ended and no result: a dead owner (the records `stats`
+    /// counts as lease-ended).
+    LeaseEnded,
     Unknown,
     Completed,
     Failed,
@@ -126,7 +130,7 @@ enum State {
 impl From<State> for StateFilter {
     fn from(s: State) -> Self {
         match s {
-            State::InFlight => StateFilter::InFlight,
+            State::InFlight | State::LeaseEnded => StateFilter::InFlight,
             State::Unknown => StateFilter::Unknown,
             State::Completed => StateFilter::Completed,
             State::Failed => StateFilter::Failed,

@@ -231,14 +231,64 @@ async fn sqlite() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let url = format!("sqlite://{}", dir.join("idem.db").display());
     let store = idem_core::store::open(&url).await.expect("open");
-    workflow(&url, store, "sqlite").await;
+    workflow(&url, Arc::clone(&store), "sqlite").await;
+    lease_ended(&url, &*store).await;
     // Usage and availability errors have their own exit codes.
     exits(&url, &["list", "--state", "stuck"], 2);
     exits(&url, &["resolve", &"0".repeat(64)], 2);
     exits(&url, &["show", &"0".repeat(64)], 3);
     exits(&url, &["purge"], 2);
-    exits("sqlite:///nonexistent-dir/idem.db", &["stats"], 5);
+    // A SQLite file that does not exist is not created (an operator who mistyped the path would
+    // see an empty store): bad usage, and nothing is written.
+    let missing = dir.join("typo.db");
+    let why = exits(&format!("sqlite://{}", missing.display()), &["stats"], 2);
+    assert!(why.contains("no SQLite database"), "{why}");
+    assert!(!missing.exists(), "the command line created {}", missing.display());
+    exits("sqlite:///nonexistent-dir/idem.db", &["stats"], 2);
     exits("mysql://h/db", &["stats"], 2);
+}
+
+/// `--state lease-ended` lists the in-flight records whose owner's lease ended (a dead owner), and
+/// not those with a live lease.
+async fn lease_ended(url: &str, store: &dyn Store) {
+    let run_id = unique_run("lease-ended");
+    let scope = idem_core::Scope::run(&run_id);
+    let claim = |order: &str, lease: Duration| {
+        let args = serde_json::json!({ "order": order }).to_string();
+        let key = idem_core::key::derive_key(&scope, "refund", args.as_bytes());
+        let fingerprint = idem_core::key::fingerprint(args.as_bytes());
+        let origin = idem_core::store::Origin { tool: "refund", tenant: "", run: &run_id };
+        async move {
+            let req = idem_core::store::ClaimRequest {
+                key: &key,
+                fingerprint: &fingerprint,
+                lease,
+                on_expired: idem_core::store::OnExpired::Unknown,
+                origin,
+            };
+            let claim = store.claim(req).await.expect("claim");
+            assert!(matches!(claim, idem_core::store::Claim::Acquired { .. }), "{claim:?}");
+            key.to_string()
+        }
+    };
+    let dead = claim("dead", Duration::from_millis(1)).await;
+    let live = claim("live", Duration::from_secs(600)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let keys = |state: &str| -> Vec<String> {
+        let listed = json(url, &["list", "--run", &run_id, "--state", state]);
+        let mut keys: Vec<String> = listed["records"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .map(|r| r["key"].as_str().expect("key").to_owned())
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys("lease-ended"), vec![dead.clone()]);
+    let mut both = vec![dead, live];
+    both.sort();
+    assert_eq!(keys("in-flight"), both);
 }
 
 /// `IDEM_PG_URL` as a URL: the tests' connection string may be in libpq's keyword form.
