@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Fence, Outcome};
+use super::{Fence, Outcome, StateFilter, Stats};
 
 /// The outcome kind column: 1 success, 2 permanent failure, 3 unknown, 4 output not storable.
 /// The payload column holds the JSON for 1 and 2, is NULL for 3, and the reason text for 4.
@@ -51,4 +51,31 @@ pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Adds one row of the SQL stores' count query (`state`, outcome `kind`, whether an in-flight
+/// lease has ended, count) to `stats`. A pair this version does not write is counted as
+/// unreadable, not refused: one odd record must not hide the others' counts.
+pub(crate) fn count_row(stats: &mut Stats, state: i64, kind: Option<i64>, ended: bool, n: u64) {
+    let slot = match (state, kind.and_then(|k| i16::try_from(k).ok())) {
+        (0, _) if ended => &mut stats.lease_expired,
+        (0, _) => &mut stats.in_flight,
+        (_, Some(SUCCESS)) => &mut stats.completed,
+        (_, Some(FAILURE)) => &mut stats.failed,
+        (_, Some(UNKNOWN)) => &mut stats.unknown,
+        (_, Some(NOT_STORABLE)) => &mut stats.not_storable,
+        _ => &mut stats.unreadable,
+    };
+    *slot += n;
+}
+
+/// The outcome kind a listing filter selects among completed records; `None` for in flight.
+pub(crate) fn filter_kind(state: StateFilter) -> Option<i16> {
+    match state {
+        StateFilter::InFlight => None,
+        StateFilter::Completed => Some(SUCCESS),
+        StateFilter::Failed => Some(FAILURE),
+        StateFilter::Unknown => Some(UNKNOWN),
+        StateFilter::NotStorable => Some(NOT_STORABLE),
+    }
 }

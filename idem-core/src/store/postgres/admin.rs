@@ -15,8 +15,8 @@ use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
 use crate::store::codec::{self, encode, fence_param, ms};
 use crate::store::{
-    Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, StateFilter, Stats,
-    StoreError, StoredOrigin,
+    Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoreError,
+    StoredOrigin,
 };
 
 const COLUMNS: &str = "key, fingerprint, fence, state, \
@@ -100,16 +100,10 @@ impl PostgresStore {
             })?;
             arg(&mut sql, " AND key > ?", Box::new(key.to_string()), Type::TEXT);
         }
-        match q.state {
+        match q.state.map(codec::filter_kind) {
             None => {}
-            Some(StateFilter::InFlight) => sql.push_str(" AND state = 0"),
-            Some(state) => {
-                let kind = match state {
-                    StateFilter::Completed => codec::SUCCESS,
-                    StateFilter::Failed => codec::FAILURE,
-                    StateFilter::NotStorable => codec::NOT_STORABLE,
-                    _ => codec::UNKNOWN,
-                };
+            Some(None) => sql.push_str(" AND state = 0"),
+            Some(Some(kind)) => {
                 arg(&mut sql, " AND state = 1 AND kind = ?", Box::new(kind), Type::INT2);
             }
         }
@@ -196,17 +190,8 @@ impl PostgresStore {
             let kind: Option<i16> = r.try_get(1).map_err(get)?;
             let ended: Option<bool> = r.try_get(2).map_err(get)?;
             let n: i64 = r.try_get(3).map_err(get)?;
-            let slot = match (state, kind) {
-                (0, _) if ended == Some(true) => &mut stats.lease_expired,
-                (0, _) => &mut stats.in_flight,
-                (_, Some(codec::SUCCESS)) => &mut stats.completed,
-                (_, Some(codec::FAILURE)) => &mut stats.failed,
-                (_, Some(codec::UNKNOWN)) => &mut stats.unknown,
-                (_, Some(codec::NOT_STORABLE)) => &mut stats.not_storable,
-                // Counted, not refused: one odd record must not hide the others' counts.
-                _ => &mut stats.unreadable,
-            };
-            *slot += n.max(0) as u64;
+            let n = u64::try_from(n).unwrap_or(0);
+            codec::count_row(&mut stats, state.into(), kind.map(i64::from), ended == Some(true), n);
         }
         Ok(stats)
     }

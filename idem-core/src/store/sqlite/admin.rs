@@ -10,9 +10,7 @@ use super::{SqlError, decode, fence_of};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
 use crate::store::codec::{self, encode, fence_param, ms};
-use crate::store::{
-    ListPage, ListQuery, RecordInfo, RecordState, Resolution, StateFilter, Stats, StoredOrigin,
-};
+use crate::store::{ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin};
 
 /// How many records one sweep removes at most.
 pub(super) const SWEEP_BATCH: usize = 1000;
@@ -94,16 +92,10 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         })?;
         arg(&mut sql, " AND key > ?", Value::Text(key.to_string()));
     }
-    match q.state {
+    match q.state.map(codec::filter_kind) {
         None => {}
-        Some(StateFilter::InFlight) => sql.push_str(" AND state = 0"),
-        Some(state) => {
-            let kind = match state {
-                StateFilter::Completed => codec::SUCCESS,
-                StateFilter::Failed => codec::FAILURE,
-                StateFilter::NotStorable => codec::NOT_STORABLE,
-                _ => codec::UNKNOWN,
-            };
+        Some(None) => sql.push_str(" AND state = 0"),
+        Some(Some(kind)) => {
             arg(&mut sql, " AND state = 1 AND kind = ?", Value::Integer(kind.into()));
         }
     }
@@ -187,18 +179,7 @@ pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
     while let Some(r) = rows.next()? {
         let (state, kind, ended, n): (i64, Option<i64>, bool, i64) =
             (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
-        let n = n as u64;
-        let slot = match (state, kind.map(|k| k as i16)) {
-            (0, _) if ended => &mut stats.lease_expired,
-            (0, _) => &mut stats.in_flight,
-            (_, Some(codec::SUCCESS)) => &mut stats.completed,
-            (_, Some(codec::FAILURE)) => &mut stats.failed,
-            (_, Some(codec::UNKNOWN)) => &mut stats.unknown,
-            (_, Some(codec::NOT_STORABLE)) => &mut stats.not_storable,
-            // Counted, not refused: one odd record must not hide the others' counts.
-            _ => &mut stats.unreadable,
-        };
-        *slot += n;
+        codec::count_row(&mut stats, state, kind, ended, u64::try_from(n).unwrap_or(0));
     }
     Ok(stats)
 }
@@ -207,6 +188,7 @@ pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
 mod tests {
     use super::*;
     use crate::store::SqliteStore;
+    use crate::store::StateFilter;
 
     /// The plan SQLite chooses for the listing `q`: its detail lines.
     fn plan(conn: &Connection, q: &ListQuery) -> String {
