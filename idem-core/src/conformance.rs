@@ -208,6 +208,11 @@ pub async fn concurrent_claims_acquire_once(store: &dyn Store) {
     let (key, fp) = fresh_key("concurrent_claims_acquire_once", "{}");
     let claims = join_all((0..32).map(|_| store.claim(req(&key, &fp, LONG, OnExpired::TakeOver))));
     let claims: Vec<Claim> = claims.await.into_iter().map(|r| r.expect("claim failed")).collect();
+    one_winner(&claims, "of 32 concurrent claims", "a losing concurrent claim");
+}
+
+/// Asserts that exactly one of `claims` acquired and every other saw the winner's fence in flight.
+pub(crate) fn one_winner(claims: &[Claim], among: &str, loser: &str) {
     let winners: Vec<Fence> = claims
         .iter()
         .filter_map(|c| match c {
@@ -215,11 +220,11 @@ pub async fn concurrent_claims_acquire_once(store: &dyn Store) {
             _ => None,
         })
         .collect();
-    assert_eq!(winners.len(), 1, "exactly one of 32 concurrent claims must acquire: {claims:?}");
-    for c in &claims {
+    assert_eq!(winners.len(), 1, "exactly one claim {among} must acquire: {claims:?}");
+    for c in claims {
         match c {
             Claim::Acquired { .. } => {}
-            c => assert_in_flight("a losing concurrent claim", c.clone(), winners[0]),
+            c => assert_in_flight(loser, c.clone(), winners[0]),
         }
     }
 }

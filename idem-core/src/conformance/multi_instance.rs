@@ -14,7 +14,7 @@ use super::{
     LONG, PAST_SHORT, SHORT, acquire, assert_completed, assert_in_flight, assert_lease_lost, claim,
     complete, fence_turns, fresh_key, req, success,
 };
-use crate::store::{Claim, Fence, OnExpired, Store};
+use crate::store::{Claim, OnExpired, Store};
 
 /// Generates one `#[tokio::test]` per behaviour of the multi-instance tier.
 ///
@@ -53,20 +53,7 @@ pub async fn one_claim_wins_across_instances(a: &dyn Store, b: &dyn Store) {
         store.claim(req(&key, &fp, LONG, OnExpired::TakeOver))
     }));
     let claims: Vec<Claim> = claims.await.into_iter().map(|r| r.expect("claim failed")).collect();
-    let winners: Vec<Fence> = claims
-        .iter()
-        .filter_map(|c| match c {
-            Claim::Acquired { fence, .. } => Some(*fence),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(winners.len(), 1, "exactly one claim over both instances must acquire: {claims:?}");
-    for c in &claims {
-        match c {
-            Claim::Acquired { .. } => {}
-            c => assert_in_flight("a losing claim on either instance", c.clone(), winners[0]),
-        }
-    }
+    super::one_winner(&claims, "over both instances", "a losing claim on either instance");
     // Sequentially too: the other instance sees the holder.
     let (key, fp) = fresh_key("one_claim_wins_across_instances", "{\"sequential\":true}");
     let fence = acquire(a, &key, &fp, LONG).await;
