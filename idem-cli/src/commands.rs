@@ -9,7 +9,7 @@ use idem_core::store::{
 };
 
 use crate::render;
-use crate::{Cli, Command, Exit, Failure, ListArgs, ResolveArgs, State};
+use crate::{Cli, Command, Exit, Failure, ListArgs, ResolveArgs};
 
 /// The page size of one store call while listing.
 const PAGE: usize = 500;
@@ -60,8 +60,6 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
 }
 
 async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failure> {
-    // The stores filter by state; a lease that has ended is told apart here.
-    let lease_ended_only = matches!(args.state, Some(State::LeaseEnded));
     let mut query = ListQuery {
         state: args.state.map(Into::into),
         tool: args.tool,
@@ -78,7 +76,7 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
         query.limit = (args.limit - records.len()).min(PAGE);
         let page = store.list(&query).await?;
         scanned += page.scanned;
-        records.extend(page.records.into_iter().filter(|r| !lease_ended_only || lease_ended(r)));
+        records.extend(page.records);
         next = page.next;
         match &next {
             Some(cursor) => query.cursor = Some(cursor.clone()),
@@ -97,10 +95,6 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
         }
     }
     Ok(())
-}
-
-fn lease_ended(info: &RecordInfo) -> bool {
-    matches!(info.state, RecordState::InFlight { lease_remaining } if lease_remaining.is_zero())
 }
 
 async fn show(store: &dyn Store, key: &Key, json: bool) -> Result<(), Failure> {

@@ -130,7 +130,8 @@ enum State {
 impl From<State> for StateFilter {
     fn from(s: State) -> Self {
         match s {
-            State::InFlight | State::LeaseEnded => StateFilter::InFlight,
+            State::InFlight => StateFilter::InFlight,
+            State::LeaseEnded => StateFilter::LeaseEnded,
             State::Unknown => StateFilter::Unknown,
             State::Completed => StateFilter::Completed,
             State::Failed => StateFilter::Failed,

@@ -129,6 +129,7 @@ pub async fn list_by_state(store: &dyn Store) {
     sleep(PAST_SHORT).await;
     let cases = [
         (StateFilter::InFlight, set(&[live, dead])),
+        (StateFilter::LeaseEnded, set(&[dead])),
         (StateFilter::Unknown, set(&[unknown])),
         (StateFilter::Completed, set(&[completed])),
         (StateFilter::Failed, set(&[failed])),

@@ -50,6 +50,9 @@ pub enum RecordState {
 pub enum StateFilter {
     /// In flight, lease live or ended ([`RecordState::InFlight`]).
     InFlight,
+    /// In flight with the owner's lease ended and no result: a dead owner
+    /// ([`RecordState::InFlight`] with no time left; what [`Stats`] counts as `lease_expired`).
+    LeaseEnded,
     /// Outcome unknown ([`Outcome::Unknown`]).
     Unknown,
     /// Succeeded ([`Outcome::Success`]).
@@ -66,6 +69,10 @@ impl StateFilter {
         matches!(
             (self, state),
             (StateFilter::InFlight, RecordState::InFlight { .. })
+                | (
+                    StateFilter::LeaseEnded,
+                    RecordState::InFlight { lease_remaining: Duration::ZERO }
+                )
                 | (StateFilter::Unknown, RecordState::Done(Outcome::Unknown))
                 | (StateFilter::Completed, RecordState::Done(Outcome::Success(_)))
                 | (StateFilter::Failed, RecordState::Done(Outcome::Failure(_)))

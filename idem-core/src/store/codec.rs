@@ -69,13 +69,21 @@ pub(crate) fn count_row(stats: &mut Stats, state: i64, kind: Option<i64>, ended:
     *slot += n;
 }
 
-/// The outcome kind a listing filter selects among completed records; `None` for in flight.
-pub(crate) fn filter_kind(state: StateFilter) -> Option<i16> {
+/// What a listing filter selects in the SQL stores' columns.
+pub(crate) enum Selected {
+    /// `state = 0`; with `ended`, also `lease_until <= now`.
+    InFlight { ended: bool },
+    /// `state = 1` with this outcome kind.
+    Kind(i16),
+}
+
+pub(crate) fn selected(state: StateFilter) -> Selected {
     match state {
-        StateFilter::InFlight => None,
-        StateFilter::Completed => Some(SUCCESS),
-        StateFilter::Failed => Some(FAILURE),
-        StateFilter::Unknown => Some(UNKNOWN),
-        StateFilter::NotStorable => Some(NOT_STORABLE),
+        StateFilter::InFlight => Selected::InFlight { ended: false },
+        StateFilter::LeaseEnded => Selected::InFlight { ended: true },
+        StateFilter::Completed => Selected::Kind(SUCCESS),
+        StateFilter::Failed => Selected::Kind(FAILURE),
+        StateFilter::Unknown => Selected::Kind(UNKNOWN),
+        StateFilter::NotStorable => Selected::Kind(NOT_STORABLE),
     }
 }

@@ -13,7 +13,7 @@ use super::PostgresStore;
 use super::error::pg;
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
-use crate::store::codec::{self, encode, fence_param, ms};
+use crate::store::codec::{self, Selected, encode, fence_param, ms};
 use crate::store::{
     Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoreError,
     StoredOrigin,
@@ -100,10 +100,13 @@ impl PostgresStore {
             })?;
             arg(&mut sql, " AND key > ?", Box::new(key.to_string()), Type::TEXT);
         }
-        match q.state.map(codec::filter_kind) {
+        match q.state.map(codec::selected) {
             None => {}
-            Some(None) => sql.push_str(" AND state = 0"),
-            Some(Some(kind)) => {
+            Some(Selected::InFlight { ended: false }) => sql.push_str(" AND state = 0"),
+            Some(Selected::InFlight { ended: true }) => {
+                sql.push_str(" AND state = 0 AND lease_until <= now()");
+            }
+            Some(Selected::Kind(kind)) => {
                 arg(&mut sql, " AND state = 1 AND kind = ?", Box::new(kind), Type::INT2);
             }
         }

@@ -9,7 +9,7 @@ use rusqlite::{Connection, params, params_from_iter};
 use super::{SqlError, decode, fence_of};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
-use crate::store::codec::{self, encode, fence_param, ms};
+use crate::store::codec::{self, Selected, encode, fence_param, ms};
 use crate::store::{ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin};
 
 /// How many records one sweep removes at most.
@@ -92,10 +92,14 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         })?;
         arg(&mut sql, " AND key > ?", Value::Text(key.to_string()));
     }
-    match q.state.map(codec::filter_kind) {
+    match q.state.map(codec::selected) {
         None => {}
-        Some(None) => sql.push_str(" AND state = 0"),
-        Some(Some(kind)) => {
+        Some(Selected::InFlight { ended: false }) => sql.push_str(" AND state = 0"),
+        // ?1 is now.
+        Some(Selected::InFlight { ended: true }) => {
+            sql.push_str(" AND state = 0 AND lease_until <= ?1")
+        }
+        Some(Selected::Kind(kind)) => {
             arg(&mut sql, " AND state = 1 AND kind = ?", Value::Integer(kind.into()));
         }
     }
