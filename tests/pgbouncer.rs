@@ -2,14 +2,17 @@
 //! starts in front of `IDEM_PG_URL`'s server): with `pgbouncer=true` the store sends only unnamed
 //! statements and keeps no session state between transactions, and waiters poll instead of
 //! listening. The conformance suites (claims, operator side, several instances) and the
-//! multi-process scenario pass through it, polling wakes a waiter in another store, and a
-//! listener behind PgBouncer finds out that notifications do not arrive.
+//! multi-process scenario pass through it, and so do the suites for the application's own pool
+//! pointed at PgBouncer (`PostgresStore::from_pool_with` with `PoolOptions::pgbouncer`); polling
+//! wakes a waiter in another store, and a listener behind PgBouncer finds out that notifications
+//! do not arrive.
 
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::conformance::fresh_key;
+use idem_core::store::postgres::PoolOptions;
 use idem_core::store::{Claim, Outcome};
 use idem_core::{PostgresStore, Store};
 use idem_tests::servers::PgBouncer;
@@ -60,6 +63,37 @@ idem_core::store_multi_instance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     pair().await
 );
+
+/// The store on the application's deadpool pool, whose connections go through PgBouncer.
+async fn app_store() -> Option<Arc<PostgresStore>> {
+    let bouncer = bouncer()?;
+    let config = tokio_postgres::Config::from_str(&bouncer.conninfo("")).expect("conninfo");
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager).max_size(4).build().expect("pool");
+    let store = PostgresStore::from_pool_with(pool, PoolOptions::new().pgbouncer(true)).await;
+    or_skip("PostgreSQL through PgBouncer", store).map(Arc::new)
+}
+
+mod app_pool {
+    use super::*;
+    idem_core::store_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        app_store().await
+    );
+    idem_core::store_admin_conformance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        app_store().await
+    );
+    idem_core::store_multi_instance_tests!(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        app_pair().await
+    );
+}
+
+/// The application's pool and the store's own, both through PgBouncer, on one database.
+async fn app_pair() -> Option<(Arc<PostgresStore>, Arc<PostgresStore>)> {
+    Some((app_store().await?, store().await?))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_across_processes_through_pgbouncer() {

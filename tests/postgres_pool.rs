@@ -1,7 +1,9 @@
-//! `PostgresStore::from_pool`: the store on the application's own deadpool-postgres pool
-//! (`IDEM_PG_URL`; skipped when the server is unreachable, a failure under `CI=true`). The
-//! conformance suite passes with a dedicated LISTEN connection and without one (waiters poll),
-//! and an exhausted pool fails a call closed within `Policy::store_timeout`.
+//! The store's connection pools: the application's own deadpool-postgres pool
+//! (`PostgresStore::from_pool`) and the one `PostgresStore::connect` builds (`IDEM_PG_URL`;
+//! skipped when the server is unreachable, a failure under `CI=true`). The conformance suite
+//! passes with a dedicated LISTEN connection and without one (waiters poll); an exhausted pool,
+//! either kind, fails a call closed within `Policy::store_timeout`; and a connection the server
+//! ends (`pg_terminate_backend`) is replaced, so the next call succeeds.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -9,13 +11,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool};
-use idem_core::{Classify, Error, Failure, Idem, Policy, PostgresStore, tool};
-use idem_tests::{or_skip, pg_url};
+use idem_core::conformance::fresh_key;
+use idem_core::store::{Claim, Outcome, StoreError};
+use idem_core::{Classify, Error, Failure, Idem, Policy, PostgresStore, Store, tool};
+use idem_tests::{acquire, claim_req, or_skip, pg_url};
 use serde::{Deserialize, Serialize};
 
 /// The application's pool.
 fn app_pool(size: usize) -> Pool {
-    let config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    app_pool_of(tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL"), size)
+}
+
+fn app_pool_of(config: tokio_postgres::Config, size: usize) -> Pool {
     let manager = Manager::new(config, tokio_postgres::NoTls);
     Pool::builder(manager).max_size(size).build().expect("pool")
 }
@@ -91,4 +98,163 @@ async fn exhausted_pool_fails_closed_then_serves() {
     assert_eq!(book(&run, "12A".into()).await.expect("runs"), "booked 12A");
     assert_eq!(book(&run, "12A".into()).await.expect("replays"), "booked 12A");
     assert_eq!(RUNS.load(Ordering::SeqCst), 1, "ran once, then replayed");
+}
+
+static SEATS: AtomicUsize = AtomicUsize::new(0);
+
+#[tool(retry = "keyed")]
+async fn seat(seat: String) -> Result<String, Never> {
+    SEATS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("seated {seat}"))
+}
+
+/// The configuration of `IDEM_PG_URL` with an `application_name` unique to this process and
+/// `what`, so the test finds its store's server connections in `pg_stat_activity`.
+fn named(what: &str) -> (tokio_postgres::Config, String) {
+    let mut config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let name = format!("idem-pool-{what}-{}", std::process::id());
+    config.application_name(&name);
+    (config, name)
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.expect("admin connect");
+    tokio::spawn(conn);
+    client
+}
+
+/// Waits (a hang guard only) until `check` holds.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    for _ in 0..600 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// The server processes of the connections named `name`.
+async fn backends(admin: &tokio_postgres::Client, name: &str) -> Vec<i32> {
+    let rows = admin
+        .query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&name])
+        .await
+        .expect("pg_stat_activity");
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// `connect`'s own pool, of one connection, busy with a statement blocked on a row lock: a step
+/// waits at most the connect timeout for it (the pool's message says so), a call through the
+/// executor fails closed within `store_timeout` without running the tool, and once the
+/// connection is free again the same call runs once and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_pool_exhausted_fails_closed_then_serves() {
+    let (mut config, name) = named("exhausted");
+    config.connect_timeout(Duration::from_secs(1));
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::connect_with(config, 1).await) else {
+        return;
+    };
+    let admin = admin().await;
+    let (held, fp) = fresh_key("own_pool_exhausted", "held");
+    let fence = acquire(&store, &held, &fp).await;
+    // The row lock makes the store's completion wait in the server, holding the connection.
+    admin.batch_execute("BEGIN").await.expect("begin");
+    admin
+        .query("SELECT 1 FROM idem_records WHERE key = $1 FOR UPDATE", &[&held.as_str()])
+        .await
+        .expect("lock the row");
+    let blocked = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let ok = Outcome::Success("1".into());
+            store.complete(&held, fence, &ok, Duration::from_secs(60)).await
+        }
+    });
+    until("the completion waits for the row lock", || async {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND wait_event_type = 'Lock'",
+                &[&name],
+            )
+            .await
+            .expect("pg_stat_activity");
+        row.get::<_, i64>(0) == 1
+    })
+    .await;
+
+    let (other, _) = fresh_key("own_pool_exhausted", "other");
+    // One step, not a claim (which sends again after a connection it could not have).
+    match store.inspect(&other).await {
+        Err(StoreError::Unavailable(m)) => {
+            assert!(m.to_string().contains("became free"), "the pool's wait ran out: {m}")
+        }
+        got => panic!("an exhausted pool answers Unavailable, got {got:?}"),
+    }
+    let policy = Policy { store_timeout: Duration::from_millis(300), ..Policy::default() };
+    let idem = Idem::builder(store.clone()).policy(policy).build();
+    let run =
+        idem.run(format!("own-pool-{}-{:?}", std::process::id(), std::time::SystemTime::now()));
+    let answer = seat(&run, "7C".into()).await;
+    assert!(
+        matches!(answer, Err(Error::StoreUnavailable { .. })),
+        "an exhausted pool fails the call closed, got {answer:?}"
+    );
+    assert_eq!(SEATS.load(Ordering::SeqCst), 0, "the tool did not run");
+
+    admin.batch_execute("ROLLBACK").await.expect("unlock");
+    blocked.await.expect("task").expect("the blocked completion completes");
+    assert_eq!(seat(&run, "7C".into()).await.expect("runs"), "seated 7C");
+    assert_eq!(seat(&run, "7C".into()).await.expect("replays"), "seated 7C");
+    assert_eq!(SEATS.load(Ordering::SeqCst), 1, "ran once, then replayed");
+}
+
+/// Every server connection of `store` (named `name`) is ended by `pg_terminate_backend`; the
+/// next calls succeed on new connections, and the record written before is still there.
+async fn killed_connections_are_replaced(store: &PostgresStore, name: &str) {
+    let admin = admin().await;
+    let (done, fp) = fresh_key("killed_connections", name);
+    let fence = acquire(store, &done, &fp).await;
+    let ok = Outcome::Success("\"kept\"".into());
+    store.complete(&done, fence, &ok, Duration::from_secs(60)).await.expect("complete");
+    let before = backends(&admin, name).await;
+    assert!(!before.is_empty(), "the store's connections are named {name}");
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .expect("terminate");
+    until("the ended connections are gone", || async {
+        backends(&admin, name).await.iter().all(|pid| !before.contains(pid))
+    })
+    .await;
+
+    let replay = store.claim(claim_req(&done, &fp)).await.expect("the next call succeeds");
+    assert!(matches!(replay, Claim::Completed(_)), "replays the record, got {replay:?}");
+    let (fresh, fp2) = fresh_key("killed_connections", name);
+    let fence = acquire(store, &fresh, &fp2).await;
+    store.complete(&fresh, fence, &ok, Duration::from_secs(60)).await.expect("complete again");
+    let after = backends(&admin, name).await;
+    assert!(!after.is_empty(), "new connections serve the calls");
+    assert!(after.iter().all(|pid| !before.contains(pid)), "no ended connection is reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_pool_replaces_a_killed_connection() {
+    let (config, name) = named("killed-own");
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::connect_with(config, 2).await) else {
+        return;
+    };
+    killed_connections_are_replaced(&store, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_pool_replaces_a_killed_connection() {
+    let (config, name) = named("killed-app");
+    let store = PostgresStore::from_pool(app_pool_of(config, 2), None).await;
+    let Some(store) = or_skip("PostgreSQL", store) else { return };
+    killed_connections_are_replaced(&store, &name).await;
 }

@@ -26,14 +26,17 @@
 //! someone waits on send a notification, so the common path pays nothing for it), with bounded,
 //! jittered polling as the fallback, and never past the caller's `max`.
 //!
-//! Connections: a fixed set (4 by default) of pipelined tokio-postgres connections plus one
-//! listener connection, opened on demand and re-opened after a failure, so the store works again
-//! by itself once the server is back. TLS (feature `postgres-tls`) follows the connection string's
-//! `sslmode` and `sslrootcert` as libpq does: see [`PostgresStore::connect`]. Behind PgBouncer in
-//! transaction mode (`pgbouncer=true`) the store keeps no session state between transactions:
+//! Connections: a deadpool-postgres pool (`postgres/pool.rs`), the store's own
+//! ([`PostgresStore::connect`], at most [`DEFAULT_CONNECTIONS`] by default) or the application's
+//! ([`PostgresStore::from_pool`]), plus one dedicated listener connection outside the pool. Each
+//! store step checks a connection out for its statement; connections open on demand, and one the
+//! server closed is replaced, so the store works again by itself once the server is back. TLS
+//! (feature `postgres-tls`) follows the connection string's `sslmode` and `sslrootcert` as libpq
+//! does: see [`PostgresStore::connect`]. Behind PgBouncer in transaction mode (`pgbouncer=true`,
+//! or [`PoolOptions::pgbouncer`]) the store keeps no session state between transactions:
 //! statements are unnamed, and waiters poll.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,13 +68,16 @@ mod tls;
 mod verify;
 
 use claim::{Step, decide, decide_common};
-use conn::{Conn, Sql};
+use conn::Sql;
 use error::{pg, sent, unreached};
 use listen::listen;
+pub use pool::PoolOptions;
+use pool::Source;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 use tls::Target;
 
-/// Connections opened by [`PostgresStore::connect`].
+/// The most connections [`PostgresStore::connect`]'s pool opens at once (they open on demand):
+/// that many store steps run at a time, and the rest wait for a free connection.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_FIRST: Duration = Duration::from_millis(2);
@@ -83,14 +89,7 @@ const POLL_MAX_LISTENED: Duration = Duration::from_millis(500);
 const CLAIM_RUNS: usize = 4;
 
 struct Inner {
-    /// Where the slots connect and the listener listens (`None`: a pool without a listener).
-    target: Option<Target>,
-    /// The application's pool ([`PostgresStore::from_pool`]), used instead of the slots.
-    pool: Option<deadpool_postgres::Pool>,
-    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
-    /// Calls using a connection now: a call takes slot `busy % slots`, so connections beyond the
-    /// first open only under concurrency.
-    busy: AtomicUsize,
+    source: Source,
     waiters: Arc<WaiterMap<Key>>,
     listening: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
@@ -118,16 +117,23 @@ pub struct PostgresStore {
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("connections", &self.inner.slots.len())
+            .field("connections", &self.inner.source.pool.status().max_size)
             .finish_non_exhaustive()
     }
 }
 
 impl PostgresStore {
     /// Connects with a libpq-style connection string (`host=127.0.0.1 user=postgres dbname=app`)
-    /// or URL (`postgresql://user@host:5432/app?sslmode=verify-full`), with
-    /// [`DEFAULT_CONNECTIONS`] connections, and creates or checks the schema. Must run inside a
-    /// tokio runtime.
+    /// or URL (`postgresql://user@host:5432/app?sslmode=verify-full`), and creates or checks the
+    /// schema. Must run inside a tokio runtime.
+    ///
+    /// The store's connections are a deadpool-postgres pool of at most [`DEFAULT_CONNECTIONS`]
+    /// (opened on demand; [`connect_with`](Self::connect_with) sets the size), and one more,
+    /// outside the pool, listens for wake-ups. Each store step checks a connection out for its
+    /// statement, and waits at most the connect timeout for one (then
+    /// [`StoreError::Unavailable`]); the executor bounds the step by
+    /// [`Policy::store_timeout`](crate::Policy) as well. A connection the server closed is
+    /// replaced when next checked out, and a step whose reply it lost is sent again on another.
     ///
     /// TLS (feature `postgres-tls`, rustls) follows libpq's `sslmode`: `disable`, `prefer` (the
     /// default: TLS when the server offers it), `require` (encrypted, certificate unchecked),
@@ -142,8 +148,10 @@ impl PostgresStore {
     /// (every 1 to 50 ms, full jitter) instead of listening, since `LISTEN` ends with its
     /// transaction there. Without it, a listener that hears nothing is detected (its probe
     /// notification never arrives, see [`listening`](Self::listening)) and waiters poll, but
-    /// prepared statements would fail: set the option. Claims stay exactly-once either way:
-    /// every step is one statement, and so one transaction.
+    /// prepared statements are not safe: set the option. (It is not detected from a failing
+    /// prepared statement: before one fails, a statement may be bound on a server connection
+    /// where another client prepared one of the same name, and run that.) Claims stay
+    /// exactly-once either way: every step is one statement, and so one transaction.
     ///
     /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
     /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, or a TLS mode without
@@ -156,7 +164,7 @@ impl PostgresStore {
     }
 
     /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
-    /// another schema) and `connections` connections (at least 1). Its `ssl_mode` applies
+    /// another schema) and a pool of at most `connections` connections (at least 1). Its `ssl_mode` applies
     /// (`require`: encrypted, certificate unchecked); use [`connect`](Self::connect) for
     /// `verify-ca` and `verify-full`.
     pub async fn connect_with(config: Config, connections: usize) -> Result<Self, StoreError> {
@@ -164,30 +172,24 @@ impl PostgresStore {
     }
 
     async fn open_target(target: Target, connections: usize) -> Result<Self, StoreError> {
-        let store = Self::assemble(Some(target), None, connections);
-        // Opens the first connection now, so a wrong address or schema fails here.
-        store.conn().await?;
-        Ok(store)
+        let source = Source::own(&target, connections)?;
+        source.check().await?;
+        // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.
+        let listen = (!target.pgbouncer).then_some(target);
+        Ok(Self::assemble(source, listen))
     }
 
-    /// The store around its connection source; the listener starts when there is a target.
-    fn assemble(
-        target: Option<Target>,
-        pool: Option<deadpool_postgres::Pool>,
-        connections: usize,
-    ) -> Self {
+    /// The store around its connection source; the listener, on its own connection to `listen`,
+    /// starts when there is one.
+    fn assemble(source: Source, listen_to: Option<Target>) -> Self {
         let waiters = Arc::new(WaiterMap::default());
         let listening = Arc::new(AtomicBool::new(false));
-        // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.
-        let listener = target.clone().filter(|t| !t.pgbouncer).map(|target| {
+        let listener = listen_to.map(|target| {
             tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
         });
         PostgresStore {
             inner: Arc::new(Inner {
-                target,
-                pool,
-                slots: (0..connections.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect(),
-                busy: AtomicUsize::new(0),
+                source,
                 waiters,
                 listening,
                 listener: Mutex::new(listener),

@@ -1,18 +1,13 @@
-//! One connection of the PostgreSQL store with its statements (their SQL is here), prepared or
-//! unnamed, and how a call gets one: [`PostgresStore::conn`].
+//! One connection of the PostgreSQL store, checked out of its pool for one store step, with the
+//! store's statements (their SQL is here), prepared or unnamed.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use deadpool_postgres::Object;
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Row, Statement};
 
-use super::error::{PgError, pg};
-use super::pool::{self, PgClient};
-use super::schema::{SCHEMA_VERSION, ensure_schema};
-use super::tls::Target;
-use super::{CONNECT_TIMEOUT, PostgresStore};
+use super::error::PgError;
+use super::schema::SCHEMA_VERSION;
 use crate::store::StoreError;
 
 /// The claim's common path, plain SQL in one statement: the row of the key, and when there is
@@ -81,7 +76,7 @@ DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records WHERE state = 1 AND expires_at <= now() LIMIT 1000)";
 
 /// The store's statements. Each has its parameter types spelled out, so that it can run as a
-/// prepared statement (a connection of its own) or as an unnamed one, parsed with each call
+/// prepared statement (once per pooled connection) or as an unnamed one, parsed with each call
 /// (behind PgBouncer in transaction mode, where a prepared statement does not outlive its
 /// transaction's server connection).
 #[derive(Clone, Copy, Debug)]
@@ -172,44 +167,50 @@ impl Sql {
     }
 }
 
-/// One connection and, unless it goes through PgBouncer, its prepared statements.
+/// A pooled connection for one store step, given back to the pool when dropped.
 pub(super) struct Conn {
-    pub(super) client: PgClient,
-    /// In the order of [`Sql::ALL`]; empty: every statement is sent unnamed.
-    prepared: Vec<Statement>,
+    pub(super) client: Object,
+    /// Send every statement unnamed (PgBouncer in transaction mode): parsed at each call, since
+    /// a prepared statement stays on the server connection that prepared it.
+    unnamed: bool,
 }
 
 impl Conn {
-    /// Prepares every statement on `client`, or none (`unnamed`).
-    pub(super) async fn new(client: PgClient, unnamed: bool) -> Result<Conn, StoreError> {
-        let mut prepared = Vec::new();
-        if !unnamed {
-            let all = Sql::ALL.map(|sql| client.prepare(sql.text(), sql.types()));
-            prepared = futures_util::future::try_join_all(all).await.map_err(|e| {
-                match e.code() {
-                    // E.g. the tables were restored without their functions.
-                    Some(&SqlState::UNDEFINED_FUNCTION) => StoreError::Incompatible(format!(
-                        "the PostgreSQL database is at idem schema version {SCHEMA_VERSION} but \
-                         lacks a function of it ({}); re-create the schema or restore it whole",
-                        PgError(e)
-                    )),
-                    _ => pg(e),
-                }
-            })?;
-        }
-        Ok(Conn { client, prepared })
+    pub(super) fn new(client: Object, unnamed: bool) -> Conn {
+        Conn { client, unnamed }
     }
 
-    /// Runs `sql` with `params` (in the order its [`Sql`] variant lists); its rows.
+    /// Prepares every statement of the store on this connection (kept in its statement cache),
+    /// so that a database lacking one of the schema's functions fails now, as incompatible.
+    pub(super) async fn prepare_all(&self) -> Result<(), StoreError> {
+        if self.unnamed {
+            return Ok(());
+        }
+        let all = Sql::ALL.map(|sql| self.client.prepare_typed_cached(sql.text(), sql.types()));
+        futures_util::future::try_join_all(all).await.map_err(|e| match e.code() {
+            // E.g. the tables were restored without their functions.
+            Some(&SqlState::UNDEFINED_FUNCTION) => StoreError::Incompatible(format!(
+                "the PostgreSQL database is at idem schema version {SCHEMA_VERSION} but lacks a \
+                 function of it ({}); re-create the schema or restore it whole",
+                PgError(e)
+            )),
+            _ => StoreError::unavailable(PgError(e)),
+        })?;
+        Ok(())
+    }
+
+    /// Runs `sql` with `params` (in the order its [`Sql`] variant lists); its rows. Prepared
+    /// once per connection (deadpool's statement cache), or unnamed.
     pub(super) async fn query(
         &self,
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        match self.prepared.get(sql as usize) {
-            Some(statement) => self.client.query(statement, params).await,
-            None => self.client.query_typed(sql.text(), &typed(sql, params)).await,
+        if self.unnamed {
+            return self.client.query_typed(sql.text(), &typed(sql, params)).await;
         }
+        let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
+        self.client.query(&statement, params).await
     }
 
     /// Runs `sql`; the first row, if any.
@@ -227,72 +228,14 @@ impl Conn {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
-        match self.prepared.get(sql as usize) {
-            Some(statement) => self.client.execute(statement, params).await,
-            None => self.client.execute_typed(sql.text(), &typed(sql, params)).await,
+        if self.unnamed {
+            return self.client.execute_typed(sql.text(), &typed(sql, params)).await;
         }
+        let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
+        self.client.execute(&statement, params).await
     }
 }
 
 fn typed<'a>(sql: Sql, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
     params.iter().zip(sql.types()).map(|(p, t)| (*p, t.clone())).collect()
-}
-
-/// One call's use of a connection.
-pub(super) struct Held<'a> {
-    conn: Arc<Conn>,
-    _busy: Busy<'a>,
-}
-
-impl std::ops::Deref for Held<'_> {
-    type Target = Conn;
-    fn deref(&self) -> &Conn {
-        &self.conn
-    }
-}
-
-/// Counts a call in [`Inner::busy`](super::Inner::busy) until dropped.
-struct Busy<'a>(&'a AtomicUsize);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl PostgresStore {
-    /// A connection, opened (or re-opened after a failure) on demand, held until the returned
-    /// guard is dropped.
-    pub(super) async fn conn(&self) -> Result<Held<'_>, StoreError> {
-        let busy = Busy(&self.inner.busy);
-        if let Some(pool) = &self.inner.pool {
-            let conn = pool::checkout(pool, CONNECT_TIMEOUT).await?;
-            return Ok(Held { conn: Arc::new(conn), _busy: busy });
-        }
-        let i = busy.0.fetch_add(1, Ordering::Relaxed) % self.inner.slots.len();
-        let mut slot = self.inner.slots[i].lock().await;
-        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
-            return Ok(Held { conn: Arc::clone(conn), _busy: busy });
-        }
-        *slot = None;
-        let Some(target) = &self.inner.target else {
-            return Err(StoreError::unavailable("the PostgreSQL store has no connection source"));
-        };
-        let conn = Arc::new(open(target).await?);
-        *slot = Some(Arc::clone(&conn));
-        Ok(Held { conn, _busy: busy })
-    }
-}
-
-/// Opens one connection, checks or creates the schema, and prepares the statements (none behind
-/// PgBouncer).
-async fn open(target: &Target) -> Result<Conn, StoreError> {
-    let (mut client, connection) = target.connect().await?;
-    tokio::spawn(async move {
-        // Ends when the client is dropped or the connection breaks; the error resurfaces as
-        // the next statement's error.
-        let _ = connection.await;
-    });
-    ensure_schema(&mut client).await?;
-    Conn::new(PgClient::Own(client), target.pgbouncer).await
 }

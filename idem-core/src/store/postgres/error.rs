@@ -41,10 +41,15 @@ pub(super) fn unreached(e: StoreError) -> Failed {
 }
 
 /// The failure of a statement that was sent: [`Failed::Lost`] when the server may have run it
-/// and its reply was lost (the connection closed or broke), else the server's answer.
+/// and its reply was lost (the connection closed or broke, or the server ended it with a FATAL
+/// error instead of answering, e.g. `pg_terminate_backend`), else the server's answer.
 pub(super) fn sent(e: tokio_postgres::Error) -> Failed {
+    use tokio_postgres::error::Severity;
     let io = std::error::Error::source(&e).is_some_and(|c| c.is::<std::io::Error>());
-    if e.as_db_error().is_none() && (e.is_closed() || io) {
+    let ended = e
+        .as_db_error()
+        .is_some_and(|db| matches!(db.parsed_severity(), Some(Severity::Fatal | Severity::Panic)));
+    if ended || (e.as_db_error().is_none() && (e.is_closed() || io)) {
         Failed::Lost(pg(e))
     } else {
         Failed::Answered(pg(e))

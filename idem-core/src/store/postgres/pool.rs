@@ -1,17 +1,13 @@
-//! The application's own connection pool (deadpool-postgres): [`PostgresStore::from_pool`].
-//! Each call checks a connection out for one statement and gives it back, so the store shares
-//! the pool with the application's own queries; statements are prepared once per connection
-//! (deadpool's statement cache).
-//!
-//! [`PostgresStore::connect`] keeps its own connections instead of a pool: concurrent calls
-//! pipeline their statements on a few shared connections, where a pool would give each call a
-//! connection of its own and queue the rest.
+//! Where the store's connections come from: a deadpool-postgres pool, its own
+//! ([`PostgresStore::connect`], built from the connection string) or the application's
+//! ([`PostgresStore::from_pool`]). Each store step checks a connection out for its statement and
+//! gives it back; statements are prepared once per connection (deadpool's statement cache), or
+//! sent unnamed behind PgBouncer in transaction mode. A connection found closed when checked out
+//! is replaced by a new one.
 
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool, PoolError};
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Statement};
+use deadpool_postgres::{Pool, PoolError};
 
 use super::conn::Conn;
 use super::error::pg;
@@ -20,88 +16,151 @@ use super::tls::Target;
 use super::{CONNECT_TIMEOUT, PostgresStore};
 use crate::store::StoreError;
 
-/// A connection of the store: its own (a slot of [`PostgresStore::connect`]) or the pool's,
-/// given back when dropped.
-pub(super) enum PgClient {
-    Own(Client),
-    Pooled(Object),
+/// How [`PostgresStore::from_pool_with`] uses the application's pool.
+///
+/// ```
+/// use idem_core::store::postgres::PoolOptions;
+/// // The pool goes through PgBouncer in transaction mode; notifications come from a direct
+/// // connection to the server.
+/// let options = PoolOptions::new().pgbouncer(true).listen("host=db.internal user=app dbname=app");
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PoolOptions {
+    listen: Option<String>,
+    pgbouncer: bool,
 }
 
-impl PgClient {
-    /// Prepares `sql` with its parameter types; on a pooled connection once per connection
-    /// (deadpool's statement cache).
-    pub(super) async fn prepare(
-        &self,
-        sql: &str,
-        types: &[Type],
-    ) -> Result<Statement, tokio_postgres::Error> {
-        match self {
-            PgClient::Own(c) => c.prepare_typed(sql, types).await,
-            PgClient::Pooled(o) => o.prepare_typed_cached(sql, types).await,
-        }
+impl PoolOptions {
+    /// No listen connection (waiters poll), statements prepared once per pooled connection.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A connection string (libpq keywords or URL, with `sslmode` and `sslrootcert` as for
+    /// [`PostgresStore::connect`]) for one dedicated connection, outside the pool, that `LISTEN`s
+    /// for wake-ups: a pooled connection cannot, since the pool drives its connections and drops
+    /// notifications. Without it, waiters poll (every 2 ms at first, backing off to 50 ms, full
+    /// jitter). It must reach the server itself, or notifications never arrive: a listener whose
+    /// probe notification does not arrive (PgBouncer in transaction mode) is detected, and
+    /// waiters poll.
+    pub fn listen(mut self, conninfo: impl Into<String>) -> Self {
+        self.listen = Some(conninfo.into());
+        self
+    }
+
+    /// Whether the pool's connections go through PgBouncer in transaction mode (or another
+    /// pooler that may run each transaction on another server connection). When `true`,
+    /// statements are sent unnamed (parsed at each call), since a prepared statement stays on the
+    /// server connection that prepared it; the store keeps no other session state. Default
+    /// `false`.
+    pub fn pgbouncer(mut self, yes: bool) -> Self {
+        self.pgbouncer = yes;
+        self
     }
 }
 
-impl std::ops::Deref for PgClient {
-    type Target = Client;
-    fn deref(&self) -> &Client {
-        match self {
-            PgClient::Own(c) => c,
-            PgClient::Pooled(o) => o,
-        }
-    }
+/// Where the store's connections come from.
+pub(super) struct Source {
+    pub(super) pool: Pool,
+    /// The pool's own target ([`PostgresStore::connect`]), for the cause of a refused connection
+    /// (which TLS check failed); `None` for the application's pool.
+    own: Option<Target>,
+    /// How long a step waits for a connection, opening one included.
+    wait: Duration,
+    unnamed: bool,
 }
 
-/// Checks a connection out of `pool`, waiting at most `wait`.
-pub(super) async fn checkout(pool: &Pool, wait: Duration) -> Result<Conn, StoreError> {
-    let object = match tokio::time::timeout(wait, pool.get()).await {
-        Ok(Ok(object)) => object,
-        Ok(Err(PoolError::Backend(e))) => return Err(pg(e)),
-        Ok(Err(e)) => return Err(StoreError::unavailable(format!("PostgreSQL pool: {e}"))),
-        Err(_) => {
-            let status = pool.status();
-            return Err(StoreError::unavailable(format!(
-                "no connection of the PostgreSQL pool became free within {} ms ({} of {} in use)",
-                wait.as_millis(),
-                status.size.saturating_sub(status.available),
-                status.max_size
-            )));
-        }
-    };
-    Conn::new(PgClient::Pooled(object), false).await
+impl Source {
+    /// A pool of at most `size` connections to `target`.
+    pub(super) fn own(target: &Target, size: usize) -> Result<Source, StoreError> {
+        let pool = Pool::builder(target.manager())
+            .max_size(size.max(1))
+            .build()
+            .map_err(|e| StoreError::InvalidConfig(format!("PostgreSQL pool: {e}")))?;
+        let wait = target.connect_bound();
+        Ok(Source { pool, own: Some(target.clone()), wait, unnamed: target.pgbouncer })
+    }
+
+    /// The application's pool.
+    pub(super) fn app(pool: Pool, unnamed: bool) -> Source {
+        Source { pool, own: None, wait: CONNECT_TIMEOUT, unnamed }
+    }
+
+    /// Checks a connection out, waiting at most [`Source::wait`] (then
+    /// [`StoreError::Unavailable`], saying how many connections are in use).
+    pub(super) async fn checkout(&self) -> Result<Conn, StoreError> {
+        let object = match tokio::time::timeout(self.wait, self.pool.get()).await {
+            Ok(Ok(object)) => object,
+            Ok(Err(PoolError::Backend(e))) => {
+                return Err(match &self.own {
+                    Some(target) => target.refused(e),
+                    None => pg(e),
+                });
+            }
+            Ok(Err(e)) => return Err(StoreError::unavailable(format!("PostgreSQL pool: {e}"))),
+            Err(_) => {
+                let status = self.pool.status();
+                return Err(StoreError::unavailable(format!(
+                    "no connection of the PostgreSQL pool became free within {} ms ({} of {} in \
+                     use)",
+                    self.wait.as_millis(),
+                    status.size.saturating_sub(status.available),
+                    status.max_size
+                )));
+            }
+        };
+        Ok(Conn::new(object, self.unnamed))
+    }
+
+    /// Creates or checks the schema and, with prepared statements, prepares them on the first
+    /// connection, so that a wrong address, an incompatible schema or a missing function fails
+    /// when the store is made.
+    pub(super) async fn check(&self) -> Result<(), StoreError> {
+        let mut conn = self.checkout().await?;
+        ensure_schema(&mut conn.client).await?;
+        conn.prepare_all().await
+    }
 }
 
 impl PostgresStore {
-    /// A store on the application's own deadpool-postgres pool: every call checks a connection
-    /// out for one statement and gives it back. Creates or checks the schema now.
+    /// A connection for one store step, given back to the pool when dropped.
+    pub(super) async fn conn(&self) -> Result<Conn, StoreError> {
+        self.inner.source.checkout().await
+    }
+
+    /// A store on the application's own deadpool-postgres pool: each store step checks a
+    /// connection out for its statement and gives it back, so the store shares the pool with the
+    /// application's own queries. Creates or checks the schema now.
     ///
-    /// `listen` is a connection string for one dedicated connection that `LISTEN`s for wake-ups
-    /// (a pooled connection cannot: the pool drives its connections and drops notifications);
-    /// with `None`, waiters poll (every 2 ms at first, backing off to 50 ms).
+    /// `listen`: see [`PoolOptions::listen`]; with `None`, waiters poll. The pool must reach
+    /// PostgreSQL directly (or through PgBouncer in session mode), since statements are prepared
+    /// once per pooled connection; behind PgBouncer in transaction mode use
+    /// [`from_pool_with`](Self::from_pool_with) and [`PoolOptions::pgbouncer`].
     ///
-    /// The pool must reach PostgreSQL directly (or through PgBouncer in session mode): the
-    /// statements are prepared once per pooled connection. Behind PgBouncer in transaction mode
-    /// use [`connect`](Self::connect) with `pgbouncer=true`.
-    ///
-    /// A call waits at most 5 s for a free connection, then fails with
+    /// A step waits at most 5 s for a free connection, then fails with
     /// [`StoreError::Unavailable`]; the executor bounds each store step by
     /// [`Policy::store_timeout`](crate::Policy) anyway, so an exhausted pool fails the call closed
-    /// instead of hanging it.
+    /// within it instead of hanging it. A connection the pool hands out closed (the server ended
+    /// it) fails its step, which is sent again on another connection when its reply may have
+    /// been lost; the pool's recycling method (deadpool's `Fast` checks `is_closed`) keeps closed
+    /// connections out.
+    ///
+    /// Fails with [`StoreError::InvalidConfig`] for a malformed `listen` string, and as
+    /// [`connect`](Self::connect) does when the server cannot be reached or the schema is from
+    /// another version.
     pub async fn from_pool(pool: Pool, listen: Option<&str>) -> Result<Self, StoreError> {
-        let target = listen.map(Target::parse).transpose()?;
-        {
-            let mut object = match tokio::time::timeout(CONNECT_TIMEOUT, pool.get()).await {
-                Ok(Ok(object)) => object,
-                Ok(Err(PoolError::Backend(e))) => return Err(pg(e)),
-                Ok(Err(e)) => return Err(StoreError::unavailable(format!("PostgreSQL pool: {e}"))),
-                Err(_) => {
-                    return Err(StoreError::unavailable(
-                        "no connection of the PostgreSQL pool became free within 5 s",
-                    ));
-                }
-            };
-            ensure_schema(&mut object).await?;
-        }
-        Ok(PostgresStore::assemble(target, Some(pool), 0))
+        let mut options = PoolOptions::new();
+        options.listen = listen.map(str::to_owned);
+        Self::from_pool_with(pool, options).await
+    }
+
+    /// [`from_pool`](Self::from_pool) with [`PoolOptions`]: a listen connection, and PgBouncer
+    /// in transaction mode (unnamed statements).
+    pub async fn from_pool_with(pool: Pool, options: PoolOptions) -> Result<Self, StoreError> {
+        let listen = options.listen.as_deref().map(Target::parse).transpose()?;
+        let source = Source::app(pool, options.pgbouncer);
+        source.check().await?;
+        Ok(PostgresStore::assemble(source, listen))
     }
 }

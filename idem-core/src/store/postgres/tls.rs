@@ -149,12 +149,27 @@ impl Target {
         Ok(Target { config, tls, mode, roots, pgbouncer: false })
     }
 
+    /// How long opening a connection may take: the string's `connect_timeout`, else 5 s.
+    pub(super) fn connect_bound(&self) -> Duration {
+        self.config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT)
+    }
+
+    /// A deadpool-postgres manager that opens connections here, with this TLS setup; a
+    /// connection found closed when checked out is replaced (`RecyclingMethod::Fast`).
+    #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
+    pub(super) fn manager(&self) -> deadpool_postgres::Manager {
+        let recycling = deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        };
+        deadpool_postgres::Manager::from_config(self.config.clone(), self.tls.clone(), recycling)
+    }
+
     /// Opens one connection, bounded by the connect timeout (which tokio-postgres applies to the
     /// TCP connect only: a server that accepts and never answers the startup would hang here).
     // Without TLS the connector is `NoTls`, which is Copy.
     #[cfg_attr(not(feature = "postgres-tls"), allow(clippy::clone_on_copy))]
     pub(super) async fn connect(&self) -> Result<(Client, Connection), StoreError> {
-        let bound = self.config.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
+        let bound = self.connect_bound();
         let connected = tokio::time::timeout(bound, self.config.connect(self.tls.clone()));
         match connected.await {
             Ok(Ok(pair)) => Ok(pair),
@@ -168,7 +183,7 @@ impl Target {
     }
 
     /// A connection error, saying which TLS check failed when one did.
-    fn refused(&self, e: tokio_postgres::Error) -> StoreError {
+    pub(super) fn refused(&self, e: tokio_postgres::Error) -> StoreError {
         let mode = self.mode.name();
         #[cfg(feature = "postgres-tls")]
         if let Some(tls) = rustls_cause(&e) {
