@@ -128,6 +128,7 @@ mod buffers;
 mod fail;
 mod leaves;
 mod map_keys;
+mod plain;
 mod serializer;
 #[cfg(test)]
 mod tests;
@@ -137,4 +138,5 @@ pub(crate) use fail::PathText;
 use fail::*;
 use leaves::*;
 use map_keys::*;
+pub(crate) use plain::write_plain;
 use serializer::*;

@@ -38,42 +38,59 @@ pub(super) fn word_needs_escape(w: u64) -> bool {
 }
 
 /// Appends the escaped contents of a string (without quotes). Only ASCII bytes are escaped, so
-/// valid UTF-8 stays valid. Skips 8 bytes at a time while none needs escaping (most text).
+/// valid UTF-8 stays valid. Text is checked 8 bytes at a time (the last word overlapping the one
+/// before); runs that need none are copied whole.
 pub(super) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
     let mut run = 0;
     let mut i = 0;
-    while i < bytes.len() {
-        while let Some(word) = bytes.get(i..i + 8) {
-            let word: [u8; 8] = word.try_into().unwrap_or([0; 8]);
-            if word_needs_escape(u64::from_le_bytes(word)) {
-                break;
+    loop {
+        let clean = match bytes.get(i..i + 8) {
+            Some(word) => !word_needs_escape(u64::from_le_bytes(word.try_into().unwrap_or([0; 8]))),
+            // The last 8 bytes, overlapping some already checked: no copy of the tail.
+            None if bytes.len() >= 8 => {
+                let word = bytes.get(bytes.len() - 8..).unwrap_or_default();
+                !word_needs_escape(u64::from_le_bytes(word.try_into().unwrap_or([0; 8])))
             }
+            None => bytes.iter().skip(i).all(|&b| ESCAPE[usize::from(b)] == 0),
+        };
+        if clean {
             i += 8;
+            if i < bytes.len() {
+                continue;
+            }
+            out.extend_from_slice(&bytes[run..]);
+            return;
         }
         let stop = (i + 8).min(bytes.len());
         for (j, &b) in bytes.iter().enumerate().take(stop).skip(i) {
             let e = ESCAPE[usize::from(b)];
-            if e == 0 {
-                continue;
+            if e != 0 {
+                out.extend_from_slice(&bytes[run..j]);
+                write_escape(out, b, e);
+                run = j + 1;
             }
-            out.extend_from_slice(&bytes[run..j]);
-            if e == b'u' {
-                out.extend_from_slice(&[
-                    b'\\',
-                    b'u',
-                    b'0',
-                    b'0',
-                    HEX[usize::from(b >> 4)],
-                    HEX[usize::from(b & 0xf)],
-                ]);
-            } else {
-                out.extend_from_slice(&[b'\\', e]);
-            }
-            run = j + 1;
         }
         i = stop;
+        if i >= bytes.len() {
+            out.extend_from_slice(&bytes[run..]);
+            return;
+        }
     }
-    out.extend_from_slice(&bytes[run..]);
+}
+
+fn write_escape(out: &mut Vec<u8>, b: u8, e: u8) {
+    if e == b'u' {
+        out.extend_from_slice(&[
+            b'\\',
+            b'u',
+            b'0',
+            b'0',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 0xf)],
+        ]);
+    } else {
+        out.extend_from_slice(&[b'\\', e]);
+    }
 }
 
 pub(super) fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {

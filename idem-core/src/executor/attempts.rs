@@ -8,9 +8,10 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::call::{Call, Unstorable, stored_json};
+use super::call::Call;
 use super::lease::Owned;
 use super::report::Served;
+use super::storable::{Unstorable, stored_json};
 use crate::class::RetryClass;
 use crate::clock::{FOREVER, later};
 use crate::ctx::Ctx;

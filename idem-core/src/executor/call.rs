@@ -13,7 +13,9 @@ use crate::class::RetryClass;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
-use crate::key::{Fingerprint, Key, KeyError, Scope};
+use crate::key::{Fingerprint, Key, Scope};
+
+use super::storable::storable;
 use crate::policy::Policy;
 use crate::reconcile::Reconciled;
 use crate::store::{OnExpired, Outcome, Record, StoreError};
@@ -69,69 +71,6 @@ fn share_err<E: serde::Serialize>(
             key,
             reason: "the tool error could not be serialized".into(),
         })))
-}
-
-/// The JSON of `output` if it reads back as the same value, with the strictness of arguments:
-/// the canonical form of the output and of what its JSON reads back as must be equal. Otherwise
-/// why not, for [`Error::OutputNotStorable`] (`docs/design.md` §6.4).
-pub(crate) fn storable<O: serde::Serialize + DeserializeOwned>(
-    output: &O,
-) -> Result<String, String> {
-    stored_json(output).map_err(|e| e.to_string())
-}
-
-/// Why an output cannot be stored faithfully.
-pub(crate) enum Unstorable {
-    /// Nested past the depth limit: nothing may write it, and dropping it recurses as deep.
-    TooDeep(KeyError),
-    /// Any other reason, as the record and the error say it.
-    Other(String),
-}
-
-impl std::fmt::Display for Unstorable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unstorable::TooDeep(e) => e.fmt(f),
-            Unstorable::Other(why) => f.write_str(why),
-        }
-    }
-}
-
-/// [`storable`], telling an output past the depth limit apart. The first canonicalization is also
-/// the depth check: it stops at the limit before serde_json, which has none, writes anything.
-pub(crate) fn stored_json<O: serde::Serialize + DeserializeOwned>(
-    output: &O,
-) -> Result<String, Unstorable> {
-    // Sized for a typical output at once: growing from empty costs more than the walk itself.
-    let mut canonical = Vec::with_capacity(256);
-    crate::canonical::canonicalize(output, &mut canonical).map_err(|e| match e {
-        KeyError::NonFinite { path, value } => {
-            Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
-        }
-        KeyError::NonStringKey { path } => Unstorable::Other(format!(
-            "{} is a map whose keys are neither strings nor integers",
-            within(&path)
-        )),
-        e @ KeyError::TooDeep { .. } => Unstorable::TooDeep(e),
-        other => Unstorable::Other(other.to_string()),
-    })?;
-    let other = |why: String| Unstorable::Other(why);
-    let json = serde_json::to_string(output)
-        .map_err(|e| other(format!("it cannot be serialized as JSON: {e}")))?;
-    let back: O = serde_json::from_str(&json)
-        .map_err(|e| other(format!("its JSON does not read back as the output type: {e}")))?;
-    let mut again = Vec::with_capacity(canonical.len());
-    crate::canonical::canonicalize(&back, &mut again)
-        .map_err(|e| other(format!("its JSON reads back as a value without JSON form: {e}")))?;
-    if again != canonical {
-        return Err(other("its JSON reads back as a different value (is its Serialize mirrored by its Deserialize?)".into()));
-    }
-    Ok(json)
-}
-
-/// "the output" or "`path` of the output".
-fn within(path: &str) -> String {
-    if path.is_empty() { "the output".to_owned() } else { format!("`{path}` of the output") }
 }
 
 fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> Result<V, Error<E>> {

@@ -12,6 +12,7 @@ mod lease;
 mod reconcile;
 mod report;
 mod run;
+mod storable;
 
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +22,7 @@ use rand::rngs::SmallRng;
 pub use report::{CallReport, Served, WaitHook};
 pub use run::Run;
 
-pub(crate) use call::storable;
+pub(crate) use storable::storable;
 
 use crate::budget::RetryBudget;
 use crate::flight::Flights;

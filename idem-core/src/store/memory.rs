@@ -38,7 +38,7 @@ enum State {
 struct Entry {
     fingerprint: Fingerprint,
     state: State,
-    origin: StoredOrigin,
+    origin: Arc<StoredOrigin>,
     /// When the record entered its state (acquired, taken over, completed).
     since: Instant,
     /// Created when someone first waits on this record.
@@ -66,7 +66,10 @@ impl Entry {
 
 #[derive(Debug)]
 struct Map {
-    entries: HashMap<Key, Entry>,
+    /// Keys are SHA-256 digests, spread evenly already: a seeded fast hash is enough.
+    entries: HashMap<Key, Entry, foldhash::fast::RandomState>,
+    /// The origin of the last record created: consecutive calls of one tool in one run share it.
+    last_origin: Option<Arc<StoredOrigin>>,
     next_sweep: Instant,
     /// Sweep when the map doubles past its size after the last sweep.
     sweep_at_len: usize,
@@ -99,7 +102,8 @@ impl MemoryStore {
     pub fn with_sweep_interval(interval: Duration) -> Self {
         MemoryStore {
             map: Mutex::new(Map {
-                entries: HashMap::new(),
+                entries: HashMap::default(),
+                last_origin: None,
                 next_sweep: later(Instant::now(), interval),
                 sweep_at_len: MIN_SWEEP_LEN,
             }),
@@ -142,19 +146,20 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut map = self.lock();
         self.maybe_sweep(&mut map, now);
-        let acquire = |fence| Entry {
+        let Map { entries, last_origin, .. } = &mut *map;
+        let mut acquire = |fence| Entry {
             fingerprint: *req.fingerprint,
             state: State::InFlight {
                 fence,
                 lease_until: later(now, req.lease),
                 on_expired: req.on_expired,
             },
-            origin: owned(req.origin),
+            origin: shared_origin(last_origin, &req.origin),
             since: now,
             waiters: None,
         };
         // One lookup whether the key is new or not.
-        let entry = match map.entries.entry(*req.key) {
+        let entry = match entries.entry(*req.key) {
             std::collections::hash_map::Entry::Vacant(free) => {
                 let fence = self.next_fence();
                 free.insert(acquire(fence));
@@ -370,12 +375,22 @@ impl Store for MemoryStore {
     }
 }
 
-fn owned(origin: Origin<'_>) -> StoredOrigin {
-    StoredOrigin {
+/// The stored origin for `origin`: the last one created if it is the same, else a new one.
+fn shared_origin(last: &mut Option<Arc<StoredOrigin>>, origin: &Origin<'_>) -> Arc<StoredOrigin> {
+    if let Some(o) = last
+        && o.tool == origin.tool
+        && o.tenant == origin.tenant
+        && o.run == origin.run
+    {
+        return Arc::clone(o);
+    }
+    let new = Arc::new(StoredOrigin {
         tool: origin.tool.to_owned(),
         tenant: origin.tenant.to_owned(),
         run: origin.run.to_owned(),
-    }
+    });
+    *last = Some(Arc::clone(&new));
+    new
 }
 
 impl Entry {
@@ -393,7 +408,7 @@ impl Entry {
             key: *key,
             fingerprint: self.fingerprint,
             fence,
-            origin: Some(self.origin.clone()),
+            origin: Some(StoredOrigin::clone(&self.origin)),
             state,
             age: Some(now.saturating_duration_since(self.since)),
         }
