@@ -212,6 +212,19 @@ mod tests {
     }
 
     #[test]
+    fn strings_are_escaped_as_serde_json_does_at_every_position() {
+        for len in 0..20 {
+            for at in 0..len {
+                for c in ['\n', '"', '\\', '\u{1}', '\u{7f}', 'é'] {
+                    let text: String = (0..len).map(|i| if i == at { c } else { 'a' }).collect();
+                    let expected = serde_json::to_string(&text).unwrap();
+                    assert_eq!(plain(&text).as_deref(), Some(expected.as_str()), "{text:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn what_the_plain_path_does_not_write_goes_the_full_way() {
         // f32: serde_json writes 0.1f32 as 0.1, which the canonical form tells from 0.1f64.
         assert!(plain(&0.1f32).is_none());
