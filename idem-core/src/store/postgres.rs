@@ -76,9 +76,11 @@ use pool::Source;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 use tls::Target;
 
-/// The most connections [`PostgresStore::connect`]'s pool opens at once (they open on demand):
-/// that many store steps run at a time, and the rest wait for a free connection.
-pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The most connections [`PostgresStore::connect`]'s pool opens at once (they open on demand,
+/// so a process with few concurrent calls opens few): that many store steps run at a time, and
+/// the rest wait for a free connection. Each step holds its connection alone, so this is the
+/// store's concurrency against the server; deadpool's own default is 4 per CPU.
+pub const DEFAULT_CONNECTIONS: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_FIRST: Duration = Duration::from_millis(2);
 /// Polling cap while the listener is down (polling is then the only wake-up).
@@ -164,9 +166,9 @@ impl PostgresStore {
     }
 
     /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
-    /// another schema) and a pool of at most `connections` connections (at least 1). Its `ssl_mode` applies
-    /// (`require`: encrypted, certificate unchecked); use [`connect`](Self::connect) for
-    /// `verify-ca` and `verify-full`.
+    /// another schema) and a pool of at most `connections` connections (at least 1). Its
+    /// `ssl_mode` applies (`require`: encrypted, certificate unchecked); use
+    /// [`connect`](Self::connect) for `verify-ca` and `verify-full`.
     pub async fn connect_with(config: Config, connections: usize) -> Result<Self, StoreError> {
         Self::open_target(Target::from_config(config)?, connections).await
     }
@@ -179,7 +181,7 @@ impl PostgresStore {
         Ok(Self::assemble(source, listen))
     }
 
-    /// The store around its connection source; the listener, on its own connection to `listen`,
+    /// The store around its connection source; the listener, on its own connection to `listen_to`,
     /// starts when there is one.
     fn assemble(source: Source, listen_to: Option<Target>) -> Self {
         let waiters = Arc::new(WaiterMap::default());
