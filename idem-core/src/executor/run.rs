@@ -147,7 +147,13 @@ impl Run {
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),
         };
-        let result = call.execute(args).instrument(span.clone()).await;
+        // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
+        // into the wrapper) for it.
+        let result = if span.is_disabled() {
+            call.execute(args).await
+        } else {
+            call.execute(args).instrument(span.clone()).await
+        };
         if let Err(e) = &result {
             span.record("error.type", e.kind().as_str());
         }
