@@ -3,13 +3,16 @@
 //! temporary directory, with a short node timeout so failovers take about two seconds. The test
 //! can kill, stop and resume nodes, read the topology, and migrate a slot by hand. Every node is
 //! killed and the directory removed when the test process ends.
+//!
+//! [`Cluster::start_tls`] starts 3 masters that serve only TLS (`--port 0 --tls-port`), with TLS
+//! on the cluster bus too (`--tls-cluster yes`), and the certificates of [`Certs`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::servers::{free_port, stop_at_exit, wait_for_port};
+use crate::servers::{Certs, free_port, stop_at_exit, wait_for_port};
 
 /// How long a node may be unreachable before the others mark it failed (ms).
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -39,11 +42,23 @@ pub struct Cluster {
     pub ports: Vec<u16>,
     dir: PathBuf,
     children: Mutex<Vec<Option<Child>>>,
+    /// The certificates of a TLS-only cluster.
+    pub tls: Option<Certs>,
+}
+
+/// `redis-cli`'s arguments to reach a node: its port, and TLS with the test CA.
+fn cli_args(port: u16, tls: Option<&Certs>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec!["-h".into(), "127.0.0.1".into()];
+    args.extend(["-p".into(), port.to_string().into()]);
+    if let Some(certs) = tls {
+        args.extend(["--tls".into(), "--cacert".into(), certs.ca.clone().into_os_string()]);
+    }
+    args
 }
 
 /// Starts the node on `port` with its files in `dir/<port>` (its `nodes.conf` survives a kill,
 /// so a restarted node rejoins with its identity).
-fn spawn_node(dir: &Path, port: u16) -> Result<Child, String> {
+fn spawn_node(dir: &Path, port: u16, tls: Option<&Certs>) -> Result<Child, String> {
     let node_dir = dir.join(port.to_string());
     std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
     let log = std::fs::OpenOptions::new()
@@ -51,8 +66,23 @@ fn spawn_node(dir: &Path, port: u16) -> Result<Child, String> {
         .append(true)
         .open(node_dir.join("log"))
         .map_err(|e| e.to_string())?;
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+    let mut cmd = Command::new("redis-server");
+    match tls {
+        None => cmd.args(["--port", &port.to_string()]),
+        // Clients, the cluster bus and replication all over TLS; no client certificates.
+        Some(certs) => cmd
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--tls-cluster", "yes", "--tls-replication", "yes"])
+            .arg("--tls-cert-file")
+            .arg(&certs.server_cert)
+            .arg("--tls-key-file")
+            .arg(&certs.server_key)
+            .arg("--tls-ca-cert-file")
+            .arg(&certs.ca)
+            .args(["--tls-auth-clients", "no"]),
+    };
+    let child = cmd
+        .args(["--bind", "127.0.0.1"])
         .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
         .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
         // A replica may take over however long ago it last heard from its master (the tests
@@ -71,28 +101,55 @@ fn spawn_node(dir: &Path, port: u16) -> Result<Child, String> {
     Ok(child)
 }
 
+/// A free port whose cluster bus port (10000 above it) is free and valid too.
+fn bus_port_free() -> Result<u16, String> {
+    for _ in 0..100 {
+        let port = free_port()?;
+        if port <= 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err("no free port with a free cluster bus port".to_owned())
+}
+
 impl Cluster {
     /// Starts 6 nodes and joins them: 3 masters, each with one replica.
     pub fn start(tag: &str) -> Result<Cluster, String> {
+        Self::start_with(tag, 1, false)
+    }
+
+    /// Starts 3 masters without replicas that serve only TLS (the cluster bus too), with
+    /// certificates made in the cluster's directory.
+    pub fn start_tls(tag: &str) -> Result<Cluster, String> {
+        Self::start_with(tag, 0, true)
+    }
+
+    fn start_with(tag: &str, replicas: usize, tls: bool) -> Result<Cluster, String> {
         let dir = crate::workers::temp_dir(tag);
         // Runs after the nodes' own watchdogs (registered later, so they kill first).
         stop_at_exit(&format!("sleep 1; rm -rf '{}'", dir.display()))?;
+        let tls = if tls { Some(Certs::make(&dir)?) } else { None };
         let mut ports = Vec::new();
         let mut children = Vec::new();
-        for _ in 0..6 {
-            let port = free_port()?;
-            children.push(Some(spawn_node(&dir, port)?));
+        for _ in 0..3 * (1 + replicas) {
+            let port = bus_port_free()?;
+            children.push(Some(spawn_node(&dir, port, tls.as_ref())?));
             ports.push(port);
         }
         for &port in &ports {
             wait_for_port(port, "redis-server (cluster node)")?;
         }
-        let mut create = Command::new("redis-cli");
+        // Bounded: redis-cli waits for the nodes to agree with no end of its own.
+        let mut create = Command::new("timeout");
+        create.args(["60", "redis-cli"]);
+        if let Some(certs) = &tls {
+            create.arg("--tls").arg("--cacert").arg(&certs.ca);
+        }
         create.args(["--cluster", "create"]);
         for port in &ports {
             create.arg(format!("127.0.0.1:{port}"));
         }
-        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
         let out = create.stdin(Stdio::null()).output().map_err(|e| format!("redis-cli: {e}"))?;
         if !out.status.success() {
             return Err(format!(
@@ -101,8 +158,8 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let cluster = Cluster { ports, dir, children: Mutex::new(children) };
-        cluster.wait_healthy(3, 3, Duration::from_secs(30))?;
+        let cluster = Cluster { ports, dir, children: Mutex::new(children), tls };
+        cluster.wait_healthy(3, 3 * replicas, Duration::from_secs(30))?;
         cluster.wait_replicated(Duration::from_secs(30))?;
         Ok(cluster)
     }
@@ -128,10 +185,12 @@ impl Cluster {
         }
     }
 
-    /// The store URL of the cluster: every node listed, then `query` (e.g. `?wait_replicas=1`).
+    /// The store URL of the cluster: every node listed, then `query` (e.g. `?wait_replicas=1`;
+    /// on a TLS cluster, `?ca=…`).
     pub fn url(&self, query: &str) -> String {
         let nodes: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("redis+cluster://{}/{query}", nodes.join(","))
+        let scheme = if self.tls.is_some() { "rediss+cluster" } else { "redis+cluster" };
+        format!("{scheme}://{}/{query}", nodes.join(","))
     }
 
     fn index(&self, port: u16) -> usize {
@@ -141,7 +200,7 @@ impl Cluster {
     /// Runs `redis-cli -p port args…`; its stdout.
     pub fn cli(&self, port: u16, args: &[&str]) -> Result<String, String> {
         let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(cli_args(port, self.tls.as_ref()))
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -173,7 +232,7 @@ impl Cluster {
     /// Starts a killed node again (it rejoins, as a replica if it was failed over).
     pub fn restart(&self, port: u16) -> Result<(), String> {
         let i = self.index(port);
-        let child = spawn_node(&self.dir, port)?;
+        let child = spawn_node(&self.dir, port, self.tls.as_ref())?;
         lock(&self.children)[i] = Some(child);
         wait_for_port(port, "redis-server (restarted cluster node)")
     }
@@ -279,7 +338,8 @@ impl Cluster {
 
     /// Moves `slot` to the master `to` by hand, as `redis-cli --cluster reshard` does: IMPORTING
     /// and MIGRATING, then its keys one `MIGRATE` at a time with `pause` in between (so calls
-    /// meet the slot half-moved: `ASK`, `TRYAGAIN`), then the new owner told to every master.
+    /// meet the slot half-moved: `ASK`, `TRYAGAIN`), then the new owner told to every master,
+    /// the old owner first and the new owner last.
     /// Returns how many keys moved.
     pub fn migrate_slot(&self, slot: u16, to: &NodeInfo, pause: Duration) -> Result<usize, String> {
         let from = self.master_of(slot)?;
@@ -295,7 +355,12 @@ impl Cluster {
             moved += 1;
             std::thread::sleep(pause);
         }
-        for node in self.nodes()?.iter().filter(|n| n.master && !n.failed) {
+        // The old owner first and the new one last: meanwhile each redirects to the other (the
+        // old one says MOVED, the new one does not own the slot yet), which callers must ride out.
+        let mut masters: Vec<NodeInfo> =
+            self.nodes()?.into_iter().filter(|n| n.master && !n.failed).collect();
+        masters.sort_by_key(|n| (n.id != from.id, n.id == to.id));
+        for node in &masters {
             self.cli(node.port, &["CLUSTER", "SETSLOT", &s, "NODE", &to.id])?;
         }
         Ok(moved)

@@ -3,10 +3,24 @@
 //! runs on a free loopback port in its own temporary directory, and is stopped (and its directory
 //! removed) when the test process ends: a small shell watchdog waits for the process to exit, so
 //! a server shared by every test of a binary does not outlive it.
+//!
+//! Only the standard library and the tools named: the store benches include this file too
+//! (`idem-core/benches/stores/tls.rs`), to start the same servers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+/// A fresh temporary directory (`idem-<tag>-<pid>-<ns>` under the system's).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("idem-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
 
 /// A free TCP port on 127.0.0.1 (bound, then released).
 pub fn free_port() -> Result<u16, String> {
@@ -47,8 +61,9 @@ pub(crate) fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
     Err(format!("{what} did not open port {port}"))
 }
 
-/// A test CA, a server certificate it signed (for `db.idem.test` and 127.0.0.1), and a second
-/// CA that signed nothing here (the wrong CA).
+/// A test CA, a server certificate it signed (for `db.idem.test` and 127.0.0.1; for client
+/// authentication too, as the nodes of a TLS Redis Cluster present it to each other), and a
+/// second CA that signed nothing here (the wrong CA).
 pub struct Certs {
     pub ca: PathBuf,
     pub other_ca: PathBuf,
@@ -87,7 +102,7 @@ impl Certs {
             &ext,
             format!(
                 "subjectAltName=DNS:{},IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
                 Self::HOST
             ),
         )
@@ -158,7 +173,7 @@ pub struct PgTls {
 
 impl PgTls {
     pub fn start() -> Result<PgTls, String> {
-        let dir = crate::workers::temp_dir("pg-tls");
+        let dir = temp_dir("pg-tls");
         let data = dir.join("data");
         let certs = Certs::make(&dir)?;
         if is_root() {
@@ -224,7 +239,7 @@ pub struct RedisTls {
 
 impl RedisTls {
     pub fn start() -> Result<RedisTls, String> {
-        let dir = crate::workers::temp_dir("redis-tls");
+        let dir = temp_dir("redis-tls");
         let certs = Certs::make(&dir)?;
         let port = free_port()?;
         let pid = dir.join("redis.pid");
@@ -274,7 +289,7 @@ impl PgBouncer {
             .into_iter()
             .find(|p| Path::new(p).exists())
             .map_or_else(|| PathBuf::from("pgbouncer"), PathBuf::from);
-        let dir = crate::workers::temp_dir("pgbouncer");
+        let dir = temp_dir("pgbouncer");
         let listen = free_port()?;
         let ini = dir.join("pgbouncer.ini");
         let pid = dir.join("pgbouncer.pid");

@@ -233,15 +233,7 @@ pub fn receipt(json: &str) -> (String, u64) {
 }
 
 /// A fresh temporary directory for a ledger.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!("idem-{tag}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
+pub use crate::servers::temp_dir;
 
 /// Checks the exactly-once rules on what a run left: the ledger, every answer the workers received
 /// (`seen`) and the answers of a final pass (`finals`, one call per intent after every lease

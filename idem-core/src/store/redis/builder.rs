@@ -74,10 +74,25 @@ impl RedisStoreBuilder {
     }
 
     /// Connects now: fails with [`StoreError::Unavailable`] if the server (on a cluster, a node
-    /// of it) cannot be reached.
+    /// of it) cannot be reached; when a TLS check refused it, the message says which (the
+    /// certificate chain, the host name).
     pub async fn open(self) -> Result<RedisStore, StoreError> {
+        let connect = self.connection_timeout;
+        let cluster = conn::target(&self.url)?.servers;
         let store = self.open_lazy()?;
-        store.inner.conn.ping().await.map_err(unavailable)?;
+        if let Err(e) = store.inner.conn.ping().await {
+            // Say which TLS check refused the connection, when one did.
+            #[cfg(feature = "redis-tls")]
+            if let Some(why) = conn::tls_refused(&e) {
+                return Err(StoreError::unavailable(format!("{why}: {e}")));
+            }
+            if let conn::Servers::Cluster(nodes) = &cluster
+                && let Some(refused) = nodes.tls_refusal(connect).await
+            {
+                return Err(refused);
+            }
+            return Err(unavailable(e));
+        }
         Ok(store)
     }
 

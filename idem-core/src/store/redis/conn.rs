@@ -53,6 +53,70 @@ impl ClusterNodes {
     }
 }
 
+impl ClusterNodes {
+    /// Why the cluster could not be reached, when a TLS check refused its first node: the
+    /// cluster client reports only that it has no connection, so one node is tried alone.
+    #[cfg(feature = "redis-tls")]
+    pub(super) async fn tls_refusal(&self, connect: Duration) -> Option<StoreError> {
+        let node = self.nodes.first().filter(|n| n.starts_with("rediss://"))?;
+        let client = one_client(node, self.ca.clone()).ok()?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(connect));
+        let err = client.get_multiplexed_async_connection_with_config(&config).await.err()?;
+        tls_refused(&err)
+            .map(|why| StoreError::unavailable(format!("{why} (cluster node {node}): {err}")))
+    }
+
+    #[cfg(not(feature = "redis-tls"))]
+    pub(super) async fn tls_refusal(&self, _connect: Duration) -> Option<StoreError> {
+        None
+    }
+}
+
+/// Which TLS check refused a connection, when one did (the redis crate words it as an I/O
+/// error): the certificate chain, the host name, or another certificate check.
+#[cfg(feature = "redis-tls")]
+pub(super) fn tls_refused(e: &redis::RedisError) -> Option<String> {
+    let roots = "the trusted roots (the URL's `ca` file, else the system's)";
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(mut c) = cause {
+        // The redis crate keeps its cause in an Arc, which is an error of its own type.
+        if let Some(inner) = c.downcast_ref::<Shared>() {
+            c = &**inner;
+        }
+        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
+            // io::Error's own `source` skips the error it wraps.
+            c.downcast_ref::<std::io::Error>()?.get_ref()?.downcast_ref::<rustls::Error>()
+        });
+        if let Some(tls) = tls {
+            let why = match tls {
+                rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::UnknownIssuer
+                    | rustls::CertificateError::BadSignature,
+                ) => format!(
+                    "certificate chain check failed: the server's certificate is not signed by \
+                     a CA of {roots}"
+                ),
+                rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::NotValidForName
+                    | rustls::CertificateError::NotValidForNameContext { .. },
+                ) => "host name check failed: the server's certificate is not valid for the \
+                      host name connected to"
+                    .to_owned(),
+                rustls::Error::InvalidCertificate(_) => {
+                    format!("certificate check failed (against {roots})")
+                }
+                _ => "TLS handshake failed".to_owned(),
+            };
+            return Some(format!("Redis TLS {why}"));
+        }
+        cause = c.source();
+    }
+    None
+}
+
 /// What a Redis store URL says.
 pub(super) struct Target {
     pub(super) servers: Servers,

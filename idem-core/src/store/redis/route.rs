@@ -12,10 +12,20 @@
 //! - `MOVED`: to the node it names (the client refreshes its slot map meanwhile);
 //! - `ASK` (the slot is being migrated and the key is not here): to the importing node, after
 //!   `ASKING`, on the same connection;
-//! - `TRYAGAIN` (a record and its fence counter on both sides of a migration), `CLUSTERDOWN`,
-//!   `MASTERDOWN`, `READONLY` (a failover under way), or no connection to the node: to the slot's
-//!   master again after a full-jitter pause, for [`REFUSED_FOR`] at most; then the refusal is the
-//!   answer (the caller fails closed with `StoreUnavailable`).
+//! - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY` (a failover under way), no connection
+//!   to the node, or more than [`MAX_REDIRECTS`] redirections in a row (the nodes disagree about
+//!   the slot while its new owner is named to each master in turn): to the slot's master again
+//!   after a full-jitter pause, for [`REFUSED_FOR`] at most; then the refusal is the answer (the
+//!   caller fails closed with `StoreUnavailable`, and nothing ran).
+//!
+//! `TRYAGAIN` lasts as long as the migration of a slot: a script names a record and its fence
+//! counter, and while the slot moves a node runs a command on several keys only if it holds all
+//! of them (Redis Cluster specification, "Multi-keys operations"). The old owner sends a script
+//! whose keys are all gone to the new owner (`ASK`), which refuses it while one of them is missing
+//! there: a fresh key, whose record and counter do not exist yet, or a record that has moved
+//! ahead of its counter. So a claim of a new key in a moving slot waits for the migration's end,
+//! and fails closed when the migration takes longer than [`REFUSED_FOR`] (or the caller's store
+//! timeout): correct, as no node will run it, and the caller may retry.
 //!
 //! Every script names its record first, and every key it touches carries the record's hash tag,
 //! so a script runs on one node, chosen by its first key's slot.
@@ -234,25 +244,30 @@ async fn cluster_send(
                 let Some((host, port)) = redirected_to(&err) else { return Err(err) };
                 redirects += 1;
                 to = Some((host, port, kind == ServerErrorKind::Ask));
+                continue;
             }
-            ErrorKind::Server(
+            // Redirected MAX_REDIRECTS times in a row: the nodes disagree about the slot (at the
+            // end of a migration its new owner is named to each master in turn, and meanwhile
+            // the old owner and the new one may each send the script to the other). No node ran
+            // it: a refusal like the ones below, retried once the topology has settled.
+            ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            | ErrorKind::Server(
                 ServerErrorKind::TryAgain
                 | ServerErrorKind::ClusterDown
                 | ServerErrorKind::MasterDown
                 | ServerErrorKind::ReadOnly,
             )
-            | ErrorKind::ClusterConnectionNotFound => {
-                if started.elapsed() >= REFUSED_FOR {
-                    return Err(err);
-                }
-                tokio::time::sleep(full_jitter(pause)).await;
-                pause = (pause * 2).min(REFUSED_PAUSE.1);
-                // Back to the slot's master, which redirects again while the slot moves.
-                to = None;
-                redirects = 0;
-            }
+            | ErrorKind::ClusterConnectionNotFound => {}
             _ => return Err(err),
         }
+        if started.elapsed() >= REFUSED_FOR {
+            return Err(err);
+        }
+        tokio::time::sleep(full_jitter(pause)).await;
+        pause = (pause * 2).min(REFUSED_PAUSE.1);
+        // Back to the slot's master, which redirects again while the slot moves.
+        to = None;
+        redirects = 0;
     }
 }
 
