@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the durable-store benchmarks: idem on SQLite, PostgreSQL and Redis
-# against raw round trips of the same servers, throughput with 32 callers, and the AWS Powertools
-# peer on the same Redis, all in one run (idem-core/benches/stores.rs prints the table).
+# against raw round trips of the same servers, throughput with 32 callers, the same over TLS (on a
+# private PostgreSQL and Redis the bench starts itself), and the AWS Powertools peer on the same
+# Redis, all in one run (idem-core/benches/stores.rs prints the table).
 #
-# Starts nothing: PostgreSQL and Redis must already be running (.ci/run starts them), at
+# Otherwise starts nothing: PostgreSQL and Redis must already be running (.ci/run starts them), at
 # IDEM_PG_URL (default "host=127.0.0.1 port=5432 user=postgres dbname=test") and IDEM_REDIS_URL
 # (default redis://127.0.0.1:6379/). Creates a Python venv with aws-lambda-powertools and redis
 # under $CARGO_TARGET_DIR/bench-venv (target/bench-venv by default) the first time.
@@ -18,6 +19,9 @@ cd "$root"
 target="${CARGO_TARGET_DIR:-$root/target}"
 export IDEM_PG_URL="${IDEM_PG_URL:-host=127.0.0.1 port=5432 user=postgres dbname=test}"
 export IDEM_REDIS_URL="${IDEM_REDIS_URL:-redis://127.0.0.1:6379/}"
+# postgres-tls, redis-tls: the stores bench's TLS rounds, on a private PostgreSQL and Redis it
+# starts itself (initdb, openssl, redis-server with TLS; skipped with a note when one is missing).
+features=sqlite,postgres,redis,postgres-tls,redis-tls
 
 # `run_store_benches.sh pgbouncer`: the PostgreSQL store through a private PgBouncer in transaction
 # mode (started here on a free loopback port in front of IDEM_PG_URL's server, in the keyword
@@ -54,7 +58,8 @@ if [ "${1:-}" = pgbouncer ]; then
         sleep 0.5
         export IDEM_BENCH_PGBOUNCER_URL="host=127.0.0.1 port=$port user=$user dbname=$db sslmode=disable"
     fi
-    cargo bench -p idem-core --features postgres --bench pgbouncer 2>&1 | tee "$log"
+    # The stores bench's features, so that one release build of idem-core serves both.
+    cargo bench -p idem-core --features "$features" --bench pgbouncer 2>&1 | tee "$log"
     echo "saved to $log" >&2
     exit 0
 fi
@@ -70,5 +75,5 @@ export IDEM_BENCH_PYTHON="$venv/bin/python"
 mkdir -p "$target/idem-bench"
 log="$target/idem-bench/stores-$(date -u +%Y%m%dT%H%M%SZ).txt"
 # --release is what `cargo bench` uses anyway; the bench binary prints medians and ratios.
-cargo bench -p idem-core --features sqlite,postgres,redis --bench stores 2>&1 | tee "$log"
+cargo bench -p idem-core --features "$features" --bench stores 2>&1 | tee "$log"
 echo "saved to $log" >&2

@@ -16,6 +16,11 @@
 //!
 //! Each run uses its own key prefix, PostgreSQL schema and SQLite file, removed at the end.
 //!
+//! With the features `postgres-tls` and `redis-tls` (as `benches/run_store_benches.sh` builds it),
+//! the same first call and replay against raw round trips over TLS, on a private PostgreSQL
+//! (`sslmode=verify-full`) and a private Redis (`rediss://`) started by the bench
+//! (`stores/tls.rs`).
+//!
 //! Settings (environment): `IDEM_PG_URL`, `IDEM_REDIS_URL` (the defaults of the test suite),
 //! `IDEM_BENCH_ROUNDS` (default 9), `IDEM_BENCH_CALLS` (calls per kind and round, default 200),
 //! `IDEM_BENCH_TPUT_SECS` (seconds per throughput sample, default 2), `IDEM_BENCH_STORES`
@@ -41,6 +46,9 @@ mod proxied;
 mod raw;
 #[path = "stores/setup.rs"]
 mod setup;
+#[cfg(all(feature = "postgres-tls", feature = "redis-tls"))]
+#[path = "stores/tls.rs"]
+mod tls;
 
 use common::{ChargeArgs, ChargeCard, DEF, charge_args};
 use measure::{latencies, median_f, throughput};
@@ -378,6 +386,13 @@ fn main() {
     }
 
     let proxied = latency_rt.block_on(proxied_runs(&s, &scope));
+    #[cfg(all(feature = "postgres-tls", feature = "redis-tls"))]
+    let over_tls = latency_rt.block_on(tls::tls_runs(&s, &scope));
+    #[cfg(not(all(feature = "postgres-tls", feature = "redis-tls")))]
+    let over_tls: Vec<proxied::Proxied> = {
+        println!("\n(TLS rounds skipped: build with the features postgres-tls and redis-tls)");
+        Vec::new()
+    };
 
     let mut peer_line = None;
     if let (Some(python), Some((first, replay))) = (&s.python, redis_idem) {
@@ -454,6 +469,27 @@ fn main() {
                 us(p.raw1),
                 us(p.replay),
                 p.replay_ratio
+            );
+        }
+    }
+    if !over_tls.is_empty() {
+        println!(
+            "\n| over TLS (private servers) | raw 2 writes | first call | first / 2 raw (≤ 1.3) | \
+             raw 1 read | replay | replay / 1 raw (≤ 1.2) |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for p in &over_tls {
+            println!(
+                "| {} | {} | {} | {:.2} {} | {} | {} | {:.2} {} |",
+                p.label,
+                us(p.raw2),
+                us(p.first),
+                p.first_ratio,
+                verdict(p.first_ratio, 1.3),
+                us(p.raw1),
+                us(p.replay),
+                p.replay_ratio,
+                verdict(p.replay_ratio, 1.2)
             );
         }
     }
