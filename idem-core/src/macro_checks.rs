@@ -26,9 +26,8 @@ use crate::error::Error;
 use crate::executor::Run;
 use crate::failure::Classify;
 use crate::flat_args::Flat;
-use crate::macro_support::{Args, BoxFuture, FnTool, MethodTool};
+use crate::macro_support::{Args, BoxFuture, FnTool, MethodTool, ToolArgs, ToolError, ToolOutput};
 use crate::reconcile::Reconciled;
-use crate::tool::Tool;
 
 /// One requirement: a marker trait with its message and a check trait whose method applies
 /// only when the requirement holds.
@@ -183,11 +182,9 @@ impl<P, O, E> Checked<P, O, E> {
     ) -> BoxFuture<'a, Result<O, Error<E>>>
     where
         T: Is<&'a FnTool<Args<P, F>, O, E>>,
-        FnTool<Args<P, F>, O, E>: Tool<Args = Args<P, F>, Output = O, Error = E>,
-        P: Send + Sync + 'a,
-        O: Send + 'a,
-        E: Send + 'a,
-        F: 'a,
+        Args<P, F>: ToolArgs,
+        O: ToolOutput,
+        E: ToolError,
     {
         Box::pin(run.call(tool.into_same(), args))
     }
@@ -212,10 +209,9 @@ impl<A, O, E> Checked<(A,), O, E> {
     ) -> BoxFuture<'a, Result<O, Error<E>>>
     where
         T: Is<&'a FnTool<Flat<A>, O, E>>,
-        FnTool<Flat<A>, O, E>: Tool<Args = Flat<A>, Output = O, Error = E>,
-        A: Send + Sync + 'a,
-        O: Send + 'a,
-        E: Send + 'a,
+        Flat<A>: ToolArgs,
+        O: ToolOutput,
+        E: ToolError,
     {
         Box::pin(run.call(tool.into_same(), args))
     }

@@ -104,6 +104,19 @@ impl<T: Classify + Serialize + DeserializeOwned + Display + Debug + Send + 'stat
 {
 }
 
+/// What a generic tool's whole arguments must be: every bound of `Tool::Args`, and the intent.
+/// One trait with one impl per arguments type, so the code `#[tool]` writes proves one bound
+/// per tool (the impl's own) instead of each bound of `Tool::Args` on its own, which is most of
+/// the type checking of a typed call.
+pub trait ToolArgs:
+    Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static
+{
+}
+
+impl<T: ArgTuple, F: Fields> ToolArgs for Args<T, F> {}
+
+impl<T: ToolArg> ToolArgs for crate::flat_args::Flat<T> {}
+
 /// The part of the arguments that makes up the intent: implemented by [`Args`] (the skipped
 /// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
@@ -166,7 +179,7 @@ impl<S, A, O, E> Debug for MethodTool<S, A, O, E> {
 impl<S, A, O, E> Tool for MethodTool<S, A, O, E>
 where
     S: Send + Sync + 'static,
-    A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
+    A: ToolArgs,
     O: ToolOutput,
     E: ToolError,
 {
@@ -239,7 +252,7 @@ impl<A, O, E> Debug for FnTool<A, O, E> {
 
 impl<A, O, E> Tool for FnTool<A, O, E>
 where
-    A: Intent + Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static,
+    A: ToolArgs,
     O: ToolOutput,
     E: ToolError,
 {

@@ -63,9 +63,9 @@ fn duration(d: Option<Duration>) -> Option<TokenStream> {
     })
 }
 
-/// `static DEF: ToolDef = ..;`, naming only the options that are set (the others come from
+/// The `ToolDef` expression, naming only the options that are set (the others come from
 /// `ToolOptions::NONE`): a smaller expansion to parse and check per tool.
-fn def_static(model: &Model) -> TokenStream {
+fn def_expr(model: &Model) -> TokenStream {
     let krate = &model.krate;
     let name = &model.name;
     let description = &model.description;
@@ -95,13 +95,21 @@ fn def_static(model: &Model) -> TokenStream {
         quote!(#krate::ToolOptions { #(#set)* ..#krate::ToolOptions::NONE })
     };
     quote! {
-        static __IDEM_DEF: #krate::ToolDef = #krate::ToolDef {
+        #krate::ToolDef {
             name: #name,
             description: #description,
             class: #krate::RetryClass::#class,
             options: #options,
-        };
+        }
     }
+}
+
+/// `static DEF: ToolDef = ..;`, for a method tool's constructor (a fn body, where a borrowed
+/// `ToolDef` calling `Duration::new` would not be promoted to `'static`).
+fn def_static(model: &Model) -> TokenStream {
+    let krate = &model.krate;
+    let def = def_expr(model);
+    quote!(static __IDEM_DEF: #krate::ToolDef = #def;)
 }
 
 /// The success and error types.
@@ -333,7 +341,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
     let indices = (0..model.params.len()).map(syn::Index::from);
-    let def = def_static(model);
+    let def = def_expr(model);
     let name = &model.name;
     let fn_name = ident.unraw().to_string();
 
@@ -420,15 +428,17 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #tool_doc]
         #[allow(non_upper_case_globals)]
-        #vis const #tool_ty: #tool_ty = {
-            #def
-            #krate::__private::FnTool::new(&__IDEM_DEF, |cx, args: #tool_args| {
+        // The `ToolDef` is borrowed in a constant's initializer, so it is `'static` without a
+        // `static` item (one item less to check per tool).
+        #vis const #tool_ty: #tool_ty = #krate::__private::FnTool::new(
+            &#def,
+            |cx, args: #tool_args| {
                 let _ = cx;
                 #inner
                 #send_check
-            })
-            #reconcile
-        };
+            },
+        )
+        #reconcile;
     }
 }
 

@@ -10,10 +10,39 @@ use quote::quote;
 /// proc-macro-crate. `None` when it is not a direct dependency (a facade's user, or idem-core's
 /// own doc tests, where `::idem_core` is right).
 fn dependency_name() -> Option<String> {
+    if plainly_named() {
+        return Some("idem_core".to_owned());
+    }
     match proc_macro_crate::crate_name("idem-core") {
         Ok(FoundCrate::Name(name)) => Some(name),
         Ok(FoundCrate::Itself) | Err(_) => None,
     }
+}
+
+/// Whether the crate's own Cargo.toml names idem-core under its own name (`idem-core = ..` or a
+/// `[..dependencies.idem-core]` table) and nowhere as `"idem-core"` in quotes (a rename's
+/// `package = "idem-core"`, or idem-core's own manifest). Then the name is `idem_core` without
+/// proc-macro-crate, whose first lookup in each compilation runs `cargo locate-project` (a
+/// process, tens of milliseconds) to find the workspace manifest. Anything else (a workspace
+/// dependency, a rename, a facade, an unreadable file) is left to proc-macro-crate.
+fn plainly_named() -> bool {
+    let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") else { return false };
+    let Ok(manifest) = std::fs::read_to_string(std::path::Path::new(&dir).join("Cargo.toml"))
+    else {
+        return false;
+    };
+    plain_in(&manifest)
+}
+
+fn plain_in(manifest: &str) -> bool {
+    if manifest.contains("\"idem-core\"") || manifest.contains("'idem-core'") {
+        return false;
+    }
+    manifest.lines().map(str::trim_start).any(|line| {
+        let key = line.strip_prefix("idem-core").map(str::trim_start);
+        matches!(key, Some(rest) if rest.starts_with('=') || rest.starts_with('.'))
+            || (line.starts_with('[') && line.contains("dependencies.idem-core]"))
+    })
 }
 
 /// The path to emit: `crate = ".."` when given, else `::<name in Cargo.toml>`, else `::idem_core`.
@@ -43,4 +72,33 @@ pub fn names(explicit: Option<&syn::Path>) -> Vec<Vec<String>> {
         None => out.extend(dependency_name().map(|name| vec![name])),
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_in;
+
+    #[test]
+    fn a_plain_dependency_is_recognised_without_proc_macro_crate() {
+        assert!(plain_in("[dependencies]\nidem-core = { path = \"../idem-core\" }\n"));
+        assert!(plain_in("[dependencies]\n  idem-core=\"0.1\"\n"));
+        assert!(plain_in("[dependencies]\nidem-core.workspace = true\n"));
+        assert!(plain_in("[dev-dependencies.idem-core]\nversion = \"0.1\"\n"));
+        assert!(plain_in("[target.'cfg(unix)'.dependencies.idem-core]\nversion = \"0.1\"\n"));
+    }
+
+    #[test]
+    fn a_rename_or_anything_unclear_is_left_to_proc_macro_crate() {
+        // a rename: the key is not idem-core
+        assert!(!plain_in("[dependencies]\nidem = { package = \"idem-core\", path = \"..\" }\n"));
+        // both spellings: the rename decides, so proc-macro-crate reads it
+        assert!(!plain_in(
+            "[dependencies]\nidem-core = \"0.1\"\n[dev-dependencies]\nidem = { package = \"idem-core\", version = \"0.1\" }\n"
+        ));
+        // idem-core's own manifest
+        assert!(!plain_in("[package]\nname = \"idem-core\"\n"));
+        // a workspace dependency renamed in the workspace's manifest, or a facade
+        assert!(!plain_in("[dependencies]\nidem = { workspace = true }\n"));
+        assert!(!plain_in("[dependencies]\nidem-core-extra = \"1\"\n"));
+    }
 }
