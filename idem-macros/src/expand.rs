@@ -341,7 +341,16 @@ fn expand_free(model: &Model) -> TokenStream {
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
     let tys: Vec<&Type> = model.params.iter().map(|p| &p.ty).collect();
     let indices = (0..model.params.len()).map(syn::Index::from);
-    let def = def_expr(model);
+    // A literal description: the `ToolDef` borrowed in the constant's initializer is promoted to
+    // `'static`, so no `static` item (one item less to check per tool). A description built from
+    // `include_str!` is a block, which is not promoted: a `static` then.
+    let def = if syn::parse2::<syn::LitStr>(model.description.clone()).is_ok() {
+        let def = def_expr(model);
+        quote!(&#def)
+    } else {
+        let def = def_static(model);
+        quote!({ #def &__IDEM_DEF })
+    };
     let name = &model.name;
     let fn_name = ident.unraw().to_string();
 
@@ -428,10 +437,8 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #tool_doc]
         #[allow(non_upper_case_globals)]
-        // The `ToolDef` is borrowed in a constant's initializer, so it is `'static` without a
-        // `static` item (one item less to check per tool).
         #vis const #tool_ty: #tool_ty = #krate::__private::FnTool::new(
-            &#def,
+            #def,
             |cx, args: #tool_args| {
                 let _ = cx;
                 #inner
