@@ -49,9 +49,13 @@ impl Owner {
             rand::rngs::SmallRng::from_os_rng().next_u64()
         });
         let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        // Written digit by digit: a claim makes one, and `format!` would allocate.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut token = [0u8; 32];
-        let text = format!("{process:016x}{n:016x}");
-        token.copy_from_slice(text.as_bytes());
+        for (i, digit) in token.iter_mut().enumerate() {
+            let (word, at) = if i < 16 { (process, i) } else { (n, i - 16) };
+            *digit = HEX[((word >> (60 - 4 * at)) & 0xf) as usize];
+        }
         Owner(token)
     }
 
@@ -105,14 +109,15 @@ pub(crate) type Background = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 /// Releases, by owner token, the record a claim may have created unless the claim is answered:
 /// armed when the claim starts, disarmed by [`GiveUp::answered`]. Dropped armed (every send
 /// failed, or the claim's future was dropped mid-flight), it spawns its future on the current
-/// tokio runtime (see [`release_eventually`]).
-pub(crate) struct GiveUp {
-    release: Option<Box<dyn FnOnce() -> Background + Send>>,
+/// tokio runtime (see [`release_eventually`]). The closure is kept unboxed: arming costs a claim
+/// no allocation, only the rare give-up builds its future.
+pub(crate) struct GiveUp<F: FnOnce() -> Background> {
+    release: Option<F>,
 }
 
-impl GiveUp {
-    pub(crate) fn arm(release: impl FnOnce() -> Background + Send + 'static) -> Self {
-        GiveUp { release: Some(Box::new(release)) }
+impl<F: FnOnce() -> Background> GiveUp<F> {
+    pub(crate) fn arm(release: F) -> Self {
+        GiveUp { release: Some(release) }
     }
 
     /// The claim has its answer: nothing to release.
@@ -121,7 +126,7 @@ impl GiveUp {
     }
 }
 
-impl Drop for GiveUp {
+impl<F: FnOnce() -> Background> Drop for GiveUp<F> {
     fn drop(&mut self) {
         let Some(release) = self.release.take() else { return };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -157,4 +162,23 @@ where
         }
     }
     tracing::warn!("gave up releasing the record of a claim whose reply was lost");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Owner;
+
+    #[test]
+    fn owner_tokens_are_32_hex_digits_and_differ() {
+        let (a, b) = (Owner::new(), Owner::new());
+        for t in [a, b] {
+            assert_eq!(t.as_str().len(), 32);
+            assert!(t.as_str().bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        }
+        assert_ne!(a, b);
+        // The same process part; the counter moved on.
+        assert_eq!(a.as_str()[..16], b.as_str()[..16]);
+        let count = |t: Owner| u64::from_str_radix(&t.as_str()[16..], 16).unwrap();
+        assert!(count(b) > count(a));
+    }
 }
