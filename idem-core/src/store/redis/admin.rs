@@ -93,7 +93,7 @@ fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
         key,
         fingerprint: r.fingerprint,
         fence: crate::store::Fence(r.fence),
-        origin: r.origin.clone(),
+        origin: r.origin(),
         state,
         age: r.since.map(|s| Duration::from_millis(now.saturating_sub(s))),
     })

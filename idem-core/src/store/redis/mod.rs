@@ -247,12 +247,22 @@ impl RedisStore {
 
     /// The Redis key of the record of `key` (a string; see the module docs).
     pub fn record_key(&self, key: &Key) -> String {
-        format!("{}:{{{}}}:rec", self.inner.prefix, key)
+        self.key_name(key, "rec")
     }
 
     /// The Redis key of the fence counter of `key`.
     pub fn fence_key(&self, key: &Key) -> String {
-        format!("{}:{{{}}}:fence", self.inner.prefix, key)
+        self.key_name(key, "fence")
+    }
+
+    /// `P:{K}:suffix`, built in one allocation of the right size (every claim builds two).
+    fn key_name(&self, key: &Key, suffix: &str) -> String {
+        let prefix = &self.inner.prefix;
+        let mut name = String::with_capacity(prefix.len() + key.as_str().len() + suffix.len() + 4);
+        for part in [prefix.as_str(), ":{", key.as_str(), "}:", suffix] {
+            name.push_str(part);
+        }
+        name
     }
 
     /// Whether claims now take the native path (`store/redis/native.rs`): one server that takes
@@ -334,13 +344,14 @@ impl RedisStore {
     /// (`V|d|<fence>|<w>|<lu>|<fp>|<ok>|<payload>`, see the module docs). The script looked only at
     /// its first bytes, so every field is checked here: anything but a well-formed completed record
     /// of this version is `Incompatible`, and it is never replayed.
+    /// `record` is the record's Redis key, named in errors.
     fn replay(
         &self,
-        key: &Key,
+        record: &str,
         raw: &[u8],
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        decode_record(&self.record_key(key), raw, fingerprint)
+        decode_record(record, raw, fingerprint)
     }
 
     /// Sends complete, release or renew until answered (see `store/resend.rs`); `build` makes
@@ -389,7 +400,7 @@ impl Store for RedisStore {
             }
             Some(Ok(native::Native::Completed(raw))) => {
                 give_up.answered();
-                return self.replay(req.key, &raw, req.fingerprint);
+                return self.replay(&record, &raw, req.fingerprint);
             }
             Some(Err(e)) => {
                 // Only a claim whose every send may have been lost may have left a record.
@@ -430,7 +441,7 @@ impl Store for RedisStore {
             Answer::Int(f) => return Ok(Claim::Acquired { fence: fence(f)?, takeover: false }),
             // A completed record, as it is stored.
             Answer::Record(raw) => {
-                return self.replay(req.key, &raw, req.fingerprint);
+                return self.replay(&record, &raw, req.fingerprint);
             }
             Answer::Table(items) => items,
         };

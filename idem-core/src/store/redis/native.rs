@@ -26,6 +26,7 @@
 //!   `SET .. NX GET` then answers the record the first send wrote, which this claim recognizes by
 //!   its owner token and acquires with the fence in it.
 
+use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -136,13 +137,19 @@ pub(super) fn pipeline(
 ) -> redis::Pipeline {
     // The layout of the claim script's `inflight` (see the parent module): not waited on.
     // Since: the estimated server time the fence is made of, in ms.
-    let record = format!(
-        "{SCHEMA_VERSION}|f|{fence}|0|{lease_end_ms}|{}|{}|{}|{}|",
+    // One buffer, sized once: a claim builds this for every call, replays included.
+    let origin = &req.origin;
+    let mut record =
+        String::with_capacity(150 + origin.tool.len() + origin.tenant.len() + origin.run.len());
+    let _ = write!(
+        record,
+        "{SCHEMA_VERSION}|f|{fence}|0|{lease_end_ms}|{}|{}|{}|",
         req.fingerprint.as_str(),
         owner.as_str(),
         fence / 1000,
-        super::reply::encode_origin(&req.origin)
     );
+    super::reply::write_origin(&mut record, origin);
+    record.push('|');
     let mut pipe = redis::pipe();
     pipe.cmd("SET").arg(record_key).arg(record).arg("NX").arg("GET");
     pipe.cmd("GET").arg(counter_key);

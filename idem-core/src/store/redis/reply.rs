@@ -40,11 +40,18 @@ pub(super) struct Parsed<'a> {
     pub(super) seventh: &'a [u8],
     /// When the record entered its state (ms since the epoch); `None` in version 2 records.
     pub(super) since: Option<u64>,
-    pub(super) origin: Option<StoredOrigin>,
+    /// The origin field as stored, checked (empty in version 2 records): decoded only by the
+    /// operator's side ([`Parsed::origin`]), a replay does not need it.
+    origin: &'a [u8],
     pub(super) payload: &'a [u8],
 }
 
 impl Parsed<'_> {
+    /// The stored origin; `None` when the record has none (version 2).
+    pub(super) fn origin(&self) -> Option<StoredOrigin> {
+        decode_origin(self.origin).ok().flatten()
+    }
+
     /// The outcome of a completed record, or what is wrong with it.
     pub(super) fn outcome(&self) -> Result<Outcome, String> {
         outcome_of(self.seventh, self.payload)
@@ -72,8 +79,14 @@ pub(super) fn parse<'a>(record: &str, raw: &'a [u8]) -> Result<Parsed<'a>, Store
         )));
     };
     let bad = |what: &str| malformed(record, version, what);
-    let fields: Vec<&[u8]> = raw.splitn(count, |&b| b == b'|').collect();
-    if fields.len() < count {
+    // On the stack: a replay parses one record per call.
+    let mut fields: [&[u8]; 10] = [&[]; 10];
+    let mut found = 0;
+    for (slot, field) in fields.iter_mut().zip(raw.splitn(count, |&b| b == b'|')) {
+        *slot = field;
+        found += 1;
+    }
+    if found < count {
         return Err(bad(&format!("fewer than {count} fields")));
     }
     let (state, fence, waited, lease_end, fp, seventh) =
@@ -99,10 +112,12 @@ pub(super) fn parse<'a>(record: &str, raw: &'a [u8]) -> Result<Parsed<'a>, Store
         if !digits(since) {
             return Err(bad("since"));
         }
-        let origin = decode_origin(fields[8]).map_err(|()| bad("origin"))?;
-        (number(since), origin, fields[9])
+        if !origin_valid(fields[8]) {
+            return Err(bad("origin"));
+        }
+        (number(since), fields[8], fields[9])
     } else {
-        (None, None, fields[7])
+        (None, &[][..], fields[7])
     };
     Ok(Parsed {
         version,
@@ -123,8 +138,35 @@ const ORIGIN_ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'|').add(b',');
 /// An origin as the record stores it: `o` then tool, tenant and run, percent-escaped and joined
 /// with `,`. An empty field means no origin is known (records of version 2).
 pub(super) fn encode_origin(origin: &Origin<'_>) -> String {
+    let mut out = String::new();
+    write_origin(&mut out, origin);
+    out
+}
+
+/// [`encode_origin`] appended to `out`.
+pub(super) fn write_origin(out: &mut String, origin: &Origin<'_>) {
+    use std::fmt::Write as _;
     let esc = |s| utf8_percent_encode(s, ORIGIN_ESCAPED);
-    format!("o{},{},{}", esc(origin.tool), esc(origin.tenant), esc(origin.run))
+    let _ = write!(out, "o{},{},{}", esc(origin.tool), esc(origin.tenant), esc(origin.run));
+}
+
+/// Whether `field` is an origin [`decode_origin`] reads; without copying it (an origin without
+/// escapes decodes in place).
+fn origin_valid(field: &[u8]) -> bool {
+    if field.is_empty() {
+        return true;
+    }
+    let Some(body) = std::str::from_utf8(field).ok().and_then(|t| t.strip_prefix('o')) else {
+        return false;
+    };
+    let mut parts = 0;
+    for part in body.split(',') {
+        parts += 1;
+        if percent_decode_str(part).decode_utf8().is_err() {
+            return false;
+        }
+    }
+    parts == 3
 }
 
 fn decode_origin(field: &[u8]) -> Result<Option<StoredOrigin>, ()> {
