@@ -19,6 +19,8 @@
 //! store behind a mutex, with cached prepared statements. The one exception is the read-only
 //! claim answer above, made on the calling thread only when it cannot wait (connection free,
 //! busy timeout 0): a primary-key read takes microseconds, a blocking-pool hop tens of them.
+//! When that read finds the claim must write, the blocking call goes to the upsert without
+//! reading again.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -208,6 +210,13 @@ impl Inner {
     }
 }
 
+/// What the inline read of a claim found (see [`SqliteStore::try_answer_inline`]).
+enum Inline {
+    Answer(Claim),
+    Write,
+    Busy,
+}
+
 /// An error inside a blocking call: SQLite's, or a record that cannot be decoded.
 enum SqlError {
     Sqlite(rusqlite::Error),
@@ -251,7 +260,8 @@ fn decode(key: &Key, kind: Option<i64>, payload: Option<String>) -> Result<Outco
 }
 
 struct Row {
-    fingerprint: String,
+    /// Whether the row's fingerprint is the claim's (compared in place: no copy of it).
+    same: bool,
     fence: i64,
     state: i64,
     lease_until: Option<i64>,
@@ -260,12 +270,16 @@ struct Row {
     payload: Option<String>,
 }
 
-fn read_row(conn: &Connection, key: &Key) -> Result<Option<Row>, SqlError> {
+fn read_row(conn: &Connection, key: &Key, fp: &Fingerprint) -> Result<Option<Row>, SqlError> {
     Ok(conn
         .prepare_cached(READ)?
         .query_row(params![key.as_str()], |r| {
+            let stored = r.get_ref(0)?;
+            let stored = stored.as_str().map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(0, stored.data_type(), Box::new(e))
+            })?;
             Ok(Row {
-                fingerprint: r.get(0)?,
+                same: stored == fp.as_str(),
                 fence: r.get(1)?,
                 state: r.get(2)?,
                 lease_until: r.get(3)?,
@@ -286,7 +300,7 @@ fn answer(
     row: Row,
     now: i64,
 ) -> Result<Option<Claim>, SqlError> {
-    let same = row.fingerprint == fp.as_str();
+    let same = row.same;
     match (row.state, row.lease_until, row.expires_at) {
         (1, _, Some(expires)) if expires <= now => Ok(None),
         _ if !same => Ok(Some(Claim::Mismatch)),
@@ -310,7 +324,9 @@ fn answer(
 
 /// A claim: answered by a plain read when the record is one the claim would not take (a
 /// replay, a live lease, a mismatch: nothing to write, and the read is a committed state), else
-/// by the conditional upsert, which decides on its own under the write lock.
+/// by the conditional upsert, which decides on its own under the write lock. Without `read`
+/// (the inline read just found the claim needs the write) it goes to the upsert at once.
+#[allow(clippy::too_many_arguments)]
 fn claim_blocking(
     conn: &mut Connection,
     key: Key,
@@ -319,8 +335,10 @@ fn claim_blocking(
     on_expired: OnExpired,
     origin: &StoredOrigin,
     now: i64,
+    read: bool,
 ) -> Result<Claim, SqlError> {
-    if let Some(row) = read_row(conn, &key)?
+    if read
+        && let Some(row) = read_row(conn, &key, &fp)?
         && let Some(claim) = answer(&key, &fp, on_expired, row, now)?
     {
         return Ok(claim);
@@ -349,7 +367,7 @@ fn claim_blocking(
     }
     // The conditional update did not fire: read the row it conflicted with, still holding the
     // write lock, so nothing changed in between.
-    let row = read_row(&tx, &key)?;
+    let row = read_row(&tx, &key, &fp)?;
     tx.commit()?;
     match row {
         Some(row) => answer(&key, &fp, on_expired, row, now)?.ok_or_else(|| {
@@ -368,9 +386,11 @@ impl Store for SqliteStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let (key, fp, lease, on_expired) = (*req.key, *req.fingerprint, req.lease, req.on_expired);
         let now = now_ms();
-        if let Some(claim) = self.try_answer_inline(&key, &fp, on_expired, now) {
-            return Ok(claim);
-        }
+        let read = match self.try_answer_inline(&key, &fp, on_expired, now) {
+            Inline::Answer(claim) => return Ok(claim),
+            Inline::Write => false,
+            Inline::Busy => true,
+        };
         let sweep = self.inner.sweeps.due(now);
         let origin = StoredOrigin {
             tool: req.origin.tool.to_owned(),
@@ -388,7 +408,7 @@ impl Store for SqliteStore {
             let conn = &mut *inner.lock();
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
-            let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now);
+            let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now, read);
             if sweep {
                 // Space only: a failed sweep is retried at the next interval.
                 let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
@@ -523,25 +543,36 @@ impl SqliteStore {
     }
 
     /// The claim's read-only answer (a replay, a live lease, a mismatch), computed on the
-    /// calling thread when that cannot block: the connection is free and SQLite may not wait
-    /// for a lock (busy timeout 0; WAL readers do not wait for writers). A read of one row by
-    /// primary key takes microseconds, far less than a hop to the blocking pool. `None`: go the
-    /// blocking way (a write is needed, or the connection or a lock is busy).
+    /// calling thread when that cannot block: the connection is free and SQLite may not wait for
+    /// a lock (busy timeout 0; WAL readers do not wait for writers). Read-only connections of
+    /// their own were tried for this and measured: two connections of one process reading at
+    /// once with busy timeout 0 stalled for seconds in SQLite's WAL read-lock retries. A read of one row by primary key takes microseconds,
+    /// far less than a hop to the blocking pool. [`Inline::Write`]: the row was read and the
+    /// claim needs the write (no row, or one it may take); [`Inline::Busy`]: nothing was read.
     fn try_answer_inline(
         &self,
         key: &Key,
         fp: &Fingerprint,
         on_expired: OnExpired,
         now: i64,
-    ) -> Option<Claim> {
-        let conn = self.inner.conn.try_lock().ok()?;
-        conn.busy_timeout(Duration::ZERO).ok()?;
-        let answered = read_row(&conn, key)
-            .ok()
-            .flatten()
-            .and_then(|row| answer(key, fp, on_expired, row, now).ok().flatten());
+    ) -> Inline {
+        let answer_from = |conn: &Connection| match read_row(conn, key, fp) {
+            Ok(None) => Inline::Write,
+            Ok(Some(row)) => match answer(key, fp, on_expired, row, now) {
+                Ok(Some(claim)) => Inline::Answer(claim),
+                Ok(None) => Inline::Write,
+                // Reported by the blocking path, which reads again under the write lock.
+                Err(_) => Inline::Busy,
+            },
+            Err(_) => Inline::Busy,
+        };
+        let Ok(conn) = self.inner.conn.try_lock() else { return Inline::Busy };
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return Inline::Busy;
+        }
+        let answered = answer_from(&conn);
         if conn.busy_timeout(BUSY_TIMEOUT).is_err() {
-            return None;
+            return Inline::Busy;
         }
         answered
     }
