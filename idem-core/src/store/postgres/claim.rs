@@ -97,12 +97,12 @@ fn answer(
         StoreError::Incompatible(format!("the PostgreSQL record of key {key} {what}"))
     };
     let fence = fence_of(key, row.try_get(1).map_err(&get)?)?;
-    let fingerprint: String = row.try_get(3).map_err(&get)?;
+    let fingerprint: &str = row.try_get(3).map_err(&get)?;
     let state: i16 = row.try_get(4).map_err(&get)?;
     if state != 0 && state != 1 {
         return Err(bad(format!("has an unknown state {state}")));
     }
-    if Fingerprint::parse(&fingerprint).is_none() {
+    if Fingerprint::parse(fingerprint).is_none() {
         return Err(bad(format!("has a malformed fingerprint {fingerprint:?}")));
     }
     // NULL: the row lacks its lease end (in flight) or its expiry (done).
