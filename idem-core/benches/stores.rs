@@ -24,7 +24,9 @@
 //! Settings (environment): `IDEM_PG_URL`, `IDEM_REDIS_URL` (the defaults of the test suite),
 //! `IDEM_BENCH_ROUNDS` (default 9), `IDEM_BENCH_CALLS` (calls per kind and round, default 200),
 //! `IDEM_BENCH_TPUT_SECS` (seconds per throughput sample, default 2), `IDEM_BENCH_STORES`
-//! (comma-separated subset of `sqlite,postgres,redis`).
+//! (comma-separated subset of `sqlite,postgres,redis`), `IDEM_BENCH_PROFILE` (`STORE:OP`, e.g.
+//! `redis:replay`: only that op's throughput at 32 callers for `IDEM_BENCH_TPUT_SECS`, nothing
+//! else, for a profiler; ops `raw2`, `first`, `raw1`, `replay`, `store-first`, `store-replay`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -277,6 +279,11 @@ fn main() {
         .build()
         .expect("runtime");
 
+    if let Ok(profile) = std::env::var("IDEM_BENCH_PROFILE") {
+        profile_one(&s, &scope, &profile, &tput_rt);
+        return;
+    }
+
     let mut summary = Vec::new();
     let mut redis_idem: Option<(f64, f64)> = None;
     for name in s.stores.clone() {
@@ -502,4 +509,31 @@ fn main() {
     }
 
     latency_rt.block_on(cleanup(&s));
+}
+
+/// `IDEM_BENCH_PROFILE=STORE:OP`: seeds the store, then runs only `OP` at 32 callers.
+fn profile_one(s: &Settings, scope: &Scope, profile: &str, rt: &tokio::runtime::Runtime) {
+    let (name, op) = profile.split_once(':').expect("IDEM_BENCH_PROFILE is STORE:OP");
+    let op = match op {
+        "raw2" => Op::Raw2,
+        "first" => Op::First,
+        "raw1" => Op::Raw1,
+        "replay" => Op::Replay,
+        "store-first" => Op::StoreFirst,
+        "store-replay" => Op::StoreReplay,
+        other => panic!("unknown op {other:?}"),
+    };
+    rt.block_on(async {
+        let subject = if name == "sqlite" {
+            sqlite_subject(s, scope).await.0
+        } else {
+            subject(name, s, scope, idem_core::store::postgres::DEFAULT_CONNECTIONS).await
+        };
+        let subject = Arc::new(subject);
+        subject.seed().await;
+        throughput(&subject, op, CALLERS, Duration::from_millis(200)).await;
+        let v = throughput(&subject, op, CALLERS, s.tput).await;
+        println!("{name} {}: {v:.0} calls/s", op.label());
+        cleanup(s).await;
+    });
 }
