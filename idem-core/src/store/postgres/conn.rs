@@ -210,7 +210,13 @@ impl Conn {
             return self.client.query_typed(sql.text(), &typed(sql, params)).await;
         }
         let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
-        self.client.query(&statement, params).await
+        match self.client.query(&statement, params).await {
+            Err(e) if self.forgot_statements(&e) => {
+                let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
+                self.client.query(&statement, params).await
+            }
+            answer => answer,
+        }
     }
 
     /// Runs `sql`; the first row, if any.
@@ -232,7 +238,25 @@ impl Conn {
             return self.client.execute_typed(sql.text(), &typed(sql, params)).await;
         }
         let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
-        self.client.execute(&statement, params).await
+        match self.client.execute(&statement, params).await {
+            Err(e) if self.forgot_statements(&e) => {
+                let statement = self.client.prepare_typed_cached(sql.text(), sql.types()).await?;
+                self.client.execute(&statement, params).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// Whether the server no longer knows a statement this connection prepared: the
+    /// application reset the session of a connection it shares with the store (`DISCARD ALL`,
+    /// `DEALLOCATE ALL`). Nothing ran (binding failed), so the statement cache, wrong for every
+    /// statement now, is emptied and the statement prepared and sent again.
+    fn forgot_statements(&self, e: &tokio_postgres::Error) -> bool {
+        let forgot = e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME);
+        if forgot {
+            self.client.statement_cache.clear();
+        }
+        forgot
     }
 }
 
