@@ -126,6 +126,7 @@ impl Target {
     }
 
     fn new(mut config: Config, mode: SslMode, root: Option<String>) -> Result<Target, StoreError> {
+        check_hosts(&config)?;
         config.ssl_mode(match mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -276,6 +277,23 @@ fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
         cause = c.source();
     }
     None
+}
+
+/// The host and port counts tokio-postgres refuses only when it connects (as a connection
+/// error, which would read as an unreachable server), refused here as a bad configuration.
+fn check_hosts(config: &Config) -> Result<(), StoreError> {
+    let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
+    let ports = config.get_ports().len();
+    let why = if hosts == 0 && addrs == 0 {
+        "no host: give host or hostaddr".to_owned()
+    } else if hosts != 0 && addrs != 0 && hosts != addrs {
+        format!("{hosts} hosts but {addrs} hostaddrs: give as many of each")
+    } else if ports > 1 && ports != hosts.max(addrs) {
+        format!("{ports} ports for {} hosts: give one port, or one per host", hosts.max(addrs))
+    } else {
+        return Ok(());
+    };
+    Err(StoreError::InvalidConfig(format!("PostgreSQL connection string: {why}")))
 }
 
 /// The connection string without idem's own parameters, and theirs: `sslmode`, `sslrootcert`
