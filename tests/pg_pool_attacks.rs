@@ -1,0 +1,136 @@
+//! Attacks on the PostgreSQL store's connection pool: a connection whose session the application
+//! reset (`DISCARD ALL`) before giving it back, many callers of one key at once, and connection
+//! strings that must be refused with a clear error.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, Pool};
+use idem_core::store::StoreError;
+use idem_core::{Classify, Failure, Idem, PostgresStore, tool};
+use idem_tests::{or_skip, pg_url};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("never fails")]
+struct Never;
+
+impl Classify for Never {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+fn run_id(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("pg-attack-{tag}-{}-{nanos}", std::process::id())
+}
+
+static RESETS: AtomicUsize = AtomicUsize::new(0);
+
+#[tool(retry = "keyed")]
+async fn after_reset(n: u32) -> Result<u32, Never> {
+    RESETS.fetch_add(1, Ordering::SeqCst);
+    Ok(n * 2)
+}
+
+/// The application shares its pool with the store and resets a connection's session
+/// (`DISCARD ALL`, `DEALLOCATE ALL`) before giving it back: the statements the store prepared on
+/// it are gone from the server, and the store's next steps on that connection must still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_pool_connection_reset_by_the_application() {
+    let config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    // One connection: the store's steps and the application's reset meet on it.
+    let pool =
+        Pool::builder(Manager::new(config, tokio_postgres::NoTls)).max_size(1).build().unwrap();
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::from_pool(pool.clone(), None).await)
+    else {
+        return;
+    };
+    let idem = Idem::builder(store).build();
+    let run = idem.run(run_id("discard"));
+    assert_eq!(after_reset(&run, 1).await.expect("first call"), 2);
+
+    for reset in ["DISCARD ALL", "DEALLOCATE ALL"] {
+        pool.get().await.expect("the application's connection").batch_execute(reset).await.unwrap();
+        let n = if reset == "DISCARD ALL" { 2 } else { 3 };
+        let answer = after_reset(&run, n).await;
+        assert_eq!(answer.expect("a call after the application's reset"), n * 2, "{reset}");
+        assert_eq!(after_reset(&run, n).await.expect("replay"), n * 2, "{reset}");
+    }
+    assert_eq!(RESETS.load(Ordering::SeqCst), 3, "each call ran once");
+}
+
+static EFFECTS: AtomicUsize = AtomicUsize::new(0);
+
+#[tool(retry = "keyed")]
+async fn one_effect(order: String) -> Result<String, Never> {
+    let n = EFFECTS.fetch_add(1, Ordering::SeqCst);
+    // Held long enough that every other caller finds the claim in flight.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(format!("{order} #{n}"))
+}
+
+/// 64 callers of one key at once, on `connect`'s own pool (fewer connections than callers):
+/// the side effect happens once and every caller gets its output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_of_one_key_share_one_effect() {
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await) else {
+        return;
+    };
+    let idem = Idem::builder(store).build();
+    let run = idem.run(run_id("64"));
+    let calls = (0..64).map(|_| {
+        let run = run.clone();
+        tokio::spawn(async move { one_effect(&run, "order-7".into()).await })
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let outputs: Vec<String> =
+        answers.into_iter().map(|a| a.expect("task").expect("every caller succeeds")).collect();
+    assert_eq!(EFFECTS.load(Ordering::SeqCst), 1, "one side effect");
+    assert!(
+        outputs.iter().all(|o| o == "order-7 #0"),
+        "every caller got the one output: {outputs:?}"
+    );
+}
+
+/// Connection strings idem must refuse as [`StoreError::InvalidConfig`], before any connection.
+#[tokio::test]
+async fn bad_connection_strings_are_invalid_config() {
+    let bad = [
+        "postgres://127.0.0.1/test?sslmode=bogus",
+        "postgres://127.0.0.1/test?sslmode=",
+        "postgres://127.0.0.1/test?pgbouncer=maybe",
+        "postgres://127.0.0.1/test?pgbouncer",
+        "postgres://127.0.0.1/test?pool_max_size=abc",
+        "postgres://127.0.0.1/test?connect_timeout=-1x",
+        "postgres://127.0.0.1/test?sslmode=%ff%fe",
+        "postgres://127.0.0.1/test?sslmode=%",
+        "postgres://127.0.0.1:99999/test",
+        "host=127.0.0.1 sslmode=bogus",
+        "host=127.0.0.1 pgbouncer=maybe",
+        "host=127.0.0.1 pgbouncer='",
+        "host=127.0.0.1 dbname=test \\",
+        "host",
+        "postgresql://",
+        "postgresql:///test",
+        "host=a,b port=1,2,3 dbname=test",
+        "host=a,b hostaddr=127.0.0.1 dbname=test",
+        "",
+        "\u{0}",
+        "postgres://u@[::1/test",
+    ];
+    for url in bad {
+        let answer = tokio::time::timeout(Duration::from_secs(5), PostgresStore::connect(url))
+            .await
+            .unwrap_or_else(|_| panic!("{url:?}: no answer within 5 s"));
+        match answer {
+            Err(StoreError::InvalidConfig(m)) => assert!(!m.is_empty(), "{url:?}"),
+            Err(other) => panic!("{url:?}: expected InvalidConfig, got {other:?}"),
+            Ok(_) => panic!("{url:?}: accepted"),
+        }
+    }
+}
