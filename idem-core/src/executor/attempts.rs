@@ -258,9 +258,9 @@ impl<T: Tool> Call<'_, T> {
                 .map(|()| String::new())
                 .map_err(Unstorable::TooDeep),
         };
-        if let Err(Unstorable::TooDeep(e)) = &checked {
+        if let Err(too_deep @ Unstorable::TooDeep(_)) = &checked {
             std::mem::forget(output);
-            let error = self.not_storable(&e);
+            let error = self.not_storable(too_deep);
             if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
                 let outcome = Outcome::NotStorable(reason.clone());
                 if let Err(e) = self.store_outcome(fence, &outcome, self.policy.ttl).await {

@@ -32,6 +32,13 @@ pub(crate) enum Unstorable {
 impl std::fmt::Display for Unstorable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // KeyError's own text speaks of arguments.
+            Unstorable::TooDeep(KeyError::TooDeep { path, limit }) => write!(
+                f,
+                "{} nests arrays and objects more than {limit} levels deep; idem refuses deeper \
+                 data (docs/key-spec.md, Limits)",
+                within(path)
+            ),
             Unstorable::TooDeep(e) => e.fmt(f),
             Unstorable::Other(why) => f.write_str(why),
         }
