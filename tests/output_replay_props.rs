@@ -1,0 +1,208 @@
+//! Property tests of the storability check (`docs/design.md` §6.4) through the executor: an
+//! output either replays byte for byte (its JSON after the replay is the first caller's) or is
+//! refused with `OutputNotStorable`, and the tool runs once either way. Random `serde_json`
+//! values, and hand-written `Serialize` impls that repeat a member or write what no JSON reader
+//! keeps (integers past 64 bits, nesting past the limit).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use idem_core::{Classify, Error, Failure, Idem, MemoryStore, tool};
+use proptest::prelude::*;
+use serde::de::DeserializeOwned;
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("never fails")]
+struct Never;
+
+impl Classify for Never {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// The output each case's tool returns, and how often each case's tool ran.
+static OUTPUTS: Mutex<BTreeMap<u64, Value>> = Mutex::new(BTreeMap::new());
+static RUNS: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
+static CASE: AtomicU64 = AtomicU64::new(0);
+
+#[tool(retry = "keyed")]
+async fn emit(case: u64) -> Result<Value, Never> {
+    *RUNS.lock().unwrap().entry(case).or_default() += 1;
+    Ok(OUTPUTS.lock().unwrap()[&case].clone())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap()
+}
+
+/// Runs the tool for `value` twice: the first call returns it; the second replays it byte for
+/// byte, or (only when `may_refuse`) is refused. The tool runs once.
+fn first_then_replay(value: Value, may_refuse: bool) {
+    let case = CASE.fetch_add(1, Ordering::SeqCst);
+    OUTPUTS.lock().unwrap().insert(case, value.clone());
+    runtime().block_on(async {
+        let run = Idem::builder(MemoryStore::new()).build().run("props");
+        let first = emit(&run, case).await.expect("the first caller gets its output");
+        assert_eq!(serde_json::to_string(&first).unwrap(), serde_json::to_string(&value).unwrap());
+        match emit(&run, case).await {
+            Ok(again) => assert_eq!(
+                serde_json::to_string(&again).unwrap(),
+                serde_json::to_string(&value).unwrap(),
+                "a replay is byte-identical"
+            ),
+            Err(Error::OutputNotStorable { reason, .. }) if may_refuse => {
+                assert!(!reason.is_empty())
+            }
+            Err(e) => panic!("{value}: expected a replay, got {e:?}"),
+        }
+    });
+    assert_eq!(RUNS.lock().unwrap()[&case], 1, "ran once");
+}
+
+fn json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+        prop_oneof![Just(-0.0f64), Just(5e-324), Just(1e21), Just(f64::MAX), Just(0.1)]
+            .prop_map(Value::from),
+        any::<String>().prop_map(Value::from),
+        "[\\x00-\\x20\"\\\\\\u{7f}\\u{2028}\\u{2029}\\u{fffe}\\u{10ffff}a]{0,12}"
+            .prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec((any::<String>(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every `serde_json::Value` (finite numbers, any strings) replays byte for byte.
+    #[test]
+    fn any_json_value_replays_byte_for_byte(value in json()) {
+        first_then_replay(value, false);
+    }
+}
+
+/// Nesting at the depth limit replays; deeper is refused to every caller, the first included
+/// (`docs/design.md` §6.4), with a reason that speaks of the output, and the tool runs once.
+#[test]
+fn nesting_at_and_past_the_limit() {
+    let nested = |depth: usize| {
+        let mut v = Value::from(1);
+        for _ in 0..depth {
+            v = Value::Array(vec![v]);
+        }
+        v
+    };
+    first_then_replay(nested(idem_core::limits::MAX_DEPTH), false);
+    for depth in [idem_core::limits::MAX_DEPTH + 1, 200] {
+        let case = CASE.fetch_add(1, Ordering::SeqCst);
+        OUTPUTS.lock().unwrap().insert(case, nested(depth));
+        runtime().block_on(async {
+            let run = Idem::builder(MemoryStore::new()).build().run("deep");
+            for caller in ["first", "later"] {
+                match emit(&run, case).await {
+                    Err(Error::OutputNotStorable { reason, .. }) => {
+                        assert!(reason.contains("of the output"), "{caller}: {reason}");
+                        assert!(!reason.contains("argument"), "{caller}: {reason}");
+                    }
+                    other => panic!("{caller} caller at depth {depth}: {other:?}"),
+                }
+            }
+        });
+        assert_eq!(RUNS.lock().unwrap()[&case], 1, "ran once at depth {depth}");
+    }
+}
+
+/// An output past `Policy::max_outcome_bytes`: the first caller gets it, later callers
+/// `OutputNotStorable`, and the tool runs once.
+#[test]
+fn output_past_the_size_limit() {
+    let case = CASE.fetch_add(1, Ordering::SeqCst);
+    let big = Value::from("x".repeat(100));
+    OUTPUTS.lock().unwrap().insert(case, big.clone());
+    runtime().block_on(async {
+        let policy = idem_core::Policy { max_outcome_bytes: 16, ..idem_core::Policy::default() };
+        let run = Idem::builder(MemoryStore::new()).policy(policy).build().run("big");
+        assert_eq!(emit(&run, case).await.expect("the first caller gets its output"), big);
+        match emit(&run, case).await {
+            Err(Error::OutputNotStorable { reason, .. }) => assert!(reason.contains("16 bytes")),
+            other => panic!("a later caller: {other:?}"),
+        }
+    });
+    assert_eq!(RUNS.lock().unwrap()[&case], 1, "ran once");
+}
+
+static TYPED: Mutex<BTreeMap<&'static str, u32>> = Mutex::new(BTreeMap::new());
+
+/// A map that writes one member twice, with different values; read back, the last one wins.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(transparent)]
+struct Repeats(HashMap<String, u32>);
+
+impl Serialize for Repeats {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("a", &1u32)?;
+        m.serialize_entry("a", &2u32)?;
+        m.end()
+    }
+}
+
+#[tool(retry = "keyed")]
+async fn repeats(n: u32) -> Result<Repeats, Never> {
+    *TYPED.lock().unwrap().entry("repeats").or_default() += 1;
+    Ok(Repeats(HashMap::from([("a".to_owned(), n)])))
+}
+
+#[tool(retry = "keyed")]
+async fn wide(n: u32) -> Result<(u128, i128), Never> {
+    *TYPED.lock().unwrap().entry("wide").or_default() += 1;
+    Ok((u128::MAX - u128::from(n), i128::MIN))
+}
+
+/// The first caller's output as JSON, and the second call's answer as JSON or its refusal.
+async fn twice<T, F, Fut>(call: F) -> (String, Result<String, String>)
+where
+    T: Serialize + DeserializeOwned,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error<Never>>>,
+{
+    let first = serde_json::to_string(&call().await.expect("first caller")).unwrap();
+    let second = match call().await {
+        Ok(v) => Ok(serde_json::to_string(&v).unwrap()),
+        Err(Error::OutputNotStorable { reason, .. }) => Err(reason),
+        Err(e) => panic!("expected a replay or OutputNotStorable, got {e:?}"),
+    };
+    (first, second)
+}
+
+/// A repeated member is either refused or replayed as the first caller's JSON, never as another
+/// value; integers past 64 bits replay exactly.
+#[test]
+fn custom_serialize_outputs() {
+    runtime().block_on(async {
+        let run = Idem::builder(MemoryStore::new()).build().run("typed");
+        let (first, second) = twice(|| repeats(&run, 7)).await;
+        if let Ok(second) = second {
+            assert_eq!(second, first, "a repeated member replays as written");
+        }
+        let (first, second) = twice(|| wide(&run, 3)).await;
+        assert_eq!(second.expect("128-bit integers replay"), first);
+    });
+    assert_eq!(TYPED.lock().unwrap()["repeats"], 1);
+    assert_eq!(TYPED.lock().unwrap()["wide"], 1);
+}
