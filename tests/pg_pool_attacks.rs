@@ -64,37 +64,58 @@ async fn app_pool_connection_reset_by_the_application() {
     assert_eq!(RESETS.load(Ordering::SeqCst), 3, "each call ran once");
 }
 
-static EFFECTS: AtomicUsize = AtomicUsize::new(0);
+/// The side effects of `one_effect`, by test tag (tests of this file run in parallel).
+static RAN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 #[tool(retry = "keyed")]
 async fn one_effect(order: String) -> Result<String, Never> {
-    let n = EFFECTS.fetch_add(1, Ordering::SeqCst);
+    let n = {
+        let mut ran = RAN.lock().unwrap();
+        ran.push(order.clone());
+        ran.len()
+    };
     // Held long enough that every other caller finds the claim in flight.
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(format!("{order} #{n}"))
 }
 
-/// 64 callers of one key at once, on `connect`'s own pool (fewer connections than callers):
-/// the side effect happens once and every caller gets its output.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_callers_of_one_key_share_one_effect() {
-    let Some(store) = or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await) else {
-        return;
-    };
+/// 64 callers of one key at once: the side effect happens once and every caller gets its output.
+async fn sixty_four_callers(store: PostgresStore, tag: &str) {
     let idem = Idem::builder(store).build();
-    let run = idem.run(run_id("64"));
+    let run = idem.run(run_id(tag));
     let calls = (0..64).map(|_| {
         let run = run.clone();
-        tokio::spawn(async move { one_effect(&run, "order-7".into()).await })
+        let order = tag.to_owned();
+        tokio::spawn(async move { one_effect(&run, order).await })
     });
     let answers = futures_util::future::join_all(calls).await;
     let outputs: Vec<String> =
         answers.into_iter().map(|a| a.expect("task").expect("every caller succeeds")).collect();
-    assert_eq!(EFFECTS.load(Ordering::SeqCst), 1, "one side effect");
-    assert!(
-        outputs.iter().all(|o| o == "order-7 #0"),
-        "every caller got the one output: {outputs:?}"
-    );
+    assert_eq!(RAN.lock().unwrap().iter().filter(|t| *t == tag).count(), 1, "one side effect");
+    assert!(outputs[0].starts_with(&format!("{tag} #")), "{}", outputs[0]);
+    assert!(outputs.iter().all(|o| *o == outputs[0]), "one output for all: {outputs:?}");
+}
+
+/// On `connect`'s own pool (fewer connections than callers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_of_one_key_on_the_own_pool() {
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await) else {
+        return;
+    };
+    sixty_four_callers(store, "own").await;
+}
+
+/// On an application pool of one connection, waiters polling: no caller may hold the only
+/// connection while it waits for the one that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_of_one_key_on_a_pool_of_one() {
+    let config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let pool =
+        Pool::builder(Manager::new(config, tokio_postgres::NoTls)).max_size(1).build().unwrap();
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::from_pool(pool, None).await) else {
+        return;
+    };
+    sixty_four_callers(store, "one").await;
 }
 
 /// Connection strings idem must refuse as [`StoreError::InvalidConfig`], before any connection.
