@@ -154,7 +154,7 @@ fn is_root() -> bool {
 }
 
 /// PostgreSQL refuses to run as root: as root, its tools run as the `postgres` user.
-fn as_pg_user(tool: &str) -> Command {
+pub fn as_pg_user(tool: &str) -> Command {
     if is_root() {
         let mut cmd = Command::new("runuser");
         cmd.args(["-u", "postgres", "--"]).arg(pg_bin(tool));
