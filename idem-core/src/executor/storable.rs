@@ -106,7 +106,16 @@ fn canonical<O: Serialize>(output: &O) -> Result<Vec<u8>, Unstorable> {
             "{} is a map whose keys are neither strings nor integers",
             within(&path)
         )),
+        KeyError::DuplicateKey { path } => Unstorable::Other(format!(
+            "{} appears twice in one object once map keys are written as strings, and only one \
+             would read back",
+            within(&path)
+        )),
         e @ KeyError::TooDeep { .. } => Unstorable::TooDeep(e),
+        // KeyError's own texts for these speak of arguments.
+        KeyError::Custom(why) => {
+            Unstorable::Other(format!("it cannot be serialized as JSON: {why}"))
+        }
         other => Unstorable::Other(other.to_string()),
     })?;
     Ok(canonical)
