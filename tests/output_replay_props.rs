@@ -206,3 +206,96 @@ fn custom_serialize_outputs() {
     assert_eq!(TYPED.lock().unwrap()["repeats"], 1);
     assert_eq!(TYPED.lock().unwrap()["wide"], 1);
 }
+
+/// A struct whose flattened map repeats one of its own fields: `{"x":1,"x":2}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Flat {
+    x: u32,
+    #[serde(flatten)]
+    rest: BTreeMap<String, u32>,
+}
+
+#[tool(retry = "keyed")]
+async fn flat(n: u32) -> Result<Flat, Never> {
+    *TYPED.lock().unwrap().entry("flat").or_default() += 1;
+    Ok(Flat { x: n, rest: BTreeMap::from([("x".to_owned(), n + 1)]) })
+}
+
+static SCALARS: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+
+#[tool(retry = "keyed")]
+async fn scalars(
+    tag: String,
+    a: f32,
+    b: i128,
+    c: u128,
+    d: char,
+) -> Result<(f32, i128, u128, char), Never> {
+    *SCALARS.lock().unwrap().entry(tag).or_default() += 1;
+    Ok((a, b, c, d))
+}
+
+/// A flattened member that repeats a field: refused, with a reason that names the output.
+#[test]
+fn flattened_member_repeating_a_field() {
+    runtime().block_on(async {
+        let run = Idem::builder(MemoryStore::new()).build().run("flat");
+        let (first, second) = twice(|| flat(&run, 4)).await;
+        assert_eq!(first, r#"{"x":4,"x":5}"#);
+        let reason = second.expect_err("only one of the two would read back");
+        assert!(reason.contains("`x` of the output appears twice"), "{reason}");
+    });
+    assert_eq!(TYPED.lock().unwrap()["flat"], 1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Finite f32s, 128-bit integers and chars replay byte for byte.
+    #[test]
+    fn scalars_replay_byte_for_byte(
+        a in any::<f32>().prop_filter("finite", |f| f.is_finite()),
+        b in any::<i128>(), c in any::<u128>(), d in any::<char>(),
+    ) {
+        let tag = format!("{}", CASE.fetch_add(1, Ordering::SeqCst));
+        runtime().block_on(async {
+            let run = Idem::builder(MemoryStore::new()).build().run("scalars");
+            let (first, second) = twice(|| scalars(&run, tag.clone(), a, b, c, d)).await;
+            assert_eq!(second.expect("replays"), first);
+        });
+        prop_assert_eq!(SCALARS.lock().unwrap()[&tag], 1);
+    }
+}
+
+/// A `Serialize` that fails: the first caller gets its output, later callers the refusal.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct Fails(u32);
+
+impl Serialize for Fails {
+    fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("no JSON today"))
+    }
+}
+
+#[tool(retry = "keyed")]
+async fn fails(n: u32) -> Result<Fails, Never> {
+    *TYPED.lock().unwrap().entry("fails").or_default() += 1;
+    Ok(Fails(n))
+}
+
+#[test]
+fn serialize_that_fails() {
+    runtime().block_on(async {
+        let run = Idem::builder(MemoryStore::new()).build().run("fails");
+        assert_eq!(fails(&run, 5).await.expect("the first caller gets its output"), Fails(5));
+        match fails(&run, 5).await {
+            Err(Error::OutputNotStorable { reason, .. }) => {
+                assert!(reason.contains("cannot be serialized as JSON"), "{reason}");
+                assert!(reason.contains("no JSON today"), "{reason}");
+                assert!(!reason.contains("argument"), "{reason}");
+            }
+            other => panic!("a later caller: {other:?}"),
+        }
+    });
+    assert_eq!(TYPED.lock().unwrap()["fails"], 1);
+}
