@@ -136,3 +136,31 @@ async fn sqlite_store_records_an_output_that_cannot_be_stored() {
     assert_not_storable(&[book_grid(&run, "sqlite".into()).await], "map whose keys");
     assert_eq!(runs("grid", "sqlite"), 1);
 }
+
+/// A case of this process alone: the durable servers keep records across test runs.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+fn fresh_case(store: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{store}-{}-{nanos}", std::process::id())
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_records_an_output_that_cannot_be_stored() {
+    let store = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
+    let Some(store) = idem_tests::or_skip("PostgreSQL", store) else { return };
+    every_kind(Arc::new(store), &fresh_case("postgres")).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_records_an_output_that_cannot_be_stored() {
+    let store = idem_core::RedisStore::builder(idem_tests::redis_url())
+        .prefix(idem_tests::redis_prefix())
+        .open()
+        .await;
+    let Some(store) = idem_tests::or_skip("Redis", store) else { return };
+    every_kind(Arc::new(store), &fresh_case("redis")).await;
+}
