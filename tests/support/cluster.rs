@@ -4,8 +4,8 @@
 //! can kill, stop and resume nodes, read the topology, and migrate a slot by hand. Every node is
 //! killed and the directory removed when the test process ends.
 //!
-//! [`Cluster::start_tls`] starts 3 masters that serve only TLS (`--port 0 --tls-port`), with TLS
-//! on the cluster bus too (`--tls-cluster yes`), and the certificates of [`Certs`].
+//! `Cluster::start_tls` starts 3 masters that serve only TLS (`--port 0 --tls-port`), with TLS
+//! on the cluster bus too (`--tls-cluster yes`), and the certificates of `servers::Certs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -111,7 +111,7 @@ impl<T: Tool> DynTool for T {
                 }
             };
             let (result, report) = run.call_reported(self, args).await;
-            // The executor checked an output it stored: checking again would walk it 4 times more.
+            // The executor checked an output it stored: checking again would walk it 3 times more.
             let checked = report.as_ref().is_some_and(|r| r.output_checked);
             let out = match result {
                 Ok(output) => match (if checked {
