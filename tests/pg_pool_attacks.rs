@@ -1,6 +1,7 @@
 //! Attacks on the PostgreSQL store's connection pool: a connection whose session the application
-//! reset (`DISCARD ALL`) before giving it back, many callers of one key at once, and connection
-//! strings that must be refused with a clear error.
+//! reset (`DISCARD ALL`) before giving it back, many callers of one key at once, a connection the
+//! server ends while the completion waits on it, and connection strings that must be refused
+//! with a clear error.
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -154,4 +155,83 @@ async fn bad_connection_strings_are_invalid_config() {
             Ok(_) => panic!("{url:?}: accepted"),
         }
     }
+}
+
+static BLOCKED_RUNS: AtomicUsize = AtomicUsize::new(0);
+static RELEASE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+#[tool(retry = "keyed")]
+async fn completes_late(n: u32) -> Result<u32, Never> {
+    BLOCKED_RUNS.fetch_add(1, Ordering::SeqCst);
+    RELEASE.acquire().await.expect("open").forget();
+    Ok(n + 1)
+}
+
+/// The server ends the connection (`pg_terminate_backend`) while the store's completion waits on
+/// it for a lock: the completion is sent again on a new connection, the caller gets its output,
+/// a later caller the replay, and the tool runs once. The store lives in a schema of its own,
+/// which the test locks without touching anyone else's tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_ended_while_its_completion_waits() {
+    let url = pg_url();
+    let Some((admin, conn)) =
+        or_skip("PostgreSQL", tokio_postgres::connect(&url, tokio_postgres::NoTls).await)
+    else {
+        return;
+    };
+    tokio::spawn(conn);
+    let schema = format!("idem_attack_{}", std::process::id());
+    let name = format!("idem-attack-{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
+    config.options(format!("-c search_path={schema}")).application_name(&name);
+    let store = PostgresStore::connect_with(config, 4).await.expect("store");
+    let run = Idem::builder(store).build().run(run_id("ended"));
+
+    let call = tokio::spawn({
+        let run = run.clone();
+        async move { completes_late(&run, 41).await }
+    });
+    // The claim is written; hold the table so that the completion waits on its lock.
+    until_count(&admin, &format!("SELECT count(*) FROM {schema}.idem_records"), &[], 1).await;
+    admin.batch_execute(&format!("BEGIN; LOCK TABLE {schema}.idem_records")).await.unwrap();
+    RELEASE.add_permits(1);
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND \
+                   wait_event_type = 'Lock'";
+    until_count(&admin, waiting, &[&name], 1).await;
+    let ended = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 \
+             AND wait_event_type = 'Lock'",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended, 1, "the completion's connection was ended");
+    admin.batch_execute("COMMIT").await.unwrap();
+
+    assert_eq!(call.await.expect("task").expect("the call gets its output"), 42);
+    assert_eq!(completes_late(&run, 41).await.expect("replay"), 42);
+    assert_eq!(BLOCKED_RUNS.load(Ordering::SeqCst), 1, "ran once");
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+}
+
+/// Polls `sql` (a count, with `args`) until it is `want`; gives up after 2,000 polls.
+async fn until_count(
+    admin: &tokio_postgres::Client,
+    sql: &str,
+    args: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    want: i64,
+) {
+    for _ in 0..2_000 {
+        let n: i64 = admin.query_one(sql, args).await.unwrap().get(0);
+        if n == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("{sql} never counted {want}");
 }
