@@ -144,7 +144,8 @@ impl PostgresStore {
     /// within it instead of hanging it. A connection the pool hands out closed (the server ended
     /// it) fails its step, which is sent again on another connection when its reply may have
     /// been lost; the pool's recycling method (deadpool's `Fast` checks `is_closed`) keeps closed
-    /// connections out.
+    /// connections out. A connection whose session the application reset (`DISCARD ALL`,
+    /// `DEALLOCATE ALL`) has its statements prepared again at the store's next step on it.
     ///
     /// Fails with [`StoreError::InvalidConfig`] for a malformed `listen` string, and as
     /// [`connect`](Self::connect) does when the server cannot be reached or the schema is from
