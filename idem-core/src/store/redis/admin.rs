@@ -8,14 +8,23 @@
 //! node's `SCAN` cursor (`end` once through), and the keys of the last batch that did not fit in
 //! the page, read again from that node first. On a Redis
 //! Cluster every master is scanned in turn. `SCAN` may return a key twice (the table was resized
-//! meanwhile), and a record made during the listing may or may not be listed. Records this
+//! meanwhile), and a record made during the listing may or may not be listed.
+//!
+//! A batch is read on the node scanned, unless one of its keys is no longer served there (its
+//! slot is being migrated or has been, or the key was scanned on the importing node of a slot
+//! being migrated): then each key is read on its slot's master, following `MOVED` and `ASK` as
+//! the steps do (`route.rs`). So a record of a slot that does not move during the listing is
+//! listed once, even when the slot is half-migrated (each key is on one of the two nodes); one
+//! whose slot moves to another master during the listing may be listed twice or not at all (see
+//! `Store::list` of [`RedisStore`]). Records this
 //! version cannot read are left out of listings and counted as unreadable by `stats`.
 
 use std::time::Duration;
 
-use redis::Value;
+use futures_util::future::try_join_all;
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::reply::{Parsed, parse, text, unavailable};
 use super::route::Conn;
@@ -30,6 +39,10 @@ use crate::store::{
 /// selective filter on a large store answers a page with fewer records, and a cursor, rather
 /// than scan for long.
 const SCAN_PER_RECORD: u64 = 10;
+
+/// Records read at once, each on its own node, when a batch's keys are no longer all on the
+/// node that was scanned.
+const FETCH_EACH_AT_ONCE: usize = 32;
 
 /// Where a listing goes on.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -153,14 +166,14 @@ impl RedisStore {
     }
 
     /// Sends `pipe` (`count` commands) to `node` (see [`RedisStore::scan_nodes`]); server errors
-    /// come back as values.
+    /// come back as values, except a redirection (`MOVED`, `ASK`), which fails the whole pipeline.
     async fn on_node(
         &self,
         node: &str,
         pipe: &redis::Pipeline,
         count: usize,
-    ) -> Result<Vec<Value>, StoreError> {
-        match &self.inner.conn {
+    ) -> Result<Result<Vec<Value>, RedisError>, StoreError> {
+        Ok(match &self.inner.conn {
             Conn::One(conn) => conn.clone().req_packed_commands(pipe, 0, count).await,
             Conn::Cluster(conn) => {
                 let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
@@ -169,32 +182,72 @@ impl RedisStore {
                 let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
                 conn.clone().route_pipeline(pipe.clone(), 0, count, to).await
             }
-        }
-        .map_err(unavailable)
+        })
     }
 
-    /// The records of `keys` as found on `node`, read with its clock in one pipeline.
+    /// The records of `keys` as found on `node`, read with its clock in one pipeline; or, when
+    /// one of them has left `node` since it was scanned there, each where it is now.
     async fn fetch(&self, node: &str, keys: &[Key]) -> Result<Vec<Found>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
         for key in keys {
             pipe.cmd("GET").arg(self.record_key(key));
         }
-        let replies = self.on_node(node, &pipe, keys.len() + 1).await?;
+        let replies = match self.on_node(node, &pipe, keys.len() + 1).await? {
+            Ok(replies) => replies,
+            // A key's slot is being migrated (`ASK`), or has been (`MOVED`); or the key was scanned
+            // on the importing node, which serves it only after `ASKING`.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                ) =>
+            {
+                return self.fetch_each(keys).await;
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
         let now = time_ms(replies.first().unwrap_or(&Value::Nil))?;
         Ok(keys
             .iter()
             .zip(replies.iter().skip(1))
-            .map(|(key, reply)| match reply {
-                Value::Nil => Found::Gone,
-                Value::BulkString(raw) => parse(&self.record_key(key), raw)
-                    .ok()
-                    .and_then(|r| info_of(*key, &r, now).ok())
-                    .map_or(Found::Unreadable, |info| Found::Record(Box::new(info))),
-                // Another type (a version 1 hash until a step migrates it), or an error.
-                _ => Found::Unreadable,
-            })
+            .map(|(key, reply)| self.found(key, reply, now))
             .collect())
+    }
+
+    /// The records of `keys`, each read with its node's clock on its slot's master, following
+    /// redirections as the steps do (`route.rs`), [`FETCH_EACH_AT_ONCE`] at a time.
+    async fn fetch_each(&self, keys: &[Key]) -> Result<Vec<Found>, StoreError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(FETCH_EACH_AT_ONCE) {
+            found.extend(try_join_all(batch.iter().map(|key| self.fetch_one(key))).await?);
+        }
+        Ok(found)
+    }
+
+    /// The record of `key` read on its slot's master, following redirections.
+    async fn fetch_one(&self, key: &Key) -> Result<Found, StoreError> {
+        let name = self.record_key(key);
+        let mut pipe = redis::pipe();
+        // The GET first: after `ASK` the importing node serves only the next command.
+        pipe.cmd("GET").arg(&name).cmd("TIME");
+        let replies =
+            self.inner.conn.pipeline(&pipe, 2, name.as_bytes()).await.map_err(unavailable)?;
+        let now = time_ms(replies.get(1).unwrap_or(&Value::Nil))?;
+        Ok(self.found(key, replies.first().unwrap_or(&Value::Nil), now))
+    }
+
+    /// What a `GET` of `key`'s record answered, at `now` (ms, the server's clock).
+    fn found(&self, key: &Key, reply: &Value, now: u64) -> Found {
+        match reply {
+            Value::Nil => Found::Gone,
+            Value::BulkString(raw) => parse(&self.record_key(key), raw)
+                .ok()
+                .and_then(|r| info_of(*key, &r, now).ok())
+                .map_or(Found::Unreadable, |info| Found::Record(Box::new(info))),
+            // Another type (a version 1 hash until a step migrates it), or an error.
+            _ => Found::Unreadable,
+        }
     }
 
     /// One page of `q`, and how many records could not be read.
@@ -225,7 +278,7 @@ impl RedisStore {
                 let room = (size - page.records.len()).clamp(10, 1000);
                 let mut scan = redis::pipe();
                 scan.cmd("SCAN").arg(pos).arg("MATCH").arg(&pattern).arg("COUNT").arg(room);
-                let reply = self.on_node(&cur.node, &scan, 1).await?;
+                let reply = self.on_node(&cur.node, &scan, 1).await?.map_err(unavailable)?;
                 let (next, names): (u64, Vec<Vec<u8>>) =
                     redis::from_redis_value(reply.into_iter().next().unwrap_or(Value::Nil))
                         .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;

@@ -541,6 +541,14 @@ impl Store for RedisStore {
         Ok(self.run(inv).await?.int()? > 0)
     }
 
+    /// Lists by `SCAN`, on a Redis Cluster every master in turn; each record is read on the node
+    /// holding it, following `MOVED` and `ASK` (`store/redis/admin.rs`). On a Redis Cluster, a
+    /// record whose slot stays on its master(s) for the whole listing, including a slot half
+    /// migrated before it began, is listed exactly once. A record whose slot moves to another
+    /// master while the listing runs (from its first page to its last) may be **listed twice**
+    /// (scanned on the old master, then again on the new one, scanned later) or **missed** (the
+    /// new master scanned before the record arrived, the old one after it left); list again once
+    /// the migration has ended for a complete view.
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         self.list_records(query).await
     }

@@ -185,8 +185,14 @@ impl Conn {
     }
 
     /// The replies of `count` commands of `pipe` (server errors among them as values), on the
-    /// master of `key`'s slot.
-    async fn pipeline(&self, pipe: &Pipeline, count: usize, key: &[u8]) -> RedisResult<Vec<Value>> {
+    /// master of `key`'s slot, following redirections (see the module docs). After `ASK` the
+    /// importing node runs only the first command: put the one on `key` first.
+    pub(super) async fn pipeline(
+        &self,
+        pipe: &Pipeline,
+        count: usize,
+        key: &[u8],
+    ) -> RedisResult<Vec<Value>> {
         match self {
             Conn::One(c) => c.clone().req_packed_commands(pipe, 0, count).await,
             Conn::Cluster(c) => cluster_send(c, pipe, count, key).await,
