@@ -1,7 +1,7 @@
 //! The Redis store on a Redis Cluster of its own (3 masters, 3 replicas; tests/support/cluster.rs)
 //! started by this test binary: the conformance suite (one instance, and two instances over the
 //! cluster), worker processes, a slot migrated while calls run, a master killed while calls run,
-//! and the replica wait across a failover.
+//! the replica wait across a failover, and listing while a slot is mid-migration.
 //!
 //! Needs `redis-server` and `redis-cli`; without them the tests print SKIP, and fail under
 //! `CI=true`.
@@ -118,6 +118,9 @@ fn keys_in_slot(store: &RedisStore, slot: u16, n: usize) -> Vec<Key> {
     }
     out
 }
+
+#[path = "redis_cluster/listing.rs"]
+mod listing;
 
 const EXE: &str = env!("CARGO_BIN_EXE_idem-stress-worker");
 

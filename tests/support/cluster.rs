@@ -342,16 +342,43 @@ impl Cluster {
     /// the old owner first and the new owner last.
     /// Returns how many keys moved.
     pub fn migrate_slot(&self, slot: u16, to: &NodeInfo, pause: Duration) -> Result<usize, String> {
+        let from = self.begin_migration(slot, to)?;
+        self.end_migration(slot, &from, to, pause)
+    }
+
+    /// Starts moving `slot` to the master `to`: IMPORTING on `to`, then MIGRATING on the slot's
+    /// master, which is returned. Keys move with `Cluster::move_key` or
+    /// `Cluster::end_migration`.
+    pub fn begin_migration(&self, slot: u16, to: &NodeInfo) -> Result<NodeInfo, String> {
         let from = self.master_of(slot)?;
         let s = slot.to_string();
         self.cli(to.port, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from.id])?;
         self.cli(from.port, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to.id])?;
+        Ok(from)
+    }
+
+    /// Moves one key of a migrating slot from `from` to `to` (`MIGRATE`).
+    pub fn move_key(&self, from: &NodeInfo, to: &NodeInfo, key: &str) -> Result<(), String> {
+        let port = to.port.to_string();
+        self.cli(from.port, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]).map(drop)
+    }
+
+    /// Ends a migration begun with `Cluster::begin_migration`: the keys left on `from` moved
+    /// one at a time with `pause` in between, then the new owner told to every master. Returns
+    /// how many keys it moved.
+    pub fn end_migration(
+        &self,
+        slot: u16,
+        from: &NodeInfo,
+        to: &NodeInfo,
+        pause: Duration,
+    ) -> Result<usize, String> {
+        let s = slot.to_string();
         let mut moved = 0;
         loop {
             let keys = self.cli(from.port, &["CLUSTER", "GETKEYSINSLOT", &s, "1"])?;
             let Some(key) = keys.lines().map(str::trim).find(|k| !k.is_empty()) else { break };
-            let port = to.port.to_string();
-            self.cli(from.port, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"])?;
+            self.move_key(from, to, key)?;
             moved += 1;
             std::thread::sleep(pause);
         }
