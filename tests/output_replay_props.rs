@@ -8,22 +8,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_core::{Classify, Error, Failure, Idem, MemoryStore, tool};
+use idem_core::{Error, Idem, MemoryStore, tool};
+use idem_tests::Never;
 use proptest::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
 
 /// The output each case's tool returns, and how often each case's tool ran.
 static OUTPUTS: Mutex<BTreeMap<u64, Value>> = Mutex::new(BTreeMap::new());

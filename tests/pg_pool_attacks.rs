@@ -9,19 +9,8 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool};
 use idem_core::store::StoreError;
-use idem_core::{Classify, Failure, Idem, PostgresStore, tool};
-use idem_tests::{or_skip, pg_url};
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
+use idem_core::{Idem, PostgresStore, tool};
+use idem_tests::{Never, or_skip, pg_url};
 
 fn run_id(tag: &str) -> String {
     let nanos = std::time::SystemTime::now()

@@ -6,21 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use idem_core::{Classify, Failure, Idem, PostgresStore, tool};
-use idem_tests::or_skip;
+use idem_core::{Idem, PostgresStore, tool};
 use idem_tests::servers::{as_pg_user, free_port, temp_dir};
-use serde::{Deserialize, Serialize};
+use idem_tests::{Never, or_skip};
 use tokio::sync::{Notify, Semaphore};
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
 
 static RAN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// The tool says it started, then waits until the test lets it finish (after the restart).

@@ -13,9 +13,8 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, Pool};
 use idem_core::conformance::fresh_key;
 use idem_core::store::{Claim, Outcome, StoreError};
-use idem_core::{Classify, Error, Failure, Idem, Policy, PostgresStore, Store, tool};
-use idem_tests::{acquire, claim_req, or_skip, pg_url};
-use serde::{Deserialize, Serialize};
+use idem_core::{Error, Idem, Policy, PostgresStore, Store, tool};
+use idem_tests::{Never, acquire, claim_req, or_skip, pg_url};
 
 /// The application's pool.
 fn app_pool(size: usize) -> Pool {
@@ -52,16 +51,6 @@ mod polling {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         store(false).await
     );
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("never fails")]
-struct Never;
-
-impl Classify for Never {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
 }
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
