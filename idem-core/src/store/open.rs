@@ -7,7 +7,8 @@ use super::{MemoryStore, Store, StoreError};
 /// The URL forms [`open`] knows, for error messages.
 const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?sslmode=..., \
                      postgresql://..., redis://host:port/db, rediss://host:port/db?ca=/ca.pem, \
-                     redis+cluster://host1:port1,host2:port2/, rediss+cluster://...";
+                     redis+cluster://host1:port1,host2:port2/, rediss+cluster://..., \
+                     or a PostgreSQL key=value string (host=... dbname=...)";
 
 /// Opens the store `url` names, connecting now:
 ///
@@ -16,6 +17,7 @@ const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?ssl
 /// | `memory:` | [`MemoryStore`] (this process only) | - |
 /// | `sqlite:///abs/path.db`, `sqlite:rel/path.db`, `sqlite::memory:` | `SqliteStore` | `sqlite` |
 /// | `postgres://…`, `postgresql://…` (`sslmode`, `sslrootcert` as in libpq) | `PostgresStore` | `postgres` (TLS: `postgres-tls`) |
+/// | `host=… dbname=…` (libpq's key=value form, as `PostgresStore::connect` takes it) | `PostgresStore` | `postgres` |
 /// | `redis://…`, `rediss://…?ca=/path/ca.pem` | `RedisStore` on one server | `redis` (TLS: `redis-tls`) |
 /// | `redis+cluster://h1:p1,h2:p2,…/`, `rediss+cluster://…` | `RedisStore` on a Redis Cluster (any of its nodes listed) | `redis` (TLS: `redis-tls`) |
 ///
@@ -35,6 +37,9 @@ const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?ssl
 /// # Ok(()) }
 /// ```
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    if is_key_value(url) {
+        return postgres(url).await;
+    }
     let Some((scheme, _)) = url.split_once(':') else {
         return Err(StoreError::InvalidConfig(format!(
             "store URL {url:?} has no scheme; expected one of {FORMS}"
@@ -51,6 +56,15 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
         ))),
     }
+}
+
+/// Whether `url` is libpq's key=value connection string (`host=db user=app dbname=app`): it
+/// starts with a keyword and `=`, which no URL scheme does (a scheme is followed by `:`).
+fn is_key_value(url: &str) -> bool {
+    let text = url.trim_start();
+    let keyword =
+        text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(text.len());
+    keyword > 0 && text[keyword..].trim_start().starts_with('=')
 }
 
 #[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "redis")))]
@@ -112,6 +126,30 @@ mod tests {
         assert!(m.contains("\"mysql\"") && m.contains("postgres://"), "{m}");
         let m = refused("/var/lib/idem.db").await;
         assert!(m.contains("no scheme"), "{m}");
+    }
+
+    #[test]
+    fn key_value_strings_are_told_from_urls() {
+        for kv in
+            ["host=127.0.0.1 port=5432 user=postgres dbname=test", " dbname = test", "host=[::1]"]
+        {
+            assert!(is_key_value(kv), "{kv}");
+        }
+        for url in ["postgres://h/db?sslmode=require", "memory:", "/var/lib/idem.db", "=x", ""] {
+            assert!(!is_key_value(url), "{url}");
+        }
+    }
+
+    /// A key=value string goes to the PostgreSQL store, which refuses a bad option before it
+    /// connects (or names the missing feature): not "no scheme".
+    #[tokio::test]
+    async fn key_value_strings_open_postgres() {
+        let m = refused("host=127.0.0.1 dbname=test sslmode=bogus").await;
+        assert!(!m.contains("no scheme"), "{m}");
+        #[cfg(feature = "postgres")]
+        assert!(m.contains("sslmode"), "{m}");
+        #[cfg(not(feature = "postgres"))]
+        assert!(m.contains("`postgres`"), "{m}");
     }
 
     #[tokio::test]
