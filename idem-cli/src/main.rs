@@ -19,7 +19,8 @@ use idem_core::store::StateFilter;
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, about, long_about = None, after_help = EXIT_CODES)]
 struct Cli {
-    /// The store: memory:, sqlite:///abs/path.db, postgres://user@host/db, redis://host:6379/
+    /// The store: memory:, sqlite:///abs/path.db, postgres://user@host/db (or "host=.. dbname=.."),
+    /// redis://host:6379/, redis+cluster://h1:p1,h2:p2/
     #[arg(long, env = "IDEM_STORE", global = true)]
     store: Option<String>,
 
