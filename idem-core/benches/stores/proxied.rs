@@ -2,7 +2,7 @@
 
 use idem_core::Scope;
 
-use super::measure::latencies_of;
+use super::measure::{Latencies, latencies_of};
 use super::setup::{Settings, pg_config, pg_subject, redis_subject};
 use super::{Op, delay_proxy, us, verdict};
 
@@ -15,6 +15,22 @@ pub(super) struct Proxied {
     pub(super) raw1: f64,
     pub(super) replay: f64,
     pub(super) replay_ratio: f64,
+}
+
+impl Proxied {
+    /// The first call against two raw writes and the replay against one raw read, from rounds
+    /// that ran those four ops.
+    pub(super) fn of(label: &'static str, lat: &Latencies) -> Proxied {
+        Proxied {
+            label,
+            raw2: lat.median(Op::Raw2),
+            first: lat.median(Op::First),
+            first_ratio: lat.ratio(Op::First, Op::Raw2),
+            raw1: lat.median(Op::Raw1),
+            replay: lat.median(Op::Replay),
+            replay_ratio: lat.ratio(Op::Replay, Op::Raw1),
+        }
+    }
 }
 
 fn first_addr(host: &str, port: u16) -> std::net::SocketAddr {
@@ -100,15 +116,7 @@ pub(super) async fn proxied_runs(s: &Settings, scope: &Scope) -> Vec<Proxied> {
         for (op, v) in &lat.all {
             println!("  {:<30} {:>10}  (n={})", op.label(), us(lat.median(*op)), v.len());
         }
-        let p = Proxied {
-            label: subject.name,
-            raw2: lat.median(Op::Raw2),
-            first: lat.median(Op::First),
-            first_ratio: lat.ratio(Op::First, Op::Raw2),
-            raw1: lat.median(Op::Raw1),
-            replay: lat.median(Op::Replay),
-            replay_ratio: lat.ratio(Op::Replay, Op::Raw1),
-        };
+        let p = Proxied::of(subject.name, &lat);
         println!(
             "  first call / 2 raw writes = {:.2}  (target <= 1.10: {})",
             p.first_ratio,

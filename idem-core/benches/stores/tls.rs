@@ -137,15 +137,7 @@ pub(super) async fn tls_runs(s: &Settings, scope: &Scope) -> Vec<Proxied> {
         for (op, v) in &lat.all {
             println!("  {:<30} {:>10}  (n={})", op.label(), us(lat.median(*op)), v.len());
         }
-        let p = Proxied {
-            label: subject.name,
-            raw2: lat.median(Op::Raw2),
-            first: lat.median(Op::First),
-            first_ratio: lat.ratio(Op::First, Op::Raw2),
-            raw1: lat.median(Op::Raw1),
-            replay: lat.median(Op::Replay),
-            replay_ratio: lat.ratio(Op::Replay, Op::Raw1),
-        };
+        let p = Proxied::of(subject.name, &lat);
         println!(
             "  first call / 2 raw writes = {:.2}  (target <= 1.30: {})",
             p.first_ratio,
