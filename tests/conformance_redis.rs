@@ -7,13 +7,12 @@ use std::time::Duration;
 use idem_core::StoreError;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, Fence, Outcome, RedisStore, Store};
+use idem_tests::cluster::slot;
 use idem_tests::{acquire, claim_req, redis_url};
 
 #[path = "shared/redis_records.rs"]
 mod redis_records;
-use redis_records::{
-    field, pttl, raw, refused_by_every_step, server_now, set, slot, store, stored,
-};
+use redis_records::{field, pttl, raw, refused_by_every_step, server_now, set, store, stored};
 
 idem_core::store_conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! Redis helpers shared by tests/conformance_redis.rs and tests/redis_schema_v1.rs: the store
 //! and a raw connection on the tests' server, and reading and writing records behind the store's
-//! back (the Redis Cluster hash slot, the stored record and its fields, version 1 records, the
+//! back (the stored record and its fields, version 1 records, the
 //! server's clock, the check that every step refuses a record).
 
 #![allow(dead_code)] // each test binary uses a part of it
@@ -17,22 +17,6 @@ pub async fn store() -> Option<RedisStore> {
 pub async fn raw() -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(redis_url()).expect("redis url");
     client.get_multiplexed_async_connection().await.expect("raw redis connection")
-}
-
-/// CRC16 of a Redis Cluster hash slot (XMODEM), of the hash tag when there is one.
-pub fn slot(key: &str) -> u16 {
-    let tagged = match (key.find('{'), key.find('}')) {
-        (Some(open), Some(close)) if close > open + 1 => &key[open + 1..close],
-        _ => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in tagged.as_bytes() {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
 }
 
 /// A record as stored: `V|st|fence|w|lu|fp|ok|payload` (see the store's module docs).

@@ -73,13 +73,7 @@ fn spawn_node(dir: &Path, port: u16, tls: Option<&Certs>) -> Result<Child, Strin
         Some(certs) => cmd
             .args(["--port", "0", "--tls-port", &port.to_string()])
             .args(["--tls-cluster", "yes", "--tls-replication", "yes"])
-            .arg("--tls-cert-file")
-            .arg(&certs.server_cert)
-            .arg("--tls-key-file")
-            .arg(&certs.server_key)
-            .arg("--tls-ca-cert-file")
-            .arg(&certs.ca)
-            .args(["--tls-auth-clients", "no"]),
+            .args(certs.redis_server_args()),
     };
     let child = cmd
         .args(["--bind", "127.0.0.1"])

@@ -72,6 +72,21 @@ pub struct Certs {
 }
 
 impl Certs {
+    /// `redis-server` options serving these certificates, without client certificates.
+    pub fn redis_server_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        for (option, path) in [
+            ("--tls-cert-file", &self.server_cert),
+            ("--tls-key-file", &self.server_key),
+            ("--tls-ca-cert-file", &self.ca),
+        ] {
+            args.push(option.into());
+            args.push(path.into());
+        }
+        args.extend(["--tls-auth-clients".into(), "no".into()]);
+        args
+    }
+
     /// The host name the server certificate is valid for (besides 127.0.0.1).
     pub const HOST: &'static str = "db.idem.test";
 
@@ -245,13 +260,8 @@ impl RedisTls {
         let pid = dir.join("redis.pid");
         run(Command::new("redis-server")
             .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--tls-cert-file")
-            .arg(&certs.server_cert)
-            .arg("--tls-key-file")
-            .arg(&certs.server_key)
-            .arg("--tls-ca-cert-file")
-            .arg(&certs.ca)
-            .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+            .args(certs.redis_server_args())
+            .args(["--save", "", "--appendonly", "no"])
             .args(["--daemonize", "yes", "--pidfile"])
             .arg(&pid)
             .arg("--dir")
