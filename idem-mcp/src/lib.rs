@@ -18,7 +18,8 @@
 //!   say so ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a
 //!   warning, or refused ([`IdemServer::with_missing_run`]).
 //! - Results carry `_meta` with the run (`idem/run`), the key (`idem/key`) and how the call
-//!   was served (`idem/outcome`: `executed`, `replayed`, `joined`).
+//!   was served (`idem/outcome`: `executed`, `replayed`, `joined`, or `unknown` when the
+//!   call's outcome is not known).
 //! - A call that waits on another owner of its key (a duplicate in flight, here or in another
 //!   process) sends `notifications/progress` every [`PROGRESS_INTERVAL`] when the request has a
 //!   `progressToken`. Cancelling a waiting request does not cancel the run it waits on.

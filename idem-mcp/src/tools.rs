@@ -28,8 +28,8 @@ pub const RUN_ID_INSTRUCTIONS: &str = "Tool calls that change something are prot
 running twice. With every tools/call, send `_meta: {\"idem/run\": \"<conversation id>\"}`: one \
 stable id per conversation, the same on every retry, also after a reconnect or a server restart. \
 A repeat with the same arguments in the same run then returns the first call's result instead of \
-acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed or \
-joined.";
+acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed, joined, or \
+unknown (the call may have taken effect: do not repeat it, check).";
 
 /// How often a call that waits on another owner of its key sends an MCP progress notification.
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
