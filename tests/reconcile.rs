@@ -1,8 +1,10 @@
 //! Automatic reconciliation (`#[tool(reconcile = check)]`, `docs/design.md` §3.1): a tool whose
 //! attempt ended ambiguously, or whose owner died holding the lease, asks the target system
 //! whether the effect happened instead of answering "outcome unknown". Side effects and checks
-//! are counted at the (fake) provider; the clock is tokio's paused clock, so leases end without
-//! waiting.
+//! are counted at the (fake) provider. Every case runs on the in-memory store, with tokio's paused
+//! clock so leases end without waiting, and on each durable store the features enable (SQLite,
+//! PostgreSQL at `IDEM_PG_URL`, Redis at `IDEM_REDIS_URL`), in real time: their takeover of an
+//! expired lease and their refusal of a stale fence are the store's own code.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -145,26 +147,29 @@ fn refund_key(p: &Arc<Provider>, run: &Run) -> (Key, Fingerprint) {
 }
 
 /// An owner that claimed the key and then stopped (its process died, or it paused): its lease
-/// of 1 s runs out without a result. Returns its fence.
+/// of 300 ms runs out without a result. Returns its fence.
 async fn dead_owner(idem: &Idem, key: &Key, fingerprint: &Fingerprint) -> Fence {
     let req = ClaimRequest {
         key,
         fingerprint,
-        lease: Duration::from_secs(1),
+        lease: Duration::from_millis(300),
         on_expired: OnExpired::Unknown,
         origin: Origin { tool: "refund", tenant: "", run: "r" },
     };
     let Claim::Acquired { fence, .. } = idem.store().claim(req).await.unwrap() else {
         panic!("the first claim acquires");
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Durable stores end leases by their server's clock: wait well past it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
     fence
 }
 
-#[tokio::test(start_paused = true)]
-async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it() {
+async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it(
+    idem: Idem,
+    run_id: &str,
+) {
     let p = Provider::with_script(&[Step::EffectThenTimeout]);
-    let run = Idem::in_memory().run("r");
+    let run = idem.run(run_id);
     let (first, served) = refund(&p, &run).await;
     assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
     assert_eq!(served, Some(Served::Reconciled));
@@ -179,10 +184,9 @@ async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_rep
     assert_eq!(p.refunds.lock().unwrap().len(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn not_happened_runs_the_body_exactly_once_more() {
+async fn not_happened_runs_the_body_exactly_once_more(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[Step::TimeoutNoEffect, Step::Ok]);
-    let run = Idem::in_memory().run("r");
+    let run = idem.run(run_id);
     let (first, served) = refund(&p, &run).await;
     assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
     assert_eq!(served, Some(Served::Executed));
@@ -194,10 +198,12 @@ async fn not_happened_runs_the_body_exactly_once_more() {
     assert_eq!((p.runs(), p.checks()), (2, 1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
+async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run(
+    idem: Idem,
+    run_id: &str,
+) {
     let p = Provider::with_script(&[Step::TimeoutNoEffect, Step::TimeoutNoEffect]);
-    let run = Idem::in_memory().run("r");
+    let run = idem.run(run_id);
     let (first, _) = refund(&p, &run).await;
     assert!(matches!(first, Err(Error::Tool { error: RefundError::TimedOut, .. })), "{first:?}");
     assert_eq!((p.runs(), p.checks()), (2, 2));
@@ -209,11 +215,10 @@ async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
     assert_eq!((p.runs(), p.checks()), (3, 2));
 }
 
-#[tokio::test(start_paused = true)]
-async fn unknown_answers_outcome_unknown_as_without_a_check() {
+async fn unknown_answers_outcome_unknown_as_without_a_check(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[Step::EffectThenTimeout]);
     *p.lookup_down.lock().unwrap() = true;
-    let run = Idem::in_memory().run("r");
+    let run = idem.run(run_id);
     let (first, served) = refund(&p, &run).await;
     assert!(matches!(first, Err(Error::OutcomeUnknown { .. })), "{first:?}");
     assert_eq!(served, Some(Served::Unknown));
@@ -226,11 +231,12 @@ async fn unknown_answers_outcome_unknown_as_without_a_check() {
     assert_eq!((p.runs(), p.checks()), (1, 1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted() {
+async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted(
+    idem: Idem,
+    run_id: &str,
+) {
     let p = Provider::with_script(&[]);
-    let idem = Idem::in_memory();
-    let run = idem.run("r");
+    let run = idem.run(run_id);
     let (key, fingerprint) = refund_key(&p, &run);
     let dead = dead_owner(&idem, &key, &fingerprint).await;
     // The dead owner's refund reached the provider before it died.
@@ -251,11 +257,9 @@ async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted() {
     assert_eq!((p.runs(), p.checks()), (0, 1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once() {
+async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[]);
-    let idem = Idem::in_memory();
-    let run = idem.run("r");
+    let run = idem.run(run_id);
     let (key, fingerprint) = refund_key(&p, &run);
     dead_owner(&idem, &key, &fingerprint).await;
 
@@ -268,12 +272,10 @@ async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once() {
     assert_eq!((p.runs(), p.checks()), (1, 1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_dead_owners_unknown_check_answer_stays_unknown() {
+async fn a_dead_owners_unknown_check_answer_stays_unknown(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[]);
     *p.lookup_down.lock().unwrap() = true;
-    let idem = Idem::in_memory();
-    let run = idem.run("r");
+    let run = idem.run(run_id);
     let (key, fingerprint) = refund_key(&p, &run);
     dead_owner(&idem, &key, &fingerprint).await;
 
@@ -286,13 +288,14 @@ async fn a_dead_owners_unknown_check_answer_stays_unknown() {
 /// While the check runs, its caller holds the fence: the dead owner's late completion is
 /// refused, a duplicate waits for the reconciled outcome instead of asking or running, and
 /// exactly one outcome is stored.
-#[tokio::test(start_paused = true)]
-async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win() {
+async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win(
+    idem: Idem,
+    run_id: &str,
+) {
     let p = Provider::with_script(&[]);
     let gate = Arc::new(Notify::new());
     *p.check_gate.lock().unwrap() = Some(Arc::clone(&gate));
-    let idem = Idem::in_memory();
-    let run = idem.run("r");
+    let run = idem.run(run_id);
     let (key, fingerprint) = refund_key(&p, &run);
     let dead = dead_owner(&idem, &key, &fingerprint).await;
     let made = p.make(key.as_str(), 500);
@@ -328,11 +331,9 @@ async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also
 
 /// The other order: the owner completes before anyone takes its lease over; its outcome stands
 /// and the check is not asked.
-#[tokio::test(start_paused = true)]
-async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked() {
+async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[]);
-    let idem = Idem::in_memory();
-    let run = idem.run("r");
+    let run = idem.run(run_id);
     let (key, fingerprint) = refund_key(&p, &run);
     let owner = dead_owner(&idem, &key, &fingerprint).await;
     let done = Outcome::Success(r#"{"id":"re_owner","cents":500}"#.into());
@@ -344,11 +345,10 @@ async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked() {
     assert_eq!((p.runs(), p.checks()), (0, 0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_tool_set_calls_the_reconciling_tool_like_any_other() {
+async fn the_tool_set_calls_the_reconciling_tool_like_any_other(idem: Idem, run_id: &str) {
     let p = Provider::with_script(&[Step::EffectThenTimeout]);
     let set: ToolSet = p.tool_set();
-    let run = Idem::in_memory().run("r");
+    let run = idem.run(run_id);
     let args = serde_json::json!({ "payment": "pay_1", "cents": 500 });
     let result = set.call(&run, "refund", &args).await;
     assert!(!result.is_error, "{result:?}");
@@ -356,6 +356,163 @@ async fn the_tool_set_calls_the_reconciling_tool_like_any_other() {
     let again = set.call(&run, "refund", &args).await;
     assert_eq!(again.text, result.text);
     assert_eq!((p.runs(), p.checks()), (1, 1));
+}
+
+/// A run id of this process and case alone: the durable servers keep records across test runs.
+fn run_id(case: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("reconcile-{case}-{}-{nanos}", std::process::id())
+}
+
+/// One test per case on a durable store: `$open` gives an `Option<Idem>` (`None`: the service is
+/// unreachable outside CI, and the case is skipped), in real time.
+macro_rules! on_durable_store {
+    ($open:path) => {
+        on_durable_store!(@cases $open,
+        happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it,
+        not_happened_runs_the_body_exactly_once_more,
+        not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run,
+        unknown_answers_outcome_unknown_as_without_a_check,
+        a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted,
+        a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once,
+        a_dead_owners_unknown_check_answer_stays_unknown,
+        the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win,
+        an_owner_that_completes_first_wins_and_the_check_is_not_asked,
+        the_tool_set_calls_the_reconciling_tool_like_any_other);
+    };
+    (@cases $open:path, $($case:ident),*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let Some(idem) = $open(stringify!($case)).await else { return };
+                super::$case(idem, &super::run_id(stringify!($case))).await;
+            }
+        )*
+    };
+}
+
+mod memory {
+    use idem_core::Idem;
+
+    #[tokio::test(start_paused = true)]
+    async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it() {
+        super::happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_happened_runs_the_body_exactly_once_more() {
+        super::not_happened_runs_the_body_exactly_once_more(Idem::in_memory(), "r").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
+        super::not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_answers_outcome_unknown_as_without_a_check() {
+        super::unknown_answers_outcome_unknown_as_without_a_check(Idem::in_memory(), "r").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted() {
+        super::a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once() {
+        super::a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_owners_unknown_check_answer_stays_unknown() {
+        super::a_dead_owners_unknown_check_answer_stays_unknown(Idem::in_memory(), "r").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win() {
+        super::the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked() {
+        super::an_owner_that_completes_first_wins_and_the_check_is_not_asked(
+            Idem::in_memory(),
+            "r",
+        )
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tool_set_calls_the_reconciling_tool_like_any_other() {
+        super::the_tool_set_calls_the_reconciling_tool_like_any_other(Idem::in_memory(), "r").await;
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use idem_core::Idem;
+
+    /// A file of this case alone.
+    async fn open(case: &str) -> Option<Idem> {
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("idem-reconcile-{case}-{}.db", std::process::id()));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        Some(Idem::new(idem_core::SqliteStore::open(&path).expect("open the SQLite file")))
+    }
+
+    on_durable_store!(open);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use idem_core::Idem;
+
+    async fn open(_case: &str) -> Option<Idem> {
+        let store = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
+        idem_tests::or_skip("PostgreSQL", store).map(Idem::new)
+    }
+
+    on_durable_store!(open);
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use idem_core::Idem;
+
+    async fn open(_case: &str) -> Option<Idem> {
+        let store = idem_core::RedisStore::builder(idem_tests::redis_url())
+            .prefix(idem_tests::redis_prefix())
+            .open()
+            .await;
+        idem_tests::or_skip("Redis", store).map(Idem::new)
+    }
+
+    on_durable_store!(open);
 }
 
 // A free fn tool and a keyed tool: the check is a free fn.
