@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Stats, Store, StoreError};
 use idem_core::{Classify, Failure, Idem, Key, MemoryStore, Reconciled, RetryBudget, tool};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde::{Deserialize, Serialize};
@@ -191,4 +192,109 @@ fn a_scripted_run_is_counted_exactly() {
     assert_eq!(histograms.get(&step("claim")), Some(&10), "{histograms:?}");
     assert_eq!(histograms.get(&step("complete")), Some(&5), "{histograms:?}");
     assert_eq!(histograms.len(), 2, "no release or renewal in this run: {histograms:?}");
+}
+
+/// A memory store whose counting (`Store::stats`) can be made to fail, as a store that went down.
+struct CountingCanFail {
+    inner: MemoryStore,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Store for CountingCanFail {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        k: &Key,
+        f: Fence,
+        o: &Outcome,
+        t: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(k, f, o, t).await
+    }
+    async fn release(&self, k: &Key, f: Fence) -> Result<(), StoreError> {
+        self.inner.release(k, f).await
+    }
+    async fn renew(&self, k: &Key, f: Fence, l: Duration) -> Result<(), StoreError> {
+        self.inner.renew(k, f, l).await
+    }
+    async fn wait(&self, k: &Key, f: Fence, m: Duration) -> Result<(), StoreError> {
+        self.inner.wait(k, f, m).await
+    }
+    async fn forget(&self, k: &Key) -> Result<bool, StoreError> {
+        self.inner.forget(k).await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("connection refused"));
+        }
+        self.inner.stats().await
+    }
+}
+
+/// `watch_record_gauges` counts at once, then once per period; a failed count sets nothing (the
+/// gauges keep their last values); once aborted it counts no more.
+#[test]
+fn the_gauge_watcher_counts_at_once_then_every_period() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // The gauges (unknown outcomes, expired leases) set since the last read: the debugging
+    // recorder's snapshot takes each gauge's value and leaves 0 in its place. Each step below
+    // changes the store so that a count would set a value other than 0.
+    let gauges = || {
+        let mut out = (f64::NAN, f64::NAN);
+        for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Gauge(v) = value {
+                match composite.key().name() {
+                    "idem_outcomes_unknown" => out.0 = v.into_inner(),
+                    "idem_leases_expired" => out.1 = v.into_inner(),
+                    _ => {}
+                }
+            }
+        }
+        out
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let store = Arc::new(CountingCanFail { inner: MemoryStore::new(), down: false.into() });
+            let run = Idem::builder_shared(store.clone()).build().run("gauges");
+            wire(&run, "acct_1".into()).await.unwrap_err(); // one unknown outcome
+            assert!(gauges().0.is_nan(), "nothing is counted before the watcher starts");
+
+            let period = Duration::from_secs(60);
+            let watcher = idem_core::metrics::watch_record_gauges(store.clone(), period);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(gauges(), (1.0, 0.0), "the first count is at once");
+
+            // A second unknown outcome, and an owner that stops holding its 30 s lease.
+            wire(&run, "acct_2".into()).await.unwrap_err();
+            let key = Key::parse(&"ab".repeat(32)).unwrap();
+            let fp = idem_core::Fingerprint::of_derived_key(&key);
+            idem_tests::acquire(store.as_ref(), &key, &fp).await;
+            tokio::time::sleep(Duration::from_secs(31)).await;
+            assert_eq!(gauges(), (0.0, 0.0), "not counted again before the period ends");
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert_eq!(gauges(), (2.0, 1.0), "counted again after one period");
+
+            store.down.store(true, Ordering::SeqCst);
+            store.inner.forget(&key).await.unwrap();
+            tokio::time::sleep(period).await;
+            assert_eq!(gauges(), (0.0, 0.0), "a failed count sets nothing");
+            store.down.store(false, Ordering::SeqCst);
+            tokio::time::sleep(period).await;
+            assert_eq!(gauges(), (2.0, 0.0), "the next count after the store is back");
+
+            watcher.abort();
+            wire(&run, "acct_3".into()).await.unwrap_err();
+            tokio::time::sleep(period * 3).await;
+            assert_eq!(gauges(), (0.0, 0.0), "an aborted watcher counts no more");
+        })
+    });
 }
