@@ -366,11 +366,12 @@ fn run_id(case: &str) -> String {
     format!("reconcile-{case}-{}-{nanos}", std::process::id())
 }
 
-/// One test per case on a durable store: `$open` gives an `Option<Idem>` (`None`: the service is
-/// unreachable outside CI, and the case is skipped), in real time.
-macro_rules! on_durable_store {
-    ($open:path) => {
-        on_durable_store!(@cases $open,
+/// One test per case on a store: `$open` gives an `Option<Idem>` (`None`: the service is
+/// unreachable outside CI, and the case is skipped); `$test` is the test attribute (the in-memory
+/// store runs on tokio's paused clock, the durable ones in real time).
+macro_rules! on_store {
+    ($test:meta, $open:path) => {
+        on_store!(@cases $test, $open,
         happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it,
         not_happened_runs_the_body_exactly_once_more,
         not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run,
@@ -382,9 +383,9 @@ macro_rules! on_durable_store {
         an_owner_that_completes_first_wins_and_the_check_is_not_asked,
         the_tool_set_calls_the_reconciling_tool_like_any_other);
     };
-    (@cases $open:path, $($case:ident),*) => {
+    (@cases $test:meta, $open:path, $($case:ident),*) => {
         $(
-            #[tokio::test]
+            #[$test]
             async fn $case() {
                 let Some(idem) = $open(stringify!($case)).await else { return };
                 super::$case(idem, &super::run_id(stringify!($case))).await;
@@ -396,79 +397,11 @@ macro_rules! on_durable_store {
 mod memory {
     use idem_core::Idem;
 
-    #[tokio::test(start_paused = true)]
-    async fn happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it() {
-        super::happened_after_an_ambiguous_failure_stores_the_providers_output_and_replays_it(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
+    async fn open(_case: &str) -> Option<Idem> {
+        Some(Idem::in_memory())
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn not_happened_runs_the_body_exactly_once_more() {
-        super::not_happened_runs_the_body_exactly_once_more(Idem::in_memory(), "r").await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run() {
-        super::not_happened_twice_in_one_call_frees_the_key_instead_of_a_third_run(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn unknown_answers_outcome_unknown_as_without_a_check() {
-        super::unknown_answers_outcome_unknown_as_without_a_check(Idem::in_memory(), "r").await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted() {
-        super::a_dead_owners_expired_lease_is_taken_over_and_the_check_consulted(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once() {
-        super::a_dead_owners_effect_that_did_not_happen_runs_now_exactly_once(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_dead_owners_unknown_check_answer_stays_unknown() {
-        super::a_dead_owners_unknown_check_answer_stays_unknown(Idem::in_memory(), "r").await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win() {
-        super::the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_owner_that_completes_first_wins_and_the_check_is_not_asked() {
-        super::an_owner_that_completes_first_wins_and_the_check_is_not_asked(
-            Idem::in_memory(),
-            "r",
-        )
-        .await;
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_tool_set_calls_the_reconciling_tool_like_any_other() {
-        super::the_tool_set_calls_the_reconciling_tool_like_any_other(Idem::in_memory(), "r").await;
-    }
+    on_store!(tokio::test(start_paused = true), open);
 }
 
 #[cfg(feature = "sqlite")]
@@ -485,7 +418,7 @@ mod sqlite {
         Some(Idem::new(idem_core::SqliteStore::open(&path).expect("open the SQLite file")))
     }
 
-    on_durable_store!(open);
+    on_store!(tokio::test, open);
 }
 
 #[cfg(feature = "postgres")]
@@ -497,7 +430,7 @@ mod postgres {
         idem_tests::or_skip("PostgreSQL", store).map(Idem::new)
     }
 
-    on_durable_store!(open);
+    on_store!(tokio::test, open);
 }
 
 #[cfg(feature = "redis")]
@@ -512,7 +445,7 @@ mod redis {
         idem_tests::or_skip("Redis", store).map(Idem::new)
     }
 
-    on_durable_store!(open);
+    on_store!(tokio::test, open);
 }
 
 // A free fn tool and a keyed tool: the check is a free fn.
