@@ -17,6 +17,10 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
+#[path = "shared/json_values.rs"]
+mod json_values;
+use json_values::json_value;
+
 /// The arguments of a typical tool, as a model would send them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 struct Charge {
@@ -306,26 +310,6 @@ async fn a_nan_argument_is_invalid_and_the_tool_never_runs() {
 }
 
 // ---- Properties. ----
-
-/// JSON values: objects, arrays, strings (any Unicode, controls included), integers over the
-/// whole i64/u64 range and finite floats.
-fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
-        "\\PC{0,8}|[\\x00-\\x1f\"\\\\]{0,4}".prop_map(Value::String),
-    ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map("\\PC{0,6}", inner, 0..6)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
-}
 
 /// Equality of JSON data: numbers compare by value (`4900` and `4900.0` are one number, as in
 /// RFC 8785), everything else structurally.

@@ -16,6 +16,10 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
+#[path = "shared/json_values.rs"]
+mod json_values;
+use json_values::json_value;
+
 /// The output each case's tool returns, and how often each case's tool ran.
 static OUTPUTS: Mutex<BTreeMap<u64, Value>> = Mutex::new(BTreeMap::new());
 static RUNS: Mutex<BTreeMap<u64, u32>> = Mutex::new(BTreeMap::new());
@@ -55,34 +59,12 @@ fn first_then_replay(value: Value, may_refuse: bool) {
     assert_eq!(RUNS.lock().unwrap()[&case], 1, "ran once");
 }
 
-fn json() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
-        prop_oneof![Just(-0.0f64), Just(5e-324), Just(1e21), Just(f64::MAX), Just(0.1)]
-            .prop_map(Value::from),
-        any::<String>().prop_map(Value::from),
-        "[\\x00-\\x20\"\\\\\\u{7f}\\u{2028}\\u{2029}\\u{fffe}\\u{10ffff}a]{0,12}"
-            .prop_map(Value::from),
-    ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::vec((any::<String>(), inner), 0..6)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-        ]
-    })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Every `serde_json::Value` (finite numbers, any strings) replays byte for byte.
     #[test]
-    fn any_json_value_replays_byte_for_byte(value in json()) {
+    fn any_json_value_replays_byte_for_byte(value in json_value()) {
         first_then_replay(value, false);
     }
 }
