@@ -330,3 +330,49 @@ async fn redis() {
     };
     workflow(&url, store, "redis").await;
 }
+
+/// A listing of more than one page (500 records) reports its progress on stderr when stderr is a
+/// terminal (run under `script`, which gives the command a pseudo-terminal), ending the line
+/// before the table; without a terminal it prints no progress, so scripts read only the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_several_pages_shows_progress_on_a_terminal_only() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-progress-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let run = Idem::builder_shared(store).build().run("progress");
+    for n in 0..600 {
+        refund(&run, format!("progress-{n}")).await.expect("refund");
+    }
+
+    let plain = idem(&url, &["list", "--run", "progress", "--limit", "1000"]);
+    assert_eq!(code(&plain), 0);
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(!stderr.contains("scanned"), "no progress without a terminal: {stderr}");
+    let rows =
+        String::from_utf8_lossy(&plain.stdout).lines().filter(|l| l.contains(" progress ")).count();
+    assert_eq!(rows, 600, "every record listed");
+
+    let command =
+        format!("{} --store {url} list --run progress --limit 1000", env!("CARGO_BIN_EXE_idem"));
+    let tty = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem under script (util-linux)");
+    assert_eq!(code(&tty), 0, "{}", String::from_utf8_lossy(&tty.stderr));
+    let screen = String::from_utf8_lossy(&tty.stdout);
+    let progress = screen.find("\rscanned ").unwrap_or_else(|| panic!("no progress: {screen}"));
+    let line_end = progress + screen[progress..].find('\n').expect("the progress line ends");
+    assert!(
+        screen[progress..line_end].trim_end().ends_with("500 selected..."),
+        "after the first page: {:?}",
+        &screen[progress..line_end]
+    );
+    let header = screen.find("STATE").expect("the table follows");
+    assert!(header > line_end, "the table starts on a line of its own: {screen}");
+    assert_eq!(screen.lines().filter(|l| l.contains(" progress ")).count(), 600);
+}
