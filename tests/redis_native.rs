@@ -126,3 +126,70 @@ async fn a_replay_and_a_mismatch_come_from_the_same_command() {
     }
     assert_eq!(store.claim(claim_req(&key, &other)).await.expect("mismatch"), Claim::Mismatch);
 }
+
+/// A completion writes the record done under its fence with the outcome, when it completed (on
+/// the server's clock) and the claim's origin, expiring after the retention, and leaves the fence
+/// in the counter for the retention plus the grace; a completion under a fence that is not the
+/// record's changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_writes_the_record_and_the_counter() {
+    let Some(store) = warm_store().await else { return };
+    let (key, fp) = fresh_key("native_complete", "{}");
+    let origin = idem_core::store::Origin { tool: "charge|card", tenant: "t,1", run: "r%2" };
+    let req = idem_core::store::ClaimRequest { origin, ..claim_req(&key, &fp) };
+    let Ok(Claim::Acquired { fence, .. }) = store.claim(req).await else {
+        panic!("a fresh key must be acquired")
+    };
+    let raw = raw().await;
+    let mut clock = raw.clone();
+    let get = |name: String| {
+        let mut raw = raw.clone();
+        async move {
+            let v: Option<String> =
+                redis::cmd("GET").arg(name).query_async(&mut raw).await.unwrap();
+            v
+        }
+    };
+    let in_flight = get(store.record_key(&key)).await.expect("in flight");
+    let stale = idem_core::store::Fence(fence.0 + 1);
+    let ok = Outcome::Success("{\"id\":\"a|b\"}".into());
+    let retention = Duration::from_secs(600);
+    assert!(matches!(
+        store.complete(&key, stale, &ok, retention).await,
+        Err(idem_core::store::StoreError::LeaseLost)
+    ));
+    assert_eq!(get(store.record_key(&key)).await.as_deref(), Some(in_flight.as_str()));
+    assert_eq!(get(store.fence_key(&key)).await, None);
+
+    let before = server_ms(&mut clock).await;
+    store.complete(&key, fence, &ok, retention).await.expect("complete");
+    let after = server_ms(&mut clock).await;
+    let done = get(store.record_key(&key)).await.expect("completed");
+    let fields: Vec<&str> = done.splitn(10, '|').collect();
+    let fence_text = fence.0.to_string();
+    assert_eq!(fields[..7], ["3", "d", fence_text.as_str(), "0", "", fp.as_str(), "s"], "{done}");
+    let since: u64 = fields[7].parse().expect("since");
+    assert!((before..=after).contains(&since), "since {since} outside {before}..={after}");
+    // The origin as the claim stored it, escaped.
+    assert_eq!(fields[8], in_flight.split('|').nth(8).unwrap());
+    assert_eq!(fields[8], "ocharge%7Ccard,t%2C1,r%252");
+    assert_eq!(fields[9], "{\"id\":\"a|b\"}");
+    assert_eq!(get(store.fence_key(&key)).await, Some(fence_text));
+    let pttl = |name: String| {
+        let mut raw = raw.clone();
+        async move {
+            let t: i64 = redis::cmd("PTTL").arg(name).query_async(&mut raw).await.unwrap();
+            u64::try_from(t).expect("an expiry")
+        }
+    };
+    let (kept, counter) = (pttl(store.record_key(&key)).await, pttl(store.fence_key(&key)).await);
+    let retention_ms = 600_000;
+    assert!(kept <= retention_ms && kept > retention_ms - 10_000, "record PTTL {kept}");
+    let grace = u64::try_from(idem_core::store::redis::FENCE_COUNTER_GRACE.as_millis()).unwrap();
+    let expected = retention_ms + grace;
+    assert!(counter <= expected && counter > expected - 10_000, "counter PTTL {counter}");
+    assert_eq!(
+        store.claim(claim_req(&key, &fp)).await.expect("replay"),
+        Claim::Completed(Record { fingerprint: fp, outcome: ok })
+    );
+}

@@ -10,7 +10,8 @@
 //! and then written from the client. Scripts are sent with EVALSHA and loaded on the first
 //! `NOSCRIPT` answer. Redis runs one script at a time and each command a script makes costs it
 //! microseconds, so the scripts make few: a claim `GET`, `TIME`, `GET`, `SET`; a complete `GET`,
-//! `SET`, `SET`. Claims are scripts only on a Redis Cluster (each master has its own clock), with
+//! `TIME`, `SET`, `SET`, its common case (the owner's record in flight) answered before the
+//! script's shared helpers are even set up. Claims are scripts only on a Redis Cluster (each master has its own clock), with
 //! a replica wait (the claim's `WAIT` goes with its script), with
 //! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
 //! `GET`).

@@ -153,6 +153,28 @@ if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'take
 return {'takeover', f}
 "#;
 
+// The common completion, before the prelude: this version's record in flight under the fence,
+// kept for a while. It writes what the full path below would, matched by the same header
+// pattern, without the prelude's setup and helper calls (15% of the full script's instructions
+// on Redis 7.0). Anything else (a resend finding the record done or gone, a lost lease, a
+// version 1 or 2 record, no retention) goes on to the full path. `{V}` is the schema version.
+const COMPLETE_COMMON: &str = r#"
+if type(v) == 'string' and ARGV[4] ~= '0' then
+  local fence, w, fp, origin = string.match(v,
+    '^{V}|f|(%d+)|([01])|%d*|([0-9a-f]+)|[^|]*|%d*|([^|]*)|')
+  if fence == ARGV[1] and #fp == 64 then
+    if redis.replicate_commands then redis.replicate_commands() end
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[1], V .. '|d|' .. fence .. '|0||' .. fp .. '|' .. ARGV[2] .. '|'
+      .. t[1] .. string.format('%03d', math.floor(t[2] / 1000)) .. '|' .. origin .. '|' .. ARGV[3],
+      'PX', ARGV[4])
+    redis.call('SET', KEYS[2], fence, 'PX', string.format('%d', ARGV[4] + ARGV[5]))
+    if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
+    return 1
+  end
+end
+"#;
+
 // KEYS: rec, fence counter. ARGV: fence, kind (s|f|u), payload, ttl ms, counter grace ms, resend
 // (1|0). On a resend, a record completed under the fence was completed by the first send (only
 // the fence's holder completes, and no two owners share a fence), and a record gone with the
@@ -312,7 +334,7 @@ impl Scripts {
         };
         Scripts {
             claim: script(REPLAY, CLAIM),
-            complete: script("", COMPLETE),
+            complete: script(&COMPLETE_COMMON.replace("{V}", SCHEMA_VERSION), COMPLETE),
             release: script("", RELEASE),
             release_owned: script("", RELEASE_OWNED),
             renew: script("", RENEW),
