@@ -137,6 +137,10 @@ pub(super) async fn pg_subject(
     admin.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).await.expect("schema");
     let mut config = base.clone();
     config.options(format!("-c search_path={schema}"));
+    // Plaintext, as the raw connections (`NoTls`): with the `postgres-tls` feature the store
+    // would otherwise take the TLS the server offers (`sslmode=prefer`) and pay for it against
+    // plaintext baselines. The rounds over TLS are separate (`stores/tls.rs`).
+    config.ssl_mode(tokio_postgres::config::SslMode::Disable);
     let store = PostgresStore::connect_with(
         config.clone(),
         idem_core::store::postgres::DEFAULT_CONNECTIONS,
