@@ -455,3 +455,75 @@ async fn assert_tampered_rows_are_incompatible(cases: &[&str]) {
         wrong.join("\n")
     );
 }
+
+/// Index scans of `index` in `schema` so far (as the statistics collector has them).
+async fn index_scans(admin: &tokio_postgres::Client, schema: &str, index: &str) -> i64 {
+    let row = admin
+        .query_one(
+            "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes \
+             WHERE schemaname = $1 AND indexrelname = $2",
+            &[&schema, &index],
+        )
+        .await
+        .expect("index statistics");
+    row.get(0)
+}
+
+/// The steps that find a record by key and fence (complete, release, renew, wait) must read it
+/// by the primary key. With `state = 0` among their conditions the planner preferred the listing
+/// index `(state, kind, key)`, whose only usable condition is then `state = 0`: each of them
+/// scanned every in-flight entry of that index, and the entries completed records leave behind
+/// until a vacuum, so every first call cost more the more first calls had run before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_by_key_and_fence_read_the_primary_key() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("bykey").await;
+    // One connection: its statistics reach the collector together, at the latest when it closes.
+    let store = PostgresStore::connect_with(config, 1).await.expect("create");
+    let done = Outcome::Success("{}".into());
+    // What a store that has run a while holds: completed records, a few in flight.
+    for i in 0..300 {
+        let (key, fp) = fresh_key("bykey-seed", &i.to_string());
+        let fence = acquire(&store, &key, &fp).await;
+        if i % 50 != 0 {
+            store.complete(&key, fence, &done, LONG).await.expect("complete");
+        }
+    }
+    admin.batch_execute(&format!("ANALYZE {schema}.idem_records")).await.expect("analyze");
+    let scans = || async {
+        let pkey = index_scans(&admin, &schema, "idem_records_pkey").await;
+        (pkey, index_scans(&admin, &schema, "idem_records_state").await)
+    };
+    let (pkey_before, state_before) = scans().await;
+    for i in 0..20 {
+        let (key, fp) = fresh_key("bykey", &i.to_string());
+        let fence = acquire(&store, &key, &fp).await;
+        store.renew(&key, fence, LONG).await.expect("renew");
+        // Marks the holder as waited on, then polls it, until the deadline.
+        store.wait(&key, fence, Duration::from_millis(5)).await.expect("wait");
+        if i % 2 == 0 {
+            store.complete(&key, fence, &done, LONG).await.expect("complete");
+        } else {
+            store.release(&key, fence).await.expect("release");
+        }
+    }
+    drop(store);
+    // The closed connection's statistics arrive a moment later: at least a claim, a renewal, a
+    // wait and a completion or release each, through one index or the other.
+    let (mut pkey, mut state) = (pkey_before, state_before);
+    for _ in 0..100 {
+        (pkey, state) = scans().await;
+        if pkey + state >= pkey_before + state_before + 80 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop_schema(&admin, &schema).await;
+    assert!(
+        pkey + state >= pkey_before + state_before + 80,
+        "the steps' statistics never arrived ({pkey} + {state})"
+    );
+    assert_eq!(state - state_before, 0, "steps by key and fence scanned the listing index");
+}

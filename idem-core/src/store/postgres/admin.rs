@@ -26,9 +26,11 @@ const COLUMNS: &str = "key, fingerprint, fence, state, \
 /// Not past retention.
 const LIVE: &str = "NOT (state = 1 AND expires_at <= now())";
 
-/// Resolvable under the fence `$2`: outcome unknown, or a lease that ended.
+/// Resolvable under the fence `$2`: outcome unknown, or a lease that ended. `state + 0`: found
+/// by the primary key, not the listing index (see `conn.rs`).
 const RESOLVABLE: &str = "key = $1 AND fence = $2 AND (
-    (state = 0 AND lease_until <= now()) OR (state = 1 AND kind = 3 AND expires_at > now()))";
+    (state + 0 = 0 AND lease_until <= now())
+    OR (state + 0 = 1 AND kind = 3 AND expires_at > now()))";
 
 fn info(r: &Row) -> Result<RecordInfo, StoreError> {
     let bad = |what: String| StoreError::Incompatible(format!("a PostgreSQL record {what}"));

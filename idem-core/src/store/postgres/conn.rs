@@ -1,5 +1,11 @@
 //! One connection of the PostgreSQL store, checked out of its pool for one store step, with the
 //! store's statements (their SQL is here), prepared or unnamed.
+//!
+//! The steps that find a record by key and fence or owner write their state test as
+//! `state + 0 = ..`: with a plain `state = 0` the planner takes the listing index
+//! `(state, kind, key)` over the primary key (both look like one row), and there `state = 0` is
+//! the only condition that narrows the scan, so each step read every in-flight entry of that
+//! index, and every entry a completed record leaves behind until the next vacuum.
 
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
@@ -30,42 +36,43 @@ WITH u AS (
     UPDATE idem_records
     SET state = 1, lease_until = NULL, kind = $4, payload = $5, since = now(),
         expires_at = now() + $3 * interval '1 millisecond'
-    WHERE key = $1 AND fence = $2 AND state = 0
+    WHERE key = $1 AND fence = $2 AND state + 0 = 0
     RETURNING key, waited
 )
 SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM u";
 
 const RELEASE: &str = "
 WITH d AS (
-    DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state = 0 RETURNING key, waited
+    DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state + 0 = 0 RETURNING key, waited
 )
 SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
 
 /// A resent completion that changed nothing: was the record completed under the fence (by the
 /// first send)?
-const COMPLETED: &str = "SELECT 1 FROM idem_records WHERE key = $1 AND fence = $2 AND state = 1";
+const COMPLETED: &str =
+    "SELECT 1 FROM idem_records WHERE key = $1 AND fence = $2 AND state + 0 = 1";
 
 /// A claim that gave up releases the record it may have created, by owner token.
 const RELEASE_OWNED: &str = "
 WITH d AS (
-    DELETE FROM idem_records WHERE key = $1 AND owner = $2 AND state = 0 RETURNING key, waited
+    DELETE FROM idem_records WHERE key = $1 AND owner = $2 AND state + 0 = 0 RETURNING key, waited
 )
 SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
 
 const RENEW: &str = "
 UPDATE idem_records SET lease_until = now() + $3 * interval '1 millisecond'
-WHERE key = $1 AND fence = $2 AND state = 0";
+WHERE key = $1 AND fence = $2 AND state + 0 = 0";
 
 /// Marks the holder as waited on, if still in flight under the fence with a live lease; returns
 /// the lease remaining (ms).
 const MARK_WAITED: &str = "
 UPDATE idem_records SET waited = true
-WHERE key = $1 AND fence = $2 AND state = 0 AND lease_until > now()
+WHERE key = $1 AND fence = $2 AND state + 0 = 0 AND lease_until > now()
 RETURNING (extract(epoch FROM lease_until - now()) * 1000)::bigint";
 
 const HELD: &str = "
 SELECT (extract(epoch FROM lease_until - now()) * 1000)::bigint FROM idem_records
-WHERE key = $1 AND fence = $2 AND state = 0 AND lease_until > now()";
+WHERE key = $1 AND fence = $2 AND state + 0 = 0 AND lease_until > now()";
 
 const FORGET: &str = "
 WITH d AS (DELETE FROM idem_records WHERE key = $1 RETURNING key)
