@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
@@ -102,7 +103,7 @@ const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 
 struct Inner {
-    conn: Mutex<Connection>,
+    conn: Mutex<Conn>,
     /// Woken by this store's completions, releases and forgets (other processes: polling).
     changed: Notify,
     sweeps: SweepClock,
@@ -175,7 +176,7 @@ impl SqliteStore {
         init_schema(&mut conn)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                conn: Mutex::new(conn),
+                conn: Mutex::new(Conn { conn, waits: true }),
                 changed: Notify::new(),
                 sweeps: SweepClock::new(),
             }),
@@ -195,7 +196,7 @@ impl SqliteStore {
         f: impl FnOnce(&mut Connection) -> Result<T, SqlError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
-        let joined = tokio::task::spawn_blocking(move || f(&mut inner.lock())).await;
+        let joined = tokio::task::spawn_blocking(move || f(inner.lock().waiting()?)).await;
         match joined {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(e.into()),
@@ -205,8 +206,37 @@ impl SqliteStore {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    fn lock(&self) -> MutexGuard<'_, Conn> {
         crate::sync::lock(&self.conn)
+    }
+}
+
+/// The store's connection and which busy timeout it has: [`BUSY_TIMEOUT`] for the blocking
+/// calls, 0 for the inline read (see [`SqliteStore::try_answer_inline`]). Switched only when
+/// the other kind of call used it last, so a run of replays makes no call to set it.
+struct Conn {
+    conn: Connection,
+    /// Whether the busy timeout is [`BUSY_TIMEOUT`] (else 0).
+    waits: bool,
+}
+
+impl Conn {
+    /// For a blocking call: statements wait up to [`BUSY_TIMEOUT`] for another process's lock.
+    fn waiting(&mut self) -> Result<&mut Connection, SqlError> {
+        if !self.waits {
+            self.conn.busy_timeout(BUSY_TIMEOUT)?;
+            self.waits = true;
+        }
+        Ok(&mut self.conn)
+    }
+
+    /// For the inline read on the calling thread: statements never wait for a lock.
+    fn not_waiting(&mut self) -> Result<&Connection, SqlError> {
+        if self.waits {
+            self.conn.busy_timeout(Duration::ZERO)?;
+            self.waits = false;
+        }
+        Ok(&self.conn)
     }
 }
 
@@ -259,6 +289,10 @@ fn decode(key: &Key, kind: Option<i64>, payload: Option<String>) -> Result<Outco
     })
 }
 
+/// The columns of a record a claim's answer needs: `fence` and `lease_until` are read only for
+/// a record in flight (else 0 and `None`), `expires_at`, `kind` and `payload` only for a
+/// completed one (else `None`); each column read costs a replay about as much as SQLite's
+/// stepping over it.
 struct Row {
     /// Whether the row's fingerprint is the claim's (compared in place: no copy of it).
     same: bool,
@@ -274,19 +308,36 @@ fn read_row(conn: &Connection, key: &Key, fp: &Fingerprint) -> Result<Option<Row
     Ok(conn
         .prepare_cached(READ)?
         .query_row(params![key.as_str()], |r| {
-            let stored = r.get_ref(0)?;
-            let stored = stored.as_str().map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(0, stored.data_type(), Box::new(e))
-            })?;
-            Ok(Row {
-                same: stored == fp.as_str(),
-                fence: r.get(1)?,
-                state: r.get(2)?,
-                lease_until: r.get(3)?,
-                expires_at: r.get(4)?,
-                kind: r.get(5)?,
-                payload: r.get(6)?,
-            })
+            // Bytes, not `str`: a fingerprint is ASCII, so no UTF-8 check is needed to compare.
+            let same = match r.get_ref(0)? {
+                ValueRef::Text(stored) => stored == fp.as_str().as_bytes(),
+                other => {
+                    return Err(rusqlite::Error::InvalidColumnType(
+                        0,
+                        "fingerprint".into(),
+                        other.data_type(),
+                    ));
+                }
+            };
+            let state = r.get(2)?;
+            let mut row = Row {
+                same,
+                fence: 0,
+                state,
+                lease_until: None,
+                expires_at: None,
+                kind: None,
+                payload: None,
+            };
+            if state == 1 {
+                row.expires_at = r.get(4)?;
+                row.kind = r.get(5)?;
+                row.payload = r.get(6)?;
+            } else {
+                row.fence = r.get(1)?;
+                row.lease_until = r.get(3)?;
+            }
+            Ok(row)
         })
         .optional()?)
 }
@@ -405,7 +456,14 @@ impl Store for SqliteStore {
         let (answer, answered) = tokio::sync::oneshot::channel();
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            let conn = &mut *inner.lock();
+            let mut guard = inner.lock();
+            let conn = match guard.waiting() {
+                Ok(conn) => conn,
+                Err(e) => {
+                    let _ = answer.send(Err(e));
+                    return;
+                }
+            };
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
             let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now, read);
@@ -566,15 +624,11 @@ impl SqliteStore {
             },
             Err(_) => Inline::Busy,
         };
-        let Ok(conn) = self.inner.conn.try_lock() else { return Inline::Busy };
-        if conn.busy_timeout(Duration::ZERO).is_err() {
-            return Inline::Busy;
+        let Ok(mut guard) = self.inner.conn.try_lock() else { return Inline::Busy };
+        match guard.not_waiting() {
+            Ok(conn) => answer_from(conn),
+            Err(_) => Inline::Busy,
         }
-        let answered = answer_from(&conn);
-        if conn.busy_timeout(BUSY_TIMEOUT).is_err() {
-            return Inline::Busy;
-        }
-        answered
     }
 
     fn changed_or_lost(&self, changed: usize) -> Result<(), StoreError> {

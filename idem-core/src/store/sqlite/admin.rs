@@ -223,7 +223,7 @@ mod tests {
             ),
         ];
         for (q, index) in cases {
-            let plan = plan(&conn, &q);
+            let plan = plan(&conn.conn, &q);
             assert!(plan.contains(&format!("USING INDEX {index}")), "{q:?}: {plan}");
         }
     }
