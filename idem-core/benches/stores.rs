@@ -531,8 +531,13 @@ fn profile_one(s: &Settings, scope: &Scope, profile: &str, rt: &tokio::runtime::
         };
         let subject = Arc::new(subject);
         subject.seed().await;
-        throughput(&subject, op, CALLERS, Duration::from_millis(200)).await;
-        let v = throughput(&subject, op, CALLERS, s.tput).await;
+        // IDEM_BENCH_PROFILE_CALLERS: 1 for the cost of one call alone (callgrind), else 32.
+        let callers = std::env::var("IDEM_BENCH_PROFILE_CALLERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CALLERS);
+        throughput(&subject, op, callers, Duration::from_millis(200)).await;
+        let v = throughput(&subject, op, callers, s.tput).await;
         println!("{name} {}: {v:.0} calls/s", op.label());
         cleanup(s).await;
     });
