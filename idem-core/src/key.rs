@@ -51,6 +51,27 @@ impl Hex64 {
         // Only ASCII hex digits are ever stored.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
+    /// The 32 bytes the digits spell.
+    fn digest(&self) -> [u8; 32] {
+        // Only lowercase hex digits are ever stored: '0'..='9' is 0x30..=0x39, 'a'..='f' is
+        // 0x61..=0x66, so a digit's value is its low nibble, plus 9 for a letter (bit 6 set).
+        // Eight digits at a time, as the bytes of a u64 (the first digit in the low byte).
+        const LOW: u64 = 0x0f0f_0f0f_0f0f_0f0f;
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        let mut out = [0u8; 32];
+        for (four, eight) in out.chunks_exact_mut(4).zip(self.0.chunks_exact(8)) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(eight);
+            let digits = u64::from_le_bytes(word);
+            let values = (digits & LOW) + 9 * ((digits >> 6) & ONES);
+            // Byte 2i becomes (value 2i << 4) | value 2i+1; the odd bytes are dropped.
+            let pairs = ((values << 4) | (values >> 8)) & 0x00ff_00ff_00ff_00ff;
+            let pairs = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
+            let pairs = (pairs | (pairs >> 16)) & 0xffff_ffff;
+            four.copy_from_slice(&pairs.to_le_bytes()[..4]);
+        }
+        out
+    }
 }
 
 #[cold]
@@ -69,6 +90,14 @@ impl Key {
     /// Parses 64 lowercase hex digits (as stored); `None` for anything else.
     pub fn parse(s: &str) -> Option<Self> {
         Hex64::parse(s).map(Key)
+    }
+    /// The SHA-256 digest the key's digits spell (half their size, for the in-memory store).
+    pub(crate) fn digest(&self) -> [u8; 32] {
+        self.0.digest()
+    }
+    /// The key whose digits spell `digest`.
+    pub(crate) fn from_digest(digest: &[u8; 32]) -> Self {
+        Key(Hex64::from_digest(digest))
     }
 }
 
@@ -180,4 +209,22 @@ pub fn caller_key(scope: &Scope, tool: &str, caller_key: &str) -> Key {
 /// frame(canonical_args))`.
 pub fn fingerprint(canonical_args: &[u8]) -> Fingerprint {
     Fingerprint(framed(FINGERPRINT_TAG, &[canonical_args]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keys_digest_spells_its_digits() {
+        for n in 0..64u64 {
+            let key = derive_key(&Scope::run("r"), "t", &n.to_be_bytes());
+            let digest = key.digest();
+            assert_eq!(hex::encode(digest), key.as_str());
+            assert_eq!(Key::from_digest(&digest), key);
+        }
+        let every_digit = "0123456789abcdef".repeat(4);
+        let key = Key::parse(&every_digit).expect("hex");
+        assert_eq!(hex::encode(key.digest()), every_digit);
+    }
 }

@@ -54,10 +54,13 @@ enum Stop {
 
 impl<T: Tool> Call<'_, T> {
     /// The attempts loop, holding `fence` (or none for a safe tool that does not use the store).
+    /// `started`: a clock reading taken with nothing awaited since, which times the first attempt
+    /// (one clock read fewer; the attempt's timeout counts from a moment before it started).
     pub(super) async fn attempts(
         &self,
         args: T::Args,
         fence: Option<Fence>,
+        mut started: Option<Instant>,
     ) -> Result<T::Output, Error<T::Error>> {
         let budget = &self.inner.budget;
         // A reconciling tool keeps the arguments for its check, after the last attempt too.
@@ -70,7 +73,7 @@ impl<T: Tool> Call<'_, T> {
         loop {
             attempt += 1;
             self.span.record("idem.attempt", attempt);
-            let started = Instant::now();
+            let started = started.take().unwrap_or_else(Instant::now);
             if started >= self.deadline {
                 // Waiting for a duplicate used the time up to the deadline: starting an attempt that would
                 // time out at once would only make its outcome ambiguous.
@@ -208,7 +211,7 @@ impl<T: Tool> Call<'_, T> {
                     let ttl = self.policy.failure_ttl;
                     // Not stored (store down, lease lost): the caller still gets the tool's
                     // answer; the claim ends with its lease.
-                    if let Err(e) = self.store_outcome(fence, &outcome, ttl).await {
+                    if let Err(e) = self.store(fence, outcome, ttl).await {
                         tracing::warn!(error = %Chain(&e), "permanent failure not stored");
                     }
                 }
@@ -227,7 +230,7 @@ impl<T: Tool> Call<'_, T> {
             // would let the tool run a second time. If the store cannot take it, the claim stays
             // in flight and reads as unknown once its lease ends: either way the honest answer is
             // "unknown", never "not executed".
-            if let Err(e) = self.store_outcome(fence, &Outcome::Unknown, FOREVER).await {
+            if let Err(e) = self.store(fence, Outcome::Unknown, FOREVER).await {
                 tracing::warn!(error = %Chain(&e), "unknown outcome not stored");
             }
         }
@@ -263,7 +266,7 @@ impl<T: Tool> Call<'_, T> {
             let error = self.not_storable(too_deep);
             if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
                 let outcome = Outcome::NotStorable(reason.clone());
-                if let Err(e) = self.store_outcome(fence, &outcome, self.policy.ttl).await {
+                if let Err(e) = self.store(fence, outcome, self.policy.ttl).await {
                     tracing::warn!(error = %Chain(&e), "outcome not stored");
                 }
             }
@@ -285,18 +288,19 @@ impl<T: Tool> Call<'_, T> {
             // and every later caller hears it. This caller has the real output.
             Err(why) => Outcome::NotStorable(not_storable_reason(&why)),
         };
+        let success = matches!(outcome, Outcome::Success(_));
         let checked = || {
-            if matches!(outcome, Outcome::Success(_)) {
+            if success {
                 self.served.set_output_checked();
             }
         };
-        match self.store_outcome(fence, &outcome, self.policy.ttl).await {
+        match self.store_outcome(fence, outcome, self.policy.ttl).await {
             Ok(()) => {
                 checked();
                 Ok(output)
             }
-            Err(Error::LeaseLost { .. }) => self.after_lease_lost(output, outcome).await,
-            Err(e) => {
+            Err((Error::LeaseLost { .. }, outcome)) => self.after_lease_lost(output, outcome).await,
+            Err((e, _)) => {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
                 // repeat answers OutcomeUnknown: nothing runs twice unprotected.
@@ -330,10 +334,10 @@ impl<T: Tool> Call<'_, T> {
             // Only an operator's `forget` takes a never tool's lease: do not guess.
             return Err(lost());
         }
-        match self.acquire(OnExpired::TakeOver).await {
+        match self.acquire(OnExpired::TakeOver, false).await {
             Ok(Owned::Answer(answer)) => answer,
             Ok(Owned::Fence { fence, .. }) => {
-                self.store_outcome(fence, &outcome, self.policy.ttl).await.map(|()| output)
+                self.store(fence, outcome, self.policy.ttl).await.map(|()| output)
             }
             Err(_) => Err(lost()),
         }

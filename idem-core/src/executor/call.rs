@@ -30,6 +30,8 @@ pub(super) struct Call<'a, T: Tool> {
     /// Stored with the record (its origin) for listing.
     pub(super) scope: Arc<Scope>,
     pub(super) policy: Policy,
+    /// When the call started (the deadline counts from it).
+    pub(super) started: Instant,
     pub(super) deadline: Instant,
     pub(super) span: tracing::Span,
     pub(super) served: ServedSlot,
@@ -164,7 +166,7 @@ impl<T: Tool> Call<'_, T> {
     async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
         if !self.uses_store() {
             self.outcome(Served::Executed);
-            return self.attempts(args, None).await;
+            return self.attempts(args, None, None).await;
         }
         // A never tool with a check takes a dead owner's expired lease over, to ask the check
         // under its own fence; without one, the record stays as it is and reads as unknown.
@@ -172,12 +174,15 @@ impl<T: Tool> Call<'_, T> {
             RetryClass::Never if !self.tool.reconciles() => OnExpired::Unknown,
             _ => OnExpired::TakeOver,
         };
-        match self.acquire(on_expired).await {
-            Ok(Owned::Fence { fence, takeover }) => {
+        match self.acquire(on_expired, true).await {
+            Ok(Owned::Fence { fence, takeover, at_start }) => {
                 // Taken over: a previous owner's lease ended without a result, so its attempt
                 // may have had an effect that this run repeats (with the same key).
                 self.outcome(if takeover { Served::TakenOver } else { Served::Executed });
+                // The first attempt is timed from the call's start when nothing waited since.
+                let mut started = at_start.then_some(self.started);
                 if takeover && self.tool.reconciles() {
+                    started = None;
                     match self.ask_check(fence, &args).await {
                         Reconciled::Happened(output) => return self.happened(fence, output).await,
                         Reconciled::NotHappened => {}
@@ -189,13 +194,13 @@ impl<T: Tool> Call<'_, T> {
                         Reconciled::Unknown => {}
                     }
                 }
-                self.attempts(args, Some(fence)).await
+                self.attempts(args, Some(fence), started).await
             }
             Ok(Owned::Answer(answer)) => answer,
             Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
                 tracing::warn!(error = %Chain(&e), "store unavailable; running safe tool without it");
                 self.outcome(Served::Executed);
-                self.attempts(args, None).await
+                self.attempts(args, None, None).await
             }
             Err(e) => Err(self.store_error(e)),
         }

@@ -21,23 +21,35 @@ use crate::tool::Tool;
 /// What claiming ended with: this call owns the key, or it already has its answer.
 pub(super) enum Owned<T: Tool> {
     /// The key is this call's. `takeover`: a previous owner's lease had ended without a result.
+    /// `at_start`: acquired by the in-memory store's first claim, so nothing has waited since the
+    /// call's start and its clock reading can time the first attempt.
     Fence {
         fence: Fence,
         takeover: bool,
+        at_start: bool,
     },
     Answer(Result<T::Output, Error<T::Error>>),
 }
 
 impl<T: Tool> Call<'_, T> {
     /// Claims until this call owns the key or has its answer: waits for another owner's
-    /// result, replays a stored one, or says why not. Bounded by the deadline.
-    pub(super) async fn acquire(&self, on_expired: OnExpired) -> Result<Owned<T>, StoreError> {
+    /// result, replays a stored one, or says why not. Bounded by the deadline. `at_start`: this
+    /// is the call's first claim, right after its start.
+    pub(super) async fn acquire(
+        &self,
+        on_expired: OnExpired,
+        at_start: bool,
+    ) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
         let answer = |a| Ok(Owned::Answer(a));
         let mut waited = false;
         loop {
-            match self.claim(on_expired).await? {
-                Claim::Acquired { fence, takeover } => return Ok(Owned::Fence { fence, takeover }),
+            let at_start = at_start && !waited;
+            match self.claim(on_expired, at_start).await? {
+                Claim::Acquired { fence, takeover } => {
+                    let at_start = at_start && self.inner.memory.is_some();
+                    return Ok(Owned::Fence { fence, takeover, at_start });
+                }
                 Claim::InFlight { fence, lease_remaining } => {
                     let now = Instant::now();
                     if now >= self.deadline {
@@ -77,24 +89,35 @@ impl<T: Tool> Call<'_, T> {
         Origin { tool: self.name(), tenant: scope.tenant(), run: scope.run_id() }
     }
 
-    async fn claim(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+    async fn claim(&self, on_expired: OnExpired, at_start: bool) -> Result<Claim, StoreError> {
         let timer = StepTimer::start();
-        let answer = self.claim_once(on_expired).await;
+        let answer = match &self.inner.memory {
+            // Answers at once: no future, no timeout, nothing left behind. The call's first
+            // claim follows its start with nothing awaited between: that clock reading serves.
+            Some(memory) => {
+                let now = if at_start { self.started } else { Instant::now() };
+                Ok(memory.claim_at(self.claim_request(on_expired), now))
+            }
+            None => self.claim_once(on_expired).await,
+        };
         timer.done("claim");
         answer
+    }
+
+    fn claim_request(&self, on_expired: OnExpired) -> ClaimRequest<'_> {
+        ClaimRequest {
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            lease: self.policy.lease,
+            on_expired,
+            origin: self.origin(&self.scope),
+        }
     }
 
     async fn claim_once(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
         if self.inner.local_store {
             // Answers without I/O: nothing to bound, nothing left behind.
-            let req = ClaimRequest {
-                key: &self.key,
-                fingerprint: &self.fingerprint,
-                lease: self.policy.lease,
-                on_expired,
-                origin: self.origin(&self.scope),
-            };
-            return self.inner.store.claim(req).await;
+            return self.inner.store.claim(self.claim_request(on_expired)).await;
         }
         let now = Instant::now();
         let bound = later(now, self.policy.store_timeout).min(self.deadline);
@@ -183,14 +206,36 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
+    /// Stores `outcome` under `fence`: moved into the record of the in-memory store, lent to
+    /// any other. On failure the outcome is handed back with the error.
     pub(super) async fn store_outcome(
         &self,
         fence: Fence,
-        outcome: &Outcome,
+        outcome: Outcome,
+        ttl: Duration,
+    ) -> Result<(), (Error<T::Error>, Outcome)> {
+        if let Some(memory) = &self.inner.memory {
+            let timer = StepTimer::start();
+            let done = memory.complete_owned(&self.key, fence, outcome, ttl);
+            timer.done("complete");
+            return done.map_err(|outcome| (self.store_error(StoreError::LeaseLost), outcome));
+        }
+        match self
+            .bounded("complete", self.inner.store.complete(&self.key, fence, &outcome, ttl))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self.store_error(e), outcome)),
+        }
+    }
+
+    /// [`Call::store_outcome`] for a caller that has no use for the outcome after a failure.
+    pub(super) async fn store(
+        &self,
+        fence: Fence,
+        outcome: Outcome,
         ttl: Duration,
     ) -> Result<(), Error<T::Error>> {
-        self.bounded("complete", self.inner.store.complete(&self.key, fence, outcome, ttl))
-            .await
-            .map_err(|e| self.store_error(e))
+        self.store_outcome(fence, outcome, ttl).await.map_err(|(e, _)| e)
     }
 }

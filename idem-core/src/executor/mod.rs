@@ -25,9 +25,10 @@ pub use run::Run;
 pub(crate) use storable::storable;
 
 use crate::budget::RetryBudget;
+use crate::class::RetryClass;
 use crate::flight::Flights;
 use crate::key::Scope;
-use crate::policy::Policy;
+use crate::policy::{Policy, ToolOptions};
 use crate::store::{MemoryStore, Store};
 
 /// The runtime: a store, a default policy, a shared retry budget and the in-process single
@@ -41,11 +42,32 @@ struct Inner {
     store: Arc<dyn Store>,
     /// `store.is_local()`, read once.
     local_store: bool,
+    /// The store, when it is a [`MemoryStore`]: claimed and completed directly, without the
+    /// boxed futures of the `Store` trait and without copying the outcome into the record.
+    memory: Option<Arc<MemoryStore>>,
     policy: Policy,
+    /// `policy` with no tool options, for a safe, a keyed and a never tool: what most calls use,
+    /// worked out once.
+    class_policies: [Policy; 3],
     budget: Arc<RetryBudget>,
     flights: Flights,
     rng: Mutex<SmallRng>,
     safe_fail_open: bool,
+}
+
+impl Inner {
+    /// The policy of a call of a tool of `class` with `options`.
+    fn policy_for(&self, class: RetryClass, options: &ToolOptions) -> Policy {
+        if *options == ToolOptions::NONE {
+            let i = match class {
+                RetryClass::Safe => 0,
+                RetryClass::Keyed => 1,
+                RetryClass::Never => 2,
+            };
+            return self.class_policies[i];
+        }
+        self.policy.with_options(class, options)
+    }
 }
 
 impl std::fmt::Debug for Idem {
@@ -96,7 +118,12 @@ impl IdemBuilder {
         Idem {
             inner: Arc::new(Inner {
                 local_store: self.store.is_local(),
+                memory: (Arc::clone(&self.store) as Arc<dyn std::any::Any + Send + Sync>)
+                    .downcast::<MemoryStore>()
+                    .ok(),
                 store: self.store,
+                class_policies: [RetryClass::Safe, RetryClass::Keyed, RetryClass::Never]
+                    .map(|class| self.policy.with_options(class, &ToolOptions::NONE)),
                 policy: self.policy,
                 budget: self.budget.unwrap_or_default(),
                 flights: Flights::default(),

@@ -97,7 +97,7 @@ impl Run {
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let def = tool.def();
         let inner = &self.idem.inner;
-        let policy = inner.policy.with_options(def.class, &def.options);
+        let policy = inner.policy_for(def.class, &def.options);
         let mut canonical = Vec::with_capacity(256);
         if let Err(source) = T::write_intent(&args, &mut canonical) {
             if matches!(source, KeyError::TooDeep { .. }) {
@@ -135,6 +135,7 @@ impl Run {
             span.record("otel.name", format!("execute_tool {}", def.name));
             span.record("idem.key", key.as_str());
         }
+        let started = Instant::now();
         let call = Call {
             inner,
             tool,
@@ -142,7 +143,8 @@ impl Run {
             fingerprint,
             scope: Arc::clone(&self.scope),
             policy,
-            deadline: later(Instant::now(), policy.deadline),
+            started,
+            deadline: later(started, policy.deadline),
             span: span.clone(),
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),

@@ -34,9 +34,33 @@ enum State {
     },
 }
 
+/// A record's fingerprint. For a derived key it is the key itself
+/// ([`Fingerprint::of_derived_key`]), and is not stored a second time.
+#[derive(Debug)]
+struct StoredFingerprint(Option<Box<Fingerprint>>);
+
+impl StoredFingerprint {
+    fn new(key: &Key, fingerprint: &Fingerprint) -> Self {
+        if *fingerprint == Fingerprint::of_derived_key(key) {
+            StoredFingerprint(None)
+        } else {
+            StoredFingerprint(Some(Box::new(*fingerprint)))
+        }
+    }
+    fn get(&self, key: &Key) -> Fingerprint {
+        match &self.0 {
+            Some(f) => **f,
+            None => Fingerprint::of_derived_key(key),
+        }
+    }
+    fn is(&self, key: &Key, fingerprint: &Fingerprint) -> bool {
+        self.get(key) == *fingerprint
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
-    fingerprint: Fingerprint,
+    fingerprint: StoredFingerprint,
     state: State,
     origin: Arc<StoredOrigin>,
     /// When the record entered its state (acquired, taken over, completed).
@@ -64,10 +88,33 @@ impl Entry {
     }
 }
 
+/// A key as the 32 bytes of its digest rather than its 64 hex digits: a smaller table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Digest([u8; 32]);
+
+impl Digest {
+    fn of(key: &Key) -> Self {
+        Digest(key.digest())
+    }
+    fn key(&self) -> Key {
+        Key::from_digest(&self.0)
+    }
+}
+
+impl std::hash::Hash for Digest {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // A digest is uniformly distributed: 8 of its bytes identify it well enough for a hash
+        // table. Equal values hash equally.
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
+
 #[derive(Debug)]
 struct Map {
     /// Keys are SHA-256 digests, spread evenly already: a seeded fast hash is enough.
-    entries: HashMap<Key, Entry, foldhash::fast::RandomState>,
+    entries: HashMap<Digest, Entry, foldhash::fast::RandomState>,
     /// The origin of the last record created: consecutive calls of one tool in one run share it.
     last_origin: Option<Arc<StoredOrigin>>,
     next_sweep: Instant,
@@ -140,15 +187,14 @@ impl MemoryStore {
     }
 }
 
-#[async_trait]
-impl Store for MemoryStore {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        let now = Instant::now();
+impl MemoryStore {
+    /// [`Store::claim`] at `now`, without a future: the executor calls it directly.
+    pub(crate) fn claim_at(&self, req: ClaimRequest<'_>, now: Instant) -> Claim {
         let mut map = self.lock();
         self.maybe_sweep(&mut map, now);
         let Map { entries, last_origin, .. } = &mut *map;
         let mut acquire = |fence| Entry {
-            fingerprint: *req.fingerprint,
+            fingerprint: StoredFingerprint::new(req.key, req.fingerprint),
             state: State::InFlight {
                 fence,
                 lease_until: later(now, req.lease),
@@ -159,32 +205,31 @@ impl Store for MemoryStore {
             waiters: None,
         };
         // One lookup whether the key is new or not.
-        let entry = match entries.entry(*req.key) {
+        let entry = match entries.entry(Digest::of(req.key)) {
             std::collections::hash_map::Entry::Vacant(free) => {
                 let fence = self.next_fence();
                 free.insert(acquire(fence));
-                return Ok(Claim::Acquired { fence, takeover: false });
+                return Claim::Acquired { fence, takeover: false };
             }
             std::collections::hash_map::Entry::Occupied(held) => held.into_mut(),
         };
         if entry.expired(now) {
             let fence = self.next_fence();
             *entry = acquire(fence);
-            return Ok(Claim::Acquired { fence, takeover: false });
+            return Claim::Acquired { fence, takeover: false };
         }
-        if entry.fingerprint != *req.fingerprint {
-            return Ok(Claim::Mismatch);
+        if !entry.fingerprint.is(req.key, req.fingerprint) {
+            return Claim::Mismatch;
         }
         match &entry.state {
-            State::Done { outcome, .. } => Ok(Claim::Completed(Record {
-                fingerprint: entry.fingerprint,
-                outcome: outcome.clone(),
-            })),
+            State::Done { outcome, .. } => {
+                Claim::Completed(Record { fingerprint: *req.fingerprint, outcome: outcome.clone() })
+            }
             State::InFlight { fence, lease_until, .. } if *lease_until > now => {
-                Ok(Claim::InFlight { fence: *fence, lease_remaining: *lease_until - now })
+                Claim::InFlight { fence: *fence, lease_remaining: *lease_until - now }
             }
             State::InFlight { .. } => match req.on_expired {
-                OnExpired::Unknown => Ok(Claim::Unknown),
+                OnExpired::Unknown => Claim::Unknown,
                 OnExpired::TakeOver => {
                     let fence = self.next_fence();
                     entry.wake();
@@ -194,10 +239,39 @@ impl Store for MemoryStore {
                         on_expired: req.on_expired,
                     };
                     entry.since = now;
-                    Ok(Claim::Acquired { fence, takeover: true })
+                    Claim::Acquired { fence, takeover: true }
                 }
             },
         }
+    }
+
+    /// [`Store::complete`] taking the outcome by value: it moves into the record. On a stale
+    /// fence ([`StoreError::LeaseLost`]) nothing is written and the outcome is handed back.
+    pub(crate) fn complete_owned(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: Outcome,
+        ttl: Duration,
+    ) -> Result<(), Outcome> {
+        let now = Instant::now();
+        let mut map = self.lock();
+        match map.entries.get_mut(&Digest::of(key)) {
+            Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
+                e.state = State::Done { fence, outcome, expires: later(now, ttl) };
+                e.since = now;
+                e.wake();
+                Ok(())
+            }
+            _ => Err(outcome),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        Ok(self.claim_at(req, Instant::now()))
     }
 
     async fn complete(
@@ -207,25 +281,16 @@ impl Store for MemoryStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
-        let mut map = self.lock();
-        match map.entries.get_mut(key) {
-            Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
-                e.state = State::Done { fence, outcome: outcome.clone(), expires: later(now, ttl) };
-                e.since = now;
-                e.wake();
-                Ok(())
-            }
-            _ => Err(StoreError::LeaseLost),
-        }
+        self.complete_owned(key, fence, outcome.clone(), ttl).map_err(|_| StoreError::LeaseLost)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        let digest = Digest::of(key);
         let mut map = self.lock();
-        match map.entries.get_mut(key) {
+        match map.entries.get_mut(&digest) {
             Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
                 e.wake();
-                map.entries.remove(key);
+                map.entries.remove(&digest);
                 Ok(())
             }
             _ => Err(StoreError::LeaseLost),
@@ -235,7 +300,7 @@ impl Store for MemoryStore {
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut map = self.lock();
-        match map.entries.get_mut(key) {
+        match map.entries.get_mut(&Digest::of(key)) {
             Some(Entry { state: State::InFlight { fence: f, lease_until, .. }, .. })
                 if *f == fence =>
             {
@@ -250,7 +315,7 @@ impl Store for MemoryStore {
         let notify = {
             let now = Instant::now();
             let mut map = self.lock();
-            match map.entries.get_mut(key) {
+            match map.entries.get_mut(&Digest::of(key)) {
                 Some(e) => match e.state {
                     State::InFlight { fence: f, lease_until, .. }
                         if f == fence && lease_until > now =>
@@ -283,7 +348,7 @@ impl Store for MemoryStore {
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         let mut map = self.lock();
-        Ok(match map.entries.remove(key) {
+        Ok(match map.entries.remove(&Digest::of(key)) {
             Some(mut e) => {
                 e.wake();
                 true
@@ -295,23 +360,24 @@ impl Store for MemoryStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let after = match &query.cursor {
             None => None,
-            Some(c) => Some(Key::parse(c).ok_or_else(|| {
+            Some(c) => Some(Digest::of(&Key::parse(c).ok_or_else(|| {
                 StoreError::InvalidConfig(format!("not a cursor of this store: {c:?}"))
-            })?),
+            })?)),
         };
         let now = Instant::now();
         let map = self.lock();
-        let mut keys: Vec<&Key> = map
+        // Bytes sort as their lowercase hex digits do: this is key order.
+        let mut entries: Vec<(&Digest, &Entry)> = map
             .entries
             .iter()
-            .filter(|(k, e)| !e.expired(now) && after.is_none_or(|a| k.as_str() > a.as_str()))
-            .map(|(k, _)| k)
+            .filter(|(d, e)| !e.expired(now) && after.is_none_or(|a| d.0 > a.0))
             .collect();
-        keys.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        entries.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
         let mut page = ListPage::default();
-        for key in keys {
+        for (digest, entry) in entries {
             page.scanned += 1;
-            let info = map.entries[key].info(key, now);
+            let key = digest.key();
+            let info = entry.info(&key, now);
             if query.selects(&info) {
                 page.records.push(info);
                 if page.records.len() == query.page_size() {
@@ -326,7 +392,7 @@ impl Store for MemoryStore {
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
         let now = Instant::now();
         let map = self.lock();
-        Ok(map.entries.get(key).filter(|e| !e.expired(now)).map(|e| e.info(key, now)))
+        Ok(map.entries.get(&Digest::of(key)).filter(|e| !e.expired(now)).map(|e| e.info(key, now)))
     }
 
     async fn resolve(
@@ -336,8 +402,9 @@ impl Store for MemoryStore {
         resolution: &Resolution,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
+        let digest = Digest::of(key);
         let mut map = self.lock();
-        let Some(entry) = map.entries.get_mut(key) else { return Err(StoreError::LeaseLost) };
+        let Some(entry) = map.entries.get_mut(&digest) else { return Err(StoreError::LeaseLost) };
         let info = entry.info(key, now);
         if entry.expired(now) || info.fence != fence || !admin::resolvable(&info.state) {
             return Err(StoreError::LeaseLost);
@@ -350,7 +417,7 @@ impl Store for MemoryStore {
                 entry.since = now;
             }
             Resolution::NotHappened => {
-                map.entries.remove(key);
+                map.entries.remove(&digest);
             }
         }
         Ok(())
@@ -368,8 +435,8 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let map = self.lock();
         let mut stats = Stats::default();
-        for (key, e) in map.entries.iter().filter(|(_, e)| !e.expired(now)) {
-            stats.count(&e.info(key, now).state);
+        for (digest, e) in map.entries.iter().filter(|(_, e)| !e.expired(now)) {
+            stats.count(&e.info(&digest.key(), now).state);
         }
         Ok(stats)
     }
@@ -406,7 +473,7 @@ impl Entry {
         };
         RecordInfo {
             key: *key,
-            fingerprint: self.fingerprint,
+            fingerprint: self.fingerprint.get(key),
             fence,
             origin: Some(StoredOrigin::clone(&self.origin)),
             state,
@@ -419,7 +486,7 @@ impl MemoryStore {
     fn still_in_flight(&self, key: &Key, fence: Fence) -> bool {
         let now = Instant::now();
         matches!(
-            self.lock().entries.get(key),
+            self.lock().entries.get(&Digest::of(key)),
             Some(Entry { state: State::InFlight { fence: f, lease_until, .. }, .. })
                 if *f == fence && *lease_until > now
         )

@@ -180,8 +180,11 @@ impl StoreError {
 ///
 /// Times (`lease`, `ttl`, `max`) are durations measured on the store's own clock (for the
 /// in-memory store: tokio's clock, so tests can pause it).
+///
+/// `Any` lets the executor recognise the [`MemoryStore`] behind an `Arc<dyn Store>` and call it
+/// without a future; every `'static` type is `Any`.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: std::any::Any + Send + Sync {
     /// Atomically claims `req.key`: creates an in-flight record with a new fence when the key is
     /// free (absent, released or expired by retention), takes over an expired lease
     /// ([`OnExpired`]), or reports the record's state. A record whose fingerprint differs answers
