@@ -372,7 +372,7 @@ impl Store for MemoryStore {
             .iter()
             .filter(|(d, e)| !e.expired(now) && after.is_none_or(|a| d.0 > a.0))
             .collect();
-        entries.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
+        entries.sort_unstable_by_key(|(digest, _)| digest.0);
         let mut page = ListPage::default();
         for (digest, entry) in entries {
             page.scanned += 1;
