@@ -7,7 +7,7 @@
 //! `customer.__idem_arg_json_schema()`. A method that does not apply is error E0599, whose
 //! message is the requirement's own when one trait is missing; and the call's type is then
 //! rustc's error type, which silences every later error that involves it. The checked types flow
-//! through [`checked`] into the generated code that needs the bounds ([`Checked::call`],
+//! through [`checked`] into the generated code that needs the bounds ([`Checked::tool`],
 //! [`Checked::method`]), so nothing after the first failed check is reported again. The checks
 //! run in a closure that is never called.
 //!
@@ -22,12 +22,13 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::Error;
-use crate::executor::Run;
 use crate::failure::Classify;
 use crate::flat_args::Flat;
-use crate::macro_support::{Args, BoxFuture, FnTool, MethodTool, ToolArgs, ToolError, ToolOutput};
+use crate::macro_support::{
+    Args, BoxFuture, FnBody, FnTool, MethodTool, ToolArgs, ToolError, ToolOutput,
+};
 use crate::reconcile::Reconciled;
+use crate::tool::ToolDef;
 
 /// One requirement: a marker trait with its message and a check trait whose method applies
 /// only when the requirement holds.
@@ -150,7 +151,8 @@ requirement!(
 pub struct Checked<P, O, E>(PhantomData<fn(P, O, E)>);
 
 /// Carries the types the check closure returns (the closure is never called).
-pub fn checked<I, P, O, E>(_checks: impl FnOnce(I) -> (P, O, E)) -> Checked<P, O, E> {
+pub const fn checked<I, P, O, E>(checks: impl FnOnce(I) -> (P, O, E)) -> Checked<P, O, E> {
+    std::mem::forget(checks);
     Checked(PhantomData)
 }
 
@@ -171,22 +173,19 @@ impl<T> Is<T> for T {
 // error type, where a function argument of such a type would be skipped and the next argument's
 // concrete type would decide them, and the failed bound be reported a second time.
 impl<P, O, E> Checked<P, O, E> {
-    /// The typed call of a free fn tool: `run.call(tool, args)`, boxed. The boxed future's type
-    /// is written out in the typed call's signature, so the user's crate infers no opaque type
-    /// per tool (the one allocation per call is nothing next to the store's round trips).
-    pub fn call<'a, F, T>(
+    /// A free fn tool, typed by the checks: its constant's initializer. The bounds are proved
+    /// here, once per tool; the typed call ([`FnTool::call`]) proves none.
+    pub const fn tool<F>(
         self,
-        run: &'a Run,
-        tool: T,
-        args: Args<P, F>,
-    ) -> BoxFuture<'a, Result<O, Error<E>>>
+        def: &'static ToolDef,
+        body: FnBody<Args<P, F>, O, E>,
+    ) -> FnTool<Args<P, F>, O, E>
     where
-        T: Is<&'a FnTool<Args<P, F>, O, E>>,
         Args<P, F>: ToolArgs,
         O: ToolOutput,
         E: ToolError,
     {
-        Box::pin(run.call(tool.into_same(), args))
+        FnTool::new(def, body)
     }
 
     /// A method tool, typed by the checks.
@@ -200,20 +199,18 @@ impl<P, O, E> Checked<P, O, E> {
 
 /// The same for a tool whose one parameter is `#[idem(flatten)]`.
 impl<A, O, E> Checked<(A,), O, E> {
-    /// The typed call of a free fn tool taking one arguments struct, boxed as [`Checked::call`].
-    pub fn call_flat<'a, T>(
+    /// A free fn tool taking one arguments struct, typed by the checks.
+    pub const fn tool_flat(
         self,
-        run: &'a Run,
-        tool: T,
-        args: Flat<A>,
-    ) -> BoxFuture<'a, Result<O, Error<E>>>
+        def: &'static ToolDef,
+        body: FnBody<Flat<A>, O, E>,
+    ) -> FnTool<Flat<A>, O, E>
     where
-        T: Is<&'a FnTool<Flat<A>, O, E>>,
         Flat<A>: ToolArgs,
         O: ToolOutput,
         E: ToolError,
     {
-        Box::pin(run.call(tool.into_same(), args))
+        FnTool::new(def, body)
     }
 
     /// A method tool taking one arguments struct, typed by the checks.

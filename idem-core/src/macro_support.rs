@@ -222,17 +222,43 @@ pub struct FnTool<A, O, E> {
     def: &'static ToolDef,
     body: FnBody<A, O, E>,
     check: Option<FnCheck<A, O>>,
+    call: FnCall<A, O, E>,
+}
+
+/// The typed call of a free fn tool, instantiated where the tool's constant is built: the typed
+/// call reaches the executor through this pointer and proves no bound of its own.
+pub type FnCall<A, O, E> =
+    for<'a> fn(&'a Run, FnTool<A, O, E>, A) -> BoxFuture<'a, Result<O, Error<E>>>;
+
+fn call_fn<A: ToolArgs, O: ToolOutput, E: ToolError>(
+    run: &Run,
+    tool: FnTool<A, O, E>,
+    args: A,
+) -> BoxFuture<'_, Result<O, Error<E>>> {
+    Box::pin(async move { run.call(&tool, args).await })
 }
 
 impl<A, O, E> FnTool<A, O, E> {
     /// The tool whose definition is `def`, running `body`.
-    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self {
-        FnTool { def, body, check: None }
+    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self
+    where
+        A: ToolArgs,
+        O: ToolOutput,
+        E: ToolError,
+    {
+        FnTool { def, body, check: None, call: call_fn::<A, O, E> }
     }
 
     /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).
     pub const fn reconciled_by(self, check: FnCheck<A, O>) -> Self {
-        FnTool { def: self.def, body: self.body, check: Some(check) }
+        FnTool { check: Some(check), ..self }
+    }
+
+    /// The typed call: `run.call(&tool, args)`, boxed. No bound to prove here (the constructor
+    /// proved them), so a crate of many tools type-checks one plain call per typed call, and
+    /// the boxed future's type is written out (no opaque type per tool).
+    pub fn call(self, run: &Run, args: A) -> BoxFuture<'_, Result<O, Error<E>>> {
+        (self.call)(run, self, args)
     }
 }
 

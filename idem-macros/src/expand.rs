@@ -130,7 +130,7 @@ fn result_types(model: &Model) -> (TokenStream, TokenStream) {
 /// `let __idem_checked = checked(|(p, o, e)| ..);`: every parameter, the success and the error
 /// type checked by method calls spanned at the user's types, in a closure that is never called
 /// (see `idem_core::__private::checks`). A type missing a trait gives one error there, naming
-/// the trait; its type is then rustc's error type, which the later uses (`Checked::call`,
+/// the trait; its type is then rustc's error type, which the later uses (`Checked::tool`,
 /// `Checked::method`) take, so nothing else is reported about it.
 fn checks(model: &Model) -> TokenStream {
     let krate = &model.krate;
@@ -378,20 +378,22 @@ fn expand_free(model: &Model) -> TokenStream {
         None => quote!(),
     };
     let flat = model.params.first().filter(|p| p.flatten);
-    let (call, body_args, tool_args, args_items) = match flat {
+    let (call, ctor, body_args, tool_args, args_items) = match flat {
         // One arguments struct: its fields are the arguments; no `..Args` type of our own (the
         // user's struct often has that name).
         Some(p) => {
             let (pi, pty) = (&p.ident, &p.ty);
             (
-                quote!(__idem_checked.call_flat(#run, &#tool_ty, #krate::__private::Flat(#pi))),
+                quote!(#tool_ty.call(#run, #krate::__private::Flat(#pi))),
+                quote!(tool_flat),
                 quote!(args.0),
                 quote!(#krate::__private::Flat<#pty>),
                 quote!(),
             )
         }
         None => (
-            quote!(__idem_checked.call(#run, &#tool_ty, #args_ty::new(#(#idents),*))),
+            quote!(#tool_ty.call(#run, #args_ty::new(#(#idents),*))),
+            quote!(tool),
             quote!(#(args.0.#indices),*),
             quote!(#args_ty),
             quote! {
@@ -424,7 +426,6 @@ fn expand_free(model: &Model) -> TokenStream {
             #run: &#krate::Run,
             #(#idents: #tys),*
         ) -> #krate::__private::BoxFuture<'_, ::core::result::Result<#ok, #krate::Error<#err>>> {
-            #checks
             #call
         }
 
@@ -437,15 +438,18 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #tool_doc]
         #[allow(non_upper_case_globals)]
-        #vis const #tool_ty: #tool_ty = #krate::__private::FnTool::new(
-            #def,
-            |cx, args: #tool_args| {
-                let _ = cx;
-                #inner
-                #send_check
-            },
-        )
-        #reconcile;
+        #vis const #tool_ty: #tool_ty = {
+            #checks
+            __idem_checked.#ctor(
+                #def,
+                |cx, args: #tool_args| {
+                    let _ = cx;
+                    #inner
+                    #send_check
+                },
+            )
+            #reconcile
+        };
     }
 }
 
