@@ -426,3 +426,161 @@ async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
     let ok = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
     assert_eq!(run.call(&*ok, args("cus_3", 1)).await.unwrap(), "ch_1");
 }
+
+/// The in-memory store behind a wrapper the executor cannot see through, so calls take the
+/// generic path of any other store.
+struct Opaque(Arc<MemoryStore>);
+
+#[async_trait::async_trait]
+impl Store for Opaque {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        self.0.claim(req).await
+    }
+    async fn complete(
+        &self,
+        k: &idem_core::Key,
+        f: Fence,
+        o: &Outcome,
+        t: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.complete(k, f, o, t).await
+    }
+    async fn release(&self, k: &idem_core::Key, f: Fence) -> Result<(), StoreError> {
+        self.0.release(k, f).await
+    }
+    async fn renew(&self, k: &idem_core::Key, f: Fence, l: Duration) -> Result<(), StoreError> {
+        self.0.renew(k, f, l).await
+    }
+    async fn wait(&self, k: &idem_core::Key, f: Fence, m: Duration) -> Result<(), StoreError> {
+        self.0.wait(k, f, m).await
+    }
+    fn is_local(&self) -> bool {
+        self.0.is_local()
+    }
+    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
+        self.0.forget(k).await
+    }
+    async fn list(
+        &self,
+        q: &idem_core::store::ListQuery,
+    ) -> Result<idem_core::store::ListPage, StoreError> {
+        self.0.list(q).await
+    }
+    async fn inspect(
+        &self,
+        k: &idem_core::Key,
+    ) -> Result<Option<idem_core::store::RecordInfo>, StoreError> {
+        self.0.inspect(k).await
+    }
+}
+
+/// Keys and fingerprints of a store's records, as the operator's listing shows them.
+async fn listed(store: &dyn Store) -> Vec<(String, String)> {
+    let page = store.list(&Default::default()).await.expect("list");
+    let mut rows = Vec::new();
+    for r in &page.records {
+        let inspected = store.inspect(&r.key).await.expect("inspect").expect("a record");
+        assert_eq!(inspected.fingerprint, r.fingerprint, "inspect and list agree");
+        for hex in [r.key.as_str(), r.fingerprint.as_str()] {
+            assert!(
+                hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{hex:?}"
+            );
+        }
+        rows.push((r.key.to_string(), r.fingerprint.to_string()));
+    }
+    let mut sorted = rows.clone();
+    sorted.sort();
+    assert_eq!(rows, sorted, "listed in key order");
+    rows
+}
+
+/// One history on the in-memory store: a derived key, a caller key, that key reused with other
+/// arguments, a replay, and the record forgotten through the store. Returns the listing.
+async fn memory_history(store: Arc<dyn Store>) -> Vec<(String, String)> {
+    let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    let run = executor_on(Arc::clone(&store), policy()).run("r");
+    let keyed = run.with_idempotency_key("order-7");
+    assert_eq!(run.call(&*tool, args("cus_1", 100)).await.unwrap(), "ch_1");
+    assert_eq!(keyed.call(&*tool, args("cus_1", 200)).await.unwrap(), "ch_2");
+    let clash = keyed.call(&*tool, args("cus_1", 300)).await;
+    assert!(matches!(clash, Err(Error::KeyReuseMismatch { .. })), "{clash:?}");
+    // The caller key with the derived record's arguments is still the caller key's record.
+    let clash = keyed.call(&*tool, args("cus_1", 100)).await;
+    assert!(matches!(clash, Err(Error::KeyReuseMismatch { .. })), "{clash:?}");
+    assert_eq!(run.call(&*tool, args("cus_1", 100)).await.unwrap(), "ch_1", "replay");
+    assert_eq!(keyed.call(&*tool, args("cus_1", 200)).await.unwrap(), "ch_2", "replay");
+    assert_eq!(tool.runs(), 2);
+
+    let rows = listed(&*store).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let derived: Vec<_> = rows.iter().filter(|(k, f)| k == f).collect();
+    assert_eq!(derived.len(), 1, "a derived key's fingerprint is the key itself: {rows:?}");
+    let caller = rows.iter().find(|(k, f)| k != f).expect("the caller key's record").clone();
+
+    // Forgotten through the store: the caller key is free for other arguments.
+    let key = idem_core::Key::parse(&caller.0).expect("a key");
+    assert!(store.forget(&key).await.unwrap());
+    // It runs again; the provider, given the same forwarded key, answers its first charge.
+    assert_eq!(keyed.call(&*tool, args("cus_1", 300)).await.unwrap(), "ch_2");
+    assert_eq!(tool.runs(), 3);
+    let after = listed(&*store).await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    let again = after.iter().find(|(k, _)| *k == caller.0).expect("the caller key again");
+    assert_ne!(again.1, caller.1, "the new record has the new arguments' fingerprint");
+    rows.into_iter().chain(after).collect()
+}
+
+/// The executor's direct calls to an in-memory store (recognised behind `Arc<dyn Store>`) and
+/// its generic path through the `Store` trait keep the same records: same keys, the same
+/// fingerprints for a derived and a caller-supplied key, the same refusals and replays.
+#[tokio::test(start_paused = true)]
+async fn the_direct_and_generic_memory_paths_keep_the_same_records() {
+    let direct = memory_history(Arc::new(MemoryStore::new())).await;
+    let generic = memory_history(Arc::new(Opaque(Arc::new(MemoryStore::new())))).await;
+    assert_eq!(direct, generic);
+}
+
+/// Duplicates of a call on the in-memory store, direct and through a wrapper: one execution,
+/// every caller gets its output; after the owner's lease ends (a cancelled first caller), a
+/// keyed call takes over and runs once more, and a never call answers the outcome is unknown.
+#[tokio::test(start_paused = true)]
+async fn cancelled_owner_on_either_memory_path() {
+    for opaque in [false, true] {
+        let memory = Arc::new(MemoryStore::new());
+        let store: Arc<dyn Store> =
+            if opaque { Arc::new(Opaque(Arc::clone(&memory))) } else { memory };
+        let idem = executor_on(store, policy());
+        for class in [RetryClass::Keyed, RetryClass::Never] {
+            let slow = Step::Slow(Duration::from_secs(1));
+            let tool = PayTool::new(class, ToolOptions::default(), &[], slow);
+            let run = idem.run(format!("dups-{class}"));
+            let calls = (0..5).map(|_| run.call(&*tool, args("cus_1", 100)));
+            let got = futures_util::future::join_all(calls).await;
+            assert!(
+                got.iter().all(|g| matches!(g.as_deref(), Ok("ch_1"))),
+                "{opaque} {class}: {got:?}"
+            );
+            assert_eq!(tool.runs(), 1, "{opaque} {class}");
+
+            // The first caller is cancelled mid-attempt: its record stays in flight.
+            let first = run.call(&*tool, args("cus_2", 100));
+            assert!(tokio::time::timeout(Duration::from_millis(10), first).await.is_err());
+            assert_eq!(tool.runs(), 2, "{opaque} {class}");
+            // Past the lease (10 s): a keyed tool takes over and runs again with the same key; a
+            // never tool must not guess.
+            tokio::time::sleep(Duration::from_secs(11)).await;
+            let again = run.call(&*tool, args("cus_2", 100)).await;
+            match class {
+                RetryClass::Keyed => {
+                    assert!(again.is_ok(), "{opaque}: {again:?}");
+                    assert_eq!(tool.runs(), 3, "{opaque}");
+                }
+                _ => {
+                    assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
+                    assert_eq!(tool.runs(), 2, "{opaque}");
+                }
+            }
+        }
+    }
+}
