@@ -320,3 +320,76 @@ mod multi_instance {
         pair().await
     );
 }
+
+/// While another connection holds the write lock, claims that only read answer at once and
+/// right (a replay, a live lease, a lease ended for a never tool, a mismatch), several times in
+/// a row; a claim that needs the write after them waits for the lock rather than failing, and
+/// acquires once it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_answer_while_another_connection_holds_the_write_lock() {
+    let path = fresh_file("locked_reads");
+    let store = Arc::new(SqliteStore::open(&path).expect("open"));
+    let req = |key: &'static Key, fp, on_expired| ClaimRequest {
+        key,
+        fingerprint: fp,
+        lease: Duration::from_secs(60),
+        on_expired,
+        origin: Default::default(),
+    };
+    let leak = |name: &str| -> (&'static Key, &'static idem_core::Fingerprint) {
+        let (k, f) = idem_core::conformance::fresh_key("locked_reads", name);
+        (Box::leak(Box::new(k)), Box::leak(Box::new(f)))
+    };
+    let (done, done_fp) = leak("done");
+    let (held, held_fp) = leak("held");
+    let (ended, ended_fp) = leak("ended");
+    let (fresh, fresh_fp) = leak("fresh");
+    let (_, other_fp) = leak("other");
+    let acquired = |c: Claim| match c {
+        Claim::Acquired { fence, .. } => fence,
+        other => panic!("{other:?}"),
+    };
+    let take = OnExpired::TakeOver;
+    let f = acquired(store.claim(req(done, done_fp, take)).await.unwrap());
+    let ok = Outcome::Success("{\"id\":\"ch_1\"}".into());
+    store.complete(done, f, &ok, Duration::from_secs(600)).await.unwrap();
+    let held_fence = acquired(store.claim(req(held, held_fp, take)).await.unwrap());
+    let short = ClaimRequest { lease: Duration::from_millis(1), ..req(ended, ended_fp, take) };
+    acquired(store.claim(short).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    for round in 0..3 {
+        let bounded = |c| tokio::time::timeout(Duration::from_secs(2), c);
+        let got = bounded(store.claim(req(done, done_fp, take))).await.expect("no wait");
+        assert_eq!(
+            got.unwrap(),
+            Claim::Completed(idem_core::store::Record {
+                fingerprint: *done_fp,
+                outcome: ok.clone()
+            }),
+            "round {round}"
+        );
+        match bounded(store.claim(req(held, held_fp, take))).await.expect("no wait").unwrap() {
+            Claim::InFlight { fence, .. } => assert_eq!(fence, held_fence, "round {round}"),
+            other => panic!("round {round}: {other:?}"),
+        }
+        let never = req(ended, ended_fp, OnExpired::Unknown);
+        let got = bounded(store.claim(never)).await.expect("no wait").unwrap();
+        assert_eq!(got, Claim::Unknown, "round {round}");
+        let got = bounded(store.claim(req(done, other_fp, take))).await.expect("no wait").unwrap();
+        assert_eq!(got, Claim::Mismatch, "round {round}");
+    }
+    // A claim that needs the write waits for the lock (the reads did not leave the connection
+    // without its busy timeout) and acquires once it is released.
+    let waiting = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.claim(req(fresh, fresh_fp, take)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the write must wait for the lock: {:?}", waiting.await);
+    raw.execute_batch("COMMIT").expect("unlock");
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("acquired");
+    assert!(matches!(got.unwrap(), Ok(Claim::Acquired { .. })));
+}
