@@ -135,6 +135,23 @@ async fn complete(rig: Rig) {
     assert_eq!(replay.unwrap(), Claim::Completed(Record { fingerprint: fp, outcome: ok }));
 }
 
+/// The completion's reply is lost and the record is kept for no time (gone at once): the resend
+/// finds no record but the fence in the key's counter and succeeds (not LeaseLost); the key is
+/// free, and its next fence is above the completed one.
+async fn complete_kept_for_no_time(rig: Rig) {
+    let (key, fp) = fresh_key("lost_complete_no_retention", "{}");
+    let fence = acquire(&*rig.through, &key, &fp).await;
+    rig.proxy.lose_reply_to(key.as_str());
+    let got =
+        rig.through.complete(&key, fence, &Outcome::Success("1".into()), Duration::ZERO).await;
+    assert_eq!(rig.proxy.lost(), 1, "the proxy must have lost the completion's reply");
+    assert!(got.is_ok(), "a completion whose reply was lost must succeed on its resend: {got:?}");
+    match rig.direct.claim(never(claim_req(&key, &fp))).await {
+        Ok(Claim::Acquired { fence: next, takeover: false }) => assert!(next > fence, "{next:?}"),
+        other => panic!("the key must be free, got {other:?}"),
+    }
+}
+
 /// The release's reply is lost: the resend succeeds, and the key is free (the next claim
 /// acquires with a higher fence).
 async fn release(rig: Rig) {
@@ -303,6 +320,12 @@ macro_rules! lost_reply_tests {
             async fn complete_reply_lost() {
                 let Some(rig) = $rig().await else { return };
                 complete(rig).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn complete_reply_lost_kept_for_no_time() {
+                let Some(rig) = $rig().await else { return };
+                complete_kept_for_no_time(rig).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
