@@ -193,3 +193,93 @@ async fn a_completion_writes_the_record_and_the_counter() {
         Claim::Completed(Record { fingerprint: fp, outcome: ok })
     );
 }
+
+/// The completion's common case reads the record's header with one Lua pattern. An origin of
+/// bytes the store never writes unescaped (UTF-8, NUL and control bytes, Lua's pattern
+/// characters) is kept as it is, a lease that ended without a takeover is still its owner's to
+/// complete, a waited-on record publishes its completion, and once another owner has taken the
+/// record over, the first owner's completion is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_reads_any_header_bytes() {
+    use futures_util::StreamExt;
+    use idem_core::store::{Fence, OnExpired, StoreError};
+    let Some(store) = warm_store().await else { return };
+    let mut raw = raw().await;
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut sub = client.get_async_pubsub().await.expect("pub/sub connection");
+    let ok = Outcome::Success("\"ok\"".into());
+    let reader = raw.clone();
+    let get = |name: String| {
+        let mut raw = reader.clone();
+        async move {
+            let v: Option<Vec<u8>> =
+                redis::cmd("GET").arg(name).query_async(&mut raw).await.unwrap();
+            v
+        }
+    };
+    let now = server_ms(&mut raw).await;
+    let origins: [&[u8]; 4] =
+        [b"o%-.[]^$()*+?,t%,r-", "oé,ß,運".as_bytes(), b"o\0,\x01\x7f,%", b""];
+    for (i, origin) in origins.into_iter().enumerate() {
+        for (w, lease_end) in [(1, now + 60_000), (0, now - 1_000)] {
+            let (key, fp) = fresh_key("native_header_bytes", &format!("{i}-{w}"));
+            let mut record = format!("3|f|17|{w}|{lease_end}|{fp}|someone|{now}|").into_bytes();
+            record.extend_from_slice(origin);
+            record.push(b'|');
+            let _: () = redis::cmd("SET")
+                .arg(store.record_key(&key))
+                .arg(&record)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if w == 1 {
+                sub.subscribe(store.channel(&key)).await.unwrap();
+            }
+            store.complete(&key, Fence(17), &ok, LONG).await.expect("the fence's holder completes");
+            let done = get(store.record_key(&key)).await.expect("completed");
+            let fields: Vec<&[u8]> = done.splitn(10, |b| *b == b'|').collect();
+            let head = format!("3|d|17|0||{fp}|s");
+            assert_eq!(fields[..7].join(&b'|'), head.as_bytes(), "{i}");
+            assert_eq!(fields[8], origin, "{i}: the origin as it was");
+            assert_eq!(fields[9], b"\"ok\"");
+            assert_eq!(
+                store.claim(claim_req(&key, &fp)).await.expect("replay"),
+                Claim::Completed(Record { fingerprint: fp, outcome: ok.clone() })
+            );
+            if w == 1 {
+                let msg = tokio::time::timeout(Duration::from_secs(10), sub.on_message().next())
+                    .await
+                    .expect("a message")
+                    .expect("stream open");
+                assert_eq!(msg.get_channel_name(), store.channel(&key));
+                assert_eq!(msg.get_payload::<String>().unwrap(), "complete");
+                sub.unsubscribe(store.channel(&key)).await.unwrap();
+            }
+        }
+    }
+
+    // Taken over after its lease ended: the first owner's completion is refused.
+    let (key, fp) = fresh_key("native_header_bytes", "taken over");
+    let record = format!("3|f|17|0|{}|{fp}|someone|{now}|o%-.[],t,r|", now - 1_000);
+    let _: () = redis::cmd("SET")
+        .arg(store.record_key(&key))
+        .arg(record)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let req =
+        idem_core::store::ClaimRequest { on_expired: OnExpired::TakeOver, ..claim_req(&key, &fp) };
+    let Ok(Claim::Acquired { fence, takeover: true }) = store.claim(req).await else {
+        panic!("an ended lease must be taken over")
+    };
+    assert!(fence > Fence(17));
+    let taken = get(store.record_key(&key)).await.expect("in flight");
+    let got = store.complete(&key, Fence(17), &ok, LONG).await;
+    assert!(matches!(got, Err(StoreError::LeaseLost)), "{got:?}");
+    assert_eq!(get(store.record_key(&key)).await.as_deref(), Some(&taken[..]));
+    store.complete(&key, fence, &Outcome::Success("2".into()), LONG).await.expect("new owner");
+    assert_eq!(
+        store.claim(claim_req(&key, &fp)).await.expect("replay"),
+        Claim::Completed(Record { fingerprint: fp, outcome: Outcome::Success("2".into()) })
+    );
+}
