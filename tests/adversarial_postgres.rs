@@ -527,3 +527,64 @@ async fn steps_by_key_and_fence_read_the_primary_key() {
     );
     assert_eq!(state - state_before, 0, "steps by key and fence scanned the listing index");
 }
+
+/// Another session holds row locks on the records (an operator's open transaction, another
+/// process mid-statement): claims that only read answer at once and right (a replay, a live
+/// lease, a never tool's ended lease, a mismatch), and the owner's completion, found by the
+/// primary key, waits for the lock rather than failing, then completes what the replay reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_answer_while_another_session_holds_the_rows() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("rowlock").await;
+    let store = Arc::new(PostgresStore::connect_with(config, 2).await.expect("create"));
+    let (done, done_fp) = fresh_key("rowlock", "done");
+    let (held, held_fp) = fresh_key("rowlock", "held");
+    let (ended, ended_fp) = fresh_key("rowlock", "ended");
+    let (_, other_fp) = fresh_key("rowlock", "other");
+    let ok = Outcome::Success("{\"id\":\"ch_1\"}".into());
+    let f = acquire(&*store, &done, &done_fp).await;
+    store.complete(&done, f, &ok, LONG).await.expect("complete");
+    let held_fence = acquire(&*store, &held, &held_fp).await;
+    let short = ClaimRequest { lease: Duration::from_millis(1), ..claim_req(&ended, &ended_fp) };
+    assert!(matches!(store.claim(short).await, Ok(Claim::Acquired { .. })));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    admin
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {schema}.idem_records WHERE key IN ('{done}', '{held}', \
+             '{ended}') FOR UPDATE"
+        ))
+        .await
+        .expect("row locks");
+    let bounded = |c| tokio::time::timeout(Duration::from_secs(5), c);
+    let got = bounded(store.claim(claim_req(&done, &done_fp))).await.expect("no wait");
+    assert_eq!(
+        got.unwrap(),
+        Claim::Completed(Record { fingerprint: done_fp, outcome: ok.clone() })
+    );
+    match bounded(store.claim(claim_req(&held, &held_fp))).await.expect("no wait").unwrap() {
+        Claim::InFlight { fence, .. } => assert_eq!(fence, held_fence),
+        other => panic!("{other:?}"),
+    }
+    let never = ClaimRequest { on_expired: OnExpired::Unknown, ..claim_req(&ended, &ended_fp) };
+    assert_eq!(bounded(store.claim(never)).await.expect("no wait").unwrap(), Claim::Unknown);
+    let got = bounded(store.claim(claim_req(&done, &other_fp))).await.expect("no wait");
+    assert_eq!(got.unwrap(), Claim::Mismatch);
+
+    let completing = tokio::spawn({
+        let (store, ok) = (Arc::clone(&store), ok.clone());
+        async move { store.complete(&held, held_fence, &ok, LONG).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!completing.is_finished(), "the completion must wait: {:?}", completing.await);
+    admin.batch_execute("COMMIT").await.expect("unlock");
+    let got = tokio::time::timeout(Duration::from_secs(5), completing).await;
+    let got = got.expect("completed once unlocked").unwrap();
+    assert!(got.is_ok(), "{got:?}");
+    let got = store.claim(claim_req(&held, &held_fp)).await.unwrap();
+    assert_eq!(got, Claim::Completed(Record { fingerprint: held_fp, outcome: ok }));
+    drop(store);
+    drop_schema(&admin, &schema).await;
+}
