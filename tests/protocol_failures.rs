@@ -472,6 +472,14 @@ impl Store for Opaque {
     ) -> Result<Option<idem_core::store::RecordInfo>, StoreError> {
         self.0.inspect(k).await
     }
+    async fn resolve(
+        &self,
+        k: &idem_core::Key,
+        f: Fence,
+        r: &idem_core::store::Resolution,
+    ) -> Result<(), StoreError> {
+        self.0.resolve(k, f, r).await
+    }
 }
 
 /// Keys and fingerprints of a store's records, as the operator's listing shows them.
@@ -543,14 +551,15 @@ async fn the_direct_and_generic_memory_paths_keep_the_same_records() {
 
 /// Duplicates of a call on the in-memory store, direct and through a wrapper: one execution,
 /// every caller gets its output; after the owner's lease ends (a cancelled first caller), a
-/// keyed call takes over and runs once more, and a never call answers the outcome is unknown.
+/// keyed call takes over and runs once more, and a never call answers the outcome is unknown
+/// until an operator resolves it through the store.
 #[tokio::test(start_paused = true)]
 async fn cancelled_owner_on_either_memory_path() {
     for opaque in [false, true] {
         let memory = Arc::new(MemoryStore::new());
         let store: Arc<dyn Store> =
             if opaque { Arc::new(Opaque(Arc::clone(&memory))) } else { memory };
-        let idem = executor_on(store, policy());
+        let idem = executor_on(Arc::clone(&store), policy());
         for class in [RetryClass::Keyed, RetryClass::Never] {
             let slow = Step::Slow(Duration::from_secs(1));
             let tool = PayTool::new(class, ToolOptions::default(), &[], slow);
@@ -578,6 +587,21 @@ async fn cancelled_owner_on_either_memory_path() {
                 }
                 _ => {
                     assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
+                    assert_eq!(tool.runs(), 2, "{opaque}");
+                    // The operator settles it through the store: later calls replay that.
+                    let key = match again {
+                        Err(Error::OutcomeUnknown { key, .. }) => key,
+                        _ => unreachable!(),
+                    };
+                    let info = store.inspect(&key).await.unwrap().expect("the record");
+                    let outcome = Outcome::Success("\"ch_9\"".into());
+                    let happened = idem_core::store::Resolution::Happened {
+                        outcome,
+                        ttl: Duration::from_secs(600),
+                    };
+                    store.resolve(&key, info.fence, &happened).await.expect("resolve");
+                    let settled = run.call(&*tool, args("cus_2", 100)).await;
+                    assert_eq!(settled.unwrap(), "ch_9", "{opaque}");
                     assert_eq!(tool.runs(), 2, "{opaque}");
                 }
             }
