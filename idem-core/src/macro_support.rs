@@ -27,8 +27,9 @@ pub use args::*;
 /// call of a free fn tool returns (`Pin<Box<dyn Future<Output = T> + Send + 'a>>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The typed call of a method tool: `run.call(&tool, args)` with the tool moved in, boxed, so
-/// that the user's crate writes no `async fn` per tool.
+/// The typed call of a tool: `run.call(&tool, args)` with the tool moved in, boxed, so that the
+/// user's crate writes no `async fn` per tool (a method tool's, and behind [`FnTool`]'s pointer
+/// a free fn tool's).
 pub fn call_owned<T: Tool>(
     run: &Run,
     tool: T,
@@ -230,14 +231,6 @@ pub struct FnTool<A, O, E> {
 pub type FnCall<A, O, E> =
     for<'a> fn(&'a Run, FnTool<A, O, E>, A) -> BoxFuture<'a, Result<O, Error<E>>>;
 
-fn call_fn<A: ToolArgs, O: ToolOutput, E: ToolError>(
-    run: &Run,
-    tool: FnTool<A, O, E>,
-    args: A,
-) -> BoxFuture<'_, Result<O, Error<E>>> {
-    Box::pin(async move { run.call(&tool, args).await })
-}
-
 impl<A, O, E> FnTool<A, O, E> {
     /// The tool whose definition is `def`, running `body`.
     pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self
@@ -246,7 +239,7 @@ impl<A, O, E> FnTool<A, O, E> {
         O: ToolOutput,
         E: ToolError,
     {
-        FnTool { def, body, check: None, call: call_fn::<A, O, E> }
+        FnTool { def, body, check: None, call: call_owned::<FnTool<A, O, E>> }
     }
 
     /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).

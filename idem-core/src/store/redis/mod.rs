@@ -11,8 +11,8 @@
 //! `NOSCRIPT` answer. Redis runs one script at a time and each command a script makes costs it
 //! microseconds, so the scripts make few: a claim `GET`, `TIME`, `GET`, `SET`; a complete `GET`,
 //! `TIME`, `SET`, `SET`, its common case (the owner's record in flight) answered before the
-//! script's shared helpers are even set up. Claims are scripts only on a Redis Cluster (each master has its own clock), with
-//! a replica wait (the claim's `WAIT` goes with its script), with
+//! script's shared helpers are even set up. Claims are scripts only on a Redis Cluster (each
+//! master has its own clock), with a replica wait (the claim's `WAIT` goes with its script), with
 //! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
 //! `GET`).
 //!
