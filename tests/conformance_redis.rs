@@ -174,12 +174,7 @@ async fn malformed_completed_records_are_refused_not_replayed() {
     let (key, fp) = fresh_key("malformed", "{}");
     let mut record = format!("2|d|17|0||{fp}|s|").into_bytes();
     record.extend_from_slice(b"\"\xff\"");
-    let _: () = redis::cmd("SET")
-        .arg(store.record_key(&key))
-        .arg(record)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    set(&mut raw, &store.record_key(&key), record).await;
     match store.claim(claim_req(&key, &fp)).await {
         Err(StoreError::Incompatible(msg)) => assert!(msg.contains("UTF-8"), "{msg}"),
         other => panic!("a payload that is not UTF-8 must be Incompatible, got {other:?}"),

@@ -10,6 +10,10 @@ use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, Outcome, Record, RedisStore, Store};
 use idem_tests::{claim_req, or_skip, redis_prefix, redis_url};
 
+#[path = "shared/redis_records.rs"]
+mod records;
+use records::raw;
+
 /// A store whose claims take the native path: its first claim has it sample the server's clock.
 async fn warm_store() -> Option<RedisStore> {
     let store =
@@ -25,20 +29,14 @@ async fn warm_store() -> Option<RedisStore> {
     panic!("the Redis store never sampled the server's clock");
 }
 
-async fn raw() -> redis::aio::MultiplexedConnection {
-    let client = redis::Client::open(redis_url()).expect("redis url");
-    client.get_multiplexed_async_connection().await.expect("raw redis connection")
-}
-
+/// The server's clock in ms.
 async fn server_ms(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let t: Vec<u64> = redis::cmd("TIME").query_async(raw).await.expect("TIME");
-    t[0] * 1000 + t[1] / 1000
+    records::server_now(raw).await.0
 }
 
 /// The in-flight record's fields (see the Redis store's module docs).
 async fn record_fields(store: &RedisStore, key: &idem_core::Key) -> Vec<String> {
-    let raw: String =
-        redis::cmd("GET").arg(store.record_key(key)).query_async(&mut raw().await).await.unwrap();
+    let raw = records::stored(&mut raw().await, &store.record_key(key)).await;
     raw.splitn(8, '|').map(str::to_owned).collect()
 }
 
@@ -50,12 +48,7 @@ async fn a_fresh_claim_starts_above_the_fence_counter() {
     // client whose estimate runs behind): the counter holds it after its record went away.
     let mut raw = raw().await;
     let ahead = server_ms(&mut raw).await * 1000 + 3_600_000_000;
-    let _: () = redis::cmd("SET")
-        .arg(store.fence_key(&key))
-        .arg(ahead)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    records::set(&mut raw, &store.fence_key(&key), ahead).await;
     match store.claim(claim_req(&key, &fp)).await {
         Ok(Claim::Acquired { fence, takeover: false }) => {
             assert!(fence.0 > ahead, "fence {} must be above the counter {ahead}", fence.0);
@@ -226,12 +219,7 @@ async fn a_completion_reads_any_header_bytes() {
             let mut record = format!("3|f|17|{w}|{lease_end}|{fp}|someone|{now}|").into_bytes();
             record.extend_from_slice(origin);
             record.push(b'|');
-            let _: () = redis::cmd("SET")
-                .arg(store.record_key(&key))
-                .arg(&record)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
+            records::set(&mut raw, &store.record_key(&key), &record).await;
             if w == 1 {
                 sub.subscribe(store.channel(&key)).await.unwrap();
             }
@@ -261,12 +249,7 @@ async fn a_completion_reads_any_header_bytes() {
     // Taken over after its lease ended: the first owner's completion is refused.
     let (key, fp) = fresh_key("native_header_bytes", "taken over");
     let record = format!("3|f|17|0|{}|{fp}|someone|{now}|o%-.[],t,r|", now - 1_000);
-    let _: () = redis::cmd("SET")
-        .arg(store.record_key(&key))
-        .arg(record)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    records::set(&mut raw, &store.record_key(&key), record).await;
     let req =
         idem_core::store::ClaimRequest { on_expired: OnExpired::TakeOver, ..claim_req(&key, &fp) };
     let Ok(Claim::Acquired { fence, takeover: true }) = store.claim(req).await else {

@@ -24,7 +24,12 @@ pub async fn stored(raw: &mut redis::aio::MultiplexedConnection, rec: &str) -> S
     redis::cmd("GET").arg(rec).query_async(raw).await.unwrap()
 }
 
-pub async fn set(raw: &mut redis::aio::MultiplexedConnection, rec: &str, value: &str) {
+/// Writes `value` (text or bytes) as record `rec`.
+pub async fn set(
+    raw: &mut redis::aio::MultiplexedConnection,
+    rec: &str,
+    value: impl redis::ToRedisArgs + Send + Sync,
+) {
     let _: () = redis::cmd("SET").arg(rec).arg(value).query_async(raw).await.unwrap();
 }
 
