@@ -3,76 +3,52 @@
 //! thread with a 2 MiB stack (what `std::thread::spawn` gives), at the limit, one past it, and
 //! 100,000 levels deep; past the limit nothing is claimed and the tool body never runs.
 
+use idem_tests::wrapped::{Hook, Op, Wrapped};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::limits::{drop_flat, nested_arrays};
-use idem_core::store::{Claim, ClaimRequest, Fence, Outcome};
-use idem_core::{
-    Error, Idem, KeyError, MAX_DEPTH, MemoryStore, Policy, Store, StoreError, ToolSet, tool,
-};
+use idem_core::store::{Claim, ClaimRequest, Outcome};
+use idem_core::{Error, Idem, KeyError, MAX_DEPTH, Policy, Store, StoreError, ToolSet, tool};
 use idem_tests::Never;
 use serde_json::{Value, json};
 
-/// A store that counts what reaches it and the largest outcome it was asked to keep.
+/// What reaches the store: claims, completions, and the largest outcome it was asked to keep.
 #[derive(Default)]
-struct Counting {
-    inner: MemoryStore,
+struct Counts {
     claims: AtomicU32,
     completes: AtomicU32,
     largest_outcome: AtomicUsize,
 }
 
 #[async_trait]
-impl Store for Counting {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        key: &idem_core::Key,
-        fence: Fence,
-        outcome: &Outcome,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.completes.fetch_add(1, Ordering::SeqCst);
-        let size = match outcome {
-            Outcome::Success(json) | Outcome::Failure(json) | Outcome::NotStorable(json) => {
-                json.len()
+impl Hook for Counts {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match op {
+            Op::Claim(_) => {
+                self.claims.fetch_add(1, Ordering::SeqCst);
             }
-            _ => 0,
-        };
-        self.largest_outcome.fetch_max(size, Ordering::SeqCst);
-        self.inner.complete(key, fence, outcome, ttl).await
+            Op::Complete { outcome, .. } => {
+                self.completes.fetch_add(1, Ordering::SeqCst);
+                let size = match outcome {
+                    Outcome::Success(json)
+                    | Outcome::Failure(json)
+                    | Outcome::NotStorable(json) => json.len(),
+                    _ => 0,
+                };
+                self.largest_outcome.fetch_max(size, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        Ok(())
     }
-    async fn release(&self, key: &idem_core::Key, fence: Fence) -> Result<(), StoreError> {
-        self.inner.release(key, fence).await
-    }
-    async fn renew(
-        &self,
-        key: &idem_core::Key,
-        fence: Fence,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.renew(key, fence, lease).await
-    }
-    async fn wait(
-        &self,
-        key: &idem_core::Key,
-        fence: Fence,
-        max: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.wait(key, fence, max).await
-    }
-    fn is_local(&self) -> bool {
-        true
-    }
-    async fn forget(&self, key: &idem_core::Key) -> Result<bool, StoreError> {
-        self.inner.forget(key).await
-    }
+}
+
+/// The in-memory store, counting what reaches it (local, as the store itself).
+fn counting() -> Arc<Wrapped<Counts>> {
+    Arc::new(Wrapped::new(Counts::default()).local())
 }
 
 static TREES: AtomicU32 = AtomicU32::new(0);
@@ -114,8 +90,8 @@ where
     thread.expect("thread").join().expect("the test thread panicked or overflowed");
 }
 
-fn executor() -> (Arc<Counting>, Idem) {
-    let store = Arc::new(Counting::default());
+fn executor() -> (Arc<Wrapped<Counts>>, Idem) {
+    let store = counting();
     let idem = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build();
     (store, idem)
 }
@@ -144,8 +120,8 @@ fn typed_call_at_the_depth_limit_runs_once() {
         assert!(save_tree(&run, nested_arrays(AT, json!(1))).await.is_ok());
         assert!(save_tree(&run, nested_arrays(AT, json!(1))).await.is_ok());
         assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "the repeat is a replay");
-        assert_eq!(store.claims.load(Ordering::SeqCst), 2);
-        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 2);
+        assert_eq!(store.hook.completes.load(Ordering::SeqCst), 1);
     });
 }
 
@@ -161,8 +137,8 @@ fn typed_call_past_the_depth_limit_is_refused_before_the_claim() {
             assert!(path.starts_with("tree[0][0][0]"), "{path}");
             assert!(path.ends_with("levels)"), "the path is shortened: {path}");
             assert_eq!(TREES.load(Ordering::SeqCst), before, "the body never ran");
-            assert_eq!(store.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
-            assert_eq!(store.completes.load(Ordering::SeqCst), 0);
+            assert_eq!(store.hook.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
+            assert_eq!(store.hook.completes.load(Ordering::SeqCst), 0);
         });
     }
 }
@@ -180,7 +156,7 @@ fn a_skipped_parameter_is_held_to_the_same_limit() {
             assert!(path.starts_with("tree[0]"), "{path}");
         }
         assert_eq!(NOTES.load(Ordering::SeqCst) - before, 1);
-        assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 1);
     });
 }
 
@@ -239,7 +215,7 @@ fn tool_set_entry_points_at_the_depth_limit_run_once() {
             assert!(!failed.iter().any(|f| text.contains(f)), "{text}");
         }
         assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "one run, three replays");
-        assert_eq!(store.claims.load(Ordering::SeqCst), 4);
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 4);
     });
 }
 
@@ -260,7 +236,7 @@ fn tool_set_entry_points_past_the_depth_limit_are_refused_before_the_claim() {
                 assert!(text.contains("nothing was executed"), "{text}");
             }
             assert_eq!(TREES.load(Ordering::SeqCst), before, "the body never ran");
-            assert_eq!(store.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
+            assert_eq!(store.hook.claims.load(Ordering::SeqCst), 0, "nothing was claimed");
         });
     }
 }
@@ -288,7 +264,7 @@ fn openai_argument_text_has_the_same_limit() {
             assert!(content.contains("at most 127 levels deep"), "{content}");
         }
         assert_eq!(TREES.load(Ordering::SeqCst) - before, 1);
-        assert_eq!(store.claims.load(Ordering::SeqCst), 1);
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 1);
     });
 }
 
@@ -296,7 +272,7 @@ fn openai_argument_text_has_the_same_limit() {
 fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
     let _serial = serial();
     on_small_stack(|| async {
-        let store = Arc::new(Counting::default());
+        let store = counting();
         let policy = Policy { max_argument_bytes: 1024, ..Policy::default() };
         let idem =
             Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
@@ -311,7 +287,7 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
             other => panic!("expected InvalidArguments(TooLarge), got {other:?}"),
         }
         assert_eq!(TREES.load(Ordering::SeqCst) - before, 1);
-        assert_eq!(store.claims.load(Ordering::SeqCst), 1, "the large call claimed nothing");
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 1, "the large call claimed nothing");
 
         // The default is 1 MiB, and the message says both numbers.
         let (store, idem) = executor();
@@ -323,7 +299,7 @@ fn arguments_larger_than_the_policy_are_refused_before_the_claim() {
             .unwrap_or_default();
         assert!(message.contains("2097163 bytes"), "{message}");
         assert!(message.contains("limit of 1048576 bytes"), "{message}");
-        assert_eq!(store.claims.load(Ordering::SeqCst), 0);
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 0);
     });
 }
 
@@ -358,7 +334,7 @@ fn an_output_at_the_depth_limit_is_stored_and_replayed() {
         let again = grow(&run, MAX_DEPTH).await;
         assert!(matches!((&first, &again), (Ok(a), Ok(b)) if a == b));
         assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the repeat is a replay");
-        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
+        assert_eq!(store.hook.completes.load(Ordering::SeqCst), 1);
         // And through a tool set, which turns the output into JSON for the model.
         let tools = ToolSet::new().with(GrowTool).expect("a valid tool");
         let result = tools.call(&run, "grow", &json!({ "depth": MAX_DEPTH })).await;
@@ -386,8 +362,8 @@ fn an_output_past_the_depth_limit_ran_once_and_the_record_says_so() {
             }
             assert_eq!(GROWN.load(Ordering::SeqCst) - before, 1, "the effect happened once");
             // Only the short record that the output could not be stored.
-            assert_eq!(store.completes.load(Ordering::SeqCst), 1);
-            assert!(store.largest_outcome.load(Ordering::SeqCst) < 1000);
+            assert_eq!(store.hook.completes.load(Ordering::SeqCst), 1);
+            assert!(store.hook.largest_outcome.load(Ordering::SeqCst) < 1000);
             // A repeat hears it and runs nothing.
             let again = grow(&run, depth).await;
             assert!(matches!(again, Err(Error::OutputNotStorable { .. })), "{again:?}");
@@ -401,7 +377,7 @@ fn an_output_past_the_depth_limit_ran_once_and_the_record_says_so() {
                 "{}",
                 result.text
             );
-            assert_eq!(store.completes.load(Ordering::SeqCst), 2);
+            assert_eq!(store.hook.completes.load(Ordering::SeqCst), 2);
         });
     }
 }
@@ -417,8 +393,8 @@ fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
         // This caller has the output; the store gets only the record that it was not stored.
         let first = big(&run, 64 << 20).await;
         assert_eq!(first.map(|s| s.len()).ok(), Some(64 << 20));
-        assert_eq!(store.completes.load(Ordering::SeqCst), 1);
-        let largest = store.largest_outcome.load(Ordering::SeqCst);
+        assert_eq!(store.hook.completes.load(Ordering::SeqCst), 1);
+        let largest = store.hook.largest_outcome.load(Ordering::SeqCst);
         assert!(largest < 1000, "{largest} bytes reached the store");
         match big(&run, 64 << 20).await {
             Err(Error::OutputNotStorable { reason, .. }) => {
@@ -430,15 +406,15 @@ fn an_outcome_larger_than_the_policy_never_reaches_the_store() {
         assert_eq!(BIG.load(Ordering::SeqCst) - before, 1, "the effect happened once");
 
         // At the limit exactly it is stored: `"` + bytes + `"`.
-        let store = Arc::new(Counting::default());
+        let store = counting();
         let policy = Policy { max_outcome_bytes: 1000, ..Policy::default() };
         let idem =
             Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).policy(policy).build();
         assert!(big(&idem.run("small"), 998).await.is_ok());
         assert!(big(&idem.run("small"), 999).await.is_ok());
         assert!(matches!(big(&idem.run("small"), 999).await, Err(Error::OutputNotStorable { .. })));
-        assert_eq!(store.largest_outcome.load(Ordering::SeqCst), 1000);
-        assert_eq!(store.completes.load(Ordering::SeqCst), 2);
+        assert_eq!(store.hook.largest_outcome.load(Ordering::SeqCst), 1000);
+        assert_eq!(store.hook.completes.load(Ordering::SeqCst), 2);
     });
 }
 

@@ -1,12 +1,13 @@
 //! idem's metrics (`idem_core::metrics`, feature `metrics`): a scripted run of calls, each
 //! outcome of known count, read back exactly from `metrics-util`'s debugging recorder.
 
+use idem_tests::wrapped::{Hook, Op, Wrapped};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Stats, Store, StoreError};
+use idem_core::store::{Store, StoreError};
 use idem_core::{Classify, Failure, Idem, Key, MemoryStore, Reconciled, RetryBudget, tool};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use serde::{Deserialize, Serialize};
@@ -194,43 +195,19 @@ fn a_scripted_run_is_counted_exactly() {
     assert_eq!(histograms.len(), 2, "no release or renewal in this run: {histograms:?}");
 }
 
-/// A memory store whose counting (`Store::stats`) can be made to fail, as a store that went down.
-struct CountingCanFail {
-    inner: MemoryStore,
-    down: std::sync::atomic::AtomicBool,
-}
+/// Makes the store's counting (`Store::stats`) fail while set, as a store that went down.
+#[derive(Default)]
+struct StatsDown(std::sync::atomic::AtomicBool);
 
 #[async_trait::async_trait]
-impl Store for CountingCanFail {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        k: &Key,
-        f: Fence,
-        o: &Outcome,
-        t: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(k, f, o, t).await
-    }
-    async fn release(&self, k: &Key, f: Fence) -> Result<(), StoreError> {
-        self.inner.release(k, f).await
-    }
-    async fn renew(&self, k: &Key, f: Fence, l: Duration) -> Result<(), StoreError> {
-        self.inner.renew(k, f, l).await
-    }
-    async fn wait(&self, k: &Key, f: Fence, m: Duration) -> Result<(), StoreError> {
-        self.inner.wait(k, f, m).await
-    }
-    async fn forget(&self, k: &Key) -> Result<bool, StoreError> {
-        self.inner.forget(k).await
-    }
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::unavailable("connection refused"));
+impl Hook for StatsDown {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match op {
+            Op::Stats if self.0.load(Ordering::SeqCst) => {
+                Err(StoreError::unavailable("connection refused"))
+            }
+            _ => Ok(()),
         }
-        self.inner.stats().await
     }
 }
 
@@ -263,7 +240,7 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
         .unwrap();
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
-            let store = Arc::new(CountingCanFail { inner: MemoryStore::new(), down: false.into() });
+            let store = Arc::new(Wrapped::new(StatsDown::default()));
             let run = Idem::builder_shared(store.clone()).build().run("gauges");
             wire(&run, "acct_1".into()).await.unwrap_err(); // one unknown outcome
             assert!(gauges().0.is_nan(), "nothing is counted before the watcher starts");
@@ -283,11 +260,11 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
             tokio::time::sleep(Duration::from_secs(30)).await;
             assert_eq!(gauges(), (2.0, 1.0), "counted again after one period");
 
-            store.down.store(true, Ordering::SeqCst);
+            store.hook.0.store(true, Ordering::SeqCst);
             store.inner.forget(&key).await.unwrap();
             tokio::time::sleep(period).await;
             assert_eq!(gauges(), (0.0, 0.0), "a failed count sets nothing");
-            store.down.store(false, Ordering::SeqCst);
+            store.hook.0.store(false, Ordering::SeqCst);
             tokio::time::sleep(period).await;
             assert_eq!(gauges(), (2.0, 0.0), "the next count after the store is back");
 

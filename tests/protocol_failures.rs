@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Store};
+use idem_core::store::{Outcome, Store};
 use idem_core::{
     BudgetKind, Ctx, Error, Idem, MemoryStore, Policy, RetryClass, StoreError, Tool, ToolDef,
     ToolOptions,
@@ -14,6 +14,8 @@ use idem_core::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+use idem_tests::wrapped::{Hook, Op, Pass, Wrapped};
 
 #[path = "shared/protocol.rs"]
 mod rig;
@@ -36,67 +38,28 @@ enum Fault {
     CompleteFails,
 }
 
-struct Faulty {
-    inner: MemoryStore,
-    fault: Fault,
-}
-
-fn faulty(fault: Fault) -> Faulty {
-    Faulty { inner: MemoryStore::new(), fault }
+/// The in-memory store with `fault` injected.
+fn faulty(fault: Fault) -> Wrapped<Fault> {
+    Wrapped::new(fault)
 }
 
 fn down() -> StoreError {
     StoreError::unavailable("connection refused (127.0.0.1:6379)")
 }
 
-impl Faulty {
-    /// What every operation meets first.
-    async fn gate(&self) -> Result<(), StoreError> {
-        match self.fault {
-            Fault::Down => Err(down()),
-            Fault::Frozen => std::future::pending().await,
+#[async_trait::async_trait]
+impl Hook for Fault {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match (*self, op) {
+            (Fault::Down, _) => Err(down()),
+            (Fault::Frozen, _) => std::future::pending().await,
+            (Fault::SlowClaims(d), Op::Claim(_)) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            (Fault::CompleteFails, Op::Complete { .. }) => Err(down()),
             _ => Ok(()),
         }
-    }
-}
-
-#[async_trait::async_trait]
-impl Store for Faulty {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.gate().await?;
-        if let Fault::SlowClaims(d) = self.fault {
-            tokio::time::sleep(d).await;
-        }
-        self.inner.claim(req).await
-    }
-    async fn complete(
-        &self,
-        k: &idem_core::Key,
-        f: Fence,
-        o: &Outcome,
-        t: Duration,
-    ) -> Result<(), StoreError> {
-        self.gate().await?;
-        if let Fault::CompleteFails = self.fault {
-            return Err(down());
-        }
-        self.inner.complete(k, f, o, t).await
-    }
-    async fn release(&self, k: &idem_core::Key, f: Fence) -> Result<(), StoreError> {
-        self.gate().await?;
-        self.inner.release(k, f).await
-    }
-    async fn renew(&self, k: &idem_core::Key, f: Fence, l: Duration) -> Result<(), StoreError> {
-        self.gate().await?;
-        self.inner.renew(k, f, l).await
-    }
-    async fn wait(&self, k: &idem_core::Key, f: Fence, m: Duration) -> Result<(), StoreError> {
-        self.gate().await?;
-        self.inner.wait(k, f, m).await
-    }
-    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
-        self.gate().await?;
-        self.inner.forget(k).await
     }
 }
 
@@ -428,58 +391,9 @@ async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
 }
 
 /// The in-memory store behind a wrapper the executor cannot see through, so calls take the
-/// generic path of any other store.
-struct Opaque(Arc<MemoryStore>);
-
-#[async_trait::async_trait]
-impl Store for Opaque {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        self.0.claim(req).await
-    }
-    async fn complete(
-        &self,
-        k: &idem_core::Key,
-        f: Fence,
-        o: &Outcome,
-        t: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.complete(k, f, o, t).await
-    }
-    async fn release(&self, k: &idem_core::Key, f: Fence) -> Result<(), StoreError> {
-        self.0.release(k, f).await
-    }
-    async fn renew(&self, k: &idem_core::Key, f: Fence, l: Duration) -> Result<(), StoreError> {
-        self.0.renew(k, f, l).await
-    }
-    async fn wait(&self, k: &idem_core::Key, f: Fence, m: Duration) -> Result<(), StoreError> {
-        self.0.wait(k, f, m).await
-    }
-    fn is_local(&self) -> bool {
-        self.0.is_local()
-    }
-    async fn forget(&self, k: &idem_core::Key) -> Result<bool, StoreError> {
-        self.0.forget(k).await
-    }
-    async fn list(
-        &self,
-        q: &idem_core::store::ListQuery,
-    ) -> Result<idem_core::store::ListPage, StoreError> {
-        self.0.list(q).await
-    }
-    async fn inspect(
-        &self,
-        k: &idem_core::Key,
-    ) -> Result<Option<idem_core::store::RecordInfo>, StoreError> {
-        self.0.inspect(k).await
-    }
-    async fn resolve(
-        &self,
-        k: &idem_core::Key,
-        f: Fence,
-        r: &idem_core::store::Resolution,
-    ) -> Result<(), StoreError> {
-        self.0.resolve(k, f, r).await
-    }
+/// generic path of any other store (it still says it is local, as the store itself does).
+fn generic_path(store: Arc<MemoryStore>) -> Wrapped<Pass> {
+    Wrapped::over(store, Pass).local()
 }
 
 /// Keys and fingerprints of a store's records, as the operator's listing shows them.
@@ -545,7 +459,7 @@ async fn memory_history(store: Arc<dyn Store>) -> Vec<(String, String)> {
 #[tokio::test(start_paused = true)]
 async fn the_direct_and_generic_memory_paths_keep_the_same_records() {
     let direct = memory_history(Arc::new(MemoryStore::new())).await;
-    let generic = memory_history(Arc::new(Opaque(Arc::new(MemoryStore::new())))).await;
+    let generic = memory_history(Arc::new(generic_path(Arc::new(MemoryStore::new())))).await;
     assert_eq!(direct, generic);
 }
 
@@ -558,7 +472,7 @@ async fn cancelled_owner_on_either_memory_path() {
     for opaque in [false, true] {
         let memory = Arc::new(MemoryStore::new());
         let store: Arc<dyn Store> =
-            if opaque { Arc::new(Opaque(Arc::clone(&memory))) } else { memory };
+            if opaque { Arc::new(generic_path(Arc::clone(&memory))) } else { memory };
         let idem = executor_on(Arc::clone(&store), policy());
         for class in [RetryClass::Keyed, RetryClass::Never] {
             let slow = Step::Slow(Duration::from_secs(1));

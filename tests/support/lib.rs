@@ -74,6 +74,9 @@ pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
 /// Worker processes, their ledger and their answers (multi-process and outage tests).
 pub mod workers;
 
+/// The in-memory store behind a test's hook (counting, delaying or failing operations).
+pub mod wrapped;
+
 /// The multi-process exactly-once scenario (tests/multiprocess.rs, tests/pgbouncer.rs).
 pub mod hammer;
 
