@@ -393,3 +393,79 @@ async fn reads_answer_while_another_connection_holds_the_write_lock() {
     let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("acquired");
     assert!(matches!(got.unwrap(), Ok(Claim::Acquired { .. })));
 }
+
+/// Replays, fresh claims and completions while another connection keeps the WAL busy: it writes
+/// to a table of its own and checkpoints in `TRUNCATE` and `RESTART` modes (which wait for
+/// readers and reset the WAL) in a loop. Every replay answers the stored outcome, and every write
+/// of the store waits for its turn rather than failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_and_claims_while_another_connection_checkpoints() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    let path = fresh_file("checkpoints");
+    let store = Arc::new(SqliteStore::open(&path).expect("open"));
+    let (done, done_fp) = idem_core::conformance::fresh_key("checkpoints", "done");
+    let Claim::Acquired { fence, .. } =
+        store.claim(idem_tests::claim_req(&done, &done_fp)).await.expect("claim")
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let ok = Outcome::Success("{\"id\":\"ch_1\"}".into());
+    store.complete(&done, fence, &ok, Duration::from_secs(600)).await.expect("complete");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let checkpoints = Arc::new(AtomicU32::new(0));
+    let other = std::thread::spawn({
+        let (path, stop, checkpoints) = (path.clone(), Arc::clone(&stop), Arc::clone(&checkpoints));
+        move || {
+            let raw = rusqlite::Connection::open(&path).expect("raw");
+            raw.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+            raw.execute_batch("CREATE TABLE IF NOT EXISTS other (n INTEGER)").expect("table");
+            let mut n = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                raw.execute("INSERT INTO other (n) VALUES (?1)", [n]).expect("insert");
+                let mode = if n % 2 == 0 { "TRUNCATE" } else { "RESTART" };
+                // One row: whether the checkpoint was blocked (1), WAL frames, frames moved.
+                let blocked: i64 = raw
+                    .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(0))
+                    .expect("checkpoint");
+                if blocked == 0 {
+                    checkpoints.fetch_add(1, Ordering::SeqCst);
+                }
+                // A busy neighbour, not one that never lets go of the write lock.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    });
+
+    let mut fresh_claims = 0;
+    // At least 2,000 replays, and on until the other connection has checkpointed 50 times.
+    let mut i = 0u32;
+    while i < 2_000 || checkpoints.load(Ordering::SeqCst) < 50 {
+        assert!(i < 1_000_000, "the other connection stopped checkpointing");
+        let got = store.claim(idem_tests::claim_req(&done, &done_fp)).await;
+        assert_eq!(
+            got.expect("a replay during a checkpoint answers"),
+            Claim::Completed(idem_core::store::Record {
+                fingerprint: done_fp,
+                outcome: ok.clone()
+            }),
+            "replay {i}"
+        );
+        if i % 100 == 0 {
+            let (key, fp) = idem_core::conformance::fresh_key("checkpoints", &i.to_string());
+            let Claim::Acquired { fence, .. } =
+                store.claim(idem_tests::claim_req(&key, &fp)).await.expect("a fresh claim waits")
+            else {
+                panic!("a fresh key is acquired");
+            };
+            store.complete(&key, fence, &ok, Duration::from_secs(600)).await.expect("complete");
+            fresh_claims += 1;
+        }
+        i += 1;
+    }
+    stop.store(true, Ordering::SeqCst);
+    other.join().expect("the other connection");
+    assert_eq!(fresh_claims, i.div_ceil(100), "every fresh claim acquired and completed");
+}
