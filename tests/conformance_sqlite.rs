@@ -425,7 +425,7 @@ async fn replays_and_claims_while_another_connection_checkpoints() {
             while !stop.load(Ordering::SeqCst) {
                 n += 1;
                 raw.execute("INSERT INTO other (n) VALUES (?1)", [n]).expect("insert");
-                let mode = if n % 2 == 0 { "TRUNCATE" } else { "RESTART" };
+                let mode = if n.is_multiple_of(2) { "TRUNCATE" } else { "RESTART" };
                 // One row: whether the checkpoint was blocked (1), WAL frames, frames moved.
                 let blocked: i64 = raw
                     .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(0))
@@ -453,7 +453,7 @@ async fn replays_and_claims_while_another_connection_checkpoints() {
             }),
             "replay {i}"
         );
-        if i % 100 == 0 {
+        if i.is_multiple_of(100) {
             let (key, fp) = idem_core::conformance::fresh_key("checkpoints", &i.to_string());
             let Claim::Acquired { fence, .. } =
                 store.claim(idem_tests::claim_req(&key, &fp)).await.expect("a fresh claim waits")
