@@ -3,7 +3,9 @@
 //!
 //! - first call (claim + complete, through [`Idem`] and a keyed [`Tool`] that does no work) against
 //!   two raw writes: `INSERT OR IGNORE` (SQLite, rusqlite), `INSERT .. ON CONFLICT DO NOTHING`
-//!   (PostgreSQL, tokio-postgres), `SET key val NX` (Redis, redis-rs connection manager);
+//!   (PostgreSQL, tokio-postgres through a deadpool-postgres pool with cached prepared statements,
+//!   the kind of pool the store uses; direct connections beside it as a diagnostic), `SET key val
+//!   NX` (Redis, redis-rs connection manager);
 //! - replay against one raw read by primary key: `SELECT val .. WHERE key = ?` / `GET key`;
 //! - throughput of 32 concurrent callers on distinct keys, idem and the raw baseline;
 //! - with `IDEM_BENCH_PYTHON` set, the peer: AWS Powertools' `idempotent_function` on the same Redis
@@ -26,7 +28,8 @@
 //! `IDEM_BENCH_TPUT_SECS` (seconds per throughput sample, default 2), `IDEM_BENCH_STORES`
 //! (comma-separated subset of `sqlite,postgres,redis`), `IDEM_BENCH_PROFILE` (`STORE:OP`, e.g.
 //! `redis:replay`: only that op's throughput at 32 callers for `IDEM_BENCH_TPUT_SECS`, nothing
-//! else, for a profiler; ops `raw2`, `first`, `raw1`, `replay`, `store-first`, `store-replay`).
+//! else, for a profiler; ops `raw2`, `first`, `raw1`, `replay`, `store-first`, `store-replay`,
+//! and for PostgreSQL `raw2-direct`, `raw1-direct`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -110,6 +113,9 @@ enum Op {
     /// SQLite only: Raw2 / Raw1 through spawn_blocking.
     Raw2Blocking,
     Raw1Blocking,
+    /// PostgreSQL only: Raw2 / Raw1 on direct connections instead of the pool.
+    Raw2Direct,
+    Raw1Direct,
     /// Diagnostics: the store's own claim + complete, and claim of a completed key, called
     /// directly (no executor), to tell the store's cost from the executor's.
     StoreFirst,
@@ -128,6 +134,8 @@ impl Op {
             Op::Replay => "idem replay",
             Op::Raw2Blocking => "raw 2 writes, spawn_blocking",
             Op::Raw1Blocking => "raw 1 read, spawn_blocking",
+            Op::Raw2Direct => "raw 2 writes, direct conn",
+            Op::Raw1Direct => "raw 1 read, direct conn",
             Op::StoreFirst => "store claim+complete only",
             Op::StoreReplay => "store claim (replay) only",
             Op::ScriptFirst => "store claim+complete, scripts",
@@ -153,6 +161,8 @@ impl Subject {
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
             Op::Raw1Blocking => self.raw.read1_blocking(&self.read_keys[caller as usize]).await,
+            Op::Raw2Direct => self.raw.write2_direct(&self.prefix, next()).await,
+            Op::Raw1Direct => self.raw.read1_direct(&self.read_keys[caller as usize]).await,
             Op::StoreFirst | Op::ScriptFirst => {
                 let (key, fp) = self.key_of(&charge_args(next()));
                 let store = self.store(op);
@@ -216,6 +226,9 @@ impl Subject {
             vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay];
         if matches!(self.raw, Raw::Sqlite(_)) {
             ops.extend([Op::Raw2Blocking, Op::Raw1Blocking]);
+        }
+        if matches!(self.raw, Raw::Postgres { pool: Some(_), .. }) {
+            ops.extend([Op::Raw2Direct, Op::Raw1Direct]);
         }
         if self.scripts.is_some() {
             ops.extend([Op::ScriptFirst, Op::ScriptReplay]);
@@ -333,6 +346,16 @@ fn main() {
             us(lat.median(Op::First) - lat.median(Op::StoreFirst)),
             us(lat.median(Op::Replay) - lat.median(Op::StoreReplay)),
         );
+        if name == "postgres" {
+            println!(
+                "  diagnostics: raw baselines on direct connections instead of the pool: first call / \
+                 2 raw writes = {:.2}, replay / 1 raw read = {:.2}, store alone's claim of a \
+                 completed key / 1 raw read = {:.2}",
+                lat.ratio(Op::First, Op::Raw2Direct),
+                lat.ratio(Op::Replay, Op::Raw1Direct),
+                lat.ratio(Op::StoreReplay, Op::Raw1Direct),
+            );
+        }
         if name == "redis" {
             redis_idem = Some((lat.median(Op::First), lat.median(Op::Replay)));
             println!(
@@ -350,7 +373,7 @@ fn main() {
             // SQLite raw through spawn_blocking: blocking the runtime's workers is not a baseline an
             // async caller could use.
             let ops = match subject.raw {
-                Raw::Sqlite(_) => [
+                Raw::Sqlite(_) => vec![
                     Op::Raw2Blocking,
                     Op::First,
                     Op::Raw1Blocking,
@@ -358,7 +381,19 @@ fn main() {
                     Op::StoreFirst,
                     Op::StoreReplay,
                 ],
-                _ => [Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay],
+                Raw::Postgres { pool: Some(_), .. } => vec![
+                    Op::Raw2,
+                    Op::First,
+                    Op::Raw1,
+                    Op::Replay,
+                    Op::StoreFirst,
+                    Op::StoreReplay,
+                    Op::Raw2Direct,
+                    Op::Raw1Direct,
+                ],
+                _ => {
+                    vec![Op::Raw2, Op::First, Op::Raw1, Op::Replay, Op::StoreFirst, Op::StoreReplay]
+                }
             };
             let mut per: BTreeMap<Op, Vec<f64>> = BTreeMap::new();
             for &op in &ops {
@@ -386,7 +421,8 @@ fn main() {
         }
         if name == "postgres" {
             println!(
-                "  (PostgreSQL raw under concurrency: {raw_conns} connections, as the store uses)"
+                "  (PostgreSQL raw: a deadpool pool of {raw_conns} connections, as the store's; \
+                 direct: {raw_conns} connections, pipelined when concurrent)"
             );
         }
         summary.push((label, lat.median(Op::First), first, lat.median(Op::Replay), replay, tput));
@@ -518,6 +554,8 @@ fn profile_one(s: &Settings, scope: &Scope, profile: &str, rt: &tokio::runtime::
         "raw2" => Op::Raw2,
         "first" => Op::First,
         "raw1" => Op::Raw1,
+        "raw2-direct" => Op::Raw2Direct,
+        "raw1-direct" => Op::Raw1Direct,
         "replay" => Op::Replay,
         "store-first" => Op::StoreFirst,
         "store-replay" => Op::StoreReplay,

@@ -13,8 +13,14 @@ const RAW_VALUE: &str =
 pub(super) enum Raw {
     /// One connection, same file and settings as the store (WAL, the same `synchronous`).
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
-    /// Connections with prepared statements; calls go round-robin over them.
+    /// PostgreSQL: the baselines go through `pool`, a deadpool-postgres pool of the store's
+    /// size with statements prepared once per connection (its statement cache), as the store's
+    /// steps do: each call checks a connection out for itself. `conns` are direct connections
+    /// with prepared statements (calls go round-robin over them, pipelined when concurrent),
+    /// measured beside it as a diagnostic (`Op::Raw2Direct`, `Op::Raw1Direct`); without a
+    /// pool (the TLS rounds) the baselines use them.
     Postgres {
+        pool: Option<deadpool_postgres::Pool>,
         conns: Vec<PgRaw>,
         next: AtomicU64,
     },
@@ -26,6 +32,10 @@ pub(super) struct PgRaw {
     pub(super) insert: tokio_postgres::Statement,
     pub(super) select: tokio_postgres::Statement,
 }
+
+pub(super) const PG_INSERT: &str =
+    "INSERT INTO bench_raw (key, val) VALUES ($1, $2) ON CONFLICT DO NOTHING";
+pub(super) const PG_SELECT: &str = "SELECT val FROM bench_raw WHERE key = $1";
 
 const SQLITE_INSERT: &str = "INSERT OR IGNORE INTO bench_raw (key, val) VALUES (?1, ?2)";
 const SQLITE_SELECT: &str = "SELECT val FROM bench_raw WHERE key = ?1";
@@ -46,12 +56,16 @@ impl Raw {
     pub(super) async fn write2(&self, prefix: &str, i: u64) {
         match self {
             Raw::Sqlite(conn) => sqlite_write2(&conn.lock().expect("lock"), prefix, i),
-            Raw::Postgres { conns, next } => {
-                let c = &conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()];
-                let (a, b) = (format!("{prefix}:{i}:a"), format!("{prefix}:{i}:b"));
-                c.client.execute(&c.insert, &[&a, &RAW_VALUE]).await.expect("insert");
-                c.client.execute(&c.insert, &[&b, &RAW_VALUE]).await.expect("insert");
+            Raw::Postgres { pool: Some(pool), .. } => {
+                // One checkout per write, as the store's claim and completion each take one.
+                for side in ["a", "b"] {
+                    let c = pool.get().await.expect("a pooled connection");
+                    let insert = c.prepare_cached(PG_INSERT).await.expect("prepare");
+                    let key = format!("{prefix}:{i}:{side}");
+                    c.execute(&insert, &[&key, &RAW_VALUE]).await.expect("insert");
+                }
             }
+            Raw::Postgres { pool: None, .. } => self.write2_direct(prefix, i).await,
             Raw::Redis(conn) => {
                 let mut conn = conn.clone();
                 for k in [format!("{prefix}:{i}:a"), format!("{prefix}:{i}:b")] {
@@ -73,17 +87,38 @@ impl Raw {
             Raw::Sqlite(conn) => {
                 std::hint::black_box(sqlite_read1(&conn.lock().expect("lock"), key));
             }
-            Raw::Postgres { conns, next } => {
-                let c = &conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()];
-                let row = c.client.query_one(&c.select, &[&key]).await.expect("select");
+            Raw::Postgres { pool: Some(pool), .. } => {
+                let c = pool.get().await.expect("a pooled connection");
+                let select = c.prepare_cached(PG_SELECT).await.expect("prepare");
+                let row = c.query_one(&select, &[&key]).await.expect("select");
                 std::hint::black_box(row.get::<_, String>(0));
             }
+            Raw::Postgres { pool: None, .. } => self.read1_direct(key).await,
             Raw::Redis(conn) => {
                 let mut conn = conn.clone();
                 let v: Option<String> =
                     redis::cmd("GET").arg(key).query_async(&mut conn).await.expect("GET");
                 assert!(v.is_some(), "the raw replay key exists");
             }
+        }
+    }
+
+    /// PostgreSQL: two raw writes on a direct connection, without the pool.
+    pub(super) async fn write2_direct(&self, prefix: &str, i: u64) {
+        if let Raw::Postgres { conns, next, .. } = self {
+            let c = &conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()];
+            let (a, b) = (format!("{prefix}:{i}:a"), format!("{prefix}:{i}:b"));
+            c.client.execute(&c.insert, &[&a, &RAW_VALUE]).await.expect("insert");
+            c.client.execute(&c.insert, &[&b, &RAW_VALUE]).await.expect("insert");
+        }
+    }
+
+    /// PostgreSQL: one raw read on a direct connection, without the pool.
+    pub(super) async fn read1_direct(&self, key: &str) {
+        if let Raw::Postgres { conns, next, .. } = self {
+            let c = &conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()];
+            let row = c.client.query_one(&c.select, &[&key]).await.expect("select");
+            std::hint::black_box(row.get::<_, String>(0));
         }
     }
 

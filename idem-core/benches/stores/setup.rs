@@ -11,7 +11,7 @@ use idem_core::store::{PostgresStore, RedisStore};
 use idem_core::{Idem, Scope};
 use redis::aio::ConnectionManager;
 
-use super::raw::{PgRaw, Raw};
+use super::raw::{PG_INSERT, PG_SELECT, PgRaw, Raw};
 use super::{Subject, read_keys};
 
 pub(super) struct Settings {
@@ -156,19 +156,28 @@ pub(super) async fn pg_subject(
     let mut conns = Vec::new();
     for _ in 0..raw_conns {
         let client = pg_client(&config).await;
-        let insert = client
-            .prepare("INSERT INTO bench_raw (key, val) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-            .await
-            .expect("prepare");
-        let select =
-            client.prepare("SELECT val FROM bench_raw WHERE key = $1").await.expect("prepare");
+        let insert = client.prepare(PG_INSERT).await.expect("prepare");
+        let select = client.prepare(PG_SELECT).await.expect("prepare");
         conns.push(PgRaw { client, insert, select });
     }
+    // The pool the raw baselines go through: the kind the store's own is (deadpool-postgres,
+    // `Fast` recycling, statements prepared once per connection), of the same size.
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(idem_core::store::postgres::DEFAULT_CONNECTIONS)
+        .build()
+        .expect("raw pool");
     let prefix: Arc<str> = format!("raw-{}", s.run_id).into();
     Subject {
         name: "PostgreSQL",
         run: Idem::new(store).scope(scope.clone()),
-        raw: Raw::Postgres { conns, next: AtomicU64::new(0) },
+        raw: Raw::Postgres { pool: Some(pool), conns, next: AtomicU64::new(0) },
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,

@@ -68,6 +68,7 @@ async fn pg_tls_subject(server: &PgTls, s: &Settings, scope: &Scope) -> Subject 
         name: "PostgreSQL, TLS verify-full",
         run: Idem::new(store).scope(scope.clone()),
         raw: Raw::Postgres {
+            pool: None,
             conns: vec![PgRaw { client, insert, select }],
             next: AtomicU64::new(0),
         },
