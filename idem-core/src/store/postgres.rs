@@ -264,7 +264,7 @@ impl Store for PostgresStore {
         })
         .await;
         let mut claimed =
-            row.and_then(|row| decide_common(req.key, req.fingerprint, req.on_expired, row));
+            row.and_then(|row| decide_common(req.key, req.fingerprint, own, req.on_expired, row));
         // The rare path: the function takes over, re-acquires this claim's own row, or races.
         for _ in 0..CLAIM_RUNS {
             if !matches!(claimed, Ok(Step::Retry)) {

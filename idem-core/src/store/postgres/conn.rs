@@ -18,14 +18,16 @@ use crate::store::StoreError;
 
 /// The claim's common path, plain SQL in one statement: the row of the key, and when there is
 /// none, a fresh acquisition by `idem_claim_fresh` (only then called: a replay is one indexed read).
-/// Columns: the fence just drawn (NULL unless acquired now), then the existing row as
-/// `idem_claim` answers it. Anything else (a takeable row, a lost race) goes to `idem_claim`.
+/// Columns (read by `decide_common` in `claim.rs`): the fence (drawn now when the key had no row,
+/// NULL when another claim inserted it meanwhile; else the row's), then the row as it is: state,
+/// fingerprint, lease end, expiry, owner token, outcome kind, payload, and the server's `now()`
+/// between them. The client compares the times and the token: expressions cost the server more
+/// than sending the columns (each evaluated per call, and `extract(epoch ..)` is numeric
+/// arithmetic), and the lease still ends on the server's clock. Anything else (a takeable row, a
+/// lost race, this claim's own row) goes to `idem_claim`.
 const CLAIM: &str = "
-SELECT CASE WHEN r.key IS NULL THEN idem_claim_fresh($1, $2, $3, $4, $5, $6, $7) END,
-       r.fence, r.takeover, r.fingerprint, r.state,
-       CASE WHEN r.state = 0 THEN r.lease_until > now() ELSE r.expires_at > now() END,
-       (extract(epoch FROM r.lease_until - now()) * 1000)::bigint, r.kind, r.payload,
-       (r.state = 0 AND r.owner = $4) IS TRUE
+SELECT CASE WHEN r.key IS NULL THEN idem_claim_fresh($1, $2, $3, $4, $5, $6, $7) ELSE r.fence END,
+       r.state, r.fingerprint, r.lease_until, r.expires_at, now(), r.owner, r.kind, r.payload
 FROM (VALUES (1)) AS one LEFT JOIN idem_records AS r ON r.key = $1";
 
 /// The claim's rare path (takeover, retention ended, a resend of this claim, a lost race).
