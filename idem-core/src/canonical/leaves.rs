@@ -100,6 +100,31 @@ pub(super) fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
 }
 
+/// [`write_str`] for short strings (member names, ids, codes): up to 16 bytes are checked as two
+/// words and written with their quotes in one copy. Longer strings, and any that need an escape,
+/// take [`write_str`].
+pub(super) fn write_short_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    const MAX: usize = 16;
+    let n = bytes.len();
+    if n <= MAX {
+        // Spaces need no escape: the bytes after the string's pass the check.
+        let mut buf = [b' '; MAX + 2];
+        buf[0] = b'"';
+        buf[1..=n].copy_from_slice(bytes);
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&buf[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        if !word_needs_escape(word(1)) && !word_needs_escape(word(9)) {
+            buf[n + 1] = b'"';
+            out.extend_from_slice(&buf[..n + 2]);
+            return;
+        }
+    }
+    write_str(out, bytes);
+}
+
 pub(super) fn write_int<I: itoa::Integer>(out: &mut Vec<u8>, v: I) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }

@@ -10,6 +10,8 @@
 //! back, or one read back differently (a `HashMap` may list its members in another order) takes
 //! the full path, which builds and compares the canonical forms and says why when they differ.
 
+use std::cell::Cell;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -45,37 +47,70 @@ impl std::fmt::Display for Unstorable {
     }
 }
 
+thread_local! {
+    /// The text being checked, reused across calls on one thread: a record keeps only its
+    /// output's JSON, at its size, not the buffer it was checked in.
+    static TEXT: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Buffers up to this size are kept for the next check on the thread.
+const KEEP_TEXT: usize = 64 * 1024;
+
 /// [`storable`], telling an output past the depth limit apart.
 pub(crate) fn stored_json<O: Serialize + DeserializeOwned>(
     output: &O,
 ) -> Result<String, Unstorable> {
+    // Taken, not borrowed: the output's own `Serialize` or `Deserialize` may call idem again.
+    let mut text = TEXT.try_with(Cell::take).unwrap_or_default();
+    text.clear();
     // Sized for a typical output at once: growing from empty costs more than the walk itself.
-    let mut text = Vec::with_capacity(256);
-    if crate::canonical::write_plain(output, &mut text, true).is_err() {
-        return full(output);
+    text.reserve(256);
+    let checked = check_plain(output, &mut text);
+    if text.capacity() <= KEEP_TEXT {
+        let _ = TEXT.try_with(|t| t.set(text));
     }
-    let Ok(back) = serde_json::from_slice::<O>(&text) else { return full(output) };
+    match checked {
+        Some(Ok(json)) => Ok(json),
+        Some(Err(e)) => Err(e),
+        None => full(output),
+    }
+}
+
+/// The plain path of [`stored_json`], checking in `text`; `None` sends the output the full way.
+fn check_plain<O: Serialize + DeserializeOwned>(
+    output: &O,
+    text: &mut Vec<u8>,
+) -> Option<Result<String, Unstorable>> {
+    crate::canonical::write_plain(output, text, true).ok()?;
+    // `write_plain` writes only UTF-8 (escaped strings and ASCII), checked once here: read back
+    // from a `str`, as a replay reads it, serde_json checks no string again. The record's copy is
+    // exactly as long as the text.
+    let json = std::str::from_utf8(text).ok()?.to_owned();
+    let back = serde_json::from_str::<O>(&json).ok()?;
     let len = text.len();
     // Written again after the text itself, compared, then cut off: no second buffer.
-    let same = crate::canonical::write_plain(&back, &mut text, false).is_ok()
-        && text[..len] == text[len..];
+    let same =
+        crate::canonical::write_plain(&back, text, false).is_ok() && text[..len] == text[len..];
     text.truncate(len);
-    // `write_plain` writes only UTF-8: escaped strings and ASCII.
-    let Ok(json) = String::from_utf8(text) else { return full(output) };
     if same {
-        return Ok(json);
+        return Some(Ok(json));
     }
     // Read back, but written differently: the canonical forms decide (members in another order
     // are the same value).
+    Some(same_canonical(output, &back).map(|()| json))
+}
+
+/// Whether `output` and `back`, its JSON read back, have the same canonical form.
+fn same_canonical<O: Serialize>(output: &O, back: &O) -> Result<(), Unstorable> {
     let canonical = canonical(output)?;
     let mut again = Vec::with_capacity(canonical.len());
-    crate::canonical::canonicalize(&back, &mut again).map_err(|e| {
+    crate::canonical::canonicalize(back, &mut again).map_err(|e| {
         Unstorable::Other(format!("its JSON reads back as a value without JSON form: {e}"))
     })?;
     if again != canonical {
         return Err(different());
     }
-    Ok(json)
+    Ok(())
 }
 
 /// The full check, which says why an output cannot be stored. The first canonicalization is
