@@ -19,6 +19,7 @@ pub(crate) fn ms(d: Duration) -> u64 {
 }
 
 /// `now + d`, saturating at `now + FOREVER`.
+#[inline]
 pub(crate) fn later(now: Instant, d: Duration) -> Instant {
     now.checked_add(d.min(FOREVER)).unwrap_or(now)
 }

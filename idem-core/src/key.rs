@@ -176,12 +176,34 @@ fn frame(h: &mut Sha256, field: &[u8]) {
 }
 
 fn framed(tag: &[u8], fields: &[&[u8]]) -> Hex64 {
+    Hex64::from_digest(&framed_digest(tag, fields))
+}
+
+fn framed_digest(tag: &[u8], fields: &[&[u8]]) -> [u8; 32] {
     let mut h = Sha256::new();
     frame(&mut h, tag);
     for field in fields {
         frame(&mut h, field);
     }
-    Hex64::from_digest(&h.finalize())
+    h.finalize().into()
+}
+
+/// [`derive_key`] or [`caller_key`] (`caller_key`: the caller's own key, else the canonical
+/// arguments name the intent), with the digest its digits spell: the in-memory store's records
+/// are keyed by the digest, which need not be decoded from the digits then.
+pub(crate) fn key_and_digest(
+    scope: &Scope,
+    tool: &str,
+    canonical_args: &[u8],
+    caller_key: Option<&str>,
+) -> (Key, [u8; 32]) {
+    let (tag, last) = match caller_key {
+        Some(k) => (CALLER_KEY_TAG, k.as_bytes()),
+        None => (KEY_TAG, canonical_args),
+    };
+    let digest =
+        framed_digest(tag, &[scope.tenant.as_bytes(), scope.run.as_bytes(), tool.as_bytes(), last]);
+    (Key(Hex64::from_digest(&digest)), digest)
 }
 
 /// The key of an intent: `SHA-256(frame("idem-key/v1") ‖ frame(tenant) ‖ frame(run) ‖
@@ -224,6 +246,16 @@ mod tests {
             assert_eq!(Key::from_digest(&digest), key);
         }
         let every_digit = "0123456789abcdef".repeat(4);
+        // The executor's key and digest at once are the public functions' key and its digest.
+        let scope = Scope::run("r").with_tenant("t");
+        for args in [&b"{}"[..], b"{\"a\":1}"] {
+            let (key, digest) = key_and_digest(&scope, "tool", args, None);
+            assert_eq!(key, derive_key(&scope, "tool", args));
+            assert_eq!(digest, key.digest());
+            let (key, digest) = key_and_digest(&scope, "tool", args, Some("k-1"));
+            assert_eq!(key, caller_key(&scope, "tool", "k-1"));
+            assert_eq!(digest, key.digest());
+        }
         let key = Key::parse(&every_digit).expect("hex");
         assert_eq!(hex::encode(key.digest()), every_digit);
     }

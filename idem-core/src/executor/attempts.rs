@@ -2,6 +2,7 @@
 //! its timeout, classify how it failed, decide the next step ([`Next`]), and store the outcome.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -18,13 +19,36 @@ use crate::ctx::Ctx;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::failure::{Classify, Failure, FailureKind};
+use crate::metrics::StepTimer;
 use crate::reconcile::Reconciled;
-use crate::store::{Fence, OnExpired, Outcome};
+use crate::store::{Fence, OnExpired, Outcome, StoreError};
 use crate::tool::Tool;
 
 /// The reason of [`Error::OutputNotStorable`] and [`Outcome::NotStorable`].
 fn not_storable_reason(why: &dyn std::fmt::Display) -> String {
     format!("the tool ran, but its output could not be stored: {why}")
+}
+
+/// How [`Call::finish_ok_now`] left a call: answered, or with a completion still to await.
+pub(super) enum Finish<T: Tool> {
+    Done(Result<T::Output, Error<T::Error>>),
+    /// A store other than the in-memory one completes the record.
+    Store(Storing<T>),
+    /// The in-memory store refused the completion: another caller took the key over.
+    LeaseLost {
+        output: T::Output,
+        outcome: Outcome,
+    },
+}
+
+/// An outcome to store under `fence`, and what the caller gets once it is stored (or could not
+/// be): the output, or the error of an output too deep to store.
+pub(super) struct Storing<T: Tool> {
+    fence: Fence,
+    outcome: Outcome,
+    then: Result<T::Output, Error<T::Error>>,
+    /// `outcome` is the output's JSON, which reads back as itself.
+    success: bool,
 }
 
 /// How one attempt ended.
@@ -72,7 +96,9 @@ impl<T: Tool> Call<'_, T> {
         let mut allowed = self.policy.attempts;
         loop {
             attempt += 1;
-            self.span.record("idem.attempt", attempt);
+            if !self.span.is_disabled() {
+                self.span.record("idem.attempt", attempt);
+            }
             let started = started.take().unwrap_or_else(Instant::now);
             if started >= self.deadline {
                 // Waiting for a duplicate used the time up to the deadline: starting an attempt that would
@@ -85,20 +111,34 @@ impl<T: Tool> Call<'_, T> {
             crate::metrics::attempt(self.name(), self.class().as_str());
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
-            // The last allowed attempt takes the arguments; earlier ones need a copy for a retry.
-            let this_args = match args.take() {
-                Some(a) if attempt >= allowed && !reconciles => a,
-                Some(a) => {
-                    let copy = a.clone();
-                    args = Some(a);
-                    copy
-                }
-                None => return Err(self.internal("arguments used up before the last attempt")),
+            // The last allowed attempt takes the arguments; earlier ones need a copy for a retry
+            // (copied where they are, not moved out and back).
+            let this_args = match args.as_ref() {
+                Some(a) if attempt < allowed || reconciles => a.clone(),
+                _ => match args.take() {
+                    Some(a) => a,
+                    None => return Err(self.internal("arguments used up before the last attempt")),
+                },
             };
-            let (failure, error) = match self.run_attempt(&cx, this_args, attempt_deadline).await {
+            let ended = {
+                let mut work = std::pin::pin!(self.tool.run(&cx, this_args));
+                // Most attempts of a fast tool finish on their first poll: no timer is armed for
+                // them, and the future that times and renews an attempt is built (boxed, so the
+                // call's own future stays small) only for those that wait.
+                match std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await {
+                    Poll::Ready(ended) => Attempt::Done(ended),
+                    Poll::Pending => {
+                        Box::pin(self.attempt_pending(work.as_mut(), fence, attempt_deadline)).await
+                    }
+                }
+            };
+            let (failure, error) = match ended {
                 Attempt::Done(Ok(output)) => {
                     budget.on_success();
-                    return self.finish_ok(fence, output).await;
+                    return match self.finish_ok_now(fence, output) {
+                        Finish::Done(result) => result,
+                        rest => self.finish_ok_later(rest).await,
+                    };
                 }
                 Attempt::Done(Err(error)) => (error.classify(), Some(error)),
                 Attempt::TimedOut => (Failure::ambiguous(), None),
@@ -244,11 +284,22 @@ impl<T: Tool> Call<'_, T> {
         Duration::from_nanos(rng.random_range(0..=nanos))
     }
 
+    /// Finishes a call whose attempt (or check) gave `output`: checks that it can be stored and
+    /// stores it under `fence`, then answers with it.
     pub(super) async fn finish_ok(
         &self,
         fence: Option<Fence>,
         output: T::Output,
     ) -> Result<T::Output, Error<T::Error>> {
+        match self.finish_ok_now(fence, output) {
+            Finish::Done(result) => result,
+            rest => self.finish_ok_later(rest).await,
+        }
+    }
+
+    /// [`Call::finish_ok`] as far as it goes without awaiting: all of it on the in-memory store
+    /// unless the lease was lost; up to the completion on any other store.
+    pub(super) fn finish_ok_now(&self, fence: Option<Fence>, output: T::Output) -> Finish<T> {
         // serde_json writes without a depth limit, and so does every caller that turns the output
         // into JSON: an output past the limit (docs/key-spec.md, "Limits") goes no further. It
         // is leaked, not dropped: dropping it would recurse as deep as it is.
@@ -266,13 +317,16 @@ impl<T: Tool> Call<'_, T> {
             let error = self.not_storable(too_deep);
             if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
                 let outcome = Outcome::NotStorable(reason.clone());
-                if let Err(e) = self.store(fence, outcome, self.policy.ttl).await {
-                    tracing::warn!(error = %Chain(&e), "outcome not stored");
-                }
+                return self.store_now(Storing {
+                    fence,
+                    outcome,
+                    then: Err(error),
+                    success: false,
+                });
             }
-            return Err(error);
+            return Finish::Done(Err(error));
         }
-        let Some(fence) = fence else { return Ok(output) };
+        let Some(fence) = fence else { return Finish::Done(Ok(output)) };
         let outcome = match checked {
             // Sending more than the policy allows could block a shared store: only the short
             // record that the output could not be stored is sent. This caller has the output.
@@ -289,24 +343,70 @@ impl<T: Tool> Call<'_, T> {
             Err(why) => Outcome::NotStorable(not_storable_reason(&why)),
         };
         let success = matches!(outcome, Outcome::Success(_));
+        self.store_now(Storing { fence, outcome, then: Ok(output), success })
+    }
+
+    /// Stores at once on the in-memory store; leaves any other store's completion to
+    /// [`Call::finish_ok_later`].
+    fn store_now(&self, storing: Storing<T>) -> Finish<T> {
+        let Some(memory) = &self.inner.memory else { return Finish::Store(storing) };
+        let Storing { fence, outcome, then, success } = storing;
+        let timer = StepTimer::start();
+        let stored = memory.complete_owned(&self.digest, fence, outcome, self.policy.ttl);
+        timer.done("complete");
+        match (stored, then) {
+            (Ok(()), then) => {
+                if success {
+                    self.served.set_output_checked();
+                }
+                Finish::Done(then)
+            }
+            (Err(outcome), Ok(output)) => Finish::LeaseLost { output, outcome },
+            (Err(_), Err(error)) => {
+                let e = self.store_error(StoreError::LeaseLost);
+                tracing::warn!(error = %Chain(&e), "outcome not stored");
+                Finish::Done(Err(error))
+            }
+        }
+    }
+
+    /// The rest of [`Call::finish_ok`] after [`Call::finish_ok_now`].
+    pub(super) async fn finish_ok_later(
+        &self,
+        rest: Finish<T>,
+    ) -> Result<T::Output, Error<T::Error>> {
+        let Storing { fence, outcome, then, success } = match rest {
+            Finish::Done(result) => return result,
+            // Boxed: a lease lost is rare, and taking the key back needs the claim loop.
+            Finish::LeaseLost { output, outcome } => {
+                return Box::pin(self.after_lease_lost(output, outcome)).await;
+            }
+            Finish::Store(storing) => storing,
+        };
         let checked = || {
             if success {
                 self.served.set_output_checked();
             }
         };
-        match self.store_outcome(fence, outcome, self.policy.ttl).await {
-            Ok(()) => {
+        match (self.store_outcome(fence, outcome, self.policy.ttl).await, then) {
+            (Ok(()), then) => {
                 checked();
-                Ok(output)
+                then
             }
-            Err((Error::LeaseLost { .. }, outcome)) => self.after_lease_lost(output, outcome).await,
-            Err((e, _)) => {
+            (Err((Error::LeaseLost { .. }, outcome)), Ok(output)) => {
+                Box::pin(self.after_lease_lost(output, outcome)).await
+            }
+            (Err((e, _)), Ok(output)) => {
                 // The effect happened and the caller gets its result; the record stays in flight
                 // until its lease ends, then a keyed repeat re-runs with the same key and a never
                 // repeat answers OutcomeUnknown: nothing runs twice unprotected.
                 tracing::warn!(error = %Chain(&e), "outcome not stored");
                 checked();
                 Ok(output)
+            }
+            (Err((e, _)), Err(error)) => {
+                tracing::warn!(error = %Chain(&e), "outcome not stored");
+                Err(error)
             }
         }
     }
@@ -343,22 +443,19 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    /// Runs one attempt under its timeout, renewing the lease every third of it.
-    async fn run_attempt(
+    /// The rest of an attempt that did not finish on its first poll: runs `work` to its end
+    /// under the attempt's timeout, renewing the lease (if `fence`) every third of it.
+    async fn attempt_pending<F>(
         &self,
-        cx: &Ctx,
-        args: T::Args,
+        mut work: Pin<&mut F>,
+        fence: Option<Fence>,
         deadline: Instant,
-    ) -> Attempt<T::Output, T::Error> {
-        let mut work = std::pin::pin!(self.tool.run(cx, args));
-        // Most attempts of a fast tool finish on their first poll: no timer is armed for them.
-        if let Poll::Ready(ended) =
-            std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await
-        {
-            return Attempt::Done(ended);
-        }
+    ) -> Attempt<T::Output, T::Error>
+    where
+        F: Future<Output = Result<T::Output, T::Error>>,
+    {
         let mut timeout = std::pin::pin!(tokio::time::sleep_until(deadline));
-        let Some(fence) = cx.fence else {
+        let Some(fence) = fence else {
             return tokio::select! {
                 biased;
                 ended = &mut work => Attempt::Done(ended),

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::Inner;
-use super::lease::Owned;
+use super::lease::{Owned, Settled};
 use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
 use crate::error::Chain;
@@ -26,10 +26,12 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) inner: &'a Inner,
     pub(super) tool: &'a T,
     pub(super) key: Key,
+    /// The digest `key` spells, by which the in-memory store finds its record.
+    pub(super) digest: [u8; 32],
     pub(super) fingerprint: Fingerprint,
     /// Stored with the record (its origin) for listing.
-    pub(super) scope: Arc<Scope>,
-    pub(super) policy: Policy,
+    pub(super) scope: &'a Arc<Scope>,
+    pub(super) policy: &'a Policy,
     /// When the call started (the deadline counts from it).
     pub(super) started: Instant,
     pub(super) deadline: Instant,
@@ -89,7 +91,10 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) fn outcome(&self, served: Served) {
-        self.span.record("idem.outcome", served.as_str());
+        // A disabled span still looks the field up by name among its ten: skipped.
+        if !self.span.is_disabled() {
+            self.span.record("idem.outcome", served.as_str());
+        }
         self.served.set(served);
     }
 
@@ -159,11 +164,11 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    fn uses_store(&self) -> bool {
+    pub(super) fn uses_store(&self) -> bool {
         self.class() != RetryClass::Safe || self.policy.cache_safe
     }
 
-    async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
+    pub(super) async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
         if !self.uses_store() {
             self.outcome(Served::Executed);
             return self.attempts(args, None, None).await;
@@ -174,7 +179,17 @@ impl<T: Tool> Call<'_, T> {
             RetryClass::Never if !self.tool.reconciles() => OnExpired::Unknown,
             _ => OnExpired::TakeOver,
         };
-        match self.acquire(on_expired, true).await {
+        let owned = match &self.inner.memory {
+            Some(memory) => match self.first_claim_memory(memory, on_expired) {
+                Settled::Owned(owned) => Ok(owned),
+                // Boxed, as in `acquire`.
+                Settled::Wait { fence, lease_remaining } => {
+                    Box::pin(self.wait_and_claim(on_expired, fence, lease_remaining)).await
+                }
+            },
+            None => self.acquire(on_expired, true).await,
+        };
+        match owned {
             Ok(Owned::Fence { fence, takeover, at_start }) => {
                 // Taken over: a previous owner's lease ended without a result, so its attempt
                 // may have had an effect that this run repeats (with the same key).

@@ -15,7 +15,9 @@ use crate::error::Chain;
 use crate::error::Error;
 use crate::key::Scope;
 use crate::metrics::StepTimer;
-use crate::store::{Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, StoreError};
+use crate::store::{
+    Claim, ClaimRequest, Fence, MemoryStore, OnExpired, Origin, Outcome, StoreError,
+};
 use crate::tool::Tool;
 
 /// What claiming ended with: this call owns the key, or it already has its answer.
@@ -31,6 +33,14 @@ pub(super) enum Owned<T: Tool> {
     Answer(Result<T::Output, Error<T::Error>>),
 }
 
+/// What one claim's answer means for the call.
+pub(super) enum Settled<T: Tool> {
+    /// It owns the key or has its answer.
+    Owned(Owned<T>),
+    /// Another owner holds the key under `fence`, whose lease has `lease_remaining` left.
+    Wait { fence: Fence, lease_remaining: Duration },
+}
+
 impl<T: Tool> Call<'_, T> {
     /// Claims until this call owns the key or has its answer: waits for another owner's
     /// result, replays a stored one, or says why not. Bounded by the deadline. `at_start`: this
@@ -40,43 +50,80 @@ impl<T: Tool> Call<'_, T> {
         on_expired: OnExpired,
         at_start: bool,
     ) -> Result<Owned<T>, StoreError> {
+        match self.settle(self.claim(on_expired, at_start).await?, false, at_start) {
+            Settled::Owned(owned) => Ok(owned),
+            // Boxed: the wait's timers would make every call's future larger, and a call that
+            // waits for another owner is not in a hurry.
+            Settled::Wait { fence, lease_remaining } => {
+                Box::pin(self.wait_and_claim(on_expired, fence, lease_remaining)).await
+            }
+        }
+    }
+
+    /// The first claim of a call on the in-memory store, which answers at once: most calls own
+    /// the key or have their answer after it, and no claim loop's future is built for them.
+    pub(super) fn first_claim_memory(
+        &self,
+        memory: &MemoryStore,
+        on_expired: OnExpired,
+    ) -> Settled<T> {
+        // The call's first claim follows its start with nothing awaited between: that clock
+        // reading serves.
+        let timer = StepTimer::start();
+        let claim = memory.claim_at(self.claim_request(on_expired), &self.digest, self.started);
+        timer.done("claim");
+        self.settle(claim, false, true)
+    }
+
+    /// What `claim` means for the call (see [`Settled`]). `waited`: the call waited for another
+    /// owner before this claim.
+    fn settle(&self, claim: Claim, waited: bool, at_start: bool) -> Settled<T> {
+        let answer = |a| Settled::Owned(Owned::Answer(a));
+        match claim {
+            Claim::Acquired { fence, takeover } => {
+                let at_start = at_start && self.inner.memory.is_some();
+                Settled::Owned(Owned::Fence { fence, takeover, at_start })
+            }
+            Claim::InFlight { fence, lease_remaining } => Settled::Wait { fence, lease_remaining },
+            Claim::Completed(record) => {
+                self.outcome(if waited { Served::Joined } else { Served::Replayed });
+                answer(self.replay(record))
+            }
+            Claim::Unknown => {
+                self.outcome(Served::Unknown);
+                answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }))
+            }
+            Claim::Mismatch => {
+                answer(Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key }))
+            }
+        }
+    }
+
+    /// Waits for the owner of `fence`, whose lease has `lease_remaining` left, then claims again,
+    /// until this call owns the key or has its answer. Bounded by the deadline.
+    pub(super) async fn wait_and_claim(
+        &self,
+        on_expired: OnExpired,
+        mut fence: Fence,
+        mut lease_remaining: Duration,
+    ) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
-        let answer = |a| Ok(Owned::Answer(a));
-        let mut waited = false;
         loop {
-            let at_start = at_start && !waited;
-            match self.claim(on_expired, at_start).await? {
-                Claim::Acquired { fence, takeover } => {
-                    let at_start = at_start && self.inner.memory.is_some();
-                    return Ok(Owned::Fence { fence, takeover, at_start });
-                }
-                Claim::InFlight { fence, lease_remaining } => {
-                    let now = Instant::now();
-                    if now >= self.deadline {
-                        return answer(Err(self.deadline_passed()));
-                    }
-                    let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
-                    self.waiting();
-                    // A store that stops answering is caught by the next claim's timeout.
-                    let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
-                    if let Ok(Err(e)) = woken {
-                        return Err(e);
-                    }
-                    waited = true;
-                }
-                Claim::Completed(record) => {
-                    self.outcome(if waited { Served::Joined } else { Served::Replayed });
-                    return answer(self.replay(record));
-                }
-                Claim::Unknown => {
-                    self.outcome(Served::Unknown);
-                    return answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }));
-                }
-                Claim::Mismatch => {
-                    return answer(Err(Error::KeyReuseMismatch {
-                        tool: self.name(),
-                        key: self.key,
-                    }));
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Ok(Owned::Answer(Err(self.deadline_passed())));
+            }
+            let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
+            self.waiting();
+            // A store that stops answering is caught by the next claim's timeout.
+            let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
+            if let Ok(Err(e)) = woken {
+                return Err(e);
+            }
+            match self.settle(self.claim(on_expired, false).await?, true, false) {
+                Settled::Owned(owned) => return Ok(owned),
+                Settled::Wait { fence: f, lease_remaining: l } => {
+                    (fence, lease_remaining) = (f, l);
                 }
             }
         }
@@ -96,7 +143,7 @@ impl<T: Tool> Call<'_, T> {
             // claim follows its start with nothing awaited between: that clock reading serves.
             Some(memory) => {
                 let now = if at_start { self.started } else { Instant::now() };
-                Ok(memory.claim_at(self.claim_request(on_expired), now))
+                Ok(memory.claim_at(self.claim_request(on_expired), &self.digest, now))
             }
             None => self.claim_once(on_expired).await,
         };
@@ -110,7 +157,7 @@ impl<T: Tool> Call<'_, T> {
             fingerprint: &self.fingerprint,
             lease: self.policy.lease,
             on_expired,
-            origin: self.origin(&self.scope),
+            origin: self.origin(self.scope),
         }
     }
 
@@ -123,7 +170,7 @@ impl<T: Tool> Call<'_, T> {
         let bound = later(now, self.policy.store_timeout).min(self.deadline);
         let store = Arc::clone(&self.inner.store);
         let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
-        let (scope, tool) = (Arc::clone(&self.scope), self.name());
+        let (scope, tool) = (Arc::clone(self.scope), self.name());
         let mut claim = Box::pin(async move {
             let origin = Origin { tool, tenant: scope.tenant(), run: scope.run_id() };
             let req =
@@ -216,7 +263,7 @@ impl<T: Tool> Call<'_, T> {
     ) -> Result<(), (Error<T::Error>, Outcome)> {
         if let Some(memory) = &self.inner.memory {
             let timer = StepTimer::start();
-            let done = memory.complete_owned(&self.key, fence, outcome, ttl);
+            let done = memory.complete_owned(&self.digest, fence, outcome, ttl);
             timer.done("complete");
             return done.map_err(|outcome| (self.store_error(StoreError::LeaseLost), outcome));
         }

@@ -56,17 +56,19 @@ struct Inner {
 }
 
 impl Inner {
-    /// The policy of a call of a tool of `class` with `options`.
-    fn policy_for(&self, class: RetryClass, options: &ToolOptions) -> Policy {
-        if *options == ToolOptions::NONE {
-            let i = match class {
-                RetryClass::Safe => 0,
-                RetryClass::Keyed => 1,
-                RetryClass::Never => 2,
-            };
-            return self.class_policies[i];
+    /// The policy of a call of a tool of `class` without options of its own, worked out once;
+    /// `None` when `options` has some (see [`Policy::with_options`]).
+    #[inline]
+    fn class_policy(&self, class: RetryClass, options: &ToolOptions) -> Option<&Policy> {
+        if *options != ToolOptions::NONE {
+            return None;
         }
-        self.policy.with_options(class, options)
+        let i = match class {
+            RetryClass::Safe => 0,
+            RetryClass::Keyed => 1,
+            RetryClass::Never => 2,
+        };
+        Some(&self.class_policies[i])
     }
 }
 

@@ -119,20 +119,24 @@ pub(super) struct ServedSlot(AtomicU8);
 const CHECKED: u8 = 0x80;
 
 impl ServedSlot {
+    #[inline]
     pub(super) fn set(&self, served: Served) {
         let checked = self.0.load(Ordering::Relaxed) & CHECKED;
         self.0.store(served.to_u8() | checked, Ordering::Relaxed);
     }
 
+    #[inline]
     pub(super) fn get(&self) -> Option<Served> {
         Served::from_u8(self.0.load(Ordering::Relaxed) & !CHECKED)
     }
 
     /// The output this call returns is its own, and its JSON reads back as itself.
+    #[inline]
     pub(super) fn set_output_checked(&self) {
         self.0.fetch_or(CHECKED, Ordering::Relaxed);
     }
 
+    #[inline]
     pub(super) fn output_checked(&self) -> bool {
         self.0.load(Ordering::Relaxed) & CHECKED != 0
     }

@@ -1,6 +1,7 @@
 //! The handle a caller holds for one run, and the entry of every protected call: derive the key,
 //! open the trace span, hand over to [`Call`].
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -79,12 +80,13 @@ impl Run {
     /// [`crate::Policy::max_argument_bytes`] are refused with [`Error::InvalidArguments`] before
     /// anything is claimed or run. Arguments refused for their depth are leaked, not dropped:
     /// dropping them would recurse as deep as they are (`docs/key-spec.md`, "Limits").
-    pub async fn call<T: Tool>(
+    pub fn call<T: Tool>(
         &self,
         tool: &T,
         args: T::Args,
-    ) -> Result<T::Output, Error<T::Error>> {
-        self.call_reported(tool, args).await.0
+    ) -> impl Future<Output = Result<T::Output, Error<T::Error>>> {
+        // The call's own future, not one wrapped around it: the typed calls come this way.
+        self.call_into(tool, args, None)
     }
 
     /// [`Run::call`], and what the call reports beside its result: its key and how it was served
@@ -95,29 +97,48 @@ impl Run {
         tool: &T,
         args: T::Args,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
+        let mut report = None;
+        let result = self.call_into(tool, args, Some(&mut report)).await;
+        (result, report)
+    }
+
+    /// [`Run::call`], writing the call's report into `report` if given.
+    async fn call_into<T: Tool>(
+        &self,
+        tool: &T,
+        args: T::Args,
+        report: Option<&mut Option<CallReport>>,
+    ) -> Result<T::Output, Error<T::Error>> {
         let def = tool.def();
         let inner = &self.idem.inner;
-        let policy = inner.policy_for(def.class, &def.options);
+        // Lent by the executor unless the tool has options of its own: no copy per call.
+        let with_options;
+        let policy = match inner.class_policy(def.class, &def.options) {
+            Some(policy) => policy,
+            None => {
+                with_options = inner.policy.with_options(def.class, &def.options);
+                &with_options
+            }
+        };
         let mut canonical = Vec::with_capacity(256);
         if let Err(source) = T::write_intent(&args, &mut canonical) {
             if matches!(source, KeyError::TooDeep { .. }) {
                 std::mem::forget(args);
             }
             crate::metrics::call(def.name, def.class.as_str(), "failed");
-            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+            return Err(Error::InvalidArguments { tool: def.name, source });
         }
         if canonical.len() > policy.max_argument_bytes {
             crate::metrics::call(def.name, def.class.as_str(), "failed");
             let source =
                 KeyError::TooLarge { size: canonical.len(), limit: policy.max_argument_bytes };
-            return (Err(Error::InvalidArguments { tool: def.name, source }), None);
+            return Err(Error::InvalidArguments { tool: def.name, source });
         }
-        let (key, fingerprint) = match &self.caller_key {
-            Some(k) => (key::caller_key(&self.scope, def.name, k), key::fingerprint(&canonical)),
-            None => {
-                let key = key::derive_key(&self.scope, def.name, &canonical);
-                (key, Fingerprint::of_derived_key(&key))
-            }
+        let caller_key = self.caller_key.as_deref();
+        let (key, digest) = key::key_and_digest(&self.scope, def.name, &canonical, caller_key);
+        let fingerprint = match caller_key {
+            Some(_) => key::fingerprint(&canonical),
+            None => Fingerprint::of_derived_key(&key),
         };
         let span = tracing::info_span!(
             "execute_tool",
@@ -140,8 +161,9 @@ impl Run {
             inner,
             tool,
             key,
+            digest,
             fingerprint,
-            scope: Arc::clone(&self.scope),
+            scope: &self.scope,
             policy,
             started,
             deadline: later(started, policy.deadline),
@@ -151,19 +173,25 @@ impl Run {
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
         // into the wrapper) for it.
-        let result = if span.is_disabled() {
-            call.execute(args).await
-        } else {
+        let result = if !span.is_disabled() {
             call.execute(args).instrument(span.clone()).await
+        } else if call.uses_store() && inner.local_store {
+            // What `execute` would do, without its future around `lead`'s.
+            call.lead(args).await
+        } else {
+            call.execute(args).await
         };
         if let Err(e) = &result {
             span.record("error.type", e.kind().as_str());
         }
         let served = call.served.get();
         crate::metrics::call(def.name, def.class.as_str(), outcome_label(&result, served));
-        let scope = Arc::clone(&self.scope);
-        let output_checked = call.served.output_checked();
-        (result, Some(CallReport { scope, key, served, output_checked }))
+        if let Some(report) = report {
+            let scope = Arc::clone(&self.scope);
+            let output_checked = call.served.output_checked();
+            *report = Some(CallReport { scope, key, served, output_checked });
+        }
+        result
     }
 }
 

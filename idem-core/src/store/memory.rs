@@ -188,8 +188,9 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// [`Store::claim`] at `now`, without a future: the executor calls it directly.
-    pub(crate) fn claim_at(&self, req: ClaimRequest<'_>, now: Instant) -> Claim {
+    /// [`Store::claim`] at `now`, without a future: the executor calls it directly. `digest`:
+    /// the digest `req.key` spells.
+    pub(crate) fn claim_at(&self, req: ClaimRequest<'_>, digest: &[u8; 32], now: Instant) -> Claim {
         let mut map = self.lock();
         self.maybe_sweep(&mut map, now);
         let Map { entries, last_origin, .. } = &mut *map;
@@ -205,7 +206,7 @@ impl MemoryStore {
             waiters: None,
         };
         // One lookup whether the key is new or not.
-        let entry = match entries.entry(Digest::of(req.key)) {
+        let entry = match entries.entry(Digest(*digest)) {
             std::collections::hash_map::Entry::Vacant(free) => {
                 let fence = self.next_fence();
                 free.insert(acquire(fence));
@@ -249,14 +250,14 @@ impl MemoryStore {
     /// fence ([`StoreError::LeaseLost`]) nothing is written and the outcome is handed back.
     pub(crate) fn complete_owned(
         &self,
-        key: &Key,
+        digest: &[u8; 32],
         fence: Fence,
         outcome: Outcome,
         ttl: Duration,
     ) -> Result<(), Outcome> {
         let now = Instant::now();
         let mut map = self.lock();
-        match map.entries.get_mut(&Digest::of(key)) {
+        match map.entries.get_mut(&Digest(*digest)) {
             Some(e) if matches!(e.state, State::InFlight { fence: f, .. } if f == fence) => {
                 e.state = State::Done { fence, outcome, expires: later(now, ttl) };
                 e.since = now;
@@ -271,7 +272,8 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Ok(self.claim_at(req, Instant::now()))
+        let digest = req.key.digest();
+        Ok(self.claim_at(req, &digest, Instant::now()))
     }
 
     async fn complete(
@@ -281,7 +283,8 @@ impl Store for MemoryStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.complete_owned(key, fence, outcome.clone(), ttl).map_err(|_| StoreError::LeaseLost)
+        self.complete_owned(&key.digest(), fence, outcome.clone(), ttl)
+            .map_err(|_| StoreError::LeaseLost)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
