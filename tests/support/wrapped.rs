@@ -1,8 +1,8 @@
 //! The in-memory store behind a wrapper of the test's own: every operation goes first through a
-//! [`Hook`] (to count it, delay it, or fail it as a store that went down) and then to the
-//! [`MemoryStore`]. The executor cannot see through the wrapper, so calls take the generic path
-//! of any other store (boxed futures, the store's timeouts, the in-process single flight unless
-//! the wrapper says it is local).
+//! [`Hook`](crate::wrapped::Hook) (to count it, delay it, or fail it as a store that went down)
+//! and then to the [`MemoryStore`](idem_core::MemoryStore). The executor cannot see through the
+//! wrapper, so calls take the generic path of any other store (boxed futures, the store's
+//! timeouts, the in-process single flight unless the wrapper says it is local).
 
 use std::sync::Arc;
 use std::time::Duration;
