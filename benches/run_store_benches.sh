@@ -12,6 +12,13 @@
 # Knobs (environment): IDEM_BENCH_ROUNDS (9), IDEM_BENCH_CALLS (200), IDEM_BENCH_TPUT_SECS (2),
 # IDEM_BENCH_STORES (sqlite,postgres,redis). The output is also saved to
 # $CARGO_TARGET_DIR/idem-bench/stores-<time>.txt.
+#
+# IDEM_BENCH_AWAKE=1 runs a busy loop beside the bench (one core's worth, killed on exit). On an
+# otherwise idle VM a loopback round trip between two processes on different idle vCPUs costs
+# 60-80 µs of wake-up instead of about 15 µs (pgbench `select 1`, 2026-12-01), and which
+# connections land that way differs between the raw baselines and the store, so quiet runs
+# can swing a ratio by 5x either way. With the loop both sides stay awake, as on a loaded host.
+# It takes a core from the 32-caller throughput runs (both sides alike: compare ratios only).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,6 +78,15 @@ if ! "$venv/bin/python" -c 'import aws_lambda_powertools, redis, boto3' 2>/dev/n
     "$venv/bin/pip" install --quiet aws-lambda-powertools redis boto3
 fi
 export IDEM_BENCH_PYTHON="$venv/bin/python"
+
+if [ "${IDEM_BENCH_AWAKE:-}" = 1 ]; then
+    # Built first, so that the loop does not slow the build.
+    cargo bench -p idem-core --features "$features" --bench stores --no-run
+    (while :; do :; done) &
+    awake=$!
+    trap 'kill "$awake" 2>/dev/null' EXIT
+    echo "IDEM_BENCH_AWAKE=1: a busy loop keeps one core awake (pid $awake)" >&2
+fi
 
 mkdir -p "$target/idem-bench"
 log="$target/idem-bench/stores-$(date -u +%Y%m%dT%H%M%SZ).txt"
