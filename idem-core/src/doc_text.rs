@@ -29,6 +29,12 @@ impl<const N: usize> DocText<N> {
                 let first = skip_spaces(src, i, end);
                 if starts_with(src, first, end, b"```") || starts_with(src, first, end, b"~~~") {
                     in_fence = !in_fence;
+                    // The fence line (with its info string) is written as it is: its backticks
+                    // do not open or close a code span.
+                    let next = line_end(src, i, end);
+                    out.copy(src, i, next);
+                    i = next;
+                    continue;
                 } else if !in_fence && is_link_definition(src, first, end) {
                     i = line_end(src, i, end);
                     // Also drop the newline, so the definitions leave no blank lines.
@@ -233,6 +239,18 @@ mod tests {
         assert_eq!(text!("values in [0, 1]; a[0]; `[Foo]`"), "values in [0, 1]; a[0]; `[Foo]`");
         assert_eq!(text!("```\nlet v = [Foo];\n```"), "```\nlet v = [Foo];\n```");
         assert_eq!(text!("an [unclosed bracket"), "an [unclosed bracket");
+    }
+
+    #[test]
+    fn links_after_a_fenced_code_block_are_still_removed() {
+        // The closing fence's backticks once opened a code span that hid every later link.
+        assert_eq!(
+            text!(
+                "Example:\n```rust\nlet v = [Foo];\n```\nSee [`Charge`] and [the ledger](crate::Ledger)."
+            ),
+            "Example:\n```rust\nlet v = [Foo];\n```\nSee `Charge` and the ledger."
+        );
+        assert_eq!(text!("~~~\nx\n~~~\n[`A`] `[B]` [`C`]"), "~~~\nx\n~~~\n`A` `[B]` `C`");
     }
 
     #[test]
