@@ -103,6 +103,39 @@ fn arguments_schema_lists_parameters_but_not_the_context_and_refuses_unknown_fie
     assert!(err.to_string().contains("unknown field `currency`"), "{err}");
 }
 
+#[test]
+fn the_schema_the_model_reads_carries_no_rustdoc_text_of_the_arguments_type() {
+    // The `..Args` alias's rustdoc ("The arguments of the tool `charge` (see [`charge`]), as
+    // the model sends them ..") was the schema's description: link markup and text about the
+    // model, sent to the model with every free fn tool (method tools had none).
+    let schema = serde_json::to_value(schemars::schema_for!(ChargeArgs)).unwrap();
+    assert_eq!(schema.get("description"), None, "{schema}");
+}
+
+/// Seven arguments: the typed call takes the run too (eight), which clippy's
+/// `too_many_arguments` must not report in the user's crate (`-D warnings`).
+#[tool(retry = "safe")]
+async fn seven(a: u8, b: u8, c: u8, d: u8, e: u8, f: u8, g: u8) -> Result<u32, PayError> {
+    Ok([a, b, c, d, e, f, g].iter().map(|&n| u32::from(n)).sum())
+}
+
+struct Wide;
+
+impl Wide {
+    /// Six arguments, and the receiver and the run.
+    #[tool(retry = "safe")]
+    async fn six(&self, a: u8, b: u8, c: u8, d: u8, e: u8, f: u8) -> Result<u32, PayError> {
+        Ok([a, b, c, d, e, f].iter().map(|&n| u32::from(n)).sum())
+    }
+}
+
+#[tokio::test]
+async fn tools_with_many_arguments_are_called_like_others() {
+    let run = Idem::in_memory().run("conv-wide");
+    assert_eq!(seven(&run, 1, 1, 1, 1, 1, 1, 1).await.unwrap(), 7);
+    assert_eq!(Arc::new(Wide).six(&run, 1, 1, 1, 1, 1, 1).await.unwrap(), 6);
+}
+
 static MAILS: AtomicU32 = AtomicU32::new(0);
 
 #[tool(retry = "keyed")]

@@ -39,7 +39,7 @@ fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
     out
 }
 
-fn camel(ident: &Ident) -> String {
+pub(crate) fn camel(ident: &Ident) -> String {
     ident
         .unraw()
         .to_string()
@@ -179,7 +179,7 @@ fn checks(model: &Model) -> TokenStream {
     }
 }
 
-fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>) -> TokenStream {
+fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
     let krate = &model.krate;
     let args_name = format!("{}Args", camel(&model.item.sig.ident));
     let names = model.params.iter().map(|p| p.ident.unraw().to_string());
@@ -201,12 +201,10 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, description: Option<&str>
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
         quote!(const DOCS: &'static [&'static str] = &[#(#texts),*];)
     });
-    let description = description.map(|d| quote!(const DESCRIPTION: &'static str = #d;));
     quote! {
         impl #krate::__private::Fields for #fields_ty {
             const NAME: &'static str = #args_name;
             const NAMES: &'static [&'static str] = &[#(#names),*];
-            #description
             #skip
             #optional
             #docs
@@ -367,7 +365,9 @@ fn expand_free(model: &Model) -> TokenStream {
     let call_doc = format!(
         " Calls the tool `{name}` through idem: the key is derived from the run and the arguments, the call is claimed, run with its retry class, stored and replayed to repeats. [`{tool_ty}`] is the tool as a value."
     );
-    let fields = fields_impl(model, &quote!(#fields_ty), Some(&args_doc));
+    // The alias's rustdoc text (with its link markup) is for the programmer; the schema the
+    // model reads gets no description of its own, as for a method tool.
+    let fields = fields_impl(model, &quote!(#fields_ty));
     let checks = checks(model);
 
     let mut inner = item.clone();
@@ -422,6 +422,7 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#doc)*
         #[doc = ""]
         #[doc = #call_doc]
+        #[allow(clippy::too_many_arguments)]
         #vis fn #ident(
             #run: &#krate::Run,
             #(#idents: #tys),*
@@ -471,7 +472,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
     let checks = checks(model);
-    let fields = fields_impl(model, &quote!(__IdemFields), None);
+    let fields = fields_impl(model, &quote!(__IdemFields));
     let name = &model.name;
 
     let factory_doc = format!(
@@ -546,6 +547,7 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = #call_doc]
         #[doc = ""]
         #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
+        #[allow(clippy::too_many_arguments)]
         #vis fn #ident<'__idem>(
             self: &::std::sync::Arc<Self>,
             #run: &'__idem #krate::Run,
