@@ -307,6 +307,26 @@ pub fn validate(
         }
     }
 
+    // A free tool's generated `..Args`/`..Tool` items would collide with a type of the same name
+    // taken as an argument (often the user's own arguments struct): one error here, instead of
+    // rustc's "defined multiple times" and three errors about the generated code.
+    if !method {
+        let base = crate::expand::camel(&sig.ident);
+        for p in params.iter().filter(|p| !p.flatten) {
+            let Type::Path(tp) = &p.ty else { continue };
+            let Some(last) = tp.path.segments.last() else { continue };
+            let generated = [format!("{base}Args"), format!("{base}Tool")];
+            if tp.path.segments.len() == 1 && generated.iter().any(|g| last.ident == g) {
+                errors.at(
+                    &p.ty,
+                    format!(
+                        "`#[tool]` generates `{base}Args` and `{base}Tool` for `{fn_name}`, so a type of that name here would be defined twice: mark the parameter `#[idem(flatten)]` if its fields are the tool's arguments, or rename the type"
+                    ),
+                );
+            }
+        }
+    }
+
     // The generic arguments type in idem-core is implemented for tuples of up to 16 elements.
     if let Some(extra) = params.get(MAX_PARAMS) {
         errors.spanned(
