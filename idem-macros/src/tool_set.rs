@@ -49,6 +49,17 @@ fn parse_entries(input: ParseStream<'_>) -> syn::Result<(Vec<Attribute>, Vec<Ent
     Ok((inner, entries))
 }
 
+/// How far a visibility reaches, to give `tool_set` that of the most visible tool: `pub`, then
+/// any restricted `pub(..)`, then private. (Two restricted ones are not compared: the first is
+/// kept.)
+fn reach(vis: &syn::Visibility) -> u8 {
+    match vis {
+        syn::Visibility::Public(_) => 2,
+        syn::Visibility::Restricted(_) => 1,
+        syn::Visibility::Inherited => 0,
+    }
+}
+
 /// `#[tool(..)]`, `#[idem::tool(..)]`, `#[idem_core::tool(..)]`: the last segment is `tool`.
 fn is_tool_attr(attr: &Attribute) -> bool {
     attr.path().segments.last().is_some_and(|s| s.ident == "tool")
@@ -105,6 +116,16 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             continue;
         };
         let tool_attr = item.attrs.remove(index);
+        // Without `self`, `#[tool]` would expand as a free fn, whose items (a type alias, an
+        // enum, an impl) cannot be in an `impl` block: say so once, and keep the fn as written.
+        if !matches!(item.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) {
+            errors.at(
+                &item.sig.ident,
+                "a `#[tool]` in a `#[tool_set]` block is a method taking `&self` first; a tool that needs no state is a free `async fn` outside the block",
+            );
+            items.push(quote!(#item));
+            continue;
+        }
         let args = match &tool_attr.meta {
             syn::Meta::List(list) => list.tokens.clone(),
             _ => TokenStream::new(),
@@ -116,7 +137,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             .cloned()
             .collect();
         let ident = item.sig.ident.clone();
-        if matches!(item.vis, syn::Visibility::Public(_)) || vis.is_none() {
+        if vis.as_ref().is_none_or(|v| reach(&item.vis) > reach(v)) {
             vis = Some(item.vis.clone());
         }
         let expanded = crate::tool_item(args, item, default_krate.as_ref());

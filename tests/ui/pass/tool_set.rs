@@ -47,3 +47,28 @@ fn main() {
     assert_eq!(set.len(), 2);
     let _ = Payments.currency();
 }
+
+/// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
+/// first and a `pub(crate)` one after it once made `tool_set` private to this module.
+mod ordered {
+    use super::Failed;
+
+    pub struct Orders;
+
+    #[idem_core::tool_set]
+    impl Orders {
+        #[tool(retry = "safe")]
+        async fn private_first(&self) -> Result<u64, Failed> {
+            Ok(0)
+        }
+
+        #[tool(retry = "safe")]
+        pub(crate) async fn crate_visible(&self) -> Result<u64, Failed> {
+            Ok(0)
+        }
+    }
+}
+
+pub fn from_outside() -> idem_core::ToolSet {
+    Arc::new(ordered::Orders).tool_set()
+}
