@@ -29,8 +29,6 @@ where
 pub trait Fields: 'static {
     /// The arguments type's name, for JSON Schema titles and error messages: `ChargeCardArgs`.
     const NAME: &'static str;
-    /// The JSON Schema `description` of the arguments; empty for none.
-    const DESCRIPTION: &'static str = "";
     /// The parameters' names, in declaration order: the JSON object's keys. As many as the
     /// tuple's elements (`#[tool]` writes both from the same parameter list).
     const NAMES: &'static [&'static str];
@@ -420,9 +418,6 @@ impl<T: ArgTuple, F: Fields> JsonSchema for Args<T, F> {
             "additionalProperties": false,
         });
         T::schema_properties::<F>(generator, &mut schema);
-        if !F::DESCRIPTION.is_empty() {
-            schema.insert("description".into(), F::DESCRIPTION.into());
-        }
         schema
     }
 }
