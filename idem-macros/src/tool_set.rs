@@ -3,7 +3,7 @@
 //! Method bodies are kept as tokens, never parsed (see `parse_fn`).
 
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
-use quote::{format_ident, quote};
+use quote::{format_ident, quote, quote_spanned};
 use syn::Attribute;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
@@ -60,6 +60,18 @@ fn reach(vis: &syn::Visibility) -> u8 {
     }
 }
 
+/// The conditions of an item's `#[cfg(..)]` attributes (all must hold for it to be compiled);
+/// `cfg_attr` changes attributes, not whether the item exists, so it adds none.
+fn cfg_conditions(cfg: &[Attribute]) -> Vec<TokenStream> {
+    cfg.iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .filter_map(|a| match &a.meta {
+            syn::Meta::List(list) => Some(list.tokens.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// `#[tool(..)]`, `#[idem::tool(..)]`, `#[idem_core::tool(..)]`: the last segment is `tool`.
 fn is_tool_attr(attr: &Attribute) -> bool {
     attr.path().segments.last().is_some_and(|s| s.ident == "tool")
@@ -101,7 +113,8 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let krate = crate::krate::resolve(default_krate.as_ref());
     let mut items = Vec::new();
     let mut adds = Vec::new();
-    let mut names: Vec<(String, Span)> = Vec::new();
+    // Each tool's name, where it is written, and the conditions of its `#[cfg(..)]`s.
+    let mut names: Vec<(String, Span, Vec<TokenStream>)> = Vec::new();
     let mut vis: Option<syn::Visibility> = None;
     for entry in entries {
         let mut item = match entry {
@@ -143,17 +156,25 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         let expanded = crate::tool_item(args, item, default_krate.as_ref());
         items.push(expanded.tokens);
         if let Some((name, span)) = expanded.tool {
-            if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
-                let mut e = syn::Error::new(
-                    span,
-                    format!(
-                        "two tools of this block are named `{name}`: names select the tool and are part of every key, so give one of them `name = \"..\"`"
-                    ),
-                );
-                e.combine(syn::Error::new(*first, format!("the first tool named `{name}`")));
-                errors.push(e);
+            let conditions = cfg_conditions(&cfg);
+            let clash = format!(
+                "two tools of this block are named `{name}`: names select the tool and are part of every key, so give one of them `name = \"..\"`"
+            );
+            for (_, first, first_conditions) in names.iter().filter(|(n, ..)| *n == name) {
+                if conditions.is_empty() && first_conditions.is_empty() {
+                    let mut e = syn::Error::new(span, &clash);
+                    e.combine(syn::Error::new(*first, format!("the first tool named `{name}`")));
+                    errors.push(e);
+                } else {
+                    // Under `#[cfg]`s the two may never be compiled together (a feature and its
+                    // negation): the error stands only where both are.
+                    adds.push(quote_spanned! {span=>
+                        #[cfg(all(#(#first_conditions,)* #(#conditions,)*))]
+                        ::core::compile_error!(#clash);
+                    });
+                }
             }
-            names.push((name, span));
+            names.push((name, span, conditions));
             let factory = format_ident!("{}_tool", ident.unraw());
             adds.push(quote! {
                 #(#cfg)*
@@ -163,7 +184,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             });
         }
     }
-    let list = names.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
+    let list = names.iter().map(|(n, ..)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
     let doc = format!(
         " The tools of this block as one tool set: {list}. Every call goes through idem's protocol."
     );

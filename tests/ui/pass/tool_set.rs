@@ -46,6 +46,7 @@ fn main() {
     let set: idem_core::ToolSet = Arc::new(Payments).tool_set();
     assert_eq!(set.len(), 2);
     let _ = Payments.currency();
+    versions::check();
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -71,4 +72,33 @@ mod ordered {
 
 pub fn from_outside() -> idem_core::ToolSet {
     Arc::new(ordered::Orders).tool_set()
+}
+
+/// Two versions of one tool under exclusive `#[cfg]`s share its name: only one is compiled, so
+/// this is no duplicate.
+mod versions {
+    use super::Failed;
+
+    pub struct Lookup;
+
+    #[idem_core::tool_set]
+    impl Lookup {
+        #[cfg(any())]
+        #[tool(retry = "safe", name = "lookup")]
+        pub async fn lookup_v2(&self, id: u64) -> Result<u64, Failed> {
+            Ok(id * 2)
+        }
+
+        #[cfg(not(any()))]
+        #[tool(retry = "safe", name = "lookup")]
+        pub async fn lookup_v1(&self, id: u64) -> Result<u64, Failed> {
+            Ok(id)
+        }
+    }
+
+    pub fn check() {
+        let set = std::sync::Arc::new(Lookup).tool_set();
+        assert_eq!(set.len(), 1);
+        assert!(set.definition("lookup").is_some());
+    }
 }
