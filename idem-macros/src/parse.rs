@@ -344,6 +344,9 @@ pub struct ParamAttr {
     pub flatten: Option<Span>,
     /// The `///` lines, for the parameter's JSON Schema `description`.
     pub docs: Vec<syn::Expr>,
+    /// A `#[cfg]` or `#[cfg_attr]` was refused here: the parameter is left out, as in a build
+    /// where its condition is false, so that call sites written for one add no errors.
+    pub cfg: bool,
 }
 
 /// The markers a parameter accepts, for the "unknown" message.
@@ -359,6 +362,16 @@ impl ParamAttr {
                 if let syn::Meta::NameValue(nv) = &attr.meta {
                     out.docs.push(nv.value.clone());
                 }
+                return false;
+            }
+            if attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr") {
+                // The macro sees the parameter before rustc evaluates the condition, and the
+                // arguments (their schema and their key) would differ from build to build.
+                errors.at(
+                    attr,
+                    "`#[cfg]` and `#[cfg_attr]` cannot go on a tool's parameter: the parameters are the tool's arguments, whose schema and key must not change from build to build; put the `#[cfg]` on the whole tool, one version of the fn per configuration",
+                );
+                out.cfg = true;
                 return false;
             }
             if !attr.path().is_ident("idem") {

@@ -70,15 +70,21 @@ pub struct Model {
 
 /// Removes the parameters' `#[idem(..)]` markers from `item` (also done on failure, so the fn
 /// emitted as is does not add "cannot find attribute `idem`" to the real error).
+/// A parameter under a refused `#[cfg]` is removed as well.
 pub fn take_param_attrs(item: &mut ItemFn, errors: &mut Errors) -> Vec<ParamAttr> {
-    item.sig
-        .inputs
-        .iter_mut()
-        .map(|arg| match arg {
+    let inputs = std::mem::take(&mut item.sig.inputs);
+    let mut attrs = Vec::with_capacity(inputs.len());
+    for mut arg in inputs {
+        let pattr = match &mut arg {
             FnArg::Typed(pt) => ParamAttr::take(&mut pt.attrs, errors),
             FnArg::Receiver(r) => ParamAttr::take(&mut r.attrs, errors),
-        })
-        .collect()
+        };
+        if !pattr.cfg {
+            item.sig.inputs.push(arg);
+            attrs.push(pattr);
+        }
+    }
+    attrs
 }
 
 /// Checks `item` against `attr`.
@@ -126,7 +132,14 @@ pub fn validate(
     if let Some(v) = &sig.variadic {
         errors.spanned(v.span(), "`#[tool]` does not support variadic parameters");
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+    let only_lifetimes = sig.generics.where_clause.is_none()
+        && sig.generics.params.iter().all(|p| matches!(p, syn::GenericParam::Lifetime(_)));
+    if !sig.generics.params.is_empty() && only_lifetimes {
+        errors.at(
+            &sig.generics,
+            "`#[tool]` does not support lifetime parameters: a tool's future outlives the call that started it (retries, duplicates that join), so its arguments own their data (`String`, not `&'a str`) and a method takes plain `&self`",
+        );
+    } else if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         errors.at(
             &sig.generics,
             "`#[tool]` does not support generic parameters or where clauses: arguments are deserialized from the model's JSON into concrete types, so use concrete types",
@@ -187,7 +200,12 @@ pub fn validate(
                     errors.spanned(span, "the receiver is not an argument; remove this marker");
                 }
                 let by_mut_ref = matches!(r.kind, syn::ReceiverKind::Reference(_, _, Some(_)));
-                if !matches!(r.kind, syn::ReceiverKind::Reference(..)) {
+                if let syn::ReceiverKind::Typed(..) = &r.kind {
+                    errors.at(
+                        r,
+                        "write the receiver as `&self`: `#[tool]` methods take `&self` in its short form (the tool holds its receiver in an `Arc` and lends it to every attempt and duplicate), not `self: ..`",
+                    );
+                } else if !matches!(r.kind, syn::ReceiverKind::Reference(..)) {
                     errors.at(
                         r,
                         "`#[tool]` methods take `&self`: the tool holds its receiver in an `Arc` and calls it for every attempt and duplicate",
