@@ -608,3 +608,37 @@ fn parameter_doc_comments_describe_the_parameters_and_options_are_not_required()
     assert!(schema["properties"]["amount_cents"].get("description").is_none());
     assert_eq!(schema["required"], serde_json::json!(["charge_id", "amount_cents"]));
 }
+
+/**
+ * Void a charge.
+ *
+ * Only a charge not yet captured: see [`Charge`].
+ */
+#[tool(retry = "keyed")]
+async fn void_charge(
+    /** The charge to void. */
+    charge_id: String,
+    /**
+     * Why, for the ledger:
+     * shown to the customer.
+     */
+    reason: String,
+) -> Result<String, PayError> {
+    Ok(format!("{charge_id}: {reason}"))
+}
+
+#[test]
+fn block_doc_comments_read_as_rustdoc_shows_them() {
+    // `/** .. */` comments reach the macro with their frame and a `*` on each line: the model
+    // reads the text without them, as rustdoc shows it.
+    assert_eq!(
+        VoidChargeTool.def().description,
+        "Void a charge.\n\nOnly a charge not yet captured: see `Charge`."
+    );
+    let schema = serde_json::to_value(schemars::schema_for!(VoidChargeArgs)).unwrap();
+    assert_eq!(schema["properties"]["charge_id"]["description"], "The charge to void.");
+    assert_eq!(
+        schema["properties"]["reason"]["description"],
+        "Why, for the ledger:\nshown to the customer."
+    );
+}

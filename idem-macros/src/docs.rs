@@ -21,6 +21,39 @@ pub fn doc_values(attrs: &[Attribute]) -> Vec<Expr> {
         .collect()
 }
 
+/// The text of a `/** .. */` comment (one literal of several lines) without its frame, as
+/// rustdoc shows it: blank or all-`*` first and last lines dropped, and when every other line
+/// starts with `*` after its indentation, that prefix (and one space after it) removed. A `///`
+/// line has no newline and comes back as it is, and so does a literal that does not end as a
+/// block comment does (a last line of blanks before `*/`), such as `#[doc = "a\n* b"]`.
+fn unblock(text: &str) -> String {
+    let frame = |line: &str| line.trim().chars().all(|c| c == '*');
+    match text.rsplit_once('\n') {
+        Some((_, last)) if frame(last) => {}
+        _ => return text.to_owned(),
+    }
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    while lines.first().is_some_and(|l| frame(l)) {
+        lines.remove(0);
+    }
+    while lines.last().is_some_and(|l| frame(l)) {
+        lines.pop();
+    }
+    // The first line follows `/**` directly (` Charge a card.`): only the others need the star.
+    let starred = |l: &&str| l.trim_start().starts_with('*');
+    if lines.len() > 1 && lines[1..].iter().all(starred) {
+        for line in &mut lines[1..] {
+            let rest = &line.trim_start()[1..];
+            *line = rest.strip_prefix(' ').unwrap_or(rest);
+        }
+        if starred(&lines[0]) {
+            let rest = &lines[0].trim_start()[1..];
+            lines[0] = rest.strip_prefix(' ').unwrap_or(rest);
+        }
+    }
+    lines.join("\n")
+}
+
 enum Part {
     Text(String),
     Expr(Expr),
@@ -32,7 +65,7 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
     for doc in docs {
         match doc {
             Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => {
-                let lines = s.value();
+                let lines = unblock(&s.value());
                 let lines = lines
                     .split('\n')
                     .map(|line| line.strip_prefix(' ').unwrap_or(line).trim_end())
@@ -74,4 +107,24 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
             #krate::__private::DocText::new(__IDEM_RAW);
         __IDEM_TEXT.as_str()
     }}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unblock;
+
+    #[test]
+    fn block_comments_lose_their_frame_and_stars() {
+        assert_eq!(
+            unblock("*\n * Charge a card.\n *\n * In cents.\n "),
+            "Charge a card.\n\nIn cents."
+        );
+        assert_eq!(unblock(" Charge a card.\n * In cents.\n "), " Charge a card.\nIn cents.");
+        assert_eq!(unblock(" Charge a card.\n   In cents.\n"), " Charge a card.\n   In cents.");
+        // A literal written as such, with `*` bullets: not a block comment.
+        assert_eq!(unblock("Options:\n* a\n* b"), "Options:\n* a\n* b");
+        assert_eq!(unblock(" One line."), " One line.");
+        // A line that is not starred keeps every star of the others.
+        assert_eq!(unblock(" a\n * b\n c\n "), " a\n * b\n c");
+    }
 }
