@@ -82,9 +82,12 @@ mod validate;
 /// # Descriptions
 /// The doc comment is the tool's description; `#[doc = include_str!("..")]` lines are part of
 /// it. Rustdoc link markup is removed from the text the model reads (`[`Charge`]` → `` `Charge` ``,
-/// `[text](crate::path)` → `text`, `[ref]: target` lines dropped; web links stay). A `///` comment
-/// on a parameter becomes that argument's JSON Schema `description` (and is removed from the fn,
-/// where rustc would refuse it).
+/// `[text](crate::path)` → `text`, `[ref]: target` lines dropped; web links stay; code blocks are
+/// kept as written). A `///` comment on a parameter becomes that argument's JSON Schema
+/// `description` (and is removed from the fn, where rustc would refuse it). `/** .. */` comments
+/// read as rustdoc shows them, without their frame and the `*` that starts each line. The
+/// arguments' schema has no description of its own: the generated type's rustdoc text is for
+/// the programmer.
 ///
 /// # Parameters
 /// - The context: an optional first parameter whose type is written `&Ctx`, `&idem_core::Ctx` or
@@ -94,6 +97,9 @@ mod validate;
 /// - The others (at most 16) need owned types that are `Serialize + DeserializeOwned + JsonSchema
 ///   + Clone + Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics. An
 ///   `Option<..>` (written so) is not required in the schema.
+/// - No `#[cfg]` or `#[cfg_attr]` on a parameter: the parameters are the arguments, whose schema
+///   and key must not change from build to build (put the `#[cfg]` on the whole tool instead). A
+///   parameter's type may not be named like the generated `ChargeCardArgs` or `ChargeCardTool`.
 /// - `#[idem(flatten)] args: ChargeArgs`, as the only argument: a struct deriving `Serialize`,
 ///   `Deserialize`, `JsonSchema` and `Clone` whose fields are the tool's top-level JSON arguments
 ///   and schema (rmcp's `Parameters<T>` style; the struct's own serde and schemars attributes
@@ -146,8 +152,11 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// Adds `fn tool_set(self: &Arc<Self>) -> idem_core::ToolSet` to the block (same visibility as
 /// the most visible tool), holding every `#[tool]` method's tool (`Self::<name>_tool`), each
-/// under its `cfg`. Each method expands as `#[tool]` documents. Tool names must be unique in the
-/// block (checked here); `Self` must be `Send + Sync + 'static`. Options: `crate = ".."` (see
+/// under its `cfg`. Each method expands as `#[tool]` documents, and must take `&self` (a tool
+/// without state is a free `async fn` outside the block). Tool names must be unique in the block
+/// (checked here; two tools of one name under `#[cfg]`s are an error only in a build that
+/// compiles both, so exclusive versions of one tool may share it); `Self` must be
+/// `Send + Sync + 'static`. Options: `crate = ".."` (see
 /// `#[tool]`), applied to every tool of the block that does not give its own. The block's
 /// `#[tool]` attributes are read here, so they need no import (an imported `tool` used only
 /// inside the block is reported unused).
