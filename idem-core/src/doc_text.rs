@@ -20,7 +20,9 @@ impl<const N: usize> DocText<N> {
         let end = if src.len() < N { src.len() } else { N };
         let mut out = DocText { bytes: [0; N], len: 0 };
         let mut i = 0;
-        let mut in_code = false;
+        // The length of the backtick run that opened the code span we are in (0: none). A span
+        // closes at a run of the same length (CommonMark), so ``a`b`` is one span.
+        let mut in_code = 0;
         let mut in_fence = false;
         let mut line_start = true;
         while i < end {
@@ -47,8 +49,19 @@ impl<const N: usize> DocText<N> {
             if b == b'\n' {
                 line_start = true;
             } else if !in_fence && b == b'`' {
-                in_code = !in_code;
-            } else if !in_fence && !in_code && b == b'[' && can_open_link(src, i) {
+                let mut run = 0;
+                while i + run < end && src[i + run] == b'`' {
+                    run += 1;
+                }
+                if in_code == 0 {
+                    in_code = run;
+                } else if in_code == run {
+                    in_code = 0;
+                }
+                out.copy(src, i, i + run);
+                i += run;
+                continue;
+            } else if !in_fence && in_code == 0 && b == b'[' && can_open_link(src, i) {
                 let next = out.link(src, i, end);
                 if next > i {
                     i = next;
@@ -120,11 +133,45 @@ impl<const N: usize> DocText<N> {
 
 /// `[` can open a link unless it follows a word or is escaped (`a[0]`, `\[`).
 const fn can_open_link(src: &[u8], i: usize) -> bool {
+    if is_task_box(src, i) {
+        return false;
+    }
     if i == 0 {
         return true;
     }
     let prev = src[i - 1];
     !(prev.is_ascii_alphanumeric() || prev == b'_' || prev == b'\\' || prev == b']')
+}
+
+/// `[x]`, `[X]` or `[ ]` right after a list item's marker (`- `, `* `, `+ `, `1. `): a task
+/// list's box, which rustdoc shows as a checkbox, not a link.
+const fn is_task_box(src: &[u8], i: usize) -> bool {
+    if i + 3 > src.len() || !matches!(src[i + 1], b'x' | b'X' | b' ') || src[i + 2] != b']' {
+        return false;
+    }
+    // Back over one space, then the marker, then only indentation to the line's start.
+    if i < 2 || src[i - 1] != b' ' {
+        return false;
+    }
+    let mut j = i - 1;
+    if matches!(src[j - 1], b'-' | b'*' | b'+') {
+        j -= 1;
+    } else if src[j - 1] == b'.' || src[j - 1] == b')' {
+        j -= 1;
+        let digits = j;
+        while j > 0 && src[j - 1].is_ascii_digit() {
+            j -= 1;
+        }
+        if j == digits {
+            return false;
+        }
+    } else {
+        return false;
+    }
+    while j > 0 && src[j - 1] == b' ' {
+        j -= 1;
+    }
+    j == 0 || src[j - 1] == b'\n'
 }
 
 /// `` `code` `` or a path (`Foo`, `crate::Foo`, `Vec<T>`, `foo()`, `struct@Foo`) with a letter.
@@ -239,6 +286,23 @@ mod tests {
         assert_eq!(text!("values in [0, 1]; a[0]; `[Foo]`"), "values in [0, 1]; a[0]; `[Foo]`");
         assert_eq!(text!("```\nlet v = [Foo];\n```"), "```\nlet v = [Foo];\n```");
         assert_eq!(text!("an [unclosed bracket"), "an [unclosed bracket");
+    }
+
+    #[test]
+    fn task_list_boxes_are_not_links() {
+        assert_eq!(
+            text!("Steps:\n- [x] charged\n- [ ] mailed\n  1. [X] logged, see [`Ledger`]"),
+            "Steps:\n- [x] charged\n- [ ] mailed\n  1. [X] logged, see `Ledger`"
+        );
+        // Not after a list marker: an intra-doc link to `x` as before.
+        assert_eq!(text!("see [x] here"), "see x here");
+    }
+
+    #[test]
+    fn a_code_span_closes_at_a_run_of_its_own_length() {
+        // ``a`b`` is one code span: the single backtick inside it once left the rest as code.
+        assert_eq!(text!("``a`b`` then [`Charge`]"), "``a`b`` then `Charge`");
+        assert_eq!(text!("`[x]` and ``[y]`` stay; [`z`] goes"), "`[x]` and ``[y]`` stay; `z` goes");
     }
 
     #[test]
