@@ -126,3 +126,30 @@ fn a_joiner_gets_progress_and_cancelling_it_leaves_the_shared_run_alone() {
         assert_eq!(charge_id(msg), "ch_0002", "{msg}");
     }
 }
+
+#[test]
+fn a_cancelled_joiner_hears_no_more_progress() {
+    let binary = mcp_support::payments_mcp();
+    let mut s = Server::start(&binary, &[("PAYMENTS_DELAY_MS", "3000")]);
+    s.initialize();
+    let mut others = Vec::new();
+    s.write(&charge(1, 21, json!({"idem/run": "conv-c", "progressToken": "tok-1"})));
+    s.write(&charge(2, 21, json!({"idem/run": "conv-c", "progressToken": "tok-2"})));
+    let waiter = first_waiter(&s, &[("tok-1", 1), ("tok-2", 2)], &mut others);
+    let leader = 3 - waiter;
+    s.write(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": waiter, "reason": "the user gave up"}})
+        .to_string(),
+    );
+    // The first call takes 3 s more; progress comes every second while a request waits. After
+    // the cancellation, at most one notification already on its way may still arrive.
+    let (led, progress) = until_response(&s, leader, &mut others);
+    assert_eq!(charge_id(&led), "ch_0001");
+    let late: Vec<_> = progress
+        .iter()
+        .chain(others.iter().filter(|m| m["method"] == "notifications/progress"))
+        .filter(|m| m["params"]["progressToken"] == format!("tok-{waiter}"))
+        .collect();
+    assert!(late.len() <= 1, "progress for a cancelled request: {late:?}");
+}

@@ -212,8 +212,15 @@ impl IdemTools {
             let call = McpCall::new(&name, args, Some(&meta));
             tools.dispatch_mcp(&session, call, missing_run).await
         });
+        // rmcp cancels `context.ct` on `notifications/cancelled` (and when the session ends) and
+        // drops whatever this handler answers afterwards; the handler has to stop by itself, or a
+        // waiting request goes on sending progress for a request the client has forgotten.
+        let cancelled = context.ct.clone();
         let joined = match waits {
-            None => (&mut task).await,
+            None => tokio::select! {
+                done = &mut task => done,
+                () = cancelled.cancelled() => return Err(cancelled_error()),
+            },
             Some((token, mut rx)) => {
                 let mut sent = 0u64;
                 let start = tokio::time::Instant::now() + PROGRESS_INTERVAL;
@@ -221,6 +228,7 @@ impl IdemTools {
                 loop {
                     tokio::select! {
                         done = &mut task => break done,
+                        () = cancelled.cancelled() => return Err(cancelled_error()),
                         changed = rx.changed() => {
                             if changed.is_err() {
                                 // The hook is gone with the call: only the result is left.
@@ -252,6 +260,15 @@ impl IdemTools {
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
         Ok(to_call_tool_result(&result)?.into())
     }
+}
+
+/// The answer of a request the client cancelled: rmcp drops it (MCP: a cancelled request gets no
+/// response). The call's task goes on, so its outcome is stored for a repeat.
+fn cancelled_error() -> ErrorData {
+    ErrorData::internal_error(
+        "the request was cancelled; the call goes on and a repeat gets its outcome",
+        None,
+    )
 }
 
 /// The arguments' text as the client sent it: put in the request by
