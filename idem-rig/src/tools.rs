@@ -121,12 +121,8 @@ fn run_for(bound: &Run, cx: &ToolContext) -> Result<Run, ToolExecutionError> {
     match cx.get::<RunId>() {
         Ok(None) => Ok(bound.clone()),
         Ok(Some(RunId(id))) if !id.is_empty() => {
-            let scope = Scope::run(id).with_tenant(bound.scope().tenant());
-            let run = bound.idem().scope(scope);
-            Ok(match bound.caller_key() {
-                Some(key) => run.with_idempotency_key(key),
-                None => run,
-            })
+            // The bound run in another scope: its caller key, call id and wait hook stay.
+            Ok(bound.in_scope(Scope::run(id).with_tenant(bound.scope().tenant())))
         }
         Ok(Some(_)) => Err(context_error("it is empty".to_owned())),
         Err(e) => Err(context_error(e.to_string())),
@@ -143,4 +139,29 @@ fn context_error(why: String) -> ToolExecutionError {
     )
     .with_code("invalid_run")
     .with_retryable(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::{Idem, WaitHook};
+
+    use super::*;
+
+    #[test]
+    fn a_prompts_run_keeps_the_bound_runs_key_call_id_and_wait_hook() {
+        let bound = Idem::in_memory()
+            .run("default")
+            .with_idempotency_key("key-1")
+            .with_call_id("call-1")
+            .with_wait_hook(WaitHook::new(|_| {}));
+        let mut cx = ToolContext::new();
+        cx.insert(RunId("conv-a".into())).unwrap();
+        let run = run_for(&bound, &cx).unwrap();
+        assert_eq!(run.scope().run_id(), "conv-a");
+        assert_eq!(run.caller_key(), Some("key-1"));
+        // Neither has an accessor; the run's Debug shows both (both were dropped before).
+        let shown = format!("{run:?}");
+        assert!(shown.contains("call_id: Some(\"call-1\")"), "{shown}");
+        assert!(shown.contains("on_wait: Some(WaitHook)"), "{shown}");
+    }
 }
