@@ -193,6 +193,22 @@ pub enum Error<E> {
         reason: String,
     },
 
+    /// The tool's body panicked during an attempt (the panic is caught; the process goes on).
+    /// Whether its effect happened is not known, and a panic is a bug, not a passing failure, so
+    /// the call makes no further attempt and stores nothing: the key is released (a repeat runs
+    /// the tool again, a `keyed` tool with the same idempotency key for the provider to
+    /// deduplicate). A `never` tool's caller gets [`Error::OutcomeUnknown`] instead, which its
+    /// repeats get too.
+    #[error("tool `{tool}` panicked in attempt {attempt}: {message}")]
+    Panicked {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The attempt that panicked (1 for the first).
+        attempt: u32,
+        /// The panic's message (`"<not a string>"` for a payload of another type).
+        message: String,
+    },
+
     /// A broken invariant of idem itself, reported instead of a panic. Please report it.
     #[error("internal error in idem for tool `{tool}` (key {key}): {what}; please report it")]
     Internal {
@@ -274,6 +290,9 @@ impl<E> Error<E> {
             Error::OutputNotStorable { tool, key, reason } => {
                 Error::OutputNotStorable { tool, key, reason }
             }
+            Error::Panicked { tool, attempt, message } => {
+                Error::Panicked { tool, attempt, message }
+            }
             Error::Internal { tool, key, what } => Error::Internal { tool, key, what },
         })
     }
@@ -303,6 +322,7 @@ impl<E> Error<E> {
             Error::BudgetExhausted { .. } => ErrorKind::BudgetExhausted,
             Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
             Error::OutputNotStorable { .. } => ErrorKind::OutputNotStorable,
+            Error::Panicked { .. } => ErrorKind::Panicked,
             Error::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -362,6 +382,8 @@ pub enum ErrorKind {
     OutputNotStorable,
     /// `internal`: [`Error::Internal`].
     Internal,
+    /// `tool_panicked`: [`Error::Panicked`].
+    Panicked,
 }
 
 impl ErrorKind {
@@ -383,6 +405,7 @@ impl ErrorKind {
             ErrorKind::Incompatible => "incompatible",
             ErrorKind::OutputNotStorable => "output_not_storable",
             ErrorKind::Internal => "internal",
+            ErrorKind::Panicked => "tool_panicked",
         }
     }
 }

@@ -35,7 +35,7 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
 /// | `store_unavailable` | `Network` | yes, when the store is back (nothing ran) |
 /// | `lease_lost` | `Other` | yes: a repeat returns the new owner's result |
 /// | `tool_error` | `Provider` | no: a permanent error is stored and replayed |
-/// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, others | `Other` | no |
+/// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, `tool_panicked`, others | `Other` | no |
 pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
     let (kind, retryable) = match result.error_kind {
         Some(ErrorKind::InvalidArguments | ErrorKind::InvalidToolCall) => {

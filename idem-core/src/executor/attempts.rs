@@ -2,10 +2,12 @@
 //! its timeout, classify how it failed, decide the next step ([`Next`]), and store the outcome.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -55,6 +57,31 @@ pub(super) struct Storing<T: Tool> {
 enum Attempt<O, E> {
     Done(Result<O, E>),
     TimedOut,
+    /// The body panicked; the message of its payload.
+    Panicked(String),
+}
+
+/// What a body's future gives when polled through `catch_unwind`.
+type Caught<O, E> = Result<Result<O, E>, Box<dyn std::any::Any + Send>>;
+
+impl<O, E> Attempt<O, E> {
+    fn from_caught(caught: Caught<O, E>) -> Self {
+        match caught {
+            Ok(ended) => Attempt::Done(ended),
+            Err(payload) => Attempt::Panicked(panic_message(payload.as_ref())),
+        }
+    }
+}
+
+/// The text of a panic's payload: `panic!` gives a `&str` or a `String`.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "<not a string>".to_owned()
+    }
 }
 
 /// What follows a transient or ambiguous failure that the class allows to retry.
@@ -121,12 +148,16 @@ impl<T: Tool> Call<'_, T> {
                 },
             };
             let ended = {
-                let mut work = std::pin::pin!(self.tool.run(&cx, this_args));
+                // A panicking body is caught at each poll and ends its attempt (the caller gets
+                // an error, the key is settled), instead of unwinding through the call and
+                // leaving the key claimed until its lease ends. The body is not touched after.
+                let work = FutureExt::catch_unwind(AssertUnwindSafe(self.tool.run(&cx, this_args)));
+                let mut work = std::pin::pin!(work);
                 // Most attempts of a fast tool finish on their first poll: no timer is armed for
                 // them, and the future that times and renews an attempt is built (boxed, so the
                 // call's own future stays small) only for those that wait.
                 match std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await {
-                    Poll::Ready(ended) => Attempt::Done(ended),
+                    Poll::Ready(caught) => Attempt::from_caught(caught),
                     Poll::Pending => {
                         Box::pin(self.attempt_pending(work.as_mut(), fence, attempt_deadline)).await
                     }
@@ -142,6 +173,10 @@ impl<T: Tool> Call<'_, T> {
                 }
                 Attempt::Done(Err(error)) => (error.classify(), Some(error)),
                 Attempt::TimedOut => (Failure::ambiguous(), None),
+                Attempt::Panicked(message) => {
+                    budget.on_failure();
+                    return Err(self.panicked(fence, attempt, message).await);
+                }
             };
             let error = match error {
                 Some(error) => Error::Tool { tool: self.name(), error },
@@ -261,6 +296,25 @@ impl<T: Tool> Call<'_, T> {
             }
         }
         err
+    }
+
+    /// An attempt whose body panicked: no further attempt (a panic is a bug, and its effect may
+    /// have happened). A never tool's outcome is unknown, stored so as after a timeout; any
+    /// other tool's key is released, as after a failure that left nothing to replay.
+    async fn panicked(
+        &self,
+        fence: Option<Fence>,
+        attempt: u32,
+        message: String,
+    ) -> Error<T::Error> {
+        tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
+        if self.class() == RetryClass::Never {
+            return self.unknown(fence).await;
+        }
+        if let Some(fence) = fence {
+            self.release(fence).await;
+        }
+        Error::Panicked { tool: self.name(), attempt, message }
     }
 
     /// An ambiguous failure of a never tool: the outcome is unknown, for good.
@@ -452,13 +506,13 @@ impl<T: Tool> Call<'_, T> {
         deadline: Instant,
     ) -> Attempt<T::Output, T::Error>
     where
-        F: Future<Output = Result<T::Output, T::Error>>,
+        F: Future<Output = Caught<T::Output, T::Error>>,
     {
         let mut timeout = std::pin::pin!(tokio::time::sleep_until(deadline));
         let Some(fence) = fence else {
             return tokio::select! {
                 biased;
-                ended = &mut work => Attempt::Done(ended),
+                caught = &mut work => Attempt::from_caught(caught),
                 () = &mut timeout => Attempt::TimedOut,
             };
         };
@@ -467,7 +521,7 @@ impl<T: Tool> Call<'_, T> {
         loop {
             tokio::select! {
                 biased;
-                ended = &mut work => return Attempt::Done(ended),
+                caught = &mut work => return Attempt::from_caught(caught),
                 () = &mut timeout => return Attempt::TimedOut,
                 () = &mut renew_at => {
                     self.renew(fence).await;

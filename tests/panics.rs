@@ -1,0 +1,135 @@
+//! A tool body that panics: the panic ends its attempt and becomes the caller's error, the key
+//! is settled at once (released, or "outcome unknown" for a never tool) instead of staying
+//! claimed until its lease ends, and nothing else unwinds.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::{Classify, Error, ErrorKind, Failure, Idem, Served, ToolSet, tool};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl Classify for Declined {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+static CHARGES: AtomicU32 = AtomicU32::new(0);
+
+/// Panics on its first run only; allows three attempts.
+#[tool(retry = "keyed", attempts = 3)]
+async fn charge(customer: String) -> Result<String, Declined> {
+    if CHARGES.fetch_add(1, Ordering::SeqCst) == 0 {
+        panic!("index out of bounds for {customer}");
+    }
+    Ok(format!("ch_{customer}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_tool_that_panics_is_not_retried_and_its_key_is_free_for_a_repeat() {
+    let run = Idem::in_memory().run("r1");
+    match charge(&run, "cus_1".into()).await {
+        Err(Error::Panicked { tool, attempt, message }) => {
+            assert_eq!((tool, attempt), ("charge", 1));
+            assert_eq!(message, "index out of bounds for cus_1");
+        }
+        other => panic!("expected Panicked, got {other:?}"),
+    }
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 1, "no retry after a panic");
+    let before = Instant::now();
+    assert_eq!(charge(&run, "cus_1".into()).await.unwrap(), "ch_cus_1");
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 2, "the repeat ran the tool again");
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was free: no lease to wait out");
+}
+
+static REFUNDS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "never")]
+async fn refund(charge_id: String) -> Result<String, Declined> {
+    REFUNDS.fetch_add(1, Ordering::SeqCst);
+    panic!("refund of {charge_id} lost its connection mid-write");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_never_tool_that_panics_is_outcome_unknown_for_every_repeat() {
+    let run = Idem::in_memory().run("r1");
+    for _ in 0..3 {
+        let result = refund(&run, "ch_1".into()).await;
+        assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+    }
+    assert_eq!(REFUNDS.load(Ordering::SeqCst), 1, "a never tool runs once, panic or not");
+}
+
+static GATED: AtomicU32 = AtomicU32::new(0);
+static GATE: Semaphore = Semaphore::const_new(0);
+
+/// Waits for the gate, then panics on its first run.
+#[tool(retry = "keyed", lease = "30s")]
+async fn send_mail(to: String) -> Result<u32, Declined> {
+    let n = GATED.fetch_add(1, Ordering::SeqCst);
+    if n == 0 {
+        GATE.acquire().await.unwrap().forget();
+        panic!("template missing for {to}");
+    }
+    Ok(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waiting_on_a_panicking_owner_is_answered_without_waiting_out_the_lease() {
+    let run = Idem::in_memory().run("r1");
+    let owner = tokio::spawn({
+        let run = run.clone();
+        async move { send_mail(&run, "a@example.com".into()).await }
+    });
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    let joiner = tokio::spawn({
+        let run = run.clone();
+        async move { run.call_reported(&SendMailTool, SendMailArgs::new("a@example.com".into())).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    GATE.add_permits(1);
+    let owner = owner.await.expect("the panic did not unwind out of the call");
+    assert!(matches!(owner, Err(Error::Panicked { .. })), "{owner:?}");
+    let (joined, report) = joiner.await.unwrap();
+    assert_eq!(joined.unwrap(), 1, "the duplicate ran the tool itself once the key was released");
+    assert_eq!(report.unwrap().served, Some(Served::Executed));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited out the lease: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(GATED.load(Ordering::SeqCst), 2);
+}
+
+static LOOKUPS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "safe")]
+async fn lookup(id: u64) -> Result<u64, Declined> {
+    LOOKUPS.fetch_add(1, Ordering::SeqCst);
+    let table: Vec<u64> = Vec::new();
+    Ok(table[id as usize])
+}
+
+#[tokio::test]
+async fn a_tool_set_answers_a_panic_with_an_error_result() {
+    let set = ToolSet::new().with(LookupTool).unwrap();
+    let run = Idem::in_memory().run("r1");
+    let result = set.call(&run, "lookup", &serde_json::json!({"id": 3})).await;
+    assert!(result.is_error);
+    assert_eq!(result.error_kind, Some(ErrorKind::Panicked));
+    assert!(
+        result.text.starts_with(
+            "Error (tool_panicked): tool `lookup` panicked in attempt 1: index out of bounds"
+        ),
+        "{}",
+        result.text
+    );
+    assert_eq!(LOOKUPS.load(Ordering::SeqCst), 1);
+}
