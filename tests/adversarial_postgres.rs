@@ -588,3 +588,48 @@ async fn reads_answer_while_another_session_holds_the_rows() {
     drop(store);
     drop_schema(&admin, &schema).await;
 }
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl idem_core::Classify for Declined {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+static NUL_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[idem_core::tool(retry = "keyed")]
+async fn open_ticket(title: String) -> Result<String, Declined> {
+    NUL_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(title)
+}
+
+/// A run id and tenant with a NUL character (an MCP client's `_meta["idem/run"]` can carry one):
+/// PostgreSQL's `text` refuses NUL, and every call failed as "store unavailable". The origin is
+/// now stored with U+FFFD in its place; the key is derived from the strings as given, so the
+/// repeat replays, and a listing by that run finds the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_id_with_a_nul_character_is_stored_and_replayed() {
+    let Some(store) = store().await else { return };
+    let run_id = format!("conv\u{0}{}", std::process::id());
+    let idem = idem_core::Idem::new((*store).clone());
+    let run = idem.scope(idem_core::Scope::run(run_id.clone()).with_tenant("acme\u{0}"));
+    let title = "printer \u{0} jam".to_owned();
+    assert_eq!(open_ticket(&run, title.clone()).await.unwrap(), title);
+    let (again, report) =
+        run.call_reported(&OpenTicketTool, OpenTicketArgs::new(title.clone())).await;
+    assert_eq!(again.unwrap(), title);
+    assert_eq!(report.unwrap().served, Some(idem_core::Served::Replayed));
+    assert_eq!(NUL_RUNS.load(std::sync::atomic::Ordering::SeqCst), 1, "one ticket");
+
+    let query =
+        idem_core::store::ListQuery { run_prefix: Some(run_id.clone()), ..Default::default() };
+    let page = store.list(&query).await.unwrap();
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    let origin = page.records[0].origin.clone().unwrap();
+    assert_eq!(origin.run, run_id.replace('\u{0}', "\u{FFFD}"));
+    assert_eq!((origin.tool.as_str(), origin.tenant.as_str()), ("open_ticket", "acme\u{FFFD}"));
+}

@@ -58,6 +58,19 @@ use crate::key::Key;
 
 mod admin;
 mod claim;
+
+/// `s` as PostgreSQL can store it in a `text` column, which refuses the NUL character (SQLSTATE
+/// 22021): each NUL becomes U+FFFD. For the record's origin (tool, tenant, run id), which is
+/// for listing only (keys are derived from the unaltered strings), and for the listing's
+/// filters, so that a filter finds what was stored. Without it a run id with a NUL (an MCP
+/// client's `_meta["idem/run"]`) failed every call as "store unavailable".
+fn text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
 mod conn;
 mod error;
 mod listen;
@@ -254,7 +267,8 @@ impl Store for PostgresStore {
             }
         });
         let (k, fp, own) = (req.key.as_str(), req.fingerprint.as_str(), owner.as_str());
-        let (tool, tenant, run) = (req.origin.tool, req.origin.tenant, req.origin.run);
+        let (tool, tenant, run) =
+            (text(req.origin.tool), text(req.origin.tenant), text(req.origin.run));
         // The common path: one plain statement answers a replay, a live lease, a mismatch or an
         // unknown outcome from the row, or acquires a key that has none.
         let row = resend::resend(|_| async {
