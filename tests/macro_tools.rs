@@ -642,3 +642,36 @@ fn block_doc_comments_read_as_rustdoc_shows_them() {
         "Why, for the ledger:\nshown to the customer."
     );
 }
+
+static FLAKY_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Unreachable (transient) for "cus_t", declined (permanent) for anyone else.
+#[tool(retry = "keyed", attempts = 1)]
+async fn charge_flaky(customer: String) -> Result<u64, PayError> {
+    FLAKY_RUNS.fetch_add(1, Ordering::SeqCst);
+    Err(if customer == "cus_t" { PayError::Unreachable } else { PayError::Declined })
+}
+
+#[tokio::test]
+async fn a_tool_result_says_whether_a_repeat_runs_again() {
+    let set = idem_core::ToolSet::new().with(ChargeFlakyTool).unwrap();
+    let run = Idem::in_memory().run("r1");
+    let call = |customer: &str| {
+        let json = serde_json::json!({ "customer": customer });
+        let (set, run) = (&set, &run);
+        async move { set.call(run, "charge_flaky", &json).await }
+    };
+
+    let transient = call("cus_t").await;
+    assert!(transient.is_error);
+    assert_eq!(transient.content["error"]["retryable"], true, "{}", transient.content);
+    assert!(transient.text.ends_with("calling it again tries again"), "{}", transient.text);
+    let permanent = call("cus_p").await;
+    assert_eq!(permanent.content["error"]["retryable"], false, "{}", permanent.content);
+    assert_eq!(FLAKY_RUNS.load(Ordering::SeqCst), 2);
+
+    // And so it is: the transient one runs again, the permanent one is replayed.
+    assert_eq!(call("cus_t").await.content, transient.content);
+    assert_eq!(call("cus_p").await.content, permanent.content);
+    assert_eq!(FLAKY_RUNS.load(Ordering::SeqCst), 3);
+}

@@ -34,7 +34,7 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
 /// | `budget_exhausted` | `RateLimited` | yes, later |
 /// | `store_unavailable` | `Network` | yes, when the store is back (nothing ran) |
 /// | `lease_lost` | `Other` | yes: a repeat returns the new owner's result |
-/// | `tool_error` | `Provider` | no: a permanent error is stored and replayed |
+/// | `tool_error` | `Provider` | as the result's `error.retryable`: no for a permanent error (stored and replayed), yes for the last of transient or ambiguous failures (nothing stored; a repeat runs again) |
 /// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, `tool_panicked`, others | `Other` | no |
 pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
     let (kind, retryable) = match result.error_kind {
@@ -46,7 +46,10 @@ pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
         Some(ErrorKind::BudgetExhausted) => (ToolErrorKind::RateLimited, true),
         Some(ErrorKind::StoreUnavailable) => (ToolErrorKind::Network, true),
         Some(ErrorKind::LeaseLost) => (ToolErrorKind::Other, true),
-        Some(ErrorKind::Tool) => (ToolErrorKind::Provider, false),
+        Some(ErrorKind::Tool) => {
+            let retryable = result.content["error"]["retryable"].as_bool().unwrap_or(false);
+            (ToolErrorKind::Provider, retryable)
+        }
         _ => (ToolErrorKind::Other, false),
     };
     let code = result.error_kind.map_or("error", ErrorKind::as_str);
@@ -88,6 +91,16 @@ mod tests {
             assert_eq!(err.retryable(), retryable, "{code}");
             assert_eq!(err.model_feedback(), Some(result.text.as_str()));
             assert!(result.text.starts_with(&format!("Error ({code}): ")));
+        }
+    }
+
+    #[test]
+    fn a_tool_error_is_retryable_as_its_result_says() {
+        for retryable in [true, false] {
+            let mut result =
+                ToolResult::error(ErrorKind::Tool, "`charge` failed: unreachable", None);
+            result.content["error"]["retryable"] = json!(retryable);
+            assert_eq!(to_rig(result).unwrap_err().retryable(), Some(retryable));
         }
     }
 }

@@ -10,6 +10,7 @@ use super::DispatchContext;
 use crate::class::RetryClass;
 use crate::error::{Chain, Error, ErrorKind};
 use crate::executor::CallReport;
+use crate::failure::{Classify, FailureKind};
 use crate::key::Key;
 use crate::tool::ToolDef;
 
@@ -17,8 +18,11 @@ use crate::tool::ToolDef;
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolResult {
     /// On success the tool's output as JSON. On error
-    /// `{"error": {"kind", "message", "detail"?}}`, where `detail` is the tool's own error as JSON
-    /// (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`).
+    /// `{"error": {"kind", "message", "detail"?, "retryable"?}}`, where `detail` is the tool's own
+    /// error as JSON (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`), and
+    /// `retryable` (for `tool_error`) says whether a repeat runs the tool again (`true`: the last
+    /// attempt failed transiently or ambiguously and nothing was stored) or returns the same
+    /// error (`false`: a permanent error).
     pub content: Value,
     /// What the model reads: the output as compact JSON text with object members sorted by name
     /// (a string output as itself), or `Error (<kind>): <message>`.
@@ -92,7 +96,7 @@ fn sorted_text(value: &Value) -> String {
 }
 
 /// The readable result of a failed protected call.
-pub(super) fn error_result<E: Serialize + Display>(
+pub(super) fn error_result<E: Serialize + Display + Classify>(
     def: &ToolDef,
     err: &Error<E>,
     cx: &DispatchContext,
@@ -100,11 +104,30 @@ pub(super) fn error_result<E: Serialize + Display>(
     let name = def.name;
     let kind = err.kind();
     match err {
-        Error::Tool { error, .. } => ToolResult::error(
-            kind,
-            format!("`{name}` failed: {error}"),
-            crate::limits::check_depth(error).ok().and_then(|()| serde_json::to_value(error).ok()),
-        ),
+        Error::Tool { error, .. } => {
+            // A permanent error is final (stored and replayed for a keyed or never tool); any
+            // other is the last of this call's attempts, and nothing was stored: a repeat tries
+            // again. `retryable` says which, for hosts and agent frameworks.
+            let retryable = error.classify().kind != FailureKind::Permanent;
+            let message = if retryable {
+                format!(
+                    "`{name}` failed: {error}; nothing was stored, so calling it again tries again"
+                )
+            } else {
+                format!("`{name}` failed: {error}")
+            };
+            let mut result = ToolResult::error(
+                kind,
+                message,
+                crate::limits::check_depth(error)
+                    .ok()
+                    .and_then(|()| serde_json::to_value(error).ok()),
+            );
+            if let Some(obj) = result.content.get_mut("error").and_then(Value::as_object_mut) {
+                obj.insert("retryable".into(), Value::Bool(retryable));
+            }
+            result
+        }
         Error::OutcomeUnknown { key, .. } => {
             ToolResult::error(kind, outcome_unknown_text(name, key, cx), Some(key_detail(key)))
         }
