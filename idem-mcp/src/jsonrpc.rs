@@ -12,7 +12,7 @@
 //! |---|---|
 //! | not JSON (grammar) | -32700 parse error, with the `id` when it was read before the error, else `null` |
 //! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` | -32600 invalid request |
-//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, params that do not fit a standard method | -32602 invalid params |
+//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object, params that do not fit a standard method | -32602 invalid params |
 //! | `tools/call` whose `arguments` are not one JSON object with unique member names | a `CallToolResult` with `isError: true` and `invalid_arguments`, as on the OpenAI and Anthropic front doors |
 //! | a notification or a response that is bad in any way | nothing (JSON-RPC: never answer a notification) |
 
@@ -309,6 +309,15 @@ fn request(members: &Members<'_>, method: &str, id: &RequestId) -> Inbound {
     }
     let message = match serde_json::from_value::<ClientJsonRpcMessage>(Value::Object(out)) {
         Ok(m) => m,
+        // The envelope was checked above: what rmcp refuses of a standard method is its params.
+        Err(e) if is_standard_request(method) => {
+            return reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: the params of `{method}` do not fit the MCP schema of that method: {e}"
+                ),
+            );
+        }
         Err(e) => return reply(ErrorCode::INVALID_REQUEST, format!("Invalid request: {e}")),
     };
     let ClientJsonRpcMessage::Request(mut request) = message else {
@@ -357,6 +366,25 @@ fn params(
                 "Invalid request: `params` must be an object".into(),
             ));
         }
+    }
+    // MCP: `params._meta` is an object of names to values, for every request.
+    let (top, _) = members(raw.get());
+    if let Ok(Some(meta)) = member(&top, "_meta")
+        && first_non_space(meta.get()) != Some(b'{')
+    {
+        let found = match first_non_space(meta.get()) {
+            Some(b'"') => "a string",
+            Some(b'[') => "an array",
+            Some(b'n') => "null",
+            Some(b't' | b'f') => "a boolean",
+            _ => "a number",
+        };
+        return Err(reply(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "Invalid params: `_meta` must be an object (MCP), such as {{\"idem/run\": \"<run id>\"}}, not {found}"
+            ),
+        ));
     }
     if method != rmcp::model::CallToolRequestMethod::VALUE {
         return match json_text::parse_unique(raw.get()) {
