@@ -7,7 +7,8 @@
 //! - duplicates in flight join the first call (and hear progress while they wait);
 //! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
 //! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
-//! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio.
+//! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
+//! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is.
 //!
 //! Setup and skips as in `tests/mcp_python.rs`.
 
@@ -56,4 +57,9 @@ fn a_restart_on_sqlite_replays_over_http() {
 #[test]
 fn integers_beyond_64_bits_and_2_pow_53_are_exact_over_http() {
     case("numbers");
+}
+
+#[test]
+fn a_body_that_is_not_utf8_is_a_parse_error_over_http() {
+    case("not_utf8");
 }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorCode};
 
 pub use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, SessionConfig,
@@ -41,7 +41,7 @@ pub use rmcp::transport::streamable_http_server::{
 };
 
 use crate::IdemServer;
-use crate::jsonrpc::{ArgumentsText, Inbound, check_message};
+use crate::jsonrpc::{ArgumentsText, Inbound, check_message, error_reply};
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
 /// none, and `keyed`/`never` calls are refused). It sees the head as the app's middleware left
@@ -119,6 +119,20 @@ where
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => return Ok(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
             };
+            let json = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().starts_with("application/json"));
+            if parts.method == http::Method::POST && json && std::str::from_utf8(&bytes).is_err() {
+                // JSON text is UTF-8 (RFC 8259 §8.1): a parse error, as over stdio, not a 415.
+                let answer = error_reply(
+                    None,
+                    ErrorCode::PARSE_ERROR,
+                    "Parse error: the body is not UTF-8, which JSON text must be",
+                );
+                return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
+            }
             if parts.method == http::Method::POST
                 && let Ok(text) = std::str::from_utf8(&bytes)
             {

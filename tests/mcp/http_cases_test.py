@@ -326,7 +326,31 @@ async def numbers(binary, work):
     return f"references {wide} and {twin} charged apart, {top} exact"
 
 
-CASES = {"expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers}
+async def not_utf8(binary, work):
+    # JSON text is UTF-8: a body that is not is a JSON-RPC parse error, as a line over stdio is,
+    # not HTTP 415 with the decoder's text.
+    proc, url = start(binary, work)
+    try:
+        headers = {
+            "Authorization": f"Bearer {A}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        async with httpx2.AsyncClient(headers=headers) as c:
+            r = await c.post(url, content=b'{"jsonrpc":"2.0","id":7,"method":"ping","params":{"x":"\xff\xfe"}}')
+            check(r.status_code == 200, f"status {r.status_code}: {r.text}")
+            body = r.json()
+            check(body.get("error", {}).get("code") == -32700, f"{body}")
+            check(body.get("id", 0) is None, f"{body}")
+    finally:
+        stop(proc)
+    return "a body that is not UTF-8 is a parse error"
+
+
+CASES = {
+    "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
+    "not_utf8": not_utf8,
+}
 
 
 async def main():
