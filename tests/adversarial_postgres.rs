@@ -599,6 +599,12 @@ impl idem_core::Classify for Declined {
     }
 }
 
+/// A number of this test run's own (the database outlives it, and process ids come back).
+fn unique() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    now.as_nanos() as u64 ^ u64::from(std::process::id()) << 40
+}
+
 static NUL_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 #[idem_core::tool(retry = "keyed")]
@@ -614,7 +620,7 @@ async fn open_ticket(title: String) -> Result<String, Declined> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_id_with_a_nul_character_is_stored_and_replayed() {
     let Some(store) = store().await else { return };
-    let run_id = format!("conv\u{0}{}", std::process::id());
+    let run_id = format!("conv\u{0}{}", unique());
     let idem = idem_core::Idem::new((*store).clone());
     let run = idem.scope(idem_core::Scope::run(run_id.clone()).with_tenant("acme\u{0}"));
     let title = "printer \u{0} jam".to_owned();
@@ -632,4 +638,53 @@ async fn a_run_id_with_a_nul_character_is_stored_and_replayed() {
     let origin = page.records[0].origin.clone().unwrap();
     assert_eq!(origin.run, run_id.replace('\u{0}', "\u{FFFD}"));
     assert_eq!((origin.tool.as_str(), origin.tenant.as_str()), ("open_ticket", "acme\u{FFFD}"));
+}
+
+static LONG_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[idem_core::tool(retry = "keyed")]
+async fn open_long_ticket(title: String) -> Result<String, Declined> {
+    LONG_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(title)
+}
+
+/// A run id of 100,000 characters (nothing bounds an MCP client's `_meta["idem/run"]`): the run id
+/// is indexed for listing, and PostgreSQL refuses a B-tree entry over 2,704 bytes (SQLSTATE
+/// 54000), so every such call failed as "store unavailable". The record keeps the first 1,024
+/// bytes; the key is derived from the whole run id, so another long run id with the same first
+/// kilobyte is another intent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_id_longer_than_an_index_entry_is_stored_and_replayed() {
+    let Some(store) = store().await else { return };
+    let idem = idem_core::Idem::new((*store).clone());
+    // Letters in no repeating pattern, so PostgreSQL cannot compress the entry under its limit.
+    let mut x = unique() | 1;
+    let stem: String = (0..100_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    let title = "long run".to_owned();
+    for (n, run_id) in [format!("{stem}-1"), format!("{stem}-2")].into_iter().enumerate() {
+        let run = idem.run(run_id);
+        assert_eq!(open_long_ticket(&run, title.clone()).await.unwrap(), title);
+        let (again, report) =
+            run.call_reported(&OpenLongTicketTool, OpenLongTicketArgs::new(title.clone())).await;
+        assert_eq!(again.unwrap(), title);
+        assert_eq!(report.unwrap().served, Some(idem_core::Served::Replayed), "run {n}");
+    }
+    assert_eq!(LONG_RUNS.load(std::sync::atomic::Ordering::SeqCst), 2, "one ticket per run");
+    let query = idem_core::store::ListQuery {
+        run_prefix: Some(stem[..2000].to_owned()),
+        tool: Some("open_long_ticket".into()),
+        ..Default::default()
+    };
+    let page = store.list(&query).await.unwrap();
+    assert_eq!(page.records.len(), 2, "{page:?}");
+    for record in &page.records {
+        assert_eq!(record.origin.as_ref().unwrap().run, &stem[..1024]);
+    }
 }

@@ -71,6 +71,25 @@ fn text(s: &str) -> std::borrow::Cow<'_, str> {
         std::borrow::Cow::Borrowed(s)
     }
 }
+
+/// How much of a run id the record keeps (bytes): the run id is indexed for listing, and a
+/// B-tree entry may not exceed 2,704 bytes (PostgreSQL 12+; SQLSTATE 54000 beyond it).
+const RUN_ID_BYTES: usize = 1024;
+
+/// A run id as the record stores it: [`text`], cut at [`RUN_ID_BYTES`] on a character
+/// boundary. Keys are derived from the whole run id; only the listing sees the cut. Without
+/// it a run id of a few kilobytes failed every call as "store unavailable".
+fn run_text(s: &str) -> std::borrow::Cow<'_, str> {
+    let s = text(s);
+    if s.len() <= RUN_ID_BYTES {
+        return s;
+    }
+    let mut end = RUN_ID_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(s[..end].to_owned())
+}
 mod conn;
 mod error;
 mod listen;
@@ -268,7 +287,7 @@ impl Store for PostgresStore {
         });
         let (k, fp, own) = (req.key.as_str(), req.fingerprint.as_str(), owner.as_str());
         let (tool, tenant, run) =
-            (text(req.origin.tool), text(req.origin.tenant), text(req.origin.run));
+            (text(req.origin.tool), text(req.origin.tenant), run_text(req.origin.run));
         // The common path: one plain statement answers a replay, a live lease, a mismatch or an
         // unknown outcome from the row, or acquires a key that has none.
         let row = resend::resend(|_| async {

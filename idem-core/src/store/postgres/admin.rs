@@ -116,7 +116,7 @@ impl PostgresStore {
             arg(&mut sql, " AND tool = ?", Box::new(super::text(tool).into_owned()), Type::TEXT);
         }
         if let Some(prefix) = &q.run_prefix {
-            let prefix = &super::text(prefix).into_owned();
+            let prefix = &super::run_text(prefix).into_owned();
             // The range lets the byte-ordered index serve the prefix; starts_with is the test.
             arg(&mut sql, " AND run_id COLLATE \"C\" >= ?", Box::new(prefix.clone()), Type::TEXT);
             if let Some(end) = prefix_end(prefix) {
