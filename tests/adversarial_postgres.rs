@@ -272,6 +272,20 @@ async fn payloads_round_trip() {
     }
 }
 
+/// A not-storable reason is plain text, not JSON, and may carry a NUL (from the output's own
+/// strings): it is stored with U+FFFD in its place, where the completion used to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_storable_reason_with_a_nul_is_stored() {
+    let Some(store) = store().await else { return };
+    let (key, fp) = fresh_key("nul-reason", "{}");
+    let fence = acquire(&*store, &key, &fp).await;
+    let outcome = Outcome::NotStorable("map key \"a\u{0}b\" is not a string".into());
+    store.complete(&key, fence, &outcome, LONG).await.unwrap();
+    let stored = Outcome::NotStorable("map key \"a\u{FFFD}b\" is not a string".into());
+    let got = store.claim(claim_req(&key, &fp)).await.unwrap();
+    assert!(got == Claim::Completed(Record { fingerprint: fp, outcome: stored }), "{got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extreme_fences_are_lease_lost() {
     let Some(store) = store().await else { return };

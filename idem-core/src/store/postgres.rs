@@ -61,8 +61,8 @@ mod claim;
 
 /// `s` as PostgreSQL can store it in a `text` column, which refuses the NUL character (SQLSTATE
 /// 22021): each NUL becomes U+FFFD. For the record's origin (tool, tenant, run id), which is
-/// for listing only (keys are derived from the unaltered strings), and for the listing's
-/// filters, so that a filter finds what was stored. Without it a run id with a NUL (an MCP
+/// for listing only (keys are derived from the unaltered strings), for the listing's filters,
+/// so that a filter finds what was stored, and for an outcome's text (a not-storable reason). Without it a run id with a NUL (an MCP
 /// client's `_meta["idem/run"]`) failed every call as "store unavailable".
 fn text(s: &str) -> std::borrow::Cow<'_, str> {
     if s.contains('\0') {
@@ -342,6 +342,9 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (kind, payload) = encode(outcome);
+        // JSON payloads never hold a raw NUL; a not-storable reason is plain text and may.
+        let payload = payload.map(text);
+        let payload = payload.as_deref();
         let (k, f, ttl) = (key.as_str(), fence_param(fence), ms(ttl));
         let changed = resend::resend(|again| async move {
             let conn = self.conn().await.map_err(unreached)?;

@@ -155,6 +155,7 @@ impl PostgresStore {
         let rows = match resolution {
             Resolution::Happened { outcome, ttl } => {
                 let (kind, payload) = encode(outcome);
+                let payload = payload.map(super::text);
                 let sql = format!(
                     "WITH u AS (UPDATE idem_records SET state = 1, lease_until = NULL, \
                      kind = $3, payload = $4, since = now(), \
