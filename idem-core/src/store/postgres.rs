@@ -58,43 +58,12 @@ use crate::key::Key;
 
 mod admin;
 mod claim;
-
-/// `s` as PostgreSQL can store it in a `text` column, which refuses the NUL character (SQLSTATE
-/// 22021): each NUL becomes U+FFFD. For the record's origin (tool, tenant, run id), which is
-/// for listing only (keys are derived from the unaltered strings), for the listing's filters,
-/// so that a filter finds what was stored, and for an outcome's text (a not-storable reason). Without it a run id with a NUL (an MCP
-/// client's `_meta["idem/run"]`) failed every call as "store unavailable".
-fn text(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains('\0') {
-        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
-}
-
-/// How much of a run id the record keeps (bytes): the run id is indexed for listing, and a
-/// B-tree entry may not exceed 2,704 bytes (PostgreSQL 12+; SQLSTATE 54000 beyond it).
-const RUN_ID_BYTES: usize = 1024;
-
-/// A run id as the record stores it: [`text`], cut at [`RUN_ID_BYTES`] on a character
-/// boundary. Keys are derived from the whole run id; only the listing sees the cut. Without
-/// it a run id of a few kilobytes failed every call as "store unavailable".
-fn run_text(s: &str) -> std::borrow::Cow<'_, str> {
-    let s = text(s);
-    if s.len() <= RUN_ID_BYTES {
-        return s;
-    }
-    let mut end = RUN_ID_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    std::borrow::Cow::Owned(s[..end].to_owned())
-}
 mod conn;
 mod error;
 mod listen;
 mod pool;
 mod schema;
+mod text;
 mod tls;
 #[cfg(feature = "postgres-tls")]
 mod verify;
@@ -106,6 +75,7 @@ use listen::listen;
 pub use pool::PoolOptions;
 use pool::Source;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
+use text::{run_text, text};
 use tls::Target;
 
 /// The most connections [`PostgresStore::connect`]'s pool opens at once (they open on demand,

@@ -11,6 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::PostgresStore;
 use super::error::pg;
+use super::text::{run_text, text};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
 use crate::store::codec::{self, Selected, encode, fence_param, ms};
@@ -113,10 +114,10 @@ impl PostgresStore {
             }
         }
         if let Some(tool) = &q.tool {
-            arg(&mut sql, " AND tool = ?", Box::new(super::text(tool).into_owned()), Type::TEXT);
+            arg(&mut sql, " AND tool = ?", Box::new(text(tool).into_owned()), Type::TEXT);
         }
         if let Some(prefix) = &q.run_prefix {
-            let prefix = &super::run_text(prefix).into_owned();
+            let prefix = &run_text(prefix).into_owned();
             // The range lets the byte-ordered index serve the prefix; starts_with is the test.
             arg(&mut sql, " AND run_id COLLATE \"C\" >= ?", Box::new(prefix.clone()), Type::TEXT);
             if let Some(end) = prefix_end(prefix) {
@@ -155,7 +156,7 @@ impl PostgresStore {
         let rows = match resolution {
             Resolution::Happened { outcome, ttl } => {
                 let (kind, payload) = encode(outcome);
-                let payload = payload.map(super::text);
+                let payload = payload.map(text);
                 let sql = format!(
                     "WITH u AS (UPDATE idem_records SET state = 1, lease_until = NULL, \
                      kind = $3, payload = $4, since = now(), \
