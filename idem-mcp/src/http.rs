@@ -119,23 +119,21 @@ where
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => return Ok(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
             };
-            let json = parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.trim_start().starts_with("application/json"));
-            if parts.method == http::Method::POST && json && std::str::from_utf8(&bytes).is_err() {
+            let text = match std::str::from_utf8(&bytes) {
+                _ if parts.method != http::Method::POST => None,
+                Ok(text) => Some(text),
                 // JSON text is UTF-8 (RFC 8259 §8.1): a parse error, as over stdio, not a 415.
-                let answer = error_reply(
-                    None,
-                    ErrorCode::PARSE_ERROR,
-                    "Parse error: the body is not UTF-8, which JSON text must be",
-                );
-                return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
-            }
-            if parts.method == http::Method::POST
-                && let Ok(text) = std::str::from_utf8(&bytes)
-            {
+                Err(_) if is_json(&parts.headers) => {
+                    let answer = error_reply(
+                        None,
+                        ErrorCode::PARSE_ERROR,
+                        "Parse error: the body is not UTF-8, which JSON text must be",
+                    );
+                    return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
+                }
+                Err(_) => None,
+            };
+            if let Some(text) = text {
                 match check_message(text) {
                     Inbound::Reply(answer) => {
                         return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
@@ -155,6 +153,14 @@ where
             inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
         })
     }
+}
+
+/// Whether the request says its body is JSON (rmcp answers any other type itself).
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
 }
 
 /// The arguments' text [`check_message`] kept for a `tools/call` request.

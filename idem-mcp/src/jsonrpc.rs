@@ -367,9 +367,10 @@ fn params(
             ));
         }
     }
+    // Read once: the `_meta` check below is for every request, the envelope's for `tools/call`.
+    let (members, _) = members(raw.get());
     // MCP: `params._meta` is an object of names to values, for every request.
-    let (top, _) = members(raw.get());
-    if let Ok(Some(meta)) = member(&top, "_meta")
+    if let Ok(Some(meta)) = member(&members, "_meta")
         && first_non_space(meta.get()) != Some(b'{')
     {
         let found = match first_non_space(meta.get()) {
@@ -393,7 +394,6 @@ fn params(
         };
     }
     // tools/call: the envelope is a protocol matter, the arguments are the tool's.
-    let (members, _) = members(raw.get());
     let mut seen = std::collections::HashSet::new();
     if let Some((name, _)) = members.iter().find(|(n, _)| !seen.insert(n.as_str())) {
         return Err(reply(
