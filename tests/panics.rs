@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::{Classify, Error, ErrorKind, Failure, Idem, Served, ToolSet, tool};
+use idem_tests::wrapped::{Pass, Wrapped};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -106,6 +107,42 @@ async fn a_duplicate_waiting_on_a_panicking_owner_is_answered_without_waiting_ou
         started.elapsed()
     );
     assert_eq!(GATED.load(Ordering::SeqCst), 2);
+}
+
+static DURABLE_CHARGES: AtomicU32 = AtomicU32::new(0);
+static DURABLE_REFUNDS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed", attempts = 3)]
+async fn charge_durable(customer: String) -> Result<String, Declined> {
+    if DURABLE_CHARGES.fetch_add(1, Ordering::SeqCst) == 0 {
+        panic!("charge of {customer} hit a bug");
+    }
+    Ok(format!("ch_{customer}"))
+}
+
+#[tool(retry = "never")]
+async fn refund_durable(charge_id: String) -> Result<String, Declined> {
+    DURABLE_REFUNDS.fetch_add(1, Ordering::SeqCst);
+    panic!("refund of {charge_id} hit a bug");
+}
+
+/// The same through a store the executor treats as any durable one (boxed steps, the store's
+/// own release and completion), not the in-memory store's direct path.
+#[tokio::test(start_paused = true)]
+async fn on_a_durable_store_a_panic_releases_the_key_or_records_the_outcome_unknown() {
+    let run = Idem::new(Wrapped::new(Pass)).run("r1");
+    let first = charge_durable(&run, "cus_d".into()).await;
+    assert!(matches!(first, Err(Error::Panicked { attempt: 1, .. })), "{first:?}");
+    let before = Instant::now();
+    assert_eq!(charge_durable(&run, "cus_d".into()).await.unwrap(), "ch_cus_d");
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was released, not left to its lease");
+    assert_eq!(DURABLE_CHARGES.load(Ordering::SeqCst), 2);
+
+    for _ in 0..3 {
+        let result = refund_durable(&run, "ch_d".into()).await;
+        assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+    }
+    assert_eq!(DURABLE_REFUNDS.load(Ordering::SeqCst), 1);
 }
 
 static LOOKUPS: AtomicU32 = AtomicU32::new(0);
