@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, Fence, OnExpired, Outcome, Record};
 use idem_core::{PostgresStore, Store, StoreError};
-use idem_tests::{acquire, claim_req, or_skip, pg_url};
+use idem_tests::{acquire, claim_req, or_skip, pg_url, process_tag};
 use tokio_postgres::Config;
 
 #[path = "shared/pg.rs"]
@@ -613,12 +613,6 @@ impl idem_core::Classify for Declined {
     }
 }
 
-/// A number of this test run's own (the database outlives it, and process ids come back).
-fn unique() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    now.as_nanos() as u64 ^ u64::from(std::process::id()) << 40
-}
-
 static NUL_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 #[idem_core::tool(retry = "keyed")]
@@ -634,7 +628,7 @@ async fn open_ticket(title: String) -> Result<String, Declined> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_id_with_a_nul_character_is_stored_and_replayed() {
     let Some(store) = store().await else { return };
-    let run_id = format!("conv\u{0}{}", unique());
+    let run_id = format!("conv\u{0}{}", process_tag());
     let idem = idem_core::Idem::new((*store).clone());
     let run = idem.scope(idem_core::Scope::run(run_id.clone()).with_tenant("acme\u{0}"));
     let title = "printer \u{0} jam".to_owned();
@@ -671,16 +665,16 @@ async fn open_long_ticket(title: String) -> Result<String, Declined> {
 async fn a_run_id_longer_than_an_index_entry_is_stored_and_replayed() {
     let Some(store) = store().await else { return };
     let idem = idem_core::Idem::new((*store).clone());
-    // Letters in no repeating pattern, so PostgreSQL cannot compress the entry under its limit.
-    let mut x = unique() | 1;
-    let stem: String = (0..100_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            char::from(b'a' + (x % 26) as u8)
-        })
-        .collect();
+    // This process's tag, then letters in no repeating pattern, so that PostgreSQL cannot
+    // compress the entry under its limit.
+    let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+    let letters = (0..100_000).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        char::from(b'a' + (x % 26) as u8)
+    });
+    let stem: String = process_tag().chars().chain(letters).collect();
     let title = "long run".to_owned();
     for (n, run_id) in [format!("{stem}-1"), format!("{stem}-2")].into_iter().enumerate() {
         let run = idem.run(run_id);

@@ -22,18 +22,22 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned())
 }
 
+/// A tag of this test process alone (`<pid>-<ns>`), for names in a server or database that
+/// outlives it and that other programs use at the same time (process ids come back).
+pub fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos}", std::process::id())
+    })
+}
+
 /// A Redis key prefix of this test process alone (`idem-test-<pid>-<ns>`): tests on a server that
 /// other programs use at the same time never touch each other's keys.
 pub fn redis_prefix() -> String {
-    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PREFIX
-        .get_or_init(|| {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            format!("idem-test-{}-{nanos}", std::process::id())
-        })
-        .clone()
+    format!("idem-test-{}", process_tag())
 }
 
 /// The rule for an unreachable service: under `CI=true` the test fails (panics with the cause);
