@@ -109,20 +109,16 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
             // other is the last of this call's attempts, and nothing was stored: a repeat tries
             // again. `retryable` says which, for hosts and agent frameworks.
             let retryable = error.classify().kind != FailureKind::Permanent;
-            let message = if retryable {
-                format!(
-                    "`{name}` failed: {error}; nothing was stored, so calling it again tries again"
-                )
+            let again = if retryable {
+                "; nothing was stored, so calling it again tries again"
             } else {
-                format!("`{name}` failed: {error}")
+                ""
             };
-            let mut result = ToolResult::error(
-                kind,
-                message,
-                crate::limits::check_depth(error)
-                    .ok()
-                    .and_then(|()| serde_json::to_value(error).ok()),
-            );
+            let detail = crate::limits::check_depth(error)
+                .ok()
+                .and_then(|()| serde_json::to_value(error).ok());
+            let mut result =
+                ToolResult::error(kind, format!("`{name}` failed: {error}{again}"), detail);
             if let Some(obj) = result.content.get_mut("error").and_then(Value::as_object_mut) {
                 obj.insert("retryable".into(), Value::Bool(retryable));
             }
