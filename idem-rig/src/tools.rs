@@ -143,9 +143,55 @@ fn context_error(why: String) -> ToolExecutionError {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::{Idem, WaitHook};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use idem_core::{Classify, Failure, Idem, WaitHook};
+    use tokio::sync::Semaphore;
 
     use super::*;
+
+    #[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+    #[error("declined")]
+    struct Declined;
+
+    impl Classify for Declined {
+        fn classify(&self) -> Failure {
+            Failure::permanent()
+        }
+    }
+
+    static GATE: Semaphore = Semaphore::const_new(0);
+
+    #[idem_core::tool(retry = "keyed")]
+    async fn gated(n: u32) -> Result<u32, Declined> {
+        GATE.acquire().await.map_err(|_| Declined)?.forget();
+        Ok(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duplicate_in_a_prompts_run_calls_the_bound_runs_wait_hook() {
+        let waits = Arc::new(AtomicU32::new(0));
+        let bound = Idem::in_memory().run("default").with_wait_hook(WaitHook::new({
+            let waits = Arc::clone(&waits);
+            move |_| {
+                waits.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        let mut cx = ToolContext::new();
+        cx.insert(RunId("conv-b".into())).unwrap();
+        let run = run_for(&bound, &cx).unwrap();
+        let first = tokio::spawn({
+            let run = run.clone();
+            async move { gated(&run, 7).await }
+        });
+        tokio::task::yield_now().await;
+        let second = tokio::spawn(async move { gated(&run, 7).await });
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        GATE.add_permits(1);
+        assert_eq!(first.await.unwrap().unwrap(), 7);
+        assert_eq!(second.await.unwrap().unwrap(), 7);
+        assert_eq!(waits.load(Ordering::SeqCst), 1, "the duplicate's wait reached the hook");
+    }
 
     #[test]
     fn a_prompts_run_keeps_the_bound_runs_key_call_id_and_wait_hook() {
