@@ -214,7 +214,9 @@ async fn stats(store: &dyn Store, json: bool) -> Result<(), Failure> {
 
 fn origin(info: &RecordInfo) -> String {
     match &info.origin {
-        Some(o) => format!("tool {} in run {:?}", o.tool, o.run),
+        Some(o) => {
+            format!("tool {} in run \"{}\"", render::printable(&o.tool), render::printable(&o.run))
+        }
         None => "unknown tool and run".into(),
     }
 }

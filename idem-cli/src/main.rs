@@ -24,7 +24,8 @@ struct Cli {
     #[arg(long, env = "IDEM_STORE", global = true)]
     store: Option<String>,
 
-    /// Print JSON instead of a table.
+    /// Print JSON instead of a table. The text shows control characters and bidi controls in
+    /// fields as escapes (\n, \u{1b}, \u{202e}); JSON gives the exact values.
     #[arg(long, global = true)]
     json: bool,
 
@@ -203,7 +204,8 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("idem: {}", f.message);
+            // Store errors may quote what a record holds.
+            eprintln!("idem: {}", render::printable(&f.message));
             ExitCode::from(f.exit as u8)
         }
     }

@@ -1,10 +1,50 @@
 //! Records as tables for people and as JSON for programs.
+//!
+//! Run ids, tool names, tenants, results and errors are chosen by clients and models. In text
+//! for people every such field goes through [`printable`]: a control character or a bidi
+//! control written raw could move the cursor, clear or retitle the terminal, hide or fake a row,
+//! or reorder what is shown. JSON needs no such step (serde_json escapes control characters and
+//! a program reads the exact value).
 
+use std::borrow::Cow;
 use std::fmt::Write;
 use std::time::Duration;
 
 use idem_core::store::{Outcome, RecordInfo, RecordState, Stats};
 use serde_json::{Value, json};
+use unicode_width::UnicodeWidthStr;
+
+/// Whether printing `c` raw could change how the terminal shows the rest: a control character
+/// (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or one of Unicode's
+/// `Bidi_Control` characters, which reorder the text around them ("Trojan Source").
+fn unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' // line and paragraph separators
+            | '\u{061C}' | '\u{200E}' | '\u{200F}' // ALM, LRM, RLM
+            | '\u{202A}'..='\u{202E}' // LRE, RLE, PDF, LRO, RLO
+            | '\u{2066}'..='\u{2069}' // LRI, RLI, FSI, PDI
+        )
+}
+
+/// `text` with every character that could act on the terminal written as its Rust escape
+/// (`\n`, `\t`, `\u{1b}`, `\u{202e}`), so it shows on one line, as what it is. Other characters,
+/// backslashes included, are unchanged: `--json` gives the exact value when it matters.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// The state's name, as `--state` takes it.
 pub fn state_name(state: &RecordState) -> &'static str {
@@ -66,8 +106,13 @@ pub fn print_json(v: &Value) {
     println!("{v}");
 }
 
+/// A field from the store as shown: `?` when not stored, `-` when empty, else [`printable`].
 fn unknown_or(v: Option<&str>) -> String {
-    v.map_or_else(|| "?".to_owned(), |s| if s.is_empty() { "-".to_owned() } else { s.to_owned() })
+    match v {
+        None => "?".to_owned(),
+        Some("") => "-".to_owned(),
+        Some(s) => printable(s).into_owned(),
+    }
 }
 
 fn lease(info: &RecordInfo) -> String {
@@ -96,20 +141,21 @@ pub fn table(records: &[RecordInfo]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.clone().map(|h| h.chars().count());
+    // Columns on the terminal, not chars: a CJK character or an emoji takes two.
+    let mut widths = header.clone().map(|h| h.width());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            *w = (*w).max(cell.width());
         }
     }
     let mut out = String::new();
     for row in std::iter::once(&header).chain(&rows) {
         let mut line = String::new();
         for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$}  ");
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = w.saturating_sub(cell.width()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
             }
         }
         out.push_str(line.trim_end());
@@ -138,9 +184,9 @@ pub fn detail(info: &RecordInfo) -> String {
     line("age", info.age.map_or_else(|| "?".to_owned(), duration));
     match &info.state {
         RecordState::InFlight { .. } => line("lease", lease(info)),
-        RecordState::Done(Outcome::Success(p)) => line("result", p.clone()),
-        RecordState::Done(Outcome::Failure(p)) => line("error", p.clone()),
-        RecordState::Done(Outcome::NotStorable(why)) => line("reason", why.clone()),
+        RecordState::Done(Outcome::Success(p)) => line("result", printable(p).into_owned()),
+        RecordState::Done(Outcome::Failure(p)) => line("error", printable(p).into_owned()),
+        RecordState::Done(Outcome::NotStorable(why)) => line("reason", printable(why).into_owned()),
         RecordState::Done(Outcome::Unknown) => {
             line("note", "may have taken effect: check the target system, then resolve".into())
         }
@@ -171,4 +217,113 @@ pub fn stats_table(s: &Stats) -> String {
         let _ = writeln!(out, "{name:<13} {n:>10}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::store::{Fence, StoredOrigin};
+    use idem_core::{Fingerprint, Key};
+
+    use super::*;
+
+    fn record(n: char, tool: &str, run: &str, state: RecordState) -> RecordInfo {
+        let hex = |c: char| std::iter::repeat_n(c, 64).collect::<String>();
+        RecordInfo {
+            key: Key::parse(&hex(n)).expect("key"),
+            fingerprint: Fingerprint::parse(&hex('f')).expect("fingerprint"),
+            fence: Fence(7),
+            origin: Some(StoredOrigin {
+                tool: tool.into(),
+                tenant: "acme".into(),
+                run: run.into(),
+            }),
+            state,
+            age: Some(Duration::from_secs(90)),
+        }
+    }
+
+    fn completed(result: &str) -> RecordState {
+        RecordState::Done(Outcome::Success(result.into()))
+    }
+
+    #[test]
+    fn printable_escapes_what_acts_on_a_terminal_and_keeps_the_rest() {
+        assert_eq!(printable("conv-42 日本 🦀 a\\b \"q\""), "conv-42 日本 🦀 a\\b \"q\"");
+        assert_eq!(printable("a\nb\r\tc\0"), "a\\nb\\r\\tc\\0");
+        assert_eq!(printable("\x1b[2J\x1b]0;title\x07"), "\\u{1b}[2J\\u{1b}]0;title\\u{7}");
+        // DEL, and C1's single-character CSI and OSC, which some terminals obey.
+        assert_eq!(printable("\x7f\u{9b}31m\u{9d}"), "\\u{7f}\\u{9b}31m\\u{9d}");
+        // Bidi controls that reorder what follows, and the line separators.
+        assert_eq!(printable("r\u{202e}txt.exe"), "r\\u{202e}txt.exe");
+        assert_eq!(
+            printable("\u{2066}\u{2069}\u{200f}\u{61c}"),
+            "\\u{2066}\\u{2069}\\u{200f}\\u{61c}"
+        );
+        assert_eq!(printable("a\u{2028}b\u{2029}"), "a\\u{2028}b\\u{2029}");
+    }
+
+    #[test]
+    fn a_run_id_with_control_characters_stays_on_its_own_row() {
+        let records = [
+            record('a', "refund", "x\ny", completed("{}")),
+            record('c', "re\x1b[8mfund", "\x1b[2J\rok", completed("{}")),
+        ];
+        let table = table(&records);
+        let (a, c) = ("a".repeat(64), "c".repeat(64));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                r"STATE      TOOL             RUN            AGE     LEASE  FENCE  KEY".to_owned(),
+                format!(r"completed  refund           x\ny           1m 30s  -      7      {a}"),
+                format!(
+                    r"completed  re\u{{1b}}[8mfund  \u{{1b}}[2J\rok  1m 30s  -      7      {c}"
+                ),
+            ]
+        );
+        assert!(!table.contains('\x1b') && !table.contains('\r'), "{table:?}");
+    }
+
+    #[test]
+    fn wide_characters_keep_the_columns_aligned() {
+        let records = [
+            record('a', "日本語ツール", "🦀-run", completed("{}")),
+            record('b', "refund", "conv-42", completed("{}")),
+        ];
+        let table = table(&records);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "STATE      TOOL          RUN      AGE     LEASE  FENCE  KEY".to_owned(),
+                format!(
+                    "completed  日本語ツール  🦀-run   1m 30s  -      7      {}",
+                    "a".repeat(64)
+                ),
+                format!(
+                    "completed  refund        conv-42  1m 30s  -      7      {}",
+                    "b".repeat(64)
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_detail_escapes_every_field_from_the_store() {
+        let mut info = record('a', "to\x1bol", "r\u{202e}un", completed("{\"x\":\"\u{9b}2J\"}"));
+        if let Some(o) = info.origin.as_mut() {
+            o.tenant = "ten\nant".into();
+        }
+        let shown = detail(&info);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(
+            lines[2..5],
+            ["tool         to\\u{1b}ol", "tenant       ten\\nant", "run          r\\u{202e}un"]
+        );
+        assert_eq!(lines[8], "result       {\"x\":\"\\u{9b}2J\"}");
+        info.state = RecordState::Done(Outcome::Failure("line 1\nline 2\x1b[2J".into()));
+        assert!(detail(&info).contains("error        line 1\\nline 2\\u{1b}[2J\n"));
+        info.state = RecordState::Done(Outcome::NotStorable("big\r".into()));
+        assert!(detail(&info).contains("reason       big\\r\n"));
+    }
 }

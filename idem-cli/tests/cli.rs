@@ -376,3 +376,114 @@ async fn a_listing_of_several_pages_shows_progress_on_a_terminal_only() {
     assert!(header > line_end, "the table starts on a line of its own: {screen}");
     assert_eq!(screen.lines().filter(|l| l.contains(" progress ")).count(), 600);
 }
+
+/// A record claimed with `origin` and completed with `outcome`, as any client could make one:
+/// its key.
+async fn record_of(
+    store: &dyn Store,
+    origin: idem_core::store::Origin<'_>,
+    outcome: idem_core::store::Outcome,
+) -> String {
+    let args = serde_json::json!({ "run": origin.run, "tool": origin.tool }).to_string();
+    let key = idem_core::key::derive_key(&idem_core::Scope::run(origin.run), "t", args.as_bytes());
+    let fingerprint = idem_core::key::fingerprint(args.as_bytes());
+    let req = idem_core::store::ClaimRequest {
+        key: &key,
+        fingerprint: &fingerprint,
+        lease: Duration::from_secs(60),
+        on_expired: idem_core::store::OnExpired::Unknown,
+        origin,
+    };
+    let idem_core::store::Claim::Acquired { fence, .. } = store.claim(req).await.expect("claim")
+    else {
+        panic!("a new key is acquired");
+    };
+    store.complete(&key, fence, &outcome, Duration::from_secs(3600)).await.expect("complete");
+    key.to_string()
+}
+
+/// Run ids, tools, tenants and results come from clients and models. In the table, the detail
+/// and the refusals, a control character (newline, ESC, CR, C1's CSI) or a bidi override shows
+/// escaped on its own line, so it can neither fake a row nor act on the operator's terminal;
+/// JSON keeps the exact values, and a listed key is copyable into `show`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_from_clients_cannot_act_on_the_operators_terminal() {
+    use idem_core::store::{Origin, Outcome};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-escapes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+
+    let fake_row = format!("conv\ncompleted  refund  fake  1s  -  9  {}", "0".repeat(64));
+    let tenant = "acme\x1b]0;pwned\x07";
+    let a = record_of(
+        &*store,
+        Origin { tool: "refund", tenant, run: &fake_row },
+        Outcome::Success("{\"note\":\"\u{9b}2J done\"}".into()),
+    )
+    .await;
+    let b = record_of(
+        &*store,
+        Origin { tool: "re\x1b[8mfund", tenant: "", run: "r\u{202e}txt.exe" },
+        Outcome::Failure("\x1b[2J\rdeclined".into()),
+    )
+    .await;
+    let c = record_of(&*store, Origin { tool: "日本語", tenant: "", run: "🦀" }, Outcome::Unknown)
+        .await;
+    let raw = |out: &Output| {
+        let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
+        for bad in ['\x1b', '\r', '\x07', '\u{9b}', '\u{202e}'] {
+            assert!(!text.contains(bad), "{bad:?} reached stdout raw: {text:?}");
+        }
+        text
+    };
+
+    let listed = idem(&url, &["list"]);
+    assert_eq!(code(&listed), 0);
+    let table = raw(&listed);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and one line per record: {table}");
+    assert!(lines[0].starts_with("STATE") && lines[0].ends_with("KEY"), "{table}");
+    for key in [&a, &b, &c] {
+        let row = lines.iter().find(|l| l.ends_with(key.as_str())).expect("a row per key");
+        let copied = row.split_whitespace().last().expect("the key, last");
+        assert_eq!(json(&url, &["show", copied])["key"], key.as_str(), "copyable into show");
+    }
+    let row_of = |key: &str| *lines.iter().find(|l| l.ends_with(key)).expect("row");
+    assert!(
+        row_of(&a)
+            .contains(&format!("conv\\ncompleted  refund  fake  1s  -  9  {}", "0".repeat(64)))
+    );
+    assert!(row_of(&b).contains("re\\u{1b}[8mfund  r\\u{202e}txt.exe"), "{}", row_of(&b));
+    assert!(row_of(&c).starts_with("unknown    日本語"), "{}", row_of(&c));
+
+    let shown = raw(&idem(&url, &["show", &a]));
+    let field = |text: &str, name: &str| -> String {
+        let line = text.lines().find(|l| l.starts_with(&format!("{name:<12} "))).expect(name);
+        line[13..].to_owned()
+    };
+    assert_eq!(field(&shown, "tenant"), "acme\\u{1b}]0;pwned\\u{7}");
+    assert_eq!(
+        field(&shown, "run"),
+        format!("conv\\ncompleted  refund  fake  1s  -  9  {}", "0".repeat(64))
+    );
+    assert_eq!(field(&shown, "result"), "{\"note\":\"\\u{9b}2J done\"}");
+    assert_eq!(shown.lines().count(), 9, "one line per field: {shown}");
+    let shown = raw(&idem(&url, &["show", &b]));
+    assert_eq!(field(&shown, "tool"), "re\\u{1b}[8mfund");
+    assert_eq!(field(&shown, "run"), "r\\u{202e}txt.exe");
+    assert_eq!(field(&shown, "error"), "\\u{1b}[2J\\rdeclined");
+
+    // JSON is for programs: the exact values, escaped by JSON itself.
+    let exact = json(&url, &["show", &a]);
+    assert_eq!(exact["run"], fake_row.as_str());
+    assert_eq!(exact["tenant"], tenant);
+    assert_eq!(exact["result"]["note"], "\u{9b}2J done");
+
+    // A refusal on stderr names the record's tool and run the same way.
+    let why = exits(&url, &["forget", &b], 4);
+    assert!(why.contains("tool re\\u{1b}[8mfund in run \"r\\u{202e}txt.exe\""), "{why}");
+    assert!(!why.contains('\x1b') && !why.contains('\u{202e}'), "{why:?}");
+}
