@@ -87,11 +87,11 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     progress.done();
     if json {
         let records: Vec<_> = records.iter().map(render::record_json).collect();
-        render::print_json(&serde_json::json!({ "records": records, "next": next }));
+        out(&render::json_line(&serde_json::json!({ "records": records, "next": next })))?;
     } else {
-        print!("{}", render::table(&records));
+        out(&render::table(&records))?;
         if let Some(cursor) = next {
-            eprintln!("more records follow: --cursor {cursor}");
+            note(&format!("more records follow: --cursor {cursor}"));
         }
     }
     Ok(())
@@ -100,9 +100,9 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
 async fn show(store: &dyn Store, key: &Key, json: bool) -> Result<(), Failure> {
     let info = found(store, key).await?;
     if json {
-        render::print_json(&render::record_json(&info));
+        out(&render::json_line(&render::record_json(&info)))?;
     } else {
-        print!("{}", render::detail(&info));
+        out(&render::detail(&info))?;
     }
     Ok(())
 }
@@ -174,8 +174,7 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
         Resolution::Happened { .. } => "resolved as happened: later calls replay the result",
         Resolution::NotHappened => "resolved as not happened: the next call runs",
     };
-    report(json, "resolved", &key, done);
-    Ok(())
+    report(json, "resolved", &key, done)
 }
 
 async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(), Failure> {
@@ -187,17 +186,16 @@ async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(
     if !store.forget(key).await? {
         return Err(Failure::new(Exit::NotFound, format!("no record of key {key}")));
     }
-    report(json, "forgotten", key, "forgotten: the next call runs");
-    Ok(())
+    report(json, "forgotten", key, "forgotten: the next call runs")
 }
 
 async fn purge(store: &dyn Store, yes: bool, json: bool) -> Result<(), Failure> {
     confirm("remove every record whose retention ended", yes)?;
     let purged = store.purge_expired().await?;
     if json {
-        render::print_json(&serde_json::json!({ "purged": purged }));
+        out(&render::json_line(&serde_json::json!({ "purged": purged })))?;
     } else {
-        println!("purged {purged} expired records");
+        out(&format!("purged {purged} expired records\n"))?;
     }
     Ok(())
 }
@@ -205,9 +203,9 @@ async fn purge(store: &dyn Store, yes: bool, json: bool) -> Result<(), Failure> 
 async fn stats(store: &dyn Store, json: bool) -> Result<(), Failure> {
     let stats = store.stats().await?;
     if json {
-        render::print_json(&render::stats_json(&stats));
+        out(&render::json_line(&render::stats_json(&stats)))?;
     } else {
-        print!("{}", render::stats_table(&stats));
+        out(&render::stats_table(&stats))?;
     }
     Ok(())
 }
@@ -221,12 +219,33 @@ fn origin(info: &RecordInfo) -> String {
     }
 }
 
-fn report(json: bool, status: &str, key: &Key, text: &str) {
-    if json {
-        render::print_json(&serde_json::json!({ "status": status, "key": key.as_str() }));
+/// Reports a change made; when that cannot be written, the failure says the change stands.
+fn report(json: bool, status: &str, key: &Key, text: &str) -> Result<(), Failure> {
+    let written = if json {
+        out(&render::json_line(&serde_json::json!({ "status": status, "key": key.as_str() })))
     } else {
-        println!("{key}: {text}");
+        out(&format!("{key}: {text}\n"))
+    };
+    written.map_err(|f| Failure::new(f.exit, format!("{} (key {key} was {status})", f.message)))
+}
+
+/// Writes `text` to stdout. `print!` panics when the reader has gone (`idem list | head -1`
+/// closes the pipe early); a reader that stopped reading wanted no more, so that ends the output
+/// quietly. Any other write error (a full disk) is the command's failure.
+pub fn out(text: &str) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::new(Exit::Failed, format!("cannot write the output: {e}")))
+        }
+        _ => Ok(()),
     }
+}
+
+/// A line for the operator on stderr. `eprintln!` panics when stderr is a closed pipe; with
+/// nowhere to report that, the line is dropped.
+pub fn note(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
 }
 
 /// Asks on the terminal unless `yes`; without a terminal and without `yes`, refuses.
@@ -243,7 +262,7 @@ fn confirm(action: &str, yes: bool) -> Result<(), Failure> {
             ),
         ));
     }
-    eprint!("{action}? [y/N] ");
+    let _ = write!(std::io::stderr(), "{action}? [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     stdin
@@ -270,14 +289,14 @@ impl Progress {
 
     fn show(&self, scanned: u64, found: usize) {
         if self.tty {
-            eprint!("\rscanned {scanned} records, {found} selected...");
+            let _ = write!(std::io::stderr(), "\rscanned {scanned} records, {found} selected...");
             self.shown.set(true);
         }
     }
 
     fn done(&self) {
         if self.shown.get() {
-            eprintln!();
+            note("");
         }
     }
 }

@@ -197,7 +197,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("idem: cannot start: {e}");
+            commands::note(&format!("idem: cannot start: {e}"));
             return ExitCode::from(Exit::Failed as u8);
         }
     };
@@ -205,7 +205,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             // Store errors may quote what a record holds.
-            eprintln!("idem: {}", render::printable(&f.message));
+            commands::note(&format!("idem: {}", render::printable(&f.message)));
             ExitCode::from(f.exit as u8)
         }
     }

@@ -102,8 +102,9 @@ pub fn record_json(info: &RecordInfo) -> Value {
     v
 }
 
-pub fn print_json(v: &Value) {
-    println!("{v}");
+/// One JSON document on a line.
+pub fn json_line(v: &Value) -> String {
+    format!("{v}\n")
 }
 
 /// A field from the store as shown: `?` when not stored, `-` when empty, else [`printable`].

@@ -487,3 +487,75 @@ async fn fields_from_clients_cannot_act_on_the_operators_terminal() {
     assert!(why.contains("tool re\\u{1b}[8mfund in run \"r\\u{202e}txt.exe\""), "{why}");
     assert!(!why.contains('\x1b') && !why.contains('\u{202e}'), "{why:?}");
 }
+
+/// Runs `idem --store URL args..` with stdout, or stderr, a pipe whose reader is already gone,
+/// as in `idem list | head -1` once `head` has its line: the exit code and stderr.
+fn with_closed_pipe(url: &str, args: &[&str], on_stderr: bool) -> (i32, String) {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    command.arg("--store").arg(url).args(args).stdin(Stdio::null()).env_remove("IDEM_STORE");
+    let out = if on_stderr {
+        command.stdout(Stdio::null()).stderr(writer).output().expect("run idem")
+    } else {
+        command.stdout(writer).output().expect("run idem")
+    };
+    (code(&out), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A reader that stops reading (`| head -1`) ends the output quietly with success, not a panic
+/// ("failed printing to stdout"); a closed stderr does not change the exit code either; an output
+/// that cannot be written for another reason (a full disk) is a failure that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_to_a_closed_pipe_or_a_full_disk() {
+    use idem_core::store::{Origin, Outcome};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    // A result larger than a pipe's buffer, so a reader that stops early closes the pipe
+    // while the output is being written.
+    let big = serde_json::Value::String("x".repeat(1 << 20)).to_string();
+    let key =
+        record_of(&*store, Origin { tool: "t", tenant: "", run: "r" }, Outcome::Success(big)).await;
+
+    for args in [
+        &["list"][..],
+        &["--json", "list"],
+        &["show", &key],
+        &["--json", "show", &key],
+        &["stats"],
+        &["purge", "--expired", "--yes"],
+    ] {
+        let (exit, stderr) = with_closed_pipe(&url, args, false);
+        assert_eq!(exit, 0, "idem {args:?} into a closed pipe: {stderr}");
+        assert!(!stderr.contains("panicked"), "idem {args:?}: {stderr}");
+    }
+    // The refusal goes to a closed stderr: still the refusal's exit code, not a panic's 101.
+    let (exit, _) = with_closed_pipe(&url, &["forget", &key], true);
+    assert_eq!(exit, 4);
+
+    let full = std::fs::File::options().write(true).open("/dev/full").expect("/dev/full");
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", &url, "show", &key])
+        .stdin(Stdio::null())
+        .stdout(full)
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 1, "{stderr}");
+    assert!(stderr.starts_with("idem: cannot write the output: "), "{stderr}");
+    let forgot = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", &url, "forget", &key, "--yes"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::options().write(true).open("/dev/full").expect("/dev/full"))
+        .env_remove("IDEM_STORE")
+        .output()
+        .expect("run idem");
+    let stderr = String::from_utf8_lossy(&forgot.stderr);
+    assert_eq!(code(&forgot), 1, "{stderr}");
+    assert!(stderr.contains(&format!("(key {key} was forgotten)")), "the change stands: {stderr}");
+}
