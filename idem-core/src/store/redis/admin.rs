@@ -57,7 +57,7 @@ struct Cursor {
 
 impl Cursor {
     fn parse(s: &str) -> Result<Cursor, StoreError> {
-        let bad = || StoreError::Incompatible(format!("not a cursor of this store: {s:?}"));
+        let bad = || StoreError::InvalidConfig(format!("not a cursor of this store: {s:?}"));
         let mut parts = s.splitn(3, ';');
         let (Some(node), Some(scan), Some(pending)) = (parts.next(), parts.next(), parts.next())
         else {
@@ -408,7 +408,7 @@ mod tests {
         }
         for bad in ["", "x", ";1", ";x;", ";1;nokey", ";-1;"] {
             assert!(
-                matches!(Cursor::parse(bad), Err(StoreError::Incompatible(_))),
+                matches!(Cursor::parse(bad), Err(StoreError::InvalidConfig(_))),
                 "{bad:?} is refused"
             );
         }

@@ -87,9 +87,8 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         sql.push_str(&clause.replace('?', &format!("?{}", args.len())));
     };
     if let Some(cursor) = &q.cursor {
-        let key = Key::parse(cursor).ok_or_else(|| {
-            SqlError::Incompatible(format!("not a cursor of this store: {cursor:?}"))
-        })?;
+        let key = Key::parse(cursor)
+            .ok_or_else(|| SqlError::Invalid(format!("not a cursor of this store: {cursor:?}")))?;
         arg(&mut sql, " AND key > ?", Value::Text(key.to_string()));
     }
     match q.state.map(codec::selected) {
