@@ -18,6 +18,7 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let Some(url) = cli.store.as_deref() else {
         return Err(Failure::new(Exit::Usage, "no store: pass --store URL or set IDEM_STORE"));
     };
+    refuse_memory_store(url)?;
     refuse_missing_sqlite_file(url)?;
     let store = store::open(url).await?;
     let json = cli.json;
@@ -31,15 +32,41 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// The path of a `sqlite:` URL (schemes are case-insensitive, as `store::open` reads them).
+fn sqlite_path(url: &str) -> Option<&str> {
+    let (scheme, rest) = url.split_once(':')?;
+    if !scheme.eq_ignore_ascii_case("sqlite") {
+        return None;
+    }
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    Some(rest.split('?').next().unwrap_or(rest))
+}
+
+/// An in-memory store lives in the process that opened it: one opened here is a new, empty
+/// store, which would show nothing stuck whatever the application holds.
+fn refuse_memory_store(url: &str) -> Result<(), Failure> {
+    let memory = url.split_once(':').is_some_and(|(s, _)| s.eq_ignore_ascii_case("memory"));
+    if !memory && sqlite_path(url) != Some(":memory:") {
+        return Ok(());
+    }
+    Err(Failure::new(
+        Exit::Usage,
+        format!(
+            "{url:?} is a store inside one process: the command line would open a new, empty \
+             one. Name the store the application uses (sqlite:///abs/path.db, postgres://..., \
+             redis://...)"
+        ),
+    ))
+}
+
 /// Opening a SQLite URL creates the file when it is missing. An operator who mistypes the path
 /// (or gives a relative one from another directory) would then inspect an empty new database and
 /// see nothing stuck, so the command line only opens a file that exists.
 fn refuse_missing_sqlite_file(url: &str) -> Result<(), Failure> {
-    let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
+    let Some(path) = sqlite_path(url) else {
         return Ok(());
     };
-    let path = rest.split('?').next().unwrap_or(rest);
-    if path.is_empty() || path == ":memory:" || std::path::Path::new(path).exists() {
+    if path.is_empty() || std::path::Path::new(path).exists() {
         return Ok(());
     }
     let shown = std::path::absolute(path).unwrap_or_else(|_| path.into());
@@ -53,8 +80,9 @@ fn refuse_missing_sqlite_file(url: &str) -> Result<(), Failure> {
     ))
 }
 
+/// Keys are printed in lowercase; one copied from a tool that upper-cases hex is the same key.
 fn parse_key(key: &str) -> Result<Key, Failure> {
-    Key::parse(key.trim()).ok_or_else(|| {
+    Key::parse(&key.trim().to_ascii_lowercase()).ok_or_else(|| {
         Failure::new(Exit::Usage, format!("{key:?} is not an idempotency key (64 hex digits)"))
     })
 }
@@ -72,8 +100,9 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     let mut records: Vec<RecordInfo> = Vec::new();
     let mut scanned = 0u64;
     let mut next = None;
-    while records.len() < args.limit {
-        query.limit = (args.limit - records.len()).min(PAGE);
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    while records.len() < limit {
+        query.limit = (limit - records.len()).min(PAGE);
         let page = store.list(&query).await?;
         scanned += page.scanned;
         records.extend(page.records);

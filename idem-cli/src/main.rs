@@ -84,9 +84,9 @@ struct ListArgs {
     /// Only records in their state for at least this long (e.g. 90s, 15m, 1h, 2d).
     #[arg(long, value_parser = parse_duration)]
     older_than: Option<Duration>,
-    /// Print at most this many records.
-    #[arg(long, default_value_t = 100)]
-    limit: usize,
+    /// Print at most this many records (1 or more).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    limit: u64,
     /// Go on from the cursor a previous listing printed.
     #[arg(long)]
     cursor: Option<String>,
@@ -108,8 +108,14 @@ struct ResolveArgs {
     /// The effect did not take place: the record is removed and the next call runs.
     #[arg(long)]
     not_happened: bool,
-    /// How long a stored result is kept.
-    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    /// How long a stored result is kept and replayed (e.g. 24h, 7d; more than zero). Only with
+    /// --happened: --not-happened stores nothing.
+    #[arg(
+        long,
+        value_parser = parse_retention,
+        default_value = "24h",
+        conflicts_with = "not_happened"
+    )]
     ttl: Duration,
     /// Do not ask for confirmation.
     #[arg(long)]
@@ -144,6 +150,15 @@ impl From<State> for StateFilter {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 90s, 15m, 1h, 2d)"))
+}
+
+/// A retention: a result kept for zero time would be gone at once, and the next call would run
+/// the effect the operator just said had happened.
+fn parse_retention(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err("a result must be kept for more than zero (e.g. 24h)".into()),
+        d => Ok(d),
+    }
 }
 
 /// How a command ended, as the process's exit code.

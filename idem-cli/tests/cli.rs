@@ -563,3 +563,51 @@ async fn output_to_a_closed_pipe_or_a_full_disk() {
     assert_eq!(code(&forgot), 1, "{stderr}");
     assert!(stderr.contains(&format!("(key {key} was forgotten)")), "the change stands: {stderr}");
 }
+
+/// Arguments an operator can get wrong are bad usage (exit 2) with a message that says what to
+/// pass, before anything is read or changed: a zero limit (which listed nothing while records
+/// existed), a zero retention (a result "resolved as happened" that expired at once, so the next
+/// call ran the effect again), a retention with --not-happened, numbers out of range, an
+/// in-memory store (a new, empty one), an unknown scheme. An upper-case key is the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
+    use idem_core::store::{Origin, Outcome};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-args-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let key =
+        record_of(&*store, Origin { tool: "t", tenant: "", run: "r" }, Outcome::Unknown).await;
+    let upper = key.to_ascii_uppercase();
+
+    for (args, says) in [
+        (&["list", "--limit", "0"][..], "0 is not in 1.."),
+        (&["list", "--limit", "-1"], "unexpected argument '-1'"),
+        (&["list", "--limit", "99999999999999999999999"], "--limit"),
+        (&["list", "--older-than", "99999999999999999999y"], "e.g. 90s"),
+        (&["list", "--older-than", "soon"], "e.g. 90s"),
+        (&["resolve", &key, "--happened", "{}", "--ttl", "0s", "--yes"], "more than zero"),
+        (&["resolve", &key, "--not-happened", "--ttl", "1h", "--yes"], "cannot be used with"),
+        (&["resolve", &key, "--happened", "{", "--yes"], "--happened takes the result as JSON"),
+        (&["resolve", &key, "--happened", "{}", "--not-happened"], "cannot be used with"),
+        (&["show", &key[1..]], "64 hex digits"),
+        (&["show", "g".repeat(64).as_str()], "64 hex digits"),
+    ] {
+        let why = exits(&url, args, 2);
+        assert!(why.contains(says), "idem {args:?}: {why}");
+    }
+    assert_eq!(json(&url, &["show", &upper])["key"], key.as_str(), "an upper-case key");
+    assert_eq!(json(&url, &["list", "--limit", "1"])["records"].as_array().map(Vec::len), Some(1));
+    assert_eq!(json(&url, &["show", &key])["state"], "unknown", "nothing was changed");
+
+    for store in ["memory:", "MEMORY:", "sqlite::memory:", "sqlite://:memory:"] {
+        let why = exits(store, &["stats"], 2);
+        assert!(why.contains("new, empty"), "{store}: {why}");
+    }
+    for store in ["", "mysql://h/db", "redis://127.0.0.1:6379/?bogus=1"] {
+        let why = exits(store, &["stats"], 2);
+        assert!(why.contains("store"), "{store:?}: {why}");
+    }
+}
