@@ -120,7 +120,9 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     } else {
         out(&render::table(&records))?;
         if let Some(cursor) = next {
-            note(&format!("more records follow: --cursor {cursor}"));
+            // Quoted for a shell: a Redis cursor holds `;`, which would end the pasted command.
+            let quoted = shlex::try_quote(&cursor).unwrap_or_else(|_| format!("{cursor:?}").into());
+            note(&format!("more records follow: --cursor {}", render::printable(&quoted)));
         }
     }
     Ok(())

@@ -162,6 +162,22 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     for key in [&completed, &failed, &in_flight] {
         assert!(table.contains(key.as_str()), "the table lists {key}: {table}");
     }
+    // The cursor printed after a partial listing pastes into a shell as it is.
+    let first = self::idem(url, &["list", "--run", &run_id, "--limit", "1"]);
+    let hint = String::from_utf8_lossy(&first.stderr).into_owned();
+    let cursor = hint.trim().strip_prefix("more records follow: ").expect(&hint);
+    let pasted = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{} --store '{url}' --json list --run '{run_id}' --limit 10 {cursor}",
+            env!("CARGO_BIN_EXE_idem")
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .expect("sh");
+    assert_eq!(code(&pasted), 0, "{cursor}: {}", String::from_utf8_lossy(&pasted.stderr));
+    let rest: Value = serde_json::from_slice(&pasted.stdout).expect("JSON");
+    assert_eq!(rest["records"].as_array().expect("records").len(), 4, "{cursor}: {rest}");
     let none = json(url, &["list", "--run", &run_id, "--older-than", "1h"]);
     assert_eq!(none["records"], serde_json::json!([]), "nothing is an hour old: {none}");
     let shown = json(url, &["show", &completed]);
