@@ -209,11 +209,18 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
 }
 
 async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(), Failure> {
-    let info = found(store, key).await?;
-    confirm(
-        &format!("forget {} record {key} of {}", render::state_name(&info.state), origin(&info)),
-        yes,
-    )?;
+    let what = match store.inspect(key).await {
+        Ok(Some(info)) => {
+            format!("{} record {key} of {}", render::state_name(&info.state), origin(&info))
+        }
+        Ok(None) => return Err(Failure::new(Exit::NotFound, format!("no record of key {key}"))),
+        // An unreadable record (edited by hand, another version) is what forget is for.
+        Err(idem_core::StoreError::Incompatible(why)) => {
+            format!("unreadable record {key} ({})", render::printable(&why))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    confirm(&format!("forget {what}"), yes)?;
     if !store.forget(key).await? {
         return Err(Failure::new(Exit::NotFound, format!("no record of key {key}")));
     }

@@ -627,3 +627,55 @@ async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
         assert!(why.contains("store"), "{store:?}: {why}");
     }
 }
+
+/// Records edited by hand or written otherwise than this idem writes them. A payload that is not
+/// JSON and one with a NUL show as text (JSON: a string); a huge result shows whole. A record
+/// that cannot be read at all (a run id that is not UTF-8) fails the listing with an error that
+/// names its key, exit 6, and `forget` with that key removes it, after which the listing works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_edited_sqlite_records() {
+    use idem_core::store::{Origin, Outcome};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-edited-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("idem.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let origin = |run| Origin { tool: "t", tenant: "", run };
+    let text = record_of(&*store, origin("text"), Outcome::Success("{}".into())).await;
+    let nul = record_of(&*store, origin("nul"), Outcome::Failure("{}".into())).await;
+    let huge = record_of(&*store, origin("huge"), Outcome::Success("{}".into())).await;
+    let bad = record_of(&*store, origin("bad"), Outcome::Unknown).await;
+    let db = rusqlite::Connection::open(&path).expect("open the file");
+    let set = |sql: &str, key: &str| {
+        assert_eq!(db.execute(sql, [key]).expect(sql), 1, "{sql}");
+    };
+    set("UPDATE idem_records SET payload = 'not json' WHERE key = ?1", &text);
+    set("UPDATE idem_records SET payload = 'a' || char(0) || 'b' WHERE key = ?1", &nul);
+    set(
+        "UPDATE idem_records SET payload = '\"' || hex(zeroblob(1000000)) || '\"' WHERE key = ?1",
+        &huge,
+    );
+
+    let shown = ok(&url, &["show", &text]);
+    assert!(shown.contains("\nresult       not json\n"), "{shown}");
+    assert_eq!(json(&url, &["show", &text])["result"], "not json");
+    let shown = ok(&url, &["show", &nul]);
+    assert!(shown.contains("\nerror        a\\0b\n"), "{shown}");
+    assert_eq!(json(&url, &["show", &nul])["error"], "a\u{0}b");
+    let shown = ok(&url, &["show", &huge]);
+    assert_eq!(shown.lines().find(|l| l.starts_with("result")).map(str::len), Some(13 + 2_000_002));
+
+    set("UPDATE idem_records SET run_id = CAST(X'ff' AS TEXT) WHERE key = ?1", &bad);
+    for args in [&["list"][..], &["show", &bad]] {
+        let why = exits(&url, args, 6);
+        assert!(why.contains(&format!("record of key \"{bad}\" cannot be read")), "{why}");
+        assert!(why.contains("`idem forget`"), "{why}");
+    }
+    let why = exits(&url, &["forget", &bad], 4);
+    assert!(why.contains(&format!("forget unreadable record {bad}")), "{why}");
+    ok(&url, &["forget", &bad, "--yes"]);
+    let listed = json(&url, &["list"]);
+    assert_eq!(listed["records"].as_array().map(Vec::len), Some(3), "{listed}");
+}

@@ -25,7 +25,31 @@ const LIVE: &str = "NOT (state = 1 AND expires_at <= ?1)";
 const RESOLVABLE: &str = "key = ?1 AND fence = ?3 AND (
     (state = 0 AND lease_until <= ?4) OR (state = 1 AND kind = 3 AND expires_at > ?4))";
 
+/// The record of row `r`. One that cannot be read (edited by hand, or written by another
+/// version) is an error that names its key, so the operator can find that record and forget it.
 fn info(r: &rusqlite::Row<'_>, now: i64) -> Result<RecordInfo, SqlError> {
+    read_info(r, now).map_err(|e| {
+        let why = match e {
+            SqlError::Sqlite(
+                e @ (rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)),
+            ) => e.to_string(),
+            SqlError::Incompatible(why) => why,
+            other => return other,
+        };
+        let key = match r.get_ref(0) {
+            Ok(v) => String::from_utf8_lossy(v.as_bytes().unwrap_or_default()).into_owned(),
+            Err(_) => String::new(),
+        };
+        SqlError::Incompatible(format!(
+            "the SQLite record of key {key:?} cannot be read ({why}); `idem forget` with that \
+             key removes it"
+        ))
+    })
+}
+
+fn read_info(r: &rusqlite::Row<'_>, now: i64) -> Result<RecordInfo, SqlError> {
     let key: String = r.get(0)?;
     let fingerprint: String = r.get(1)?;
     let bad =
