@@ -679,3 +679,16 @@ async fn hand_edited_sqlite_records() {
     let listed = json(&url, &["list"]);
     assert_eq!(listed["records"].as_array().map(Vec::len), Some(3), "{listed}");
 }
+
+/// A store that is down (nothing listens on the port) is exit 5 with a message that says so,
+/// within seconds: not a panic, not a hang.
+#[test]
+fn a_store_that_is_down_is_exit_5_promptly() {
+    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1/"] {
+        let started = std::time::Instant::now();
+        let why = exits(url, &["stats"], 5);
+        assert!(why.contains("could not be reached"), "{url}: {why}");
+        assert!(!why.contains("panicked"), "{url}: {why}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{url}: {:?}", started.elapsed());
+    }
+}
