@@ -14,6 +14,11 @@
 # With incremental compilation (cargo's default for these path crates) a touched but unchanged
 # file re-runs the macros (expansion is never cached) and reuses the type checking; with
 # CARGO_INCREMENTAL=0 every run type-checks the whole crate, as a first build or CI does.
+#
+# COMPILE_COST_INSTRUCTIONS=1 also counts the instructions of each crate's rustc (a full,
+# non-incremental check, the proc macros included) once under `valgrind --tool=callgrind`:
+# unlike the times, the counts do not change with the machine's load, so their ratios can be
+# compared between runs. About 3 minutes more (rmcp's crate takes the longest).
 set -euo pipefail
 
 N=${1:-100}
@@ -188,3 +193,24 @@ printf '  ratio idem set / rmcp:      %5.2fx    %5.2fx\n' "$(echo "$sw / $rw" | 
 printf '  ratio derived / plain:      %5.2fx    %5.2fx\n' "$(echo "$dw / $pw" | bc -l)" "$(echo "$dc / $pc" | bc -l)"
 printf '  ratio annotated / derived:  %5.2fx    %5.2fx\n' "$(echo "$aw / $dw" | bc -l)" "$(echo "$ac / $dc" | bc -l)"
 printf '  per tool over plain:        %5.1f ms wall\n' "$(echo "($aw - $pw) * 1000 / $N" | bc -l)"
+
+if [ "${COMPILE_COST_INSTRUCTIONS:-0}" = 1 ]; then
+  command -v valgrind >/dev/null || { echo "COMPILE_COST_INSTRUCTIONS=1 needs valgrind" >&2; exit 1; }
+  instructions() { # the rustc command of a full check of crate $1, under callgrind; prints Ir
+    local dir="$WORK/$1" cmd
+    touch "$dir/src/lib.rs"
+    cmd=$(cd "$dir" && CARGO_INCREMENTAL=0 cargo check -v 2>&1 | sed -n 's/^ *Running `\(.*--crate-name '"$1"' .*\)`$/\1/p' | tail -n1)
+    cmd=${cmd/--error-format=json --json=diagnostic-rendered-ansi,artifacts,future-incompat/}
+    (cd "$dir" && eval "valgrind --tool=callgrind --callgrind-out-file=$WORK/cg-$1.out $cmd" >"$WORK/cg-$1.log" 2>&1)
+    sed -n 's/^summary: //p' "$WORK/cg-$1.out"
+  }
+  ia=$(instructions tools_annotated); ip=$(instructions tools_plain)
+  ir=$(instructions tools_rmcp); is=$(instructions tools_idem_set)
+  printf 'instructions of one full check (rustc under callgrind, proc macros included)\n'
+  printf '  #[tool] annotated:          %6.0f M\n' "$(echo "$ia / 1000000" | bc -l)"
+  printf '  plain async fns:            %6.0f M\n' "$(echo "$ip / 1000000" | bc -l)"
+  printf '  rmcp #[tool_router] methods: %6.0f M\n' "$(echo "$ir / 1000000" | bc -l)"
+  printf '  idem #[tool_set] methods:   %6.0f M\n' "$(echo "$is / 1000000" | bc -l)"
+  printf '  ratio annotated / plain:    %5.2fx\n' "$(echo "$ia / $ip" | bc -l)"
+  printf '  ratio idem set / rmcp:      %5.2fx\n' "$(echo "$is / $ir" | bc -l)"
+fi
