@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idem_core::store::{Outcome, RecordInfo, RecordState, Stats};
 use serde_json::{Value, json};
-use unicode_width::UnicodeWidthStr;
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 /// Whether printing `c` raw could change how the terminal shows the rest: a control character
 /// (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or one of Unicode's
@@ -124,7 +124,31 @@ fn lease(info: &RecordInfo) -> String {
     }
 }
 
-/// Plain aligned columns; the key last, whole, to copy into `show` or `resolve`.
+/// The widest a TOOL or RUN cell is shown in the table, in terminal columns. Run ids are chosen
+/// by clients and may be kilobytes long (`show` prints them whole).
+const CELL_MAX: usize = 48;
+
+/// `cell` cut to at most `max` terminal columns, ending in `…` when cut.
+fn clip(cell: String, max: usize) -> String {
+    if cell.width() <= max {
+        return cell;
+    }
+    let mut out = String::new();
+    let mut used = 0;
+    for c in cell.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w + 1 > max {
+            break;
+        }
+        out.push(c);
+        used += w;
+    }
+    out.push('…');
+    out
+}
+
+/// Plain aligned columns; the key last, whole, to copy into `show` or `resolve`. Tool and run
+/// are cut to [`CELL_MAX`] columns.
 pub fn table(records: &[RecordInfo]) -> String {
     let header = ["STATE", "TOOL", "RUN", "AGE", "LEASE", "FENCE", "KEY"].map(String::from);
     let rows: Vec<[String; 7]> = records
@@ -133,8 +157,8 @@ pub fn table(records: &[RecordInfo]) -> String {
             let origin = r.origin.as_ref();
             [
                 state_name(&r.state).to_owned(),
-                unknown_or(origin.map(|o| o.tool.as_str())),
-                unknown_or(origin.map(|o| o.run.as_str())),
+                clip(unknown_or(origin.map(|o| o.tool.as_str())), CELL_MAX),
+                clip(unknown_or(origin.map(|o| o.run.as_str())), CELL_MAX),
                 r.age.map_or_else(|| "?".to_owned(), duration),
                 lease(r),
                 r.fence.0.to_string(),
@@ -307,6 +331,25 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_long_run_id_is_cut_in_the_table_and_whole_in_the_detail() {
+        let long = "r".repeat(100_000);
+        let wide = "日".repeat(40);
+        let records = [
+            record('a', "refund", &long, completed("{}")),
+            record('b', "t", &wide, completed("{}")),
+        ];
+        let table = table(&records);
+        let lines: Vec<&str> = table.lines().collect();
+        let cut = format!("{}…", "r".repeat(47));
+        assert!(lines[1].contains(&format!("  {cut}  ")), "{:?}", lines[1]);
+        assert!(lines[1].ends_with(&"a".repeat(64)), "the key stays whole");
+        // 23 two-column characters and the ellipsis: 47 columns, never a half character.
+        assert!(lines[2].contains(&format!("  {}…   ", "日".repeat(23))), "{:?}", lines[2]);
+        assert!(lines.iter().all(|l| l.width() < 200), "every row stays narrow");
+        assert!(detail(&records[0]).contains(&format!("run          {long}\n")));
     }
 
     #[test]
