@@ -3,7 +3,8 @@
 //! skipped when the server is unreachable, a failure under `CI=true`). The conformance suite
 //! passes with a dedicated LISTEN connection and without one (waiters poll); an exhausted pool,
 //! either kind, fails a call closed within `Policy::store_timeout`; and a connection the server
-//! ends (`pg_terminate_backend`) is replaced, so the next call succeeds.
+//! ends (`pg_terminate_backend`) is replaced, so the next call succeeds; a server that never
+//! answers is named as the cause, not an exhausted pool.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -246,4 +247,35 @@ async fn app_pool_replaces_a_killed_connection() {
     let store = PostgresStore::from_pool(app_pool_of(config, 2), None).await;
     let Some(store) = or_skip("PostgreSQL", store) else { return };
     killed_connections_are_replaced(&store, &name).await;
+}
+
+/// A server that accepts the TCP connection and never answers the startup (a hung server, a
+/// half-open proxy): connecting fails within the connect timeout and names that cause, not an
+/// exhausted pool, which would send the operator after the application's own connections.
+/// Needs no PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_is_named_as_such() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    // Accept and hold every connection, answering nothing.
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let url = format!("host=127.0.0.1 port={port} user=postgres dbname=test connect_timeout=1");
+    // A hang would be the fault itself: the guard only turns one into a failure.
+    let connected = tokio::time::timeout(Duration::from_secs(60), PostgresStore::connect(&url))
+        .await
+        .expect("connecting to a silent server must end, bounded by connect_timeout");
+    match connected {
+        Err(StoreError::Unavailable(m)) => {
+            let m = m.to_string();
+            assert!(m.contains("did not finish") && m.contains("not answering"), "{m}");
+            assert!(!m.contains("became free"), "{m}");
+        }
+        other => panic!("a silent server is Unavailable, got {:?}", other.map(|_| ())),
+    }
+    held.abort();
 }

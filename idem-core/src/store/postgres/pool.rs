@@ -101,11 +101,19 @@ impl Source {
             Ok(Err(e)) => return Err(StoreError::unavailable(format!("PostgreSQL pool: {e}"))),
             Err(_) => {
                 let status = self.pool.status();
+                let in_use = status.size.saturating_sub(status.available);
+                // With a free slot the wait went into opening a connection: a server that
+                // accepts TCP but never answers the startup, or one out of reach. Saying that
+                // the pool was exhausted would send the operator after the wrong cause.
+                let why = if in_use < status.max_size {
+                    "opening a new PostgreSQL connection did not finish (the server is not \
+                     answering, or is out of reach)"
+                } else {
+                    "no connection of the PostgreSQL pool became free (every one is in use)"
+                };
                 return Err(StoreError::unavailable(format!(
-                    "no connection of the PostgreSQL pool became free within {} ms ({} of {} in \
-                     use)",
+                    "{why} within {} ms ({in_use} of {} in use)",
                     self.wait.as_millis(),
-                    status.size.saturating_sub(status.available),
                     status.max_size
                 )));
             }
