@@ -308,6 +308,45 @@ async fn unreachable_server_is_unavailable_with_the_cause() {
     );
 }
 
+/// A server that accepts connections and never answers (hung, or a half-open proxy): opening
+/// fails within the timeouts and says that nothing answered, and a call on a lazy store fails
+/// closed the same way. Needs no Redis.
+#[tokio::test]
+async fn a_server_that_never_answers_is_named_as_such() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("redis://{}/", silent.local_addr().expect("addr"));
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let builder = || {
+        RedisStore::builder(&url)
+            .connection_timeout(Duration::from_millis(300))
+            .response_timeout(Duration::from_millis(300))
+    };
+    // A hang would be the fault itself: the guard only turns one into a failure.
+    let guard = Duration::from_secs(60);
+    match tokio::time::timeout(guard, builder().open()).await.expect("open must end") {
+        Err(StoreError::Unavailable(m)) => {
+            let m = m.to_string();
+            assert!(m.contains("did not answer within 300 ms"), "{m}");
+            assert!(m.contains("not answering"), "{m}");
+        }
+        other => panic!("a silent server is Unavailable, got {:?}", other.map(|_| ())),
+    }
+    let lazy = builder().open_lazy().expect("lazy");
+    let (key, fp) = fresh_key("silent_server", "{}");
+    match tokio::time::timeout(guard, lazy.claim(claim_req(&key, &fp))).await.expect("ends") {
+        Err(StoreError::Unavailable(m)) => {
+            assert!(m.to_string().contains("did not answer"), "{m}")
+        }
+        other => panic!("a claim on a silent server is Unavailable, got {other:?}"),
+    }
+    held.abort();
+}
+
 #[tokio::test]
 async fn prefixes_separate_stores_and_braces_are_refused() {
     let Some(a) = store().await else { return };

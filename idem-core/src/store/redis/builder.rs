@@ -78,6 +78,7 @@ impl RedisStoreBuilder {
     /// certificate chain, the host name).
     pub async fn open(self) -> Result<RedisStore, StoreError> {
         let connect = self.connection_timeout;
+        let response = self.response_timeout;
         let cluster = conn::target(&self.url)?.servers;
         let store = self.open_lazy()?;
         if let Err(e) = store.inner.conn.ping().await {
@@ -90,6 +91,16 @@ impl RedisStoreBuilder {
                 && let Some(refused) = nodes.tls_refusal(connect).await
             {
                 return Err(refused);
+            }
+            if e.is_timeout() {
+                // Connected or not, nothing answered the first command in time: name the bound
+                // that ran out, so a hung server is not mistaken for a refused one.
+                return Err(StoreError::unavailable(format!(
+                    "Redis did not answer within {} ms (connection timeout) or {} ms (response \
+                     timeout): the server is not answering, or is out of reach: {e}",
+                    connect.as_millis(),
+                    response.as_millis()
+                )));
             }
             return Err(unavailable(e));
         }

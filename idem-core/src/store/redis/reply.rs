@@ -189,6 +189,13 @@ fn decode_origin(field: &[u8]) -> Result<Option<StoredOrigin>, ()> {
 }
 
 pub(super) fn unavailable(e: RedisError) -> StoreError {
+    // The redis crate words a timeout as "timed out", which does not say what waited.
+    if e.is_timeout() {
+        return StoreError::unavailable(format!(
+            "Redis did not answer within the store's timeouts (the server is busy, not \
+             answering, or out of reach): {e}"
+        ));
+    }
     StoreError::unavailable(e)
 }
 
