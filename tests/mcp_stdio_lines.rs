@@ -138,3 +138,49 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
     assert_eq!(s.read(), None, "nothing after the last answer");
     assert!(s.child.wait().unwrap().success());
 }
+
+/// The one answer to `line` (sent with `id`), after checking that nothing else came back.
+fn answer(s: &mut Server, line: &str, id: i64) -> Value {
+    let mut got = s.exchange(line, Some(&json!(id)));
+    let answers = got.remove(&json!(id).to_string()).unwrap_or_default();
+    assert!(got.is_empty(), "{line}: responses for other ids: {got:?}");
+    assert_eq!(answers.len(), 1, "{line}: exactly one response expected: {answers:?}");
+    answers.into_iter().next().unwrap()
+}
+
+/// A run id or caller key in `_meta` longer than `MAX_META_ID_BYTES` (1,024 bytes) is refused as
+/// an ill-formed idem entry (-32602, like a number there), saying the limit, not echoed or
+/// stored; one at the limit is served and echoed whole.
+#[test]
+fn a_run_id_longer_than_1024_bytes_is_invalid_params() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let charge = |id: i64, meta: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "charge_card", "arguments": {"customer": "cus_long", "amount_cents": 7},
+            "_meta": meta}})
+        .to_string()
+    };
+    let at_limit = "r".repeat(1024);
+    let a = answer(&mut s, &charge(1, json!({"idem/run": at_limit})), 1);
+    assert_eq!(a["result"]["isError"], false, "{}", a["result"]["content"]);
+    assert_eq!(a["result"]["_meta"]["idem/run"], at_limit.as_str());
+    for (id, meta) in [
+        (2, json!({"idem/run": "r".repeat(100_000)})),
+        (3, json!({"idem/run": "é".repeat(513)})),
+        (4, json!({"idem/run": "conv-1", "idem/idempotencyKey": "k".repeat(1025)})),
+    ] {
+        let line = charge(id, meta);
+        let a = answer(&mut s, &line, id);
+        // A failure shows the answer's start: an echoed id would be 100,000 characters.
+        let shown: String = a.to_string().chars().take(300).collect();
+        assert_eq!(a["error"]["code"], -32602, "{shown}");
+        let message = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("at most 1024 bytes"), "{message}");
+        assert!(a.to_string().len() < 1000, "the id is not echoed: {}", a.to_string().len());
+    }
+    // Nothing ran for the refused calls: the next new charge is the second.
+    let a = answer(&mut s, &charge(5, json!({"idem/run": "conv-2"})), 5);
+    let text = a["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("ch_0002"), "{a}");
+}

@@ -12,11 +12,12 @@
 //!   unknown tool, or an ill-formed idem `_meta` entry, is a protocol error (JSON-RPC -32602,
 //!   MCP spec 2025-11-25 "Error Handling").
 //! - Scope: the key scope is the run. A request may name it in `_meta["idem/run"]`
-//!   ([`MCP_META_RUN`]); otherwise the run is the MCP session: one id per server connection.
-//!   Name the run when the same conversation may reach another server process (a restart, a
-//!   second replica), or repeats will not be recognised there. The server's `instructions`
-//!   say so ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a
-//!   warning, or refused ([`IdemServer::with_missing_run`]).
+//!   ([`MCP_META_RUN`]; at most [`MAX_META_ID_BYTES`] bytes, a longer one is -32602); otherwise
+//!   the run is the MCP session: one id per server connection. Name the run when the same
+//!   conversation may reach another server process (a restart, a second replica), or repeats
+//!   will not be recognised there. The server's `instructions` say so
+//!   ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a warning, or
+//!   refused ([`IdemServer::with_missing_run`]).
 //! - Results carry `_meta` with the run (`idem/run`), the key (`idem/key`) and how the call
 //!   was served (`idem/outcome`: `executed`, `replayed`, `joined`, or `unknown` when the
 //!   call's outcome is not known).
@@ -56,7 +57,8 @@ pub mod stdio;
 mod tools;
 
 pub use idem_core::toolset::{
-    MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN, MissingRun,
+    MAX_META_ID_BYTES, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN,
+    MissingRun,
 };
 pub use server::IdemServer;
 pub use tools::{

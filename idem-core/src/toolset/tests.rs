@@ -666,3 +666,43 @@ async fn an_integer_beyond_its_parameter_type_is_out_of_range_not_a_float() {
     assert!(r.text.contains("largest 64-bit float"), "{}", r.text);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_meta_id_longer_than_the_limit_is_invalid_params_and_runs_nothing() {
+    let t = tools();
+    let run = Idem::in_memory().run("session");
+    let call = |key: &str, id: &str| {
+        json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1},
+            "_meta": {key: id}})
+    };
+    // At the limit (in bytes: 'é' is two), accepted and echoed whole.
+    let at_limit = "é".repeat(MAX_META_ID_BYTES / 2);
+    let r = t.set.call_mcp(&run, &call(MCP_META_RUN, &at_limit)).await.unwrap();
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(r["_meta"][MCP_META_RUN], at_limit.as_str());
+    let r = t.set.call_mcp(&run, &call(MCP_META_IDEMPOTENCY_KEY, &at_limit)).await.unwrap();
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2);
+    // One byte more, or 100,000: refused as an ill-formed entry, like a number there.
+    for key in [MCP_META_RUN, MCP_META_IDEMPOTENCY_KEY] {
+        for id in [format!("{at_limit}a"), "r".repeat(100_000)] {
+            let e = t.set.call_mcp(&run, &call(key, &id)).await.unwrap_err();
+            assert_eq!(e.code, -32602, "{e}");
+            assert!(
+                e.message.contains(&format!("`_meta[\"{key}\"]` is {} bytes", id.len())),
+                "{e}"
+            );
+            assert!(e.message.contains("at most 1024 bytes"), "{e}");
+            assert!(e.message.len() < 300, "the id is not repeated: {e}");
+        }
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2, "nothing ran");
+    // An unknown tool's name is repeated at most 128 characters long.
+    let long = "x".repeat(100_000);
+    let e = t.set.call_mcp(&run, &json!({"name": long, "arguments": {}})).await.unwrap_err();
+    assert_eq!(e.message, format!("Unknown tool: {}…", "x".repeat(128)));
+    let r = t.set.call(&run, &long, &json!({})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::UnknownTool));
+    assert!(r.text.contains(&format!("`{}…`", "x".repeat(128))), "{}", r.text);
+    assert!(r.text.len() < 400, "{}", r.text);
+}
