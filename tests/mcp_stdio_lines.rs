@@ -148,6 +148,56 @@ fn answer(s: &mut Server, line: &str, id: i64) -> Value {
     answers.into_iter().next().unwrap()
 }
 
+fn list(id: i64, method: &str, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#)
+}
+
+/// MCP 2025-11-25 "Pagination": an invalid cursor is -32602. idem's server lists every tool in
+/// one page, so no cursor is valid; a cursor that is not a string is refused for every list
+/// method, also in front of a user's own rmcp server, whose string cursors stay its own.
+#[test]
+fn a_list_cursor_the_server_never_issued_is_invalid_params() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let error = |a: &Value| {
+        (a["error"]["code"].as_i64(), a["error"]["message"].as_str().map(str::to_owned))
+    };
+    let all = answer(&mut s, &list(1, "tools/list", "{}"), 1);
+    let names = all["result"]["tools"].as_array().map(Vec::len).unwrap_or_default();
+    assert!(names > 0 && all["result"].get("nextCursor").is_none(), "{all}");
+    let null = answer(&mut s, &list(2, "tools/list", r#"{"cursor":null}"#), 2);
+    assert_eq!(null["result"], all["result"], "a null cursor is no cursor");
+    let bogus = answer(&mut s, &list(3, "tools/list", r#"{"cursor":"bogus"}"#), 3);
+    let (code, message) = error(&bogus);
+    assert_eq!(code, Some(-32602), "{bogus}");
+    assert!(
+        message.as_deref().unwrap_or_default().contains("send tools/list without a cursor"),
+        "{bogus}"
+    );
+    for (id, method, cursor, found) in [
+        (4, "tools/list", "5", "not a number"),
+        (5, "tools/list", "{}", "not an object"),
+        (6, "prompts/list", "[]", "not an array"),
+        (7, "resources/list", "true", "not a boolean"),
+        (8, "resources/templates/list", "7", "not a number"),
+    ] {
+        let a = answer(&mut s, &list(id, method, &format!(r#"{{"cursor":{cursor}}}"#)), id);
+        let (code, message) = error(&a);
+        let message = message.unwrap_or_default();
+        assert_eq!(code, Some(-32602), "{method} {cursor}: {a}");
+        assert!(message.contains(&format!("the `cursor` of `{method}` must be a string")), "{a}");
+        assert!(message.contains(found), "{a}");
+    }
+
+    // idem tools inside a user's rmcp server: its tools/list answers string cursors itself.
+    let mut s = Server::start(&mcp_support::build_example("mixed_mcp"), &[]);
+    s.initialize();
+    let a = answer(&mut s, &list(1, "tools/list", r#"{"cursor":5}"#), 1);
+    assert_eq!(error(&a).0, Some(-32602), "{a}");
+    let a = answer(&mut s, &list(2, "tools/list", r#"{"cursor":"its-own"}"#), 2);
+    assert!(a["result"]["tools"].is_array(), "the user's handler answers: {a}");
+}
+
 /// A run id or caller key in `_meta` longer than `MAX_META_ID_BYTES` (1,024 bytes) is refused as
 /// an ill-formed idem entry (-32602, like a number there), saying the limit, not echoed or
 /// stored; one at the limit is served and echoed whole.

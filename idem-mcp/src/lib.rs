@@ -6,7 +6,12 @@
 //! times out and calls again, or sends the same call twice at once, causes one effect.
 //!
 //! - `tools/list`: the set's definitions: name, description, `inputSchema` (schemars), and
-//!   `annotations` derived from the retry class (see [`idem_core::Annotations`]).
+//!   `annotations` derived from the retry class (see [`idem_core::Annotations`]), all in one
+//!   page without a `nextCursor`, so a request with a `cursor` is refused with -32602 (MCP
+//!   2025-11-25 "Pagination": an invalid cursor is Invalid params). A `cursor` that is not a
+//!   string is refused by the transport for every list method, also those of a user's own rmcp
+//!   server: rmcp would ignore it and answer the first page. A user's server that merges
+//!   [`IdemTools::router`] keeps its own `tools/list` and its own answer to string cursors.
 //! - `tools/call`: tool failures (bad arguments, tool errors, outcome unknown, store
 //!   unavailable, ...) are results with `isError: true` whose text the model can read. An
 //!   unknown tool, or an ill-formed idem `_meta` entry, is a protocol error (JSON-RPC -32602,

@@ -147,7 +147,8 @@ impl IdemTools {
 
     /// A router of these tools for a user's own rmcp server: merge it with the server's
     /// `#[tool_router]` (`Self::tool_router() + idem.router()`), and each idem tool is listed and
-    /// called like the server's own.
+    /// called like the server's own. The server's own `list_tools` answers `tools/list`, cursors
+    /// included: the router adds tools to its list, not a pagination of its own.
     pub fn router<S: Send + Sync + 'static>(&self) -> ToolRouter<S> {
         let mut router = ToolRouter::new();
         for def in self.tools.definitions() {
