@@ -8,7 +8,9 @@
 //! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
 //! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
-//! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is.
+//! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is;
+//! - a message answered before rmcp reads it (bad arguments) still gets 404 for an unknown
+//!   session and 400 for none, as rmcp answers any message there.
 //!
 //! Setup and skips as in `tests/mcp_python.rs`.
 
@@ -62,4 +64,9 @@ fn integers_beyond_64_bits_and_2_pow_53_are_exact_over_http() {
 #[test]
 fn a_body_that_is_not_utf8_is_a_parse_error_over_http() {
     case("not_utf8");
+}
+
+#[test]
+fn a_bad_request_in_an_unknown_session_is_404_before_its_json_rpc_answer() {
+    case("sessions");
 }

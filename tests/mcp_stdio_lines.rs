@@ -138,3 +138,99 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
     assert_eq!(s.read(), None, "nothing after the last answer");
     assert!(s.child.wait().unwrap().success());
 }
+
+/// The one answer to `line` (sent with `id`), after checking that nothing else came back.
+fn answer(s: &mut Server, line: &str, id: i64) -> Value {
+    let mut got = s.exchange(line, Some(&json!(id)));
+    let answers = got.remove(&json!(id).to_string()).unwrap_or_default();
+    assert!(got.is_empty(), "{line}: responses for other ids: {got:?}");
+    assert_eq!(answers.len(), 1, "{line}: exactly one response expected: {answers:?}");
+    answers.into_iter().next().unwrap()
+}
+
+fn list(id: i64, method: &str, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#)
+}
+
+/// MCP 2025-11-25 "Pagination": an invalid cursor is -32602. idem's server lists every tool in
+/// one page, so no cursor is valid; a cursor that is not a string is refused for every list
+/// method, also in front of a user's own rmcp server, whose string cursors stay its own.
+#[test]
+fn a_list_cursor_the_server_never_issued_is_invalid_params() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let error = |a: &Value| {
+        (a["error"]["code"].as_i64(), a["error"]["message"].as_str().map(str::to_owned))
+    };
+    let all = answer(&mut s, &list(1, "tools/list", "{}"), 1);
+    let names = all["result"]["tools"].as_array().map(Vec::len).unwrap_or_default();
+    assert!(names > 0 && all["result"].get("nextCursor").is_none(), "{all}");
+    let null = answer(&mut s, &list(2, "tools/list", r#"{"cursor":null}"#), 2);
+    assert_eq!(null["result"], all["result"], "a null cursor is no cursor");
+    let bogus = answer(&mut s, &list(3, "tools/list", r#"{"cursor":"bogus"}"#), 3);
+    let (code, message) = error(&bogus);
+    assert_eq!(code, Some(-32602), "{bogus}");
+    assert!(
+        message.as_deref().unwrap_or_default().contains("send tools/list without a cursor"),
+        "{bogus}"
+    );
+    for (id, method, cursor, found) in [
+        (4, "tools/list", "5", "not a number"),
+        (5, "tools/list", "{}", "not an object"),
+        (6, "prompts/list", "[]", "not an array"),
+        (7, "resources/list", "true", "not a boolean"),
+        (8, "resources/templates/list", "7", "not a number"),
+    ] {
+        let a = answer(&mut s, &list(id, method, &format!(r#"{{"cursor":{cursor}}}"#)), id);
+        let (code, message) = error(&a);
+        let message = message.unwrap_or_default();
+        assert_eq!(code, Some(-32602), "{method} {cursor}: {a}");
+        assert!(message.contains(&format!("the `cursor` of `{method}` must be a string")), "{a}");
+        assert!(message.contains(found), "{a}");
+    }
+
+    // idem tools inside a user's rmcp server: its tools/list answers string cursors itself.
+    let mut s = Server::start(&mcp_support::build_example("mixed_mcp"), &[]);
+    s.initialize();
+    let a = answer(&mut s, &list(1, "tools/list", r#"{"cursor":5}"#), 1);
+    assert_eq!(error(&a).0, Some(-32602), "{a}");
+    let a = answer(&mut s, &list(2, "tools/list", r#"{"cursor":"its-own"}"#), 2);
+    assert!(a["result"]["tools"].is_array(), "the user's handler answers: {a}");
+}
+
+/// A run id or caller key in `_meta` longer than `MAX_META_ID_BYTES` (1,024 bytes) is refused as
+/// an ill-formed idem entry (-32602, like a number there), saying the limit, not echoed or
+/// stored; one at the limit is served and echoed whole.
+#[test]
+fn a_run_id_longer_than_1024_bytes_is_invalid_params() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let charge = |id: i64, meta: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "charge_card", "arguments": {"customer": "cus_long", "amount_cents": 7},
+            "_meta": meta}})
+        .to_string()
+    };
+    let at_limit = "r".repeat(1024);
+    let a = answer(&mut s, &charge(1, json!({"idem/run": at_limit})), 1);
+    assert_eq!(a["result"]["isError"], false, "{}", a["result"]["content"]);
+    assert_eq!(a["result"]["_meta"]["idem/run"], at_limit.as_str());
+    for (id, meta) in [
+        (2, json!({"idem/run": "r".repeat(100_000)})),
+        (3, json!({"idem/run": "é".repeat(513)})),
+        (4, json!({"idem/run": "conv-1", "idem/idempotencyKey": "k".repeat(1025)})),
+    ] {
+        let line = charge(id, meta);
+        let a = answer(&mut s, &line, id);
+        // A failure shows the answer's start: an echoed id would be 100,000 characters.
+        let shown: String = a.to_string().chars().take(300).collect();
+        assert_eq!(a["error"]["code"], -32602, "{shown}");
+        let message = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("at most 1024 bytes"), "{message}");
+        assert!(a.to_string().len() < 1000, "the id is not echoed: {}", a.to_string().len());
+    }
+    // Nothing ran for the refused calls: the next new charge is the second.
+    let a = answer(&mut s, &charge(5, json!({"idem/run": "conv-2"})), 5);
+    let text = a["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("ch_0002"), "{a}");
+}

@@ -153,3 +153,41 @@ fn a_cancelled_joiner_hears_no_more_progress() {
         .collect();
     assert!(late.len() <= 1, "progress for a cancelled request: {late:?}");
 }
+
+/// One clock for progress: a notification when the wait starts, then one per
+/// `PROGRESS_INTERVAL` (1 s), never one more each time the waiter goes back to waiting on the
+/// store. A joiner that waits about 3.5 s hears 4 (at 0, 1, 2 and 3 s), with progress 1 to 4.
+#[test]
+fn a_wait_of_known_length_hears_one_progress_notification_per_second() {
+    let binary = mcp_support::payments_mcp();
+    let mut s = Server::start(&binary, &[("PAYMENTS_DELAY_MS", "3500")]);
+    s.initialize();
+    let mut others = Vec::new();
+    let sent = std::time::Instant::now();
+    s.write(&charge(1, 31, json!({"idem/run": "conv-p", "progressToken": "tok-1"})));
+    s.write(&charge(2, 31, json!({"idem/run": "conv-p", "progressToken": "tok-2"})));
+    let (one, mut progress) = until_response(&s, 1, &mut others);
+    let (two, more) = until_response(&s, 2, &mut others);
+    let waited = sent.elapsed();
+    progress.extend(more);
+    progress.extend(others.extract_if(.., |m| m["method"] == "notifications/progress"));
+    assert!(others.is_empty(), "{others:?}");
+    let token = match (outcome(&one), outcome(&two)) {
+        ("executed", "joined") => "tok-2",
+        ("joined", "executed") => "tok-1",
+        other => panic!("one executes, one joins: {other:?}"),
+    };
+    assert!(progress.iter().all(|p| p["params"]["progressToken"] == token), "{progress:?}");
+    let values: Vec<f64> =
+        progress.iter().filter_map(|p| p["params"]["progress"].as_f64()).collect();
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "progress increases: {values:?}");
+    // At most one at the start and one per whole second of the wait (measured here, so it is
+    // at least as long as the server's); at least one per second of the 3.5 s the leader took.
+    let most = 1 + usize::try_from(waited.as_secs()).unwrap_or(usize::MAX);
+    assert!(
+        (3..=most).contains(&progress.len()),
+        "{} notifications in a wait of {waited:?} (expected 3 to {most}): {values:?}",
+        progress.len()
+    );
+    assert!(progress.len() <= 5, "{values:?}");
+}

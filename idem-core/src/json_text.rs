@@ -93,6 +93,12 @@ pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
             crate::limits::MAX_DEPTH
         ));
     }
+    if e.to_string().starts_with("number out of range") {
+        // Valid JSON grammar, but no double holds it (RFC 8259 §6 lets a parser limit range).
+        msg.push_str(
+            " (a number's magnitude must be below about 1.8e308, the largest 64-bit float)",
+        );
+    }
     if text.contains("NaN") || text.contains("Infinity") {
         msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
     }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorCode};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode};
 
 pub use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, SessionConfig,
@@ -81,7 +81,9 @@ pub fn service_with_sessions(
 /// [`crate::jsonrpc::check_message`] before rmcp does, as the stdio transport does: a request it
 /// cannot pass on (a repeated member, a value JSON text cannot carry into a value, arguments that
 /// are not one object) is answered here with its id (`application/json`), a bad notification
-/// with 202 and nothing; every other request goes on to `inner` unchanged.
+/// with 202 and nothing; every other request goes on to `inner` unchanged. What rmcp would
+/// refuse for the request's head comes first: an unknown `Mcp-Session-Id` is 404 whatever the
+/// body, a missing one 400, as rmcp answers them.
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
@@ -136,9 +138,19 @@ where
             if let Some(text) = text {
                 match check_message(text) {
                     Inbound::Reply(answer) => {
+                        if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await
+                        {
+                            return Ok(refused);
+                        }
                         return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
                     }
-                    Inbound::Ignore => return Ok(reply(http::StatusCode::ACCEPTED, Bytes::new())),
+                    Inbound::Ignore => {
+                        if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await
+                        {
+                            return Ok(refused);
+                        }
+                        return Ok(reply(http::StatusCode::ACCEPTED, Bytes::new()));
+                    }
                     Inbound::Message(message) => {
                         // rmcp parses the body again with serde_json, which reads an integer
                         // beyond 64 bits as a double; the handler finds the arguments' text in
@@ -153,6 +165,59 @@ where
             inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
         })
     }
+}
+
+/// rmcp's answer to a message it would refuse for its head alone: 404 for a session it does not
+/// know (MCP 2025-11-25 "Session Management": the server MUST answer 404 for a terminated
+/// session, and the client starts a new one), 400 for a request that needs a session and names
+/// none, 406 or 415 for the wrong `Accept` or `Content-Type`. `None` when rmcp would take it.
+///
+/// A message [`Checked`] answers itself (bad arguments, a repeated member) must get those answers
+/// first, as if rmcp had read it: a client told "200, isError" for a call in a dead session
+/// retries it there instead of re-initializing. (A body rmcp could not read as a message at all,
+/// not UTF-8 or not JSON, it refuses before the session, and so does [`Checked`].) rmcp is asked
+/// with a `ping` carrying the
+/// message's head and `params._meta` (which may name the protocol version and so the kind of
+/// session), not the message itself: its order of checks stays rmcp's, and nothing runs.
+async fn refused_by_transport<S>(
+    inner: &mut S,
+    parts: &http::request::Parts,
+    text: &str,
+) -> Option<Response>
+where
+    S: tower_service::Service<
+            http::Request<Full<Bytes>>,
+            Response = Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        >,
+{
+    // Text rmcp cannot read as a message (not JSON, no method) it refuses before it looks at
+    // the session too; an `initialize` needs no session, and probing one would open one.
+    let message = serde_json::from_str::<serde_json::Value>(text).ok()?;
+    let method = message.get("method")?.as_str()?;
+    if method == rmcp::model::InitializeResultMethod::VALUE {
+        return None;
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let meta = message.get("params").and_then(|p| p.get("_meta")).filter(|m| m.is_object());
+    let mut params = serde_json::Map::new();
+    if let Some(meta) = meta {
+        params.insert("_meta".into(), meta.clone());
+    }
+    // An id of its own: the message's id may not be readable, and is not rmcp's to answer.
+    let ping = serde_json::json!({
+        "jsonrpc": "2.0", "id": format!("idem-transport-check-{n}"), "method": "ping",
+        "params": params,
+    });
+    let mut head = parts.clone();
+    head.headers.remove(http::header::CONTENT_LENGTH);
+    let probe = http::Request::from_parts(head, Full::new(Bytes::from(ping.to_string())));
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await.ok()?;
+    // Infallible: the answer is always a response. Its body (the pong) is dropped unread.
+    let answer = inner.call(probe).await.ok()?;
+    (!answer.status().is_success()).then_some(answer)
 }
 
 /// Whether the request says its body is JSON (rmcp answers any other type itself).

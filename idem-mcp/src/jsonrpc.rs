@@ -12,7 +12,7 @@
 //! |---|---|
 //! | not JSON (grammar) | -32700 parse error, with the `id` when it was read before the error, else `null` |
 //! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` | -32600 invalid request |
-//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object, params that do not fit a standard method | -32602 invalid params |
+//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object, params that do not fit a standard method (a list method's `cursor` that is not a string or `null`, which rmcp would ignore) | -32602 invalid params |
 //! | `tools/call` whose `arguments` are not one JSON object with unique member names | a `CallToolResult` with `isError: true` and `invalid_arguments`, as on the OpenAI and Anthropic front doors |
 //! | a notification or a response that is bad in any way | nothing (JSON-RPC: never answer a notification) |
 
@@ -71,6 +71,32 @@ fn is_standard_request(method: &str) -> bool {
         ReadResourceDirectoryRequestMethod::VALUE,
     ]
     .contains(&method)
+}
+
+/// The list methods a client pages through with `params.cursor` (MCP 2025-11-25
+/// "Pagination"), whose cursor is a string.
+fn is_paginated(method: &str) -> bool {
+    use rmcp::model::*;
+    [
+        ListToolsRequestMethod::VALUE,
+        ListPromptsRequestMethod::VALUE,
+        ListResourcesRequestMethod::VALUE,
+        ListResourceTemplatesRequestMethod::VALUE,
+        ListSkillsRequestMethod::VALUE,
+    ]
+    .contains(&method)
+}
+
+/// "a number", "an array", ...: what a JSON value is, for an error message.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// A JSON-RPC error response. `id` is `null` when it could not be read.
@@ -388,10 +414,25 @@ fn params(
         ));
     }
     if method != rmcp::model::CallToolRequestMethod::VALUE {
-        return match json_text::parse_unique(raw.get()) {
-            Ok(v) => Ok((v, None)),
-            Err(e) => Err(reply(ErrorCode::INVALID_PARAMS, format!("Invalid params: {e}"))),
+        let value = match json_text::parse_unique(raw.get()) {
+            Ok(v) => v,
+            Err(e) => return Err(reply(ErrorCode::INVALID_PARAMS, format!("Invalid params: {e}"))),
         };
+        if is_paginated(method)
+            && let Some(cursor) = value.get("cursor")
+            && !(cursor.is_string() || cursor.is_null())
+        {
+            // rmcp drops params it cannot read and would answer the first page: a client
+            // paging with a broken cursor would read the same page forever.
+            return Err(reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: the `cursor` of `{method}` must be a string (MCP 2025-11-25 \"Pagination\": the `nextCursor` of an earlier result, as it was sent), not {}; omit it for the first page",
+                    kind(cursor)
+                ),
+            ));
+        }
+        return Ok((value, None));
     }
     // tools/call: the envelope is a protocol matter, the arguments are the tool's.
     let mut seen = std::collections::HashSet::new();

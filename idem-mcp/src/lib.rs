@@ -6,17 +6,23 @@
 //! times out and calls again, or sends the same call twice at once, causes one effect.
 //!
 //! - `tools/list`: the set's definitions: name, description, `inputSchema` (schemars), and
-//!   `annotations` derived from the retry class (see [`idem_core::Annotations`]).
+//!   `annotations` derived from the retry class (see [`idem_core::Annotations`]), all in one
+//!   page without a `nextCursor`, so a request with a `cursor` is refused with -32602 (MCP
+//!   2025-11-25 "Pagination": an invalid cursor is Invalid params). A `cursor` that is not a
+//!   string is refused by the transport for every list method, also those of a user's own rmcp
+//!   server: rmcp would ignore it and answer the first page. A user's server that merges
+//!   [`IdemTools::router`] keeps its own `tools/list` and its own answer to string cursors.
 //! - `tools/call`: tool failures (bad arguments, tool errors, outcome unknown, store
 //!   unavailable, ...) are results with `isError: true` whose text the model can read. An
 //!   unknown tool, or an ill-formed idem `_meta` entry, is a protocol error (JSON-RPC -32602,
 //!   MCP spec 2025-11-25 "Error Handling").
 //! - Scope: the key scope is the run. A request may name it in `_meta["idem/run"]`
-//!   ([`MCP_META_RUN`]); otherwise the run is the MCP session: one id per server connection.
-//!   Name the run when the same conversation may reach another server process (a restart, a
-//!   second replica), or repeats will not be recognised there. The server's `instructions`
-//!   say so ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a
-//!   warning, or refused ([`IdemServer::with_missing_run`]).
+//!   ([`MCP_META_RUN`]; at most [`MAX_META_ID_BYTES`] bytes, a longer one is -32602); otherwise
+//!   the run is the MCP session: one id per server connection. Name the run when the same
+//!   conversation may reach another server process (a restart, a second replica), or repeats
+//!   will not be recognised there. The server's `instructions` say so
+//!   ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a warning, or
+//!   refused ([`IdemServer::with_missing_run`]).
 //! - Results carry `_meta` with the run (`idem/run`), the key (`idem/key`) and how the call
 //!   was served (`idem/outcome`: `executed`, `replayed`, `joined`, or `unknown` when the
 //!   call's outcome is not known).
@@ -56,7 +62,8 @@ pub mod stdio;
 mod tools;
 
 pub use idem_core::toolset::{
-    MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN, MissingRun,
+    MAX_META_ID_BYTES, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN,
+    MissingRun,
 };
 pub use server::IdemServer;
 pub use tools::{
@@ -100,6 +107,88 @@ mod tests {
 
     fn tools() -> ToolSet {
         ToolSet::new().with(PlaceOrderTool).unwrap()
+    }
+
+    /// A charge whose provider takes 3.2 s, under a lease of 300 ms: a duplicate waiting for it
+    /// wakes at each end of the lease the leader has renewed, so its wait hook fires every few
+    /// hundred milliseconds.
+    #[tool(retry = "keyed", lease = "300ms")]
+    async fn slow_charge(item: String) -> Result<serde_json::Value, Declined> {
+        tokio::time::sleep(std::time::Duration::from_millis(3200)).await;
+        Ok(json!({ "item": item }))
+    }
+
+    /// MCP 2025-11-25 "Progress": a call that waits on a duplicate for 3.2 s hears one
+    /// notification when its wait starts and one per `PROGRESS_INTERVAL` (1 s) after it, so 4
+    /// in all, with progress 1, 2, 3, 4: the hook firing again each time the waiter wakes is not
+    /// another notification.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_of_known_length_hears_one_progress_notification_per_interval() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let set = ToolSet::new().with(SlowChargeTool).unwrap();
+        let server = IdemServer::new(set, &Idem::in_memory());
+        tokio::spawn(async move {
+            use rmcp::ServiceExt;
+            let transport = stdio::LineTransport::new(server_read, server_write);
+            if let Ok(running) = server.serve(transport).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let (read, mut write) = tokio::io::split(client);
+        let mut lines = BufReader::new(read).lines();
+        let mut send = async |message: serde_json::Value| {
+            write.write_all(format!("{message}\n").as_bytes()).await.unwrap();
+        };
+        send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}}))
+        .await;
+        let init: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(init["id"], 0, "{init}");
+        send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        let started = std::time::Instant::now();
+        for id in [1, 2] {
+            send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "slow_charge", "arguments": {"item": "a"},
+                "_meta": {"idem/run": "conv-1", "progressToken": format!("tok-{id}")}}}))
+            .await;
+        }
+        let mut progress = Vec::new();
+        let mut answered = Vec::new();
+        while answered.len() < 2 {
+            let line = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
+                .await
+                .expect("an answer within a minute")
+                .unwrap()
+                .expect("the server answers");
+            let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if message["method"] == "notifications/progress" {
+                progress.push(message["params"].clone());
+            } else {
+                answered.push(message);
+            }
+        }
+        let waited = started.elapsed();
+        let outcomes: Vec<_> =
+            answered.iter().map(|a| a["result"]["_meta"]["idem/outcome"].clone()).collect();
+        assert!(outcomes.contains(&json!("joined")), "{answered:?}");
+        let tokens: std::collections::BTreeSet<_> =
+            progress.iter().map(|p| p["progressToken"].to_string()).collect();
+        assert!(tokens.len() <= 1, "only the joiner waits: {progress:?}");
+        let values: Vec<f64> = progress.iter().filter_map(|p| p["progress"].as_f64()).collect();
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "progress increases: {values:?}");
+        // At most one at the start and one per whole interval of the wait (measured here, so
+        // no shorter than the server's); at least one per interval of the leader's 3.2 s.
+        let most = 1 + (waited.as_millis() / PROGRESS_INTERVAL.as_millis()) as usize;
+        assert!(
+            (3..=most).contains(&values.len()),
+            "{} notifications in a wait of {waited:?}, expected 3 to {most}: {values:?}",
+            values.len()
+        );
     }
 
     #[test]

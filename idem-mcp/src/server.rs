@@ -12,6 +12,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use crate::tools::{IdemTools, RUN_ID_INSTRUCTIONS};
 use crate::{ServeError, stdio};
 
+/// The answer to a `tools/list` cursor: this server never issues one.
+const INVALID_CURSOR: &str = "this cursor was not issued by this server: its tools/list result holds \
+every tool in one page and has no `nextCursor`; send tools/list without a cursor";
+
 /// An MCP server over a [`ToolSet`]. One value serves one connection (one session).
 #[derive(Clone, Debug)]
 pub struct IdemServer {
@@ -97,11 +101,17 @@ impl ServerHandler for IdemServer {
             .with_instructions(instructions)
     }
 
+    /// Every tool in one page, without a `nextCursor`. So no cursor is valid here, and one is
+    /// refused with -32602 (MCP 2025-11-25 "Pagination": an invalid cursor SHOULD be Invalid
+    /// params) instead of answering the first page again to a client that thinks it is paging.
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        if request.is_some_and(|r| r.cursor.is_some()) {
+            return Err(ErrorData::invalid_params(INVALID_CURSOR, None));
+        }
         Ok(ListToolsResult::with_all_items(self.tools.list()))
     }
 

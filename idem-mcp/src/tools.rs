@@ -31,7 +31,10 @@ A repeat with the same arguments in the same run then returns the first call's r
 acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed, joined, or \
 unknown (the call may have taken effect: do not repeat it, check).";
 
-/// How often a call that waits on another owner of its key sends an MCP progress notification.
+/// How often a call that waits on another owner of its key sends an MCP progress notification
+/// (MCP 2025-11-25 "Progress"), when its request has a `progressToken`: one when the wait starts,
+/// then one per interval until the call is answered, so a wait of `t` seconds hears at most
+/// `1 + t` notifications, with progress 1, 2, 3, ...
 pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A run id unique to this connection: process id, start time (ns) and a counter.
@@ -147,7 +150,8 @@ impl IdemTools {
 
     /// A router of these tools for a user's own rmcp server: merge it with the server's
     /// `#[tool_router]` (`Self::tool_router() + idem.router()`), and each idem tool is listed and
-    /// called like the server's own.
+    /// called like the server's own. The server's own `list_tools` answers `tools/list`, cursors
+    /// included: the router adds tools to its list, not a pagination of its own.
     pub fn router<S: Send + Sync + 'static>(&self) -> ToolRouter<S> {
         let mut router = ToolRouter::new();
         for def in self.tools.definitions() {
@@ -190,9 +194,9 @@ impl IdemTools {
             }
         };
         let waits = context.meta.get_progress_token().map(|token| {
-            let (tx, rx) = tokio::sync::watch::channel(0u64);
+            let (tx, rx) = tokio::sync::watch::channel(());
             session = session.with_wait_hook(WaitHook::new(move |_| {
-                tx.send_modify(|n| *n += 1);
+                tx.send_replace(());
             }));
             (token, rx)
         });
@@ -222,25 +226,30 @@ impl IdemTools {
                 () = cancelled.cancelled() => return Err(cancelled_error()),
             },
             Some((token, mut rx)) => {
+                // One clock: a notification when the call starts waiting, then one per interval
+                // from then on. The hook fires again each time the waiter goes back to waiting
+                // (a store that is polled, a leader that was cancelled): that is the same wait,
+                // not another tick, so it is only heard until the first notification.
                 let mut sent = 0u64;
-                let start = tokio::time::Instant::now() + PROGRESS_INTERVAL;
-                let mut tick = tokio::time::interval_at(start, PROGRESS_INTERVAL);
+                let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+                // A late tick (a slow client) delays the ones after it instead of a burst.
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
                         done = &mut task => break done,
                         () = cancelled.cancelled() => return Err(cancelled_error()),
-                        changed = rx.changed() => {
+                        changed = rx.changed(), if sent == 0 => {
                             if changed.is_err() {
                                 // The hook is gone with the call: only the result is left.
                                 break (&mut task).await;
                             }
+                            // The next notification one interval after this one.
+                            tick.reset();
                         }
                         _ = tick.tick(), if sent > 0 => {}
                     }
-                    if *rx.borrow() == 0 {
-                        continue;
-                    }
                     sent += 1;
+                    // MCP 2025-11-25 "Progress": the value increases with each notification.
                     #[allow(clippy::cast_precision_loss)]
                     let param = ProgressNotificationParam::new(token.clone(), sent as f64)
                         .with_message(

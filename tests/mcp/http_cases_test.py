@@ -17,6 +17,9 @@ Cases:
 - restart: after the server restarts on the same SQLite store, a charge is replayed and a refund
   whose outcome was unknown stays unknown, neither asked of the provider again; another user's
   identical call is their own.
+- sessions: a message the server answers before rmcp reads it (bad arguments, a repeated
+  member, a bad notification) gets rmcp's answer for its session first: 404 for an unknown
+  `Mcp-Session-Id`, 400 for none; in a live session its JSON-RPC answer.
 - numbers: integers beyond 64 bits (a `u128` argument) and beyond 2^53 (a `u64` argument) reach
   the tool and the key exactly: two integers that are one double are two charges.
 
@@ -347,9 +350,62 @@ async def not_utf8(binary, work):
     return "a body that is not UTF-8 is a parse error"
 
 
+async def sessions(binary, work):
+    # A message the server answers before rmcp reads it (bad arguments, a repeated member, a bad
+    # notification) still gets rmcp's answer for its session first: 404 for one the server does
+    # not know (MCP: the client must then start a new session), 400 for none; in a live session
+    # the same messages get their JSON-RPC answers.
+    proc, url = start(binary, work)
+    bad_args = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "charge_card", "arguments": [1, 2],
+                           "_meta": {"idem/run": "conv-s"}}}
+    repeated = '{"jsonrpc":"2.0","id":4,"method":"ping","method":"ping"}'
+    bad_note = '{"jsonrpc":"2.0","method":"notifications/progress","params":[1]}'
+    try:
+        headers = {
+            "Authorization": f"Bearer {A}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+        }
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as c:
+            init = await c.post(url, json={
+                "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                           "clientInfo": {"name": "raw", "version": "1"}}})
+            check(init.status_code == 200, f"initialize: {init.status_code} {init.text}")
+            live = init.headers.get("mcp-session-id")
+            check(live, f"no session id: {init.headers}")
+            done = await c.post(url, headers={"Mcp-Session-Id": live},
+                                json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            check(done.status_code == 202, f"initialized: {done.status_code}")
+            for name, body, want in [
+                ("bad arguments", json.dumps(bad_args), None),
+                ("a repeated member", repeated, None),
+                ("a bad notification", bad_note, None),
+            ]:
+                r = await c.post(url, headers={"Mcp-Session-Id": "no-such-session"}, content=body)
+                check(r.status_code == 404, f"{name}, unknown session: {r.status_code} {r.text}")
+                if name != "a bad notification":
+                    r = await c.post(url, content=body)
+                    check(r.status_code == 400, f"{name}, no session: {r.status_code} {r.text}")
+            # In the live session: the answers the body deserves.
+            r = await c.post(url, headers={"Mcp-Session-Id": live}, content=json.dumps(bad_args))
+            check(r.status_code == 200, f"bad arguments, live: {r.status_code} {r.text}")
+            result = r.json().get("result", {})
+            check(result.get("isError") is True, f"bad arguments, live: {r.text}")
+            check("invalid_arguments" in result["content"][0]["text"], r.text)
+            r = await c.post(url, headers={"Mcp-Session-Id": live}, content=repeated)
+            check(r.status_code == 200 and r.json()["error"]["code"] == -32600, r.text)
+            r = await c.post(url, headers={"Mcp-Session-Id": live}, content=bad_note)
+            check(r.status_code == 202 and r.text == "", f"{r.status_code} {r.text}")
+    finally:
+        stop(proc)
+    return "unknown session 404, none 400, live session answered"
+
+
 CASES = {
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
-    "not_utf8": not_utf8,
+    "not_utf8": not_utf8, "sessions": sessions,
 }
 
 

@@ -94,13 +94,22 @@ async def unauthorized(url):
 
 
 async def raw_bad_requests(url):
-    """Requests no SDK would send are answered with their id, and nothing runs."""
+    """Requests no SDK would send, in a live session, are answered with their id, and nothing
+    runs. (Outside a session they get rmcp's 400 or 404 first, as any request does.)"""
     headers = {"accept": "application/json, text/event-stream", "Authorization": f"Bearer {A}",
                "content-type": "application/json"}
     dup = ('{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"charge_card",'
            '"arguments":{"customer":"cus_dup","amount_cents":5,"customer":"cus_other"}}}')
     big = '{"jsonrpc":"2.0","id":"p-42","method":"ping","params":{"x":1e400}}'
+    init = {"jsonrpc": "2.0", "id": 40, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     async with httpx2.AsyncClient() as client:
+        r = await client.post(url, json=init, headers=headers)
+        check(r.status_code == 200 and r.headers.get("mcp-session-id"), f"initialize: {r.status_code}")
+        headers["Mcp-Session-Id"] = r.headers["mcp-session-id"]
+        r = await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                              headers=headers)
+        check(r.status_code == 202, f"initialized: {r.status_code}")
         r = await client.post(url, content=dup, headers=headers)
         body = r.json()
         check(r.status_code == 200 and body["id"] == 41, f"duplicate member: {r.status_code} {body}")

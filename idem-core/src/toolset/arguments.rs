@@ -60,6 +60,82 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
     if path != "." {
         let _ = write!(msg, "field `{path}`: ");
     }
-    let _ = write!(msg, "{}; nothing was executed, fix the arguments and call again", e.inner());
+    let inner = e.inner().to_string();
+    match out_of_range(&inner) {
+        Some(said) => msg.push_str(&said),
+        None => msg.push_str(&inner),
+    }
+    msg.push_str("; nothing was executed, fix the arguments and call again");
     msg
+}
+
+/// The integer types serde names in its errors: name, signed, bits.
+const INTEGER_TYPES: [(&str, bool, u32); 12] = [
+    ("u8", false, 8),
+    ("u16", false, 16),
+    ("u32", false, 32),
+    ("u64", false, 64),
+    ("u128", false, 128),
+    ("usize", false, usize::BITS),
+    ("i8", true, 8),
+    ("i16", true, 16),
+    ("i32", true, 32),
+    ("i64", true, 64),
+    ("i128", true, 128),
+    ("isize", true, isize::BITS),
+];
+
+/// serde's refusal of a number too large or too small for an integer parameter, said as that:
+/// "the number 300 is out of range for u8 (an integer from 0 to 255)". `None` for every other
+/// error, which is then shown as serde wrote it.
+///
+/// serde_json reads an integer literal beyond 64 bits as a double, so serde's own message for
+/// `18446744073709551616` sent for a `u64` is "invalid type: floating point
+/// `1.8446744073709552e+19`, expected u64", which tells the model it sent a fraction. A double
+/// that is a whole number outside the type's range is refused as out of range instead (its
+/// digits are not repeated: the double is not what the client wrote); a fraction keeps serde's
+/// message. The forms matched are serde's and serde_json's (`invalid type: floating point `x`,
+/// expected T`, `invalid value: integer `n`, expected T`); the unit tests pin them.
+fn out_of_range(serde_said: &str) -> Option<String> {
+    // serde_json appends the position when it read from text.
+    let said = serde_said.split(" at line ").next().unwrap_or(serde_said);
+    let (found, expected) = said.split_once("`, expected ")?;
+    let nonzero = expected.strip_prefix("a nonzero ");
+    let ty = nonzero.unwrap_or(expected);
+    let &(_, signed, bits) = INTEGER_TYPES.iter().find(|(name, _, _)| *name == ty)?;
+    // The range as text, and its bounds as doubles (powers of two, exact).
+    let (min, max) = match (signed, bits) {
+        (false, 128) => ("0".to_owned(), u128::MAX.to_string()),
+        (false, b) => ("0".to_owned(), ((1u128 << b) - 1).to_string()),
+        (true, 128) => (i128::MIN.to_string(), i128::MAX.to_string()),
+        (true, b) => ((-(1i128 << (b - 1))).to_string(), ((1i128 << (b - 1)) - 1).to_string()),
+    };
+    // A power of two, exact in a double.
+    #[allow(clippy::cast_precision_loss)]
+    let half = (1u128 << (bits - 1)) as f64;
+    let (below, above) = if signed { (-half, half) } else { (0.0, 2.0 * half) };
+    let min = if nonzero.is_some() && !signed { "1".to_owned() } else { min };
+    let what = if nonzero.is_some() { format!("a nonzero {ty}") } else { ty.to_owned() };
+    let range = format!("an integer from {min} to {max}");
+    if let Some(float) = found.strip_prefix("invalid type: floating point `") {
+        let value: f64 = float.parse().ok()?;
+        // A whole number that did not fit the integer type; a fraction is a type error.
+        let whole = value.is_finite() && value.fract() == 0.0;
+        // serde_json reads an integer literal of at most 64 bits as an integer, so a double at
+        // -2^63 for a type of 64 bits or more is a literal below it, rounded up onto the bound.
+        let edge = signed && bits >= 64 && value == below;
+        return (whole && (value < below || value >= above || edge))
+            .then(|| format!("the number is out of range for {what} ({range})"));
+    }
+    let integer = found.strip_prefix("invalid value: integer `")?;
+    let value: i128 = integer.parse().ok()?;
+    // Compared as integers: serde reports integers of at most 128 bits.
+    let outside = match (signed, bits) {
+        (false, _) if value < 0 => true,
+        (false, 128) | (true, 128) => false,
+        (false, b) => value > (1i128 << b) - 1,
+        (true, b) => value < -(1i128 << (b - 1)) || value > (1i128 << (b - 1)) - 1,
+    };
+    // In range but refused (0 for a nonzero type): serde's message says why.
+    outside.then(|| format!("the number {integer} is out of range for {what} ({range})"))
 }

@@ -11,16 +11,38 @@ use crate::executor::Run;
 use crate::key::Scope;
 
 /// The `_meta` key of an MCP `tools/call` request that names the run, i.e. the scope of the
-/// key: `{"_meta": {"idem/run": "conversation-42"}}`. A non-empty string. Follows the `_meta`
+/// key: `{"_meta": {"idem/run": "conversation-42"}}`. A non-empty string of at most
+/// [`MAX_META_ID_BYTES`] bytes. Follows the `_meta`
 /// naming rule of the MCP spec 2025-11-25 (`prefix/name`, the prefix `idem/` is ours). When it
 /// is absent the server's default run applies (for `idem-mcp`: one run per MCP session).
 pub const MCP_META_RUN: &str = "idem/run";
 
 /// The `_meta` key of an MCP `tools/call` request that carries the caller's own idempotency key:
-/// `{"_meta": {"idem/idempotencyKey": "order-17-charge"}}`. A non-empty string. The call then
+/// `{"_meta": {"idem/idempotencyKey": "order-17-charge"}}`. A non-empty string of at most
+/// [`MAX_META_ID_BYTES`] bytes. The call then
 /// goes through [`Run::with_idempotency_key`]: the fingerprint of the arguments is stored, and a
 /// reuse with other arguments is refused (`key_reuse_mismatch`).
 pub const MCP_META_IDEMPOTENCY_KEY: &str = "idem/idempotencyKey";
+
+/// The longest `_meta["idem/run"]` and `_meta["idem/idempotencyKey"]` an MCP server accepts, in
+/// bytes of UTF-8: 1,024. A run id is stored with every record (the PostgreSQL store keeps the
+/// first 1,024 bytes of any run id for its listing, since its index entries are bounded) and
+/// echoed in every result's `_meta`; a conversation id or a caller's key is an identifier, not a
+/// document. A longer one is refused as an ill-formed entry, JSON-RPC -32602, like one that is
+/// not a string; nothing runs.
+pub const MAX_META_ID_BYTES: usize = 1024;
+
+/// The longest tool name an error message repeats, in characters (MCP 2025-11-25 "Tools": a
+/// tool name SHOULD be 1 to 128 characters); an unknown name beyond it is shown cut, with `…`.
+pub(super) const SHOWN_NAME_CHARS: usize = 128;
+
+/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters.
+pub(super) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.char_indices().nth(SHOWN_NAME_CHARS) {
+        None => name.into(),
+        Some((end, _)) => format!("{}…", &name[..end]).into(),
+    }
+}
 
 /// The `_meta` key of a `CallToolResult` that carries the call's idempotency key (64 hex digits).
 pub const MCP_META_KEY: &str = "idem/key";
@@ -234,7 +256,8 @@ impl ToolSet {
         missing_run: MissingRun,
     ) -> Result<ToolResult, McpProtocolError> {
         let Some(def) = self.definition(call.name) else {
-            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {}", call.name)));
+            let name = shown_name(call.name);
+            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
         };
         let run = mcp_run(session, call.meta)?;
         let named =
@@ -270,12 +293,19 @@ fn missing_run_text(tool: &str) -> String {
 /// The run an MCP request asks for: `run` with its run id replaced by `_meta["idem/run"]`
 /// (tenant kept) and the caller's key from `_meta["idem/idempotencyKey"]`, when present.
 ///
-/// Errors: an entry that is present but not a non-empty string (JSON-RPC invalid params).
+/// Errors: an entry that is present but not a non-empty string of at most
+/// [`MAX_META_ID_BYTES`] bytes (JSON-RPC invalid params).
 pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpProtocolError> {
     let Some(meta) = meta else { return Ok(run.clone()) };
     let text = |key: &str| -> Result<Option<&str>, McpProtocolError> {
         match meta.get(key) {
             None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if s.len() > MAX_META_ID_BYTES => {
+                Err(McpProtocolError::invalid_params(format!(
+                    "`_meta[\"{key}\"]` is {} bytes long; it may be at most {MAX_META_ID_BYTES} bytes (UTF-8). Send a shorter id, the same one on every retry; nothing was executed",
+                    s.len()
+                )))
+            }
             Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
             Some(_) => Err(McpProtocolError::invalid_params(format!(
                 "`_meta[\"{key}\"]` must be a non-empty string"

@@ -38,8 +38,8 @@ use serde_json::{Map, Value};
 
 pub use self::arguments::Arguments;
 pub use self::mcp::{
-    Annotations, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN, McpCall,
-    McpProtocolError, MissingRun, mcp_run,
+    Annotations, MAX_META_ID_BYTES, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME,
+    MCP_META_RUN, McpCall, McpProtocolError, MissingRun, mcp_run,
 };
 pub use self::result::ToolResult;
 pub use crate::error::ErrorKind;
@@ -285,7 +285,8 @@ impl ToolSet {
         ToolResult::error(
             ErrorKind::UnknownTool,
             format!(
-                "there is no tool named `{name}`; nothing was executed. Available tools: {}",
+                "there is no tool named `{}`; nothing was executed. Available tools: {}",
+                mcp::shown_name(name),
                 available.join(", ")
             ),
             None,

@@ -594,3 +594,115 @@ async fn an_output_the_executor_stored_is_not_checked_again() {
     // the model gets; checking again would add two.
     assert_eq!(SERIALIZED.load(Ordering::SeqCst), 3);
 }
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct WidthArgs {
+    u: Option<u64>,
+    i: Option<i64>,
+    s: Option<i32>,
+    b: Option<u8>,
+    w: Option<u128>,
+    n: Option<std::num::NonZeroU64>,
+}
+
+#[tokio::test]
+async fn an_integer_beyond_its_parameter_type_is_out_of_range_not_a_float() {
+    fn widths(_: &WidthArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!({}))
+    }
+    let tool = fake("widths", RetryClass::Keyed, widths);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let u64_range = "out of range for u64 (an integer from 0 to 18446744073709551615)";
+    let i64_range =
+        "out of range for i64 (an integer from -9223372036854775808 to 9223372036854775807)";
+    let cases: [(&str, &str); 12] = [
+        // Beyond 64 bits: serde_json reads a double, which serde called "floating point".
+        (r#"{"u": 18446744073709551616}"#, u64_range),
+        (r#"{"u": -1}"#, "the number -1 is out of range for u64"),
+        (r#"{"u": 1e20}"#, u64_range),
+        (r#"{"i": -9223372036854775809}"#, i64_range),
+        (r#"{"i": 9223372036854775808}"#, "the number 9223372036854775808 is out of range for i64"),
+        (
+            r#"{"s": 5000000000}"#,
+            "the number 5000000000 is out of range for i32 (an integer from -2147483648 to 2147483647)",
+        ),
+        (r#"{"b": 300}"#, "the number 300 is out of range for u8 (an integer from 0 to 255)"),
+        (r#"{"b": -1}"#, "the number -1 is out of range for u8"),
+        (
+            r#"{"n": 18446744073709551616}"#,
+            "out of range for a nonzero u64 (an integer from 1 to 18446744073709551615)",
+        ),
+        // What is not a range error keeps serde's words.
+        (r#"{"u": 1.5}"#, "invalid type: floating point `1.5`, expected u64"),
+        (r#"{"n": 0}"#, "invalid value: integer `0`, expected a nonzero u64"),
+        // serde_json refuses a negative u128 itself, without naming the type.
+        (r#"{"w": -1}"#, "field `w`: "),
+    ];
+    for (text, needle) in cases {
+        let by_text = set.call_text(&run, "widths", text).await;
+        let mut said = vec![by_text];
+        // The same through a parsed value (MCP without the arguments' text, Anthropic).
+        if let Ok(value) = serde_json::from_str::<Value>(text) {
+            said.push(set.call(&run, "widths", &value).await);
+        }
+        for r in said {
+            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
+            assert!(r.text.contains("out of range") || needle.contains("expected"), "{}", r.text);
+            assert!(
+                !r.text.contains("floating point") || needle.contains("floating"),
+                "{}",
+                r.text
+            );
+            assert!(r.text.contains("nothing was executed"), "{}", r.text);
+        }
+    }
+    // A number beyond any double: refused with the reason, for any parameter.
+    let r = set.call_text(&run, "widths", r#"{"u": 1e400}"#).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+    assert!(r.text.contains("number out of range"), "{}", r.text);
+    assert!(r.text.contains("largest 64-bit float"), "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_meta_id_longer_than_the_limit_is_invalid_params_and_runs_nothing() {
+    let t = tools();
+    let run = Idem::in_memory().run("session");
+    let call = |key: &str, id: &str| {
+        json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1},
+            "_meta": {key: id}})
+    };
+    // At the limit (in bytes: 'é' is two), accepted and echoed whole.
+    let at_limit = "é".repeat(MAX_META_ID_BYTES / 2);
+    let r = t.set.call_mcp(&run, &call(MCP_META_RUN, &at_limit)).await.unwrap();
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(r["_meta"][MCP_META_RUN], at_limit.as_str());
+    let r = t.set.call_mcp(&run, &call(MCP_META_IDEMPOTENCY_KEY, &at_limit)).await.unwrap();
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2);
+    // One byte more, or 100,000: refused as an ill-formed entry, like a number there.
+    for key in [MCP_META_RUN, MCP_META_IDEMPOTENCY_KEY] {
+        for id in [format!("{at_limit}a"), "r".repeat(100_000)] {
+            let e = t.set.call_mcp(&run, &call(key, &id)).await.unwrap_err();
+            assert_eq!(e.code, -32602, "{e}");
+            assert!(
+                e.message.contains(&format!("`_meta[\"{key}\"]` is {} bytes", id.len())),
+                "{e}"
+            );
+            assert!(e.message.contains("at most 1024 bytes"), "{e}");
+            assert!(e.message.len() < 300, "the id is not repeated: {e}");
+        }
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2, "nothing ran");
+    // An unknown tool's name is repeated at most 128 characters long.
+    let long = "x".repeat(100_000);
+    let e = t.set.call_mcp(&run, &json!({"name": long, "arguments": {}})).await.unwrap_err();
+    assert_eq!(e.message, format!("Unknown tool: {}…", "x".repeat(128)));
+    let r = t.set.call(&run, &long, &json!({})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::UnknownTool));
+    assert!(r.text.contains(&format!("`{}…`", "x".repeat(128))), "{}", r.text);
+    assert!(r.text.len() < 400, "{}", r.text);
+}
