@@ -182,12 +182,12 @@ fn a_wait_of_known_length_hears_one_progress_notification_per_second() {
         progress.iter().filter_map(|p| p["params"]["progress"].as_f64()).collect();
     assert!(values.windows(2).all(|w| w[0] < w[1]), "progress increases: {values:?}");
     // At most one at the start and one per whole second of the wait (measured here, so it is
-    // at least as long as the server's); at least one per second of the 3.5 s the leader took.
+    // at least as long as the server's). At least the first and one tick: on a loaded machine
+    // the joiner's wait may start well after the leader's, so no more is certain.
     let most = 1 + usize::try_from(waited.as_secs()).unwrap_or(usize::MAX);
     assert!(
-        (3..=most).contains(&progress.len()),
-        "{} notifications in a wait of {waited:?} (expected 3 to {most}): {values:?}",
+        (2..=most).contains(&progress.len()),
+        "{} notifications in a wait of {waited:?} (expected 2 to {most}): {values:?}",
         progress.len()
     );
-    assert!(progress.len() <= 5, "{values:?}");
 }

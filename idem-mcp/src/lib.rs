@@ -182,11 +182,13 @@ mod tests {
         let values: Vec<f64> = progress.iter().filter_map(|p| p["progress"].as_f64()).collect();
         assert!(values.windows(2).all(|w| w[0] < w[1]), "progress increases: {values:?}");
         // At most one at the start and one per whole interval of the wait (measured here, so
-        // no shorter than the server's); at least one per interval of the leader's 3.2 s.
+        // no shorter than the server's): the hook's own firings add none. At least the first
+        // and one tick: the joiner's wait can start late on a loaded machine, so no more is
+        // certain.
         let most = 1 + (waited.as_millis() / PROGRESS_INTERVAL.as_millis()) as usize;
         assert!(
-            (3..=most).contains(&values.len()),
-            "{} notifications in a wait of {waited:?}, expected 3 to {most}: {values:?}",
+            (2..=most).contains(&values.len()),
+            "{} notifications in a wait of {waited:?}, expected 2 to {most}: {values:?}",
             values.len()
         );
     }
