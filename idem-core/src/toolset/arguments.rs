@@ -63,7 +63,18 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
     let inner = e.inner().to_string();
     match out_of_range(&inner) {
         Some(said) => msg.push_str(&said),
-        None => msg.push_str(&inner),
+        // serde_json's words for a float its parameter's type cannot hold (1e300 for an `f32`),
+        // before the position it appends.
+        None => match inner.strip_prefix("number out of range") {
+            Some(rest) => {
+                let _ = write!(
+                    msg,
+                    "the number is out of range for the parameter's type (an f32 holds \
+                     magnitudes up to about 3.4e38, an f64 up to about 1.8e308){rest}"
+                );
+            }
+            None => msg.push_str(&inner),
+        },
     }
     msg.push_str("; nothing was executed, fix the arguments and call again");
     msg

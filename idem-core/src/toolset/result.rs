@@ -11,7 +11,7 @@ use crate::class::RetryClass;
 use crate::error::{Chain, Error, ErrorKind};
 use crate::executor::CallReport;
 use crate::failure::{Classify, FailureKind};
-use crate::key::Key;
+use crate::key::{Key, KeyError};
 use crate::tool::ToolDef;
 
 /// The outcome of one dispatched call, typed for Rust callers and renderable for every format.
@@ -143,13 +143,30 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
                 None,
             )
         }
-        Error::InvalidArguments { source, .. } => ToolResult::error(
-            kind,
-            format!(
-                "invalid arguments for `{name}`: {source}; nothing was executed, fix the arguments and call again"
-            ),
-            None,
-        ),
+        Error::InvalidArguments { source, .. } => {
+            let why = match source {
+                // These arguments came from JSON, which has no NaN or infinity: a finite number
+                // became one when read into its parameter's type (1e300 for an `f32`).
+                KeyError::NonFinite { path, value } => format!(
+                    "{} became {value} when read into its parameter's type: the number is beyond \
+                     that type's range (an f32 holds magnitudes up to about 3.4e38); pass a \
+                     smaller number",
+                    if path.is_empty() {
+                        "the arguments".to_owned()
+                    } else {
+                        format!("argument `{path}`")
+                    }
+                ),
+                other => other.to_string(),
+            };
+            ToolResult::error(
+                kind,
+                format!(
+                    "invalid arguments for `{name}`: {why}; nothing was executed, fix the arguments and call again"
+                ),
+                None,
+            )
+        }
         Error::BudgetExhausted { error: Some(error), retry_after, .. } => {
             let mut detail = json!({ "tool_error": serde_json::to_value(error).ok() });
             if let (Some(after), Some(obj)) = (retry_after, detail.as_object_mut()) {

@@ -706,3 +706,39 @@ async fn a_meta_id_longer_than_the_limit_is_invalid_params_and_runs_nothing() {
     assert!(r.text.contains(&format!("`{}…`", "x".repeat(128))), "{}", r.text);
     assert!(r.text.len() < 400, "{}", r.text);
 }
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct FloatArgs {
+    x: f32,
+}
+
+/// JSON has no infinity, so a finite number the parameter's type cannot hold (1e300 for an
+/// `f32`) is out of range, by text and by value; nothing runs. (Read into an `f32` from a parsed
+/// value it becomes infinity, which has no canonical form: the message must not blame the
+/// client for sending one.)
+#[tokio::test]
+async fn a_float_beyond_an_f32_is_out_of_range_not_an_infinity() {
+    fn floats(a: &FloatArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!({ "x": a.x }))
+    }
+    let tool = fake("floats", RetryClass::Keyed, floats);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    for text in [r#"{"x": 1e300}"#, r#"{"x": -1e39}"#] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "floats", text).await, set.call(&run, "floats", &value).await]
+        {
+            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+            assert!(r.text.contains("out of range") || r.text.contains("beyond"), "{}", r.text);
+            assert!(r.text.contains("3.4e38"), "{}", r.text);
+            assert!(!r.text.contains("pass a finite number"), "{}", r.text);
+            assert!(r.text.contains("nothing was executed"), "{}", r.text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    // Within range it runs.
+    let r = set.call_text(&run, "floats", r#"{"x": 3.5}"#).await;
+    assert_eq!(r.error_kind, None, "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
