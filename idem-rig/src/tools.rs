@@ -205,9 +205,7 @@ mod tests {
         let run = run_for(&bound, &cx).unwrap();
         assert_eq!(run.scope().run_id(), "conv-a");
         assert_eq!(run.caller_key(), Some("key-1"));
-        // Neither has an accessor; the run's Debug shows both (both were dropped before).
-        let shown = format!("{run:?}");
-        assert!(shown.contains("call_id: Some(\"call-1\")"), "{shown}");
-        assert!(shown.contains("on_wait: Some(WaitHook)"), "{shown}");
+        assert_eq!(run.call_id(), Some("call-1"));
+        // The wait hook has no accessor: the test above shows it is reached in a prompt's run.
     }
 }

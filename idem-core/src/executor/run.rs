@@ -71,6 +71,10 @@ impl Run {
     pub fn caller_key(&self) -> Option<&str> {
         self.caller_key.as_deref()
     }
+    /// The agent's tool-call id set by [`with_call_id`](Self::with_call_id), if any.
+    pub fn call_id(&self) -> Option<&str> {
+        self.call_id.as_deref()
+    }
 
     /// Calls `tool` with `args` through the protocol: derive the key, join an in-flight duplicate
     /// or claim, run with retries, store the outcome, replay it for repeats.
