@@ -263,7 +263,8 @@ impl RedisStore {
             },
         };
         let Some(mut at) = nodes.iter().position(|n| *n == cur.node) else {
-            return Err(StoreError::Incompatible(format!(
+            // A cursor of an earlier topology: the caller's to drop, not a record to migrate.
+            return Err(StoreError::InvalidConfig(format!(
                 "the listing's node {} is no longer a master; list again from the start",
                 cur.node
             )));
