@@ -169,6 +169,7 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
         old.push(f.done(&format!("old{i}"), Outcome::Success(i.to_string()), LONG).await);
     }
     sleep(PAST_SHORT).await;
+    let young_from = std::time::Instant::now();
     let mut young = Vec::new();
     for i in 0..4 {
         young.push(f.done(&format!("young{i}"), Outcome::Success(i.to_string()), LONG).await);
@@ -179,8 +180,12 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
     assert_eq!(f.keys(ListQuery::default()).await, every, "no filter: the whole run");
     let tool = ListQuery { tool: Some("other_tool".into()), ..ListQuery::default() };
     assert_eq!(f.keys(tool).await, set(&[other_tool]), "the tool filter");
-    let aged = ListQuery { older_than: Some(SHORT), ..ListQuery::default() };
-    assert_eq!(f.keys(aged).await, set(&old), "older than {SHORT:?}");
+    // Between the ages of the two groups whatever this machine's speed: the young records are
+    // at most `young_from.elapsed()` old (plus the listing's own time, under the margin), the
+    // old ones at least `PAST_SHORT` more.
+    let threshold = young_from.elapsed() + (PAST_SHORT - SHORT);
+    let aged = ListQuery { older_than: Some(threshold), ..ListQuery::default() };
+    assert_eq!(f.keys(aged).await, set(&old), "older than {threshold:?}");
     for limit in [1, 2, 3, 100] {
         let paged = ListQuery { limit, ..ListQuery::default() };
         assert_eq!(f.keys(paged).await, every, "pages of {limit} hold every record once");
