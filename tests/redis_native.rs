@@ -266,3 +266,62 @@ async fn a_completion_reads_any_header_bytes() {
         Claim::Completed(Record { fingerprint: fp, outcome: Outcome::Success("2".into()) })
     );
 }
+
+/// A second store on the same server and prefix: another process, without this one's hint of
+/// recently completed keys.
+async fn other_process() -> RedisStore {
+    RedisStore::builder(redis_url()).prefix(redis_prefix()).open().await.expect("second store")
+}
+
+/// A claim of a key this store saw completed reads the record first (one `GET`). Whatever
+/// changed since, in another process, the answer is the one the claim itself would give:
+/// the replay while it is completed; a fresh acquisition once forgotten; the live owner once
+/// another claim holds it; a mismatch for other arguments. Never the stale replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recently_completed_key_answers_as_the_claim_would() {
+    let Some(store) = warm_store().await else { return };
+    let other = other_process().await;
+    let (key, fp) = fresh_key("recent_hint", "{}");
+    let done = Outcome::Success("\"paid\"".into());
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &done, LONG).await.expect("complete");
+    let replay = Claim::Completed(Record { fingerprint: fp, outcome: done.clone() });
+    assert_eq!(store.claim(claim_req(&key, &fp)).await.expect("replay"), replay);
+    assert_eq!(store.claim(claim_req(&key, &fp)).await.expect("replay again"), replay);
+    // Other arguments under the same key.
+    let (_, other_fp) = fresh_key("recent_hint", r#"{"amount":2}"#);
+    assert_ne!(other_fp, fp);
+    assert_eq!(store.claim(claim_req(&key, &other_fp)).await.expect("mismatch"), Claim::Mismatch);
+
+    // Forgotten by an operator elsewhere, then claimed and held there.
+    assert!(other.forget(&key).await.expect("forget"));
+    let held = idem_tests::acquire(&other, &key, &fp).await;
+    match store.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::InFlight { fence, .. }) => assert_eq!(fence, held, "the live owner's fence"),
+        got => panic!("a key held elsewhere is in flight here, got {got:?}"),
+    }
+    other.release(&key, held).await.expect("release");
+    // Absent now: this store acquires it, with a fence above the earlier ones.
+    match store.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::Acquired { fence: again, .. }) => {
+            assert!(again.0 > held.0, "fence {} after {}", again.0, held.0)
+        }
+        got => panic!("a forgotten and released key is acquired, got {got:?}"),
+    }
+}
+
+/// The same after the record was forgotten in another process and nothing else happened: the
+/// `GET` finds no record and the claim acquires; the hint does not replay what is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_key_is_not_replayed_from_the_hint() {
+    let Some(store) = warm_store().await else { return };
+    let other = other_process().await;
+    let (key, fp) = fresh_key("recent_forgotten", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.expect("complete");
+    assert!(other.forget(&key).await.expect("forget"));
+    assert!(
+        matches!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. })),
+        "a forgotten key runs again"
+    );
+}

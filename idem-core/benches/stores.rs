@@ -79,6 +79,9 @@ struct Subject {
     /// Redis only: the same store with native claims off (every claim the script), for an A/B
     /// of the claim in the same rounds.
     scripts: Option<Arc<dyn Store>>,
+    /// Redis only: idem on the same server with the store's replay reads off, as in a process
+    /// that did not see the key completed (after a restart, on another replica).
+    cold: Option<Run>,
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -123,6 +126,8 @@ enum Op {
     /// Redis only: the same through the claim script (native claims off).
     ScriptFirst,
     ScriptReplay,
+    /// Redis only: idem's replay without the store's replay read (`cold`).
+    ColdReplay,
 }
 
 impl Op {
@@ -140,6 +145,7 @@ impl Op {
             Op::StoreReplay => "store claim (replay) only",
             Op::ScriptFirst => "store claim+complete, scripts",
             Op::ScriptReplay => "store claim (replay), scripts",
+            Op::ColdReplay => "idem replay, no replay read",
         }
     }
 }
@@ -157,6 +163,11 @@ impl Subject {
             }
             Op::Replay => {
                 let out = self.run.call(&CHARGE, seed_args(caller)).await.expect("replay");
+                std::hint::black_box(out);
+            }
+            Op::ColdReplay => {
+                let run = self.cold.as_ref().expect("a cold run (Redis)");
+                let out = run.call(&CHARGE, seed_args(caller)).await.expect("replay");
                 std::hint::black_box(out);
             }
             Op::Raw2Blocking => self.raw.write2_blocking(&self.prefix, next()).await,
@@ -232,6 +243,9 @@ impl Subject {
         }
         if self.scripts.is_some() {
             ops.extend([Op::ScriptFirst, Op::ScriptReplay]);
+        }
+        if self.cold.is_some() {
+            ops.push(Op::ColdReplay);
         }
         ops
     }
@@ -357,6 +371,11 @@ fn main() {
             );
         }
         if name == "redis" {
+            println!(
+                "  replay in a process without the replay read (another process, after a \
+                 restart) / 1 raw read = {:.2}",
+                lat.ratio(Op::ColdReplay, Op::Raw1)
+            );
             redis_idem = Some((lat.median(Op::First), lat.median(Op::Replay)));
             println!(
                 "  diagnostics: claim script instead of native commands (same rounds): \

@@ -101,6 +101,7 @@ pub(super) async fn sqlite_subject(s: &Settings, scope: &Scope) -> (Subject, Str
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,
+        cold: None,
     };
     (
         subject,
@@ -181,6 +182,7 @@ pub(super) async fn pg_subject(
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,
+        cold: None,
     }
 }
 
@@ -204,6 +206,12 @@ pub(super) async fn redis_subject(s: &Settings, url: &str, scope: &Scope) -> Sub
         .open()
         .await
         .expect("connect the Redis store");
+    let cold = RedisStore::builder(url)
+        .prefix(redis_prefix(s))
+        .replay_reads(false)
+        .open()
+        .await
+        .expect("connect the Redis store");
     Subject {
         name: "Redis",
         run: Idem::new(store).scope(scope.clone()),
@@ -211,6 +219,7 @@ pub(super) async fn redis_subject(s: &Settings, url: &str, scope: &Scope) -> Sub
         read_keys: read_keys(&prefix),
         prefix,
         scripts: Some(Arc::new(scripts)),
+        cold: Some(Idem::new(cold).scope(scope.clone())),
     }
 }
 

@@ -75,6 +75,7 @@ async fn pg_tls_subject(server: &PgTls, s: &Settings, scope: &Scope) -> Subject 
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,
+        cold: None,
     }
 }
 
@@ -100,6 +101,7 @@ async fn redis_tls_subject(server: &RedisTls, s: &Settings, scope: &Scope) -> Su
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,
+        cold: None,
     }
 }
 

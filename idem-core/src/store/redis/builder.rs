@@ -27,6 +27,7 @@ pub struct RedisStoreBuilder {
     pub(super) connection_timeout: Duration,
     pub(super) wait: Option<Replicas>,
     pub(super) native_claims: bool,
+    pub(super) replay_reads: bool,
 }
 
 impl RedisStoreBuilder {
@@ -70,6 +71,17 @@ impl RedisStoreBuilder {
     /// one server without a replica wait, and a server before Redis 7.0 turns it off by itself.
     pub fn native_claims(mut self, on: bool) -> Self {
         self.native_claims = on;
+        self
+    }
+
+    /// Whether a claim of a key this store saw completed lately (kept for up to 16,384 keys) is
+    /// first one `GET` of the record: a repeat in the same process then costs one read, as a
+    /// replay by hand would. When the record is no longer completed (expired, forgotten, claimed
+    /// again elsewhere), the claim goes on as usual, one round trip later; the answer is the same
+    /// either way. Default on. Off, every claim takes the claim's own path (a process that
+    /// rarely sees a repeat, or a measurement of that path).
+    pub fn replay_reads(mut self, on: bool) -> Self {
+        self.replay_reads = on;
         self
     }
 
@@ -171,6 +183,7 @@ impl RedisStoreBuilder {
                 pubsub_broken: AtomicBool::new(false),
                 clock: super::native::ServerClock::default(),
                 native: super::native::Support::new(native),
+                recent: super::recent::Recent::new(self.replay_reads),
             }),
         })
     }

@@ -154,6 +154,7 @@ mod builder;
 mod conn;
 mod native;
 mod pubsub;
+mod recent;
 mod reply;
 mod route;
 
@@ -197,6 +198,8 @@ struct Inner {
     clock: native::ServerClock,
     /// Whether claims may be native commands.
     native: native::Support,
+    /// Keys seen completed here lately: their claims read first (see `recent.rs`).
+    recent: recent::Recent,
 }
 
 /// The Redis [`Store`]. Cheap to clone; share one per process.
@@ -243,6 +246,7 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             wait: None,
             native_claims: true,
+            replay_reads: true,
         }
     }
 
@@ -348,11 +352,39 @@ impl RedisStore {
     /// `record` is the record's Redis key, named in errors.
     fn replay(
         &self,
+        key: &Key,
         record: &str,
         raw: &[u8],
         fingerprint: &Fingerprint,
     ) -> Result<Claim, StoreError> {
-        decode_record(record, raw, fingerprint)
+        let claim = decode_record(record, raw, fingerprint)?;
+        if matches!(claim, Claim::Completed(_)) {
+            self.inner.recent.saw(key);
+        }
+        Ok(claim)
+    }
+
+    /// The claim's answer when `record` is completed, read with one `GET` (see `recent.rs`);
+    /// `None` when it is anything else (absent, in flight, of another type), for the claim to
+    /// decide. Nothing is written, so an error is just that: the store is unavailable.
+    async fn read_completed(
+        &self,
+        record: &str,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Claim>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(record);
+        pipe.ignore_errors();
+        let replies = self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await;
+        let raw = match replies.map_err(unavailable)?.into_iter().next() {
+            Some(redis::Value::BulkString(raw)) => raw,
+            // Absent, or not a string (a version 1 hash: WRONGTYPE): the claim's to handle.
+            _ => return Ok(None),
+        };
+        match reply::parse(record, &raw) {
+            Ok(parsed) if parsed.done => decode_record(record, &raw, fingerprint).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// Sends complete, release or renew until answered (see `store/resend.rs`); `build` makes
@@ -384,6 +416,14 @@ impl Store for RedisStore {
         };
         let owner = Owner::new();
         let (record, counter) = (self.record_key(req.key), self.fence_key(req.key));
+        // Most likely a replay: one read first (see `recent.rs`).
+        if self.inner.recent.likely(req.key) {
+            match self.read_completed(&record, req.fingerprint).await {
+                Ok(Some(claim)) => return Ok(claim),
+                Ok(None) => self.inner.recent.drop_key(req.key),
+                Err(e) => return Err(e),
+            }
+        }
         let give_up = GiveUp::arm({
             let (store, key) = (self.clone(), *req.key);
             move || {
@@ -401,7 +441,7 @@ impl Store for RedisStore {
             }
             Some(Ok(native::Native::Completed(raw))) => {
                 give_up.answered();
-                return self.replay(&record, &raw, req.fingerprint);
+                return self.replay(req.key, &record, &raw, req.fingerprint);
             }
             Some(Err(e)) => {
                 // Only a claim whose every send may have been lost may have left a record.
@@ -442,7 +482,7 @@ impl Store for RedisStore {
             Answer::Int(f) => return Ok(Claim::Acquired { fence: fence(f)?, takeover: false }),
             // A completed record, as it is stored.
             Answer::Record(raw) => {
-                return self.replay(&record, &raw, req.fingerprint);
+                return self.replay(req.key, &record, &raw, req.fingerprint);
             }
             Answer::Table(items) => items,
         };
@@ -474,19 +514,24 @@ impl Store for RedisStore {
             Outcome::NotStorable(reason) => ("n", reason.as_str()),
         };
         let (record, counter) = (self.record_key(key), self.fence_key(key));
-        self.step(true, |again| {
-            let mut inv = self.inner.scripts.complete.prepare_invoke();
-            inv.key(&record)
-                .key(&counter)
-                .arg(fence.0)
-                .arg(kind)
-                .arg(payload)
-                .arg(ms(ttl))
-                .arg(ms(FENCE_COUNTER_GRACE))
-                .arg(u8::from(again));
-            inv
-        })
-        .await
+        let done = self
+            .step(true, |again| {
+                let mut inv = self.inner.scripts.complete.prepare_invoke();
+                inv.key(&record)
+                    .key(&counter)
+                    .arg(fence.0)
+                    .arg(kind)
+                    .arg(payload)
+                    .arg(ms(ttl))
+                    .arg(ms(FENCE_COUNTER_GRACE))
+                    .arg(u8::from(again));
+                inv
+            })
+            .await;
+        if done.is_ok() {
+            self.inner.recent.saw(key);
+        }
+        done
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
@@ -537,6 +582,7 @@ impl Store for RedisStore {
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        self.inner.recent.drop_key(key);
         let mut inv = self.inner.scripts.forget.prepare_invoke();
         inv.key(self.record_key(key)).key(self.fence_key(key)).arg(ms(FENCE_COUNTER_GRACE));
         Ok(self.run(inv).await?.int()? > 0)
@@ -564,6 +610,7 @@ impl Store for RedisStore {
         fence: Fence,
         resolution: &Resolution,
     ) -> Result<(), StoreError> {
+        self.inner.recent.drop_key(key);
         self.resolve_record(key, fence, resolution).await
     }
 
