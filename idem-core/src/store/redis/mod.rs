@@ -14,7 +14,9 @@
 //! script's shared helpers are even set up. Claims are scripts only on a Redis Cluster (each
 //! master has its own clock), with a replica wait (the claim's `WAIT` goes with its script), with
 //! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
-//! `GET`).
+//! `GET`). A claim of a key this store saw completed lately is first a plain `GET` of the record
+//! (`recent.rs`; [`RedisStoreBuilder::replay_reads`]): a repeat in the same process, the usual
+//! replay, costs one read.
 //!
 //! # Keys
 //! For an idempotency key `K` (64 hex digits) and the prefix `P` (default `idem`):
