@@ -70,3 +70,36 @@ fn a_call_in_flight_when_stdin_closes_is_stored_and_replayed_after_a_restart() {
     );
     assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
 }
+
+fn call(id: i64, name: &str, arguments: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": name, "arguments": arguments, "_meta": {"idem/run": "conversation-ids"}}})
+    .to_string()
+}
+
+/// A client that reuses the id of a request still in flight (MCP 2025-11-25 "Basic": it MUST
+/// NOT): the second request is refused with -32600 and that id, and does not run. Before, rmcp
+/// ran it (a second charge) and dropped its response, so the client never heard of the effect.
+/// An id is free again once answered.
+#[test]
+fn a_request_reusing_the_id_of_one_in_flight_is_refused_and_does_not_run() {
+    let mut s = Server::start(&payments_mcp(), &[("PAYMENTS_DELAY_MS", "1000")]);
+    s.initialize();
+    s.write(&call(7, "charge_card", json!({"customer": "cus_a", "amount_cents": 1})));
+    s.write(&call(7, "charge_card", json!({"customer": "cus_b", "amount_cents": 1})));
+    let (first, second) = (s.read().expect("an answer"), s.read().expect("an answer"));
+    let (refused, answered) =
+        if first.get("error").is_some() { (first, second) } else { (second, first) };
+    assert_eq!(refused["id"], 7, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("in flight") && message.contains("id of its own"), "{message}");
+    assert_eq!(answered["id"], 7, "{answered}");
+    assert_eq!(answered["result"]["structuredContent"]["customer"], "cus_a", "{answered}");
+
+    // Nothing was charged to cus_b; the id, answered, may be used again.
+    s.write(&call(7, "get_balance", json!({"customer": "cus_b"})));
+    let balance = s.read().expect("an answer");
+    assert_eq!(balance["id"], 7, "{balance}");
+    assert_eq!(balance["result"]["structuredContent"]["balance_cents"], 0, "{balance}");
+}
