@@ -7,6 +7,9 @@
 //! - duplicates in flight join the first call (and hear progress while they wait);
 //! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
 //! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
+//! - a body over the server's limit is 413, also when the server would answer it itself;
+//! - a session DELETEd mid-call: the call is stored once and replayed in a new session, 404
+//!   after; a dropped response stream resumes with GET and `Last-Event-ID`;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
 //! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is;
 //! - a message answered before rmcp reads it (bad arguments) still gets 404 for an unknown
@@ -69,4 +72,14 @@ fn a_body_that_is_not_utf8_is_a_parse_error_over_http() {
 #[test]
 fn a_bad_request_in_an_unknown_session_is_404_before_its_json_rpc_answer() {
     case("sessions");
+}
+
+#[test]
+fn a_body_over_the_limit_is_413_and_not_kept() {
+    case("big_body");
+}
+
+#[test]
+fn a_session_deleted_mid_call_stores_the_call_once_and_a_dropped_stream_resumes() {
+    case("lifecycle");
 }

@@ -113,5 +113,8 @@ async fn serve() -> Result<(), String> {
     let desk = Desk { tool_router: Desk::tool_router() + idem.router() };
     let running = desk.serve(idem_mcp::stdio::stdio()).await.map_err(|e| e.to_string())?;
     running.waiting().await.map_err(|e| e.to_string())?;
+    // The client may have closed stdin while a call was in flight: let it finish and store its
+    // outcome before the process exits, so the client's repeat is replayed.
+    idem.calls_finished().await;
     Ok(())
 }

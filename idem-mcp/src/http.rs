@@ -73,8 +73,9 @@ pub fn service_with_sessions(
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
+    let max_body_bytes = config.max_request_body_bytes;
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
-    Checked { inner }
+    Checked { inner, max_body_bytes }
 }
 
 /// A tower service that reads each POSTed JSON-RPC message with
@@ -83,10 +84,13 @@ pub fn service_with_sessions(
 /// are not one object) is answered here with its id (`application/json`), a bad notification
 /// with 202 and nothing; every other request goes on to `inner` unchanged. What rmcp would
 /// refuse for the request's head comes first: an unknown `Mcp-Session-Id` is 404 whatever the
-/// body, a missing one 400, as rmcp answers them.
+/// body, a missing one 400, as rmcp answers them. A body longer than the config's
+/// `max_request_body_bytes` is refused with 413, as rmcp refuses it, without keeping more than
+/// that of it or reading any of it as JSON.
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
+    max_body_bytes: usize,
 }
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
@@ -115,11 +119,12 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let mut inner = self.inner.clone();
+        let max_body_bytes = self.max_body_bytes;
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let bytes = match body.collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) => return Ok(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
+            let bytes = match collect_at_most(body, max_body_bytes).await {
+                Ok(bytes) => bytes,
+                Err(refused) => return Ok(refused),
             };
             let text = match std::str::from_utf8(&bytes) {
                 _ if parts.method != http::Method::POST => None,
@@ -218,6 +223,49 @@ where
     // Infallible: the answer is always a response. Its body (the pong) is dropped unread.
     let answer = inner.call(probe).await.ok()?;
     (!answer.status().is_success()).then_some(answer)
+}
+
+/// How much of a body over the limit is read and thrown away before its 413 is sent: a client
+/// still sending when the answer comes and the connection closes is reset and may lose the
+/// answer, so the rest of a moderately large body is drained, without keeping it.
+const DRAIN_BYTES: usize = 64 * 1024 * 1024;
+
+/// The body, read as it streams in up to `max` bytes: a longer one is refused with 413 (rmcp's
+/// answer and text) without keeping more than `max` bytes of it, so a client cannot make the
+/// server hold a body of any size; a body that fails to arrive is 400.
+async fn collect_at_most<B>(body: B, max: usize) -> Result<Bytes, Response>
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Display,
+{
+    use bytes::{Buf, BufMut};
+    let mut body = std::pin::pin!(body);
+    let mut collected = bytes::BytesMut::new();
+    let mut over = None::<usize>;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(_) if over.is_some() => break,
+            Err(e) => return Err(reply(http::StatusCode::BAD_REQUEST, e.to_string().into())),
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        if let Some(drained) = over.as_mut() {
+            *drained = drained.saturating_add(data.remaining());
+            if *drained > DRAIN_BYTES {
+                break;
+            }
+        } else if data.remaining() > max.saturating_sub(collected.len()) {
+            over = Some(data.remaining());
+            collected = bytes::BytesMut::new();
+        } else {
+            collected.put(data);
+        }
+    }
+    if over.is_some() {
+        let text = format!("Payload Too Large: request body exceeds {max} bytes");
+        return Err(reply(http::StatusCode::PAYLOAD_TOO_LARGE, text.into()));
+    }
+    Ok(collected.freeze())
 }
 
 /// Whether the request says its body is JSON (rmcp answers any other type itself).

@@ -165,6 +165,30 @@ fn request_id(raw: &RawValue) -> Option<RequestId> {
     }
 }
 
+/// Why `raw` is not an id this server can answer with (JSON-RPC 2.0 §5: the id of the error
+/// response is then `null`, so the message shows the id as it was sent).
+fn bad_id(raw: &RawValue) -> String {
+    let text = raw.get().trim();
+    let shown: String = text.chars().take(64).collect();
+    let integer = text.strip_prefix('-').unwrap_or(text);
+    if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) {
+        format!(
+            "Invalid request: the `id` {shown} is an integer beyond the 64-bit signed range \
+             (-2^63 to 2^63-1) this server reads: send a smaller integer or a string"
+        )
+    } else if first_non_space(text).is_some_and(|b| b == b'-' || b.is_ascii_digit()) {
+        format!(
+            "Invalid request: the `id` {shown} is not an integer: an id is a string or an integer \
+             (MCP 2025-11-25 \"Basic\"), without a fraction or an exponent"
+        )
+    } else {
+        format!(
+            "Invalid request: the `id` must be a string or an integer (MCP 2025-11-25 \"Basic\": never \
+             null), not {shown}"
+        )
+    }
+}
+
 fn first_non_space(text: &str) -> Option<u8> {
     text.bytes().find(|b| !b.is_ascii_whitespace())
 }
@@ -237,12 +261,8 @@ pub fn check_message(text: &str) -> Inbound {
             ErrorCode::INVALID_REQUEST,
             "the member `id` appears twice",
         )),
-        Ok(Some(_)) => match id {
-            None => Inbound::Reply(error_reply(
-                None,
-                ErrorCode::INVALID_REQUEST,
-                "`id` must be a string or an integer (MCP: never null)",
-            )),
+        Ok(Some(raw)) => match id {
+            None => Inbound::Reply(error_reply(None, ErrorCode::INVALID_REQUEST, bad_id(raw))),
             Some(id) => request(&members, &method, &id),
         },
     }
@@ -490,4 +510,40 @@ fn params(
         out.insert(member.clone(), value);
     }
     Ok((Value::Object(out), text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(line: &str) -> Value {
+        match check_message(line) {
+            Inbound::Reply(reply) => reply,
+            other => panic!("{line}: not refused: {other:?}"),
+        }
+    }
+
+    /// An id this server cannot answer with is refused with a `null` id (JSON-RPC 2.0 §5), so
+    /// the message must say which id it was and what to send instead.
+    #[test]
+    fn an_id_that_cannot_be_read_is_named_with_what_to_send() {
+        for (id, says) in [
+            ("18446744073709551615", "beyond the 64-bit signed range"),
+            ("-9223372036854775809", "beyond the 64-bit signed range"),
+            ("1.5", "is not an integer"),
+            ("1e3", "is not an integer"),
+            ("null", "never null"),
+            ("[1]", "not [1]"),
+        ] {
+            let reply = refusal(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+            assert_eq!(reply["id"], Value::Null, "{reply}");
+            assert_eq!(reply["error"]["code"], -32600, "{reply}");
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(message.contains(says) && message.contains(id), "{id}: {message}");
+        }
+        for id in ["-5", "9223372036854775807", "-9223372036854775808", r#""""#] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert!(matches!(check_message(&line), Inbound::Message(_)), "{id}");
+        }
+    }
 }

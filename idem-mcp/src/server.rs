@@ -78,15 +78,33 @@ impl IdemServer {
         &self.tools
     }
 
-    /// Serves this session over stdin/stdout ([`stdio::stdio`]) until the client closes it.
+    /// Serves this session over stdin/stdout ([`stdio::stdio`]) until the client closes it, then
+    /// waits for the calls still running ([`IdemTools::calls_finished`]): a client that closes
+    /// stdin while a call is in flight (it gave up, or it is restarting the server) finds the
+    /// call's outcome stored when it calls again, and its repeat is replayed.
     ///
     /// Errors: [`ServeError`].
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
-        let running =
-            self.serve(stdio::stdio()).await.map_err(|e| ServeError::Initialize(Box::new(e)))?;
-        let reason = running.waiting().await?;
-        tracing::debug!(?reason, "MCP session ended");
-        Ok(())
+        let tools = self.tools.clone();
+        let served = async {
+            let running = self
+                .serve(stdio::stdio())
+                .await
+                .map_err(|e| ServeError::Initialize(Box::new(e)))?;
+            let reason = running.waiting().await?;
+            tracing::debug!(?reason, "MCP session ended");
+            Ok(())
+        }
+        .await;
+        let left = tools.calls_running();
+        if left > 0 {
+            tracing::info!(
+                calls = left,
+                "the client closed the session: finishing the calls still running"
+            );
+        }
+        tools.calls_finished().await;
+        served
     }
 }
 

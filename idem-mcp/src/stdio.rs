@@ -5,11 +5,20 @@
 //! goes to rmcp, a bad request is answered here with its id, a bad notification is dropped.
 //! Outgoing messages are written by one task, one line each, so an answer written while rmcp
 //! polls for the next message is never interleaved with another.
+//!
+//! A request whose `id` is that of a request still in flight is answered here with -32600 and
+//! that id, and does not run: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be reused in
+//! a session, and rmcp would run the second request and drop its response (both share the id's
+//! slot), so the client would never hear of an effect it caused. An id is free again once its
+//! response is written, or once the client cancels the request (`notifications/cancelled`).
 
+use std::collections::HashSet;
 use std::io;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::RoleServer;
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -30,6 +39,8 @@ pub struct LineTransport<R, W> {
     max_line_bytes: usize,
     discarding: bool,
     writer: Writer<W>,
+    /// The ids of the requests passed on to rmcp and not answered yet.
+    in_flight: Arc<Mutex<HashSet<RequestId>>>,
     _role: PhantomData<fn() -> RoleServer>,
 }
 
@@ -67,6 +78,7 @@ where
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             discarding: false,
             writer: Writer::Idle(write),
+            in_flight: Arc::default(),
             _role: PhantomData,
         }
     }
@@ -151,6 +163,42 @@ where
     }
 }
 
+impl<R, W> LineTransport<R, W> {
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<RequestId>> {
+        self.in_flight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a request's id as in flight, or refuses the request when its id already is; frees
+    /// the id of a request the client cancels (rmcp sends no response for it).
+    fn track(
+        &self,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ClientJsonRpcMessage, serde_json::Value> {
+        match &message {
+            JsonRpcMessage::Request(request) if !self.ids().insert(request.id.clone()) => {
+                return Err(error_reply(
+                    Some(&request.id),
+                    rmcp::model::ErrorCode::INVALID_REQUEST,
+                    format!(
+                        "Invalid request: the id {} is already used by a request in flight in this session (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own",
+                        request.id
+                    ),
+                ));
+            }
+            JsonRpcMessage::Notification(notification) => {
+                if let ClientNotification::CancelledNotification(cancelled) =
+                    &notification.notification
+                    && let Some(id) = &cancelled.params.request_id
+                {
+                    self.ids().remove(id);
+                }
+            }
+            _ => {}
+        }
+        Ok(message)
+    }
+}
+
 enum Line {
     Complete,
     TooLong,
@@ -168,6 +216,14 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let answered = match &item {
+            JsonRpcMessage::Response(response) => Some(&response.id),
+            JsonRpcMessage::Error(error) => error.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = answered {
+            self.ids().remove(id);
+        }
         std::future::ready(self.queue(&item))
     }
 
@@ -200,7 +256,10 @@ where
             };
             self.line.clear();
             match inbound {
-                Inbound::Message(message) => return Some(*message),
+                Inbound::Message(message) => match self.track(*message) {
+                    Ok(message) => return Some(message),
+                    Err(reply) => self.queue(&reply).ok()?,
+                },
                 Inbound::Reply(reply) => self.queue(&reply).ok()?,
                 Inbound::Ignore => {}
             }

@@ -45,12 +45,51 @@ pub(crate) fn session_run_id() -> String {
     format!("mcp-session-{}-{nanos}-{n}", std::process::id())
 }
 
+/// The calls of one [`IdemTools`] (and its clones) whose tasks are still running, so that a
+/// server can let them finish before its process exits.
+#[derive(Debug, Default)]
+struct InFlight {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Held by a call's task for as long as it runs (dropped also when the task panics or is
+/// aborted).
+struct Running(Arc<InFlight>);
+
+impl InFlight {
+    fn start(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        Running(Arc::clone(self))
+    }
+
+    async fn idle(&self) {
+        loop {
+            let mut notified = std::pin::pin!(self.idle.notified());
+            notified.as_mut().enable();
+            if self.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// An idem [`ToolSet`] as MCP tools for one session. Cheap to clone.
 #[derive(Clone)]
 pub struct IdemTools {
     tools: Arc<ToolSet>,
     session: Run,
     missing_run: MissingRun,
+    in_flight: Arc<InFlight>,
     #[cfg(feature = "http")]
     principal: Option<crate::http::PrincipalFn>,
 }
@@ -79,9 +118,27 @@ impl IdemTools {
             tools: Arc::new(tools),
             session,
             missing_run: MissingRun::Warn,
+            in_flight: Arc::default(),
             #[cfg(feature = "http")]
             principal: None,
         }
+    }
+
+    /// Waits until every call started through these tools (or a clone of them) has finished and
+    /// its outcome is stored. A call runs in a task of its own, so that a client that goes away
+    /// (stdio EOF, a closed HTTP connection or session, `notifications/cancelled`) does not stop
+    /// an effect halfway: a process that exits when its transport closes must wait for this
+    /// first, or the runtime drops the call mid-effect, its claim is left to expire and the
+    /// client's repeat after a restart waits for the lease and runs the tool again (a `never`
+    /// tool's outcome becomes unknown). [`IdemServer::serve_stdio`](crate::IdemServer::serve_stdio)
+    /// does. Each call is bounded by its tool's timeout and deadline.
+    pub async fn calls_finished(&self) {
+        self.in_flight.idle().await;
+    }
+
+    /// How many calls started through these tools are still running.
+    pub fn calls_running(&self) -> usize {
+        self.in_flight.running.load(Ordering::SeqCst)
     }
 
     /// Over HTTP, scope every call to the principal `principal` finds in the request (see
@@ -203,10 +260,13 @@ impl IdemTools {
         let tools = Arc::clone(&self.tools);
         let missing_run = self.missing_run;
         let name = name.to_owned();
+        let running = self.in_flight.start();
         // The call runs in its own task: if the client gives up on the request (or cancels it),
         // the effect still finishes and its outcome is stored, so the client's repeat is answered
-        // from it; a joiner that goes away leaves the run it joined alone.
+        // from it; a joiner that goes away leaves the run it joined alone. `running` tells
+        // `calls_finished` when it is done.
         let mut task = tokio::spawn(async move {
+            let _running = running;
             let value = arguments.map(Value::Object);
             let args = match (&text, &value) {
                 (Some(text), _) => Arguments::Text(&text.0),

@@ -20,6 +20,12 @@ Cases:
 - sessions: a message the server answers before rmcp reads it (bad arguments, a repeated
   member, a bad notification) gets rmcp's answer for its session first: 404 for an unknown
   `Mcp-Session-Id`, 400 for none; in a live session its JSON-RPC answer.
+- big_body: a body longer than the server's limit (rmcp's `max_request_body_bytes`, 4 MiB) is
+  HTTP 413 whatever it holds, also when its arguments are bad (which the server answers itself
+  for a small body), and the session goes on.
+- lifecycle: a session DELETEd while its charge is in flight: the charge finishes once, a request
+  in the deleted session gets 404, and the same call in a new session is replayed; a client whose
+  connection drops mid-call resumes the response stream with GET and `Last-Event-ID`.
 - numbers: integers beyond 64 bits (a `u128` argument) and beyond 2^53 (a `u64` argument) reach
   the tool and the key exactly: two integers that are one double are two charges.
 
@@ -403,7 +409,111 @@ async def sessions(binary, work):
     return "unknown session 404, none 400, live session answered"
 
 
+RAW = {
+    "Authorization": f"Bearer {A}",
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+}
+
+
+async def raw_session(c, url):
+    """A session opened with raw requests: its `Mcp-Session-Id` header."""
+    init = await c.post(url, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "1"}}})
+    check(init.status_code == 200, f"initialize: {init.status_code} {init.text}")
+    head = {"Mcp-Session-Id": init.headers["mcp-session-id"]}
+    done = await c.post(url, headers=head, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    check(done.status_code == 202, f"initialized: {done.status_code}")
+    return head
+
+
+def sse_messages(text):
+    """The JSON-RPC messages of an SSE body (priming events have no data)."""
+    out = []
+    for event in text.split("\n\n"):
+        data = "".join(line[5:].strip() for line in event.split("\n") if line.startswith("data:"))
+        if data:
+            out.append(json.loads(data))
+    return out
+
+
+def raw_call(id, args, run):
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "charge_card", "arguments": args, "_meta": {"idem/run": run}}}
+
+
+async def big_body(binary, work):
+    proc, url = start(binary, work)
+    limit = 4 * 1024 * 1024
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=60) as c:
+            head = await raw_session(c, url)
+            # Bad arguments: a small body of them is answered with an isError result.
+            bad = json.dumps(raw_call(2, [0] * (limit // 2), "conv-big"))
+            good = json.dumps(raw_call(3, {"customer": "x" * limit, "amount_cents": 1}, "conv-big"))
+            for name, body in [("bad arguments", bad), ("a long customer", good)]:
+                check(len(body) > limit, f"{name}: {len(body)} bytes")
+                r = await c.post(url, headers=head, content=body)
+                check(r.status_code == 413, f"{name}: {r.status_code} {r.text[:200]}")
+                check(str(limit) in r.text, f"{name}: the limit is named: {r.text[:200]}")
+            r = await c.post(url, headers=head, json=raw_call(4, {"customer": "cus_big", "amount_cents": 1}, "conv-big"))
+            (answer,) = [m for m in sse_messages(r.text) if m.get("id") == 4]
+            check(answer["result"]["_meta"]["idem/outcome"] == "executed", f"after: {answer}")
+        check(ledger(work)["charge_requests"] == 1, f"provider requests: {ledger(work)['charge_requests']}")
+    finally:
+        stop(proc)
+    return f"bodies over {limit} bytes are 413, the session goes on"
+
+
+async def lifecycle(binary, work):
+    proc, url = start(binary, work, {"PAYMENTS_DELAY_MS": "2000"})
+    args = {"customer": "cus_l", "amount_cents": 21}
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=60) as c:
+            head = await raw_session(c, url)
+            in_flight = asyncio.create_task(c.post(url, headers=head, json=raw_call(2, args, "conv-L")))
+            await asyncio.sleep(0.5)
+            gone = await c.delete(url, headers=head)
+            check(gone.status_code in (200, 202, 204), f"DELETE: {gone.status_code} {gone.text}")
+            await in_flight  # its stream ends with the session, answered or not
+            after = await c.post(url, headers=head, json={"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            check(after.status_code == 404, f"a request after DELETE: {after.status_code} {after.text}")
+            await asyncio.sleep(2.5)
+            check(ledger(work)["charge_requests"] == 1, f"the deleted session's charge: {ledger(work)}")
+            head = await raw_session(c, url)
+            r = await c.post(url, headers=head, json=raw_call(4, args, "conv-L"))
+            (again,) = [m for m in sse_messages(r.text) if m.get("id") == 4]
+            check(again["result"]["_meta"]["idem/outcome"] == "replayed", f"resend: {again}")
+
+            # The connection drops after the stream's first event; GET with Last-Event-ID resumes it.
+            slow = {"customer": "cus_l2", "amount_cents": 22}
+            event_id = None
+            async with c.stream("POST", url, headers=head, json=raw_call(5, slow, "conv-L")) as s:
+                async for line in s.aiter_lines():
+                    if line.startswith("id:"):
+                        event_id = line[3:].strip()
+                        break
+            check(event_id, "the response stream has no event id to resume from")
+            resumed = []
+            async with c.stream("GET", url, headers={**head, "Last-Event-ID": event_id}) as s:
+                check(s.status_code == 200, f"GET with Last-Event-ID: {s.status_code}")
+                async with asyncio.timeout(HANG_GUARD):
+                    async for line in s.aiter_lines():
+                        if line.startswith("data:") and line[5:].strip():
+                            resumed.append(json.loads(line[5:]))
+                            if resumed[-1].get("id") == 5:
+                                break
+            check(resumed and resumed[-1]["result"]["_meta"]["idem/outcome"] == "executed", f"resumed: {resumed}")
+        check(ledger(work)["charge_requests"] == 2, f"provider requests: {ledger(work)['charge_requests']}")
+    finally:
+        stop(proc)
+    return "DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID"
+
+
 CASES = {
+    "big_body": big_body, "lifecycle": lifecycle,
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
     "not_utf8": not_utf8, "sessions": sessions,
 }

@@ -101,7 +101,13 @@ pub struct Server {
 impl Server {
     /// Starts `binary` with `env` set, speaking MCP over its stdin and stdout.
     pub fn start(binary: &Path, env: &[(&str, &str)]) -> Server {
+        Server::start_with(binary, &[], env)
+    }
+
+    /// Starts `binary` with `args` and `env` set, speaking MCP over its stdin and stdout.
+    pub fn start_with(binary: &Path, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(binary)
+            .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
