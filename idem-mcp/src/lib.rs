@@ -24,8 +24,8 @@
 //!   ([`RUN_ID_INSTRUCTIONS`]); a `keyed` or `never` call without it is logged as a warning, or
 //!   refused ([`IdemServer::with_missing_run`]).
 //! - Results carry `_meta` with the run (`idem/run`), the key (`idem/key`) and how the call
-//!   was served (`idem/outcome`: `executed`, `replayed`, `joined`, or `unknown` when the
-//!   call's outcome is not known).
+//!   was served (`idem/outcome`: `executed`, `replayed`, `joined`, `taken_over`, `reconciled`,
+//!   or `unknown` when the call's outcome is not known; see [`idem_core::Served`]).
 //! - A call that waits on another owner of its key (a duplicate in flight, here or in another
 //!   process) sends `notifications/progress` every [`PROGRESS_INTERVAL`] when the request has a
 //!   `progressToken`. Cancelling a waiting request does not cancel the run it waits on.

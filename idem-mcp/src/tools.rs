@@ -28,8 +28,10 @@ pub const RUN_ID_INSTRUCTIONS: &str = "Tool calls that change something are prot
 running twice. With every tools/call, send `_meta: {\"idem/run\": \"<conversation id>\"}`: one \
 stable id per conversation, the same on every retry, also after a reconnect or a server restart. \
 A repeat with the same arguments in the same run then returns the first call's result instead of \
-acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed, joined, or \
-unknown (the call may have taken effect: do not repeat it, check).";
+acting again. Results say what happened in `_meta[\"idem/outcome\"]`: executed, replayed, joined, \
+taken_over (ran after an earlier owner stopped without a result), reconciled (an earlier attempt \
+was found to have taken effect), or unknown (the call may have taken effect: do not repeat it, \
+check).";
 
 /// How often a call that waits on another owner of its key sends an MCP progress notification
 /// (MCP 2025-11-25 "Progress"), when its request has a `progressToken`: one when the wait starts,

@@ -48,7 +48,7 @@ pub(super) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
 pub const MCP_META_KEY: &str = "idem/key";
 
 /// The `_meta` key of a `CallToolResult` that says how the call was served: `executed`,
-/// `replayed`, `joined` or `unknown` ([`crate::Served`]).
+/// `replayed`, `joined`, `taken_over`, `reconciled` or `unknown` ([`crate::Served`]).
 pub const MCP_META_OUTCOME: &str = "idem/outcome";
 
 /// MCP tool annotations (MCP spec 2025-11-25, `ToolAnnotations`), derived from the retry class.
