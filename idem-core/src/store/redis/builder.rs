@@ -122,8 +122,9 @@ impl RedisStoreBuilder {
             Some(Replicas { count: 0, .. }) | None => None,
             some => some,
         };
-        // `WAIT` holds the reply for up to its timeout.
-        let response_timeout = self.response_timeout + wait.map_or(Duration::ZERO, |w| w.timeout);
+        // `WAIT` holds the reply for up to its timeout. Saturating: either may be `Duration::MAX`.
+        let response_timeout =
+            self.response_timeout.saturating_add(wait.map_or(Duration::ZERO, |w| w.timeout));
         let waiters = Arc::new(WaiterMap::default());
         let (conn, pubsub) = match target.servers {
             conn::Servers::One(client) => {
@@ -173,5 +174,28 @@ impl RedisStoreBuilder {
                 native: super::native::Support::new(native),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::RedisStore;
+
+    /// `Duration::MAX` means "no limit" for both timeouts; their sum (the response timeout with
+    /// a replica wait) used to overflow and panic in `open_lazy`.
+    #[tokio::test]
+    async fn endless_timeouts_with_a_replica_wait_open() {
+        let url = "redis://127.0.0.1:6379/";
+        for (response, wait) in
+            [(Duration::MAX, Duration::from_secs(1)), (Duration::MAX, Duration::MAX)]
+        {
+            let opened = RedisStore::builder(url)
+                .response_timeout(response)
+                .wait_for_replicas(1, wait)
+                .open_lazy();
+            assert!(opened.is_ok(), "response {response:?}, wait {wait:?}: {:?}", opened.err());
+        }
     }
 }
