@@ -53,6 +53,8 @@ impl RedisStoreBuilder {
     /// After each claim that acquires and each completion, wait until `count` replicas have
     /// acknowledged the write, for at most `timeout` (Redis `WAIT`, on the connection that wrote).
     /// Overrides the URL's `wait_replicas` and `wait_timeout_ms`; a `count` of 0 turns it off.
+    /// A `timeout` of zero is refused by `open` (Redis would wait for ever); one under a
+    /// millisecond waits 1 ms (`WAIT` counts whole milliseconds).
     ///
     /// A claim acknowledged by fewer replicas is not trusted: it fails with
     /// [`StoreError::Unavailable`] and its record is released in the background, so the tool does
@@ -120,6 +122,9 @@ impl RedisStoreBuilder {
         let target = conn::target(&self.url)?;
         let wait = match self.wait.or(target.wait) {
             Some(Replicas { count: 0, .. }) | None => None,
+            Some(Replicas { timeout: Duration::ZERO, .. }) => {
+                return Err(StoreError::InvalidConfig(conn::ZERO_WAIT.to_owned()));
+            }
             some => some,
         };
         // `WAIT` holds the reply for up to its timeout. Saturating: either may be `Duration::MAX`.
@@ -197,5 +202,20 @@ mod tests {
                 .open_lazy();
             assert!(opened.is_ok(), "response {response:?}, wait {wait:?}: {:?}", opened.err());
         }
+    }
+
+    /// Redis reads `WAIT n 0` as "wait for ever": a zero replica wait is refused with what to
+    /// write instead.
+    #[tokio::test]
+    async fn a_zero_replica_wait_is_refused() {
+        let url = "redis://127.0.0.1:6379/";
+        match RedisStore::builder(url).wait_for_replicas(1, Duration::ZERO).open_lazy() {
+            Err(crate::StoreError::InvalidConfig(m)) => {
+                assert!(m.contains("at least 1 ms") && m.contains("wait_for_replicas(1"), "{m}");
+            }
+            other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+        }
+        // Turned off (count 0), the timeout does not matter.
+        assert!(RedisStore::builder(url).wait_for_replicas(0, Duration::ZERO).open_lazy().is_ok());
     }
 }
