@@ -83,3 +83,29 @@ async fn a_duplicate_waits_on_a_lease_the_store_reports_as_endless() {
     assert_eq!(second.await.expect("the duplicate must not panic").unwrap(), "ch_1");
     assert_eq!(SLOW_RUNS.load(Ordering::SeqCst) - before, 1, "the duplicate joined; one run");
 }
+
+static LEASED_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn leased_charge(tag: String) -> Result<String, Declined> {
+    LEASED_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A policy lease of zero is raised to `MIN_LEASE`, which the owner keeps renewing while it
+/// works: a duplicate from another executor waits and joins. Raised only to 1 ms, the lease
+/// lapsed between renewals and the duplicate took the key over and ran the tool beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_lease_still_keeps_a_duplicate_out() {
+    let policy = idem_core::Policy { lease: Duration::ZERO, ..idem_core::Policy::default() };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let executor = || Idem::builder_shared(store.clone()).policy(policy).build();
+    let (a, b) = (executor(), executor());
+    let first = tokio::spawn(async move { leased_charge(&a.run("zero-lease"), "1".into()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn(async move { leased_charge(&b.run("zero-lease"), "1".into()).await });
+    assert_eq!(first.await.unwrap().unwrap(), "ch_1");
+    assert_eq!(second.await.unwrap().unwrap(), "ch_1");
+    assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), 1, "the duplicate ran beside its owner");
+}
