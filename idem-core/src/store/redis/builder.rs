@@ -38,13 +38,15 @@ impl RedisStoreBuilder {
     }
 
     /// How long a command may wait for its answer before the call fails with
-    /// [`StoreError::Unavailable`]. Default 1 s.
+    /// [`StoreError::Unavailable`]. Default 1 s; `Duration::MAX` for no limit. Zero is refused
+    /// by `open` (every command would race its own timeout).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// How long one connection attempt may take. Default 1 s.
+    /// How long one connection attempt may take. Default 1 s; `Duration::MAX` for no limit.
+    /// Zero is refused by `open`.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -118,6 +120,20 @@ impl RedisStoreBuilder {
                 "invalid key prefix {:?}: it must not contain '{{' or '}}'",
                 self.prefix
             )));
+        }
+        // A zero timeout would fail commands or connections at random, whichever answers
+        // first: refused, with what to write instead.
+        for (zero, what) in [
+            (self.response_timeout.is_zero(), "response_timeout"),
+            (self.connection_timeout.is_zero(), "connection_timeout"),
+        ] {
+            if zero {
+                return Err(StoreError::InvalidConfig(format!(
+                    "the Redis {what} must be longer than zero: give it as in \
+                     RedisStoreBuilder::{what}(Duration::from_secs(1)) (the default), or \
+                     Duration::MAX for no limit"
+                )));
+            }
         }
         let target = conn::target(&self.url)?;
         let wait = match self.wait.or(target.wait) {
@@ -201,6 +217,23 @@ mod tests {
                 .wait_for_replicas(1, wait)
                 .open_lazy();
             assert!(opened.is_ok(), "response {response:?}, wait {wait:?}: {:?}", opened.err());
+        }
+    }
+
+    /// A zero response or connection timeout is refused, naming the setting, instead of failing
+    /// commands at random (whichever of the answer and the timer comes first).
+    #[tokio::test]
+    async fn zero_timeouts_are_refused() {
+        let url = "redis://127.0.0.1:6379/";
+        let response = RedisStore::builder(url).response_timeout(Duration::ZERO).open_lazy();
+        let connection = RedisStore::builder(url).connection_timeout(Duration::ZERO).open_lazy();
+        for (what, got) in [("response_timeout", response), ("connection_timeout", connection)] {
+            match got {
+                Err(crate::StoreError::InvalidConfig(m)) => {
+                    assert!(m.contains(what) && m.contains("longer than zero"), "{m}");
+                }
+                other => panic!("{what}: expected InvalidConfig, got {:?}", other.map(|_| ())),
+            }
         }
     }
 
