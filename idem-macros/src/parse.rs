@@ -28,6 +28,8 @@ pub enum Class {
 /// A duration option's value.
 pub struct DurationOpt {
     pub value: Duration,
+    /// The value as written, for messages spanning it.
+    pub lit: LitStr,
 }
 
 /// `#[tool(..)]` as written.
@@ -214,7 +216,7 @@ impl Attr {
                         ),
                     ),
                     Ok(_) if slot.is_some() => duplicate(errors),
-                    Ok(value) => *slot = Some(DurationOpt { value }),
+                    Ok(value) => *slot = Some(DurationOpt { value, lit }),
                 }
             }
             "reconcile" => {
