@@ -544,3 +544,30 @@ async fn in_flight_record_with_a_short_fingerprint_is_incompatible() {
         "v2 string: {string:?}; v1 hash: {hash:?}"
     );
 }
+
+/// A replica wait under a millisecond waits 1 ms: sent as `WAIT 1 0` it made Redis wait for ever
+/// for a replica (none here, or none answering), so the claim failed only at the response timeout
+/// and the store's connection stayed blocked for every later command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_wait_under_a_millisecond_does_not_block() {
+    let Some(_) = store().await else { return };
+    let store = RedisStore::builder(redis_url())
+        .prefix(redis_prefix())
+        .wait_for_replicas(1, Duration::from_micros(500))
+        .open()
+        .await
+        .unwrap();
+    for i in 0..2 {
+        let (key, fp) = fresh_key("sub_ms_wait", &i.to_string());
+        let started = std::time::Instant::now();
+        let got = store.claim(claim_req(&key, &fp)).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(500), "claim {i} took {took:?}: {got:?}");
+        // With a replica that acknowledged, the claim acquires; without, it is not trusted.
+        match got {
+            Ok(Claim::Acquired { fence, .. }) => store.release(&key, fence).await.unwrap(),
+            Err(StoreError::Unavailable(_)) => {}
+            other => panic!("claim {i}: {other:?}"),
+        }
+    }
+}

@@ -275,3 +275,45 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
         })
     });
 }
+
+/// A period of zero is nonsense, but it must not kill the watcher: tokio's interval panics on it
+/// (inside the spawned task, so the gauges were silently never set). It counts at once, then
+/// every `MIN_GAUGE_PERIOD`.
+#[test]
+fn a_zero_gauge_period_counts_every_second() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let unknown = || {
+        let mut out = f64::NAN;
+        for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Gauge(v) = value
+                && composite.key().name() == "idem_outcomes_unknown"
+            {
+                out = v.into_inner();
+            }
+        }
+        out
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let store = Arc::new(Wrapped::new(StatsDown::default()));
+            let run = Idem::builder_shared(store.clone()).build().run("zero-period");
+            wire(&run, "acct_1".into()).await.unwrap_err();
+            let watcher = idem_core::metrics::watch_record_gauges(store.clone(), Duration::ZERO);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert_eq!(unknown(), 1.0, "the first count is at once");
+            wire(&run, "acct_2".into()).await.unwrap_err();
+            tokio::time::sleep(idem_core::metrics::MIN_GAUGE_PERIOD / 2).await;
+            assert_eq!(unknown(), 0.0, "not counted again within the shortest period");
+            tokio::time::sleep(idem_core::metrics::MIN_GAUGE_PERIOD).await;
+            assert_eq!(unknown(), 2.0, "counted again after the shortest period");
+            assert!(!watcher.is_finished(), "the watcher is still running");
+            watcher.abort();
+        })
+    });
+}

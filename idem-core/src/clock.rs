@@ -18,8 +18,44 @@ pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.min(FOREVER).as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `now + d`, saturating at `now + FOREVER`.
+/// `now + d`, saturating at `now + FOREVER`, or as far as the platform's instants reach.
 #[inline]
 pub(crate) fn later(now: Instant, d: Duration) -> Instant {
-    now.checked_add(d.min(FOREVER)).unwrap_or(now)
+    later_with(now, d, |at, d| at.checked_add(d))
+}
+
+/// What `later` falls back to where an instant cannot reach a century ahead (tokio caps its own
+/// timers at 30 years for that reason, naming FreeBSD and macOS).
+const FAR: [Duration; 2] =
+    [Duration::from_secs(30 * 365 * 24 * 3600), Duration::from_secs(365 * 24 * 3600)];
+
+/// [`later`] with the addition given, so the fallback can be tested on any platform. Never
+/// `now` for a long `d`: "no limit" would become a deadline or a lease that has already ended.
+#[inline]
+fn later_with(
+    now: Instant,
+    d: Duration,
+    add: impl Fn(Instant, Duration) -> Option<Instant>,
+) -> Instant {
+    let d = d.min(FOREVER);
+    add(now, d).or_else(|| FAR.iter().find_map(|far| add(now, d.min(*far)))).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a platform whose instants end 40 years ahead, "no limit" is 30 years away, not now.
+    #[test]
+    fn a_platform_that_cannot_reach_a_century_gets_the_farthest_instant_it_can() {
+        let now = Instant::now();
+        let limit = Duration::from_secs(40 * 365 * 24 * 3600);
+        let add = |at: Instant, d: Duration| if d > limit { None } else { at.checked_add(d) };
+        assert_eq!(later_with(now, Duration::MAX, add), now + FAR[0]);
+        assert_eq!(later_with(now, FOREVER, add), now + FAR[0]);
+        assert_eq!(later_with(now, Duration::from_secs(5), add), now + Duration::from_secs(5));
+        let short = |at: Instant, d: Duration| if d > FAR[1] { None } else { at.checked_add(d) };
+        assert_eq!(later_with(now, Duration::MAX, short), now + FAR[1]);
+        assert_eq!(later(now, Duration::MAX), now + FOREVER, "Linux reaches a century");
+    }
 }

@@ -47,7 +47,7 @@ pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, WaitHook};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
-pub use policy::{Backoff, Policy, ToolOptions};
+pub use policy::{Backoff, MIN_LEASE, Policy, ToolOptions};
 pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;

@@ -84,11 +84,18 @@ pub fn set_record_gauges(stats: &Stats) {
     let _ = stats;
 }
 
+/// The shortest period of [`watch_record_gauges`]: one second.
+pub const MIN_GAUGE_PERIOD: Duration = Duration::from_secs(1);
+
 /// Spawns a task (on the current tokio runtime) that calls [`refresh_record_gauges`] every
 /// `period`, the first time at once. A failed count is logged (`tracing` warning) and tried
 /// again next period. Abort the returned handle to stop it. Counting reads every record's state
-/// (indexed on the SQL stores, a scan on Redis): choose a period of minutes, not seconds.
+/// (indexed on the SQL stores, a scan on Redis): choose a period of minutes, not seconds. A
+/// period under [`MIN_GAUGE_PERIOD`] (zero, say) counts every [`MIN_GAUGE_PERIOD`].
 pub fn watch_record_gauges(store: Arc<dyn Store>, period: Duration) -> tokio::task::JoinHandle<()> {
+    // tokio's interval panics on a zero period (in the task, so the gauges would silently never
+    // be set), and a tiny one would count the whole store back to back.
+    let period = period.max(MIN_GAUGE_PERIOD);
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -44,7 +44,8 @@ pub struct Policy {
     /// Deadline of the whole call, measured from its start (gRPC's word): every attempt, the
     /// backoff between them and waiting for a duplicate end by then. Default 120 s.
     pub deadline: Duration,
-    /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s.
+    /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s; at least
+    /// [`MIN_LEASE`] (100 ms): a shorter one, zero included, is raised to it.
     pub lease: Duration,
     /// Retention of a successful outcome. Default 24 h.
     pub ttl: Duration,
@@ -87,6 +88,12 @@ impl Default for Policy {
         }
     }
 }
+
+/// The shortest lease a call holds: 100 ms. The lease is renewed every third of it, and tokio's
+/// timers and a store's round trip take about a millisecond: a lease much shorter (a zero, say)
+/// would lapse between renewals while the tool runs, and a duplicate would take the key over and
+/// run beside it. `#[tool(lease = "..")]` refuses a shorter one.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
 
 /// [`Policy::max_argument_bytes`]'s default: 1 MiB.
 const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;
@@ -154,7 +161,7 @@ impl Policy {
         ] {
             *d = (*d).min(FOREVER);
         }
-        self.lease = self.lease.max(Duration::from_millis(1));
+        self.lease = self.lease.max(MIN_LEASE);
         self
     }
 }
@@ -183,6 +190,20 @@ mod tests {
         assert_eq!(Policy::default().with_options(RetryClass::Keyed, &opts).attempts, 5);
         let zero = ToolOptions { attempts: Some(0), ..Default::default() };
         assert_eq!(Policy::default().with_options(RetryClass::Safe, &zero).attempts, 1);
+    }
+
+    #[test]
+    fn a_lease_under_the_minimum_is_raised_to_it() {
+        for lease in [Duration::ZERO, Duration::from_nanos(1), Duration::from_millis(99)] {
+            let policy = Policy { lease, ..Policy::default() };
+            let got = policy.with_options(RetryClass::Keyed, &ToolOptions::NONE).lease;
+            assert_eq!(got, MIN_LEASE, "{lease:?}");
+            let opts = ToolOptions { lease: Some(lease), ..ToolOptions::NONE };
+            assert_eq!(Policy::default().with_options(RetryClass::Never, &opts).lease, MIN_LEASE);
+        }
+        let opts = ToolOptions { lease: Some(Duration::from_millis(150)), ..ToolOptions::NONE };
+        let got = Policy::default().with_options(RetryClass::Keyed, &opts).lease;
+        assert_eq!(got, Duration::from_millis(150), "a longer lease is kept as it is");
     }
 
     #[test]

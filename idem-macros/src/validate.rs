@@ -177,6 +177,20 @@ pub fn validate(
         );
     }
 
+    // The deadline bounds every attempt, so a longer timeout would never apply: the author
+    // likely swapped the two, or expects a timeout that never fires.
+    if let (Some(timeout), Some(deadline)) = (&attr.timeout, &attr.deadline)
+        && timeout.value > deadline.value
+    {
+        let (t, d) = (timeout.lit.value(), deadline.lit.value());
+        errors.spanned(
+            timeout.lit.span(),
+            format!(
+                "`timeout = {t:?}` is longer than `deadline = {d:?}`: the deadline bounds the whole call, every attempt included, so this timeout could never end an attempt. Write a timeout of at most {d:?} (one attempt), or a deadline longer than {t:?}"
+            ),
+        );
+    }
+
     let reconcile = match attr.reconcile {
         Some(path) if class == Class::Safe => {
             errors.at(
@@ -547,4 +561,39 @@ fn split_result(ty: &Type) -> Ret {
         ret.err = Some(err.clone());
     }
     ret
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors_of(attr: TokenStream) -> Vec<String> {
+        let mut errors = Errors::default();
+        let attr = Attr::parse(attr, &mut errors);
+        let mut item: ItemFn = syn::parse_quote!(
+            async fn charge() -> Result<(), Failed> {
+                Ok(())
+            }
+        );
+        let params = take_param_attrs(&mut item, &mut errors);
+        validate(attr, item, params, &mut errors);
+        errors
+            .into_result()
+            .err()
+            .map_or(vec![], |e| e.into_iter().map(|e| e.to_string()).collect())
+    }
+
+    #[test]
+    fn a_timeout_longer_than_the_deadline_is_refused() {
+        let errors = errors_of(quote::quote!(retry = "keyed", timeout = "5m", deadline = "1m"));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("at most \"1m\""), "{}", errors[0]);
+        let equal = quote::quote!(retry = "keyed", timeout = "1m", deadline = "60s");
+        assert_eq!(errors_of(equal), Vec::<String>::new());
+        // Either alone is compared with the executor's defaults at run time, not here.
+        assert_eq!(
+            errors_of(quote::quote!(retry = "keyed", deadline = "1s")),
+            Vec::<String>::new()
+        );
+    }
 }

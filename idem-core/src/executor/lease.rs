@@ -113,7 +113,9 @@ impl<T: Tool> Call<'_, T> {
             if now >= self.deadline {
                 return Ok(Owned::Answer(Err(self.deadline_passed())));
             }
-            let max = (self.deadline - now).min(lease_remaining + Duration::from_millis(1));
+            // Saturating: a store may report a lease of `Duration::MAX` ("no end").
+            let max =
+                (self.deadline - now).min(lease_remaining.saturating_add(Duration::from_millis(1)));
             self.waiting();
             // A store that stops answering is caught by the next claim's timeout.
             let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;

@@ -39,13 +39,15 @@ impl RedisStoreBuilder {
     }
 
     /// How long a command may wait for its answer before the call fails with
-    /// [`StoreError::Unavailable`]. Default 1 s.
+    /// [`StoreError::Unavailable`]. Default 1 s; `Duration::MAX` for no limit. Zero is refused
+    /// by `open` (every command would race its own timeout).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// How long one connection attempt may take. Default 1 s.
+    /// How long one connection attempt may take. Default 1 s; `Duration::MAX` for no limit.
+    /// Zero is refused by `open`.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -54,6 +56,8 @@ impl RedisStoreBuilder {
     /// After each claim that acquires and each completion, wait until `count` replicas have
     /// acknowledged the write, for at most `timeout` (Redis `WAIT`, on the connection that wrote).
     /// Overrides the URL's `wait_replicas` and `wait_timeout_ms`; a `count` of 0 turns it off.
+    /// A `timeout` of zero is refused by `open` (Redis would wait for ever); one under a
+    /// millisecond waits 1 ms (`WAIT` counts whole milliseconds).
     ///
     /// A claim acknowledged by fewer replicas is not trusted: it fails with
     /// [`StoreError::Unavailable`] and its record is released in the background, so the tool does
@@ -129,13 +133,31 @@ impl RedisStoreBuilder {
                 self.prefix
             )));
         }
+        // A zero timeout would fail commands or connections at random, whichever answers
+        // first: refused, with what to write instead.
+        for (zero, what) in [
+            (self.response_timeout.is_zero(), "response_timeout"),
+            (self.connection_timeout.is_zero(), "connection_timeout"),
+        ] {
+            if zero {
+                return Err(StoreError::InvalidConfig(format!(
+                    "the Redis {what} must be longer than zero: give it as in \
+                     RedisStoreBuilder::{what}(Duration::from_secs(1)) (the default), or \
+                     Duration::MAX for no limit"
+                )));
+            }
+        }
         let target = conn::target(&self.url)?;
         let wait = match self.wait.or(target.wait) {
             Some(Replicas { count: 0, .. }) | None => None,
+            Some(Replicas { timeout: Duration::ZERO, .. }) => {
+                return Err(StoreError::InvalidConfig(conn::ZERO_WAIT.to_owned()));
+            }
             some => some,
         };
-        // `WAIT` holds the reply for up to its timeout.
-        let response_timeout = self.response_timeout + wait.map_or(Duration::ZERO, |w| w.timeout);
+        // `WAIT` holds the reply for up to its timeout. Saturating: either may be `Duration::MAX`.
+        let response_timeout =
+            self.response_timeout.saturating_add(wait.map_or(Duration::ZERO, |w| w.timeout));
         let waiters = Arc::new(WaiterMap::default());
         let (conn, pubsub) = match target.servers {
             conn::Servers::One(client) => {
@@ -186,5 +208,60 @@ impl RedisStoreBuilder {
                 recent: super::recent::Recent::new(self.replay_reads),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::RedisStore;
+
+    /// `Duration::MAX` means "no limit" for both timeouts; their sum (the response timeout with
+    /// a replica wait) used to overflow and panic in `open_lazy`.
+    #[tokio::test]
+    async fn endless_timeouts_with_a_replica_wait_open() {
+        let url = "redis://127.0.0.1:6379/";
+        for (response, wait) in
+            [(Duration::MAX, Duration::from_secs(1)), (Duration::MAX, Duration::MAX)]
+        {
+            let opened = RedisStore::builder(url)
+                .response_timeout(response)
+                .wait_for_replicas(1, wait)
+                .open_lazy();
+            assert!(opened.is_ok(), "response {response:?}, wait {wait:?}: {:?}", opened.err());
+        }
+    }
+
+    /// A zero response or connection timeout is refused, naming the setting, instead of failing
+    /// commands at random (whichever of the answer and the timer comes first).
+    #[tokio::test]
+    async fn zero_timeouts_are_refused() {
+        let url = "redis://127.0.0.1:6379/";
+        let response = RedisStore::builder(url).response_timeout(Duration::ZERO).open_lazy();
+        let connection = RedisStore::builder(url).connection_timeout(Duration::ZERO).open_lazy();
+        for (what, got) in [("response_timeout", response), ("connection_timeout", connection)] {
+            match got {
+                Err(crate::StoreError::InvalidConfig(m)) => {
+                    assert!(m.contains(what) && m.contains("longer than zero"), "{m}");
+                }
+                other => panic!("{what}: expected InvalidConfig, got {:?}", other.map(|_| ())),
+            }
+        }
+    }
+
+    /// Redis reads `WAIT n 0` as "wait for ever": a zero replica wait is refused with what to
+    /// write instead.
+    #[tokio::test]
+    async fn a_zero_replica_wait_is_refused() {
+        let url = "redis://127.0.0.1:6379/";
+        match RedisStore::builder(url).wait_for_replicas(1, Duration::ZERO).open_lazy() {
+            Err(crate::StoreError::InvalidConfig(m)) => {
+                assert!(m.contains("at least 1 ms") && m.contains("wait_for_replicas(1"), "{m}");
+            }
+            other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+        }
+        // Turned off (count 0), the timeout does not matter.
+        assert!(RedisStore::builder(url).wait_for_replicas(0, Duration::ZERO).open_lazy().is_ok());
     }
 }

@@ -26,6 +26,12 @@ use crate::store::url_query::percent_decode;
 /// How long `WAIT` waits for replicas when the URL names no `wait_timeout_ms`.
 pub(super) const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Why a replica wait of zero is refused.
+pub(super) const ZERO_WAIT: &str = "the replica wait timeout must be at least 1 ms \
+    (wait_timeout_ms=500, or RedisStoreBuilder::wait_for_replicas(1, Duration::from_millis(500))): \
+    Redis WAIT with a timeout of 0 waits for ever, blocking the store's connection while no \
+    replica answers";
+
 /// The servers a URL names.
 pub(super) enum Servers {
     One(Client),
@@ -262,9 +268,11 @@ impl Options {
             match name {
                 "ca" => opts.ca = Some(percent_decode(value)),
                 "wait_replicas" => replicas = Some(number("wait_replicas")?),
-                "wait_timeout_ms" => {
-                    timeout = Some(Duration::from_millis(number("wait_timeout_ms")?.into()));
-                }
+                "wait_timeout_ms" => match number("wait_timeout_ms")? {
+                    // Redis reads a `WAIT` timeout of 0 as "wait for ever".
+                    0 => return Err(invalid(ZERO_WAIT)),
+                    ms => timeout = Some(Duration::from_millis(ms.into())),
+                },
                 "protocol" => opts.passed.push(pair.to_owned()),
                 "db" | "user" | "pass" if unix => opts.passed.push(pair.to_owned()),
                 other => {
@@ -318,6 +326,9 @@ mod tests {
         assert!(refused("redis://h:1/?db=2").contains("\"db\""));
         assert!(refused("redis://h:1/?wait_replicas=two").contains("whole number"));
         assert!(refused("redis://h:1/?wait_timeout_ms=5").contains("needs wait_replicas"));
+        // Redis would wait for ever.
+        let m = refused("redis://h:1/?wait_replicas=1&wait_timeout_ms=0");
+        assert!(m.contains("at least 1 ms") && m.contains("wait_timeout_ms=500"), "{m}");
         assert!(refused("redis://h:1/?ca=/tmp/ca.pem").contains("needs TLS"));
         assert!(refused("redis+sentinel://h:1/").contains("unknown scheme"));
         assert!(refused("h:1").contains("no scheme"));

@@ -139,7 +139,9 @@ impl Conn {
         let mut pipe = redis::pipe();
         pipe.add_command(inv.evalsha());
         if let Some(w) = wait {
-            pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout));
+            // At least 1 ms: `WAIT n 0` would wait for ever (a zero timeout is refused when the
+            // store opens; one under a millisecond would round to 0).
+            pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout).max(1));
         }
         let count = if wait.is_some() { 2 } else { 1 };
         let key = inv.keys.first().map(Vec::as_slice).unwrap_or_default();

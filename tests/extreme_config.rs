@@ -1,0 +1,111 @@
+//! Configuration at its extremes, through the public API: zero and `Duration::MAX` in the
+//! policy, and a store that reports them. Each case says what the caller receives and how many
+//! times the tool ran; none may panic, hang, or let a duplicate run beside its owner.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Store, StoreError};
+use idem_core::{Classify, Failure, Idem, Key, MemoryStore, tool};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl Classify for Declined {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+static SLOW_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Works for 300 ms: long enough for a duplicate to arrive while it runs.
+#[tool(retry = "keyed")]
+async fn slow_charge(tag: String) -> Result<String, Declined> {
+    SLOW_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// The in-memory store, reporting every lease in flight as `Duration::MAX` long: a store of
+/// someone's own may say "no end" that way.
+struct EndlessLeases(MemoryStore);
+
+#[async_trait::async_trait]
+impl Store for EndlessLeases {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        Ok(match self.0.claim(req).await? {
+            Claim::InFlight { fence, .. } => {
+                Claim::InFlight { fence, lease_remaining: Duration::MAX }
+            }
+            other => other,
+        })
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        fence: Fence,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.complete(key, fence, outcome, ttl).await
+    }
+    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        self.0.release(key, fence).await
+    }
+    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        self.0.renew(key, fence, lease).await
+    }
+    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        self.0.wait(key, fence, max).await
+    }
+    async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        self.0.forget(key).await
+    }
+}
+
+/// A duplicate that finds the key in flight under a lease of `Duration::MAX` waits for the owner
+/// (bounded by its deadline) and joins its outcome. It used to panic adding a millisecond of
+/// slack to that lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waits_on_a_lease_the_store_reports_as_endless() {
+    let store: Arc<dyn Store> = Arc::new(EndlessLeases(MemoryStore::new()));
+    // Two executors on one store, as two processes: the second cannot join in process.
+    let (a, b) = (Idem::builder_shared(store.clone()).build(), Idem::builder_shared(store).build());
+    let before = SLOW_RUNS.load(Ordering::SeqCst);
+    let first = tokio::spawn(async move { slow_charge(&a.run("endless"), "1".into()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn(async move { slow_charge(&b.run("endless"), "1".into()).await });
+    assert_eq!(first.await.expect("the owner must not panic").unwrap(), "ch_1");
+    assert_eq!(second.await.expect("the duplicate must not panic").unwrap(), "ch_1");
+    assert_eq!(SLOW_RUNS.load(Ordering::SeqCst) - before, 1, "the duplicate joined; one run");
+}
+
+static LEASED_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn leased_charge(tag: String) -> Result<String, Declined> {
+    LEASED_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A policy lease of zero is raised to `MIN_LEASE`, which the owner keeps renewing while it
+/// works: a duplicate from another executor waits and joins. Raised only to 1 ms, the lease
+/// lapsed between renewals and the duplicate took the key over and ran the tool beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_lease_still_keeps_a_duplicate_out() {
+    let policy = idem_core::Policy { lease: Duration::ZERO, ..idem_core::Policy::default() };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let executor = || Idem::builder_shared(store.clone()).policy(policy).build();
+    let (a, b) = (executor(), executor());
+    let first = tokio::spawn(async move { leased_charge(&a.run("zero-lease"), "1".into()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = tokio::spawn(async move { leased_charge(&b.run("zero-lease"), "1".into()).await });
+    assert_eq!(first.await.unwrap().unwrap(), "ch_1");
+    assert_eq!(second.await.unwrap().unwrap(), "ch_1");
+    assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), 1, "the duplicate ran beside its owner");
+}
