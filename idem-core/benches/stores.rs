@@ -79,8 +79,8 @@ struct Subject {
     /// Redis only: the same store with native claims off (every claim the script), for an A/B
     /// of the claim in the same rounds.
     scripts: Option<Arc<dyn Store>>,
-    /// Redis only: idem on the same server with the store's replay reads off, as in a process
-    /// that did not see the key completed (after a restart, on another replica).
+    /// Redis and PostgreSQL: idem on the same server with the store's replay reads off, as in a
+    /// process that did not see the key completed (after a restart, on another replica).
     cold: Option<Run>,
 }
 
@@ -126,7 +126,7 @@ enum Op {
     /// Redis only: the same through the claim script (native claims off).
     ScriptFirst,
     ScriptReplay,
-    /// Redis only: idem's replay without the store's replay read (`cold`).
+    /// Redis and PostgreSQL: idem's replay without the store's replay read (`cold`).
     ColdReplay,
 }
 
@@ -166,7 +166,7 @@ impl Subject {
                 std::hint::black_box(out);
             }
             Op::ColdReplay => {
-                let run = self.cold.as_ref().expect("a cold run (Redis)");
+                let run = self.cold.as_ref().expect("a cold run (Redis, PostgreSQL)");
                 let out = run.call(&CHARGE, seed_args(caller)).await.expect("replay");
                 std::hint::black_box(out);
             }
@@ -370,12 +370,14 @@ fn main() {
                 lat.ratio(Op::StoreReplay, Op::Raw1Direct),
             );
         }
-        if name == "redis" {
+        if lat.all.contains_key(&Op::ColdReplay) {
             println!(
                 "  replay in a process without the replay read (another process, after a \
                  restart) / 1 raw read = {:.2}",
                 lat.ratio(Op::ColdReplay, Op::Raw1)
             );
+        }
+        if name == "redis" {
             redis_idem = Some((lat.median(Op::First), lat.median(Op::Replay)));
             println!(
                 "  diagnostics: claim script instead of native commands (same rounds): \

@@ -30,6 +30,7 @@ macro_rules! store_multi_instance_tests {
             waiter_is_woken_by_the_other_instance,
             takeover_across_instances_after_expiry,
             fences_increase_across_instances,
+            a_replayed_key_changed_elsewhere_answers_as_now,
         );
     };
     (@each #[$attr:meta] $make:expr; $($name:ident,)*) => {
@@ -145,4 +146,32 @@ pub async fn takeover_across_instances_after_expiry(a: &dyn Store, b: &dyn Store
 /// each, a takeover by the other, forget on the other, and retention expiry.
 pub async fn fences_increase_across_instances(a: &dyn Store, b: &dyn Store) {
     fence_turns("fences_increase_across_instances", a, b, " across instances").await;
+}
+
+/// A key completed and replayed on `a` (which may now read it first as a likely replay), then
+/// changed through `b`: forgotten, claimed and held, released. Each claim on `a` answers what the
+/// key is now, never the replay `a` saw before: held by `b`'s fence, then acquired by `a` with a
+/// fence above `b`'s. Other arguments under the completed key are a mismatch.
+pub async fn a_replayed_key_changed_elsewhere_answers_as_now(a: &dyn Store, b: &dyn Store) {
+    let (key, fp) = fresh_key("a_replayed_key_changed_elsewhere", "{}");
+    let fence = acquire(a, &key, &fp, LONG).await;
+    let done = success("1");
+    complete(a, &key, fence, &done, LONG).await;
+    for round in 0..2 {
+        let what = format!("replay {round} on the instance that completed it");
+        assert_completed(&what, claim(a, &key, &fp, LONG).await, &fp, &done);
+    }
+    let other = super::other_fingerprint();
+    assert_ne!(fp, other);
+    match claim(a, &key, &other, LONG).await {
+        Claim::Mismatch => {}
+        got => panic!("other arguments under a completed key are a mismatch, got {got:?}"),
+    }
+    assert!(b.forget(&key).await.expect("forget on the other instance"), "the record existed");
+    let held = acquire(b, &key, &fp, LONG).await;
+    let what = "a claim after the other instance forgot the key and claimed it again";
+    assert_in_flight(what, claim(a, &key, &fp, LONG).await, held);
+    b.release(&key, held).await.expect("release on the other instance");
+    let again = acquire(a, &key, &fp, LONG).await;
+    assert!(again.0 > held.0, "fence {} after the other instance's {}", again.0, held.0);
 }

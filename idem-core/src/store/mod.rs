@@ -29,6 +29,8 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod recent;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]

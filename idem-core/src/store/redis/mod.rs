@@ -15,7 +15,7 @@
 //! master has its own clock), with a replica wait (the claim's `WAIT` goes with its script), with
 //! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
 //! `GET`). A claim of a key this store saw completed lately is first a plain `GET` of the record
-//! (`recent.rs`; [`RedisStoreBuilder::replay_reads`]): a repeat in the same process, the usual
+//! (`store/recent.rs`; [`RedisStoreBuilder::replay_reads`]): a repeat in the same process, the usual
 //! replay, costs one read.
 //!
 //! # Keys
@@ -156,7 +156,6 @@ mod builder;
 mod conn;
 mod native;
 mod pubsub;
-mod recent;
 mod reply;
 mod route;
 
@@ -201,7 +200,7 @@ struct Inner {
     /// Whether claims may be native commands.
     native: native::Support,
     /// Keys seen completed here lately: their claims read first (see `recent.rs`).
-    recent: recent::Recent,
+    recent: crate::store::recent::Recent,
 }
 
 /// The Redis [`Store`]. Cheap to clone; share one per process.
@@ -366,7 +365,7 @@ impl RedisStore {
         Ok(claim)
     }
 
-    /// The claim's answer when `record` is completed, read with one `GET` (see `recent.rs`);
+    /// The claim's answer when `record` is completed, read with one `GET` (see `store/recent.rs`);
     /// `None` when it is anything else (absent, in flight, of another type), for the claim to
     /// decide. Nothing is written, so an error is just that: the store is unavailable.
     async fn read_completed(
@@ -418,7 +417,7 @@ impl Store for RedisStore {
         };
         let owner = Owner::new();
         let (record, counter) = (self.record_key(req.key), self.fence_key(req.key));
-        // Most likely a replay: one read first (see `recent.rs`).
+        // Most likely a replay: one read first (see `store/recent.rs`).
         if self.inner.recent.likely(req.key) {
             match self.read_completed(&record, req.fingerprint).await {
                 Ok(Some(claim)) => return Ok(claim),

@@ -1,0 +1,87 @@
+//! Keys a store recently saw completed, so that a claim of one of them, most likely a replay (the
+//! model calling again after a timeout, a framework retrying), is first a plain read of the
+//! record: one read, as a raw read costs, instead of the claim's own statement or commands (on
+//! Redis `SET rec <record> NX GET` with a `GET` of the fence counter; on PostgreSQL the claim's
+//! statement, which may also insert).
+//!
+//! Only a hint: a read that finds a completed record still within its retention replays it,
+//! exactly what the claim would have answered (a completed record does not change until it
+//! expires or is forgotten, and the claim would not have written). Anything else (no record:
+//! expired or forgotten; a record in flight; one this read cannot decode) drops the key from the
+//! hint and goes on to the claim as if the hint had not been there, at the cost of one more round
+//! trip. A claim in another process (a restart, a second replica) has no hint and takes the
+//! claim's path.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::key::Key;
+
+/// How many keys the hint holds (32 bytes each, about 1 MiB with the set's overhead). When
+/// full it starts again empty: the hint only has to hold the keys being repeated now.
+pub(crate) const CAPACITY: usize = 16_384;
+
+#[derive(Default)]
+pub(crate) struct Recent {
+    keys: Mutex<HashSet<Key>>,
+    /// Replay reads turned off by the store's owner: holds nothing.
+    off: AtomicBool,
+}
+
+impl Recent {
+    pub(crate) fn new(on: bool) -> Self {
+        Recent { keys: Mutex::default(), off: AtomicBool::new(!on) }
+    }
+
+    /// Turns replay reads on or off (off also empties the hint).
+    pub(crate) fn set(&self, on: bool) {
+        self.off.store(!on, Ordering::Relaxed);
+        if !on {
+            crate::sync::lock(&self.keys).clear();
+        }
+    }
+
+    /// Whether `key` was seen completed here lately.
+    pub(crate) fn likely(&self, key: &Key) -> bool {
+        !self.off.load(Ordering::Relaxed) && crate::sync::lock(&self.keys).contains(key)
+    }
+
+    /// `key` was completed or replayed here.
+    pub(crate) fn saw(&self, key: &Key) {
+        if self.off.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut keys = crate::sync::lock(&self.keys);
+        if keys.len() >= CAPACITY {
+            keys.clear();
+        }
+        keys.insert(*key);
+    }
+
+    /// `key` is no longer known to be completed (a `GET` found otherwise, or it was forgotten).
+    pub(crate) fn drop_key(&self, key: &Key) {
+        crate::sync::lock(&self.keys).remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: usize) -> Key {
+        Key::parse(&format!("{n:064x}")).expect("key")
+    }
+
+    #[test]
+    fn holds_at_most_its_capacity_and_forgets() {
+        let recent = Recent::new(true);
+        for n in 0..CAPACITY + 10 {
+            recent.saw(&key(n));
+        }
+        assert!(crate::sync::lock(&recent.keys).len() <= CAPACITY);
+        assert!(recent.likely(&key(CAPACITY + 9)), "the latest key is held");
+        recent.drop_key(&key(CAPACITY + 9));
+        assert!(!recent.likely(&key(CAPACITY + 9)));
+    }
+}
