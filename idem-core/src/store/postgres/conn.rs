@@ -32,9 +32,11 @@ FROM (VALUES (1)) AS one LEFT JOIN idem_records AS r ON r.key = $1";
 
 /// A completed record still within its retention, for a claim of a key this store saw completed
 /// lately (`store/recent.rs`): its fingerprint, outcome kind and payload; no row otherwise.
+/// `state + 0` as above: with `state = 1` the generic plan scans the partial expiry index (every
+/// completed record) instead of reading one row by key (measured: 268 µs against 41 µs).
 const REPLAY: &str = "
 SELECT fingerprint, kind, payload FROM idem_records
-WHERE key = $1 AND state = 1 AND expires_at > now()";
+WHERE key = $1 AND state + 0 = 1 AND expires_at > now()";
 
 /// The claim's rare path (takeover, retention ended, a resend of this claim, a lost race).
 const TAKE: &str = "SELECT * FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)";
