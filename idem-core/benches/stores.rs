@@ -79,8 +79,8 @@ struct Subject {
     /// Redis only: the same store with native claims off (every claim the script), for an A/B
     /// of the claim in the same rounds.
     scripts: Option<Arc<dyn Store>>,
-    /// Redis and PostgreSQL: idem on the same server with the store's replay reads off, as in a
-    /// process that did not see the key completed (after a restart, on another replica).
+    /// Redis only: idem on the same server with the store's replay reads off, as in a process
+    /// that did not see the key completed (after a restart, on another replica).
     cold: Option<Run>,
 }
 
@@ -126,7 +126,7 @@ enum Op {
     /// Redis only: the same through the claim script (native claims off).
     ScriptFirst,
     ScriptReplay,
-    /// Redis and PostgreSQL: idem's replay without the store's replay read (`cold`).
+    /// Redis only: idem's replay without the store's replay read (`cold`).
     ColdReplay,
 }
 
@@ -166,7 +166,7 @@ impl Subject {
                 std::hint::black_box(out);
             }
             Op::ColdReplay => {
-                let run = self.cold.as_ref().expect("a cold run (Redis, PostgreSQL)");
+                let run = self.cold.as_ref().expect("a cold run (Redis)");
                 let out = run.call(&CHARGE, seed_args(caller)).await.expect("replay");
                 std::hint::black_box(out);
             }

@@ -148,11 +148,6 @@ pub(super) async fn pg_subject(
     )
     .await
     .expect("connect the PostgreSQL store");
-    // As in a process that did not see the seeded keys completed: replay reads off.
-    let cold = PostgresStore::connect_with(config.clone(), 2)
-        .await
-        .expect("connect the PostgreSQL store")
-        .replay_reads(false);
     admin
         .batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {schema}.bench_raw (key text PRIMARY KEY, val text NOT NULL)"
@@ -187,7 +182,7 @@ pub(super) async fn pg_subject(
         read_keys: read_keys(&prefix),
         prefix,
         scripts: None,
-        cold: Some(Idem::new(cold).scope(scope.clone())),
+        cold: None,
     }
 }
 

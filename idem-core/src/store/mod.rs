@@ -29,7 +29,7 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(feature = "redis")]
 mod recent;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -98,8 +98,6 @@ struct Inner {
     listening: Arc<AtomicBool>,
     listener: Mutex<Option<JoinHandle<()>>>,
     sweeps: SweepClock,
-    /// Keys seen completed here lately: their claims read first (`store/recent.rs`).
-    recent: super::recent::Recent,
 }
 
 impl Drop for Inner {
@@ -200,21 +198,8 @@ impl PostgresStore {
                 listening,
                 listener: Mutex::new(listener),
                 sweeps: SweepClock::new(),
-                recent: super::recent::Recent::new(true),
             }),
         }
-    }
-
-    /// Whether a claim of a key this store saw completed lately (up to 16,384 keys) is first one
-    /// plain `SELECT` of the completed record: a repeat in the same process then costs one read,
-    /// as a replay by hand would. When the record is no longer completed (expired, forgotten,
-    /// claimed again elsewhere), the claim goes on as usual, one round trip later; the answer is
-    /// the same either way. Default on, for this store and its clones. Off, every claim runs the
-    /// claim's own statement (a process that rarely sees a repeat, or a measurement of that
-    /// path).
-    pub fn replay_reads(self, on: bool) -> Self {
-        self.inner.recent.set(on);
-        self
     }
 
     /// Whether waiters are woken by `LISTEN/NOTIFY` now: the listener is connected and its probe
@@ -261,16 +246,6 @@ impl Store for PostgresStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let take_over = req.on_expired == OnExpired::TakeOver;
         let lease = ms(req.lease);
-        // Most likely a replay: one read first (`store/recent.rs`). It writes nothing, so a
-        // failure is just that, and nothing is armed to release yet.
-        if self.inner.recent.likely(req.key) {
-            let conn = self.conn().await?;
-            let row = conn.query_opt(Sql::Replay, &[&req.key.as_str()]).await.map_err(pg)?;
-            match claim::decide_replay(req.key, req.fingerprint, row) {
-                Some(claim) => return Ok(claim),
-                None => self.inner.recent.drop_key(req.key),
-            }
-        }
         let owner = Owner::new();
         let give_up = GiveUp::arm({
             let (store, key) = (self.clone(), *req.key);
@@ -313,9 +288,6 @@ impl Store for PostgresStore {
         }
         match claimed? {
             Step::Done(claim) => {
-                if matches!(claim, Claim::Completed(_)) {
-                    self.inner.recent.saw(req.key);
-                }
                 if self.inner.sweeps.due(now_ms()) {
                     let store = self.clone();
                     // Space only: a failed sweep is retried at the next interval.
@@ -356,9 +328,7 @@ impl Store for PostgresStore {
             Ok(changed)
         })
         .await?;
-        self.done_or_lost(key, changed)?;
-        self.inner.recent.saw(key);
-        Ok(())
+        self.done_or_lost(key, changed)
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
@@ -394,7 +364,6 @@ impl Store for PostgresStore {
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
-        self.inner.recent.drop_key(key);
         let conn = self.conn().await?;
         let rows = conn.query(Sql::Forget, &[&key.as_str()]).await;
         let removed = !rows.map_err(pg)?.is_empty();
@@ -416,7 +385,6 @@ impl Store for PostgresStore {
         fence: Fence,
         resolution: &Resolution,
     ) -> Result<(), StoreError> {
-        self.inner.recent.drop_key(key);
         let changed = self.resolve_record(key, fence, resolution).await?;
         self.done_or_lost(key, changed)
     }

@@ -1,20 +1,19 @@
 //! Keys a store recently saw completed, so that a claim of one of them, most likely a replay (the
 //! model calling again after a timeout, a framework retrying), is first a plain read of the
-//! record: one read, as a raw read costs, instead of the claim's own statement or commands (on
-//! Redis `SET rec <record> NX GET` with a `GET` of the fence counter; on PostgreSQL the claim's
-//! statement, which may also insert).
+//! record: one read, as a raw read costs, instead of the claim's own commands (on Redis `SET rec
+//! <record> NX GET` with a `GET` of the fence counter). Used by the Redis store; on PostgreSQL
+//! the claim's statement already answers a replay with one indexed read, and a separate `SELECT`
+//! measured no faster (BENCHMARKS.md).
 //!
-//! Only a hint: a read that finds a completed record still within its retention replays it,
-//! exactly what the claim would have answered (a completed record does not change until it
-//! expires or is forgotten, and the claim would not have written). Anything else (no record:
-//! expired or forgotten; a record in flight; one this read cannot decode) drops the key from the
-//! hint and goes on to the claim as if the hint had not been there, at the cost of one more round
-//! trip. A claim in another process (a restart, a second replica) has no hint and takes the
-//! claim's path.
+//! Only a hint: a read that finds a completed record replays it, exactly what the claim would
+//! have answered (a completed record does not change until it expires or is forgotten, and the
+//! claim would not have written). Anything else (no record: expired or forgotten; a record in
+//! flight; one of another type) drops the key from the hint and goes on to the claim as if the
+//! hint had not been there, at the cost of one more round trip. A claim in another process (a
+//! restart, a second replica) has no hint and takes the claim's path.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::key::Key;
 
@@ -26,30 +25,22 @@ pub(crate) const CAPACITY: usize = 16_384;
 pub(crate) struct Recent {
     keys: Mutex<HashSet<Key>>,
     /// Replay reads turned off by the store's owner: holds nothing.
-    off: AtomicBool,
+    off: bool,
 }
 
 impl Recent {
     pub(crate) fn new(on: bool) -> Self {
-        Recent { keys: Mutex::default(), off: AtomicBool::new(!on) }
-    }
-
-    /// Turns replay reads on or off (off also empties the hint).
-    pub(crate) fn set(&self, on: bool) {
-        self.off.store(!on, Ordering::Relaxed);
-        if !on {
-            crate::sync::lock(&self.keys).clear();
-        }
+        Recent { keys: Mutex::default(), off: !on }
     }
 
     /// Whether `key` was seen completed here lately.
     pub(crate) fn likely(&self, key: &Key) -> bool {
-        !self.off.load(Ordering::Relaxed) && crate::sync::lock(&self.keys).contains(key)
+        !self.off && crate::sync::lock(&self.keys).contains(key)
     }
 
     /// `key` was completed or replayed here.
     pub(crate) fn saw(&self, key: &Key) {
-        if self.off.load(Ordering::Relaxed) {
+        if self.off {
             return;
         }
         let mut keys = crate::sync::lock(&self.keys);

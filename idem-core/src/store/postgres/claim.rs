@@ -186,17 +186,3 @@ fn answer(
         (_, false) => Claim::Unknown,
     }))
 }
-
-/// The `Replay` statement's row (`conn.rs`): the claim's answer for a completed record still
-/// within its retention, or `None` for the claim to decide (no such row, or one this read does
-/// not vouch for: a malformed fingerprint or outcome is the claim's to report).
-pub(super) fn decide_replay(key: &Key, fp: &Fingerprint, row: Option<Row>) -> Option<Claim> {
-    let row = row?;
-    let fingerprint: &str = row.try_get(0).ok()?;
-    Fingerprint::parse(fingerprint)?;
-    if fingerprint != fp.as_str() {
-        return Some(Claim::Mismatch);
-    }
-    let outcome = outcome(key, &row, 1).ok()?;
-    Some(Claim::Completed(Record { fingerprint: *fp, outcome }))
-}

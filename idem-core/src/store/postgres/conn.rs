@@ -30,14 +30,6 @@ SELECT CASE WHEN r.key IS NULL THEN idem_claim_fresh($1, $2, $3, $4, $5, $6, $7)
        r.state, r.fingerprint, r.lease_until, r.expires_at, now(), r.owner, r.kind, r.payload
 FROM (VALUES (1)) AS one LEFT JOIN idem_records AS r ON r.key = $1";
 
-/// A completed record still within its retention, for a claim of a key this store saw completed
-/// lately (`store/recent.rs`): its fingerprint, outcome kind and payload; no row otherwise.
-/// `state + 0` as above: with `state = 1` the generic plan scans the partial expiry index (every
-/// completed record) instead of reading one row by key (measured: 268 µs against 41 µs).
-const REPLAY: &str = "
-SELECT fingerprint, kind, payload FROM idem_records
-WHERE key = $1 AND state + 0 = 1 AND expires_at > now()";
-
 /// The claim's rare path (takeover, retention ended, a resend of this claim, a lost race).
 const TAKE: &str = "SELECT * FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
@@ -100,8 +92,6 @@ DELETE FROM idem_records WHERE key IN (
 pub(super) enum Sql {
     /// key, fingerprint, lease (ms), owner token, tool, tenant, run id.
     Claim,
-    /// key.
-    Replay,
     /// key, fingerprint, lease (ms), take over, owner token, tool, tenant, run id.
     Take,
     /// key, fence, ttl (ms), kind, payload.
@@ -124,9 +114,8 @@ pub(super) enum Sql {
 }
 
 impl Sql {
-    pub(super) const ALL: [Sql; 12] = [
+    pub(super) const ALL: [Sql; 11] = [
         Sql::Claim,
-        Sql::Replay,
         Sql::Take,
         Sql::Complete,
         Sql::Release,
@@ -142,7 +131,6 @@ impl Sql {
     pub(super) fn text(self) -> &'static str {
         match self {
             Sql::Claim => CLAIM,
-            Sql::Replay => REPLAY,
             Sql::Take => TAKE,
             Sql::Complete => COMPLETE,
             Sql::Release => RELEASE,
@@ -182,7 +170,7 @@ impl Sql {
             Sql::Release | Sql::Completed | Sql::MarkWaited | Sql::Held => KEY_FENCE,
             Sql::ReleaseOwned => &[Type::TEXT, Type::TEXT],
             Sql::Renew => &[Type::TEXT, Type::INT8, Type::INT8],
-            Sql::Forget | Sql::Replay => &[Type::TEXT],
+            Sql::Forget => &[Type::TEXT],
             Sql::Sweep => &[],
         }
     }
