@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::store::{Store, StoreError};
 use idem_core::{Classify, Failure, Idem, Key, MemoryStore, Reconciled, RetryBudget, tool};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
@@ -221,23 +221,10 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
     // recorder's snapshot takes each gauge's value and leaves 0 in its place. Each step below
     // changes the store so that a count would set a value other than 0.
     let gauges = || {
-        let mut out = (f64::NAN, f64::NAN);
-        for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
-            if let DebugValue::Gauge(v) = value {
-                match composite.key().name() {
-                    "idem_outcomes_unknown" => out.0 = v.into_inner(),
-                    "idem_leases_expired" => out.1 = v.into_inner(),
-                    _ => {}
-                }
-            }
-        }
-        out
+        let read = record_gauges(&snapshotter);
+        (read("idem_outcomes_unknown"), read("idem_leases_expired"))
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
             let store = Arc::new(Wrapped::new(StatsDown::default()));
@@ -276,6 +263,26 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
     });
 }
 
+/// The gauges set since the last read, by name (NaN for one not set): the debugging recorder's
+/// snapshot takes each gauge's value and leaves 0 in its place.
+fn record_gauges(snapshotter: &Snapshotter) -> impl Fn(&str) -> f64 {
+    let gauges: Vec<(String, f64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(composite, _, _, value)| match value {
+            DebugValue::Gauge(v) => Some((composite.key().name().to_owned(), v.into_inner())),
+            _ => None,
+        })
+        .collect();
+    move |name| gauges.iter().find(|(n, _)| n == name).map_or(f64::NAN, |(_, v)| *v)
+}
+
+/// A current-thread runtime whose clock only moves when every task waits (tokio's paused time).
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap()
+}
+
 /// A period of zero is nonsense, but it must not kill the watcher: tokio's interval panics on it
 /// (inside the spawned task, so the gauges were silently never set). It counts at once, then
 /// every `MIN_GAUGE_PERIOD`.
@@ -283,22 +290,8 @@ fn the_gauge_watcher_counts_at_once_then_every_period() {
 fn a_zero_gauge_period_counts_every_second() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let unknown = || {
-        let mut out = f64::NAN;
-        for (composite, _, _, value) in snapshotter.snapshot().into_vec() {
-            if let DebugValue::Gauge(v) = value
-                && composite.key().name() == "idem_outcomes_unknown"
-            {
-                out = v.into_inner();
-            }
-        }
-        out
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let unknown = || record_gauges(&snapshotter)("idem_outcomes_unknown");
+    let rt = paused_runtime();
     metrics::with_local_recorder(&recorder, || {
         rt.block_on(async {
             let store = Arc::new(Wrapped::new(StatsDown::default()));

@@ -105,16 +105,22 @@ pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
     msg
 }
 
-/// "the arguments of `tool` must be a JSON object, not an array; nothing was executed".
-pub fn not_an_object(tool: &str, value: &Value) -> String {
-    let kind = match value {
+/// What kind of JSON value `value` is, for an error message: "null", "a boolean", "a number",
+/// "a string", "an array" or "an object".
+pub fn kind(value: &Value) -> &'static str {
+    match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
-    };
+    }
+}
+
+/// "the arguments of `tool` must be a JSON object, not an array; nothing was executed".
+pub fn not_an_object(tool: &str, value: &Value) -> String {
+    let kind = kind(value);
     format!("the arguments of `{tool}` must be a JSON object, not {kind}; nothing was executed")
 }
 

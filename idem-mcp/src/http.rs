@@ -95,16 +95,31 @@ pub struct Checked<S> {
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
 
-impl<S, B> tower_service::Service<http::Request<B>> for Checked<S>
-where
+/// The service [`Checked`] wraps: rmcp's, answering every request (never an error) with a future
+/// that may move between threads.
+pub(crate) trait RmcpService:
+    tower_service::Service<
+        http::Request<Full<Bytes>>,
+        Response = Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    >
+{
+}
+
+impl<S> RmcpService for S where
     S: tower_service::Service<
             http::Request<Full<Bytes>>,
             Response = Response,
             Error = Infallible,
             Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static,
+        >
+{
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for Checked<S>
+where
+    S: RmcpService + Clone + Send + 'static,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: std::fmt::Display,
@@ -184,19 +199,11 @@ where
 /// with a `ping` carrying the
 /// message's head and `params._meta` (which may name the protocol version and so the kind of
 /// session), not the message itself: its order of checks stays rmcp's, and nothing runs.
-async fn refused_by_transport<S>(
+async fn refused_by_transport<S: RmcpService>(
     inner: &mut S,
     parts: &http::request::Parts,
     text: &str,
-) -> Option<Response>
-where
-    S: tower_service::Service<
-            http::Request<Full<Bytes>>,
-            Response = Response,
-            Error = Infallible,
-            Future: Send + 'static,
-        >,
-{
+) -> Option<Response> {
     // Text rmcp cannot read as a message (not JSON, no method) it refuses before it looks at
     // the session too; an `initialize` needs no session, and probing one would open one.
     let message = serde_json::from_str::<serde_json::Value>(text).ok()?;

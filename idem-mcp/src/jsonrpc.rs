@@ -87,18 +87,6 @@ fn is_paginated(method: &str) -> bool {
     .contains(&method)
 }
 
-/// "a number", "an array", ...: what a JSON value is, for an error message.
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// A JSON-RPC error response. `id` is `null` when it could not be read.
 pub fn error_reply(id: Option<&RequestId>, code: ErrorCode, message: impl fmt::Display) -> Value {
     json!({
@@ -448,7 +436,7 @@ fn params(
                 ErrorCode::INVALID_PARAMS,
                 format!(
                     "Invalid params: the `cursor` of `{method}` must be a string (MCP 2025-11-25 \"Pagination\": the `nextCursor` of an earlier result, as it was sent), not {}; omit it for the first page",
-                    kind(cursor)
+                    json_text::kind(cursor)
                 ),
             ));
         }
