@@ -109,3 +109,39 @@ async fn a_zero_lease_still_keeps_a_duplicate_out() {
     assert_eq!(second.await.unwrap().unwrap(), "ch_1");
     assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), 1, "the duplicate ran beside its owner");
 }
+
+/// A store that answers each operation after 20 ms, as one across a slow network.
+struct Slow;
+
+#[async_trait::async_trait]
+impl idem_tests::wrapped::Hook for Slow {
+    async fn before(&self, _: idem_tests::wrapped::Op<'_>) -> Result<(), StoreError> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(())
+    }
+}
+
+/// A store timeout of zero fails every claim closed (nothing runs), and the error names the
+/// setting, so the misconfiguration is found from the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_store_timeout_fails_closed_and_names_the_setting() {
+    let policy =
+        idem_core::Policy { store_timeout: Duration::ZERO, ..idem_core::Policy::default() };
+    let store = Arc::new(idem_tests::wrapped::Wrapped::new(Slow));
+    let idem = Idem::builder_shared(store).policy(policy).build();
+    let before = LEASED_RUNS.load(Ordering::SeqCst);
+    match leased_charge(&idem.run("zero-store-timeout"), "z".into()).await {
+        Err(idem_core::Error::StoreUnavailable { source, .. }) => {
+            // The store error and its causes, as a log line shows them.
+            let mut said = source.to_string();
+            let mut cause = std::error::Error::source(&source);
+            while let Some(c) = cause {
+                said.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            assert!(said.contains("Policy::store_timeout"), "{said}");
+        }
+        other => panic!("a zero store timeout fails closed, got {other:?}"),
+    }
+    assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), before, "the tool did not run");
+}

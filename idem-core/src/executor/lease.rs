@@ -188,8 +188,15 @@ impl<T: Tool> Call<'_, T> {
                         let _ = store.release(&key, fence).await;
                     }
                 });
+                // Name the limit that ran out, so a misconfigured one (a zero store timeout)
+                // is found from the message.
+                let limit = if bound < self.deadline {
+                    "Policy::store_timeout"
+                } else {
+                    "the call's deadline"
+                };
                 Err(StoreError::unavailable(format!(
-                    "the store did not answer the claim within {:?}",
+                    "the store did not answer the claim within {:?} ({limit})",
                     bound.saturating_duration_since(now)
                 )))
             }
@@ -212,7 +219,7 @@ impl<T: Tool> Call<'_, T> {
             match tokio::time::timeout(timeout, step).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::unavailable(format!(
-                    "the store did not answer within {timeout:?}"
+                    "the store did not answer within {timeout:?} (Policy::store_timeout)"
                 ))),
             }
         };
