@@ -8,6 +8,7 @@
 //! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
 //! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
 //! - a body over the server's limit is 413, also when the server would answer it itself;
+//! - a request reusing the id of one in flight in its session is -32600 and runs nothing;
 //! - a session DELETEd mid-call: the call is stored once and replayed in a new session, 404
 //!   after; a dropped response stream resumes with GET and `Last-Event-ID`;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
@@ -72,6 +73,11 @@ fn a_body_that_is_not_utf8_is_a_parse_error_over_http() {
 #[test]
 fn a_bad_request_in_an_unknown_session_is_404_before_its_json_rpc_answer() {
     case("sessions");
+}
+
+#[test]
+fn a_request_reusing_the_id_of_one_in_flight_is_refused_and_runs_nothing() {
+    case("duplicate_ids");
 }
 
 #[test]

@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode, RequestId};
 
 pub use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, SessionConfig,
@@ -75,7 +75,7 @@ pub fn service_with_sessions(
     manager.session_config = sessions;
     let max_body_bytes = config.max_request_body_bytes;
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
-    Checked { inner, max_body_bytes }
+    Checked { inner, max_body_bytes, in_flight: Arc::default() }
 }
 
 /// A tower service that reads each POSTed JSON-RPC message with
@@ -91,6 +91,52 @@ pub fn service_with_sessions(
 pub struct Checked<S> {
     inner: S,
     max_body_bytes: usize,
+    /// The requests of each session whose response is still being sent: (session, request id).
+    in_flight: InFlightIds,
+}
+
+/// (`Mcp-Session-Id`, request id) of every request whose response body has not ended.
+type InFlightIds = Arc<std::sync::Mutex<std::collections::HashSet<(String, RequestId)>>>;
+
+/// Frees a request's id in its session when its response body is dropped: sent in full, or the
+/// client went away.
+struct IdInFlight {
+    ids: InFlightIds,
+    entry: Option<(String, RequestId)>,
+}
+
+impl Drop for IdInFlight {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&entry);
+        }
+    }
+}
+
+/// A response body that holds its request's [`IdInFlight`] until it is dropped.
+struct Tracked {
+    body: BoxBody<Bytes, Infallible>,
+    _id: IdInFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 type Response = http::Response<BoxBody<Bytes, Infallible>>;
@@ -135,6 +181,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let mut inner = self.inner.clone();
         let max_body_bytes = self.max_body_bytes;
+        let in_flight = Arc::clone(&self.in_flight);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             let bytes = match collect_at_most(body, max_body_bytes).await {
@@ -179,12 +226,58 @@ where
                         if let Some(text) = arguments_text(&message) {
                             parts.extensions.insert(text);
                         }
+                        match claim_id(&in_flight, &parts, &message) {
+                            Ok(id) => {
+                                let request = http::Request::from_parts(parts, Full::new(bytes));
+                                let answer = inner.call(request).await?;
+                                return Ok(
+                                    answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
+                                );
+                            }
+                            Err(reused) => {
+                                if let Some(refused) =
+                                    refused_by_transport(&mut inner, &parts, text).await
+                                {
+                                    return Ok(refused);
+                                }
+                                return Ok(reply(http::StatusCode::OK, reused.to_string().into()));
+                            }
+                        }
                     }
                 }
             }
             inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
         })
     }
+}
+
+/// Notes a request's id as in flight in its session, or refuses the request when a request of
+/// that id is already in flight there: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be
+/// reused in a session, and rmcp would run both and send only one response, leaving the other
+/// request's stream open with nothing to come (the client waits for ever). Messages without a
+/// session (`initialize`, a stateless server) and notifications are not tracked.
+fn claim_id(
+    ids: &InFlightIds,
+    parts: &http::request::Parts,
+    message: &rmcp::model::ClientJsonRpcMessage,
+) -> Result<IdInFlight, serde_json::Value> {
+    let untracked = IdInFlight { ids: Arc::clone(ids), entry: None };
+    let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(untracked) };
+    let Some(session) = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()) else {
+        return Ok(untracked);
+    };
+    let entry = (session.to_owned(), request.id.clone());
+    if !ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(entry.clone()) {
+        return Err(error_reply(
+            Some(&request.id),
+            ErrorCode::INVALID_REQUEST,
+            format!(
+                "Invalid request: the id {} is already used by a request in flight in this session (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own",
+                request.id
+            ),
+        ));
+    }
+    Ok(IdInFlight { ids: Arc::clone(ids), entry: Some(entry) })
 }
 
 /// rmcp's answer to a message it would refuse for its head alone: 404 for a session it does not

@@ -512,7 +512,44 @@ async def lifecycle(binary, work):
     return "DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID"
 
 
+async def duplicate_ids(binary, work):
+    # A request whose id is that of a request still in flight in the same session is refused at
+    # once (-32600, nothing runs): rmcp would run it and send one response for the two, leaving
+    # the other POST's stream open with nothing to come. Once the first is answered, its id is
+    # free again; another session may use the same id at any time.
+    proc, url = start(binary, work, {"PAYMENTS_DELAY_MS": "1500"})
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=60) as c:
+            head = await raw_session(c, url)
+            first = asyncio.create_task(
+                c.post(url, headers=head, json=raw_call(7, {"customer": "cus_d", "amount_cents": 5}, "conv-D")))
+            await asyncio.sleep(0.4)
+            async with asyncio.timeout(HANG_GUARD):
+                again = await c.post(url, headers=head,
+                                     json=raw_call(7, {"customer": "cus_e", "amount_cents": 6}, "conv-D"))
+            check(again.status_code == 200, f"reused id: {again.status_code} {again.text}")
+            refusal = again.json()
+            check(refusal["id"] == 7 and refusal["error"]["code"] == -32600, f"reused id: {again.text}")
+            check("already used" in refusal["error"]["message"], again.text)
+            other = await raw_session(c, url)
+            r = await c.post(url, headers=other, json={"jsonrpc": "2.0", "id": 7, "method": "ping"})
+            check(r.status_code == 200 and [m for m in sse_messages(r.text) if m.get("id") == 7],
+                  f"the same id in another session: {r.status_code} {r.text}")
+            async with asyncio.timeout(HANG_GUARD):
+                done = await first
+            (answer,) = [m for m in sse_messages(done.text) if m.get("id") == 7]
+            check(answer["result"]["_meta"]["idem/outcome"] == "executed", f"first: {answer}")
+            r = await c.post(url, headers=head, json={"jsonrpc": "2.0", "id": 7, "method": "ping"})
+            check([m for m in sse_messages(r.text) if m.get("id") == 7], f"id 7 after its answer: {r.text}")
+        charges = ledger(work)["charges"]
+        check([c["customer"] for c in charges] == ["cus_d"], f"only the first ran: {charges}")
+    finally:
+        stop(proc)
+    return "a reused id in flight is -32600 and runs nothing; free again once answered"
+
+
 CASES = {
+    "duplicate_ids": duplicate_ids,
     "big_body": big_body, "lifecycle": lifecycle,
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
     "not_utf8": not_utf8, "sessions": sessions,
