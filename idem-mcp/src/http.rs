@@ -86,7 +86,8 @@ pub fn service_with_sessions(
 /// refuse for the request's head comes first: an unknown `Mcp-Session-Id` is 404 whatever the
 /// body, a missing one 400, as rmcp answers them. A body longer than the config's
 /// `max_request_body_bytes` is refused with 413, as rmcp refuses it, without keeping more than
-/// that of it or reading any of it as JSON.
+/// that of it or reading any of it as JSON. A request that reuses the id of a request still in
+/// flight in its session is -32600 and does not run (see `claim_id`).
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
