@@ -4,7 +4,7 @@
 mod scripted;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +44,8 @@ struct Payments {
     /// Requests that reached the provider, with the key each carried.
     requests: Mutex<Vec<String>>,
     lose_next_answer: AtomicBool,
+    /// Milliseconds each charge takes to answer (so parallel calls overlap).
+    answer_after_ms: AtomicU64,
     refunds: AtomicU32,
 }
 
@@ -90,6 +92,10 @@ impl Payments {
                 .or_insert(Charge { charge_id: next, customer, amount_cents })
                 .clone()
         };
+        let after = self.answer_after_ms.load(Ordering::SeqCst);
+        if after > 0 {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+        }
         if self.lose_next_answer.swap(false, Ordering::SeqCst) {
             // The charge exists, but the answer never arrives: the attempt times out.
             tokio::time::sleep(Duration::from_secs(60)).await;
@@ -123,9 +129,24 @@ async fn run_agent(
     cx: ToolContext,
     script: impl Fn(&[Seen]) -> Reply + Send + Sync + 'static,
 ) -> (String, Vec<Seen>, scripted::Scripted) {
+    run_agent_with(tools, cx, 1, script).await
+}
+
+/// [`run_agent`] with up to `concurrency` tool calls of one turn running at once.
+async fn run_agent_with(
+    tools: &RigToolSet,
+    cx: ToolContext,
+    concurrency: usize,
+    script: impl Fn(&[Seen]) -> Reply + Send + Sync + 'static,
+) -> (String, Vec<Seen>, scripted::Scripted) {
     let (model, transport) = scripted::model(script);
     let agent = AgentBuilder::new(model).dynamic_tools(tools.dynamic_tools()).build();
-    let answer = agent.prompt("Charge cus_1 49 dollars.").tool_context(cx).max_turns(6).await;
+    let answer = agent
+        .prompt("Charge cus_1 49 dollars.")
+        .tool_context(cx)
+        .tool_concurrency(concurrency)
+        .max_turns(6)
+        .await;
     let answer = answer.map(|r| r.output()).unwrap_or_else(|e| panic!("the agent failed: {e:?}"));
     let requests = transport.requests();
     let seen = requests.last().map(scripted::seen).unwrap_or_default();
@@ -315,4 +336,185 @@ async fn the_prompt_names_its_run_in_the_tool_context() {
     assert!(bad[0].is_error);
     assert!(bad[0].text.contains("`idem/run` must be a non-empty string"), "{}", bad[0].text);
     assert_eq!(payments.charge_count(), 2);
+}
+
+/// The model asks for `calls` (tool, arguments) in one turn, then stops.
+fn one_turn(
+    calls: Vec<(&'static str, serde_json::Value)>,
+) -> impl Fn(&[Seen]) -> Reply + Send + Sync {
+    move |seen: &[Seen]| {
+        if !seen.is_empty() {
+            return Reply::Text("done".into());
+        }
+        let calls = calls.iter().enumerate();
+        Reply::Calls(calls.map(|(i, (t, a))| Reply::call(&format!("c{i}"), t, a.clone())).collect())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_charge_twice_in_one_turn_charges_once_in_parallel_and_in_order() {
+    for concurrency in [1, 2] {
+        let payments = Arc::new(Payments::default());
+        payments.answer_after_ms.store(100, Ordering::SeqCst);
+        let waits = Arc::new(AtomicU32::new(0));
+        let run = Idem::in_memory().run("conv-1").with_wait_hook(idem_core::WaitHook::new({
+            let waits = Arc::clone(&waits);
+            move |_| {
+                waits.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        let tools = RigToolSet::new(payments_tools(&payments), run);
+        let script = one_turn(vec![
+            ("charge_card", json!({"customer": "cus_1", "amount_cents": 4900})),
+            ("charge_card", json!({"amount_cents": 4900, "customer": "cus_1"})),
+        ]);
+
+        let (answer, seen, _) =
+            run_agent_with(&tools, ToolContext::new(), concurrency, script).await;
+
+        assert_eq!(answer, "done");
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen.iter().all(|s| !s.is_error), "{concurrency}: {seen:?}");
+        assert_eq!(seen[0].text, seen[1].text, "{concurrency}: both read the one charge");
+        assert_eq!(payments.charge_count(), 1, "{concurrency}: one charge");
+        assert_eq!(payments.requests.lock().unwrap().len(), 1, "{concurrency}: one request");
+        // In parallel the second call joined the first in flight; in order it was replayed.
+        let expected_waits = if concurrency > 1 { 1 } else { 0 };
+        assert_eq!(waits.load(Ordering::SeqCst), expected_waits, "{concurrency}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_different_charges_in_one_turn_are_two_charges() {
+    let payments = Arc::new(Payments::default());
+    payments.answer_after_ms.store(100, Ordering::SeqCst);
+    let tools = RigToolSet::new(payments_tools(&payments), Idem::in_memory().run("conv-1"));
+    let script = one_turn(vec![
+        ("charge_card", json!({"customer": "cus_1", "amount_cents": 4900})),
+        ("charge_card", json!({"customer": "cus_1", "amount_cents": 9900})),
+    ]);
+
+    let (_, seen, _) = run_agent_with(&tools, ToolContext::new(), 2, script).await;
+
+    assert!(seen.iter().all(|s| !s.is_error), "{seen:?}");
+    let charges: Vec<Charge> =
+        seen.iter().map(|s| serde_json::from_str(&s.text).unwrap()).collect();
+    assert_eq!(charges.iter().map(|c| c.amount_cents).collect::<Vec<_>>(), [4900, 9900]);
+    assert_ne!(charges[0].charge_id, charges[1].charge_id);
+    assert_eq!(payments.charge_count(), 2);
+}
+
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+enum ShipError {
+    #[error("the warehouse is busy")]
+    Busy,
+    #[error("no such address")]
+    BadAddress,
+}
+
+impl Classify for ShipError {
+    fn classify(&self) -> Failure {
+        match self {
+            ShipError::Busy => Failure::transient(),
+            ShipError::BadAddress => Failure::permanent(),
+        }
+    }
+}
+
+/// A warehouse whose next answers are scripted; every call is one shipment attempt.
+#[derive(Default)]
+struct Warehouse {
+    /// The failures of the next attempts (the last first); then every attempt ships.
+    failures: Mutex<Vec<ShipError>>,
+    attempts: AtomicU32,
+}
+
+impl Warehouse {
+    /// Ship an order.
+    #[tool(retry = "keyed", attempts = 1)]
+    async fn ship(&self, order: String) -> Result<String, ShipError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        match self.failures.lock().unwrap().pop() {
+            Some(failure) => Err(failure),
+            None => Ok(format!("shipped {order}")),
+        }
+    }
+}
+
+fn ship_twice(seen: &[Seen]) -> Reply {
+    match seen.len() {
+        0 | 1 => Reply::call(&format!("s{}", seen.len()), "ship", json!({"order": "o-1"})),
+        _ => Reply::Text("done".into()),
+    }
+}
+
+#[tokio::test]
+async fn a_transient_failure_repeated_next_turn_runs_again_and_a_permanent_one_is_replayed() {
+    // Transient: nothing stored, the repeat runs and succeeds; the hint says retryable.
+    let warehouse = Arc::new(Warehouse::default());
+    warehouse.failures.lock().unwrap().push(ShipError::Busy);
+    let tools = RigToolSet::single(warehouse.ship_tool(), Idem::in_memory().run("conv-1")).unwrap();
+    let (_, seen, _) = run_agent(&tools, ToolContext::new(), ship_twice).await;
+    assert!(seen[0].is_error && seen[0].text.starts_with("Error (tool_error): "), "{seen:?}");
+    assert!(!seen[1].is_error && seen[1].text == "shipped o-1", "{seen:?}");
+    assert_eq!(warehouse.attempts.load(Ordering::SeqCst), 2);
+
+    let warehouse = Arc::new(Warehouse::default());
+    warehouse.failures.lock().unwrap().push(ShipError::Busy);
+    let tools = RigToolSet::single(warehouse.ship_tool(), Idem::in_memory().run("conv-1")).unwrap();
+    let tool = tools.dynamic_tool("ship").unwrap();
+    let err = tool.execute(json!({"order": "o-1"})).await.unwrap_err();
+    assert_eq!((err.code(), err.retryable()), (Some("tool_error"), Some(true)));
+
+    // Permanent: stored, the repeat is replayed and never reaches the warehouse.
+    let warehouse = Arc::new(Warehouse::default());
+    warehouse.failures.lock().unwrap().push(ShipError::BadAddress);
+    let tools = RigToolSet::single(warehouse.ship_tool(), Idem::in_memory().run("conv-1")).unwrap();
+    let (_, seen, _) = run_agent(&tools, ToolContext::new(), ship_twice).await;
+    assert!(seen.iter().all(|s| s.is_error), "{seen:?}");
+    assert_eq!(seen[0].text, seen[1].text);
+    assert!(seen[0].text.contains("no such address"), "{}", seen[0].text);
+    assert_eq!(warehouse.attempts.load(Ordering::SeqCst), 1);
+    let err = tools.dynamic_tool("ship").unwrap().execute(json!({"order": "o-1"})).await;
+    let err = err.unwrap_err();
+    assert_eq!((err.code(), err.retryable()), (Some("tool_error"), Some(false)));
+    assert_eq!(warehouse.attempts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn arguments_in_odd_shapes_are_refused_and_nothing_runs() {
+    let payments = Arc::new(Payments::default());
+    let tools = RigToolSet::new(payments_tools(&payments), Idem::in_memory().run("conv-1"));
+    let tool = tools.dynamic_tool("charge_card").unwrap();
+    // rig parses the model's text into a `Value` before the tool sees it: an integer beyond 64
+    // bits arrives as a double, which no integer argument accepts.
+    let beyond_64_bits: serde_json::Value =
+        serde_json::from_str(r#"{"customer":"cus_1","amount_cents":18446744073709551617}"#)
+            .unwrap();
+    let cases = [
+        (json!(r#"{"customer":"cus_1","amount_cents":4900}"#), "not a string"),
+        (json!([1, 2]), "not an array"),
+        (json!(7), "not a number"),
+        (json!(null), "missing field `customer`"),
+        (beyond_64_bits.clone(), "field `amount_cents`"),
+    ];
+    for (args, says) in cases {
+        let err = tool.execute(args.clone()).await.unwrap_err();
+        let text = err.model_feedback().unwrap_or_default();
+        assert!(text.starts_with("Error (invalid_arguments): "), "{args}: {text}");
+        assert!(text.contains(says) && text.contains("nothing was executed"), "{args}: {text}");
+        assert_eq!((err.code(), err.retryable()), (Some("invalid_arguments"), Some(false)));
+    }
+
+    // Through the agent: rig answers an array itself (the tool never runs); the number beyond
+    // 64 bits is refused by idem.
+    let script = move |seen: &[Seen]| match seen.len() {
+        0 => Reply::call("c1", "charge_card", json!([1, 2])),
+        1 => Reply::call("c2", "charge_card", beyond_64_bits.clone()),
+        _ => Reply::Text("gave up".into()),
+    };
+    let (_, seen, _) = run_agent(&tools, ToolContext::new(), script).await;
+    assert!(seen.iter().all(|s| s.is_error), "{seen:?}");
+    assert!(seen[1].text.starts_with("Error (invalid_arguments): "), "{}", seen[1].text);
+    assert!(payments.requests.lock().unwrap().is_empty(), "nothing ran");
 }

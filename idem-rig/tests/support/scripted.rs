@@ -32,6 +32,9 @@ pub struct Seen {
 pub enum Reply {
     /// Call `name` with `arguments`; `id` is the model's tool-call id.
     Call { id: String, name: String, arguments: serde_json::Value },
+    /// Several tool calls in one turn (parallel tool calls), in call order.
+    #[allow(dead_code, reason = "the example makes one call a turn")]
+    Calls(Vec<Reply>),
     /// Answer with text and stop.
     Text(String),
 }
@@ -41,6 +44,27 @@ impl Reply {
     pub fn call(id: &str, name: &str, arguments: serde_json::Value) -> Reply {
         Reply::Call { id: id.to_owned(), name: name.to_owned(), arguments }
     }
+}
+
+/// The assistant content of one reply, in order.
+fn contents(reply: Reply) -> Result<Vec<AssistantContent>, String> {
+    Ok(match reply {
+        Reply::Text(text) => vec![AssistantContent::text(text)],
+        Reply::Call { id, name, arguments } => {
+            let name = ToolName::new(name).map_err(|e| e.to_string())?;
+            vec![AssistantContent::ToolCall(ToolCall::from_wire(
+                id,
+                ToolFunction::new(name, arguments),
+            ))]
+        }
+        Reply::Calls(replies) => {
+            let mut out = Vec::new();
+            for reply in replies {
+                out.extend(contents(reply)?);
+            }
+            out
+        }
+    })
 }
 
 type Script = dyn Fn(&[Seen]) -> Reply + Send + Sync;
@@ -107,19 +131,13 @@ impl Transport<MockScript> for Scripted {
         }
         let reply = (self.script)(&seen(&request));
         lock(&self.requests).push(request);
-        let content = match reply {
-            Reply::Text(text) => AssistantContent::text(text),
-            Reply::Call { id, name, arguments } => match ToolName::new(name) {
-                Ok(name) => AssistantContent::ToolCall(ToolCall::from_wire(
-                    id,
-                    ToolFunction::new(name, arguments),
-                )),
-                Err(e) => return Opening::failed(ProviderError::Provider(e.to_string())),
-            },
+        let content = match contents(reply) {
+            Ok(content) => content,
+            Err(e) => return Opening::failed(ProviderError::Provider(e)),
         };
         let raw = serde_json::to_value(&content).unwrap_or_default();
         let response = CompletionResponse::new(
-            vec![content],
+            content,
             Usage::default(),
             Origin::new(MOCK_API, MOCK_PROVIDER, ""),
             raw.clone(),
