@@ -475,6 +475,22 @@ fn shard_key(cluster: &Cluster, store: &RedisStore, shard: usize) -> (NodeInfo, 
 
 /// Cuts the replica off (SIGSTOP, then its master drops the link), so nothing the master writes
 /// from now on reaches it.
+/// Waits until `master` has its replica online, synced (`INFO replication`): a cluster reported
+/// healthy may still be in its first full sync, and a `WAIT` then counts no replica.
+fn replica_online(cluster: &Cluster, master: &NodeInfo) {
+    let start = std::time::Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        match cluster.cli(master.port, &["INFO", "replication"]) {
+            Ok(info) if info.contains("state=online") => return,
+            Ok(info) => last = info,
+            Err(e) => last = e,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the replica of {} never came online: {last}", master.port);
+}
+
 fn cut_replication(cluster: &Cluster, master: &NodeInfo, replica: &NodeInfo) {
     cluster.stop(replica.port);
     cluster.cli(master.port, &["CLIENT", "KILL", "TYPE", "replica"]).unwrap();
@@ -509,6 +525,8 @@ async fn replica_wait_across_failovers() {
 
     // Acknowledged: survives.
     let (master, _, key) = shard_key(&cluster, &waiting, 0);
+    let (c, m) = (Arc::clone(&cluster), master.clone());
+    tokio::task::spawn_blocking(move || replica_online(&c, &m)).await.unwrap();
     let fence = match waiting.claim(unknown_on_expiry(&key, &fp)).await {
         Ok(Claim::Acquired { fence, .. }) => fence,
         other => panic!("a fresh key is acquired, acknowledged by the replica: {other:?}"),
