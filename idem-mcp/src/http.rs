@@ -41,7 +41,7 @@ pub use rmcp::transport::streamable_http_server::{
 };
 
 use crate::IdemServer;
-use crate::jsonrpc::{ArgumentsText, Inbound, check_message, error_reply};
+use crate::jsonrpc::{ArgumentsText, Inbound, check_message, error_reply, id_in_use};
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
 /// none, and `keyed`/`never` calls are refused). It sees the head as the app's middleware left
@@ -103,14 +103,12 @@ type InFlightIds = Arc<std::sync::Mutex<std::collections::HashSet<(String, Reque
 /// client went away.
 struct IdInFlight {
     ids: InFlightIds,
-    entry: Option<(String, RequestId)>,
+    entry: (String, RequestId),
 }
 
 impl Drop for IdInFlight {
     fn drop(&mut self) {
-        if let Some(entry) = self.entry.take() {
-            self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&entry);
-        }
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.entry);
     }
 }
 
@@ -204,21 +202,11 @@ where
                 Err(_) => None,
             };
             if let Some(text) = text {
-                match check_message(text) {
-                    Inbound::Reply(answer) => {
-                        if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await
-                        {
-                            return Ok(refused);
-                        }
-                        return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
-                    }
-                    Inbound::Ignore => {
-                        if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await
-                        {
-                            return Ok(refused);
-                        }
-                        return Ok(reply(http::StatusCode::ACCEPTED, Bytes::new()));
-                    }
+                // What Checked answers itself: a JSON-RPC answer (or 202 for a bad
+                // notification), after rmcp's answer for the request's head, if any.
+                let (status, own) = match check_message(text) {
+                    Inbound::Reply(answer) => (http::StatusCode::OK, answer.to_string().into()),
+                    Inbound::Ignore => (http::StatusCode::ACCEPTED, Bytes::new()),
                     Inbound::Message(message) => {
                         // rmcp parses the body again with serde_json, which reads an integer
                         // beyond 64 bits as a double; the handler finds the arguments' text in
@@ -228,24 +216,24 @@ where
                             parts.extensions.insert(text);
                         }
                         match claim_id(&in_flight, &parts, &message) {
+                            Err(reused) => (http::StatusCode::OK, reused.to_string().into()),
                             Ok(id) => {
                                 let request = http::Request::from_parts(parts, Full::new(bytes));
                                 let answer = inner.call(request).await?;
-                                return Ok(
-                                    answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
-                                );
-                            }
-                            Err(reused) => {
-                                if let Some(refused) =
-                                    refused_by_transport(&mut inner, &parts, text).await
-                                {
-                                    return Ok(refused);
-                                }
-                                return Ok(reply(http::StatusCode::OK, reused.to_string().into()));
+                                return Ok(match id {
+                                    Some(id) => {
+                                        answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
+                                    }
+                                    None => answer,
+                                });
                             }
                         }
                     }
+                };
+                if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await {
+                    return Ok(refused);
                 }
+                return Ok(reply(status, own));
             }
             inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
         })
@@ -261,24 +249,16 @@ fn claim_id(
     ids: &InFlightIds,
     parts: &http::request::Parts,
     message: &rmcp::model::ClientJsonRpcMessage,
-) -> Result<IdInFlight, serde_json::Value> {
-    let untracked = IdInFlight { ids: Arc::clone(ids), entry: None };
-    let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(untracked) };
+) -> Result<Option<IdInFlight>, serde_json::Value> {
+    let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(None) };
     let Some(session) = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()) else {
-        return Ok(untracked);
+        return Ok(None);
     };
     let entry = (session.to_owned(), request.id.clone());
     if !ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(entry.clone()) {
-        return Err(error_reply(
-            Some(&request.id),
-            ErrorCode::INVALID_REQUEST,
-            format!(
-                "Invalid request: the id {} is already used by a request in flight in this session (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own",
-                request.id
-            ),
-        ));
+        return Err(id_in_use(&request.id));
     }
-    Ok(IdInFlight { ids: Arc::clone(ids), entry: Some(entry) })
+    Ok(Some(IdInFlight { ids: Arc::clone(ids), entry }))
 }
 
 /// rmcp's answer to a message it would refuse for its head alone: 404 for a session it does not

@@ -96,6 +96,20 @@ pub fn error_reply(id: Option<&RequestId>, code: ErrorCode, message: impl fmt::D
     })
 }
 
+/// The answer to a request whose `id` is that of a request still in flight in its session (MCP
+/// 2025-11-25 "Basic": a request id MUST NOT be reused in a session): -32600 with that id. Both
+/// transports send it instead of passing the request on, since rmcp would run both requests and
+/// answer only one.
+pub fn id_in_use(id: &RequestId) -> Value {
+    error_reply(
+        Some(id),
+        ErrorCode::INVALID_REQUEST,
+        format!(
+            "Invalid request: the id {id} is already used by a request in flight in this session (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own"
+        ),
+    )
+}
+
 /// A JSON-RPC success response carrying `result`.
 pub fn result_reply(id: &RequestId, result: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "result": result })

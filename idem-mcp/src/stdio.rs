@@ -15,7 +15,6 @@
 use std::collections::HashSet;
 use std::io;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::RoleServer;
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage, RequestId};
@@ -25,7 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::jsonrpc::{Inbound, check_message, error_reply};
+use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_use};
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
 /// is skipped to its end and answered with -32600 and a `null` id.
@@ -40,7 +39,7 @@ pub struct LineTransport<R, W> {
     discarding: bool,
     writer: Writer<W>,
     /// The ids of the requests passed on to rmcp and not answered yet.
-    in_flight: Arc<Mutex<HashSet<RequestId>>>,
+    in_flight: HashSet<RequestId>,
     _role: PhantomData<fn() -> RoleServer>,
 }
 
@@ -78,7 +77,7 @@ where
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             discarding: false,
             writer: Writer::Idle(write),
-            in_flight: Arc::default(),
+            in_flight: HashSet::new(),
             _role: PhantomData,
         }
     }
@@ -164,33 +163,22 @@ where
 }
 
 impl<R, W> LineTransport<R, W> {
-    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<RequestId>> {
-        self.in_flight.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Notes a request's id as in flight, or refuses the request when its id already is; frees
     /// the id of a request the client cancels (rmcp sends no response for it).
     fn track(
-        &self,
+        &mut self,
         message: ClientJsonRpcMessage,
     ) -> Result<ClientJsonRpcMessage, serde_json::Value> {
         match &message {
-            JsonRpcMessage::Request(request) if !self.ids().insert(request.id.clone()) => {
-                return Err(error_reply(
-                    Some(&request.id),
-                    rmcp::model::ErrorCode::INVALID_REQUEST,
-                    format!(
-                        "Invalid request: the id {} is already used by a request in flight in this session (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own",
-                        request.id
-                    ),
-                ));
+            JsonRpcMessage::Request(request) if !self.in_flight.insert(request.id.clone()) => {
+                return Err(id_in_use(&request.id));
             }
             JsonRpcMessage::Notification(notification) => {
                 if let ClientNotification::CancelledNotification(cancelled) =
                     &notification.notification
                     && let Some(id) = &cancelled.params.request_id
                 {
-                    self.ids().remove(id);
+                    self.in_flight.remove(id);
                 }
             }
             _ => {}
@@ -222,7 +210,7 @@ where
             _ => None,
         };
         if let Some(id) = answered {
-            self.ids().remove(id);
+            self.in_flight.remove(id);
         }
         std::future::ready(self.queue(&item))
     }
