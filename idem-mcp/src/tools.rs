@@ -19,6 +19,7 @@ use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotifica
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{Map, Value};
+use tokio_util::task::TaskTracker;
 
 use crate::jsonrpc::ArgumentsText;
 
@@ -47,51 +48,14 @@ pub(crate) fn session_run_id() -> String {
     format!("mcp-session-{}-{nanos}-{n}", std::process::id())
 }
 
-/// The calls of one [`IdemTools`] (and its clones) whose tasks are still running, so that a
-/// server can let them finish before its process exits.
-#[derive(Debug, Default)]
-struct InFlight {
-    running: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
-}
-
-/// Held by a call's task for as long as it runs (dropped also when the task panics or is
-/// aborted).
-struct Running(Arc<InFlight>);
-
-impl InFlight {
-    fn start(self: &Arc<Self>) -> Running {
-        self.running.fetch_add(1, Ordering::SeqCst);
-        Running(Arc::clone(self))
-    }
-
-    async fn idle(&self) {
-        loop {
-            let mut notified = std::pin::pin!(self.idle.notified());
-            notified.as_mut().enable();
-            if self.running.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 /// An idem [`ToolSet`] as MCP tools for one session. Cheap to clone.
 #[derive(Clone)]
 pub struct IdemTools {
     tools: Arc<ToolSet>,
     session: Run,
     missing_run: MissingRun,
-    in_flight: Arc<InFlight>,
+    /// The calls' tasks, shared by clones, so a server can let them finish before it exits.
+    calls: TaskTracker,
     #[cfg(feature = "http")]
     principal: Option<crate::http::PrincipalFn>,
 }
@@ -120,7 +84,7 @@ impl IdemTools {
             tools: Arc::new(tools),
             session,
             missing_run: MissingRun::Warn,
-            in_flight: Arc::default(),
+            calls: TaskTracker::new(),
             #[cfg(feature = "http")]
             principal: None,
         }
@@ -135,12 +99,14 @@ impl IdemTools {
     /// tool's outcome becomes unknown). [`IdemServer::serve_stdio`](crate::IdemServer::serve_stdio)
     /// does. Each call is bounded by its tool's timeout and deadline.
     pub async fn calls_finished(&self) {
-        self.in_flight.idle().await;
+        // A closed tracker still takes new calls; closing only lets `wait` end once it is empty.
+        self.calls.close();
+        self.calls.wait().await;
     }
 
     /// How many calls started through these tools are still running.
     pub fn calls_running(&self) -> usize {
-        self.in_flight.running.load(Ordering::SeqCst)
+        self.calls.len()
     }
 
     /// Over HTTP, scope every call to the principal `principal` finds in the request (see
@@ -262,13 +228,11 @@ impl IdemTools {
         let tools = Arc::clone(&self.tools);
         let missing_run = self.missing_run;
         let name = name.to_owned();
-        let running = self.in_flight.start();
         // The call runs in its own task: if the client gives up on the request (or cancels it),
         // the effect still finishes and its outcome is stored, so the client's repeat is answered
-        // from it; a joiner that goes away leaves the run it joined alone. `running` tells
+        // from it; a joiner that goes away leaves the run it joined alone. The tracker tells
         // `calls_finished` when it is done.
-        let mut task = tokio::spawn(async move {
-            let _running = running;
+        let mut task = self.calls.spawn(async move {
             let value = arguments.map(Value::Object);
             let args = match (&text, &value) {
                 (Some(text), _) => Arguments::Text(&text.0),
