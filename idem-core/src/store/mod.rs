@@ -30,8 +30,6 @@ mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
-mod recent;
-#[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod resend;

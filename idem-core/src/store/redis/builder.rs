@@ -205,7 +205,7 @@ impl RedisStoreBuilder {
                 pubsub_broken: AtomicBool::new(false),
                 clock: super::native::ServerClock::default(),
                 native: super::native::Support::new(native),
-                recent: crate::store::recent::Recent::new(self.replay_reads),
+                recent: super::recent::Recent::new(self.replay_reads),
             }),
         })
     }

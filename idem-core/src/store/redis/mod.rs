@@ -15,7 +15,7 @@
 //! master has its own clock), with a replica wait (the claim's `WAIT` goes with its script), with
 //! [`RedisStoreBuilder::native_claims`] off, and on a server before 7.0 (it refuses `NX` with
 //! `GET`). A claim of a key this store saw completed lately is first a plain `GET` of the record
-//! (`store/recent.rs`; [`RedisStoreBuilder::replay_reads`]): a repeat in the same process, the usual
+//! (`recent.rs`; [`RedisStoreBuilder::replay_reads`]): a repeat in the same process, the usual
 //! replay, costs one read.
 //!
 //! # Keys
@@ -156,6 +156,7 @@ mod builder;
 mod conn;
 mod native;
 mod pubsub;
+mod recent;
 mod reply;
 mod route;
 
@@ -200,7 +201,7 @@ struct Inner {
     /// Whether claims may be native commands.
     native: native::Support,
     /// Keys seen completed here lately: their claims read first (see `recent.rs`).
-    recent: crate::store::recent::Recent,
+    recent: recent::Recent,
 }
 
 /// The Redis [`Store`]. Cheap to clone; share one per process.
@@ -365,7 +366,7 @@ impl RedisStore {
         Ok(claim)
     }
 
-    /// The claim's answer when `record` is completed, read with one `GET` (see `store/recent.rs`);
+    /// The claim's answer when `record` is completed, read with one `GET` (see `recent.rs`);
     /// `None` when it is anything else (absent, in flight, of another type), for the claim to
     /// decide. Nothing is written, so an error is just that: the store is unavailable.
     async fn read_completed(
@@ -382,10 +383,11 @@ impl RedisStore {
             // Absent, or not a string (a version 1 hash: WRONGTYPE): the claim's to handle.
             _ => return Ok(None),
         };
-        match reply::parse(record, &raw) {
-            Ok(parsed) if parsed.done => decode_record(record, &raw, fingerprint).map(Some),
-            _ => Ok(None),
+        if !reply::is_completed(&raw) {
+            // In flight, or a record of an earlier version: the claim's to handle.
+            return Ok(None);
         }
+        decode_record(record, &raw, fingerprint).map(Some)
     }
 
     /// Sends complete, release or renew until answered (see `store/resend.rs`); `build` makes
@@ -417,7 +419,7 @@ impl Store for RedisStore {
         };
         let owner = Owner::new();
         let (record, counter) = (self.record_key(req.key), self.fence_key(req.key));
-        // Most likely a replay: one read first (see `store/recent.rs`).
+        // Most likely a replay: one read first (see `recent.rs`).
         if self.inner.recent.likely(req.key) {
             match self.read_completed(&record, req.fingerprint).await {
                 Ok(Some(claim)) => return Ok(claim),

@@ -168,9 +168,9 @@ pub(super) fn read(
     let replies = match replies {
         Ok(r) => r,
         Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-            return Err(Failed::Lost(StoreError::unavailable(e)));
+            return Err(Failed::Lost(super::reply::unavailable(e)));
         }
-        Err(e) => return Err(Failed::Answered(StoreError::unavailable(e))),
+        Err(e) => return Err(Failed::Answered(super::reply::unavailable(e))),
     };
     let mut replies = replies.into_iter();
     let (previous, counter) = match (replies.next(), replies.next(), replies.next()) {
@@ -203,10 +203,7 @@ pub(super) fn read(
     let held = match previous {
         Value::Nil => fence,
         Value::BulkString(record) => {
-            let done = record
-                .strip_prefix(SCHEMA_VERSION.as_bytes())
-                .is_some_and(|rest| rest.starts_with(b"|d|"));
-            if done {
+            if super::reply::is_completed(&record) {
                 return Ok(Native::Completed(record));
             }
             match own_fence(&record, owner) {

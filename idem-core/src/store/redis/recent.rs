@@ -1,9 +1,8 @@
-//! Keys a store recently saw completed, so that a claim of one of them, most likely a replay (the
-//! model calling again after a timeout, a framework retrying), is first a plain read of the
-//! record: one read, as a raw read costs, instead of the claim's own commands (on Redis `SET rec
-//! <record> NX GET` with a `GET` of the fence counter). Used by the Redis store; on PostgreSQL
-//! the claim's statement already answers a replay with one indexed read, and a separate `SELECT`
-//! measured no faster (BENCHMARKS.md).
+//! Keys this store recently saw completed, so that a claim of one of them, most likely a replay
+//! (the model calling again after a timeout, a framework retrying), is first a plain `GET` of the
+//! record: one read, as a raw read costs, instead of the claim's `SET rec <record> NX GET` with a
+//! `GET` of the fence counter. (On PostgreSQL the claim's statement already answers a replay with
+//! one indexed read, and a separate `SELECT` measured no faster: BENCHMARKS.md.)
 //!
 //! Only a hint: a read that finds a completed record replays it, exactly what the claim would
 //! have answered (a completed record does not change until it expires or is forgotten, and the
@@ -19,27 +18,26 @@ use crate::key::Key;
 
 /// How many keys the hint holds (32 bytes each, about 1 MiB with the set's overhead). When
 /// full it starts again empty: the hint only has to hold the keys being repeated now.
-pub(crate) const CAPACITY: usize = 16_384;
+pub(super) const CAPACITY: usize = 16_384;
 
-#[derive(Default)]
-pub(crate) struct Recent {
+pub(super) struct Recent {
     keys: Mutex<HashSet<Key>>,
     /// Replay reads turned off by the store's owner: holds nothing.
     off: bool,
 }
 
 impl Recent {
-    pub(crate) fn new(on: bool) -> Self {
+    pub(super) fn new(on: bool) -> Self {
         Recent { keys: Mutex::default(), off: !on }
     }
 
     /// Whether `key` was seen completed here lately.
-    pub(crate) fn likely(&self, key: &Key) -> bool {
+    pub(super) fn likely(&self, key: &Key) -> bool {
         !self.off && crate::sync::lock(&self.keys).contains(key)
     }
 
     /// `key` was completed or replayed here.
-    pub(crate) fn saw(&self, key: &Key) {
+    pub(super) fn saw(&self, key: &Key) {
         if self.off {
             return;
         }
@@ -51,7 +49,7 @@ impl Recent {
     }
 
     /// `key` is no longer known to be completed (a `GET` found otherwise, or it was forgotten).
-    pub(crate) fn drop_key(&self, key: &Key) {
+    pub(super) fn drop_key(&self, key: &Key) {
         crate::sync::lock(&self.keys).remove(key);
     }
 }

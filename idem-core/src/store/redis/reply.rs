@@ -188,6 +188,14 @@ fn decode_origin(field: &[u8]) -> Result<Option<StoredOrigin>, ()> {
     }))
 }
 
+/// Whether `record` is a completed record of this version (`V|d|..`), which a claim replays as
+/// it is; anything else (in flight, an earlier version) is the claim script's to read.
+pub(super) fn is_completed(record: &[u8]) -> bool {
+    record
+        .strip_prefix(super::SCHEMA_VERSION.as_bytes())
+        .is_some_and(|rest| rest.starts_with(b"|d|"))
+}
+
 pub(super) fn unavailable(e: RedisError) -> StoreError {
     // The redis crate words a timeout as "timed out", which does not say what waited.
     if e.is_timeout() {
