@@ -79,7 +79,7 @@ pub enum KeyError {
     Custom(String),
 }
 
-fn describe(path: &str) -> String {
+pub(crate) fn describe(path: &str) -> String {
     if path.is_empty() { "the arguments".to_owned() } else { format!("argument `{path}`") }
 }
 

@@ -151,11 +151,7 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
                     "{} became {value} when read into its parameter's type: the number is beyond \
                      that type's range (an f32 holds magnitudes up to about 3.4e38); pass a \
                      smaller number",
-                    if path.is_empty() {
-                        "the arguments".to_owned()
-                    } else {
-                        format!("argument `{path}`")
-                    }
+                    crate::canonical::describe(path)
                 ),
                 other => other.to_string(),
             };
