@@ -6,64 +6,38 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idem_core::store::{Claim, ClaimRequest, Fence, Outcome, Store, StoreError};
-use idem_core::{Classify, Failure, Idem, Key, MemoryStore, tool};
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("declined")]
-struct Declined;
-
-impl Classify for Declined {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
+use idem_core::store::{Claim, Store, StoreError};
+use idem_core::{Idem, MemoryStore, tool};
+use idem_tests::Never;
+use idem_tests::wrapped::{Hook, Op, Wrapped};
 
 static SLOW_RUNS: AtomicU32 = AtomicU32::new(0);
 
 /// Works for 300 ms: long enough for a duplicate to arrive while it runs.
 #[tool(retry = "keyed")]
-async fn slow_charge(tag: String) -> Result<String, Declined> {
+async fn slow_charge(tag: String) -> Result<String, Never> {
     SLOW_RUNS.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(format!("ch_{tag}"))
 }
 
-/// The in-memory store, reporting every lease in flight as `Duration::MAX` long: a store of
+/// Over the in-memory store, reports every lease in flight as `Duration::MAX` long: a store of
 /// someone's own may say "no end" that way.
-struct EndlessLeases(MemoryStore);
+struct EndlessLeases;
 
 #[async_trait::async_trait]
-impl Store for EndlessLeases {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        Ok(match self.0.claim(req).await? {
+impl Hook for EndlessLeases {
+    async fn before(&self, _: Op<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn claimed(&self, claim: Claim) -> Claim {
+        match claim {
             Claim::InFlight { fence, .. } => {
                 Claim::InFlight { fence, lease_remaining: Duration::MAX }
             }
             other => other,
-        })
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        fence: Fence,
-        outcome: &Outcome,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.complete(key, fence, outcome, ttl).await
-    }
-    async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
-        self.0.release(key, fence).await
-    }
-    async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
-        self.0.renew(key, fence, lease).await
-    }
-    async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        self.0.wait(key, fence, max).await
-    }
-    async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
-        self.0.forget(key).await
+        }
     }
 }
 
@@ -72,7 +46,7 @@ impl Store for EndlessLeases {
 /// slack to that lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_waits_on_a_lease_the_store_reports_as_endless() {
-    let store: Arc<dyn Store> = Arc::new(EndlessLeases(MemoryStore::new()));
+    let store: Arc<dyn Store> = Arc::new(Wrapped::new(EndlessLeases));
     // Two executors on one store, as two processes: the second cannot join in process.
     let (a, b) = (Idem::builder_shared(store.clone()).build(), Idem::builder_shared(store).build());
     let before = SLOW_RUNS.load(Ordering::SeqCst);
@@ -87,7 +61,7 @@ async fn a_duplicate_waits_on_a_lease_the_store_reports_as_endless() {
 static LEASED_RUNS: AtomicU32 = AtomicU32::new(0);
 
 #[tool(retry = "keyed")]
-async fn leased_charge(tag: String) -> Result<String, Declined> {
+async fn leased_charge(tag: String) -> Result<String, Never> {
     LEASED_RUNS.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(format!("ch_{tag}"))
@@ -114,8 +88,8 @@ async fn a_zero_lease_still_keeps_a_duplicate_out() {
 struct Slow;
 
 #[async_trait::async_trait]
-impl idem_tests::wrapped::Hook for Slow {
-    async fn before(&self, _: idem_tests::wrapped::Op<'_>) -> Result<(), StoreError> {
+impl Hook for Slow {
+    async fn before(&self, _: Op<'_>) -> Result<(), StoreError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
         Ok(())
     }
@@ -127,7 +101,7 @@ impl idem_tests::wrapped::Hook for Slow {
 async fn a_zero_store_timeout_fails_closed_and_names_the_setting() {
     let policy =
         idem_core::Policy { store_timeout: Duration::ZERO, ..idem_core::Policy::default() };
-    let store = Arc::new(idem_tests::wrapped::Wrapped::new(Slow));
+    let store = Arc::new(Wrapped::new(Slow));
     let idem = Idem::builder_shared(store).policy(policy).build();
     let before = LEASED_RUNS.load(Ordering::SeqCst);
     match leased_charge(&idem.run("zero-store-timeout"), "z".into()).await {

@@ -33,6 +33,12 @@ pub enum Op<'a> {
 #[async_trait::async_trait]
 pub trait Hook: Send + Sync + 'static {
     async fn before(&self, op: Op<'_>) -> Result<(), StoreError>;
+
+    /// What the claim answers, given the in-memory store's answer (a store of someone's own may
+    /// word an answer differently). Unchanged by default.
+    fn claimed(&self, claim: Claim) -> Claim {
+        claim
+    }
 }
 
 /// A hook that does nothing: the in-memory store, opaque to the executor.
@@ -76,7 +82,7 @@ impl<H: Hook> Wrapped<H> {
 impl<H: Hook> Store for Wrapped<H> {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.hook.before(Op::Claim(&req)).await?;
-        self.inner.claim(req).await
+        Ok(self.hook.claimed(self.inner.claim(req).await?))
     }
     async fn complete(
         &self,
