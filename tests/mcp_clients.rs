@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcp_support::{Server, payments_mcp, target_dir};
 use serde_json::{Value, json};
@@ -55,19 +55,15 @@ fn a_call_in_flight_when_stdin_closes_is_stored_and_replayed_after_a_restart() {
 
     let mut second = Server::start_with(&binary, &args, &[]);
     second.initialize();
-    let started = Instant::now();
     second.write(&charge(2, "conversation-eof"));
     let answer = second.read().expect("an answer");
     assert_eq!(answer["id"], 2, "{answer}");
     let result = &answer["result"];
     assert_eq!(result["isError"], false, "{answer}");
+    // Replayed, not taken over: the record was completed before the first server exited, so the
+    // resend did not wait out an abandoned lease and run the charge again.
     assert_eq!(result["_meta"]["idem/outcome"], "replayed", "{answer}");
     assert_eq!(result["structuredContent"]["charge_id"], "ch_0001", "{answer}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "no wait for a lease: {:?}",
-        started.elapsed()
-    );
     assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
 }
 

@@ -89,7 +89,6 @@ async fn a_duplicate_waiting_on_a_panicking_owner_is_answered_without_waiting_ou
         async move { send_mail(&run, "a@example.com".into()).await }
     });
     tokio::task::yield_now().await;
-    let started = Instant::now();
     let joiner = tokio::spawn({
         let run = run.clone();
         async move { run.call_reported(&SendMailTool, SendMailArgs::new("a@example.com".into())).await }
@@ -100,12 +99,8 @@ async fn a_duplicate_waiting_on_a_panicking_owner_is_answered_without_waiting_ou
     assert!(matches!(owner, Err(Error::Panicked { .. })), "{owner:?}");
     let (joined, report) = joiner.await.unwrap();
     assert_eq!(joined.unwrap(), 1, "the duplicate ran the tool itself once the key was released");
+    // Executed, not taken over: the key was released at the panic, not left to its lease.
     assert_eq!(report.unwrap().served, Some(Served::Executed));
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "waited out the lease: {:?}",
-        started.elapsed()
-    );
     assert_eq!(GATED.load(Ordering::SeqCst), 2);
 }
 
