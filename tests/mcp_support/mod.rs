@@ -25,11 +25,12 @@ pub fn run(cmd: &mut Command) -> Result<String, String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
+        // stderr first: it holds the errors, and stdout may be pages of build messages.
         Err(format!(
             "{cmd:?} failed ({}): {}{}",
             out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
         ))
     }
 }
