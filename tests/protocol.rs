@@ -178,6 +178,47 @@ async fn an_expired_lease_is_taken_over_and_re_run_with_the_same_key_for_keyed()
     assert!(started.elapsed() >= policy().lease, "waited for the lease to expire first");
 }
 
+/// The wait hook hears a taken-over call twice: when it starts waiting for the dead owner, and
+/// when it owns the key and runs the tool (`on_owner`). A joiner and a first call that did not
+/// wait never hear `on_owner`.
+#[tokio::test(start_paused = true)]
+async fn the_wait_hook_hears_a_waiter_become_the_owner() {
+    use std::sync::Mutex;
+
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let hook = |heard: &Arc<Mutex<Vec<&'static str>>>| {
+        let (w, o) = (Arc::clone(heard), Arc::clone(heard));
+        idem_core::WaitHook::new(move |_| w.lock().unwrap().push("waiting"))
+            .on_owner(move |_| o.lock().unwrap().push("owner"))
+    };
+    let store = Arc::new(MemoryStore::new());
+    let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    let scope = Scope::run("r");
+    crashed_owner(&store, &tool, &scope, &args("cus_1", 4900), OnExpired::TakeOver).await;
+    let idem = executor_on(store, policy());
+    let run = idem.scope(scope).with_wait_hook(hook(&heard));
+    let (got, report) = run.call_reported(&*tool, args("cus_1", 4900)).await;
+    assert_eq!(got.unwrap(), "ch_1");
+    assert_eq!(report.and_then(|r| r.served), Some(idem_core::Served::TakenOver));
+    let taken_over = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(taken_over.last(), Some(&"owner"), "{taken_over:?}");
+    assert!(taken_over[..taken_over.len() - 1].iter().all(|h| *h == "waiting"), "{taken_over:?}");
+    assert!(!taken_over[..taken_over.len() - 1].is_empty(), "it waited first: {taken_over:?}");
+
+    // A first call and its in-process duplicate (a joiner): "waiting" once, never "owner".
+    let tool = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_millis(500)),
+    );
+    let run = executor().run("r").with_wait_hook(hook(&heard));
+    let (first, second) =
+        tokio::join!(run.call(&*tool, args("cus_2", 1)), run.call(&*tool, args("cus_2", 1)));
+    assert_eq!((first.unwrap(), second.unwrap()), ("ch_1".into(), "ch_1".into()));
+    assert_eq!(*heard.lock().unwrap(), ["waiting"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_expired_lease_is_re_run_for_a_cached_safe_tool() {
     let store = Arc::new(MemoryStore::new());

@@ -28,7 +28,9 @@
 //!   or `unknown` when the call's outcome is not known; see [`idem_core::Served`]).
 //! - A call that waits on another owner of its key (a duplicate in flight, here or in another
 //!   process) sends `notifications/progress` every [`PROGRESS_INTERVAL`] when the request has a
-//!   `progressToken`. Cancelling a waiting request does not cancel the run it waits on.
+//!   `progressToken`, and one last when it stops waiting to run the tool itself (the other
+//!   owner's lease ended or it let go). Cancelling a waiting request does not cancel the run it
+//!   waits on.
 //! - A client-supplied idempotency key in `_meta["idem/idempotencyKey"]`
 //!   ([`MCP_META_IDEMPOTENCY_KEY`]) is used instead of the derived key; a reuse with other
 //!   arguments is refused (`key_reuse_mismatch`).
@@ -118,60 +120,90 @@ mod tests {
         Ok(json!({ "item": item }))
     }
 
+    /// A client of an [`IdemServer`] over an in-memory byte stream, sending and reading
+    /// JSON-RPC lines; initialized.
+    struct Client {
+        write: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+        lines: tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    }
+
+    impl Client {
+        async fn connect(set: ToolSet, idem: &Idem) -> Client {
+            use tokio::io::AsyncBufReadExt;
+
+            let (client, server) = tokio::io::duplex(1 << 16);
+            let (server_read, server_write) = tokio::io::split(server);
+            let server = IdemServer::new(set, idem);
+            tokio::spawn(async move {
+                use rmcp::ServiceExt;
+                let transport = stdio::LineTransport::new(server_read, server_write);
+                if let Ok(running) = server.serve(transport).await {
+                    let _ = running.waiting().await;
+                }
+            });
+            let (read, write) = tokio::io::split(client);
+            let mut client = Client { write, lines: tokio::io::BufReader::new(read).lines() };
+            client
+                .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "1"}}}))
+                .await;
+            let init = client.next().await;
+            assert_eq!(init["id"], 0, "{init}");
+            client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+            client
+        }
+
+        async fn send(&mut self, message: serde_json::Value) {
+            use tokio::io::AsyncWriteExt;
+            self.write.write_all(format!("{message}\n").as_bytes()).await.unwrap();
+        }
+
+        async fn next(&mut self) -> serde_json::Value {
+            let line =
+                tokio::time::timeout(std::time::Duration::from_secs(60), self.lines.next_line())
+                    .await
+                    .expect("a message within a minute")
+                    .unwrap()
+                    .expect("the server answers");
+            serde_json::from_str(&line).unwrap()
+        }
+
+        /// Reads until `n` responses came: them, and the progress notifications' params.
+        async fn responses(
+            &mut self,
+            n: usize,
+        ) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+            let (mut answered, mut progress) = (Vec::new(), Vec::new());
+            while answered.len() < n {
+                let message = self.next().await;
+                if message["method"] == "notifications/progress" {
+                    progress.push(message["params"].clone());
+                } else {
+                    answered.push(message);
+                }
+            }
+            (answered, progress)
+        }
+    }
+
     /// MCP 2025-11-25 "Progress": a call that waits on a duplicate for 3.2 s hears one
     /// notification when its wait starts and one per `PROGRESS_INTERVAL` (1 s) after it, so 4
     /// in all, with progress 1, 2, 3, 4: the hook firing again each time the waiter wakes is not
     /// another notification.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_wait_of_known_length_hears_one_progress_notification_per_interval() {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-        let (client, server) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server);
         let set = ToolSet::new().with(SlowChargeTool).unwrap();
-        let server = IdemServer::new(set, &Idem::in_memory());
-        tokio::spawn(async move {
-            use rmcp::ServiceExt;
-            let transport = stdio::LineTransport::new(server_read, server_write);
-            if let Ok(running) = server.serve(transport).await {
-                let _ = running.waiting().await;
-            }
-        });
-        let (read, mut write) = tokio::io::split(client);
-        let mut lines = BufReader::new(read).lines();
-        let mut send = async |message: serde_json::Value| {
-            write.write_all(format!("{message}\n").as_bytes()).await.unwrap();
-        };
-        send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"}}}))
-        .await;
-        let init: serde_json::Value =
-            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-        assert_eq!(init["id"], 0, "{init}");
-        send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        let mut client = Client::connect(set, &Idem::in_memory()).await;
         let started = std::time::Instant::now();
         for id in [1, 2] {
-            send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-                "name": "slow_charge", "arguments": {"item": "a"},
-                "_meta": {"idem/run": "conv-1", "progressToken": format!("tok-{id}")}}}))
-            .await;
+            client
+                .send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                    "name": "slow_charge", "arguments": {"item": "a"},
+                    "_meta": {"idem/run": "conv-1", "progressToken": format!("tok-{id}")}}}))
+                .await;
         }
-        let mut progress = Vec::new();
-        let mut answered = Vec::new();
-        while answered.len() < 2 {
-            let line = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line())
-                .await
-                .expect("an answer within a minute")
-                .unwrap()
-                .expect("the server answers");
-            let message: serde_json::Value = serde_json::from_str(&line).unwrap();
-            if message["method"] == "notifications/progress" {
-                progress.push(message["params"].clone());
-            } else {
-                answered.push(message);
-            }
-        }
+        let (answered, progress) = client.responses(2).await;
         let waited = started.elapsed();
         let outcomes: Vec<_> =
             answered.iter().map(|a| a["result"]["_meta"]["idem/outcome"].clone()).collect();
@@ -191,6 +223,66 @@ mod tests {
             "{} notifications in a wait of {waited:?}, expected 2 to {most}: {values:?}",
             values.len()
         );
+    }
+
+    /// Bodies of `stall` started: the first one never ends (its owner dies), the others take
+    /// 2.5 s, long enough for two progress intervals.
+    static STALL_STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// A charge whose first owner hangs until it is killed.
+    #[tool(retry = "keyed", lease = "300ms")]
+    async fn stall(item: String) -> Result<serde_json::Value, Declined> {
+        if STALL_STARTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        Ok(json!({ "item": item }))
+    }
+
+    /// A request waits on an owner that dies, then owns the key and runs the tool itself for
+    /// 2.5 s: its progress says so once, and no "waiting" notification follows (two would have,
+    /// one per interval, while it ran).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_that_becomes_the_owner_stops_saying_it_waits() {
+        let idem = Idem::in_memory();
+        let set = ToolSet::new().with(StallTool).unwrap();
+        let mut client = Client::connect(set, &idem).await;
+        let run = idem.run("conv-1");
+        let owner = tokio::spawn(async move { stall(&run, "a".into()).await });
+        while STALL_STARTS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        client
+            .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "stall", "arguments": {"item": "a"},
+                "_meta": {"idem/run": "conv-1", "progressToken": "tok-1"}}}))
+            .await;
+        // The request waits: its first notification.
+        let first = client.next().await;
+        assert_eq!(first["method"], "notifications/progress", "{first}");
+        assert!(first["params"]["message"].as_str().unwrap().contains("waiting"), "{first}");
+        owner.abort();
+        assert!(owner.await.unwrap_err().is_cancelled());
+
+        let (answered, progress) = client.responses(1).await;
+        let result = &answered[0]["result"];
+        assert_eq!(result["structuredContent"], json!({"item": "a"}), "{answered:?}");
+        let outcome = result["_meta"]["idem/outcome"].as_str().unwrap();
+        assert!(["executed", "taken_over"].contains(&outcome), "{outcome}");
+        assert_eq!(STALL_STARTS.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let messages: Vec<&str> =
+            progress.iter().map(|p| p["message"].as_str().unwrap_or_default()).collect();
+        let ran = messages
+            .iter()
+            .position(|m| m.contains("now runs the tool"))
+            .unwrap_or_else(|| panic!("no notification said the call runs the tool: {messages:?}"));
+        assert_eq!(ran, messages.len() - 1, "nothing after it: {messages:?}");
+        assert!(messages[..ran].iter().all(|m| m.contains("waiting")), "{messages:?}");
+        let values: Vec<f64> = std::iter::once(&first["params"])
+            .chain(&progress)
+            .filter_map(|p| p["progress"].as_f64())
+            .collect();
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "progress increases: {values:?}");
     }
 
     #[test]

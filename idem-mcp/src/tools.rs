@@ -219,10 +219,16 @@ impl IdemTools {
             }
         };
         let waits = context.meta.get_progress_token().map(|token| {
-            let (tx, rx) = tokio::sync::watch::channel(());
-            session = session.with_wait_hook(WaitHook::new(move |_| {
-                tx.send_replace(());
-            }));
+            let (tx, rx) = tokio::sync::watch::channel(Waiting::No);
+            let owner = tx.clone();
+            session = session.with_wait_hook(
+                WaitHook::new(move |_| {
+                    tx.send_replace(Waiting::Yes);
+                })
+                .on_owner(move |_| {
+                    owner.send_replace(Waiting::Owner);
+                }),
+            );
             (token, rx)
         });
         let tools = Arc::clone(&self.tools);
@@ -255,33 +261,53 @@ impl IdemTools {
                 // One clock: a notification when the call starts waiting, then one per interval
                 // from then on. The hook fires again each time the waiter goes back to waiting
                 // (a store that is polled, a leader that was cancelled): that is the same wait,
-                // not another tick, so it is only heard until the first notification.
+                // not another tick. Once the call owns the key (the other owner's lease ended, or
+                // it let go) it runs the tool itself: one last notification says so, and the
+                // "waiting" ones stop.
                 let mut sent = 0u64;
                 let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
                 // A late tick (a slow client) delays the ones after it instead of a burst.
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut state = Waiting::No;
                 loop {
                     tokio::select! {
                         done = &mut task => break done,
                         () = cancelled.cancelled() => return Err(cancelled_error()),
-                        changed = rx.changed(), if sent == 0 => {
+                        changed = rx.changed(), if state != Waiting::Owner => {
                             if changed.is_err() {
                                 // The hook is gone with the call: only the result is left.
                                 break (&mut task).await;
                             }
-                            // The next notification one interval after this one.
-                            tick.reset();
+                            let now = *rx.borrow_and_update();
+                            let was = std::mem::replace(&mut state, now);
+                            match (was, now) {
+                                // Still the same wait: heard only until the first notification.
+                                (Waiting::Yes, Waiting::Yes) => continue,
+                                // The next notification one interval after this one.
+                                (_, Waiting::Yes) => tick.reset(),
+                                // Owner without having waited (not sent by the hook): nothing
+                                // to say.
+                                (Waiting::No, _) | (_, Waiting::No) => continue,
+                                (_, Waiting::Owner) => {}
+                            }
                         }
-                        _ = tick.tick(), if sent > 0 => {}
+                        _ = tick.tick(), if state == Waiting::Yes && sent > 0 => {}
                     }
                     sent += 1;
+                    let message = match state {
+                        Waiting::Owner => {
+                            "the other call with the same idempotency key let go of it (its lease \
+                             ended or it released the key); this call now runs the tool"
+                        }
+                        _ => {
+                            "waiting for another call with the same idempotency key to finish; \
+                             its result will be this call's"
+                        }
+                    };
                     // MCP 2025-11-25 "Progress": the value increases with each notification.
                     #[allow(clippy::cast_precision_loss)]
                     let param = ProgressNotificationParam::new(token.clone(), sent as f64)
-                        .with_message(
-                            "waiting for another call with the same idempotency key to finish; \
-                             its result will be this call's",
-                        );
+                        .with_message(message);
                     if let Err(e) = context.peer.notify_progress(param).await {
                         tracing::debug!(error = %e, "cannot send a progress notification");
                     }
@@ -295,6 +321,17 @@ impl IdemTools {
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
         Ok(to_call_tool_result(&result)?.into())
     }
+}
+
+/// Where a call with a progress token stands, as its wait hook tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiting {
+    /// Not waiting (yet).
+    No,
+    /// Waiting for another owner of the key.
+    Yes,
+    /// It waited, then became the owner: it runs the tool.
+    Owner,
 }
 
 /// The answer of a request the client cancelled: rmcp drops it (MCP: a cancelled request gets no

@@ -2,6 +2,7 @@
 //! running with or without the store, and replay of a stored or shared outcome.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -38,6 +39,9 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) span: tracing::Span,
     pub(super) served: ServedSlot,
     pub(super) on_wait: Option<&'a WaitHook>,
+    /// This call has waited for another owner ([`Call::waiting`]): its wait hook hears when it
+    /// becomes the owner.
+    pub(super) waited: AtomicBool,
 }
 
 /// What the leader hands to joiners when its call succeeded, built only when someone joined: the
@@ -96,12 +100,19 @@ impl<T: Tool> Call<'_, T> {
             self.span.record("idem.outcome", served.as_str());
         }
         self.served.set(served);
+        if matches!(served, Served::Executed | Served::TakenOver)
+            && let Some(hook) = self.on_wait
+            && self.waited.load(Ordering::Relaxed)
+        {
+            hook.owner(&self.key);
+        }
     }
 
     /// This call starts waiting for another owner of its key.
     pub(super) fn waiting(&self) {
         if let Some(hook) = self.on_wait {
-            hook.call(&self.key);
+            self.waited.store(true, Ordering::Relaxed);
+            hook.waiting(&self.key);
         }
     }
 

@@ -91,17 +91,38 @@ pub struct CallReport {
 /// Called each time a call starts to wait for another owner of its key: a duplicate in flight
 /// in this process, or a claim held by another process (until its outcome is stored or its
 /// lease runs out). Set with [`crate::Run::with_wait_hook`]; it must return quickly.
+///
+/// A wait ends in one of two ways: the call gets the other owner's outcome (it returns), or it
+/// becomes the owner itself and runs the tool (the other owner's lease ended, it released the
+/// key, or the in-process leader was cancelled). [`WaitHook::on_owner`] hears the second, so
+/// that signs of life sent while waiting ("waiting for another call") stop once the call runs.
 #[derive(Clone)]
-pub struct WaitHook(Arc<dyn Fn(&Key) + Send + Sync>);
+pub struct WaitHook {
+    waiting: Arc<dyn Fn(&Key) + Send + Sync>,
+    owner: Option<Arc<dyn Fn(&Key) + Send + Sync>>,
+}
 
 impl WaitHook {
     /// A hook that calls `f` with the key being waited on.
     pub fn new(f: impl Fn(&Key) + Send + Sync + 'static) -> Self {
-        WaitHook(Arc::new(f))
+        WaitHook { waiting: Arc::new(f), owner: None }
     }
 
-    pub(super) fn call(&self, key: &Key) {
-        (self.0)(key)
+    /// The same hook, also calling `f` when a call that waited owns the key and starts running
+    /// its tool (executed or taken over; [`Served`] says which once the call returns). Not
+    /// called for a call that never waited.
+    pub fn on_owner(self, f: impl Fn(&Key) + Send + Sync + 'static) -> Self {
+        WaitHook { owner: Some(Arc::new(f)), ..self }
+    }
+
+    pub(super) fn waiting(&self, key: &Key) {
+        (self.waiting)(key)
+    }
+
+    pub(super) fn owner(&self, key: &Key) {
+        if let Some(f) = &self.owner {
+            f(key)
+        }
     }
 }
 

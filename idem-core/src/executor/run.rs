@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -63,7 +64,8 @@ impl Run {
         Run { scope: Arc::new(scope), ..self.clone() }
     }
     /// The same run, with `hook` called each time one of its calls starts waiting for another
-    /// owner of its key (for signs of life while it waits, such as MCP progress notifications).
+    /// owner of its key (for signs of life while it waits, such as MCP progress notifications;
+    /// [`WaitHook::on_owner`] also hears when a call that waited runs the tool itself).
     pub fn with_wait_hook(&self, hook: WaitHook) -> Run {
         Run { on_wait: Some(hook), ..self.clone() }
     }
@@ -174,6 +176,7 @@ impl Run {
             span: span.clone(),
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),
+            waited: AtomicBool::new(false),
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
         // into the wrapper) for it.
