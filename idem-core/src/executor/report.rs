@@ -98,9 +98,11 @@ pub struct CallReport {
 /// that signs of life sent while waiting ("waiting for another call") stop once the call runs.
 #[derive(Clone)]
 pub struct WaitHook {
-    waiting: Arc<dyn Fn(&Key) + Send + Sync>,
-    owner: Option<Arc<dyn Fn(&Key) + Send + Sync>>,
+    waiting: KeyFn,
+    owner: Option<KeyFn>,
 }
+
+type KeyFn = Arc<dyn Fn(&Key) + Send + Sync>;
 
 impl WaitHook {
     /// A hook that calls `f` with the key being waited on.
