@@ -234,3 +234,21 @@ fn a_run_id_longer_than_1024_bytes_is_invalid_params() {
     let text = a["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(text.contains("ch_0002"), "{a}");
 }
+
+/// A tool call before `initialize` (a client that skipped the handshake) is answered with its
+/// id, saying to send `initialize`; the session then starts as usual and the call runs.
+#[test]
+fn a_call_before_initialize_says_to_initialize_and_the_session_starts_after() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    let early = call(1, r#"{"name":"charge_card","arguments":{"customer":"c","amount_cents":5}}"#);
+    s.write(&early);
+    let refused = s.read().expect("an answer to the early call");
+    assert_eq!(refused["id"], 1, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("send `initialize` first"), "{message}");
+    s.initialize();
+    let late = call(2, r#"{"name":"charge_card","arguments":{"customer":"c","amount_cents":5}}"#);
+    let ran = answer(&mut s, &late, 2);
+    assert_eq!(ran["result"]["isError"], false, "{ran}");
+    assert_eq!(ran["result"]["_meta"]["idem/outcome"], "executed", "{ran}");
+}

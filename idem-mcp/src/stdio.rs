@@ -17,7 +17,9 @@ use std::io;
 use std::marker::PhantomData;
 
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ClientNotification, JsonRpcMessage, RequestId};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, JsonRpcMessage, RequestId,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -30,6 +32,14 @@ use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_use};
 /// is skipped to its end and answered with -32600 and a `null` id.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
+/// How rmcp's answer to a request without a session begins.
+const RMCP_MISSING_META: &str = "request _meta is missing or has malformed required fields";
+
+/// What this transport adds to it before the client sent `initialize`.
+const NOT_INITIALIZED: &str = ". No session has started on this connection: send `initialize` \
+    first, then `notifications/initialized` (the MCP lifecycle), or name these fields in every \
+    request's `_meta` (the sessionless lifecycle of MCP 2026-07-28)";
+
 /// An MCP server transport over a byte stream pair (stdin/stdout, a socket, a pipe): one JSON-RPC
 /// message per line, each request answered exactly once.
 pub struct LineTransport<R, W> {
@@ -40,6 +50,8 @@ pub struct LineTransport<R, W> {
     writer: Writer<W>,
     /// The ids of the requests passed on to rmcp and not answered yet.
     in_flight: HashSet<RequestId>,
+    /// An `initialize` request came: the session's lifecycle has started.
+    initialized: bool,
     _role: PhantomData<fn() -> RoleServer>,
 }
 
@@ -78,6 +90,7 @@ where
             discarding: false,
             writer: Writer::Idle(write),
             in_flight: HashSet::new(),
+            initialized: false,
             _role: PhantomData,
         }
     }
@@ -173,6 +186,11 @@ impl<R, W> LineTransport<R, W> {
             JsonRpcMessage::Request(request) if !self.in_flight.insert(request.id.clone()) => {
                 return Err(id_in_use(&request.id));
             }
+            JsonRpcMessage::Request(request) => {
+                if let ClientRequest::InitializeRequest(_) = &request.request {
+                    self.initialized = true;
+                }
+            }
             JsonRpcMessage::Notification(notification) => {
                 if let ClientNotification::CancelledNotification(cancelled) =
                     &notification.notification
@@ -202,8 +220,17 @@ where
 
     fn send(
         &mut self,
-        item: TxJsonRpcMessage<RoleServer>,
+        mut item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if !self.initialized
+            && let JsonRpcMessage::Error(error) = &mut item
+            && error.error.message.starts_with(RMCP_MISSING_META)
+        {
+            // rmcp answers a request sent before `initialize` as a request of the sessionless
+            // lifecycle (MCP 2026-07-28) that lacks its `_meta` fields; a client of an earlier
+            // version most likely forgot the handshake.
+            error.error.message = format!("{}{NOT_INITIALIZED}", error.error.message).into();
+        }
         let answered = match &item {
             JsonRpcMessage::Response(response) => Some(&response.id),
             JsonRpcMessage::Error(error) => error.id.as_ref(),
