@@ -19,7 +19,9 @@
 //! after a timeout, the stored charge is replayed instead of charging twice. Everything the model
 //! can cause (invalid arguments, a caller key reused with other arguments, an unknown outcome)
 //! comes back as a failed rig tool result whose text the model reads, never a panic (see
-//! [`tool_error`] for the mapping).
+//! [`tool_error`] for the mapping). How idem served each call (its run, key and outcome:
+//! executed, replayed, joined, ...) is published in the call's result context as an
+//! [`IdemReport`], for the host's hooks and logs; the model does not see it.
 //!
 //! Built on rig-core 0.44's tool contracts ([`rig_core::tool::DynamicTool`]), without rig's
 //! provider transports. A [`DynamicTool`](rig_core::tool::DynamicTool) is rig's form for tools
@@ -33,4 +35,4 @@ mod result;
 mod tools;
 
 pub use result::{to_rig, tool_error};
-pub use tools::{RigToolSet, RunId};
+pub use tools::{IdemReport, RigToolSet, RunId};

@@ -27,6 +27,30 @@ impl ContextValue for RunId {
     const KEY: &'static str = idem_core::toolset::MCP_META_RUN;
 }
 
+/// How idem served one rig tool call: published in the call's result context (rig's host-only
+/// result metadata, [`ToolContext::insert_result`]; an agent hook reads it from
+/// `OutcomeEvent::context`, a registry's caller from the context it passed), never shown to the
+/// model. The same facts an MCP result carries in `_meta` (`idem/run`, `idem/key`,
+/// `idem/outcome`), so an operator can tell a replayed charge from a new one.
+///
+/// Published once the arguments were accepted; a call refused before that (unknown tool,
+/// malformed arguments, an invalid [`RunId`]) publishes none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdemReport {
+    /// The run the key was derived in.
+    pub run: String,
+    /// The idempotency key, 64 hex digits (SHA-256).
+    pub key: String,
+    /// How the call was served: `executed`, `replayed`, `joined`, `taken_over`, `reconciled` or
+    /// `unknown` ([`idem_core::Served::as_str`]); `None` when the call failed before that was
+    /// decided (the store unavailable, a caller key reused with other arguments).
+    pub outcome: Option<String>,
+}
+
+impl ContextValue for IdemReport {
+    const KEY: &'static str = "idem/report";
+}
+
 /// An idem tool set bound to a run, handed to rig as one [`DynamicTool`] per tool.
 ///
 /// Each rig tool's call goes through the idem protocol under the run (or the prompt's
@@ -95,25 +119,38 @@ impl RigToolSet {
                 // Resolved before the future so it borrows nothing from the context.
                 let run = run_for(&run, cx);
                 let tools = Arc::clone(&tools);
-                Box::pin(async move { call(&tools, run?, name, args).await })
+                Box::pin(async move { call(&tools, run?, name, args, cx).await })
             },
         ))
     }
 }
 
-/// Calls `name` through idem and turns the result into rig's terms.
+/// Calls `name` through idem, publishes how it was served in `cx`, and turns the result into
+/// rig's terms.
 async fn call(
     tools: &ToolSet,
     run: Run,
     name: &str,
     args: Value,
+    cx: &mut ToolContext,
 ) -> Result<ToolOutput, ToolExecutionError> {
     // rig hands over parsed JSON; `null` (no arguments) means `{}` as in the OpenAI format.
     let args = match &args {
         Value::Null => Arguments::Absent,
         other => Arguments::Json(other),
     };
-    to_rig(tools.call_args(&run, name, args).await)
+    let result = tools.call_args(&run, name, args).await;
+    if let Some(report) = &result.report {
+        let report = IdemReport {
+            run: report.scope.run_id().to_owned(),
+            key: report.key.as_str().to_owned(),
+            outcome: report.served.map(|s| s.as_str().to_owned()),
+        };
+        // Strings always encode as JSON: this cannot fail, and the call's answer does not
+        // depend on it.
+        let _ = cx.insert_result(report);
+    }
+    to_rig(result)
 }
 
 /// The run of this call: the prompt's [`RunId`] in the bound run's tenant, or the bound run.

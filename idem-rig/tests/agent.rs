@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Classify, Ctx, Failure, Idem, Run, ToolSet, tool};
-use idem_rig::{RigToolSet, RunId};
+use idem_rig::{IdemReport, RigToolSet, RunId};
 use rig_agent::AgentBuilder;
 use rig_core::tool::ToolContext;
 use scripted::{Reply, Seen};
@@ -184,6 +184,52 @@ async fn a_charge_that_timed_out_inside_the_tool_and_is_called_again_charges_onc
     assert_eq!(seen[0].text, seen[1].text, "the repeat got the same charge");
     let first: Charge = serde_json::from_str(&seen[0].text).unwrap();
     assert_eq!(first.charge_id, "ch_1");
+}
+
+/// An agent hook that keeps, for each tool call, the model's call id and idem's report
+/// published in the call's result context.
+#[derive(Clone, Default)]
+struct Reports(Arc<Mutex<Vec<(String, IdemReport)>>>);
+
+impl rig_agent::agent::AgentHook for Reports {
+    async fn on_outcome(
+        &self,
+        _ctx: &rig_agent::agent::HookContext,
+        event: rig_agent::agent::OutcomeEvent<'_>,
+    ) -> rig_agent::agent::OutcomeAction {
+        if let (Some(call), Some(cx)) = (event.call_id, event.context)
+            && let Ok(Some(report)) = cx.result::<IdemReport>()
+        {
+            self.0.lock().unwrap().push((call.to_string(), report));
+        }
+        rig_agent::agent::OutcomeAction::Proceed
+    }
+}
+
+/// A host sees how idem served each call (executed, then replayed), under which key, beside the
+/// model's call id: the published report, which the model never reads.
+#[tokio::test(start_paused = true)]
+async fn a_host_hook_reads_how_each_call_was_served() {
+    let payments = Arc::new(Payments::default());
+    let tools = RigToolSet::new(payments_tools(&payments), Idem::in_memory().run("conv-1"));
+    let reports = Reports::default();
+    let (model, _transport) = scripted::model(charge_twice("charge_card"));
+    let agent = AgentBuilder::new(model)
+        .dynamic_tools(tools.dynamic_tools())
+        .add_hook(reports.clone())
+        .build();
+    let answer = agent.prompt("Charge cus_1 49 dollars.").max_turns(6).await;
+    assert_eq!(answer.map(|r| r.output()).expect("the agent answers"), "done");
+    assert_eq!(payments.charge_count(), 1);
+
+    let reports = reports.0.lock().unwrap().clone();
+    let calls: Vec<&str> = reports.iter().map(|(call, _)| call.as_str()).collect();
+    assert_eq!(calls, ["call_1", "call_2"], "{reports:?}");
+    let outcomes: Vec<Option<&str>> = reports.iter().map(|(_, r)| r.outcome.as_deref()).collect();
+    assert_eq!(outcomes, [Some("executed"), Some("replayed")]);
+    assert!(reports.iter().all(|(_, r)| r.run == "conv-1"), "{reports:?}");
+    assert_eq!(reports[0].1.key, reports[1].1.key, "one intent, one key");
+    assert_eq!(reports[0].1.key.len(), 64);
 }
 
 #[tokio::test(start_paused = true)]
