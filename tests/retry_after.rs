@@ -81,3 +81,33 @@ async fn a_hint_past_the_deadline_returns_the_tool_error_with_the_hint() {
     assert_eq!(r.content["error"]["detail"]["retry_after_ms"], 1_800_000);
     assert_eq!(r.content["error"]["detail"]["tool_error"], json!({"after_s": 1800}));
 }
+
+/// A provider that says "never" (`Duration::MAX`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("closed for good")]
+struct ClosedForGood;
+
+impl Classify for ClosedForGood {
+    fn classify(&self) -> Failure {
+        Failure::transient().retry_after(Duration::MAX)
+    }
+}
+
+#[tool(retry = "keyed")]
+async fn close_account(id: String) -> Result<String, ClosedForGood> {
+    let _ = id;
+    Err(ClosedForGood)
+}
+
+/// An endless hint reads as a century (the longest duration idem keeps), in the text and in the
+/// JSON a model reads, not as a 23-digit number nor a number JSON cannot hold exactly.
+#[tokio::test(start_paused = true)]
+async fn an_endless_hint_reads_as_a_century() {
+    const CENTURY_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(CloseAccountTool).unwrap();
+    let r = set.call(&run, "close_account", &json!({"id": "a"})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::BudgetExhausted), "{}", r.text);
+    assert!(r.text.contains(&format!("retry after {CENTURY_MS} ms")), "{}", r.text);
+    assert_eq!(r.content["error"]["detail"]["retry_after_ms"], CENTURY_MS);
+}

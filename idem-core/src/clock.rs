@@ -12,7 +12,6 @@ pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// `d` in whole milliseconds, capped at [`FOREVER`]: what the stores write (longer would
 /// overflow PostgreSQL's `interval` and SQLite's `now + ms`, and means the same).
-#[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "redis")), allow(dead_code))]
 pub(crate) fn ms(d: Duration) -> u64 {
     // FOREVER is about 3.2e12 ms: it fits u64 and i64.
     u64::try_from(d.min(FOREVER).as_millis()).unwrap_or(u64::MAX)

@@ -235,11 +235,12 @@ fn budget_message<E: std::fmt::Display>(
     };
     match (budget, retry_after) {
         (BudgetKind::Deadline, Some(after)) => {
+            // Capped at a century, as the stores cap durations: a hint of `Duration::MAX` would
+            // otherwise print as a 23-digit number.
             let _ = write!(
                 msg,
-                "the tool asked to retry after {} ms, which is past the call's deadline; retry after {} ms",
-                after.as_millis(),
-                after.as_millis()
+                "the tool asked to retry after {} ms, which is past the call's deadline; retry after that",
+                crate::clock::ms(*after),
             );
         }
         (BudgetKind::Deadline, None) if error.is_some() => {
