@@ -11,9 +11,6 @@ use syn::{Ident, LitInt, LitStr, Token};
 pub const OPTIONS: &str =
     "retry, name, description, attempts, timeout, deadline, lease, ttl, skip, reconcile, crate";
 
-/// The shortest `lease`: `idem_core::MIN_LEASE`.
-const MIN_LEASE: Duration = Duration::from_millis(100);
-
 /// What `retry` accepts, for the messages.
 const CLASSES: &str = "\"safe\" (reads; running twice changes nothing), \"keyed\" (effects the provider deduplicates by the idempotency key) or \"never\" (one attempt, outcome unknown when ambiguous)";
 
@@ -201,13 +198,6 @@ impl Attr {
                     _ => &mut self.ttl,
                 };
                 match parse_duration(&lit.value()) {
-                    Ok(short) if key == "lease" && short < MIN_LEASE => errors.spanned(
-                        lit.span(),
-                        format!(
-                            "`lease = {:?}` is shorter than 100ms, the shortest lease idem keeps: it is renewed every third of it while the tool runs, and a shorter one would lapse between renewals and let a duplicate run beside the tool. Write at least lease = \"100ms\" (the default is \"30s\")",
-                            lit.value()
-                        ),
-                    ),
                     Err(why) => errors.spanned(
                         lit.span(),
                         format!(
@@ -432,32 +422,5 @@ mod tests {
         assert!(parse_duration("1.5s").is_err());
         assert!(parse_duration("30 s").is_err());
         assert!(parse_duration("99999999999999999999h").is_err());
-    }
-
-    fn errors_of(tokens: proc_macro2::TokenStream) -> Vec<String> {
-        let mut errors = Errors::default();
-        Attr::parse(tokens, &mut errors);
-        errors
-            .into_result()
-            .err()
-            .map_or(vec![], |e| e.into_iter().map(|e| e.to_string()).collect())
-    }
-
-    #[test]
-    fn a_lease_shorter_than_renewals_can_keep_is_refused() {
-        for short in ["1ms", "99ms"] {
-            let errors = errors_of(quote::quote!(retry = "keyed", lease = #short));
-            assert_eq!(errors.len(), 1, "{short}: {errors:?}");
-            assert!(errors[0].contains("at least lease = \"100ms\""), "{}", errors[0]);
-        }
-        assert_eq!(
-            errors_of(quote::quote!(retry = "keyed", lease = "100ms")),
-            Vec::<String>::new()
-        );
-        // Other durations may be short.
-        assert_eq!(
-            errors_of(quote::quote!(retry = "keyed", timeout = "1ms")),
-            Vec::<String>::new()
-        );
     }
 }

@@ -13,6 +13,9 @@ use crate::parse::{Attr, Class, Errors, ParamAttr};
 /// The most parameters a tool may have: `idem_core::__private::MAX_PARAMS`.
 const MAX_PARAMS: usize = 16;
 
+/// The shortest `lease`: `idem_core::MIN_LEASE`.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+
 /// A parameter that becomes a field of the tool's arguments.
 pub struct Param {
     pub ident: Ident,
@@ -173,6 +176,20 @@ pub fn validate(
             lit.span(),
             format!(
                 "a `never` tool runs exactly one attempt: remove `attempts = {n}`, or declare retry = \"keyed\" if the provider deduplicates by the idempotency key"
+            ),
+        );
+    }
+
+    // The lease is renewed every third of it while the tool runs: a shorter one than the
+    // executor keeps would lapse between renewals and let a duplicate run beside the tool.
+    if let Some(lease) = &attr.lease
+        && lease.value < MIN_LEASE
+    {
+        errors.spanned(
+            lease.lit.span(),
+            format!(
+                "`lease = {:?}` is shorter than 100ms, the shortest lease idem keeps: it is renewed every third of it while the tool runs, and a shorter one would lapse between renewals and let a duplicate run beside the tool. Write at least lease = \"100ms\" (the default is \"30s\")",
+                lease.lit.value()
             ),
         );
     }
@@ -593,6 +610,24 @@ mod tests {
         // Either alone is compared with the executor's defaults at run time, not here.
         assert_eq!(
             errors_of(quote::quote!(retry = "keyed", deadline = "1s")),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn a_lease_shorter_than_renewals_can_keep_is_refused() {
+        for short in ["1ms", "99ms"] {
+            let errors = errors_of(quote::quote!(retry = "keyed", lease = #short));
+            assert_eq!(errors.len(), 1, "{short}: {errors:?}");
+            assert!(errors[0].contains("at least lease = \"100ms\""), "{}", errors[0]);
+        }
+        assert_eq!(
+            errors_of(quote::quote!(retry = "keyed", lease = "100ms")),
+            Vec::<String>::new()
+        );
+        // Other durations may be short.
+        assert_eq!(
+            errors_of(quote::quote!(retry = "keyed", timeout = "1ms")),
             Vec::<String>::new()
         );
     }
