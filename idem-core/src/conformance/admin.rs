@@ -80,10 +80,11 @@ impl<'s> Fixture<'s> {
                 Err(e) => panic!("list failed: {e}"),
             };
             assert!(
-                page.records.len() <= query.page_size(),
-                "a page holds at most {} records, got {}",
+                page.records.len() + page.unreadable.len() <= query.page_size(),
+                "a page holds at most {} records, readable or not, got {} and {} unreadable",
                 query.page_size(),
-                page.records.len()
+                page.records.len(),
+                page.unreadable.len()
             );
             all.extend(page.records);
             match page.next {

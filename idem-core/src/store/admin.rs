@@ -154,16 +154,40 @@ impl ListQuery {
 }
 
 /// One page of a listing.
+///
+/// A record the store cannot read (edited by hand, written by another version of idem, damaged)
+/// does not fail the page: it is reported in [`ListPage::unreadable`], in its place in the order,
+/// and the cursor goes on past it, so one such record never hides the others.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListPage {
-    /// The records of this page, at most the query's page size. A page may hold fewer (even none)
-    /// while more follow: a store that scans (Redis) filters each stretch it scans.
+    /// The readable records of this page. With [`ListPage::unreadable`], at most the query's page
+    /// size. A page may hold fewer (even none) while more follow: a store that scans (Redis)
+    /// filters each stretch it scans.
     pub records: Vec<RecordInfo>,
+    /// The records of this page that cannot be read, in the listing's order. The SQL stores
+    /// filter on columns, so an unreadable record is reported only when the columns the query
+    /// filters on select it; the Redis store cannot filter what it cannot read and reports every
+    /// unreadable record it scans, whatever the query.
+    pub unreadable: Vec<UnreadableRecord>,
     /// The cursor of the next page (opaque, for [`ListQuery::cursor`]); `None` when the listing
     /// is complete.
     pub next: Option<String>,
-    /// How many records the store examined for this page (progress of a long scan).
+    /// How many records the store examined for this page, readable or not (progress of a long
+    /// scan).
     pub scanned: u64,
+}
+
+/// A record a listing found but cannot read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadableRecord {
+    /// The record's key as stored, as text (bytes that are not UTF-8 replaced by U+FFFD). When it
+    /// is an idempotency key (64 hex digits, [`Key::parse`]), [`Store::forget`](super::Store::forget)
+    /// with that key removes the record (`idem forget <key>`); a key that is not one was edited
+    /// by hand and is removed by hand.
+    pub key: String,
+    /// Why the record cannot be read (a malformed field, an unknown state or outcome kind, a
+    /// schema version this idem does not read), for the operator.
+    pub reason: String,
 }
 
 /// How an operator settles a record ([`Store::resolve`](super::Store::resolve)).

@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Fence, Outcome, StateFilter, Stats};
+use crate::key::Key;
 
 /// The outcome kind column: 1 success, 2 permanent failure, 3 unknown, 4 output not storable.
 /// The payload column holds the JSON for 1 and 2, is NULL for 3, and the reason text for 4.
@@ -57,16 +58,52 @@ pub(crate) fn now_ms() -> i64 {
 /// lease has ended, count) to `stats`. A pair this version does not write is counted as
 /// unreadable, not refused: one odd record must not hide the others' counts.
 pub(crate) fn count_row(stats: &mut Stats, state: i64, kind: Option<i64>, ended: bool, n: u64) {
+    // A state other than 0 and 1 is one the listing cannot read either, whatever its kind.
     let slot = match (state, kind.and_then(|k| i16::try_from(k).ok())) {
         (0, _) if ended => &mut stats.lease_expired,
         (0, _) => &mut stats.in_flight,
-        (_, Some(SUCCESS)) => &mut stats.completed,
-        (_, Some(FAILURE)) => &mut stats.failed,
-        (_, Some(UNKNOWN)) => &mut stats.unknown,
-        (_, Some(NOT_STORABLE)) => &mut stats.not_storable,
+        (1, Some(SUCCESS)) => &mut stats.completed,
+        (1, Some(FAILURE)) => &mut stats.failed,
+        (1, Some(UNKNOWN)) => &mut stats.unknown,
+        (1, Some(NOT_STORABLE)) => &mut stats.not_storable,
         _ => &mut stats.unreadable,
     };
     *slot += n;
+}
+
+/// Where a SQL listing goes on: after the row whose key is this, as stored (the key of the last
+/// row of the page before, readable or not). Written as the key itself when it is an idempotency
+/// key; a key edited by hand as `t:` (text) or `b:` (a SQLite blob) and its bytes in hex, so a
+/// listing also goes on past a row whose key is not one, and a cursor stays one line of ASCII.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum KeyCursor {
+    /// A text key, as its bytes (SQLite text need not be UTF-8).
+    Text(Vec<u8>),
+    /// A blob key (SQLite only: it sorts after every text).
+    Blob(Vec<u8>),
+}
+
+impl KeyCursor {
+    /// The cursor of `s`; `None` when this store's listings never write it.
+    pub(crate) fn parse(s: &str) -> Option<KeyCursor> {
+        if Key::parse(s).is_some() {
+            return Some(KeyCursor::Text(s.as_bytes().to_vec()));
+        }
+        if let Some(bytes) = s.strip_prefix("t:") {
+            return hex::decode(bytes).ok().map(KeyCursor::Text);
+        }
+        hex::decode(s.strip_prefix("b:")?).ok().map(KeyCursor::Blob)
+    }
+
+    pub(crate) fn encode(&self) -> String {
+        match self {
+            KeyCursor::Text(bytes) => match std::str::from_utf8(bytes) {
+                Ok(key) if Key::parse(key).is_some() => key.to_owned(),
+                _ => format!("t:{}", hex::encode(bytes)),
+            },
+            KeyCursor::Blob(bytes) => format!("b:{}", hex::encode(bytes)),
+        }
+    }
 }
 
 /// What a listing filter selects in the SQL stores' columns.
@@ -85,5 +122,28 @@ pub(crate) fn selected(state: StateFilter) -> Selected {
         StateFilter::Failed => Selected::Kind(FAILURE),
         StateFilter::Unknown => Selected::Kind(UNKNOWN),
         StateFilter::NotStorable => Selected::Kind(NOT_STORABLE),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyCursor;
+
+    #[test]
+    fn key_cursors_round_trip_and_refuse_what_no_listing_writes() {
+        let key = "0f".repeat(32);
+        for cur in [
+            KeyCursor::Text(key.clone().into_bytes()),
+            KeyCursor::Text(b"edited key".to_vec()),
+            KeyCursor::Text(vec![0xff, 0]),
+            KeyCursor::Text(Vec::new()),
+            KeyCursor::Blob(vec![0, 0xff]),
+        ] {
+            assert_eq!(KeyCursor::parse(&cur.encode()), Some(cur));
+        }
+        assert_eq!(KeyCursor::Text(key.clone().into_bytes()).encode(), key, "a key is itself");
+        for bad in ["zz", "", ";x;", "not a cursor", "t:0", "t:zz", "B:00", &key.to_uppercase()] {
+            assert_eq!(KeyCursor::parse(bad), None, "{bad:?}");
+        }
     }
 }

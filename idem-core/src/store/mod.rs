@@ -44,7 +44,7 @@ mod wait;
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 pub use admin::{
     ListPage, ListQuery, Origin, RecordInfo, RecordState, Resolution, StateFilter, Stats,
-    StoredOrigin,
+    StoredOrigin, UnreadableRecord,
 };
 pub use memory::MemoryStore;
 pub use open::open;
@@ -230,7 +230,9 @@ pub trait Store: std::any::Any + Send + Sync {
     /// the SQL and in-memory stores, scan order for Redis). Records whose retention ended are
     /// left out. Cheap on a large store: indexed queries, or an incremental scan that never
     /// blocks the server. Records written by a version of idem that stored no origin list with
-    /// `origin: None`.
+    /// `origin: None`. A record this version cannot read is reported in
+    /// [`ListPage::unreadable`] rather than failing the page; an error means the page itself could
+    /// not be read (the store is unavailable, the cursor is not one of this store).
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let _ = query;
         Err(StoreError::Unsupported("listing"))

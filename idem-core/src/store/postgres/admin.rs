@@ -14,10 +14,10 @@ use super::error::pg;
 use super::text::{run_text, text};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
-use crate::store::codec::{self, Selected, encode, fence_param, ms};
+use crate::store::codec::{self, KeyCursor, Selected, encode, fence_param, ms};
 use crate::store::{
     Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoreError,
-    StoredOrigin,
+    StoredOrigin, UnreadableRecord,
 };
 
 const COLUMNS: &str = "key, fingerprint, fence, state, \
@@ -32,6 +32,27 @@ const LIVE: &str = "NOT (state = 1 AND expires_at <= now())";
 const RESOLVABLE: &str = "key = $1 AND fence = $2 AND (
     (state + 0 = 0 AND lease_until <= now())
     OR (state + 0 = 1 AND kind = 3 AND expires_at > now()))";
+
+/// The record of row `r`, or, when it cannot be read (edited by hand, or written by another
+/// version), its key as stored and why: a listing reports it and goes on. An error only when the
+/// row has no text key at all, which is not a row of this store's table.
+fn read(r: &Row) -> Result<Result<RecordInfo, UnreadableRecord>, StoreError> {
+    let key = stored_key(r)?;
+    Ok(info(r).map_err(|e| UnreadableRecord {
+        reason: match e {
+            StoreError::Incompatible(why) => why,
+            other => other.to_string(),
+        },
+        key,
+    }))
+}
+
+/// The key of row `r` as stored, whether or not it is an idempotency key.
+fn stored_key(r: &Row) -> Result<String, StoreError> {
+    r.try_get(0).map_err(|e| {
+        StoreError::Incompatible(format!("a PostgreSQL record has a key that is not text: {e}"))
+    })
+}
 
 fn info(r: &Row) -> Result<RecordInfo, StoreError> {
     let bad = |what: String| StoreError::Incompatible(format!("a PostgreSQL record {what}"));
@@ -98,10 +119,14 @@ impl PostgresStore {
             sql.push_str(&clause.replace('?', &format!("${}", args.len())));
         };
         if let Some(cursor) = &q.cursor {
-            let key = Key::parse(cursor).ok_or_else(|| {
-                StoreError::InvalidConfig(format!("not a cursor of this store: {cursor:?}"))
-            })?;
-            arg(&mut sql, " AND key > ?", Box::new(key.to_string()), Type::TEXT);
+            let bad =
+                || StoreError::InvalidConfig(format!("not a cursor of this store: {cursor:?}"));
+            // PostgreSQL text is UTF-8 and the key column is text: no other cursor is written.
+            let key = match KeyCursor::parse(cursor).ok_or_else(bad)? {
+                KeyCursor::Text(bytes) => String::from_utf8(bytes).map_err(|_| bad())?,
+                KeyCursor::Blob(_) => return Err(bad()),
+            };
+            arg(&mut sql, " AND key > ?", Box::new(key), Type::TEXT);
         }
         match q.state.map(codec::selected) {
             None => {}
@@ -139,9 +164,21 @@ impl PostgresStore {
             args.iter().map(|(a, t)| (&**a as &(dyn ToSql + Sync), t.clone())).collect();
         let conn = self.conn().await?;
         let rows = conn.client.query_typed(&sql, &params).await.map_err(pg)?;
-        let records = rows.iter().map(info).collect::<Result<Vec<_>, _>>()?;
-        let next = (records.len() == size).then(|| records.last().map(|r| r.key.to_string()));
-        Ok(ListPage { scanned: records.len() as u64, next: next.flatten(), records })
+        let mut page = ListPage { scanned: rows.len() as u64, ..ListPage::default() };
+        for r in &rows {
+            match read(r)? {
+                Ok(info) => page.records.push(info),
+                Err(unreadable) => page.unreadable.push(unreadable),
+            }
+        }
+        // The statement's LIMIT is the page size: the page goes on after its last row, readable
+        // or not.
+        if rows.len() == size
+            && let Some(last) = rows.last()
+        {
+            page.next = Some(KeyCursor::Text(stored_key(last)?.into_bytes()).encode());
+        }
+        Ok(page)
     }
 
     /// Rows changed: 1 when resolved, 0 when refused.

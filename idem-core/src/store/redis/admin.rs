@@ -17,7 +17,10 @@
 //! listed once, even when the slot is half-migrated (each key is on one of the two nodes); one
 //! whose slot moves to another master during the listing may be listed twice or not at all (see
 //! `Store::list` of [`RedisStore`]). Records this
-//! version cannot read are left out of listings and counted as unreadable by `stats`.
+//! version cannot read are reported in the page's `unreadable`, whatever the query's filters
+//! (what cannot be read cannot be filtered), and counted as unreadable by `stats`. A scanned name
+//! whose part between the braces is not an idempotency key is not taken for a record: it may be
+//! another store's whose prefix starts like this one's.
 
 use std::time::Duration;
 
@@ -33,6 +36,7 @@ use crate::clock::ms;
 use crate::key::Key;
 use crate::store::{
     ListPage, ListQuery, Outcome, RecordInfo, RecordState, Resolution, Stats, StoreError,
+    UnreadableRecord,
 };
 
 /// At most this many keys examined for one page, times the page size (at least 1000): a
@@ -126,7 +130,8 @@ enum Found {
     Record(Box<RecordInfo>),
     /// Gone since it was scanned (expired, removed).
     Gone,
-    Unreadable,
+    /// Cannot be read, and why.
+    Unreadable(String),
 }
 
 impl RedisStore {
@@ -239,19 +244,29 @@ impl RedisStore {
 
     /// What a `GET` of `key`'s record answered, at `now` (ms, the server's clock).
     fn found(&self, key: &Key, reply: &Value, now: u64) -> Found {
+        let name = self.record_key(key);
         match reply {
             Value::Nil => Found::Gone,
-            Value::BulkString(raw) => parse(&self.record_key(key), raw)
-                .ok()
-                .and_then(|r| info_of(*key, &r, now).ok())
-                .map_or(Found::Unreadable, |info| Found::Record(Box::new(info))),
-            // Another type (a version 1 hash until a step migrates it), or an error.
-            _ => Found::Unreadable,
+            Value::BulkString(raw) => match parse(&name, raw) {
+                Ok(r) => match info_of(*key, &r, now) {
+                    Ok(info) => Found::Record(Box::new(info)),
+                    Err(why) => Found::Unreadable(format!("record {name} is malformed: {why}")),
+                },
+                Err(StoreError::Incompatible(why)) => Found::Unreadable(why),
+                Err(e) => Found::Unreadable(e.to_string()),
+            },
+            // A version 1 hash until a step of its key migrates it, or another type.
+            Value::ServerError(e) => Found::Unreadable(format!(
+                "{name} is not a record string ({} {})",
+                e.code(),
+                e.details().unwrap_or_default()
+            )),
+            other => Found::Unreadable(format!("{name} answered GET with {other:?}")),
         }
     }
 
-    /// One page of `q`, and how many records could not be read.
-    async fn page(&self, q: &ListQuery) -> Result<(ListPage, u64), StoreError> {
+    /// One page of `q`.
+    async fn page(&self, q: &ListQuery) -> Result<ListPage, StoreError> {
         let size = q.page_size();
         let nodes = self.scan_nodes().await?;
         let mut cur = match &q.cursor {
@@ -271,12 +286,15 @@ impl RedisStore {
         };
         let pattern = format!("{}:{{*}}:rec", glob_escape(&self.inner.prefix));
         let budget = (size as u64).saturating_mul(SCAN_PER_RECORD).max(1000);
-        let (mut page, mut unreadable) = (ListPage::default(), 0);
+        let mut page = ListPage::default();
+        // Unreadable records take room in the page as readable ones do, so a page stays bounded.
+        let full = |page: &ListPage| page.records.len() + page.unreadable.len() >= size;
         loop {
             let keys = if !cur.pending.is_empty() {
                 std::mem::take(&mut cur.pending)
             } else if let Some(pos) = cur.scan {
-                let room = (size - page.records.len()).clamp(10, 1000);
+                let room = size.saturating_sub(page.records.len() + page.unreadable.len());
+                let room = room.clamp(10, 1000);
                 let mut scan = redis::pipe();
                 scan.cmd("SCAN").arg(pos).arg("MATCH").arg(&pattern).arg("COUNT").arg(room);
                 let reply = self.on_node(&cur.node, &scan, 1).await?.map_err(unavailable)?;
@@ -289,7 +307,7 @@ impl RedisStore {
             } else {
                 // This node is scanned through; a cursor never stops here unless it was edited.
                 if at + 1 >= nodes.len() {
-                    return Ok((page, unreadable));
+                    return Ok(page);
                 }
                 at += 1;
                 cur.node = nodes[at].clone();
@@ -298,39 +316,41 @@ impl RedisStore {
             };
             if !keys.is_empty() {
                 let found = self.fetch(&cur.node, &keys).await?;
-                for (i, found) in found.into_iter().enumerate() {
-                    if page.records.len() == size {
+                for (i, (key, found)) in keys.iter().zip(found).enumerate() {
+                    if full(&page) {
                         cur.pending = keys[i..].to_vec();
                         break;
                     }
                     match found {
                         Found::Record(info) if q.selects(&info) => page.records.push(*info),
-                        Found::Unreadable => unreadable += 1,
+                        Found::Unreadable(reason) => {
+                            page.unreadable.push(UnreadableRecord { key: key.to_string(), reason })
+                        }
                         Found::Record(_) | Found::Gone => {}
                     }
                 }
             }
             let left = !cur.pending.is_empty() || cur.scan.is_some() || at + 1 < nodes.len();
             if !left {
-                return Ok((page, unreadable));
+                return Ok(page);
             }
-            if page.records.len() == size || page.scanned >= budget {
+            if full(&page) || page.scanned >= budget {
                 page.next = Some(cur.encode());
-                return Ok((page, unreadable));
+                return Ok(page);
             }
         }
     }
 
     pub(super) async fn list_records(&self, q: &ListQuery) -> Result<ListPage, StoreError> {
-        Ok(self.page(q).await?.0)
+        self.page(q).await
     }
 
     pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
         let mut stats = Stats::default();
         let mut q = ListQuery { limit: 1000, ..ListQuery::default() };
         loop {
-            let (page, unreadable) = self.page(&q).await?;
-            stats.unreadable += unreadable;
+            let page = self.page(&q).await?;
+            stats.unreadable += page.unreadable.len() as u64;
             for info in &page.records {
                 stats.count(&info.state);
             }

@@ -3,14 +3,16 @@
 
 use std::time::Duration;
 
-use rusqlite::types::Value;
+use rusqlite::types::{Value, ValueRef};
 use rusqlite::{Connection, params, params_from_iter};
 
 use super::{SqlError, decode, fence_of};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
-use crate::store::codec::{self, Selected, encode, fence_param, ms};
-use crate::store::{ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin};
+use crate::store::codec::{self, KeyCursor, Selected, encode, fence_param, ms};
+use crate::store::{
+    ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin, UnreadableRecord,
+};
 
 /// How many records one sweep removes at most.
 pub(super) const SWEEP_BATCH: usize = 1000;
@@ -25,27 +27,53 @@ const LIVE: &str = "NOT (state = 1 AND expires_at <= ?1)";
 const RESOLVABLE: &str = "key = ?1 AND fence = ?3 AND (
     (state = 0 AND lease_until <= ?4) OR (state = 1 AND kind = 3 AND expires_at > ?4))";
 
-/// The record of row `r`. One that cannot be read (edited by hand, or written by another
-/// version) is an error that names its key, so the operator can find that record and forget it.
+/// The record of row `r`, or, when it cannot be read (edited by hand, or written by another
+/// version), its key as stored and why: a listing reports it and goes on.
+fn read(r: &rusqlite::Row<'_>, now: i64) -> Result<Result<RecordInfo, UnreadableRecord>, SqlError> {
+    let reason = match read_info(r, now) {
+        Ok(info) => return Ok(Ok(info)),
+        Err(SqlError::Sqlite(
+            e @ (rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+            | rusqlite::Error::Utf8Error(..)),
+        )) => e.to_string(),
+        Err(SqlError::Incompatible(why)) => why,
+        Err(other) => return Err(other),
+    };
+    let key = match r.get_ref(0) {
+        Ok(v) => String::from_utf8_lossy(v.as_bytes_or_null().ok().flatten().unwrap_or_default())
+            .into_owned(),
+        Err(_) => String::new(),
+    };
+    Ok(Err(UnreadableRecord { key, reason }))
+}
+
+/// The record of row `r`. One that cannot be read is an error that names its key, so the
+/// operator can find that record and forget it.
 fn info(r: &rusqlite::Row<'_>, now: i64) -> Result<RecordInfo, SqlError> {
-    read_info(r, now).map_err(|e| {
-        let why = match e {
-            SqlError::Sqlite(
-                e @ (rusqlite::Error::InvalidColumnType(..)
-                | rusqlite::Error::FromSqlConversionFailure(..)
-                | rusqlite::Error::IntegralValueOutOfRange(..)),
-            ) => e.to_string(),
-            SqlError::Incompatible(why) => why,
-            other => return other,
-        };
-        let key = match r.get_ref(0) {
-            Ok(v) => String::from_utf8_lossy(v.as_bytes().unwrap_or_default()).into_owned(),
-            Err(_) => String::new(),
-        };
+    read(r, now)?.map_err(|u| {
         SqlError::Incompatible(format!(
-            "the SQLite record of key {key:?} cannot be read ({why}); `idem forget` with that \
-             key removes it"
+            "the SQLite record of key {:?} cannot be read ({}); `idem forget` with that key \
+             removes it",
+            u.key, u.reason
         ))
+    })
+}
+
+/// The cursor that goes on after row `r`: its key as stored, whether or not the row can be read.
+fn cursor_after(r: &rusqlite::Row<'_>) -> Result<String, SqlError> {
+    Ok(match r.get_ref(0)? {
+        ValueRef::Text(t) => KeyCursor::Text(t.to_vec()).encode(),
+        ValueRef::Blob(b) => KeyCursor::Blob(b.to_vec()).encode(),
+        // The key column's TEXT affinity stores numbers as text, and a primary key of a table
+        // WITHOUT ROWID is never NULL.
+        other => {
+            return Err(SqlError::Incompatible(format!(
+                "a SQLite record has a key of type {}",
+                other.data_type()
+            )));
+        }
     })
 }
 
@@ -111,9 +139,14 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         sql.push_str(&clause.replace('?', &format!("?{}", args.len())));
     };
     if let Some(cursor) = &q.cursor {
-        let key = Key::parse(cursor)
-            .ok_or_else(|| SqlError::Invalid(format!("not a cursor of this store: {cursor:?}")))?;
-        arg(&mut sql, " AND key > ?", Value::Text(key.to_string()));
+        let bad = || SqlError::Invalid(format!("not a cursor of this store: {cursor:?}"));
+        match KeyCursor::parse(cursor).ok_or_else(bad)? {
+            // Bound as a blob and cast: the bytes of a text key edited by hand need not be UTF-8.
+            KeyCursor::Text(bytes) => {
+                arg(&mut sql, " AND key > CAST(? AS TEXT)", Value::Blob(bytes))
+            }
+            KeyCursor::Blob(bytes) => arg(&mut sql, " AND key > ?", Value::Blob(bytes)),
+        }
     }
     match q.state.map(codec::selected) {
         None => {}
@@ -152,11 +185,15 @@ pub(super) fn list(conn: &Connection, q: &ListQuery, now: i64) -> Result<ListPag
     let mut rows = stmt.query(params_from_iter(args))?;
     let mut page = ListPage::default();
     while let Some(r) = rows.next()? {
-        page.records.push(info(r, now)?);
-    }
-    page.scanned = page.records.len() as u64;
-    if page.records.len() == size {
-        page.next = page.records.last().map(|r| r.key.to_string());
+        page.scanned += 1;
+        match read(r, now)? {
+            Ok(info) => page.records.push(info),
+            Err(unreadable) => page.unreadable.push(unreadable),
+        }
+        // The statement's LIMIT is the page size: the page's last row, readable or not.
+        if page.scanned as usize == size {
+            page.next = Some(cursor_after(r)?);
+        }
     }
     Ok(page)
 }
@@ -197,16 +234,31 @@ pub(super) fn resolve(
 
 pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
     let sql = format!(
-        "SELECT state, kind, state = 0 AND lease_until <= ?1, count(*) FROM idem_records \
-         WHERE {LIVE} GROUP BY 1, 2, 3"
+        "SELECT state, kind, lease_until IS NULL, lease_until <= ?1, count(*) FROM idem_records \
+         WHERE {LIVE} GROUP BY 1, 2, 3, 4"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(params![now])?;
     let mut stats = Stats::default();
     while let Some(r) = rows.next()? {
-        let (state, kind, ended, n): (i64, Option<i64>, bool, i64) =
-            (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?);
-        codec::count_row(&mut stats, state, kind, ended, u64::try_from(n).unwrap_or(0));
+        // Columns are read as they are, never converted: a value of another type (edited by
+        // hand; SQLite keeps any type in any column) counts the record as unreadable, as the
+        // listing reports it, rather than failing the counts of every other record.
+        let int = |i| -> Result<Option<i64>, SqlError> {
+            Ok(match r.get_ref(i)? {
+                ValueRef::Integer(n) => Some(n),
+                _ => None,
+            })
+        };
+        let (state, kind, no_lease, ended, n) = (int(0)?, int(1)?, int(2)?, int(3)?, int(4)?);
+        // A record in flight without a lease is one the listing cannot read either.
+        let state = match state {
+            Some(0) if no_lease != Some(0) => -1,
+            state => state.unwrap_or(-1),
+        };
+        let ended = ended.is_some_and(|e| e != 0);
+        let n = n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+        codec::count_row(&mut stats, state, kind, ended, n);
     }
     Ok(stats)
 }
