@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idem_core::Key;
 use idem_core::store::{
-    self, ListQuery, Outcome, RecordInfo, RecordState, Resolution, Store, admin,
+    self, ListQuery, Outcome, RecordInfo, RecordState, Resolution, Store, UnreadableRecord, admin,
 };
 
 use crate::render;
@@ -87,6 +87,12 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
     })
 }
 
+/// Lists the records the query selects. A record that cannot be read (edited by hand, written
+/// by another idem version) does not hide the others: the readable ones are printed as always,
+/// each unreadable one is named with its key, why, and how to remove it (on stderr after the
+/// table; in JSON under `unreadable`), and the command then exits 6, as `show` of that key does.
+/// Nonzero, although everything readable was printed, so that a script (or `set -e`) notices a
+/// listing that is not the whole store rather than taking it for complete.
 async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failure> {
     let mut query = ListQuery {
         state: args.state.map(Into::into),
@@ -98,6 +104,7 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     };
     let progress = Progress::new();
     let mut records: Vec<RecordInfo> = Vec::new();
+    let mut unreadable: Vec<UnreadableRecord> = Vec::new();
     let mut scanned = 0u64;
     let mut next = None;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
@@ -106,6 +113,7 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
         let page = store.list(&query).await?;
         scanned += page.scanned;
         records.extend(page.records);
+        unreadable.extend(page.unreadable);
         next = page.next;
         match &next {
             Some(cursor) => query.cursor = Some(cursor.clone()),
@@ -116,16 +124,32 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     progress.done();
     if json {
         let records: Vec<_> = records.iter().map(render::record_json).collect();
-        out(&render::json_line(&serde_json::json!({ "records": records, "next": next })))?;
+        let unreadable: Vec<_> = unreadable.iter().map(render::unreadable_json).collect();
+        out(&render::json_line(
+            &serde_json::json!({ "records": records, "unreadable": unreadable, "next": next }),
+        ))?;
     } else {
         out(&render::table(&records))?;
+        for record in &unreadable {
+            note(&render::unreadable_line(record));
+        }
         if let Some(cursor) = next {
             // Quoted for a shell: a Redis cursor holds `;`, which would end the pasted command.
             let quoted = shlex::try_quote(&cursor).unwrap_or_else(|_| format!("{cursor:?}").into());
             note(&format!("more records follow: --cursor {}", render::printable(&quoted)));
         }
     }
-    Ok(())
+    match unreadable.len() {
+        0 => Ok(()),
+        n => Err(Failure::new(
+            Exit::Incompatible,
+            format!(
+                "{n} listed record{} cannot be read (named {}); every other record was listed",
+                if n == 1 { "" } else { "s" },
+                if json { "under \"unreadable\"" } else { "above" }
+            ),
+        )),
+    }
 }
 
 async fn show(store: &dyn Store, key: &Key, json: bool) -> Result<(), Failure> {

@@ -4,7 +4,9 @@
 //! Exit codes: 0 done; 1 any other failure; 2 bad usage (arguments, key, JSON, store URL);
 //! 3 no such record; 4 refused (the record is held by a live owner, already settled, changed
 //! meanwhile, or the operator did not confirm); 5 store unavailable; 6 a record or schema of
-//! another idem version.
+//! another idem version. `list` exits 6 when a record it met cannot be read, after printing
+//! every record that can and naming each that cannot: a script must not take such a listing
+//! for the whole store.
 
 mod commands;
 mod render;
@@ -35,11 +37,14 @@ struct Cli {
 
 const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage, 3 no such record, \
 4 refused (live owner, already settled, changed meanwhile, not confirmed), 5 store unavailable, \
-6 record or schema of another idem version.";
+6 record or schema of another idem version (list: the readable records are printed all the same, \
+and each unreadable one is named).";
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// List records, in key order.
+    /// List records, in key order. A record that cannot be read is named on stderr, with how
+    /// to remove it (with --json, under "unreadable"), the others are listed, and the exit code
+    /// is 6.
     List(ListArgs),
     /// Show one record.
     Show {

@@ -10,7 +10,8 @@ use std::borrow::Cow;
 use std::fmt::Write;
 use std::time::Duration;
 
-use idem_core::store::{Outcome, RecordInfo, RecordState, Stats};
+use idem_core::Key;
+use idem_core::store::{Outcome, RecordInfo, RecordState, Stats, UnreadableRecord};
 use serde_json::{Value, json};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
@@ -100,6 +101,29 @@ pub fn record_json(info: &RecordInfo) -> Value {
         RecordState::Done(Outcome::Unknown) => {}
     }
     v
+}
+
+pub fn unreadable_json(record: &UnreadableRecord) -> Value {
+    json!({ "key": record.key, "reason": record.reason })
+}
+
+/// The line naming a record that cannot be read, with how to remove it. `idem forget` takes
+/// only an idempotency key as this idem writes it (lowercase hex: it lowercases what it is
+/// given), so a key edited into anything else is for the operator to remove in the store.
+pub fn unreadable_line(record: &UnreadableRecord) -> String {
+    let reason = printable(&record.reason);
+    if Key::parse(&record.key).is_some() {
+        let key = &record.key;
+        format!("unreadable record {key}: {reason}; `idem forget {key}` removes it")
+    } else {
+        // Quoted, as Rust writes a string: the key may be empty, or end in spaces.
+        let key = format!("{:?}", record.key);
+        format!(
+            "unreadable record with key {}: {reason}; that is not an idempotency key (edited by \
+             hand?): remove the record in the store itself",
+            printable(&key)
+        )
+    }
 }
 
 /// One JSON document on a line.
@@ -350,6 +374,27 @@ mod tests {
         assert!(lines[2].contains(&format!("  {}…   ", "日".repeat(23))), "{:?}", lines[2]);
         assert!(lines.iter().all(|l| l.width() < 200), "every row stays narrow");
         assert!(detail(&records[0]).contains(&format!("run          {long}\n")));
+    }
+
+    #[test]
+    fn an_unreadable_record_is_named_on_one_line_with_how_to_remove_it() {
+        let key = "a".repeat(64);
+        let line =
+            unreadable_line(&UnreadableRecord { key: key.clone(), reason: "kind 9\n".into() });
+        assert_eq!(
+            line,
+            format!("unreadable record {key}: kind 9\\n; `idem forget {key}` removes it")
+        );
+        // A key edited by hand: quoted, escaped, and not offered to `idem forget`, which
+        // takes only a key.
+        let edited = UnreadableRecord { key: "k\x1b[2J ".into(), reason: "malformed key".into() };
+        let line = unreadable_line(&edited);
+        assert!(line.starts_with(r#"unreadable record with key "k\u{1b}[2J ": malformed key; "#));
+        assert!(!line.contains('\x1b') && !line.contains("idem forget"), "{line:?}");
+        assert_eq!(
+            unreadable_json(&edited),
+            json!({ "key": "k\u{1b}[2J ", "reason": "malformed key" })
+        );
     }
 
     #[test]

@@ -647,8 +647,9 @@ async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
 
 /// Records edited by hand or written otherwise than this idem writes them. A payload that is not
 /// JSON and one with a NUL show as text (JSON: a string); a huge result shows whole. A record
-/// that cannot be read at all (a run id that is not UTF-8) fails the listing with an error that
-/// names its key, exit 6, and `forget` with that key removes it, after which the listing works.
+/// that cannot be read at all (a run id that is not UTF-8) is named by the listing, which shows
+/// the others and exits 6; `show` of it is an error that names its key, exit 6; and `forget`
+/// with that key removes it, after which the listing works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_edited_sqlite_records() {
     use idem_core::store::{Origin, Outcome};
@@ -685,16 +686,234 @@ async fn hand_edited_sqlite_records() {
     assert_eq!(shown.lines().find(|l| l.starts_with("result")).map(str::len), Some(13 + 2_000_002));
 
     set("UPDATE idem_records SET run_id = CAST(X'ff' AS TEXT) WHERE key = ?1", &bad);
-    for args in [&["list"][..], &["show", &bad]] {
-        let why = exits(&url, args, 6);
-        assert!(why.contains(&format!("record of key \"{bad}\" cannot be read")), "{why}");
-        assert!(why.contains("`idem forget`"), "{why}");
+    let why = exits(&url, &["show", &bad], 6);
+    assert!(why.contains(&format!("record of key \"{bad}\" cannot be read")), "{why}");
+    assert!(why.contains("`idem forget`"), "{why}");
+    let listed = idem(&url, &["list"]);
+    let why = String::from_utf8_lossy(&listed.stderr);
+    assert_eq!(code(&listed), 6, "{why}");
+    assert!(why.contains(&format!("unreadable record {bad}: ")), "{why}");
+    assert!(why.contains(&format!("`idem forget {bad}` removes it")), "{why}");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    for key in [&text, &nul, &huge] {
+        assert!(table.contains(key.as_str()), "the others are listed: {table}");
     }
     let why = exits(&url, &["forget", &bad], 4);
     assert!(why.contains(&format!("forget unreadable record {bad}")), "{why}");
     ok(&url, &["forget", &bad, "--yes"]);
     let listed = json(&url, &["list"]);
     assert_eq!(listed["records"].as_array().map(Vec::len), Some(3), "{listed}");
+}
+
+/// The keys of the table rows of `stdout` (a key is the last cell) and the keys the unreadable
+/// lines of `stderr` name.
+fn listed_keys(stdout: &str, stderr: &str) -> (Vec<String>, Vec<String>) {
+    let rows = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|k| idem_core::Key::parse(k).is_some())
+        .map(str::to_owned)
+        .collect();
+    let unreadable = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("unreadable record "))
+        .filter_map(|l| l.split_once(": ").map(|(k, _)| k.to_owned()))
+        .collect();
+    (rows, unreadable)
+}
+
+/// `idem --json list` of `run`: the readable records' keys, sorted, and the unreadable ones as
+/// listed, after checking the exit code says whether there were any.
+fn json_listing(url: &str, run: &str) -> (Vec<String>, Vec<Value>) {
+    let out = idem(url, &["--json", "list", "--run", run]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let mut keys: Vec<String> = listed["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["key"].as_str().expect("key").to_owned())
+        .collect();
+    keys.sort();
+    let unreadable = listed["unreadable"].as_array().expect("unreadable").clone();
+    if unreadable.is_empty() {
+        assert_eq!(code(&out), 0, "{stderr}");
+    } else {
+        assert_eq!(code(&out), 6, "{stderr}");
+        assert!(stderr.contains("cannot be read (named under \"unreadable\")"), "{stderr}");
+    }
+    (keys, unreadable)
+}
+
+/// `idem list` of `run` around the unreadable record `bad` beside the readable `good` (records
+/// of other runs may be there too, and on Redis other unreadable records, which a listing
+/// cannot filter): the readable ones listed, the unreadable one named with its reason (`why`)
+/// and how to remove it, in text and in JSON, with exit 6; page by page with pages of one
+/// record, following the printed cursors as an operator pastes them, every record once, also
+/// when the unreadable one ends a page; and after `forget`, no longer named.
+fn around_unreadable(url: &str, run: &str, good: &[String], bad: &str, why: &str) {
+    let mut want: Vec<String> = good.to_vec();
+    want.sort();
+
+    let (keys, unreadable) = json_listing(url, run);
+    assert_eq!(keys, want, "{unreadable:?}");
+    let named: Vec<&Value> = unreadable.iter().filter(|u| u["key"] == bad).collect();
+    assert_eq!(named.len(), 1, "{unreadable:?}");
+    let reason = named[0]["reason"].as_str().expect("reason");
+    assert!(reason.contains(why), "{reason}");
+
+    let out = idem(url, &["list", "--run", run]);
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(code(&out), 6, "{stderr}");
+    assert!(stdout.starts_with("STATE"), "the table of the others: {stdout}");
+    let (mut rows, unreadable) = listed_keys(&stdout, &stderr);
+    rows.sort();
+    assert_eq!(rows, want, "{stdout}");
+    assert_eq!(unreadable.iter().filter(|k| *k == bad).count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("`idem forget {bad}` removes it")), "{stderr}");
+    assert!(stderr.contains("every other record was listed"), "{stderr}");
+
+    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
+    let (mut cursor, mut ended): (Option<String>, bool) = (None, false);
+    for _ in 0..100 {
+        let mut args = vec!["list", "--run", run, "--limit", "1"];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c]);
+        }
+        let out = idem(url, &args);
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let (page, named) = listed_keys(&stdout, &stderr);
+        let want_code = if named.is_empty() { 0 } else { 6 };
+        assert_eq!(code(&out), want_code, "{args:?}: {stderr}");
+        rows.extend(page);
+        unreadable.extend(named);
+        let hint = stderr.lines().find_map(|l| l.strip_prefix("more records follow: "));
+        match hint.and_then(shlex::split) {
+            Some(words) => cursor = Some(words.get(1).expect("--cursor and its value").clone()),
+            None => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    assert!(ended, "the listing ended");
+    rows.sort();
+    assert_eq!(rows, want, "pages of one: each readable record once");
+    assert_eq!(unreadable.iter().filter(|k| *k == bad).count(), 1, "{unreadable:?}");
+
+    ok(url, &["forget", bad, "--yes"]);
+    let (keys, unreadable) = json_listing(url, run);
+    assert_eq!(keys, want);
+    assert!(unreadable.iter().all(|u| u["key"] != bad), "forgotten: {unreadable:?}");
+}
+
+/// Three records of one run and the key of a fourth, which the caller makes unreadable.
+async fn four_records(store: &dyn Store, run: &str) -> (Vec<String>, String) {
+    use idem_core::store::{Origin, Outcome};
+    let mut keys = Vec::new();
+    for tool in ["a", "b", "c", "d"] {
+        let origin = Origin { tool, tenant: "", run };
+        keys.push(record_of(store, origin, Outcome::Success("{}".into())).await);
+    }
+    let bad = keys.pop().expect("four");
+    (keys, bad)
+}
+
+/// An unreadable record beside readable ones on SQLite; then one whose key was edited into text
+/// with a control character: named escaped, as text from the store always is, and quoted, with
+/// no `idem forget` to suggest, since that takes only a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_lists_around_an_unreadable_record() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-unreadable-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("idem.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let (good, bad) = four_records(&*store, "unreadable").await;
+    let db = rusqlite::Connection::open(&path).expect("open the file");
+    let sql = "UPDATE idem_records SET kind = 9 WHERE key = ?1";
+    assert_eq!(db.execute(sql, [&bad]).expect(sql), 1);
+    tokio::task::spawn_blocking({
+        let (url, good) = (url.clone(), good.clone());
+        move || around_unreadable(&url, "unreadable", &good, &bad, "outcome this idem cannot read")
+    })
+    .await
+    .expect("the listing checks");
+
+    let sql = "UPDATE idem_records SET key = 'k' || char(27) || '[2J' WHERE key = ?1";
+    assert_eq!(db.execute(sql, [&good[0]]).expect(sql), 1);
+    let out = idem(&url, &["list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 6, "{stderr}");
+    assert!(
+        stderr.contains(r#"unreadable record with key "k\u{1b}[2J": "#)
+            && stderr.contains("not an idempotency key")
+            && !stderr.contains("idem forget"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\x1b'), "no raw escape reaches the terminal: {stderr:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On the tests' shared database: the listing of this test's run selects its unreadable record
+/// (its run id is intact) and no other test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lists_around_an_unreadable_record() {
+    let url = pg_url();
+    let Some(store) = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await) else {
+        return;
+    };
+    let run = unique_run("pg-unreadable");
+    let (good, bad) = four_records(&*store, &run).await;
+    let (client, conn) =
+        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("raw");
+    tokio::spawn(conn);
+    let sql = "UPDATE idem_records SET state = 7 WHERE key = $1";
+    assert_eq!(client.execute(sql, &[&bad]).await.expect(sql), 1);
+    let checked = tokio::task::spawn_blocking({
+        let bad = bad.clone();
+        move || around_unreadable(&url, &run, &good, &bad, "unknown state 7")
+    })
+    .await;
+    // A failed check leaves no unreadable record behind for the other tests' listings.
+    let _ = client.execute("DELETE FROM idem_records WHERE key = $1", &[&bad]).await;
+    checked.expect("the listing checks");
+}
+
+/// The Redis store's URL names no key prefix, so this test has a database of its own on the
+/// tests' server (13): listings of the other tests never meet its unreadable record, which
+/// expires in ten minutes should the test fail before forgetting it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lists_around_an_unreadable_record() {
+    let base = idem_tests::redis_url();
+    let (head, query) = base.split_once('?').map_or((base.as_str(), None), |(h, q)| (h, Some(q)));
+    let start = head.find("://").map_or(0, |i| i + 3);
+    let server = head[start..].find('/').map_or(head, |i| &head[..start + i]);
+    let url = format!("{server}/13{}", query.map(|q| format!("?{q}")).unwrap_or_default());
+    let Some(store) = idem_tests::or_skip("Redis", idem_core::store::open(&url).await) else {
+        return;
+    };
+    let run = unique_run("redis-unreadable");
+    let (good, bad) = four_records(&*store, &run).await;
+    let client = redis::Client::open(url.as_str()).expect("redis url");
+    let mut raw = client.get_multiplexed_async_connection().await.expect("raw connection");
+    let set = redis::cmd("SET")
+        .arg(format!("idem:{{{bad}}}:rec"))
+        .arg("not a record")
+        .arg("PX")
+        .arg(600_000)
+        .to_owned();
+    let () = set.query_async(&mut raw).await.expect("SET");
+    tokio::task::spawn_blocking(move || {
+        around_unreadable(&url, &run, &good, &bad, "schema version")
+    })
+    .await
+    .expect("the listing checks");
 }
 
 /// A store that is down (nothing listens on the port) is exit 5 with a message that says so:
