@@ -163,13 +163,19 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         arg(&mut sql, " AND tool = ?", Value::Text(tool.clone()));
     }
     if let Some(prefix) = &q.run_prefix {
-        // The range lets the index on run_id serve the prefix; `substr` is the exact test.
+        // The range lets the index on run_id serve the prefix; `substr` is the exact test, on
+        // bytes: SQLite's `length` of a text stops at its first NUL, so a prefix holding one
+        // would compare a shorter part of the run id than the whole prefix.
         arg(&mut sql, " AND run_id >= ?", Value::Text(prefix.clone()));
         if let Some(end) = prefix_end(prefix) {
             arg(&mut sql, " AND run_id < ?", Value::Text(end));
         }
-        arg(&mut sql, " AND substr(run_id, 1, length(?))", Value::Text(prefix.clone()));
-        arg(&mut sql, " = ?", Value::Text(prefix.clone()));
+        arg(
+            &mut sql,
+            " AND substr(CAST(run_id AS BLOB), 1, ?)",
+            Value::Integer(prefix.len() as i64),
+        );
+        arg(&mut sql, " = ?", Value::Blob(prefix.as_bytes().to_vec()));
     }
     if let Some(older) = q.older_than {
         arg(&mut sql, " AND since <= ?", Value::Integer(now.saturating_sub(ms(older))));
