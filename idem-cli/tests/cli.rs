@@ -924,5 +924,21 @@ fn a_store_that_is_down_is_exit_5() {
         let why = exits(url, &["stats"], 5);
         assert!(why.contains("could not be reached"), "{url}: {why}");
         assert!(!why.contains("panicked"), "{url}: {why}");
+        // Each cause once (redis's error writes its I/O cause into its own text and returns it).
+        assert_eq!(why.matches("Connection refused").count(), 1, "{url}: {why}");
     }
+}
+
+/// A PostgreSQL error names its cause once: a `search_path` schema that does not exist fails
+/// the store's setup with the server's message, not with that message and again under "db error".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_is_named_once() {
+    let url = pg_url();
+    if idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await).is_none() {
+        return;
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let bad = format!("{url}{sep}options=-csearch_path%3Didem_no_such_schema");
+    let why = exits(&bad, &["stats"], 5);
+    assert_eq!(why.matches("no schema has been selected").count(), 1, "{why}");
 }

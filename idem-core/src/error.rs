@@ -331,17 +331,57 @@ impl<E> Error<E> {
 
 /// Displays an error and every cause under it ([`source`](std::error::Error::source)), each once:
 /// `message: cause: cause of the cause`. For logs and for the text a model reads.
+///
+/// Some backends' errors write their cause into their own message and still return it as their
+/// `source()` (redis's I/O errors: "Connection refused (os error 111)" over the same
+/// `io::Error`); a cause whose text the error above it already holds is not written again.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut above = self.0.to_string();
+        f.write_str(&above)?;
         let mut next = self.0.source();
         while let Some(cause) = next {
-            write!(f, ": {cause}")?;
+            let text = cause.to_string();
+            if !above.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            above = text;
             next = cause.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::Chain;
+
+    /// An error that, like redis's, writes its cause's text into its own and returns the cause.
+    #[derive(Debug)]
+    struct Repeats(std::io::Error);
+
+    impl std::fmt::Display for Repeats {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{}", self.0)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_above_is_written_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = crate::StoreError::unavailable(Repeats(io));
+        assert_eq!(
+            Chain(&e).to_string(),
+            "the store could not be reached or failed the operation: Connection refused"
+        );
     }
 }
 

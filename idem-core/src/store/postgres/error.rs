@@ -12,7 +12,16 @@ pub(super) struct PgError(pub(super) tokio_postgres::Error);
 impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_db_error() {
-            Some(db) => write!(f, "{} {}: {}", db.severity(), db.code().code(), db.message()),
+            Some(db) => {
+                write!(f, "{} {}: {}", db.severity(), db.code().code(), db.message())?;
+                if let Some(detail) = db.detail() {
+                    write!(f, " (detail: {detail})")?;
+                }
+                if let Some(hint) = db.hint() {
+                    write!(f, " (hint: {hint})")?;
+                }
+                Ok(())
+            }
             // "error connecting to server" alone hides the reason ("Connection refused").
             None => match std::error::Error::source(&self.0) {
                 Some(cause) => write!(f, "{}: {cause}", self.0),
@@ -23,8 +32,14 @@ impl std::fmt::Display for PgError {
 }
 
 impl std::error::Error for PgError {
+    /// What the text above does not already say (docs/design.md §8: each cause once): nothing
+    /// for a server's error, whose message, detail and hint the text holds; below a client error
+    /// and its cause, the cause's own cause.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
+        if self.0.as_db_error().is_some() {
+            return None;
+        }
+        std::error::Error::source(&self.0).and_then(|cause| cause.source())
     }
 }
 
