@@ -276,10 +276,11 @@ impl<T: Tool> Call<'_, T> {
     /// the key. Returns the caller's error.
     async fn permanent(&self, fence: Option<Fence>, err: Error<T::Error>) -> Error<T::Error> {
         if let (Some(fence), Error::Tool { error, .. }) = (fence, &err) {
-            let json = crate::limits::check_depth(error)
-                .ok()
-                .and_then(|()| serde_json::to_string(error).ok())
-                .filter(|json| json.len() <= self.policy.max_outcome_bytes);
+            // Checked as an output is (docs/design.md §6.4): an error that would not read back
+            // as itself (a NaN, a `Serialize` its `Deserialize` does not mirror) would replay
+            // as another error than the one this caller gets.
+            let json =
+                stored_json(error).ok().filter(|json| json.len() <= self.policy.max_outcome_bytes);
             match json {
                 Some(json) => {
                     let outcome = Outcome::Failure(json);
@@ -291,7 +292,7 @@ impl<T: Tool> Call<'_, T> {
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
-                // than storing what cannot be replayed (or is past the limits).
+                // than storing what cannot be replayed as itself (or is past the limits).
                 None => self.release(fence).await,
             }
         }
