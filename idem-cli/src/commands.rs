@@ -191,10 +191,14 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
     let key = parse_key(&args.key)?;
     let resolution = match &args.happened {
         Some(result) => {
-            let value: serde_json::Value = serde_json::from_str(result).map_err(|e| {
+            // Stored as given, not as a `serde_json::Value` writes it back: that would turn an
+            // integer beyond 64 bits into a float and keep only the last of two equal member
+            // names, so later calls would replay another result than the operator gave.
+            idem_core::json_text::check_unique(result).map_err(|e| {
                 Failure::new(Exit::Usage, format!("--happened takes the result as JSON: {e}"))
             })?;
-            Resolution::Happened { outcome: Outcome::Success(value.to_string()), ttl: args.ttl }
+            let outcome = Outcome::Success(result.trim().to_owned());
+            Resolution::Happened { outcome, ttl: args.ttl }
         }
         None => Resolution::NotHappened,
     };

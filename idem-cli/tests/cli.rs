@@ -942,3 +942,33 @@ async fn a_server_error_is_named_once() {
     let why = exits(&bad, &["stats"], 5);
     assert_eq!(why.matches("no schema has been selected").count(), 1, "{why}");
 }
+
+/// The result given to `resolve --happened` is stored as given: an integer beyond 64 bits stays
+/// exact (a `u128` output replays as itself), and an object that names a member twice is refused
+/// (it would have kept only the last value) before anything changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolved_result_is_stored_exactly() {
+    use idem_core::store::{Origin, Outcome, RecordState};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-exact-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let wide =
+        record_of(&*store, Origin { tool: "t", tenant: "", run: "wide" }, Outcome::Unknown).await;
+    let twice =
+        record_of(&*store, Origin { tool: "t", tenant: "", run: "twice" }, Outcome::Unknown).await;
+
+    let result = r#"{"amount":18446744073709551617}"#;
+    ok(&url, &["resolve", &wide, "--happened", result, "--yes"]);
+    let key = idem_core::Key::parse(&wide).expect("key");
+    let info = store.inspect(&key).await.expect("inspect").expect("record");
+    assert_eq!(info.state, RecordState::Done(Outcome::Success(result.into())));
+
+    let why =
+        exits(&url, &["resolve", &twice, "--happened", r#"{"id":"re_1","id":"re_2"}"#, "--yes"], 2);
+    assert!(why.contains("appears twice"), "{why}");
+    assert_eq!(json(&url, &["show", &twice])["state"], "unknown", "nothing was changed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
