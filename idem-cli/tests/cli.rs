@@ -972,3 +972,62 @@ async fn a_resolved_result_is_stored_exactly() {
     assert_eq!(json(&url, &["show", &twice])["state"], "unknown", "nothing was changed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `show --json` gives the exact stored result: an integer beyond 64 bits, stored exactly by the
+/// executor (a `u128` output) or by `resolve`, must not be shown as a float.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "render::payload reads the result into a serde_json::Value, which holds no integer beyond 64 bits"]
+async fn show_json_gives_a_wide_integer_exactly() {
+    use idem_core::store::{Origin, Outcome};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-wide-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    let result = r#"{"amount":18446744073709551617}"#;
+    let key = record_of(
+        &*store,
+        Origin { tool: "t", tenant: "", run: "w" },
+        Outcome::Success(result.into()),
+    )
+    .await;
+    let shown = ok(&url, &["--json", "show", &key]);
+    assert!(shown.contains("18446744073709551617"), "{shown}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The command line does not create stores: pointed at a PostgreSQL schema with no idem tables
+/// (a mistyped `search_path` or database), it must say so, not create the tables and report an
+/// empty store, as it refuses a SQLite file that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "store::open creates the schema; the CLI has no way to open a PostgreSQL store without creating it"]
+async fn an_empty_postgres_schema_is_not_made_a_store() {
+    let url = pg_url();
+    if idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await).is_none() {
+        return;
+    }
+    let schema = format!("idem_cli_empty_{}", std::process::id());
+    let (admin, conn) =
+        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("pg");
+    let task = tokio::spawn(conn);
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .expect("schema");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let out = idem(&format!("{url}{sep}options=-csearch_path%3D{schema}"), &["stats"]);
+    let tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            &[&schema],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop");
+    drop(admin);
+    let _ = task.await;
+    assert_ne!(code(&out), 0, "an empty schema is not a store");
+    assert_eq!(tables, 0, "the command line created no tables");
+}
