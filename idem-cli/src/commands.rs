@@ -20,7 +20,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     refuse_memory_store(url)?;
     refuse_missing_sqlite_file(url)?;
-    let store = store::open(url).await?;
+    // Never creates a store: a mistyped PostgreSQL database or SQLite path is refused, not
+    // shown as an empty store.
+    let store = store::open_existing(url).await?;
     let json = cli.json;
     match cli.command {
         Command::List(args) => list(&*store, args, json).await,

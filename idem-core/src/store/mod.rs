@@ -47,7 +47,7 @@ pub use admin::{
     StoredOrigin, UnreadableRecord,
 };
 pub use memory::MemoryStore;
-pub use open::open;
+pub use open::{open, open_existing};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

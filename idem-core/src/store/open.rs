@@ -58,6 +58,62 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
+/// [`open`] for a store that already exists: nothing is created. A `sqlite:` URL naming a file
+/// that does not exist or has no idem tables, and a PostgreSQL database (and `search_path`)
+/// without them, are refused with [`StoreError::InvalidConfig`] instead of becoming a new, empty
+/// store; so is `memory:` (and `sqlite::memory:`), which is always a new one. A Redis server
+/// holds no schema: it opens as with [`open`]. For tools that only look at a store, such as the
+/// `idem` command line, where a mistyped path or connection string must not show an empty store
+/// (nothing stuck) while the application's records are elsewhere.
+///
+/// Errors: as [`open`], and `InvalidConfig` as above.
+pub async fn open_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let new_store = || {
+        StoreError::InvalidConfig(format!(
+            "{url:?} names a store inside one process, new and empty when opened here; name the \
+             store the application uses"
+        ))
+    };
+    if is_key_value(url) {
+        return postgres_existing(url).await;
+    }
+    let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("memory") => Err(new_store()),
+        Some("sqlite") => {
+            let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"));
+            match path {
+                Some(":memory:") => Err(new_store()),
+                Some(path) if !path.is_empty() => sqlite_existing(path.to_owned()).await,
+                _ => open(url).await,
+            }
+        }
+        Some("postgres" | "postgresql") => postgres_existing(url).await,
+        _ => open(url).await,
+    }
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite_existing(path: String) -> Result<Arc<dyn Store>, StoreError> {
+    let opened = tokio::task::spawn_blocking(move || super::SqliteStore::open_existing(path)).await;
+    Ok(Arc::new(opened.map_err(StoreError::unavailable)??))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn sqlite_existing(_: String) -> Result<Arc<dyn Store>, StoreError> {
+    Err(not_compiled("SQLite", "sqlite"))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(super::PostgresStore::connect_existing(url).await?))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_existing(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(not_compiled("PostgreSQL", "postgres"))
+}
+
 /// Whether `url` is libpq's key=value connection string (`host=db user=app dbname=app`): it
 /// starts with a keyword and `=`, which no URL scheme does (a scheme is followed by `:`).
 fn is_key_value(url: &str) -> bool {
@@ -155,6 +211,62 @@ mod tests {
     #[tokio::test]
     async fn memory_opens() {
         assert!(open("memory:").await.expect("opens").is_local());
+    }
+
+    /// Nothing an operator mistyped becomes a new store: a missing file stays missing, another
+    /// application's SQLite database gets no idem tables (nor WAL files), and stores that only
+    /// live in this process are refused.
+    #[tokio::test]
+    async fn open_existing_creates_nothing() {
+        let refused_existing = async |url: &str| match open_existing(url).await {
+            Err(StoreError::InvalidConfig(m)) => m,
+            Err(other) => panic!("{url}: expected InvalidConfig, got {other}"),
+            Ok(_) => panic!("{url}: opened"),
+        };
+        for url in ["memory:", "MEMORY:", "sqlite::memory:"] {
+            assert!(refused_existing(url).await.contains("inside one process"), "{url}");
+        }
+        #[cfg(feature = "sqlite")]
+        {
+            let dir =
+                std::env::temp_dir().join(format!("idem-open-existing-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let missing = dir.join("missing.db");
+            let m = refused_existing(&format!("sqlite://{}", missing.display())).await;
+            assert!(m.contains("no such file"), "{m}");
+            assert!(!missing.exists(), "no file was created");
+
+            let other = dir.join("other.db");
+            let conn = rusqlite::Connection::open(&other).unwrap();
+            conn.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY)").unwrap();
+            drop(conn);
+            let m = refused_existing(&format!("sqlite:{}", other.display())).await;
+            assert!(m.contains("no idem_records table"), "{m}");
+            let conn = rusqlite::Connection::open(&other).unwrap();
+            let tables: Vec<String> = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(tables, ["orders"], "the database was left as it was");
+            let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+            assert_eq!(journal, "delete", "not switched to WAL");
+            drop(conn);
+
+            let garbage = dir.join("garbage.db");
+            std::fs::write(&garbage, b"not a database, but long enough to have a header page..")
+                .unwrap();
+            let m = refused_existing(&format!("sqlite:{}", garbage.display())).await;
+            assert!(m.contains("not a SQLite database"), "{m}");
+
+            // An idem store opens.
+            let store = dir.join("idem.db");
+            drop(open(&format!("sqlite:{}", store.display())).await.expect("created by open"));
+            open_existing(&format!("sqlite:{}", store.display())).await.expect("opens");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     #[cfg(not(feature = "postgres"))]

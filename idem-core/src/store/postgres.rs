@@ -74,6 +74,7 @@ use error::{pg, sent, unreached};
 use listen::listen;
 pub use pool::PoolOptions;
 use pool::Source;
+use schema::Schema;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 use text::{run_text, text};
 use tls::Target;
@@ -164,7 +165,16 @@ impl PostgresStore {
     /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
     /// [`StoreError::Incompatible`] when the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS).await
+        Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS, Schema::Create).await
+    }
+
+    /// [`connect`](Self::connect) to a store that already exists: a database (and `search_path`)
+    /// without idem's tables is refused with [`StoreError::InvalidConfig`] instead of getting
+    /// them, so a tool that only looks at a store (the `idem` command line) does not make a new,
+    /// empty one where a connection string was mistyped. A schema of an earlier revision is
+    /// still brought up to date, as `connect` does.
+    pub async fn connect_existing(url: &str) -> Result<Self, StoreError> {
+        Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS, Schema::Existing).await
     }
 
     /// Connects with a parsed [`Config`] (e.g. to set `options`, such as a `search_path` for
@@ -172,12 +182,16 @@ impl PostgresStore {
     /// `ssl_mode` applies (`require`: encrypted, certificate unchecked); use
     /// [`connect`](Self::connect) for `verify-ca` and `verify-full`.
     pub async fn connect_with(config: Config, connections: usize) -> Result<Self, StoreError> {
-        Self::open_target(Target::from_config(config)?, connections).await
+        Self::open_target(Target::from_config(config)?, connections, Schema::Create).await
     }
 
-    async fn open_target(target: Target, connections: usize) -> Result<Self, StoreError> {
+    async fn open_target(
+        target: Target,
+        connections: usize,
+        schema: Schema,
+    ) -> Result<Self, StoreError> {
         let source = Source::own(&target, connections)?;
-        source.check().await?;
+        source.check(schema).await?;
         // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.
         let listen = (!target.pgbouncer).then_some(target);
         Ok(Self::assemble(source, listen))

@@ -132,6 +132,49 @@ impl SqliteStore {
         Self::with_connection(Connection::open(path).map_err(StoreError::unavailable)?)
     }
 
+    /// Opens the idem store in the database file at `path`, which must exist and hold idem's
+    /// tables: a missing file, or one without them (another application's database, a mistyped
+    /// path), is refused with [`StoreError::InvalidConfig`] and left as it is, where
+    /// [`open`](Self::open) would create the file or the tables. For a tool that only looks at a
+    /// store (the `idem` command line). A schema of an earlier revision is still brought up to
+    /// date, as `open` does.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let missing = |what: &str| {
+            StoreError::InvalidConfig(format!(
+                "no idem store at {} ({what}); name the SQLite file the application uses",
+                std::path::absolute(path).unwrap_or_else(|_| path.to_owned()).display()
+            ))
+        };
+        if !path.is_file() {
+            return Err(missing("no such file"));
+        }
+        // Read-write but never created, and looked at before anything is written to it (the
+        // journal mode included).
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).map_err(StoreError::unavailable)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
+        let tables = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _)
+                    if f.code == rusqlite::ErrorCode::NotADatabase =>
+                {
+                    missing("not a SQLite database")
+                }
+                e => StoreError::unavailable(e),
+            })?;
+        if tables == 0 {
+            return Err(missing("the file has no idem_records table"));
+        }
+        Self::with_connection(conn)
+    }
+
     /// Opens a database from a URL: `sqlite://PATH` or `sqlite:PATH` (a relative or absolute
     /// path, e.g. `sqlite:///var/lib/idem.db`), or `sqlite::memory:` for a private in-memory
     /// database.

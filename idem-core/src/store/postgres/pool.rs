@@ -11,7 +11,7 @@ use deadpool_postgres::{Pool, PoolError};
 
 use super::conn::Conn;
 use super::error::pg;
-use super::schema::ensure_schema;
+use super::schema::{Schema, ensure_schema};
 use super::tls::Target;
 use super::{CONNECT_TIMEOUT, PostgresStore};
 use crate::store::StoreError;
@@ -124,9 +124,9 @@ impl Source {
     /// Creates or checks the schema and, with prepared statements, prepares them on the first
     /// connection, so that a wrong address, an incompatible schema or a missing function fails
     /// when the store is made.
-    pub(super) async fn check(&self) -> Result<(), StoreError> {
+    pub(super) async fn check(&self, schema: Schema) -> Result<(), StoreError> {
         let mut conn = self.checkout().await?;
-        ensure_schema(&mut conn.client).await?;
+        ensure_schema(&mut conn.client, schema).await?;
         conn.prepare_all().await
     }
 }
@@ -169,7 +169,7 @@ impl PostgresStore {
     pub async fn from_pool_with(pool: Pool, options: PoolOptions) -> Result<Self, StoreError> {
         let listen = options.listen.as_deref().map(Target::parse).transpose()?;
         let source = Source::app(pool, options.pgbouncer);
-        source.check().await?;
+        source.check(Schema::Create).await?;
         Ok(PostgresStore::assemble(source, listen))
     }
 }

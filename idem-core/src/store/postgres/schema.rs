@@ -211,7 +211,16 @@ async fn version_of(
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
-pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError> {
+/// Whether opening a store may create its schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Schema {
+    /// Create the tables where there are none (an application's store).
+    Create,
+    /// Refuse a database without them (a tool that only looks at a store).
+    Existing,
+}
+
+pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result<(), StoreError> {
     // The common case, one round trip: the schema exists at our version and revision.
     match version_of(client).await {
         Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => return Ok(()),
@@ -219,6 +228,24 @@ pub(super) async fn ensure_schema(client: &mut Client) -> Result<(), StoreError>
         Ok((Some(v), _)) => return Err(incompatible_version(v)),
         Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
         Err(e) => return Err(pg(e)),
+    }
+    if schema == Schema::Existing {
+        let row = client
+            .query_typed_one(
+                "SELECT to_regclass('idem_records') IS NOT NULL, current_database(), \
+                 current_setting('search_path')",
+                &[],
+            )
+            .await
+            .map_err(pg)?;
+        let (found, db, path): (bool, String, String) =
+            (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?, row.try_get(2).map_err(pg)?);
+        if !found {
+            return Err(StoreError::InvalidConfig(format!(
+                "no idem store in PostgreSQL database {db:?} with search_path {path:?}: no \
+                 idem_records table there. Name the database and search_path the application uses"
+            )));
+        }
     }
     let tx = client.transaction().await.map_err(pg)?;
     let found = async {
