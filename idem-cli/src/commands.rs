@@ -125,11 +125,18 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     }
     progress.done();
     if json {
-        let records: Vec<_> = records.iter().map(render::record_json).collect();
-        let unreadable: Vec<_> = unreadable.iter().map(render::unreadable_json).collect();
-        out(&render::json_line(
-            &serde_json::json!({ "records": records, "unreadable": unreadable, "next": next }),
-        ))?;
+        #[derive(serde::Serialize)]
+        struct Listing<'a> {
+            records: Vec<render::RecordJson<'a>>,
+            unreadable: Vec<serde_json::Value>,
+            next: Option<String>,
+        }
+        let listing = Listing {
+            records: records.iter().map(render::record_json).collect(),
+            unreadable: unreadable.iter().map(render::unreadable_json).collect(),
+            next,
+        };
+        out(&render::json_line(&listing))?;
     } else {
         out(&render::table(&records))?;
         for record in &unreadable {

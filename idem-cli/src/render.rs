@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use idem_core::Key;
 use idem_core::store::{Outcome, RecordInfo, RecordState, Stats, UnreadableRecord};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
@@ -68,36 +70,65 @@ pub fn duration(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
-/// A JSON payload as a value when it parses, else as a string (a record edited by hand).
-fn payload(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+/// A stored JSON payload as it is stored, when it is JSON: not read into a `serde_json::Value`,
+/// which would turn an integer beyond 64 bits into a float and keep one of two equal member
+/// names. Else (a record edited by hand) as a string.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Payload<'a> {
+    Json(&'a RawValue),
+    Text(&'a str),
 }
 
-pub fn record_json(info: &RecordInfo) -> Value {
-    let mut v = json!({
-        "key": info.key.as_str(),
-        "fingerprint": info.fingerprint.as_str(),
-        "fence": info.fence.0,
-        "state": state_name(&info.state),
-        "tool": info.origin.as_ref().map(|o| o.tool.as_str()),
-        "tenant": info.origin.as_ref().map(|o| o.tenant.as_str()),
-        "run": info.origin.as_ref().map(|o| o.run.as_str()),
-        "age_ms": info.age.map(|a| a.as_millis() as u64),
-    });
-    let fields = v.as_object_mut().expect("an object");
+fn payload(text: &str) -> Payload<'_> {
+    serde_json::from_str(text).map_or(Payload::Text(text), Payload::Json)
+}
+
+/// One record as `show --json` and `list --json` give it: its fields, and the stored result or
+/// error exactly as stored.
+#[derive(Serialize)]
+pub struct RecordJson<'a> {
+    key: &'a str,
+    fingerprint: &'a str,
+    fence: u64,
+    state: &'static str,
+    tool: Option<&'a str>,
+    tenant: Option<&'a str>,
+    run: Option<&'a str>,
+    age_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_remaining_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Payload<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<Payload<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+pub fn record_json(info: &RecordInfo) -> RecordJson<'_> {
+    let mut v = RecordJson {
+        key: info.key.as_str(),
+        fingerprint: info.fingerprint.as_str(),
+        fence: info.fence.0,
+        state: state_name(&info.state),
+        tool: info.origin.as_ref().map(|o| o.tool.as_str()),
+        tenant: info.origin.as_ref().map(|o| o.tenant.as_str()),
+        run: info.origin.as_ref().map(|o| o.run.as_str()),
+        age_ms: info.age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX)),
+        lease_remaining_ms: None,
+        result: None,
+        error: None,
+        reason: None,
+    };
     match &info.state {
         RecordState::InFlight { lease_remaining } => {
-            fields.insert("lease_remaining_ms".into(), json!(lease_remaining.as_millis() as u64));
+            v.lease_remaining_ms =
+                Some(u64::try_from(lease_remaining.as_millis()).unwrap_or(u64::MAX));
         }
-        RecordState::Done(Outcome::Success(p)) => {
-            fields.insert("result".into(), payload(p));
-        }
-        RecordState::Done(Outcome::Failure(p)) => {
-            fields.insert("error".into(), payload(p));
-        }
-        RecordState::Done(Outcome::NotStorable(why)) => {
-            fields.insert("reason".into(), json!(why));
-        }
+        RecordState::Done(Outcome::Success(p)) => v.result = Some(payload(p)),
+        RecordState::Done(Outcome::Failure(p)) => v.error = Some(payload(p)),
+        RecordState::Done(Outcome::NotStorable(why)) => v.reason = Some(why),
         RecordState::Done(Outcome::Unknown) => {}
     }
     v
@@ -127,8 +158,11 @@ pub fn unreadable_line(record: &UnreadableRecord) -> String {
 }
 
 /// One JSON document on a line.
-pub fn json_line(v: &Value) -> String {
-    format!("{v}\n")
+pub fn json_line(v: &impl Serialize) -> String {
+    // Serializing these types cannot fail: their maps have string keys.
+    let mut text = serde_json::to_string(v).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// A field from the store as shown: `?` when not stored, `-` when empty, else [`printable`].

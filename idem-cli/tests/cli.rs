@@ -990,7 +990,6 @@ async fn a_resolved_result_is_stored_exactly() {
 /// `show --json` gives the exact stored result: an integer beyond 64 bits, stored exactly by the
 /// executor (a `u128` output) or by `resolve`, must not be shown as a float.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "render::payload reads the result into a serde_json::Value, which holds no integer beyond 64 bits"]
 async fn show_json_gives_a_wide_integer_exactly() {
     use idem_core::store::{Origin, Outcome};
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -1007,7 +1006,14 @@ async fn show_json_gives_a_wide_integer_exactly() {
     )
     .await;
     let shown = ok(&url, &["--json", "show", &key]);
-    assert!(shown.contains("18446744073709551617"), "{shown}");
+    assert!(shown.contains(r#""result":{"amount":18446744073709551617}"#), "{shown}");
+    let listed = ok(&url, &["--json", "list", "--run", "w"]);
+    assert!(listed.contains(r#""result":{"amount":18446744073709551617}"#), "{listed}");
+    // Still one JSON document per command, which reads back.
+    for text in [&shown, &listed] {
+        assert_eq!(text.lines().count(), 1, "{text}");
+        serde_json::from_str::<Value>(text).expect("JSON");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
