@@ -92,6 +92,28 @@ async fn when_the_store_is_down_keyed_and_never_tools_do_not_run() {
     assert_eq!(tool.runs(), 2);
 }
 
+/// An empty caller key (an absent `Idempotency-Key` header passed on as `""`) is refused before
+/// anything runs or is claimed: it would put every call of the tool in the run on one record.
+#[tokio::test(start_paused = true)]
+async fn an_empty_caller_key_is_refused_and_nothing_runs() {
+    let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
+    let idem = executor();
+    let got = idem.run("r").with_idempotency_key("").call(&*tool, args("cus_1", 4900)).await;
+    match got {
+        Err(
+            e @ Error::InvalidArguments { source: idem_core::KeyError::EmptyIdempotencyKey, .. },
+        ) => {
+            let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+            assert!(why.contains("idempotency key is empty"), "{e}: {why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tool.runs(), 0);
+    // Without it, the same call runs once, under a key derived from the arguments.
+    assert_eq!(idem.run("r").call(&*tool, args("cus_1", 4900)).await.unwrap(), "ch_1");
+    assert_eq!(tool.runs(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_caller_key_reused_with_other_arguments_is_refused() {
     let tool = PayTool::new(

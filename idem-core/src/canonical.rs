@@ -71,6 +71,14 @@ pub enum KeyError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The caller's idempotency key ([`Run::with_idempotency_key`](crate::Run::with_idempotency_key))
+    /// is empty: every call of the tool in the run would share one record (an absent
+    /// `Idempotency-Key` header passed on as `""`, say), and any other arguments would be refused
+    /// as a reuse. The IETF Idempotency-Key draft's key is a non-empty string.
+    #[error(
+        "the caller's idempotency key is empty; pass a non-empty key (unique to the operation), or none to derive the key from the arguments"
+    )]
+    EmptyIdempotencyKey,
     /// The value's `Serialize` implementation failed, or produced something that is not one JSON
     /// value. The message says where.
     #[error(

@@ -48,9 +48,12 @@ pub enum Error<E> {
         error: E,
     },
 
-    /// The arguments cannot be turned into a key (NaN, an infinity, a map with non-string keys).
-    /// The tool did not run; fix the arguments.
-    #[error("tool `{tool}` was not called: its arguments have no canonical form")]
+    /// No key could be made: the arguments have no canonical form (NaN, an infinity, a map with
+    /// non-string keys), are larger than the policy allows, or the caller's idempotency key is
+    /// empty. The tool did not run; `source` says which, and what to fix.
+    #[error(
+        "tool `{tool}` was not called: no idempotency key can be made from its arguments and key"
+    )]
     InvalidArguments {
         /// The tool's stable name.
         tool: &'static str,

@@ -141,6 +141,13 @@ impl Run {
             return Err(Error::InvalidArguments { tool: def.name, source });
         }
         let caller_key = self.caller_key.as_deref();
+        if caller_key == Some("") {
+            crate::metrics::call(def.name, def.class.as_str(), "failed");
+            return Err(Error::InvalidArguments {
+                tool: def.name,
+                source: KeyError::EmptyIdempotencyKey,
+            });
+        }
         let (key, digest) = key::key_and_digest(&self.scope, def.name, &canonical, caller_key);
         let fingerprint = match caller_key {
             Some(_) => key::fingerprint(&canonical),
