@@ -920,13 +920,25 @@ async fn redis_lists_around_an_unreadable_record() {
 /// not a panic, not a hang (`idem` fails the test on one).
 #[test]
 fn a_store_that_is_down_is_exit_5() {
-    for url in ["postgres://postgres@127.0.0.1:1/test", "redis://127.0.0.1:1/"] {
+    for url in [
+        "postgres://postgres@127.0.0.1:1/test",
+        "redis://:secret@127.0.0.1:1/",
+        "redis+cluster://:secret@127.0.0.1:1,127.0.0.1:2/",
+    ] {
         let why = exits(url, &["stats"], 5);
         assert!(why.contains("could not be reached"), "{url}: {why}");
+        // Which server, and never the password.
+        assert!(why.contains("127.0.0.1:1"), "{url}: {why}");
+        assert!(!why.contains("secret"), "{url}: {why}");
         assert!(!why.contains("panicked"), "{url}: {why}");
         // Each cause once (redis's error writes its I/O cause into its own text and returns it).
-        assert_eq!(why.matches("Connection refused").count(), 1, "{url}: {why}");
+        if !url.contains("cluster") {
+            assert_eq!(why.matches("Connection refused").count(), 1, "{url}: {why}");
+        }
     }
+    // An option a SQLite URL does not take is named, not read as part of the file name.
+    let why = exits("sqlite:///tmp/idem-cli-no-such.db?mode=ro", &["list"], 2);
+    assert!(why.contains("takes no options"), "{why}");
 }
 
 /// A `search_path` schema that does not exist: the command line says there is no idem store

@@ -176,8 +176,9 @@ impl Target {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(self.refused(e)),
             Err(_) => Err(StoreError::unavailable(format!(
-                "PostgreSQL accepted the connection but did not complete the startup within \
-                 {}",
+                "PostgreSQL at {} accepted the connection but did not complete the startup \
+                 within {}",
+                self.addresses(),
                 ms_text(bound)
             ))),
         }
@@ -209,7 +210,8 @@ impl Target {
                 _ => "TLS handshake failed".to_owned(),
             };
             return StoreError::unavailable(format!(
-                "PostgreSQL TLS {why} (sslmode={mode}): {}",
+                "PostgreSQL at {} TLS {why} (sslmode={mode}): {}",
+                self.addresses(),
                 PgError(e)
             ));
         }
@@ -226,7 +228,37 @@ impl Target {
             }
             _ => "",
         };
-        StoreError::unavailable(format!("PostgreSQL (sslmode={mode}): {}{hint}", PgError(e)))
+        StoreError::unavailable(format!(
+            "PostgreSQL at {} (sslmode={mode}): {}{hint}",
+            self.addresses(),
+            PgError(e)
+        ))
+    }
+
+    /// Where the store connects, for error messages: `host:port` (a socket's directory), each
+    /// host of the string; never its password.
+    pub(super) fn addresses(&self) -> String {
+        let hosts = self.config.get_hosts();
+        let ports = self.config.get_ports();
+        if hosts.is_empty() {
+            return "the default host".to_owned();
+        }
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                // libpq: one port for every host, or one per host; 5432 by default.
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                    #[cfg(unix)]
+                    tokio_postgres::config::Host::Unix(dir) => {
+                        format!("{}/.s.PGSQL.{port}", dir.display())
+                    }
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -244,8 +276,9 @@ fn connector(
         // Prefer without TLS support connects in plaintext, as libpq built without SSL does.
         SslMode::Disable | SslMode::Prefer => Ok(tokio_postgres::NoTls),
         other => Err(StoreError::InvalidConfig(format!(
-            "sslmode={} needs TLS: enable the cargo feature `postgres-tls` of idem-core",
-            other.name()
+            "sslmode={} needs TLS, which is not compiled in: {}",
+            other.name(),
+            crate::store::open::enable_feature("postgres-tls")
         ))),
     }
 }

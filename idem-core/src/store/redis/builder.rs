@@ -118,7 +118,16 @@ impl RedisStoreBuilder {
                     response.as_millis()
                 )));
             }
-            return Err(unavailable(e));
+            // Say where: an operator's first question, which the redis crate's text leaves out.
+            let at = cluster.addresses();
+            let unreached = e.is_io_error()
+                || e.is_connection_refusal()
+                || e.kind() == redis::ErrorKind::ClusterConnectionNotFound;
+            return Err(StoreError::unavailable(if unreached {
+                format!("cannot reach Redis at {at}: {e}")
+            } else {
+                format!("Redis at {at}: {e}")
+            }));
         }
         Ok(store)
     }

@@ -38,6 +38,25 @@ pub(super) enum Servers {
     Cluster(ClusterNodes),
 }
 
+impl Servers {
+    /// Where the store connects, for error messages: `host:port` (or a socket's path), each node
+    /// of a cluster's list; never the URL's password.
+    pub(super) fn addresses(&self) -> String {
+        let addr = |client: &Client| client.get_connection_info().addr().to_string();
+        match self {
+            Servers::One(client) => addr(client),
+            Servers::Cluster(nodes) => nodes
+                .nodes
+                .iter()
+                .map(|node| {
+                    Client::open(node.as_str()).map_or_else(|_| "?".to_owned(), |c| addr(&c))
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
 /// The initial nodes of a cluster (one URL each) and its TLS roots.
 pub(super) struct ClusterNodes {
     nodes: Vec<String>,
@@ -164,7 +183,10 @@ pub(super) fn target(url: &str) -> Result<Target, StoreError> {
         return Err(invalid("the `ca` parameter needs TLS (rediss:// or rediss+cluster://)"));
     }
     if tls && !cfg!(feature = "redis-tls") {
-        return Err(invalid("TLS needs the cargo feature `redis-tls` of idem-core"));
+        return Err(invalid(format!(
+            "TLS (rediss://) is not compiled in: {}",
+            crate::store::open::enable_feature("redis-tls")
+        )));
     }
     let ca = match &opts.ca {
         Some(path) => Some(
