@@ -41,7 +41,8 @@ fn sqlite_path(url: &str) -> Option<&str> {
         return None;
     }
     let rest = rest.strip_prefix("//").unwrap_or(rest);
-    Some(rest.split('?').next().unwrap_or(rest))
+    // A URL with a query is refused by the store itself (it takes no options).
+    (!rest.contains('?')).then_some(rest)
 }
 
 /// An in-memory store lives in the process that opened it: one opened here is a new, empty

@@ -80,27 +80,33 @@ pub async fn open_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
         Some("memory") => Err(new_store()),
-        Some("sqlite") => {
-            let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"));
-            match path {
-                Some(":memory:") => Err(new_store()),
-                Some(path) if !path.is_empty() => sqlite_existing(path.to_owned()).await,
-                _ => open(url).await,
-            }
-        }
+        Some("sqlite") => sqlite_existing(url, new_store).await,
         Some("postgres" | "postgresql") => postgres_existing(url).await,
         _ => open(url).await,
     }
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite_existing(path: String) -> Result<Arc<dyn Store>, StoreError> {
+async fn sqlite_existing(
+    url: &str,
+    new_store: impl Fn() -> StoreError,
+) -> Result<Arc<dyn Store>, StoreError> {
+    let path = match super::sqlite::url_path(url)? {
+        ":memory:" => return Err(new_store()),
+        path => path.to_owned(),
+    };
     let opened = tokio::task::spawn_blocking(move || super::SqliteStore::open_existing(path)).await;
     Ok(Arc::new(opened.map_err(StoreError::unavailable)??))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn sqlite_existing(_: String) -> Result<Arc<dyn Store>, StoreError> {
+async fn sqlite_existing(
+    url: &str,
+    new_store: impl Fn() -> StoreError,
+) -> Result<Arc<dyn Store>, StoreError> {
+    if url.ends_with(":memory:") {
+        return Err(new_store());
+    }
     Err(not_compiled("SQLite", "sqlite"))
 }
 
@@ -126,8 +132,18 @@ fn is_key_value(url: &str) -> bool {
 #[cfg(not(all(feature = "sqlite", feature = "postgres", feature = "redis")))]
 fn not_compiled(store: &str, feature: &str) -> StoreError {
     StoreError::InvalidConfig(format!(
-        "the {store} store is not compiled in: enable the cargo feature `{feature}` of idem-core"
+        "the {store} store is not compiled in: {}",
+        enable_feature(feature)
     ))
+}
+
+/// How to turn on `feature`, for an error message: the user may have built idem-core through
+/// another crate (the `idem` command line has features of the same names).
+pub(crate) fn enable_feature(feature: &str) -> String {
+    format!(
+        "build with the cargo feature `{feature}` (of idem-core, or of the crate built on it: \
+         `cargo install --path idem-cli --features {feature}` for the idem command line)"
+    )
 }
 
 #[cfg(feature = "sqlite")]
@@ -261,8 +277,14 @@ mod tests {
             let m = refused_existing(&format!("sqlite:{}", garbage.display())).await;
             assert!(m.contains("not a SQLite database"), "{m}");
 
-            // An idem store opens.
+            // An option is not taken as part of the file name, by either way of opening.
             let store = dir.join("idem.db");
+            let with_query = format!("sqlite://{}?mode=ro", store.display());
+            assert!(refused_existing(&with_query).await.contains("takes no options"));
+            assert!(refused(&with_query).await.contains("takes no options"));
+            assert!(!store.exists(), "nothing was created");
+
+            // An idem store opens.
             drop(open(&format!("sqlite:{}", store.display())).await.expect("created by open"));
             open_existing(&format!("sqlite:{}", store.display())).await.expect("opens");
             std::fs::remove_dir_all(&dir).unwrap();

@@ -109,6 +109,30 @@ struct Inner {
     sweeps: SweepClock,
 }
 
+/// The path a `sqlite:` URL names (`:memory:` included). Errors: [`StoreError::InvalidConfig`]
+/// for another scheme, no path, or a query: the URL takes no options, and an unknown one must
+/// not silently become part of the file name.
+pub(crate) fn url_path(url: &str) -> Result<&str, StoreError> {
+    let invalid = |why: &str| StoreError::InvalidConfig(format!("{why}: {url:?}"));
+    let path = match url.split_once(':') {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("sqlite") => {
+            rest.strip_prefix("//").unwrap_or(rest)
+        }
+        _ => return Err(invalid("not a sqlite URL (sqlite://PATH)")),
+    };
+    if path.is_empty() {
+        return Err(invalid("sqlite URL without a path"));
+    }
+    if let Some((_, query)) = path.split_once('?') {
+        return Err(StoreError::InvalidConfig(format!(
+            "a sqlite URL takes no options, and {query:?} is not part of the file name; name \
+             the file alone (sqlite:///abs/path.db), or open a path with `?` in it with \
+             SqliteStore::open: {url:?}"
+        )));
+    }
+    Ok(path)
+}
+
 /// The SQLite [`Store`]. Cheap to clone (clones share one connection).
 ///
 /// Errors: [`StoreError::Unavailable`] when the file cannot be opened or a statement fails (I/O,
@@ -179,13 +203,8 @@ impl SqliteStore {
     /// path, e.g. `sqlite:///var/lib/idem.db`), or `sqlite::memory:` for a private in-memory
     /// database.
     pub fn open_url(url: &str) -> Result<Self, StoreError> {
-        let path =
-            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).ok_or_else(
-                || StoreError::InvalidConfig(format!("not a sqlite URL (sqlite://PATH): {url:?}")),
-            )?;
-        match path {
+        match url_path(url)? {
             ":memory:" => Self::in_memory(),
-            "" => Err(StoreError::InvalidConfig(format!("sqlite URL without a path: {url:?}"))),
             path => Self::open(path),
         }
     }
