@@ -21,8 +21,10 @@ use idem_core::store::StateFilter;
 #[derive(Parser, Debug)]
 #[command(name = "idem", version, about, long_about = None, after_help = EXIT_CODES)]
 struct Cli {
-    /// The store: memory:, sqlite:///abs/path.db, postgres://user@host/db (or "host=.. dbname=.."),
-    /// redis://host:6379/, redis+cluster://h1:p1,h2:p2/
+    /// The store the application uses: sqlite:///abs/path.db, postgres://user@host/db (or
+    /// "host=.. dbname=.."), redis://host:6379/, redis+cluster://h1:p1,h2:p2/ (TLS: rediss://,
+    /// sslmode=verify-full, with the features postgres-tls, redis-tls). Nothing is created: a
+    /// file or database without idem's tables, and memory:, are refused
     #[arg(long, env = "IDEM_STORE", global = true)]
     store: Option<String>,
 

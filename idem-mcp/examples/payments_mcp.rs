@@ -425,6 +425,13 @@ async fn serve() -> Result<(), String> {
     if let Some(addr) = opts.http {
         return serve_http(&addr, payments, idem).await;
     }
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        // Someone ran it by hand: say why nothing happens. A host's pipe gets no such line.
+        eprintln!(
+            "payments_mcp: serving MCP over stdio: waiting for JSON-RPC messages on standard \
+             input, one per line (an MCP host starts this program and speaks first)"
+        );
+    }
     server(&payments, &idem)?.serve_stdio().await.map_err(|e| e.to_string())
 }
 
