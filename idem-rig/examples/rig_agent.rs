@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Classify, Ctx, Failure, Idem, ToolSet, tool};
-use idem_rig::RigToolSet;
+use idem_rig::{IdemReport, RigToolSet};
 use rig_agent::AgentBuilder;
+use rig_agent::agent::{AgentHook, HookContext, OutcomeAction, OutcomeEvent};
 use scripted::{Reply, Seen};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -81,6 +82,26 @@ impl Payments {
     }
 }
 
+/// The host's side: how idem served each tool call, which idem-rig publishes in the call's result
+/// context (the model never sees it), beside the model's call id.
+struct ShowReports;
+
+impl AgentHook for ShowReports {
+    async fn on_outcome(&self, _: &HookContext, event: OutcomeEvent<'_>) -> OutcomeAction {
+        if let (Some(call), Some(cx)) = (event.call_id, event.context)
+            && let Ok(Some(report)) = cx.result::<IdemReport>()
+        {
+            println!(
+                "host: {call} in run {} was {} (key {}…)",
+                report.run,
+                report.outcome.as_deref().unwrap_or("not served"),
+                report.key.get(..12).unwrap_or(&report.key)
+            );
+        }
+        OutcomeAction::Proceed
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let payments = Arc::new(Payments::default());
@@ -104,7 +125,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )),
         }
     });
-    let agent = AgentBuilder::new(model).dynamic_tools(tools.dynamic_tools()).build();
+    let agent =
+        AgentBuilder::new(model).dynamic_tools(tools.dynamic_tools()).add_hook(ShowReports).build();
 
     println!("user: Charge cus_1 $49.");
     let answer = agent.prompt("Charge cus_1 $49.").max_turns(5).await?;
