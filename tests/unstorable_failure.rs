@@ -6,23 +6,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem_core::{Classify, Error, Failure, Idem, tool};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-/// Writes twice its value and reads the number back as is: a round trip changes it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Doubling(u32);
-
-impl Serialize for Doubling {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u32(self.0 * 2)
-    }
-}
-
-impl<'de> Deserialize<'de> for Doubling {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        u32::deserialize(d).map(Doubling)
-    }
-}
+use idem_tests::Doubling;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 enum Declined {

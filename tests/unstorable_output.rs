@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Classify, Ctx, Error, ErrorKind, Failure, Idem, MemoryStore, Store, tool};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use idem_tests::Doubling;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 #[error("declined")]
@@ -47,22 +48,6 @@ async fn book_grid(cx: &Ctx, case: String) -> Result<HashMap<(u8, u8), String>, 
     let _ = cx.key();
     ran("grid", &case);
     Ok(HashMap::from([((1, 2), "a".to_owned())]))
-}
-
-/// Writes twice its value and reads the number back as is: a round trip changes it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Doubling(u32);
-
-impl Serialize for Doubling {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u32(self.0 * 2)
-    }
-}
-
-impl<'de> Deserialize<'de> for Doubling {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        u32::deserialize(d).map(Doubling)
-    }
 }
 
 #[tool(retry = "never")]

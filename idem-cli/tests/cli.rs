@@ -259,12 +259,7 @@ fn key_of(url: &str, run: &str, order: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (dir, url, store) = sqlite_store("idem-cli").await;
     workflow(&url, Arc::clone(&store), "sqlite").await;
     lease_ended(&url, &*store).await;
     // Usage and availability errors have their own exit codes.
@@ -370,12 +365,7 @@ async fn redis() {
 /// before the table; without a terminal it prints no progress, so scripts read only the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_of_several_pages_shows_progress_on_a_terminal_only() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-progress-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (_, url, store) = sqlite_store("idem-cli-progress").await;
     let run = Idem::builder_shared(store).build().run("progress");
     for n in 0..600 {
         refund(&run, format!("progress-{n}")).await.expect("refund");
@@ -443,12 +433,7 @@ async fn record_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fields_from_clients_cannot_act_on_the_operators_terminal() {
     use idem_core::store::{Origin, Outcome};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-escapes-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (_, url, store) = sqlite_store("idem-cli-escapes").await;
 
     let fake_row = format!("conv\ncompleted  refund  fake  1s  -  9  {}", "0".repeat(64));
     let tenant = "acme\x1b]0;pwned\x07";
@@ -546,12 +531,7 @@ fn with_closed_pipe(url: &str, args: &[&str], on_stderr: bool) -> (i32, String) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_to_a_closed_pipe_or_a_full_disk() {
     use idem_core::store::{Origin, Outcome};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-pipe-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (_, url, store) = sqlite_store("idem-cli-pipe").await;
     // A result larger than a pipe's buffer, so a reader that stops early closes the pipe
     // while the output is being written.
     let big = serde_json::Value::String("x".repeat(1 << 20)).to_string();
@@ -605,12 +585,7 @@ async fn output_to_a_closed_pipe_or_a_full_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
     use idem_core::store::{Origin, Outcome};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-args-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (_, url, store) = sqlite_store("idem-cli-args").await;
     let key =
         record_of(&*store, Origin { tool: "t", tenant: "", run: "r" }, Outcome::Unknown).await;
     let upper = key.to_ascii_uppercase();
@@ -653,13 +628,8 @@ async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_edited_sqlite_records() {
     use idem_core::store::{Origin, Outcome};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-edited-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (dir, url, store) = sqlite_store("idem-cli-edited").await;
     let path = dir.join("idem.db");
-    let url = format!("sqlite://{}", path.display());
-    let store = idem_core::store::open(&url).await.expect("open");
     let origin = |run| Origin { tool: "t", tenant: "", run };
     let text = record_of(&*store, origin("text"), Outcome::Success("{}".into())).await;
     let nul = record_of(&*store, origin("nul"), Outcome::Failure("{}".into())).await;
@@ -810,6 +780,18 @@ fn around_unreadable(url: &str, run: &str, good: &[String], bad: &str, why: &str
     assert!(unreadable.iter().all(|u| u["key"] != bad), "forgotten: {unreadable:?}");
 }
 
+/// A new SQLite store in a directory of its own under the tests' temporary directory, named
+/// `name` and this process: the directory, the store's URL and the store.
+async fn sqlite_store(name: &str) -> (std::path::PathBuf, String, Arc<dyn Store>) {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let url = format!("sqlite://{}", dir.join("idem.db").display());
+    let store = idem_core::store::open(&url).await.expect("open");
+    (dir, url, store)
+}
+
 /// Three records of one run and the key of a fourth, which the caller makes unreadable.
 async fn four_records(store: &dyn Store, run: &str) -> (Vec<String>, String) {
     use idem_core::store::{Origin, Outcome};
@@ -827,13 +809,8 @@ async fn four_records(store: &dyn Store, run: &str) -> (Vec<String>, String) {
 /// no `idem forget` to suggest, since that takes only a key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_lists_around_an_unreadable_record() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-unreadable-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (dir, url, store) = sqlite_store("idem-cli-unreadable").await;
     let path = dir.join("idem.db");
-    let url = format!("sqlite://{}", path.display());
-    let store = idem_core::store::open(&url).await.expect("open");
     let (good, bad) = four_records(&*store, "unreadable").await;
     let db = rusqlite::Connection::open(&path).expect("open the file");
     let sql = "UPDATE idem_records SET kind = 9 WHERE key = ?1";
@@ -975,12 +952,7 @@ async fn a_server_error_is_named_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resolved_result_is_stored_exactly() {
     use idem_core::store::{Origin, Outcome, RecordState};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-exact-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (dir, url, store) = sqlite_store("idem-cli-exact").await;
     let wide =
         record_of(&*store, Origin { tool: "t", tenant: "", run: "wide" }, Outcome::Unknown).await;
     let twice =
@@ -1004,12 +976,7 @@ async fn a_resolved_result_is_stored_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_json_gives_a_wide_integer_exactly() {
     use idem_core::store::{Origin, Outcome};
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("idem-cli-wide-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let url = format!("sqlite://{}", dir.join("idem.db").display());
-    let store = idem_core::store::open(&url).await.expect("open");
+    let (dir, url, store) = sqlite_store("idem-cli-wide").await;
     let result = r#"{"amount":18446744073709551617}"#;
     let key = record_of(
         &*store,

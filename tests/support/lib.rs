@@ -123,5 +123,22 @@ impl Classify for Never {
     }
 }
 
+/// Writes twice its value and reads the number back as is: a value whose JSON does not read back
+/// as itself, for outputs and errors that must not be stored as they are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Doubling(pub u32);
+
+impl serde::Serialize for Doubling {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(self.0.saturating_mul(2))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Doubling {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <u32 as serde::Deserialize>::deserialize(d).map(Doubling)
+    }
+}
+
 /// A private Redis Cluster (3 masters, 3 replicas) the test starts, kills and reshapes.
 pub mod cluster;
