@@ -304,15 +304,7 @@ async fn lease_ended(url: &str, store: &dyn Store) {
     let live = claim("live", Duration::from_secs(600)).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let keys = |state: &str| -> Vec<String> {
-        let listed = json(url, &["list", "--run", &run_id, "--state", state]);
-        let mut keys: Vec<String> = listed["records"]
-            .as_array()
-            .expect("records")
-            .iter()
-            .map(|r| r["key"].as_str().expect("key").to_owned())
-            .collect();
-        keys.sort();
-        keys
+        sorted_keys(&json(url, &["list", "--run", &run_id, "--state", state]))
     };
     assert_eq!(keys("lease-ended"), vec![dead.clone()]);
     let mut both = vec![dead, live];
@@ -693,12 +685,8 @@ fn listed_keys(stdout: &str, stderr: &str) -> (Vec<String>, Vec<String>) {
     (rows, unreadable)
 }
 
-/// `idem --json list` of `run`: the readable records' keys, sorted, and the unreadable ones as
-/// listed, after checking the exit code says whether there were any.
-fn json_listing(url: &str, run: &str) -> (Vec<String>, Vec<Value>) {
-    let out = idem(url, &["--json", "list", "--run", run]);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+/// The keys of the records of a `--json list` output, sorted.
+fn sorted_keys(listed: &Value) -> Vec<String> {
     let mut keys: Vec<String> = listed["records"]
         .as_array()
         .expect("records")
@@ -706,6 +694,16 @@ fn json_listing(url: &str, run: &str) -> (Vec<String>, Vec<Value>) {
         .map(|r| r["key"].as_str().expect("key").to_owned())
         .collect();
     keys.sort();
+    keys
+}
+
+/// `idem --json list` of `run`: the readable records' keys, sorted, and the unreadable ones as
+/// listed, after checking the exit code says whether there were any.
+fn json_listing(url: &str, run: &str) -> (Vec<String>, Vec<Value>) {
+    let out = idem(url, &["--json", "list", "--run", run]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let keys = sorted_keys(&listed);
     let unreadable = listed["unreadable"].as_array().expect("unreadable").clone();
     if unreadable.is_empty() {
         assert_eq!(code(&out), 0, "{stderr}");
