@@ -154,3 +154,45 @@ async fn v1_in_flight_record_keeps_its_fence() {
         assert_eq!(store.claim(claim_req(&key, &fp)).await.unwrap(), want, "after {first}");
     }
 }
+
+/// A listing shows a v1 record as the record it is (migrating it, as `inspect` and every step
+/// do), and reports a hash that is not a valid v1 record as unreadable, leaving it as it is.
+#[tokio::test]
+async fn v1_records_are_listed_not_reported_unreadable() {
+    use idem_core::store::{ListQuery, RecordState, RedisStore};
+    let prefix = format!("{}-listing", idem_tests::redis_prefix());
+    let Some(store) = idem_tests::or_skip(
+        "Redis",
+        RedisStore::builder(idem_tests::redis_url()).prefix(prefix).open().await,
+    ) else {
+        return;
+    };
+    let mut raw = raw().await;
+    let (good, fp) = fresh_key("v1_listed", "good");
+    #[rustfmt::skip]
+    write_v1(&mut raw, &store.record_key(&good), &[
+        ("st", "d".into()), ("fence", "1700000000000000".into()), ("fp", fp.to_string()),
+        ("lu", "1700000000000".into()), ("ok", "s".into()), ("p", "\"paid\"".into()),
+    ]).await;
+    let (bad, fp) = fresh_key("v1_listed", "bad");
+    #[rustfmt::skip]
+    write_v1(&mut raw, &store.record_key(&bad), &[
+        ("st", "d".into()), ("fence", "17".into()), ("fp", fp.to_string()), ("ok", "z".into()),
+        ("p", "1".into()),
+    ]).await;
+
+    let page = store.list(&ListQuery::default()).await.expect("list");
+    let listed: Vec<_> = page.records.iter().map(|r| (r.key, r.state.clone())).collect();
+    assert_eq!(listed, [(good, RecordState::Done(Outcome::Success("\"paid\"".into())))]);
+    let unreadable: Vec<&str> = page.unreadable.iter().map(|u| u.key.as_str()).collect();
+    assert_eq!(unreadable, [bad.as_str()], "{:?}", page.unreadable);
+    assert!(page.unreadable[0].reason.contains("schema version 1"), "{:?}", page.unreadable);
+    let migrated = stored(&mut raw, &store.record_key(&good)).await;
+    assert!(migrated.starts_with("3|d|1700000000000000|"), "{migrated}");
+    let kind: String =
+        redis::cmd("TYPE").arg(store.record_key(&bad)).query_async(&mut raw).await.unwrap();
+    assert_eq!(kind, "hash", "the bad one is left as it is");
+    for key in [good, bad] {
+        store.forget(&key).await.unwrap();
+    }
+}

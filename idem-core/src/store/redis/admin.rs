@@ -18,7 +18,9 @@
 //! whose slot moves to another master during the listing may be listed twice or not at all (see
 //! `Store::list` of [`RedisStore`]). Records this
 //! version cannot read are reported in the page's `unreadable`, whatever the query's filters
-//! (what cannot be read cannot be filtered), and counted as unreadable by `stats`. A scanned name
+//! (what cannot be read cannot be filtered), and counted as unreadable by `stats`; a record of
+//! schema version 1 (a hash) is read through the inspect script, which migrates it as any step
+//! of its key would, and listed as what it is. A scanned name
 //! whose part between the braces is not an idempotency key is not taken for a record: it may be
 //! another store's whose prefix starts like this one's.
 
@@ -132,6 +134,9 @@ enum Found {
     Gone,
     /// Cannot be read, and why.
     Unreadable(String),
+    /// Not a string (`WRONGTYPE`): a version 1 hash, which the inspect script migrates and reads,
+    /// or another type, which it refuses; the reason if it refuses.
+    NotAString(String),
 }
 
 impl RedisStore {
@@ -256,6 +261,11 @@ impl RedisStore {
                 Err(e) => Found::Unreadable(e.to_string()),
             },
             // A version 1 hash until a step of its key migrates it, or another type.
+            Value::ServerError(e) if e.code() == "WRONGTYPE" => Found::NotAString(format!(
+                "{name} is not a record string ({} {})",
+                e.code(),
+                e.details().unwrap_or_default()
+            )),
             Value::ServerError(e) => Found::Unreadable(format!(
                 "{name} is not a record string ({} {})",
                 e.code(),
@@ -321,12 +331,26 @@ impl RedisStore {
                         cur.pending = keys[i..].to_vec();
                         break;
                     }
+                    let found = match found {
+                        // A record of schema version 1 is listed as what it is, as `inspect` reads
+                        // it (its script migrates it, as any step of its key would), not
+                        // reported unreadable with the advice to forget it.
+                        Found::NotAString(reason) => match self.inspect_record(key).await {
+                            Ok(Some(info)) => Found::Record(Box::new(info)),
+                            Ok(None) => Found::Gone,
+                            Err(StoreError::Incompatible(why)) => {
+                                Found::Unreadable(format!("{reason}: {why}"))
+                            }
+                            Err(e) => return Err(e),
+                        },
+                        other => other,
+                    };
                     match found {
                         Found::Record(info) if q.selects(&info) => page.records.push(*info),
                         Found::Unreadable(reason) => {
                             page.unreadable.push(UnreadableRecord { key: key.to_string(), reason })
                         }
-                        Found::Record(_) | Found::Gone => {}
+                        Found::Record(_) | Found::Gone | Found::NotAString(_) => {}
                     }
                 }
             }
