@@ -145,7 +145,11 @@ pub fn unreadable_line(record: &UnreadableRecord) -> String {
     let reason = printable(&record.reason);
     if Key::parse(&record.key).is_some() {
         let key = &record.key;
-        format!("unreadable record {key}: {reason}; `idem forget {key}` removes it")
+        // Not "forget it" alone: a record a newer idem wrote is fine for that version to read.
+        format!(
+            "unreadable record {key}: {reason}; if a newer idem wrote it, read it with that \
+             version; if it is damaged, `idem forget {key}` removes it"
+        )
     } else {
         // Quoted, as Rust writes a string: the key may be empty, or end in spaces.
         let key = format!("{:?}", record.key);
@@ -417,7 +421,10 @@ mod tests {
             unreadable_line(&UnreadableRecord { key: key.clone(), reason: "kind 9\n".into() });
         assert_eq!(
             line,
-            format!("unreadable record {key}: kind 9\\n; `idem forget {key}` removes it")
+            format!(
+                "unreadable record {key}: kind 9\\n; if a newer idem wrote it, read it with that \
+                 version; if it is damaged, `idem forget {key}` removes it"
+            )
         );
         // A key edited by hand: quoted, escaped, and not offered to `idem forget`, which
         // takes only a key.
