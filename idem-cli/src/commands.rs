@@ -18,10 +18,8 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let Some(url) = cli.store.as_deref() else {
         return Err(Failure::new(Exit::Usage, "no store: pass --store URL or set IDEM_STORE"));
     };
-    refuse_memory_store(url)?;
-    refuse_missing_sqlite_file(url)?;
-    // Never creates a store: a mistyped PostgreSQL database or SQLite path is refused, not
-    // shown as an empty store.
+    // Never creates a store: a mistyped PostgreSQL database or SQLite path, and a store that
+    // lives in one process, are refused, not shown as an empty store.
     let store = store::open_existing(url).await?;
     let json = cli.json;
     match cli.command {
@@ -32,55 +30,6 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Purge { expired: _, yes } => purge(&*store, yes, json).await,
         Command::Stats => stats(&*store, json).await,
     }
-}
-
-/// The path of a `sqlite:` URL (schemes are case-insensitive, as `store::open` reads them).
-fn sqlite_path(url: &str) -> Option<&str> {
-    let (scheme, rest) = url.split_once(':')?;
-    if !scheme.eq_ignore_ascii_case("sqlite") {
-        return None;
-    }
-    let rest = rest.strip_prefix("//").unwrap_or(rest);
-    // A URL with a query is refused by the store itself (it takes no options).
-    (!rest.contains('?')).then_some(rest)
-}
-
-/// An in-memory store lives in the process that opened it: one opened here is a new, empty
-/// store, which would show nothing stuck whatever the application holds.
-fn refuse_memory_store(url: &str) -> Result<(), Failure> {
-    let memory = url.split_once(':').is_some_and(|(s, _)| s.eq_ignore_ascii_case("memory"));
-    if !memory && sqlite_path(url) != Some(":memory:") {
-        return Ok(());
-    }
-    Err(Failure::new(
-        Exit::Usage,
-        format!(
-            "{url:?} is a store inside one process: the command line would open a new, empty \
-             one. Name the store the application uses (sqlite:///abs/path.db, postgres://..., \
-             redis://...)"
-        ),
-    ))
-}
-
-/// Opening a SQLite URL creates the file when it is missing. An operator who mistypes the path
-/// (or gives a relative one from another directory) would then inspect an empty new database and
-/// see nothing stuck, so the command line only opens a file that exists.
-fn refuse_missing_sqlite_file(url: &str) -> Result<(), Failure> {
-    let Some(path) = sqlite_path(url) else {
-        return Ok(());
-    };
-    if path.is_empty() || std::path::Path::new(path).exists() {
-        return Ok(());
-    }
-    let shown = std::path::absolute(path).unwrap_or_else(|_| path.into());
-    Err(Failure::new(
-        Exit::Usage,
-        format!(
-            "no SQLite database at {} (from {url:?}); the command line does not create stores. \
-             Name the file the application uses, with an absolute path: sqlite:///abs/path.db",
-            shown.display()
-        ),
-    ))
 }
 
 /// Keys are printed in lowercase; one copied from a tool that upper-cases hex is the same key.

@@ -37,25 +37,7 @@ const FORMS: &str = "memory:, sqlite:///abs/path.db, postgres://user@host/db?ssl
 /// # Ok(()) }
 /// ```
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    if is_key_value(url) {
-        return postgres(url).await;
-    }
-    let Some((scheme, _)) = url.split_once(':') else {
-        return Err(StoreError::InvalidConfig(format!(
-            "store URL {url:?} has no scheme; expected one of {FORMS}"
-        )));
-    };
-    match scheme.to_ascii_lowercase().as_str() {
-        "memory" => Ok(Arc::new(MemoryStore::new())),
-        "sqlite" => sqlite(url).await,
-        "postgres" | "postgresql" => postgres(url).await,
-        "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
-            redis(url).await
-        }
-        other => Err(StoreError::InvalidConfig(format!(
-            "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
-        ))),
-    }
+    open_as(url, Create::Yes).await
 }
 
 /// [`open`] for a store that already exists: nothing is created. A `sqlite:` URL naming a file
@@ -68,56 +50,46 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 ///
 /// Errors: as [`open`], and `InvalidConfig` as above.
 pub async fn open_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    let new_store = || {
-        StoreError::InvalidConfig(format!(
-            "{url:?} names a store inside one process, new and empty when opened here; name the \
-             store the application uses"
-        ))
-    };
+    open_as(url, Create::No).await
+}
+
+/// Whether opening may create the store (its file, its tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Create {
+    Yes,
+    /// Only a store that exists ([`open_existing`]).
+    No,
+}
+
+async fn open_as(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
     if is_key_value(url) {
-        return postgres_existing(url).await;
+        return postgres(url, create).await;
     }
-    let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("memory") => Err(new_store()),
-        Some("sqlite") => sqlite_existing(url, new_store).await,
-        Some("postgres" | "postgresql") => postgres_existing(url).await,
-        _ => open(url).await,
-    }
-}
-
-#[cfg(feature = "sqlite")]
-async fn sqlite_existing(
-    url: &str,
-    new_store: impl Fn() -> StoreError,
-) -> Result<Arc<dyn Store>, StoreError> {
-    let path = match super::sqlite::url_path(url)? {
-        ":memory:" => return Err(new_store()),
-        path => path.to_owned(),
+    let Some((scheme, _)) = url.split_once(':') else {
+        return Err(StoreError::InvalidConfig(format!(
+            "store URL {url:?} has no scheme; expected one of {FORMS}"
+        )));
     };
-    let opened = tokio::task::spawn_blocking(move || super::SqliteStore::open_existing(path)).await;
-    Ok(Arc::new(opened.map_err(StoreError::unavailable)??))
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn sqlite_existing(
-    url: &str,
-    new_store: impl Fn() -> StoreError,
-) -> Result<Arc<dyn Store>, StoreError> {
-    if url.ends_with(":memory:") {
-        return Err(new_store());
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" if create == Create::No => Err(new_store(url)),
+        "memory" => Ok(Arc::new(MemoryStore::new())),
+        "sqlite" => sqlite(url, create).await,
+        "postgres" | "postgresql" => postgres(url, create).await,
+        "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
+            redis(url).await
+        }
+        other => Err(StoreError::InvalidConfig(format!(
+            "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
+        ))),
     }
-    Err(not_compiled("SQLite", "sqlite"))
 }
 
-#[cfg(feature = "postgres")]
-async fn postgres_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(super::PostgresStore::connect_existing(url).await?))
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn postgres_existing(_: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Err(not_compiled("PostgreSQL", "postgres"))
+/// The refusal of [`open_existing`] for a store that lives in one process.
+fn new_store(url: &str) -> StoreError {
+    StoreError::InvalidConfig(format!(
+        "{url:?} is a store inside one process: opened here it would be a new, empty one; name \
+         the store the application uses (sqlite:///abs/path.db, postgres://..., redis://...)"
+    ))
 }
 
 /// Whether `url` is libpq's key=value connection string (`host=db user=app dbname=app`): it
@@ -147,26 +119,39 @@ pub(crate) fn enable_feature(feature: &str) -> String {
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    let url = url.to_owned();
+async fn sqlite(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
+    let path = super::sqlite::url_path(url)?.to_owned();
+    if create == Create::No && path == ":memory:" {
+        return Err(new_store(url));
+    }
     // Opening a file blocks (and may wait for another process's lock).
-    let opened = tokio::task::spawn_blocking(move || super::SqliteStore::open_url(&url)).await;
-    let store = opened.map_err(StoreError::unavailable)??;
-    Ok(Arc::new(store))
+    let opened = tokio::task::spawn_blocking(move || match (path.as_str(), create) {
+        (":memory:", _) => super::SqliteStore::in_memory(),
+        (path, Create::Yes) => super::SqliteStore::open(path),
+        (path, Create::No) => super::SqliteStore::open_existing(path),
+    })
+    .await;
+    Ok(Arc::new(opened.map_err(StoreError::unavailable)??))
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn sqlite(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+async fn sqlite(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
+    if create == Create::No && url.ends_with(":memory:") {
+        return Err(new_store(url));
+    }
     Err(not_compiled("SQLite", "sqlite"))
 }
 
 #[cfg(feature = "postgres")]
-async fn postgres(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(super::PostgresStore::connect(url).await?))
+async fn postgres(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(match create {
+        Create::Yes => super::PostgresStore::connect(url).await?,
+        Create::No => super::PostgresStore::connect_existing(url).await?,
+    }))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn postgres(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+async fn postgres(_: &str, _: Create) -> Result<Arc<dyn Store>, StoreError> {
     Err(not_compiled("PostgreSQL", "postgres"))
 }
 

@@ -166,7 +166,8 @@ impl SqliteStore {
         let path = path.as_ref();
         let missing = |what: &str| {
             StoreError::InvalidConfig(format!(
-                "no idem store at {} ({what}); name the SQLite file the application uses",
+                "no SQLite database of idem at {} ({what}); nothing is created: name the file \
+                 the application uses, with an absolute path (sqlite:///abs/path.db)",
                 std::path::absolute(path).unwrap_or_else(|_| path.to_owned()).display()
             ))
         };
