@@ -107,12 +107,7 @@ async fn a_zero_store_timeout_fails_closed_and_names_the_setting() {
     match leased_charge(&idem.run("zero-store-timeout"), "z".into()).await {
         Err(idem_core::Error::StoreUnavailable { source, .. }) => {
             // The store error and its causes, as a log line shows them.
-            let mut said = source.to_string();
-            let mut cause = std::error::Error::source(&source);
-            while let Some(c) = cause {
-                said.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
+            let said = idem_core::ErrorChain(&source).to_string();
             assert!(said.contains("Policy::store_timeout"), "{said}");
         }
         other => panic!("a zero store timeout fails closed, got {other:?}"),

@@ -203,21 +203,8 @@ impl From<idem_core::StoreError> for Failure {
             E::LeaseLost => Exit::Refused,
             _ => Exit::Failed,
         };
-        // Each cause once: a backend error may write its cause into its own text and still
-        // return it as its source (redis: "Connection refused (os error 111)" twice).
-        let mut message = e.to_string();
-        let mut above = message.clone();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            let text = s.to_string();
-            if !above.contains(&text) {
-                message.push_str(": ");
-                message.push_str(&text);
-            }
-            above = text;
-            source = s.source();
-        }
-        Failure { exit, message }
+        // The error and its causes, each once (idem-core's ErrorChain).
+        Failure { exit, message: idem_core::ErrorChain(&e).to_string() }
     }
 }
 

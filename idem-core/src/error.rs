@@ -333,12 +333,13 @@ impl<E> Error<E> {
 }
 
 /// Displays an error and every cause under it ([`source`](std::error::Error::source)), each once:
-/// `message: cause: cause of the cause`. For logs and for the text a model reads.
+/// `message: cause: cause of the cause`. For logs, the text a model reads, and a program's own
+/// error messages (the `idem` command line's): `ErrorChain(&e).to_string()`.
 ///
 /// Some backends' errors write their cause into their own message and still return it as their
 /// `source()` (redis's I/O errors: "Connection refused (os error 111)" over the same
 /// `io::Error`); a cause whose text the error above it already holds is not written again.
-pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

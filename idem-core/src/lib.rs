@@ -42,7 +42,7 @@ pub use budget::RetryBudget;
 pub use class::{RetryClass, UnknownRetryClass};
 pub use clock::FOREVER;
 pub use ctx::Ctx;
-pub use error::{BudgetKind, Error, ErrorKind};
+pub use error::{BudgetKind, Chain as ErrorChain, Error, ErrorKind};
 pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, WaitHook};
 pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
