@@ -100,8 +100,9 @@ impl<T: Tool> Call<'_, T> {
             self.span.record("idem.outcome", served.as_str());
         }
         self.served.set(served);
-        if matches!(served, Served::Executed | Served::TakenOver)
-            && let Some(hook) = self.on_wait
+        // Every call passes here: without a wait hook (the common case) one test, nothing more.
+        if let Some(hook) = self.on_wait
+            && matches!(served, Served::Executed | Served::TakenOver)
             && self.waited.load(Ordering::Relaxed)
         {
             hook.owner(&self.key);
