@@ -281,17 +281,19 @@ impl IdemTools {
                             let now = *rx.borrow_and_update();
                             let was = std::mem::replace(&mut state, now);
                             match (was, now) {
-                                // Still the same wait: heard only until the first notification.
+                                // The same wait again: not another notification.
                                 (Waiting::Yes, Waiting::Yes) => continue,
-                                // The next notification one interval after this one.
+                                // The wait starts: one now, the next an interval later.
                                 (_, Waiting::Yes) => tick.reset(),
-                                // Owner without having waited (not sent by the hook): nothing
-                                // to say.
-                                (Waiting::No, _) | (_, Waiting::No) => continue,
-                                (_, Waiting::Owner) => {}
+                                // Owner before any "waiting" went out (the watch keeps only the
+                                // latest news): nothing to take back.
+                                (Waiting::No, _) => continue,
+                                // Owner after waiting: the last notification.
+                                _ => {}
                             }
                         }
-                        _ = tick.tick(), if state == Waiting::Yes && sent > 0 => {}
+                        // In `Yes` a notification has gone out already (the arm above sent it).
+                        _ = tick.tick(), if state == Waiting::Yes => {}
                     }
                     sent += 1;
                     let message = match state {
