@@ -120,15 +120,14 @@ pub(crate) fn enable_feature(feature: &str) -> String {
 
 #[cfg(feature = "sqlite")]
 async fn sqlite(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
-    let path = super::sqlite::url_path(url)?.to_owned();
+    let (url, path) = (url.to_owned(), super::sqlite::url_path(url)?.to_owned());
     if create == Create::No && path == ":memory:" {
-        return Err(new_store(url));
+        return Err(new_store(&url));
     }
     // Opening a file blocks (and may wait for another process's lock).
-    let opened = tokio::task::spawn_blocking(move || match (path.as_str(), create) {
-        (":memory:", _) => super::SqliteStore::in_memory(),
-        (path, Create::Yes) => super::SqliteStore::open(path),
-        (path, Create::No) => super::SqliteStore::open_existing(path),
+    let opened = tokio::task::spawn_blocking(move || match create {
+        Create::Yes => super::SqliteStore::open_url(&url),
+        Create::No => super::SqliteStore::open_existing(path),
     })
     .await;
     Ok(Arc::new(opened.map_err(StoreError::unavailable)??))
