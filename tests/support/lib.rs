@@ -47,8 +47,16 @@ pub fn or_skip<T, E: Display>(service: &str, connected: Result<T, E>) -> Option<
         Ok(v) => Some(v),
         Err(e) if is_ci() => panic!("{service} is required under CI=true but unreachable: {e}"),
         Err(e) => {
-            // Straight to stderr, past the test harness's capture, so the skip is seen.
-            let line = format!("SKIP: {service} unreachable ({e}); under CI=true this fails\n");
+            // Straight to stderr, past the test harness's capture, so the skip is seen; with the
+            // variable that names its address (not the address: it may hold a password).
+            let at = match service {
+                "PostgreSQL" => {
+                    " at IDEM_PG_URL (default host=127.0.0.1 port=5432 user=postgres dbname=test)"
+                }
+                "Redis" => " at IDEM_REDIS_URL (default redis://127.0.0.1:6379/)",
+                _ => "",
+            };
+            let line = format!("SKIP: {service} unreachable{at} ({e}); under CI=true this fails\n");
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
             None
         }
