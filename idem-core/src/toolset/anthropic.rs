@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ErrorKind, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -38,15 +38,11 @@ impl ToolSet {
     /// Dispatches one Anthropic `tool_use` content block (`{"type":"tool_use","id","name","input"}`)
     /// and returns the `tool_result` block `{"type":"tool_result","tool_use_id","content","is_error"}`.
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
-        let id = block.get("id").and_then(Value::as_str).unwrap_or_default();
-        let result = match block.get("name").and_then(Value::as_str) {
-            None => ToolResult::error(
-                ErrorKind::InvalidToolCall,
-                "the tool_use block has no `name`; nothing was executed",
-                None,
-            ),
-            Some(name) => {
-                let run = with_call_id(run, id);
+        let (id, bad_id) = super::call_id(block.get("id"));
+        let result = match (super::call_name(block.get("name"), "`name`"), bad_id) {
+            (Err(e), _) | (_, Some(e)) => e,
+            (Ok(name), None) => {
+                let run = with_call_id(run, &id);
                 let args = match block.get("input") {
                     None | Some(Value::Null) => Arguments::Absent,
                     Some(input) => Arguments::Json(input),
@@ -54,6 +50,6 @@ impl ToolSet {
                 self.call_args(&run, name, args).await
             }
         };
-        result.to_anthropic_block(id)
+        result.to_anthropic_block(&id)
     }
 }

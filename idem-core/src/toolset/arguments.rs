@@ -13,7 +13,9 @@ use crate::json_text;
 pub enum Arguments<'a> {
     /// Parsed JSON (Anthropic `input`, MCP `arguments`).
     Json(&'a Value),
-    /// JSON text (OpenAI `function.arguments`). Empty or blank text means `{}`.
+    /// JSON text (OpenAI `function.arguments`). Empty text, JSON whitespace alone (space, tab,
+    /// line feed, carriage return: RFC 8259 §2) and `null` mean `{}`, as an absent or `null`
+    /// value does in the other shapes.
     Text(&'a str),
     /// None sent (MCP `arguments` is optional): `{}`.
     Absent,
@@ -32,7 +34,11 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
             v
         }
         Arguments::Absent => &empty,
-        Arguments::Text(text) if text.trim().is_empty() => &empty,
+        // Only JSON's own whitespace: other blank characters (U+00A0, U+3000) are not JSON, and
+        // text that is not JSON must not run a tool as if it had no arguments.
+        Arguments::Text(text) if matches!(text.trim_matches(JSON_WHITESPACE), "" | "null") => {
+            &empty
+        }
         Arguments::Text(text) => {
             // One rule for argument text on every front door (json_text::check_arguments): one
             // object, unique member names at any depth, every value representable. Then straight
@@ -40,17 +46,43 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
             // bits into floats.
             json_text::check_arguments(tool, text)?;
             let mut de = serde_json::Deserializer::from_str(text);
-            return serde_path_to_error::deserialize(&mut de)
-                .map_err(|e| field_error(tool, &e))
-                .and_then(|args| {
+            return match serde_path_to_error::deserialize(&mut de) {
+                Ok(args) => {
                     de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
-                });
+                }
+                Err(e) => Err(text_field_error::<A>(tool, text, &e)),
+            };
         }
     };
     if !value.is_object() {
         return Err(json_text::not_an_object(tool, value));
     }
     serde_path_to_error::deserialize(value).map_err(|e| field_error(tool, &e))
+}
+
+/// RFC 8259 §2: the whitespace JSON allows around a value.
+const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// The refusal of arguments read straight from text. The text is valid JSON (checked before),
+/// so a syntax error here comes from the typed read itself: serde_json reads a 128-bit integer
+/// by scanning digits, and a fraction, an exponent, a sign or a string there ends as "expected
+/// `,` or `}`", "number out of range" or "invalid number", with no field named. Read again from
+/// the parsed value, the same mistake is said as a type error at its field; when that read
+/// succeeds (a float beyond an `f32`, which the value rounds to infinity), the text's own error
+/// stands.
+fn text_field_error<A: DeserializeOwned>(
+    tool: &str,
+    text: &str,
+    e: &serde_path_to_error::Error<serde_json::Error>,
+) -> String {
+    use serde_json::error::Category;
+    if matches!(e.inner().classify(), Category::Syntax | Category::Eof)
+        && let Ok(value) = serde_json::from_str::<Value>(text)
+        && let Err(again) = serde_path_to_error::deserialize::<_, A>(&value)
+    {
+        return field_error(tool, &again);
+    }
+    field_error(tool, e)
 }
 
 /// "invalid arguments for `tool`: field `a.b`: <what serde said>; ...".
@@ -130,6 +162,12 @@ fn out_of_range(serde_said: &str) -> Option<String> {
     let range = format!("an integer from {min} to {max}");
     if let Some(float) = found.strip_prefix("invalid type: floating point `") {
         let value: f64 = float.parse().ok()?;
+        if value == 0.0 && value.is_sign_negative() {
+            // serde_json reads the literal `-0` as a float, to keep its sign.
+            return Some(format!(
+                "`-0` is read as a floating point number (negative zero), not as {what}; send 0"
+            ));
+        }
         // A whole number that did not fit the integer type; a fraction is a type error.
         let whole = value.is_finite() && value.fract() == 0.0;
         // serde_json reads an integer literal of at most 64 bits as an integer, so a double at

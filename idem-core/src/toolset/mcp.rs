@@ -36,11 +36,13 @@ pub const MAX_META_ID_BYTES: usize = 1024;
 /// tool name SHOULD be 1 to 128 characters); an unknown name beyond it is shown cut, with `…`.
 pub(super) const SHOWN_NAME_CHARS: usize = 128;
 
-/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters.
+/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters, with control
+/// and bidirectional formatting characters escaped (`\u{1b}`): a name is the model's text, and
+/// the message may end up on an operator's terminal or in a log.
 pub(super) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
     match name.char_indices().nth(SHOWN_NAME_CHARS) {
-        None => name.into(),
-        Some((end, _)) => format!("{}…", &name[..end]).into(),
+        None => super::result::escaped(name, |_| true),
+        Some((end, _)) => format!("{}…", super::result::escaped(&name[..end], |_| true)).into(),
     }
 }
 
@@ -221,10 +223,18 @@ impl ToolSet {
     ///
     /// Errors: as [`ToolSet::dispatch_mcp`], and params without a string `name`.
     pub async fn call_mcp(&self, run: &Run, params: &Value) -> Result<Value, McpProtocolError> {
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| McpProtocolError::invalid_params("tools/call params have no `name`"))?;
+        let name = match params.get("name") {
+            Some(Value::String(name)) => name,
+            None | Some(Value::Null) => {
+                return Err(McpProtocolError::invalid_params("tools/call params have no `name`"));
+            }
+            Some(other) => {
+                return Err(McpProtocolError::invalid_params(format!(
+                    "the `name` of tools/call params is {}, not a string",
+                    crate::json_text::kind(other)
+                )));
+            }
+        };
         let meta = match params.get("_meta") {
             None | Some(Value::Null) => None,
             Some(Value::Object(meta)) => Some(meta),

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ErrorKind, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -37,17 +37,13 @@ impl ToolSet {
     /// given as an object is accepted too) and returns the tool message
     /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key.
     pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
-        let id = tool_call.get("id").and_then(Value::as_str).unwrap_or_default();
+        let (id, bad_id) = super::call_id(tool_call.get("id"));
         let function = tool_call.get("function");
-        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
-        let result = match name {
-            None => ToolResult::error(
-                ErrorKind::InvalidToolCall,
-                "the tool call has no `function.name`; nothing was executed",
-                None,
-            ),
-            Some(name) => {
-                let run = with_call_id(run, id);
+        let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
+        let result = match (name, bad_id) {
+            (Err(e), _) | (_, Some(e)) => e,
+            (Ok(name), None) => {
+                let run = with_call_id(run, &id);
                 let args = match function.and_then(|f| f.get("arguments")) {
                     None | Some(Value::Null) => Arguments::Absent,
                     Some(Value::String(text)) => Arguments::Text(text),
@@ -56,6 +52,6 @@ impl ToolSet {
                 self.call_args(&run, name, args).await
             }
         };
-        result.to_openai_message(id)
+        result.to_openai_message(&id)
     }
 }

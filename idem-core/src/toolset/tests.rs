@@ -234,6 +234,79 @@ async fn unknown_tool_lists_the_available_ones() {
     assert_eq!(t.charges.load(Ordering::SeqCst), 0);
 }
 
+/// An id or a name of the wrong type is refused before anything runs: a numeric id would come
+/// back as another id (the host could not match the result to its call), and a numeric name is
+/// named as that, not as missing.
+#[tokio::test]
+async fn an_envelope_field_of_the_wrong_type_is_refused_and_runs_nothing() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let args = json!({"customer": "c", "amount_cents": 1});
+    let openai = |id: Value, name: Value| {
+        json!({"id": id, "type": "function",
+            "function": {"name": name, "arguments": args.to_string()}})
+    };
+    let m = t.set.call_openai(&run, &openai(json!(5), json!("charge_card"))).await;
+    assert_eq!(m["tool_call_id"], "5", "{m}");
+    assert!(m["content"].as_str().unwrap().contains("`id` is a number, not a string"), "{m}");
+    let m = t.set.call_openai(&run, &openai(json!("call_1"), json!(5))).await;
+    assert_eq!(m["tool_call_id"], "call_1", "{m}");
+    assert!(m["content"].as_str().unwrap().contains("`function.name` is a number"), "{m}");
+    let b = t
+        .set
+        .call_anthropic(
+            &run,
+            &json!({"type": "tool_use", "id": ["x"], "name": "charge_card", "input": args}),
+        )
+        .await;
+    assert_eq!((b["is_error"].clone(), b["tool_use_id"].clone()), (json!(true), json!("[\"x\"]")));
+    assert!(b["content"].as_str().unwrap().contains("`id` is an array"), "{b}");
+    let b = t
+        .set
+        .call_anthropic(&run, &json!({"type": "tool_use", "id": "t", "name": {}, "input": args}))
+        .await;
+    assert!(b["content"].as_str().unwrap().contains("`name` is an object, not a string"), "{b}");
+    let e = t.set.call_mcp(&run, &json!({"name": 5, "arguments": args})).await.unwrap_err();
+    assert!(e.message.contains("is a number, not a string"), "{e}");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0, "nothing ran");
+    // Absent ids are still accepted (and echoed empty).
+    let m = t
+        .set
+        .call_openai(&run, &json!({"function": {"name": "charge_card", "arguments": args}}))
+        .await;
+    assert_eq!(
+        (m["tool_call_id"].clone(), t.charges.load(Ordering::SeqCst)),
+        (json!(""), 1),
+        "{m}"
+    );
+}
+
+/// What a model sent comes back in error text with its control characters escaped: a result is
+/// printed by hosts on terminals and in logs.
+#[tokio::test]
+async fn control_characters_a_model_sent_are_escaped_in_errors() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let evil = "x\u{1b}[31mred\u{7}\r\u{202e}";
+    let r = t.set.call(&run, evil, &json!({})).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::UnknownTool));
+    assert!(r.text.contains("`x\\u{1b}[31mred\\u{7}\\u{d}\\u{202e}`"), "{}", r.text);
+    let e = t.set.call_mcp(&run, &json!({"name": evil})).await.unwrap_err();
+    assert!(!e.message.contains('\u{1b}'), "{e}");
+    // Every error text is escaped the same way (a field name or a value serde repeats); line
+    // feeds and tabs of a tool's own multi-line error are kept.
+    let r = ToolResult::error(ErrorKind::Tool, format!("field `{evil}`:\n\tdetail"), None);
+    assert!(
+        r.text.ends_with("field `x\\u{1b}[31mred\\u{7}\\u{d}\\u{202e}`:\n\tdetail"),
+        "{}",
+        r.text
+    );
+    for text in [&r.text, r.content["error"]["message"].as_str().unwrap()] {
+        assert!(!text.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{text}");
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn bad_arguments_name_the_problem_and_run_nothing() {
     let t = tools();
@@ -637,8 +710,8 @@ async fn an_integer_beyond_its_parameter_type_is_out_of_range_not_a_float() {
         // What is not a range error keeps serde's words.
         (r#"{"u": 1.5}"#, "invalid type: floating point `1.5`, expected u64"),
         (r#"{"n": 0}"#, "invalid value: integer `0`, expected a nonzero u64"),
-        // serde_json refuses a negative u128 itself, without naming the type.
-        (r#"{"w": -1}"#, "field `w`: "),
+        // serde_json reads a u128 from text itself; the refusal still names the field and type.
+        (r#"{"w": -1}"#, "field `w`: the number -1 is out of range for u128 (an integer from 0 to"),
     ];
     for (text, needle) in cases {
         let by_text = set.call_text(&run, "widths", text).await;
@@ -658,6 +731,18 @@ async fn an_integer_beyond_its_parameter_type_is_out_of_range_not_a_float() {
             );
             assert!(r.text.contains("nothing was executed"), "{}", r.text);
         }
+    }
+    // JSON's negative zero is read as a float: said as that, not as a fraction.
+    for r in [
+        set.call_text(&run, "widths", r#"{"i": -0}"#).await,
+        set.call(&run, "widths", &json!({"i": -0.0})).await,
+    ] {
+        assert!(
+            r.text.contains("field `i`: `-0` is read as a floating point number"),
+            "{}",
+            r.text
+        );
+        assert!(r.text.contains("not as i64; send 0"), "{}", r.text);
     }
     // A number beyond any double: refused with the reason, for any parameter.
     let r = set.call_text(&run, "widths", r#"{"u": 1e400}"#).await;
@@ -741,4 +826,84 @@ async fn a_float_beyond_an_f32_is_out_of_range_not_an_infinity() {
     let r = set.call_text(&run, "floats", r#"{"x": 3.5}"#).await;
     assert_eq!(r.error_kind, None, "{}", r.text);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct WideArgs {
+    n: u128,
+    m: i128,
+}
+
+/// serde_json reads 128-bit integers from text by scanning digits, and stops at a fraction, an
+/// exponent, a string or a sign with a syntax error that names no field ("expected `,` or `}`"):
+/// said to a model, that is false (the text is valid JSON) and useless. Every such mistake is
+/// named at its field, as for 64-bit parameters, by text and by value, and nothing runs.
+#[tokio::test]
+async fn a_wrong_value_for_a_128_bit_parameter_names_the_field_and_the_type() {
+    fn wide(a: &WideArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!(format!("{}/{}", a.n, a.m)))
+    }
+    let tool = fake("wide", RetryClass::Keyed, wide);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let cases = [
+        (r#"{"n": 1.5, "m": 0}"#, "field `n`: invalid type: floating point `1.5`, expected u128"),
+        (
+            r#"{"n": 1e3, "m": 0}"#,
+            "field `n`: invalid type: floating point `1000.0`, expected u128",
+        ),
+        (r#"{"n": 0, "m": -1.5}"#, "field `m`: invalid type: floating point `-1.5`, expected i128"),
+        (r#"{"n": "1", "m": 0}"#, "field `n`: invalid type: string \"1\", expected u128"),
+        (r#"{"n": -1, "m": 0}"#, "field `n`: the number -1 is out of range for u128"),
+        (
+            r#"{"n": 0, "m": 340282366920938463463374607431768211456}"#,
+            "field `m`: the number is out of range for i128",
+        ),
+    ];
+    for (text, needle) in cases {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "wide", text).await, set.call(&run, "wide", &value).await] {
+            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
+            assert!(!r.text.contains("expected `,`"), "{}", r.text);
+            assert!(!r.text.contains("f32"), "no float range for an integer: {}", r.text);
+            assert!(r.text.contains("nothing was executed"), "{}", r.text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    // Exact values beyond 64 bits still run, from text.
+    let r = set
+        .call_text(&run, "wide", r#"{"n": 340282366920938463463374607431768211455, "m": -1}"#)
+        .await;
+    assert_eq!(r.text, "340282366920938463463374607431768211455/-1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct NoArgs {}
+
+#[tokio::test]
+async fn only_json_whitespace_or_null_is_no_arguments() {
+    fn ping(_: &NoArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!("pong"))
+    }
+    let tool = fake("ping", RetryClass::Keyed, ping);
+    let runs = tool.runs.clone();
+    let set = ToolSet::new().with(tool).unwrap();
+    let idem = Idem::in_memory();
+    // RFC 8259's whitespace and `null`, as text: no arguments, as an absent or `null` value.
+    for (i, text) in ["", " \t\r\n", "null", " null\n"].into_iter().enumerate() {
+        let r = set.call_text(&idem.run(format!("r{i}")), "ping", text).await;
+        assert_eq!(r.text, "pong", "{text:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    // Other blank characters are not JSON: refused, and the tool does not run as if it had been
+    // sent nothing.
+    for text in ["\u{a0}", "\u{3000}\u{2028}", "\u{feff}{}", "\u{85}"] {
+        let r = set.call_text(&idem.run("other"), "ping", text).await;
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text:?}: {}", r.text);
+        assert!(r.text.contains("not valid JSON"), "{text:?}: {}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "nothing ran for the refused texts");
 }
