@@ -65,12 +65,17 @@ async fn open_as(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError
     if is_key_value(url) {
         return postgres(url, create).await;
     }
-    let Some((scheme, _)) = url.split_once(':') else {
+    let Some((scheme, rest)) = url.split_once(':') else {
         return Err(StoreError::InvalidConfig(format!(
             "store URL {url:?} has no scheme; expected one of {FORMS}"
         )));
     };
     match scheme.to_ascii_lowercase().as_str() {
+        // Anything after the scheme would be an option or a name this store ignores.
+        "memory" if !matches!(rest, "" | "//") => Err(StoreError::InvalidConfig(format!(
+            "the memory store takes no path or options, and {rest:?} would be ignored; write \
+             `memory:`: {url:?}"
+        ))),
         "memory" if create == Create::No => Err(new_store(url)),
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "sqlite" => sqlite(url, create).await,
@@ -120,7 +125,7 @@ pub(crate) fn enable_feature(feature: &str) -> String {
 
 #[cfg(feature = "sqlite")]
 async fn sqlite(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
-    let (url, path) = (url.to_owned(), super::sqlite::url_path(url)?.to_owned());
+    let (url, path) = (url.to_owned(), super::sqlite::url_path(url)?.into_owned());
     if create == Create::No && path == ":memory:" {
         return Err(new_store(&url));
     }
@@ -211,6 +216,60 @@ mod tests {
     #[tokio::test]
     async fn memory_opens() {
         assert!(open("memory:").await.expect("opens").is_local());
+        assert!(open("memory://").await.expect("opens").is_local());
+        // Anything more would be ignored: refused, not a store that differs from what was asked.
+        for url in ["memory:?x=1", "memory:name", "memory://host/db"] {
+            let m = refused(url).await;
+            assert!(m.contains("takes no path or options"), "{url}: {m}");
+        }
+    }
+
+    /// A path SQLite would not share (empty: a private temporary database), a URL's escapes, a
+    /// `file:` name, and files that cannot be a store: each opens what it names or says why not,
+    /// naming the path.
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_paths_mean_one_shared_file_or_a_refusal() {
+        use crate::store::SqliteStore;
+        let dir = std::env::temp_dir().join(format!("idem-sqlite-paths-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        match SqliteStore::open("") {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("path is empty"), "{m}"),
+            other => panic!("an empty path: {:?}", other.map(drop)),
+        }
+        // Escapes decode as in any URL's path: the same file as the plain path.
+        let url = format!("sqlite://{}/a%20b.db", dir.display());
+        drop(open(&url).await.expect("opens"));
+        assert!(dir.join("a b.db").is_file(), "{url} is {}", dir.join("a b.db").display());
+        assert!(!dir.join("a%20b.db").exists());
+        let m = refused(&format!("sqlite://{}/%ff.db", dir.display())).await;
+        assert!(m.contains("not UTF-8"), "{m}");
+        // A name starting with `file:` is a file of that name, not an SQLite URI with options.
+        let uri_like = dir.join("file:x.db?mode=memory");
+        drop(SqliteStore::open(&uri_like).expect("opens"));
+        assert!(uri_like.is_file(), "a file named {}", uri_like.display());
+        // Not a database, a missing directory: refused, naming the path; the file is untouched.
+        let text = dir.join("notes.txt");
+        std::fs::write(&text, "not a database, at all; long enough to have a header".repeat(4))
+            .unwrap();
+        let before = std::fs::read(&text).unwrap();
+        match SqliteStore::open(&text) {
+            Err(StoreError::InvalidConfig(m)) => {
+                assert!(m.contains("notes.txt is not an SQLite database"), "{m}");
+            }
+            other => panic!("a text file: {:?}", other.map(drop)),
+        }
+        assert_eq!(std::fs::read(&text).unwrap(), before, "left as it is");
+        let missing = dir.join("no-such-dir").join("x.db");
+        match SqliteStore::open(&missing) {
+            Err(e @ StoreError::Unavailable(_)) => {
+                let m = crate::ErrorChain(&e).to_string();
+                assert!(m.contains("cannot open the SQLite database at"), "{m}");
+                assert!(m.contains("no-such-dir"), "{m}");
+            }
+            other => panic!("a missing directory: {:?}", other.map(drop)),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Nothing an operator mistyped becomes a new store: a missing file stays missing, another

@@ -109,10 +109,11 @@ struct Inner {
     sweeps: SweepClock,
 }
 
-/// The path a `sqlite:` URL names (`:memory:` included). Errors: [`StoreError::InvalidConfig`]
-/// for another scheme, no path, or a query: the URL takes no options, and an unknown one must
-/// not silently become part of the file name.
-pub(crate) fn url_path(url: &str) -> Result<&str, StoreError> {
+/// The path a `sqlite:` URL names (`:memory:` included), percent-decoded as a URL's path is
+/// (RFC 3986 §2.1: `a%20b.db` is `a b.db`). Errors: [`StoreError::InvalidConfig`] for another
+/// scheme, no path, a query (the URL takes no options, and an unknown one must not silently
+/// become part of the file name), or escapes that do not decode to UTF-8.
+pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreError> {
     let invalid = |why: &str| StoreError::InvalidConfig(format!("{why}: {url:?}"));
     let path = match url.split_once(':') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("sqlite") => {
@@ -130,7 +131,28 @@ pub(crate) fn url_path(url: &str) -> Result<&str, StoreError> {
              SqliteStore::open: {url:?}"
         )));
     }
-    Ok(path)
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map_err(|_| invalid("the sqlite URL's path has %-escapes that are not UTF-8"))
+}
+
+/// Why the database at `path` could not be opened, naming it: a file that is not an SQLite
+/// database is a configuration error (nothing was written to it); anything else (a missing
+/// directory, no permission, I/O) the store being unavailable.
+fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
+    let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
+            StoreError::InvalidConfig(format!(
+                "{} is not an SQLite database (left as it is); name idem's database file",
+                shown.display()
+            ))
+        }
+        e => StoreError::unavailable(format!(
+            "cannot open the SQLite database at {}: {e}",
+            shown.display()
+        )),
+    }
 }
 
 /// The SQLite [`Store`]. Cheap to clone (clones share one connection).
@@ -151,9 +173,30 @@ impl std::fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path`, in WAL mode, and creates or checks
-    /// the schema. Blocks while it does (file I/O).
+    /// the schema. Blocks while it does (file I/O). `path` is a file name as it is (a name
+    /// starting with `file:` is not read as an SQLite URI); `:memory:` is a private in-memory
+    /// database, as [`in_memory`](Self::in_memory).
+    ///
+    /// Errors: [`StoreError::InvalidConfig`] for an empty path (SQLite would open a private
+    /// temporary database that no other connection shares: a repeat in another process, or
+    /// through another store value, would run again) and for a file that is not an SQLite
+    /// database (left as it is); [`StoreError::Unavailable`] naming the path when the file cannot
+    /// be opened or created (a missing directory, no permission).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        Self::with_connection(Connection::open(path).map_err(StoreError::unavailable)?)
+        let path = path.as_ref();
+        if path.as_os_str().is_empty() {
+            return Err(StoreError::InvalidConfig(
+                "the SQLite path is empty, which SQLite opens as a private temporary database \
+                 that no other process or store shares; name the database file"
+                    .into(),
+            ));
+        }
+        // No `SQLITE_OPEN_URI`: a path is a file name.
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+            | rusqlite::OpenFlags::SQLITE_OPEN_CREATE
+            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+        Self::with_connection(conn, Some(path))
     }
 
     /// Opens the idem store in the database file at `path`, which must exist and hold idem's
@@ -178,8 +221,8 @@ impl SqliteStore {
         // journal mode included).
         let flags =
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(StoreError::unavailable)?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| open_failed(path, e))?;
         let tables = conn
             .query_row(
                 "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'idem_records'",
@@ -192,19 +235,19 @@ impl SqliteStore {
                 {
                     missing("not a SQLite database")
                 }
-                e => StoreError::unavailable(e),
+                e => open_failed(path, e),
             })?;
         if tables == 0 {
             return Err(missing("the file has no idem_records table"));
         }
-        Self::with_connection(conn)
+        Self::with_connection(conn, Some(path))
     }
 
     /// Opens a database from a URL: `sqlite://PATH` or `sqlite:PATH` (a relative or absolute
-    /// path, e.g. `sqlite:///var/lib/idem.db`), or `sqlite::memory:` for a private in-memory
-    /// database.
+    /// path, e.g. `sqlite:///var/lib/idem.db`; percent-escapes are decoded, `%20` is a space),
+    /// or `sqlite::memory:` for a private in-memory database.
     pub fn open_url(url: &str) -> Result<Self, StoreError> {
-        match url_path(url)? {
+        match url_path(url)?.as_ref() {
             ":memory:" => Self::in_memory(),
             path => Self::open(path),
         }
@@ -212,11 +255,16 @@ impl SqliteStore {
 
     /// A private in-memory database, gone when the store is dropped (tests).
     pub fn in_memory() -> Result<Self, StoreError> {
-        Self::with_connection(Connection::open_in_memory().map_err(StoreError::unavailable)?)
+        Self::with_connection(Connection::open_in_memory().map_err(StoreError::unavailable)?, None)
     }
 
-    fn with_connection(mut conn: Connection) -> Result<Self, StoreError> {
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(StoreError::unavailable)?;
+    /// The store on `conn`, opened at `path` (`None`: in memory), which errors name.
+    fn with_connection(mut conn: Connection, path: Option<&Path>) -> Result<Self, StoreError> {
+        let failed = |e: rusqlite::Error| match path {
+            Some(path) => open_failed(path, e),
+            None => StoreError::unavailable(e),
+        };
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
         // `journal_mode` answers with the mode set ("memory" for in-memory databases). Switching
         // a new file to WAL needs an exclusive lock, and SQLite reports BUSY at once instead of
         // calling the busy handler when several processes open the file together: retry.
@@ -232,7 +280,7 @@ impl SqliteStore {
                 {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(e) => return Err(StoreError::unavailable(e)),
+                Err(e) => return Err(failed(e)),
             }
         }
         conn.set_prepared_statement_cache_capacity(32);
