@@ -16,27 +16,69 @@ pub fn expand(model: &Model) -> TokenStream {
     if model.method { expand_method(model) } else { expand_free(model) }
 }
 
-/// The attributes of the user's fn, sorted: `cfg`s go on every generated item, docs on the typed
-/// call, the rest (lints, `tracing::instrument`, ...) on the body.
+/// The attributes of the user's fn, sorted: `cfg`s go on every generated item, docs and
+/// `deprecated` on the typed call (what callers call: a deprecation warns at their call, not at
+/// the definition), lint levels on the body and, for a method, the typed call too (both repeat
+/// the user's names), the rest (`tracing::instrument`, ...) on the body.
 struct Attrs<'a> {
     cfg: Vec<&'a Attribute>,
     doc: Vec<&'a Attribute>,
+    deprecated: Vec<&'a Attribute>,
+    lints: Vec<&'a Attribute>,
     body: Vec<&'a Attribute>,
 }
 
+/// `allow`, `warn`, `deny`, `forbid`, `expect`.
+fn is_lint_attr(attr: &Attribute) -> bool {
+    ["allow", "warn", "deny", "forbid", "expect"].iter().any(|l| attr.path().is_ident(l))
+}
+
 fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
-    let mut out = Attrs { cfg: Vec::new(), doc: Vec::new(), body: Vec::new() };
+    let mut out = Attrs {
+        cfg: Vec::new(),
+        doc: Vec::new(),
+        deprecated: Vec::new(),
+        lints: Vec::new(),
+        body: Vec::new(),
+    };
     for attr in attrs {
         let path = attr.path();
         if path.is_ident("cfg") || path.is_ident("cfg_attr") {
             out.cfg.push(attr);
         } else if path.is_ident("doc") {
             out.doc.push(attr);
+        } else if path.is_ident("deprecated") {
+            out.deprecated.push(attr);
         } else {
+            if is_lint_attr(attr) {
+                out.lints.push(attr);
+            }
             out.body.push(attr);
         }
     }
     out
+}
+
+/// `name: Type` of each parameter for the typed call of a method, with the parameter's lint
+/// attributes (`#[allow(non_snake_case)] userId: String`).
+fn typed_params(model: &Model) -> Vec<TokenStream> {
+    model
+        .item
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            syn::FnArg::Typed(pt) => Some(pt),
+            syn::FnArg::Receiver(_) => None,
+        })
+        .filter_map(|pt| {
+            let syn::Pat::Ident(pi) = &*pt.pat else { return None };
+            let param = model.params.iter().find(|p| p.ident == pi.ident)?;
+            let lints = pt.attrs.iter().filter(|a| is_lint_attr(a));
+            let (ident, ty) = (&param.ident, &param.ty);
+            Some(quote!(#(#lints)* #ident: #ty))
+        })
+        .collect()
 }
 
 pub(crate) fn camel(ident: &Ident) -> String {
@@ -288,7 +330,9 @@ fn run_ident(model: &Model) -> Ident {
 fn reconcile_call(model: &Model, args_ty: &TokenStream) -> TokenStream {
     let Some(path) = &model.reconcile else { return quote!() };
     let krate = &model.krate;
-    let span = path.span();
+    // Located at the check's name, resolved where `key` and `recv` are declared (the name may
+    // come from a `macro_rules!` caller, whose hygiene would hide them).
+    let span = Span::call_site().located_at(path.span());
     let (ok, _) = result_types(model);
     // The copies are typed by the arguments (one clone of the whole), so a parameter of the check
     // that does not fit is reported at the call, not inside a `clone`.
@@ -417,16 +461,20 @@ fn expand_free(model: &Model) -> TokenStream {
     };
     let reconcile = reconcile_call(model, &tool_args);
 
+    let deprecated = &attrs.deprecated;
     quote! {
         #(#cfg)*
         #(#doc)*
         #[doc = ""]
         #[doc = #call_doc]
-        #[allow(clippy::too_many_arguments)]
-        #vis fn #ident(
-            #run: &#krate::Run,
+        #(#deprecated)*
+        // The body's fn has the same name and parameters, with the user's lint levels: the
+        // style lints speak there, once.
+        #[allow(clippy::too_many_arguments, non_snake_case)]
+        #vis fn #ident<'__idem>(
+            #run: &'__idem #krate::Run,
             #(#idents: #tys),*
-        ) -> #krate::__private::BoxFuture<'_, ::core::result::Result<#ok, #krate::Error<#err>>> {
+        ) -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>> {
             #call
         }
 
@@ -503,14 +551,22 @@ fn expand_method(model: &Model) -> TokenStream {
             quote!(enum __IdemFields {} #fields),
         ),
     };
-    let send_check = quote_spanned! {ident.span()=>
+    // Located at the method's name, resolved where the closure's `recv` is declared (the name
+    // may come from a `macro_rules!` caller, whose hygiene would hide `recv`).
+    let at = Span::call_site().located_at(ident.span());
+    let send_check = quote_spanned! {at=>
         #krate::__private::checks::tool_body(Self::#hidden(recv, #cx_arg #body_args))
     };
     let reconcile = reconcile_call(model, &args_ty);
 
+    let (deprecated, lints) = (&attrs.deprecated, &attrs.lints);
+    let params = typed_params(model);
     quote! {
         #(#cfg)*
         #[doc(hidden)]
+        // Its name is ours and its parameters repeat the typed call's, where the style lints
+        // speak (with the user's lint levels).
+        #[allow(non_snake_case)]
         #inner
 
         #(#cfg)*
@@ -547,11 +603,13 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = #call_doc]
         #[doc = ""]
         #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
+        #(#deprecated)*
+        #(#lints)*
         #[allow(clippy::too_many_arguments)]
         #vis fn #ident<'__idem>(
             self: &::std::sync::Arc<Self>,
             #run: &'__idem #krate::Run,
-            #(#idents: #tys),*
+            #(#params),*
         ) -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>>
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,

@@ -77,6 +77,17 @@ fn is_tool_attr(attr: &Attribute) -> bool {
     attr.path().segments.last().is_some_and(|s| s.ident == "tool")
 }
 
+/// An attribute with a path not ending in `tool` whose arguments start with `retry = ..`, as only
+/// `#[tool]`'s do.
+fn looks_like_tool(attr: &Attribute) -> bool {
+    let syn::Meta::List(list) = &attr.meta else { return false };
+    let mut tokens = list.tokens.clone().into_iter();
+    matches!(
+        (tokens.next(), tokens.next()),
+        (Some(TokenTree::Ident(i)), Some(TokenTree::Punct(p))) if i == "retry" && p.as_char() == '='
+    )
+}
+
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let default_krate = parse_attr(attr, &mut errors);
@@ -125,6 +136,15 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             Entry::Fn(item) => *item,
         };
         let Some(index) = item.attrs.iter().position(is_tool_attr) else {
+            // The block finds its tools by the attribute's name, so `#[tool]` imported under
+            // another one (`use idem_core::tool as idem_tool;`) would still expand, outside the
+            // set: a tool silently missing from `tool_set()`.
+            if let Some(alias) = item.attrs.iter().find(|a| looks_like_tool(a)) {
+                errors.at(
+                    alias.path(),
+                    "this looks like idem's `#[tool]` under another name: a `#[tool_set]` block finds its tools by the attribute's last name `tool`; write `#[tool(..)]` or `#[idem_core::tool(..)]` so that it joins the set",
+                );
+            }
             items.push(quote!(#item));
             continue;
         };

@@ -1,0 +1,87 @@
+//! Tools written by a `macro_rules!` macro (method and check names from its arguments), a
+//! parameter type with its own lifetime, and lint attributes, under `deny(warnings)`: the
+//! expansion adds no warning of its own and honours the user's `allow`s.
+#![deny(warnings)]
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use idem_core::{Key, Reconciled, tool};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+pub struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::ambiguous()
+    }
+}
+
+macro_rules! service {
+    ($service:ident, $method:ident, $free:ident, $check:ident) => {
+        pub struct $service;
+
+        #[idem_core::tool_set]
+        impl $service {
+            #[tool(retry = "never", reconcile = $check)]
+            pub async fn $method(&self, x: u32) -> Result<u32, Failed> {
+                Ok(x)
+            }
+
+            async fn $check(&self, _key: &Key, x: u32) -> Reconciled<u32> {
+                Reconciled::Happened(x)
+            }
+        }
+
+        async fn $check(_key: &Key, x: u32) -> Reconciled<u32> {
+            Reconciled::Happened(x)
+        }
+
+        #[tool(retry = "never", reconcile = $check)]
+        pub async fn $free(x: u32) -> Result<u32, Failed> {
+            Ok(x)
+        }
+    };
+}
+
+service!(Ledger, post, post_free, posted);
+
+/// A parameter type that names its own lifetime.
+#[tool(retry = "safe")]
+pub async fn greet(name: Cow<'static, str>, run_note: Option<Cow<'static, str>>) -> Result<String, Failed> {
+    Ok(format!("{name}{}", run_note.unwrap_or_default()))
+}
+
+/// A JSON field in camelCase is a parameter in camelCase: the user's `allow` is enough.
+#[allow(non_snake_case)]
+#[tool(retry = "safe")]
+pub async fn lookup(userId: String) -> Result<String, Failed> {
+    Ok(userId)
+}
+
+#[tool(retry = "safe")]
+pub async fn lookup_param(#[allow(non_snake_case)] customerId: String) -> Result<String, Failed> {
+    Ok(customerId)
+}
+
+#[deprecated(note = "use `greet`")]
+#[tool(retry = "safe")]
+pub async fn hello(name: String) -> Result<String, Failed> {
+    Ok(name)
+}
+
+fn main() {
+    let idem = idem_core::Idem::in_memory();
+    let run = idem.run("r");
+    let ledger = Arc::new(Ledger);
+    let _ = ledger.post(&run, 1);
+    let _ = ledger.tool_set();
+    let _ = post_free(&run, 1);
+    let _ = greet(&run, Cow::Borrowed("a"), None);
+    let _ = lookup(&run, "u".into());
+    let _ = lookup_param(&run, "c".into());
+    #[allow(deprecated)]
+    let _ = hello(&run, "h".into());
+    let _ = (GreetTool, LookupTool, LookupParamTool, PostFreeTool);
+}
