@@ -30,6 +30,13 @@ use crate::macro_support::{
 use crate::reconcile::Reconciled;
 use crate::tool::ToolDef;
 
+/// A value of the type being checked. The check methods are implemented for it, not for the
+/// type itself: a method call on the type would auto-dereference, and a type that dereferences
+/// to one meeting the requirement (`Arc<String>` to `String`) would pass its check and fail later
+/// with a type mismatch that names no trait. The requirement is a trait of `Checking<T>` (the
+/// receiver's own type), so rustc's message for the failed call is the requirement's.
+pub struct Checking<T>(pub T);
+
 /// One requirement: a marker trait with its message and a check trait whose method applies
 /// only when the requirement holds.
 macro_rules! requirement {
@@ -37,10 +44,10 @@ macro_rules! requirement {
      $message:literal, $label:literal, $note:literal) => {
         $(#[$doc])*
         #[diagnostic::on_unimplemented(message = $message, label = $label, note = $note)]
-        pub trait $marker {}
+        pub trait $marker<T> {}
 
         #[diagnostic::do_not_recommend]
-        impl<T: $($bound)*> $marker for T {}
+        impl<T: $($bound)*> $marker<T> for Checking<T> {}
 
         #[doc = concat!("Applies when [`", stringify!($marker), "`] holds; see the module docs.")]
         pub trait $check: Sized {
@@ -50,98 +57,98 @@ macro_rules! requirement {
             }
         }
 
-        impl<T: $marker> $check for T {}
+        impl<T> $check for Checking<T> where Checking<T>: $marker<T> {}
     };
 }
 
 requirement!(
     /// A tool argument is described to the model by its JSON Schema.
     ArgJsonSchema, CheckArgJsonSchema, __idem_arg_json_schema, [JsonSchema],
-    "`{Self}` cannot be a tool argument: it does not implement `schemars::JsonSchema`",
+    "`{T}` cannot be a tool argument: it does not implement `schemars::JsonSchema`",
     "the model is shown each argument's JSON Schema",
-    "derive `schemars::JsonSchema` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
+    "derive `schemars::JsonSchema` for `{T}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
 );
 requirement!(
     /// A tool argument is part of the call's intent, serialized into its idempotency key.
     ArgSerialize, CheckArgSerialize, __idem_arg_serialize, [Serialize],
-    "`{Self}` cannot be a tool argument: it does not implement `serde::Serialize`",
+    "`{T}` cannot be a tool argument: it does not implement `serde::Serialize`",
     "each argument is serialized into the call's idempotency key (its canonical JSON)",
-    "derive `serde::Serialize` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `serde::Serialize` for `{T}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
 );
 requirement!(
     /// A tool argument is read from the model's JSON.
     ArgDeserialize, CheckArgDeserialize, __idem_arg_deserialize, [DeserializeOwned],
-    "`{Self}` cannot be a tool argument: it does not implement `serde::Deserialize` (owned)",
+    "`{T}` cannot be a tool argument: it does not implement `serde::Deserialize` (owned)",
     "the model sends each argument as JSON",
-    "derive `serde::Deserialize` for `{Self}` (an owned type: `String`, not `&str`); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `serde::Deserialize` for `{T}` (an owned type: `String`, not `&str`); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
 );
 requirement!(
     /// A tool argument is cloned for every attempt.
     ArgClone, CheckArgClone, __idem_arg_clone, [Clone],
-    "`{Self}` cannot be a tool argument: it does not implement `Clone`",
+    "`{T}` cannot be a tool argument: it does not implement `Clone`",
     "every attempt of a retried call gets its own copy of the arguments",
-    "derive `Clone` for `{Self}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `Clone` for `{T}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
 );
 requirement!(
     /// A tool argument moves between threads with the call.
     ArgSendSync, CheckArgSendSync, __idem_arg_send_sync, [Send + Sync + 'static],
-    "`{Self}` cannot be a tool argument: it is not `Send + Sync + 'static`",
+    "`{T}` cannot be a tool argument: it is not `Send + Sync + 'static`",
     "calls, retries and joined duplicates run on any thread of the runtime",
     "use owned, thread-safe types (`Arc` instead of `Rc`, no borrowed data)"
 );
 requirement!(
     /// A tool's success value is stored and replayed to every repeat.
     OutputSerialize, CheckOutputSerialize, __idem_output_serialize, [Serialize],
-    "`{Self}` cannot be stored and replayed: a tool's success type must implement `serde::Serialize`",
+    "`{T}` cannot be stored and replayed: a tool's success type must implement `serde::Serialize`",
     "the result is stored as JSON and replayed to every repeat of the call",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
 );
 requirement!(
     /// A tool's success value is read back for every replay.
     OutputDeserialize, CheckOutputDeserialize, __idem_output_deserialize, [DeserializeOwned],
-    "`{Self}` cannot be stored and replayed: a tool's success type must implement `serde::Deserialize`",
+    "`{T}` cannot be stored and replayed: a tool's success type must implement `serde::Deserialize`",
     "the result is stored as JSON and replayed to every repeat of the call",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
 );
 requirement!(
     /// A tool's success value is handed to callers on any thread.
     OutputSend, CheckOutputSend, __idem_output_send, [Send + 'static],
-    "`{Self}` cannot be a tool's success type: it is not `Send + 'static`",
+    "`{T}` cannot be a tool's success type: it is not `Send + 'static`",
     "joined duplicates receive the result on other threads",
     "use owned, thread-safe types"
 );
 requirement!(
     /// A tool's error says whether a failure may be retried.
     ErrorClassify, CheckErrorClassify, __idem_error_classify, [Classify],
-    "`{Self}` cannot be a tool error: it does not implement `idem_core::Classify`",
+    "`{T}` cannot be a tool error: it does not implement `idem_core::Classify`",
     "the error says whether a failure may be retried",
-    "implement `idem_core::Classify` for `{Self}`: return `Failure::transient()` (safe to retry), `Failure::ambiguous()` (may have happened) or `Failure::permanent()` (stored and replayed)"
+    "implement `idem_core::Classify` for `{T}`: return `Failure::transient()` (safe to retry), `Failure::ambiguous()` (may have happened) or `Failure::permanent()` (stored and replayed)"
 );
 requirement!(
     /// A permanent tool error is stored and replayed.
     ErrorSerialize, CheckErrorSerialize, __idem_error_serialize, [Serialize],
-    "`{Self}` cannot be a tool error: it does not implement `serde::Serialize`",
+    "`{T}` cannot be a tool error: it does not implement `serde::Serialize`",
     "permanent errors are stored as JSON and replayed to every repeat",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
 );
 requirement!(
     /// A permanent tool error is read back for every replay.
     ErrorDeserialize, CheckErrorDeserialize, __idem_error_deserialize, [DeserializeOwned],
-    "`{Self}` cannot be a tool error: it does not implement `serde::Deserialize`",
+    "`{T}` cannot be a tool error: it does not implement `serde::Deserialize`",
     "permanent errors are stored as JSON and replayed to every repeat",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
 );
 requirement!(
     /// A tool error is shown to the model.
     ErrorDisplay, CheckErrorDisplay, __idem_error_display, [Display + Debug],
-    "`{Self}` cannot be a tool error: it does not implement `Display` and `Debug`",
+    "`{T}` cannot be a tool error: it does not implement `Display` and `Debug`",
     "the model reads the error's text",
-    "derive `Debug` and `thiserror::Error` (or implement `Display`) for `{Self}`"
+    "derive `Debug` and `thiserror::Error` (or implement `Display`) for `{T}`"
 );
 requirement!(
     /// A tool error is handed to callers on any thread.
     ErrorSend, CheckErrorSend, __idem_error_send, [Send + 'static],
-    "`{Self}` cannot be a tool error: it is not `Send + 'static`",
+    "`{T}` cannot be a tool error: it is not `Send + 'static`",
     "joined duplicates receive the error on other threads",
     "use owned, thread-safe types"
 );

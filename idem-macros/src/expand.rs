@@ -191,7 +191,7 @@ fn checks(model: &Model) -> TokenStream {
             .__idem_arg_clone()
             .__idem_arg_send_sync()
         };
-        quote!(__idem_p.#index #calls)
+        quote!((#krate::__private::checks::Checking(__idem_p.#index) #calls).0)
     });
     let (ok_span, err_span) = match (&model.ret.ok, &model.ret.err) {
         (Some(ok), Some(err)) => (ok.span(), err.span()),
@@ -215,7 +215,11 @@ fn checks(model: &Model) -> TokenStream {
             |(__idem_p, __idem_o, __idem_e): ((#(#tys,)*), #ok, #err)| {
                 #[allow(unused_imports)]
                 use #krate::__private::checks::*;
-                ((#(#elems,)*), __idem_o #ok_calls, __idem_e #err_calls)
+                (
+                    (#(#elems,)*),
+                    (#krate::__private::checks::Checking(__idem_o) #ok_calls).0,
+                    (#krate::__private::checks::Checking(__idem_e) #err_calls).0,
+                )
             },
         );
     }
