@@ -102,7 +102,7 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
         });
     }
     quote! {{
-        const __IDEM_RAW: &str = ::core::concat!(#(#pieces),*);
+        const __IDEM_RAW: &::core::primitive::str = ::core::concat!(#(#pieces),*);
         static __IDEM_TEXT: #krate::__private::DocText<{ __IDEM_RAW.len() }> =
             #krate::__private::DocText::new(__IDEM_RAW);
         __IDEM_TEXT.as_str()

@@ -245,12 +245,12 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
     let optional = (optional != 0).then(|| quote!(const OPTIONAL: u16 = #optional;));
     let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
-        quote!(const DOCS: &'static [&'static str] = &[#(#texts),*];)
+        quote!(const DOCS: &'static [&'static ::core::primitive::str] = &[#(#texts),*];)
     });
     quote! {
         impl #krate::__private::Fields for #fields_ty {
-            const NAME: &'static str = #args_name;
-            const NAMES: &'static [&'static str] = &[#(#names),*];
+            const NAME: &'static ::core::primitive::str = #args_name;
+            const NAMES: &'static [&'static ::core::primitive::str] = &[#(#names),*];
             #skip
             #optional
             #docs

@@ -376,6 +376,16 @@ impl ParamAttr {
                 out.cfg = true;
                 return false;
             }
+            if let Some(derive) = ["serde", "schemars"].iter().find(|d| attr.path().is_ident(d)) {
+                // Without this, rustc says only that it cannot find the attribute `serde`.
+                errors.at(
+                    attr,
+                    format!(
+                        "`#[{derive}(..)]` cannot go on a tool's parameter: the arguments' serde and schemars code is generated from each parameter's name and type. For another JSON name, name the parameter so (`#[allow(non_snake_case)] userId: String`); for renames, defaults and other field attributes, take one struct marked `#[idem(flatten)]` and put them on its fields"
+                    ),
+                );
+                return false;
+            }
             if !attr.path().is_ident("idem") {
                 return true;
             }

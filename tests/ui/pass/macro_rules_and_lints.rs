@@ -71,6 +71,21 @@ pub async fn hello(name: String) -> Result<String, Failed> {
     Ok(name)
 }
 
+/// A local type named `str` does not change what the expansion means by `str`.
+mod shadowing {
+    #[allow(non_camel_case_types, dead_code)]
+    pub struct str;
+
+    /// Described.
+    #[idem_core::tool(retry = "safe")]
+    pub async fn shadowed(
+        /// A number.
+        n: u32,
+    ) -> Result<u32, super::Failed> {
+        Ok(n)
+    }
+}
+
 fn main() {
     let idem = idem_core::Idem::in_memory();
     let run = idem.run("r");
@@ -83,5 +98,5 @@ fn main() {
     let _ = lookup_param(&run, "c".into());
     #[allow(deprecated)]
     let _ = hello(&run, "h".into());
-    let _ = (GreetTool, LookupTool, LookupParamTool, PostFreeTool);
+    let _ = (GreetTool, LookupTool, LookupParamTool, PostFreeTool, shadowing::ShadowedTool);
 }
