@@ -1,7 +1,10 @@
 //! The text a model reads from a doc comment, computed at compile time: rustdoc's link markup
 //! removed (`[`Foo`]` → `` `Foo` ``, `[text](crate::path)` → `text`, `[text][ref]` → `text`,
-//! `[ref]: target` lines dropped), web links (`[text](https://..)`) kept, code spans and fenced
-//! code blocks left as written, and the whole trimmed. `#[tool]` uses it for descriptions that
+//! `[ref]: crate::path` lines dropped), web links kept (`[text](https://..)`, and a reference
+//! link whose definition is a web address, `[text][ref]` or `[ref]` with `[ref]: https://..`,
+//! kept with its definition), footnotes (`[^1]` and `[^1]: ..`) kept, code spans, fenced code
+//! blocks (closed only by a fence of the same character at least as long, CommonMark §4.5) and
+//! indented code blocks left as written, and the whole trimmed. `#[tool]` uses it for descriptions that
 //! contain `[` or come from `#[doc = include_str!(..)]`, whose text only the compiler knows.
 //! The link syntax is rustdoc's ("Linking to items by name" in the rustdoc book).
 
@@ -22,22 +25,43 @@ impl<const N: usize> DocText<N> {
         let mut i = 0;
         // The length of the backtick run that opened the code span we are in (0: none). A span
         // closes at a run of the same length (CommonMark), so ``a`b`` is one span.
+        let web = WebDefinitions::find(src, end);
         let mut in_code = 0;
-        let mut in_fence = false;
+        // The open fence's character and length (0: none).
+        let (mut fence_char, mut fence_len) = (0u8, 0usize);
+        // Whether the previous line was blank (or there was none), and whether it was a line of
+        // an indented code block.
+        let (mut after_blank, mut in_indented) = (true, false);
         let mut line_start = true;
         while i < end {
             if line_start {
                 line_start = false;
                 let first = skip_spaces(src, i, end);
-                if starts_with(src, first, end, b"```") || starts_with(src, first, end, b"~~~") {
-                    in_fence = !in_fence;
-                    // The fence line (with its info string) is written as it is: its backticks
-                    // do not open or close a code span.
-                    let next = line_end(src, i, end);
+                let next = line_end(src, i, end);
+                let blank = first == next;
+                // An indented code block (CommonMark §4.4): four spaces, after a blank line, to
+                // the next line indented less. Written as it is.
+                in_indented =
+                    fence_len == 0 && !blank && first - i >= 4 && (in_indented || after_blank);
+                after_blank = blank;
+                let run = fence_run(src, first, next);
+                let closes = fence_len > 0
+                    && first - i <= 3
+                    && run >= fence_len
+                    && src[first] == fence_char
+                    && skip_spaces(src, first + run, next) == next;
+                let opens = fence_len == 0 && !in_indented && first - i <= 3 && run >= 3;
+                if in_indented || closes || opens {
+                    if closes {
+                        fence_len = 0;
+                    } else if opens {
+                        (fence_char, fence_len) = (src[first], run);
+                    }
+                    // The line is written as it is: its backticks do not open or close a span.
                     out.copy(src, i, next);
                     i = next;
                     continue;
-                } else if !in_fence && is_link_definition(src, first, end) {
+                } else if fence_len == 0 && is_link_definition(src, first, end) {
                     i = line_end(src, i, end);
                     // Also drop the newline, so the definitions leave no blank lines.
                     i += 1;
@@ -48,7 +72,7 @@ impl<const N: usize> DocText<N> {
             let b = src[i];
             if b == b'\n' {
                 line_start = true;
-            } else if !in_fence && b == b'`' {
+            } else if fence_len == 0 && b == b'`' {
                 let mut run = 0;
                 while i + run < end && src[i + run] == b'`' {
                     run += 1;
@@ -61,8 +85,8 @@ impl<const N: usize> DocText<N> {
                 out.copy(src, i, i + run);
                 i += run;
                 continue;
-            } else if !in_fence && in_code == 0 && b == b'[' && can_open_link(src, i) {
-                let next = out.link(src, i, end);
+            } else if fence_len == 0 && in_code == 0 && b == b'[' && can_open_link(src, i) {
+                let next = out.link(src, i, end, &web);
                 if next > i {
                     i = next;
                     continue;
@@ -101,9 +125,13 @@ impl<const N: usize> DocText<N> {
 
     /// At `[` (index `open`): writes the link's text and returns the index after the link, or
     /// returns `open` when this is not rustdoc link markup (kept as written).
-    const fn link(&mut self, src: &[u8], open: usize, end: usize) -> usize {
+    const fn link(&mut self, src: &[u8], open: usize, end: usize, web: &WebDefinitions) -> usize {
         let Some(close) = find(src, open + 1, end, b']') else { return open };
         let after = close + 1;
+        if open + 1 < close && src[open + 1] == b'^' {
+            // A footnote reference: markdown, not a link to an item.
+            return open;
+        }
         if after < end && src[after] == b'(' {
             let Some(paren) = find(src, after + 1, end, b')') else { return open };
             if contains(src, after + 1, paren, b"://")
@@ -115,8 +143,17 @@ impl<const N: usize> DocText<N> {
             paren + 1
         } else if after < end && src[after] == b'[' {
             let Some(reference) = find(src, after + 1, end, b']') else { return open };
+            // `[text][]` names its label by its text.
+            let label =
+                if reference == after + 1 { (open + 1, close) } else { (after + 1, reference) };
+            if web.has(src, label.0, label.1) {
+                return open;
+            }
             self.copy(src, open + 1, close);
             reference + 1
+        } else if web.has(src, open + 1, close) {
+            // `[label]` defined as a web address: kept, with its definition.
+            open
         } else if names_an_item(src, open + 1, close) {
             // `struct@Charge`: rustdoc's disambiguator is not part of the name.
             let start = match find(src, open + 1, close, b'@') {
@@ -198,15 +235,107 @@ const fn names_an_item(src: &[u8], from: usize, to: usize) -> bool {
     letter
 }
 
-/// `[label]: target` at the start of a line.
+/// `[label]: target` at the start of a line, to drop: not a footnote's (`[^1]: ..`), nor one
+/// whose target is a web address (the links that use it are kept).
 const fn is_link_definition(src: &[u8], i: usize, end: usize) -> bool {
-    if i >= end || src[i] != b'[' {
-        return false;
-    }
-    match find(src, i + 1, end, b']') {
-        Some(close) => close + 1 < end && src[close + 1] == b':',
+    match definition_target(src, i, end) {
+        Some((_, target)) => !is_web(src, target, line_end(src, target, end)),
         None => false,
     }
+}
+
+/// At a line's first non-space byte `i`: for `[label]: target`, the label's closing `]` and where
+/// the target starts. Footnote definitions (`[^1]: ..`) are not link definitions.
+const fn definition_target(src: &[u8], i: usize, end: usize) -> Option<(usize, usize)> {
+    if i + 1 >= end || src[i] != b'[' || src[i + 1] == b'^' {
+        return None;
+    }
+    match find(src, i + 1, end, b']') {
+        Some(close) if close + 1 < end && src[close + 1] == b':' => {
+            Some((close, skip_spaces(src, close + 2, end)))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `src[from..to]` (a link target, maybe in `<..>`) is a web address or `mailto:`.
+const fn is_web(src: &[u8], from: usize, to: usize) -> bool {
+    let from = if from < to && src[from] == b'<' { from + 1 } else { from };
+    let mut i = from;
+    while i < to && src[i] != b' ' && src[i] != b'>' {
+        i += 1;
+    }
+    contains(src, from, i, b"://") || starts_with(src, from, i, b"mailto:")
+}
+
+/// The most web definitions a text's links are matched against; the links of any beyond them
+/// lose their markup (their definitions are kept). Bounded so that the work at compile time stays
+/// linear in the text (rustc stops a constant evaluation that runs long).
+const MAX_WEB_DEFINITIONS: usize = 32;
+
+/// The labels the text defines as web addresses (`[label]: https://..`), found in one pass.
+struct WebDefinitions {
+    labels: [(usize, usize); MAX_WEB_DEFINITIONS],
+    len: usize,
+}
+
+impl WebDefinitions {
+    const fn find(src: &[u8], end: usize) -> Self {
+        let mut defs = WebDefinitions { labels: [(0, 0); MAX_WEB_DEFINITIONS], len: 0 };
+        let mut line = 0;
+        while line < end && defs.len < MAX_WEB_DEFINITIONS {
+            let first = skip_spaces(src, line, end);
+            let next = line_end(src, line, end);
+            if let Some((close, target)) = definition_target(src, first, end) {
+                if is_web(src, target, next) {
+                    defs.labels[defs.len] = (first + 1, close);
+                    defs.len += 1;
+                }
+            }
+            line = next + 1;
+        }
+        defs
+    }
+
+    /// Whether the label `src[from..to]` is one of them (compared without ASCII case, as
+    /// CommonMark matches labels).
+    const fn has(&self, src: &[u8], from: usize, to: usize) -> bool {
+        let mut k = 0;
+        while k < self.len {
+            let (a, a_end) = self.labels[k];
+            if same_label(src, a, a_end, from, to) {
+                return true;
+            }
+            k += 1;
+        }
+        false
+    }
+}
+
+const fn same_label(src: &[u8], a: usize, a_end: usize, b: usize, b_end: usize) -> bool {
+    if a_end - a != b_end - b || a_end == a {
+        return false;
+    }
+    let mut k = 0;
+    while k < a_end - a {
+        if src[a + k].to_ascii_lowercase() != src[b + k].to_ascii_lowercase() {
+            return false;
+        }
+        k += 1;
+    }
+    true
+}
+
+/// The length of the run of backticks or tildes at `i` (0 when there is none).
+const fn fence_run(src: &[u8], i: usize, to: usize) -> usize {
+    if i >= to || !(src[i] == b'`' || src[i] == b'~') {
+        return 0;
+    }
+    let mut run = 0;
+    while i + run < to && src[i + run] == src[i] {
+        run += 1;
+    }
+    run
 }
 
 const fn skip_spaces(src: &[u8], mut i: usize, end: usize) -> usize {
@@ -315,6 +444,39 @@ mod tests {
             "Example:\n```rust\nlet v = [Foo];\n```\nSee `Charge` and the ledger."
         );
         assert_eq!(text!("~~~\nx\n~~~\n[`A`] `[B]` [`C`]"), "~~~\nx\n~~~\n`A` `[B]` `C`");
+    }
+
+    #[test]
+    fn code_blocks_are_written_as_they_are() {
+        // Indented code, after a blank line; a line indented less ends it.
+        assert_eq!(
+            text!("Call it:\n\n    code [`Foo`] and [a](crate::b)\n    more [`Bar`]\nthen [`Baz`]"),
+            "Call it:\n\n    code [`Foo`] and [a](crate::b)\n    more [`Bar`]\nthen `Baz`"
+        );
+        // A fence closes only at one of its character at least as long: the inner ``` is text.
+        assert_eq!(
+            text!("````md\n```\n[`Foo`] nested\n```\n[`Bar`] still inside\n````\n[`Baz`]"),
+            "````md\n```\n[`Foo`] nested\n```\n[`Bar`] still inside\n````\n`Baz`"
+        );
+        assert_eq!(text!("~~~\n```\n[`A`]\n~~~\n[`B`]"), "~~~\n```\n[`A`]\n~~~\n`B`");
+        // Four spaces inside a paragraph continue it: not code.
+        assert_eq!(text!("a [`A`]\n    b [`B`]"), "a `A`\n    b `B`");
+    }
+
+    #[test]
+    fn footnotes_and_links_to_the_web_are_kept_with_their_definitions() {
+        assert_eq!(text!("Note[^1].\n\n[^1]: The note."), "Note[^1].\n\n[^1]: The note.");
+        assert_eq!(
+            text!(
+                "[API docs][api] and [RFC 8785].\n\n[api]: https://example.com/api\n[rfc 8785]: <https://www.rfc-editor.org/rfc/rfc8785>"
+            ),
+            "[API docs][api] and [RFC 8785].\n\n[api]: https://example.com/api\n[rfc 8785]: <https://www.rfc-editor.org/rfc/rfc8785>"
+        );
+        // A collapsed reference to the web, beside one to an item.
+        assert_eq!(
+            text!("[Spec][] and [`Ledger`][l]\n[spec]: mailto:a@b.c\n[l]: crate::Ledger"),
+            "[Spec][] and `Ledger`\n[spec]: mailto:a@b.c"
+        );
     }
 
     #[test]

@@ -82,8 +82,9 @@ mod validate;
 /// # Descriptions
 /// The doc comment is the tool's description; `#[doc = include_str!("..")]` lines are part of
 /// it. Rustdoc link markup is removed from the text the model reads (`[`Charge`]` → `` `Charge` ``,
-/// `[text](crate::path)` → `text`, `[ref]: target` lines dropped; web links stay; code blocks are
-/// kept as written). A `///` comment on a parameter becomes that argument's JSON Schema
+/// `[text](crate::path)` → `text`, `[ref]: crate::path` lines dropped; web links stay, and so
+/// do reference links to the web (`[text][ref]` or `[ref]` with `[ref]: https://..`) with their
+/// definitions; footnotes, fenced and indented code blocks are kept as written). A `///` comment on a parameter becomes that argument's JSON Schema
 /// `description` (and is removed from the fn, where rustc would refuse it). `/** .. */` comments
 /// read as rustdoc shows them, without their frame and the `*` that starts each line. The
 /// arguments' schema has no description of its own: the generated type's rustdoc text is for
