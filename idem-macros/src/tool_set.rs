@@ -108,6 +108,12 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             &header,
             "`#[tool_set]` goes on an inherent `impl` block (`impl Payments { .. }`), not a trait impl",
         );
+        // As written: a `tool_set` fn added to a trait impl would be a second error.
+        let mut out = quote!(#header #body);
+        if let Err(e) = errors.into_result() {
+            out.extend(e.to_compile_error());
+        }
+        return out;
     }
     let (inner, entries) = match parse_entries.parse2(body.stream()) {
         Ok(parsed) => parsed,

@@ -117,10 +117,16 @@ pub fn validate(
     };
 
     let before_shape = errors.len();
+    // `fn f() -> impl Future<Output = ..>`: one mistake, said once (not also "must return
+    // Result").
+    let returns_impl =
+        matches!(&sig.output, ReturnType::Type(_, ty) if matches!(**ty, Type::ImplTrait(_)));
     if sig.asyncness.is_none() {
+        let hint =
+            if returns_impl { ", returning the future's output (`-> Result<T, E>`)" } else { "" };
         errors.spanned(
             sig.fn_token.span,
-            format!("`#[tool]` needs an `async fn`: write `async fn {fn_name}(..)`"),
+            format!("`#[tool]` needs an `async fn`: write `async fn {fn_name}(..)`{hint}"),
         );
     }
     if let Some(c) = &sig.constness {
@@ -253,6 +259,13 @@ pub fn validate(
                 let ident = match &*pt.pat {
                     Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
                         pi.ident.clone()
+                    }
+                    // An unused context (`_: &Ctx`): it is not an argument, so it needs no name.
+                    Pat::Wild(w)
+                        if pattr.ctx.is_some()
+                            || matches!(ctx_shape(&pt.ty, &krate_names), CtxShape::Ref) =>
+                    {
+                        Ident::new("__idem_cx", w.underscore_token.span)
                     }
                     other => {
                         errors.at(
@@ -411,6 +424,7 @@ pub fn validate(
 
     let ret = match &sig.output {
         ReturnType::Type(_, ty) if names_a_result(ty) => Some(split_result(ty)),
+        _ if returns_impl && sig.asyncness.is_none() => None,
         other => {
             let msg = format!(
                 "tool `{fn_name}` must return `Result<T, E>` (or an alias named `..Result`): `T` is stored and replayed to every repeat, `E` implements `idem_core::Classify`"

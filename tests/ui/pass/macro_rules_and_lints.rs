@@ -65,6 +65,12 @@ pub async fn lookup_param(#[allow(non_snake_case)] customerId: String) -> Result
     Ok(customerId)
 }
 
+/// A context taken and not used needs no name.
+#[tool(retry = "keyed")]
+pub async fn unused_context(_: &idem_core::Ctx, n: u32) -> Result<u32, Failed> {
+    Ok(n)
+}
+
 #[deprecated(note = "use `greet`")]
 #[tool(retry = "safe")]
 pub async fn hello(name: String) -> Result<String, Failed> {
@@ -96,6 +102,7 @@ fn main() {
     let _ = greet(&run, Cow::Borrowed("a"), None);
     let _ = lookup(&run, "u".into());
     let _ = lookup_param(&run, "c".into());
+    let _ = unused_context(&run, 1);
     #[allow(deprecated)]
     let _ = hello(&run, "h".into());
     let _ = (GreetTool, LookupTool, LookupParamTool, PostFreeTool, shadowing::ShadowedTool);
