@@ -105,7 +105,11 @@ mod validate;
 ///   `Deserialize`, `JsonSchema` and `Clone` whose fields are the tool's top-level JSON arguments
 ///   and schema (rmcp's `Parameters<T>` style; the struct's own serde and schemars attributes
 ///   apply). Its canonical JSON is the intent: the same text, so the same key, as the same fields
-///   passed as separate parameters of a tool of the same name.
+///   passed as separate parameters of a tool of the same name. Unknown fields are what the
+///   struct says: separate parameters refuse them, a struct accepts and ignores them unless it
+///   has `#[serde(deny_unknown_fields)]` (which also puts `"additionalProperties": false` in
+///   the schema). Serde's and schemars' field attributes (`rename`, `default`) go here, not on
+///   parameters.
 /// - The return type is `Result<T, E>` (or an alias named `..Result`), `T: Serialize +
 ///   DeserializeOwned`, `E: idem_core::Classify + Serialize + DeserializeOwned + Display + Debug`.
 /// - The body's future must be `Send`: attempts are retried, joined by duplicates and run on any
