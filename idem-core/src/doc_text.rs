@@ -286,11 +286,11 @@ impl WebDefinitions {
         while line < end && defs.len < MAX_WEB_DEFINITIONS {
             let first = skip_spaces(src, line, end);
             let next = line_end(src, line, end);
-            if let Some((close, target)) = definition_target(src, first, end) {
-                if is_web(src, target, next) {
-                    defs.labels[defs.len] = (first + 1, close);
-                    defs.len += 1;
-                }
+            if let Some((close, target)) = definition_target(src, first, end)
+                && is_web(src, target, next)
+            {
+                defs.labels[defs.len] = (first + 1, close);
+                defs.len += 1;
             }
             line = next + 1;
         }
@@ -318,7 +318,7 @@ const fn same_label(src: &[u8], a: usize, a_end: usize, b: usize, b_end: usize) 
     }
     let mut k = 0;
     while k < a_end - a {
-        if src[a + k].to_ascii_lowercase() != src[b + k].to_ascii_lowercase() {
+        if !src[a + k].eq_ignore_ascii_case(&src[b + k]) {
             return false;
         }
         k += 1;

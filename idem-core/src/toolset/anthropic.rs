@@ -40,7 +40,7 @@ impl ToolSet {
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
         let (id, bad_id) = super::call_id(block.get("id"));
         let result = match (super::call_name(block.get("name"), "`name`"), bad_id) {
-            (Err(e), _) | (_, Some(e)) => e,
+            (Err(why), _) | (_, Some(why)) => super::invalid_call(why),
             (Ok(name), None) => {
                 let run = with_call_id(run, &id);
                 let args = match block.get("input") {

@@ -294,47 +294,42 @@ impl ToolSet {
     }
 }
 
-/// The id of a model's tool call (OpenAI `tool_calls[i].id`, Anthropic `tool_use.id`), and the
-/// refusal of one that is present but not a string: the result must carry the id back for the
+/// The id of a model's tool call (OpenAI `tool_calls[i].id`, Anthropic `tool_use.id`), and why
+/// one that is present but not a string is refused: the result must carry the id back for the
 /// host to match it to its call, and a number would come back as another id. Such an id is
 /// echoed as its JSON text. An absent id is empty.
-fn call_id(id: Option<&Value>) -> (String, Option<ToolResult>) {
+fn call_id(id: Option<&Value>) -> (String, Option<String>) {
     match id {
         None | Some(Value::Null) => (String::new(), None),
         Some(Value::String(id)) => (id.clone(), None),
         Some(other) => (
             other.to_string(),
-            Some(ToolResult::error(
-                ErrorKind::InvalidToolCall,
-                format!(
-                    "the tool call's `id` is {}, not a string; nothing was executed. Send the id as a string",
-                    crate::json_text::kind(other)
-                ),
-                None,
+            Some(format!(
+                "the tool call's `id` is {}, not a string; nothing was executed. Send the id as a string",
+                crate::json_text::kind(other)
             )),
         ),
     }
 }
 
-/// The tool name of a model's call, or the refusal of a missing or non-string one (`field` names
+/// The tool name of a model's call, or why a missing or non-string one is refused (`field` names
 /// where it belongs).
-fn call_name<'a>(name: Option<&'a Value>, field: &str) -> Result<&'a str, ToolResult> {
+fn call_name<'a>(name: Option<&'a Value>, field: &str) -> Result<&'a str, String> {
     match name {
         Some(Value::String(name)) => Ok(name),
-        None | Some(Value::Null) => Err(ToolResult::error(
-            ErrorKind::InvalidToolCall,
-            format!("the tool call has no {field}; nothing was executed"),
-            None,
-        )),
-        Some(other) => Err(ToolResult::error(
-            ErrorKind::InvalidToolCall,
-            format!(
-                "the tool call's {field} is {}, not a string; nothing was executed. Send the tool's name as a string",
-                crate::json_text::kind(other)
-            ),
-            None,
+        None | Some(Value::Null) => {
+            Err(format!("the tool call has no {field}; nothing was executed"))
+        }
+        Some(other) => Err(format!(
+            "the tool call's {field} is {}, not a string; nothing was executed. Send the tool's name as a string",
+            crate::json_text::kind(other)
         )),
     }
+}
+
+/// The result of a tool call refused for its envelope (`why`): nothing ran.
+fn invalid_call(why: String) -> ToolResult {
+    ToolResult::error(ErrorKind::InvalidToolCall, why, None)
 }
 
 pub(super) fn with_call_id(run: &Run, id: &str) -> Run {

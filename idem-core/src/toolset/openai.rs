@@ -41,7 +41,7 @@ impl ToolSet {
         let function = tool_call.get("function");
         let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
         let result = match (name, bad_id) {
-            (Err(e), _) | (_, Some(e)) => e,
+            (Err(why), _) | (_, Some(why)) => super::invalid_call(why),
             (Ok(name), None) => {
                 let run = with_call_id(run, &id);
                 let args = match function.and_then(|f| f.get("arguments")) {
