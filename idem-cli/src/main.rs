@@ -115,7 +115,7 @@ struct ResolveArgs {
     /// The effect did not take place: the record is removed and the next call runs.
     #[arg(long)]
     not_happened: bool,
-    /// How long a stored result is kept and replayed (e.g. 24h, 7d; more than zero). Only with
+    /// How long a stored result is kept and replayed (e.g. 24h, 7d; at least 1s). Only with
     /// --happened: --not-happened stores nothing.
     #[arg(
         long,
@@ -163,10 +163,17 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// the effect the operator just said had happened.
 fn parse_retention(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
-        d if d.is_zero() => Err("a result must be kept for more than zero (e.g. 24h)".into()),
+        d if d < MIN_RETENTION => Err(format!(
+            "a result must be kept for at least {}s: kept for less, it is gone before a repeat arrives, and the repeat runs the effect again (e.g. 24h, the default)",
+            MIN_RETENTION.as_secs()
+        )),
         d => Ok(d),
     }
 }
+
+/// The shortest `--ttl` a resolution takes: the point of recording that an effect happened is
+/// that repeats arriving later replay it, and a model's repeat comes seconds to hours later.
+const MIN_RETENTION: Duration = Duration::from_secs(1);
 
 /// How a command ended, as the process's exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

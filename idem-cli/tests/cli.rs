@@ -588,7 +588,10 @@ async fn bad_arguments_are_usage_errors_that_say_what_to_do() {
         (&["list", "--limit", "99999999999999999999999"], "--limit"),
         (&["list", "--older-than", "99999999999999999999y"], "e.g. 90s"),
         (&["list", "--older-than", "soon"], "e.g. 90s"),
-        (&["resolve", &key, "--happened", "{}", "--ttl", "0s", "--yes"], "more than zero"),
+        (&["resolve", &key, "--happened", "{}", "--ttl", "0s", "--yes"], "at least 1s"),
+        // Not zero, and yet gone before any repeat: stored as 0 ms once, the effect ran again.
+        (&["resolve", &key, "--happened", "{}", "--ttl", "500us", "--yes"], "at least 1s"),
+        (&["resolve", &key, "--happened", "{}", "--ttl", "999ms", "--yes"], "at least 1s"),
         (&["resolve", &key, "--not-happened", "--ttl", "1h", "--yes"], "cannot be used with"),
         (&["resolve", &key, "--happened", "{", "--yes"], "--happened takes the result as JSON"),
         (&["resolve", &key, "--happened", "{}", "--not-happened"], "cannot be used with"),

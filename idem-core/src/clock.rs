@@ -10,11 +10,13 @@ use tokio::time::Instant;
 /// millions of years), and it is "forever" for any record.
 pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// `d` in whole milliseconds, capped at [`FOREVER`]: what the stores write (longer would
-/// overflow PostgreSQL's `interval` and SQLite's `now + ms`, and means the same).
+/// `d` in whole milliseconds, rounded up and capped at [`FOREVER`]: what the stores write
+/// (longer would overflow PostgreSQL's `interval` and SQLite's `now + ms`, and means the same).
+/// Rounded up, so that a retention or a lease is never shorter than asked: 500 µs truncated
+/// would be 0 ms, a record kept for no time at all.
 pub(crate) fn ms(d: Duration) -> u64 {
     // FOREVER is about 3.2e12 ms: it fits u64 and i64.
-    u64::try_from(d.min(FOREVER).as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(d.min(FOREVER).as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// `now + d`, saturating at `now + FOREVER`, or as far as the platform's instants reach.
@@ -43,6 +45,16 @@ fn later_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn milliseconds_round_up_so_nothing_becomes_zero() {
+        assert_eq!(ms(Duration::ZERO), 0);
+        assert_eq!(ms(Duration::from_nanos(1)), 1);
+        assert_eq!(ms(Duration::from_micros(500)), 1);
+        assert_eq!(ms(Duration::from_millis(7)), 7);
+        assert_eq!(ms(Duration::from_micros(7_001)), 8);
+        assert_eq!(ms(Duration::MAX), ms(FOREVER));
+    }
 
     /// On a platform whose instants end 40 years ahead, "no limit" is 30 years away, not now.
     #[test]
