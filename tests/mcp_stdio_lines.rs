@@ -252,3 +252,21 @@ fn a_call_before_initialize_says_to_initialize_and_the_session_starts_after() {
     assert_eq!(ran["result"]["isError"], false, "{ran}");
     assert_eq!(ran["result"]["_meta"]["idem/outcome"], "executed", "{ran}");
 }
+
+/// The last request of a client that closes its input without a final newline is answered
+/// (it was dropped with the unfinished line), and the server then ends.
+#[test]
+fn a_last_request_without_a_newline_is_answered_before_the_server_ends() {
+    use std::io::Write;
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let last = call(7, r#"{"name":"charge_card","arguments":{"customer":"c","amount_cents":9}}"#);
+    let mut stdin = s.stdin.take().expect("stdin");
+    stdin.write_all(last.as_bytes()).unwrap();
+    drop(stdin);
+    let answer = s.read().expect("an answer to the last line");
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(answer["result"]["_meta"]["idem/outcome"], "executed", "{answer}");
+    assert!(s.read().is_none(), "nothing more: the server ended");
+}

@@ -148,6 +148,11 @@ where
         loop {
             let available = self.read.fill_buf().await?;
             if available.is_empty() {
+                // A last line without its newline is still a message: the client closed its
+                // input after writing it, and is waiting for the answer.
+                if !self.line.is_empty() && !self.discarding {
+                    return Ok(Line::Complete);
+                }
                 return Ok(Line::Eof);
             }
             let newline = available.iter().position(|b| *b == b'\n');
