@@ -14,7 +14,11 @@
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
 //! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is;
 //! - a message answered before rmcp reads it (bad arguments) still gets 404 for an unknown
-//!   session and 400 for none, as rmcp answers any message there.
+//!   session and 400 for none, and 403 for a forbidden `Host` or `Origin`, as rmcp answers any
+//!   message there; a notification the server cannot accept, or an empty body, is 400;
+//! - a session belongs to the user who opened it: another user's token naming it is 404 for a
+//!   call, its stream and its DELETE, and nothing runs; another origin is 403; the bearer
+//!   scheme is case-insensitive and a 401 names it.
 //!
 //! Setup and skips as in `tests/mcp_python.rs`.
 
@@ -73,6 +77,11 @@ fn a_body_that_is_not_utf8_is_a_parse_error_over_http() {
 #[test]
 fn a_bad_request_in_an_unknown_session_is_404_before_its_json_rpc_answer() {
     case("sessions");
+}
+
+#[test]
+fn a_session_is_its_owners_and_other_origins_are_refused() {
+    case("owners");
 }
 
 #[test]

@@ -457,11 +457,14 @@ async fn authenticate(
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    // RFC 7235 §2.1: the scheme's name is case-insensitive.
     let bearer = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     match bearer.and_then(|token| tokens.get(token)) {
         Some(user) => {
             request.extensions_mut().insert(User(user.clone()));
@@ -472,6 +475,11 @@ async fn authenticate(
                 "a known bearer token is required",
             ));
             *response.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+            // RFC 6750 §3: a 401 names the scheme the client must use.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"payments_mcp\""),
+            );
             response
         }
     }

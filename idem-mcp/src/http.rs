@@ -15,6 +15,16 @@
 //!   missing; nothing runs. `safe` calls still run (in the session's own run).
 //! - Authentication itself (HTTP 401 for a missing or unknown token) is the app's layer in front
 //!   of this service, as in `examples/payments_mcp.rs --http`.
+//! - A session belongs to the principal that opened it (MCP 2025-11-25 "Security Best
+//!   Practices", session hijacking: bind session ids to the user): a request naming a session
+//!   that another principal opened, or one opened with a principal by a request without one, is
+//!   answered 404 as an unknown session, and nothing in it runs, is closed or is streamed.
+//! - Browser origins are checked (MCP 2025-11-25 "Transports": servers MUST validate `Origin`,
+//!   against DNS rebinding): a request whose `Origin` header is not one of the config's
+//!   `allowed_origins` is refused with 403; with none listed, every request that carries an
+//!   `Origin` is (clients other than web pages send none). List a web client's origin with
+//!   `StreamableHttpServerConfig::with_allowed_origins`. rmcp checks `Host` against
+//!   `allowed_hosts` (loopback by default).
 //!
 //! ```no_run
 //! # async fn demo(make: impl Fn() -> idem_mcp::IdemServer + Send + Sync + 'static) -> std::io::Result<()> {
@@ -27,6 +37,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -71,11 +82,102 @@ pub fn service_with_sessions(
     config: StreamableHttpServerConfig,
     sessions: SessionConfig,
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
+    let owners = Owners {
+        principal: make().tools().principal_fn(),
+        keep_alive: sessions.keep_alive,
+        sessions: Arc::default(),
+    };
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
     let max_body_bytes = config.max_request_body_bytes;
+    // The MCP spec's MUST: with no origins listed, rmcp would check none.
+    let config =
+        if config.allowed_origins.is_empty() { config.enforce_origin_validation() } else { config };
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
-    Checked { inner, max_body_bytes, in_flight: Arc::default() }
+    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners }
+}
+
+/// Which principal opened each session ([`Checked`] answers a request from another as rmcp
+/// answers an unknown session). Sessions idle for longer than rmcp keeps them are forgotten.
+#[derive(Clone)]
+struct Owners {
+    principal: Option<PrincipalFn>,
+    keep_alive: Option<std::time::Duration>,
+    sessions: Arc<std::sync::Mutex<SessionOwners>>,
+}
+
+/// Session id → (the principal that opened it, when a request last named it).
+type SessionOwners = std::collections::HashMap<String, (Option<String>, Instant)>;
+
+impl std::fmt::Debug for Owners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owners").field("principal", &self.principal.is_some()).finish()
+    }
+}
+
+/// How many sessions are noted before the idle ones are looked for.
+const OWNERS_SWEEP_AT: usize = 1024;
+
+impl Owners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionOwners> {
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the request may use the session it names (any request when no principal is
+    /// configured, or it names none). A session this layer did not see opened (another
+    /// instance's, restored by rmcp) belongs to the first principal that names it.
+    fn allows(&self, parts: &http::request::Parts) -> bool {
+        let Some(principal) = &self.principal else { return true };
+        let Some(session) = session_id(parts) else { return true };
+        let who = principal(parts);
+        let mut sessions = self.lock();
+        match sessions.get_mut(session) {
+            Some((owner, seen)) if *owner == who => {
+                *seen = Instant::now();
+                true
+            }
+            Some(_) => false,
+            None => {
+                sessions.insert(session.to_owned(), (who, Instant::now()));
+                true
+            }
+        }
+    }
+
+    /// Notes the principal of the request whose answer opened a session.
+    fn opened(&self, parts: &http::request::Parts, answer: &Response) {
+        let Some(principal) = &self.principal else { return };
+        let Some(session) = answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        let who = principal(parts);
+        let mut sessions = self.lock();
+        if sessions.len() >= OWNERS_SWEEP_AT
+            && let Some(keep) = self.keep_alive
+        {
+            sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
+        }
+        sessions.insert(session.to_owned(), (who, Instant::now()));
+    }
+
+    /// A session its owner closed (`DELETE`).
+    fn closed(&self, parts: &http::request::Parts) {
+        if let Some(session) = session_id(parts) {
+            self.lock().remove(session);
+        }
+    }
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+fn session_id(parts: &http::request::Parts) -> Option<&str> {
+    parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// rmcp's answer for a session it does not know.
+fn unknown_session() -> Response {
+    reply(http::StatusCode::NOT_FOUND, Bytes::from_static(b"Not Found: Session not found"))
 }
 
 /// A tower service that reads each POSTed JSON-RPC message with
@@ -94,6 +196,7 @@ pub struct Checked<S> {
     max_body_bytes: usize,
     /// The requests of each session whose response is still being sent: (session, request id).
     in_flight: InFlightIds,
+    owners: Owners,
 }
 
 /// (`Mcp-Session-Id`, request id) of every request whose response body has not ended.
@@ -181,8 +284,12 @@ where
         let mut inner = self.inner.clone();
         let max_body_bytes = self.max_body_bytes;
         let in_flight = Arc::clone(&self.in_flight);
+        let owners = self.owners.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
+            if !owners.allows(&parts) {
+                return Ok(unknown_session());
+            }
             let bytes = match collect_at_most(body, max_body_bytes).await {
                 Ok(bytes) => bytes,
                 Err(refused) => return Ok(refused),
@@ -206,8 +313,23 @@ where
                 // notification), after rmcp's answer for the request's head, if any.
                 let (status, own) = match check_message(text) {
                     Inbound::Reply(answer) => (http::StatusCode::OK, answer.to_string().into()),
-                    Inbound::Ignore => (http::StatusCode::ACCEPTED, Bytes::new()),
+                    // MCP 2025-11-25 "Transports": input the server cannot accept MUST get an
+                    // HTTP error (202 is for accepted notifications and responses).
+                    Inbound::Ignore => {
+                        let answer = error_reply(
+                            None,
+                            ErrorCode::INVALID_REQUEST,
+                            "Invalid request: the body is not a JSON-RPC request, notification or response this server accepts",
+                        );
+                        (http::StatusCode::BAD_REQUEST, answer.to_string().into())
+                    }
                     Inbound::Message(message) => {
+                        let opens = session_id(&parts).is_none()
+                            && matches!(
+                                &*message,
+                                ClientJsonRpcMessage::Request(r)
+                                    if matches!(r.request, ClientRequest::InitializeRequest(_))
+                            );
                         // rmcp parses the body again with serde_json, which reads an integer
                         // beyond 64 bits as a double; the handler finds the arguments' text in
                         // the request head it gets from rmcp, and parses typed arguments from
@@ -218,8 +340,12 @@ where
                         match claim_id(&in_flight, &parts, &message) {
                             Err(reused) => (http::StatusCode::OK, reused.to_string().into()),
                             Ok(id) => {
+                                let head = opens.then(|| parts.clone());
                                 let request = http::Request::from_parts(parts, Full::new(bytes));
                                 let answer = inner.call(request).await?;
+                                if let Some(head) = head {
+                                    owners.opened(&head, &answer);
+                                }
                                 return Ok(match id {
                                     Some(id) => {
                                         answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
@@ -235,7 +361,14 @@ where
                 }
                 return Ok(reply(status, own));
             }
-            inner.call(http::Request::from_parts(parts, Full::new(bytes))).await
+            let delete = (parts.method == http::Method::DELETE).then(|| parts.clone());
+            let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
+            if let Some(head) = delete
+                && answer.status().is_success()
+            {
+                owners.closed(&head);
+            }
+            Ok(answer)
         })
     }
 }
@@ -251,9 +384,7 @@ fn claim_id(
     message: &rmcp::model::ClientJsonRpcMessage,
 ) -> Result<Option<IdInFlight>, serde_json::Value> {
     let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(None) };
-    let Some(session) = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()) else {
-        return Ok(None);
-    };
+    let Some(session) = session_id(parts) else { return Ok(None) };
     let entry = (session.to_owned(), request.id.clone());
     if !ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(entry.clone()) {
         return Err(id_in_use(&request.id));
@@ -278,16 +409,20 @@ async fn refused_by_transport<S: RmcpService>(
     parts: &http::request::Parts,
     text: &str,
 ) -> Option<Response> {
-    // Text rmcp cannot read as a message (not JSON, no method) it refuses before it looks at
-    // the session too; an `initialize` needs no session, and probing one would open one.
-    let message = serde_json::from_str::<serde_json::Value>(text).ok()?;
-    let method = message.get("method")?.as_str()?;
-    if method == rmcp::model::InitializeResultMethod::VALUE {
-        return None;
-    }
+    // A message rmcp would look at the session for is probed with it; anything else (an
+    // `initialize`, which needs no session and would open one; text that is no message at all)
+    // without it, for what rmcp refuses by the head alone (`Host`, `Origin`, `Accept`,
+    // `Content-Type`): the probe's 400 for the missing session is then not this message's.
+    let message = serde_json::from_str::<serde_json::Value>(text).ok();
+    let method = message.as_ref().and_then(|m| m.get("method")).and_then(|m| m.as_str());
+    let in_session = method.is_some_and(|m| m != rmcp::model::InitializeResultMethod::VALUE);
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let meta = message.get("params").and_then(|p| p.get("_meta")).filter(|m| m.is_object());
+    let meta = message
+        .as_ref()
+        .and_then(|m| m.get("params"))
+        .and_then(|p| p.get("_meta"))
+        .filter(|m| m.is_object());
     let mut params = serde_json::Map::new();
     if let Some(meta) = meta {
         params.insert("_meta".into(), meta.clone());
@@ -299,11 +434,19 @@ async fn refused_by_transport<S: RmcpService>(
     });
     let mut head = parts.clone();
     head.headers.remove(http::header::CONTENT_LENGTH);
+    if !in_session {
+        head.headers.remove(SESSION_HEADER);
+    }
     let probe = http::Request::from_parts(head, Full::new(Bytes::from(ping.to_string())));
     std::future::poll_fn(|cx| inner.poll_ready(cx)).await.ok()?;
     // Infallible: the answer is always a response. Its body (the pong) is dropped unread.
     let answer = inner.call(probe).await.ok()?;
-    (!answer.status().is_success()).then_some(answer)
+    let refused = if in_session {
+        !answer.status().is_success()
+    } else {
+        matches!(answer.status().as_u16(), 403 | 406 | 415)
+    };
+    refused.then_some(answer)
 }
 
 /// How much of a body over the limit is read and thrown away before its 413 is sent: a client

@@ -121,6 +121,12 @@ impl IdemTools {
         self
     }
 
+    /// The principal function set with [`with_principal`](Self::with_principal), if any.
+    #[cfg(feature = "http")]
+    pub(crate) fn principal_fn(&self) -> Option<crate::http::PrincipalFn> {
+        self.principal.clone()
+    }
+
     /// The session run for a request: over HTTP, inside the request's principal. `Err` is the
     /// refusal of a `keyed` or `never` call that has no principal.
     fn session_for(&self, name: &str, context: &RequestContext<RoleServer>) -> Result<Run, String> {

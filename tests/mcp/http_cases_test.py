@@ -402,11 +402,62 @@ async def sessions(binary, work):
             check("invalid_arguments" in result["content"][0]["text"], r.text)
             r = await c.post(url, headers={"Mcp-Session-Id": live}, content=repeated)
             check(r.status_code == 200 and r.json()["error"]["code"] == -32600, r.text)
-            r = await c.post(url, headers={"Mcp-Session-Id": live}, content=bad_note)
-            check(r.status_code == 202 and r.text == "", f"{r.status_code} {r.text}")
+            # A notification the server cannot accept is an HTTP error (MCP "Transports"), and
+            # so is an empty body; 202 is for what it accepts.
+            for body in [bad_note, ""]:
+                r = await c.post(url, headers={"Mcp-Session-Id": live}, content=body)
+                check(r.status_code == 400, f"{body!r}: {r.status_code} {r.text}")
+                check(r.json()["error"]["code"] == -32600, f"{body!r}: {r.text}")
+            # What the server answers itself is refused first for a forbidden Host or Origin,
+            # as rmcp refuses anything there.
+            for name, head in [("host", {"Host": "evil.example"}),
+                               ("origin", {"Origin": "http://evil.example"})]:
+                for body in [json.dumps(bad_args), "", "[1]"]:
+                    r = await c.post(url, headers={"Mcp-Session-Id": live, **head}, content=body)
+                    check(r.status_code == 403, f"{name} {body[:20]!r}: {r.status_code} {r.text}")
     finally:
         stop(proc)
-    return "unknown session 404, none 400, live session answered"
+    return "unknown session 404, none 400, live session answered, bad Host or Origin 403"
+
+
+async def owners(binary, work):
+    # A session belongs to the user who opened it: another user's token with its id is answered
+    # as an unknown session (404) for a call, its event stream and its DELETE; nothing runs and
+    # the session goes on for its owner. A browser page of another origin is refused (403).
+    proc, url = start(binary, work)
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=30) as c:
+            head = await raw_session(c, url)
+            bob = {**head, "Authorization": f"Bearer {B}"}
+            call = raw_call(2, {"customer": "cus_o", "amount_cents": 5}, "conv-o")
+            r = await c.post(url, headers=bob, json=call)
+            check(r.status_code == 404, f"bob's call in alice's session: {r.status_code} {r.text}")
+            r = await c.get(url, headers={**bob, "Accept": "text/event-stream"})
+            check(r.status_code == 404, f"bob's GET: {r.status_code} {r.text}")
+            r = await c.delete(url, headers=bob)
+            check(r.status_code == 404, f"bob's DELETE: {r.status_code} {r.text}")
+            ran = (work / "idem.db.ledger.json").exists() and ledger(work)["charge_requests"]
+            check(not ran, f"nothing ran: {ran}")
+            r = await c.post(url, headers=head, json=call)
+            (answer,) = [m for m in sse_messages(r.text) if m.get("id") == 2]
+            check(answer["result"]["_meta"]["idem/outcome"] == "executed", f"alice: {answer}")
+            r = await c.post(url, headers={**head, "Origin": "http://evil.example"},
+                             json=raw_call(3, {"customer": "cus_o", "amount_cents": 6}, "conv-o"))
+            check(r.status_code == 403, f"another origin: {r.status_code} {r.text}")
+            # Any case of the scheme's name; a 401 names the scheme.
+            r = await c.post(url, headers={**head, "Authorization": f"bearer {A}"},
+                             json={"jsonrpc": "2.0", "id": 4, "method": "ping"})
+            check(r.status_code == 200, f"lower-case bearer: {r.status_code} {r.text}")
+            r = await c.post(url, headers={**head, "Authorization": "Bearer nope"},
+                             json={"jsonrpc": "2.0", "id": 5, "method": "ping"})
+            check(r.status_code == 401, f"unknown token: {r.status_code}")
+            check(r.headers.get("www-authenticate", "").startswith("Bearer"), f"{r.headers}")
+            r = await c.delete(url, headers=head)
+            check(r.status_code in (200, 202, 204), f"alice's DELETE: {r.status_code} {r.text}")
+        check(ledger(work)["charge_requests"] == 1, f"one charge: {ledger(work)}")
+    finally:
+        stop(proc)
+    return "another user's token is 404 in a session, another origin 403"
 
 
 RAW = {
@@ -552,7 +603,7 @@ CASES = {
     "duplicate_ids": duplicate_ids,
     "big_body": big_body, "lifecycle": lifecycle,
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
-    "not_utf8": not_utf8, "sessions": sessions,
+    "not_utf8": not_utf8, "sessions": sessions, "owners": owners,
 }
 
 
