@@ -100,6 +100,14 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
         ("_meta a number", call(40, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":5}"#), Some(json!(40)), Expect::Error(-32602)),
         ("_meta an array", call(41, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":[]}"#), Some(json!(41)), Expect::Error(-32602)),
         ("_meta a string on ping", r#"{"jsonrpc":"2.0","id":42,"method":"ping","params":{"_meta":"s"}}"#.into(), Some(json!(42)), Expect::Error(-32602)),
+        // A progress token rmcp cannot carry would be dropped, and no progress would come.
+        ("progressToken an object", call(43, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":{"a":1}}}"#), Some(json!(43)), Expect::Error(-32602)),
+        ("progressToken a fraction", call(44, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":1.5}}"#), Some(json!(44)), Expect::Error(-32602)),
+        ("progressToken beyond 64 bits", call(45, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":123456789012345678901234567890}}"#), Some(json!(45)), Expect::Error(-32602)),
+        ("progressToken a boolean", call(46, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":true}}"#), Some(json!(46)), Expect::Error(-32602)),
+        ("progressToken an integer", call(47, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":-1}}"#), Some(json!(47)), Expect::ToolOk),
+        // An id with neither a method nor a result or an error: a request without its method.
+        ("an id alone", r#"{"jsonrpc":"2.0","id":48}"#.into(), Some(json!(48)), Expect::Error(-32600)),
         ("initialize params that do not fit", r#"{"jsonrpc":"2.0","id":18,"method":"initialize","params":{"protocolVersion":7}}"#.into(), Some(json!(18)), Expect::Error(-32602)),
         ("the id after a bad value", r#"{"jsonrpc":"2.0","method":"ping","params":{"x":1e400},"id":19}"#.into(), Some(json!(19)), Expect::Error(-32602)),
         ("jsonrpc 1.0", r#"{"jsonrpc":"1.0","id":20,"method":"ping"}"#.into(), Some(json!(20)), Expect::Error(-32600)),

@@ -245,9 +245,21 @@ pub fn check_message(text: &str) -> Inbound {
         }
     };
     let Some(method) = method else {
-        // A response to one of our requests, or nonsense: never answered.
+        // A response to one of our requests, or nonsense: never answered, unless it has an id
+        // and neither `result` nor `error`, which makes it no response but a request without
+        // its method (JSON-RPC 2.0 §5: Invalid Request, with the id when it can be read).
         return match serde_json::from_str::<ClientJsonRpcMessage>(text) {
             Ok(msg) if json_text::check_unique(text).is_ok() => Inbound::Message(Box::new(msg)),
+            _ if id.is_some()
+                && matches!(member(&members, "result"), Ok(None))
+                && matches!(member(&members, "error"), Ok(None)) =>
+            {
+                Inbound::Reply(error_reply(
+                    id.as_ref(),
+                    ErrorCode::INVALID_REQUEST,
+                    "Invalid request: a message with an `id` needs a `method` (a request), or a `result` or an `error` (a response)",
+                ))
+            }
             _ => {
                 tracing::debug!(
                     "ignoring an inbound message that has no method and is not a response"
@@ -432,6 +444,24 @@ fn params(
             ErrorCode::INVALID_PARAMS,
             format!(
                 "Invalid params: `_meta` must be an object (MCP), such as {{\"idem/run\": \"<run id>\"}}, not {found}"
+            ),
+        ));
+    }
+    // rmcp reads a progress token it cannot carry (an object, a fraction, an integer beyond 64
+    // bits) as none, and the client then waits for notifications that never come.
+    if let Ok(Some(meta)) = member(&members, "_meta")
+        && let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(meta.get())
+        && let Some(token) = meta.get("progressToken")
+        && !(token.is_string() || token.is_i64())
+    {
+        return Err(reply(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "Invalid params: `_meta.progressToken` must be a string or an integer (MCP 2025-11-25 \"Progress\"; at most 64 bits), not {}",
+                match token {
+                    Value::Number(_) => "this number",
+                    other => json_text::kind(other),
+                }
             ),
         ));
     }
