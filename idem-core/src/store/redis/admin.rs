@@ -159,6 +159,14 @@ impl RedisStore {
             )
             .await
             .map_err(unavailable)?;
+        if let Value::ServerError(e) = &slots {
+            // A server that is not part of a cluster (`redis+cluster://` for one server).
+            return Err(StoreError::InvalidConfig(format!(
+                "the server does not act as a Redis Cluster ({}); for one server write \
+                 redis://host:port",
+                e.details().unwrap_or(e.code())
+            )));
+        }
         let bad = || StoreError::Incompatible(format!("unexpected CLUSTER SLOTS reply {slots:?}"));
         let Value::Array(ranges) = &slots else { return Err(bad()) };
         let mut masters = Vec::new();
