@@ -22,7 +22,8 @@ use crate::store::wait::WaiterMap;
 #[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
     pub(super) url: String,
-    pub(super) prefix: String,
+    /// Set by [`prefix`](Self::prefix); else the URL's, else `idem`.
+    pub(super) prefix: Option<String>,
     pub(super) response_timeout: Duration,
     pub(super) connection_timeout: Duration,
     pub(super) wait: Option<Replicas>,
@@ -31,10 +32,11 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The prefix of every Redis key and channel the store uses. Default `idem`. It must not
-    /// contain `{` or `}` (they would change the keys' hash tag); `open` refuses it.
+    /// The prefix of every Redis key and channel the store uses. Default: the URL's `prefix`
+    /// option, else `idem`; this overrides the URL's. It must not be empty or contain `{` or `}`
+    /// (they would change the keys' hash tag); `open` refuses it.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.prefix = Some(prefix.into());
         self
     }
 
@@ -133,13 +135,22 @@ impl RedisStoreBuilder {
     }
 
     /// Connects on first use, so a process can start while Redis is down (its calls fail closed
-    /// until Redis is back). Fails only on a malformed URL.
+    /// until Redis is back). Fails only on a malformed URL, or outside a Tokio runtime.
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
-        if self.prefix.contains(['{', '}']) {
+        let target = conn::target(&self.url)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            // The redis crate's connections start tasks at once, and would panic.
+            return Err(StoreError::InvalidConfig(
+                "a Redis store is opened inside a Tokio runtime (in an async fn run by it, or \
+                 after Runtime::enter)"
+                    .into(),
+            ));
+        }
+        let prefix = self.prefix.or(target.prefix).unwrap_or_else(|| "idem".to_owned());
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
             // A brace would change the hash tag, splitting a record from its fence counter.
             return Err(StoreError::InvalidConfig(format!(
-                "invalid key prefix {:?}: it must not contain '{{' or '}}'",
-                self.prefix
+                "invalid key prefix {prefix:?}: it must not be empty or contain '{{' or '}}'"
             )));
         }
         // A zero timeout would fail commands or connections at random, whichever answers
@@ -156,7 +167,6 @@ impl RedisStoreBuilder {
                 )));
             }
         }
-        let target = conn::target(&self.url)?;
         let wait = match self.wait.or(target.wait) {
             Some(Replicas { count: 0, .. }) | None => None,
             Some(Replicas { timeout: Duration::ZERO, .. }) => {
@@ -206,7 +216,7 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 conn,
                 wait,
-                prefix: self.prefix,
+                prefix,
                 scripts: Scripts::new(),
                 waiters,
                 pubsub,

@@ -146,6 +146,8 @@ pub(super) fn tls_refused(e: &redis::RedisError) -> Option<String> {
 pub(super) struct Target {
     pub(super) servers: Servers,
     pub(super) wait: Option<Replicas>,
+    /// The `prefix` option: the key prefix.
+    pub(super) prefix: Option<String>,
 }
 
 fn invalid(what: impl std::fmt::Display) -> StoreError {
@@ -210,7 +212,7 @@ pub(super) fn target(url: &str) -> Result<Target, StoreError> {
         let base = format!("{scheme}://{rest}{}", query_of(&opts.passed));
         Servers::One(one_client(&base, ca)?)
     };
-    Ok(Target { servers, wait: opts.wait })
+    Ok(Target { servers, wait: opts.wait, prefix: opts.prefix })
 }
 
 fn query_of(passed: &[String]) -> String {
@@ -272,6 +274,8 @@ struct Options {
     /// The CA file (percent-decoded path).
     ca: Option<String>,
     wait: Option<Replicas>,
+    /// The key prefix (percent-decoded).
+    prefix: Option<String>,
     /// Options passed on to the redis crate, as written (`protocol=resp3`).
     passed: Vec<String>,
 }
@@ -289,6 +293,7 @@ impl Options {
             };
             match name {
                 "ca" => opts.ca = Some(percent_decode(value)),
+                "prefix" => opts.prefix = Some(percent_decode(value)),
                 "wait_replicas" => replicas = Some(number("wait_replicas")?),
                 "wait_timeout_ms" => match number("wait_timeout_ms")? {
                     // Redis reads a `WAIT` timeout of 0 as "wait for ever".
@@ -300,7 +305,7 @@ impl Options {
                 other => {
                     return Err(invalid(format_args!(
                         "unknown option {other:?}; known: ca, wait_replicas, wait_timeout_ms, \
-                         protocol{}",
+                         protocol, prefix{}",
                         if unix { ", db, user, pass" } else { "" }
                     )));
                 }
@@ -321,6 +326,32 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Outside a runtime the redis crate would panic when it starts its connection's task.
+    #[test]
+    fn opening_outside_a_runtime_is_an_error_not_a_panic() {
+        match crate::store::RedisStore::builder("redis://h:1/").open_lazy() {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("Tokio runtime"), "{m}"),
+            other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_prefix_option_names_the_key_prefix() {
+        let prefix = |url: &str| target(url).map(|t| t.prefix);
+        assert_eq!(prefix("redis://h:1/").unwrap(), None);
+        assert_eq!(prefix("redis://h:1/2?prefix=app%3Aone").unwrap().as_deref(), Some("app:one"));
+        assert_eq!(prefix("redis+cluster://a:1,b:2/?prefix=p").unwrap().as_deref(), Some("p"));
+        let store = |url: &str| crate::store::RedisStore::builder(url).open_lazy();
+        let key = crate::key::derive_key(&crate::Scope::run("r"), "t", b"{}");
+        assert!(store("redis://h:1/?prefix=app").unwrap().record_key(&key).starts_with("app:{"));
+        // The builder's own prefix wins over the URL's.
+        let chosen = crate::store::RedisStore::builder("redis://h:1/?prefix=app").prefix("mine");
+        assert!(chosen.open_lazy().unwrap().record_key(&key).starts_with("mine:{"));
+        for bad in ["redis://h:1/?prefix=", "redis://h:1/?prefix=a%7Bb"] {
+            assert!(matches!(store(bad), Err(StoreError::InvalidConfig(_))), "{bad}");
+        }
+    }
 
     fn refused(url: &str) -> String {
         match target(url) {
@@ -360,7 +391,7 @@ mod tests {
     fn cluster_form_lists_nodes() {
         assert!(matches!(
             target("redis+cluster://a:7000,b:7001,c/?wait_replicas=1"),
-            Ok(Target { servers: Servers::Cluster(_), wait: Some(Replicas { count: 1, .. }) })
+            Ok(Target { servers: Servers::Cluster(_), wait: Some(Replicas { count: 1, .. }), .. })
         ));
         assert!(matches!(target("redis+cluster://u:p@a:7000"), Ok(Target { wait: None, .. })));
         assert!(refused("redis+cluster://a:7000,,b:7001/").contains("empty host"));

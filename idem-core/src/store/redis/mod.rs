@@ -230,7 +230,9 @@ impl RedisStore {
     /// roots `ca` names, else the system's roots), or to the Redis Cluster at
     /// `redis+cluster://host1:port1,host2:port2/` (`rediss+cluster://` with TLS), with the default
     /// settings. Query options: `ca`, `wait_replicas`, `wait_timeout_ms` (see
-    /// [`RedisStoreBuilder::wait_for_replicas`]), `protocol`.
+    /// [`RedisStoreBuilder::wait_for_replicas`]), `protocol`, `prefix` (the key prefix, see
+    /// [`RedisStoreBuilder::prefix`]; percent-decoded), so that one URL names an application's
+    /// records for the `idem` command line too.
     ///
     /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unknown scheme or option, an
     /// unreadable CA file or TLS without `redis-tls`; [`StoreError::Unavailable`] for a server
@@ -239,11 +241,12 @@ impl RedisStore {
         RedisStore::builder(url).open().await
     }
 
-    /// A builder with the default settings: prefix `idem`, 1 s response and connection timeouts.
+    /// A builder with the default settings: prefix `idem` (or the URL's `prefix`), 1 s response
+    /// and connection timeouts.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
-            prefix: "idem".to_owned(),
+            prefix: None,
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
             wait: None,
