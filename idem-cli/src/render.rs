@@ -6,7 +6,6 @@
 //! or reorder what is shown. JSON needs no such step (serde_json escapes control characters and
 //! a program reads the exact value).
 
-use std::borrow::Cow;
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -17,37 +16,10 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
-/// Whether printing `c` raw could change how the terminal shows the rest: a control character
-/// (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or one of Unicode's
-/// `Bidi_Control` characters, which reorder the text around them ("Trojan Source").
-fn unsafe_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{2028}' | '\u{2029}' // line and paragraph separators
-            | '\u{061C}' | '\u{200E}' | '\u{200F}' // ALM, LRM, RLM
-            | '\u{202A}'..='\u{202E}' // LRE, RLE, PDF, LRO, RLO
-            | '\u{2066}'..='\u{2069}' // LRI, RLI, FSI, PDI
-        )
-}
-
 /// `text` with every character that could act on the terminal written as its Rust escape
 /// (`\n`, `\t`, `\u{1b}`, `\u{202e}`), so it shows on one line, as what it is. Other characters,
 /// backslashes included, are unchanged: `--json` gives the exact value when it matters.
-pub fn printable(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(unsafe_char) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            out.extend(c.escape_debug());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
+pub use idem_core::printable;
 
 /// The state's name, as `--state` takes it.
 pub fn state_name(state: &RecordState) -> &'static str {

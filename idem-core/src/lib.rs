@@ -32,6 +32,7 @@ mod macro_checks;
 mod macro_support;
 pub mod metrics;
 mod policy;
+mod printable;
 mod reconcile;
 pub mod store;
 mod sync;
@@ -48,6 +49,7 @@ pub use failure::{Classify, Failure, FailureKind};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, MIN_LEASE, Policy, ToolOptions};
+pub use printable::{printable, printable_lines};
 pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;

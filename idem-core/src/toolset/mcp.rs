@@ -36,13 +36,12 @@ pub const MAX_META_ID_BYTES: usize = 1024;
 /// tool name SHOULD be 1 to 128 characters); an unknown name beyond it is shown cut, with `…`.
 pub(super) const SHOWN_NAME_CHARS: usize = 128;
 
-/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters, with control
-/// and bidirectional formatting characters escaped (`\u{1b}`): a name is the model's text, and
-/// the message may end up on an operator's terminal or in a log.
+/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters, [`crate::printable`]
+/// (a name is the model's text, and the message may end up on an operator's terminal or in a log).
 pub(super) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
     match name.char_indices().nth(SHOWN_NAME_CHARS) {
-        None => super::result::escaped(name, |_| true),
-        Some((end, _)) => format!("{}…", super::result::escaped(&name[..end], |_| true)).into(),
+        None => crate::printable(name),
+        Some((end, _)) => format!("{}…", crate::printable(&name[..end])).into(),
     }
 }
 

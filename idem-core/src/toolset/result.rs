@@ -58,12 +58,12 @@ impl ToolResult {
 
     /// A failed result of kind `kind` with the message the model reads and optional detail.
     ///
-    /// Control characters in `message` other than line feed and tab are escaped (`\u{1b}`): a
-    /// message may repeat what a model sent (a field name, a value), and hosts print results to
-    /// terminals and logs.
+    /// Characters of `message` that could act on a terminal, other than line feeds and tabs, are
+    /// escaped ([`crate::printable_lines`]): a message may repeat what a model sent (a field
+    /// name, a value), and hosts print results to terminals and logs.
     pub fn error(kind: ErrorKind, message: impl Into<String>, detail: Option<Value>) -> Self {
         let mut message = message.into();
-        let changed = match escaped(&message, |c| !matches!(c, '\n' | '\t')) {
+        let changed = match crate::printable_lines(&message) {
             std::borrow::Cow::Owned(escaped) => Some(escaped),
             std::borrow::Cow::Borrowed(_) => None,
         };
@@ -83,27 +83,6 @@ impl ToolResult {
             report: None,
         }
     }
-}
-
-/// `text` with its control characters (those `hide` does not keep) and bidirectional formatting
-/// characters written as escapes (`\u{1b}`), borrowed when there are none.
-pub(super) fn escaped(text: &str, hide: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
-    let hidden = |c: char| {
-        (c.is_control() && hide(c))
-            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.contains(hidden) {
-        return text.into();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if hidden(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    out.into()
 }
 
 /// Compact JSON text of `value` with object members in byte order of their names (the order of

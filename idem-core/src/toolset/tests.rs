@@ -290,17 +290,13 @@ async fn control_characters_a_model_sent_are_escaped_in_errors() {
     let evil = "x\u{1b}[31mred\u{7}\r\u{202e}";
     let r = t.set.call(&run, evil, &json!({})).await;
     assert_eq!(r.error_kind, Some(ErrorKind::UnknownTool));
-    assert!(r.text.contains("`x\\u{1b}[31mred\\u{7}\\u{d}\\u{202e}`"), "{}", r.text);
+    assert!(r.text.contains("`x\\u{1b}[31mred\\u{7}\\r\\u{202e}`"), "{}", r.text);
     let e = t.set.call_mcp(&run, &json!({"name": evil})).await.unwrap_err();
     assert!(!e.message.contains('\u{1b}'), "{e}");
     // Every error text is escaped the same way (a field name or a value serde repeats); line
     // feeds and tabs of a tool's own multi-line error are kept.
     let r = ToolResult::error(ErrorKind::Tool, format!("field `{evil}`:\n\tdetail"), None);
-    assert!(
-        r.text.ends_with("field `x\\u{1b}[31mred\\u{7}\\u{d}\\u{202e}`:\n\tdetail"),
-        "{}",
-        r.text
-    );
+    assert!(r.text.ends_with("field `x\\u{1b}[31mred\\u{7}\\r\\u{202e}`:\n\tdetail"), "{}", r.text);
     for text in [&r.text, r.content["error"]["message"].as_str().unwrap()] {
         assert!(!text.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']), "{text}");
     }
