@@ -278,3 +278,21 @@ fn a_last_request_without_a_newline_is_answered_before_the_server_ends() {
     assert_eq!(answer["result"]["_meta"]["idem/outcome"], "executed", "{answer}");
     assert!(s.read().is_none(), "nothing more: the server ended");
 }
+
+/// An error that repeats what the client sent (a member's name, a tool's name) shows its
+/// control characters as escapes: hosts print these messages to terminals and logs.
+#[test]
+fn errors_repeat_what_the_client_sent_with_control_characters_escaped() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let repeated = r#"{"jsonrpc":"2.0","id":50,"method":"ping","x\u001b[2J":1,"x\u001b[2J":2}"#;
+    let unknown = call(51, r#"{"name":"charge\u001b]0;pwned\u0007","arguments":{}}"#);
+    for (line, id, says) in
+        [(repeated, 50, "x\\u{1b}[2J"), (&unknown[..], 51, "charge\\u{1b}]0;pwned\\u{7}")]
+    {
+        let got = answer(&mut s, line, id);
+        let message = got["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{message:?} lacks {says:?}");
+        assert!(!message.contains(['\u{1b}', '\u{7}']), "{message:?}");
+    }
+}

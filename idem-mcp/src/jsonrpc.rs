@@ -89,10 +89,14 @@ fn is_paginated(method: &str) -> bool {
 
 /// A JSON-RPC error response. `id` is `null` when it could not be read.
 pub fn error_reply(id: Option<&RequestId>, code: ErrorCode, message: impl fmt::Display) -> Value {
+    // Messages repeat what the client sent (a method, a member's name): escaped, as every
+    // error text a client or a log may print ([`idem_core::printable_lines`]).
+    let message = message.to_string();
+    let message = idem_core::printable_lines(&message);
     json!({
         "jsonrpc": "2.0",
         "id": id,
-        "error": { "code": code.0, "message": message.to_string() },
+        "error": { "code": code.0, "message": message },
     })
 }
 

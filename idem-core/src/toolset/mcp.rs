@@ -163,7 +163,10 @@ impl McpProtocolError {
     pub const INVALID_PARAMS: i64 = -32602;
 
     fn invalid_params(message: impl Into<String>) -> Self {
-        McpProtocolError { code: Self::INVALID_PARAMS, message: message.into() }
+        let message = message.into();
+        // What the client sent may be repeated in it.
+        let message = crate::printable_lines(&message).into_owned();
+        McpProtocolError { code: Self::INVALID_PARAMS, message }
     }
 
     /// The JSON-RPC `error` object: `{"code","message"}`.
