@@ -471,8 +471,16 @@ pub fn validate(
 fn check_name(name: &str) -> Result<(), String> {
     let ok_chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if name.is_empty() || name.len() > 64 || !ok_chars {
+        let why = if name.is_empty() {
+            "it is empty".to_owned()
+        } else if !ok_chars {
+            let bad = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-')));
+            format!("{:?} is not allowed", bad.unwrap_or_default())
+        } else {
+            format!("it is {} characters long", name.len())
+        };
         return Err(format!(
-            "tool name {name:?} is not usable by agents: use 1 to 64 ASCII letters, digits, `_` or `-` (OpenAI function names; MCP tool names)"
+            "tool name {name:?} is not usable by agents ({why}): use 1 to 64 ASCII letters, digits, `_` or `-` (OpenAI function names; MCP tool names)"
         ));
     }
     Ok(())
