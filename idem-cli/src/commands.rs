@@ -60,9 +60,24 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     let mut scanned = 0u64;
     let mut next = None;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let first_cursor = query.cursor.clone();
     while records.len() < limit {
         query.limit = (limit - records.len()).min(PAGE);
-        let page = store.list(&query).await?;
+        let page = match store.list(&query).await {
+            // The store refuses a cursor it did not give as configuration; it is the argument.
+            Err(store::StoreError::InvalidConfig(m))
+                if query.cursor == first_cursor && m.starts_with("not a cursor of this store") =>
+            {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!(
+                        "--cursor {:?} is not a cursor of this store: pass the one an earlier `list` printed after \"more records follow\", or none for the first page",
+                        first_cursor.unwrap_or_default()
+                    ),
+                ));
+            }
+            page => page?,
+        };
         scanned += page.scanned;
         records.extend(page.records);
         unreadable.extend(page.unreadable);
