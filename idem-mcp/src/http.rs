@@ -124,23 +124,21 @@ impl Owners {
     }
 
     /// Whether the request may use the session it names (any request when no principal is
-    /// configured, or it names none). A session this layer did not see opened (another
-    /// instance's, restored by rmcp) belongs to the first principal that names it.
+    /// configured, or it names none). A session this layer did not see opened is left to rmcp,
+    /// which answers 404 for one it does not know either; nothing is noted for it, so ids a
+    /// client makes up take no memory. (A session rmcp restores from a `session_store` after
+    /// another instance opened it is not bound here.)
     fn allows(&self, parts: &http::request::Parts) -> bool {
         let Some(principal) = &self.principal else { return true };
         let Some(session) = session_id(parts) else { return true };
         let who = principal(parts);
-        let mut sessions = self.lock();
-        match sessions.get_mut(session) {
+        match self.lock().get_mut(session) {
             Some((owner, seen)) if *owner == who => {
                 *seen = Instant::now();
                 true
             }
             Some(_) => false,
-            None => {
-                sessions.insert(session.to_owned(), (who, Instant::now()));
-                true
-            }
+            None => true,
         }
     }
 
