@@ -79,3 +79,23 @@ impl Classify for Infallible {
         match *self {}
     }
 }
+
+/// The error type of a tool that cannot fail: `Result<T, idem_core::NoError>`. It has no
+/// values. (`std::convert::Infallible` cannot serve: a tool's error must be `Serialize` and
+/// `Deserialize`, to be stored and replayed, and serde implements neither for it.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NoError {}
+
+impl std::fmt::Display for NoError {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {}
+    }
+}
+
+impl std::error::Error for NoError {}
+
+impl Classify for NoError {
+    fn classify(&self) -> Failure {
+        match *self {}
+    }
+}

@@ -129,7 +129,7 @@ requirement!(
     ErrorSerialize, CheckErrorSerialize, __idem_error_serialize, [Serialize],
     "`{T}` cannot be a tool error: it does not implement `serde::Serialize`",
     "permanent errors are stored as JSON and replayed to every repeat",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`; a tool that cannot fail returns `Result<T, idem_core::NoError>`"
 );
 requirement!(
     /// A permanent tool error is read back for every replay.

@@ -65,6 +65,12 @@ pub async fn lookup_param(#[allow(non_snake_case)] customerId: String) -> Result
     Ok(customerId)
 }
 
+/// A tool that cannot fail.
+#[tool(retry = "safe")]
+pub async fn now_ms() -> Result<u64, idem_core::NoError> {
+    Ok(0)
+}
+
 /// A context taken and not used needs no name.
 #[tool(retry = "keyed")]
 pub async fn unused_context(_: &idem_core::Ctx, n: u32) -> Result<u32, Failed> {
@@ -103,6 +109,7 @@ fn main() {
     let _ = lookup(&run, "u".into());
     let _ = lookup_param(&run, "c".into());
     let _ = unused_context(&run, 1);
+    let _ = now_ms(&run);
     #[allow(deprecated)]
     let _ = hello(&run, "h".into());
     let _ = (GreetTool, LookupTool, LookupParamTool, PostFreeTool, shadowing::ShadowedTool);
