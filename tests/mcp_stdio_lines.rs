@@ -296,3 +296,14 @@ fn errors_repeat_what_the_client_sent_with_control_characters_escaped() {
         assert!(!message.contains(['\u{1b}', '\u{7}']), "{message:?}");
     }
 }
+
+/// A host that starts the server and closes its input before the handshake: the server ends
+/// quietly and successfully (it exited with the usage-error code 2).
+#[test]
+fn a_client_that_leaves_before_initialize_ends_the_server_cleanly() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    drop(s.stdin.take());
+    assert_eq!(s.read(), None, "nothing is written");
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

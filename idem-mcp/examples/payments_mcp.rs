@@ -397,11 +397,19 @@ fn tools(payments: &Arc<Payments>) -> Result<ToolSet, idem_core::ToolSetError> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match serve().await {
+    // 2 for a wrong command line, 1 for anything that failed after it was read.
+    let opts = match parse_args() {
+        Ok(opts) => opts,
+        Err(message) => {
+            eprintln!("payments_mcp: {message}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match serve(opts).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("payments_mcp: {message}");
-            std::process::ExitCode::from(2)
+            std::process::ExitCode::FAILURE
         }
     }
 }
@@ -418,8 +426,7 @@ fn server(payments: &Arc<Payments>, idem: &Idem) -> Result<IdemServer, String> {
         .with_instructions(INSTRUCTIONS))
 }
 
-async fn serve() -> Result<(), String> {
-    let opts = parse_args()?;
+async fn serve(opts: Options) -> Result<(), String> {
     let idem = executor(opts.sqlite.as_deref())?;
     let payments = Arc::new(Payments { provider: Provider::open(opts.ledger)? });
     if let Some(addr) = opts.http {
@@ -432,7 +439,15 @@ async fn serve() -> Result<(), String> {
              input, one per line (an MCP host starts this program and speaks first)"
         );
     }
-    server(&payments, &idem)?.serve_stdio().await.map_err(|e| e.to_string())
+    match server(&payments, &idem)?.serve_stdio().await {
+        // A host that starts the server and leaves before the handshake is not a failure.
+        Err(idem_mcp::ServeError::Initialize(e))
+            if matches!(*e, rmcp::service::ServerInitializeError::ConnectionClosed(_)) =>
+        {
+            Ok(())
+        }
+        served => served.map_err(|e| e.to_string()),
+    }
 }
 
 #[cfg(not(feature = "http"))]

@@ -293,6 +293,8 @@ mod tests {
             let missing = dir.join("missing.db");
             let m = refused_existing(&format!("sqlite://{}", missing.display())).await;
             assert!(m.contains("no such file"), "{m}");
+            let m = refused_existing(&format!("sqlite://{}", dir.display())).await;
+            assert!(m.contains("a directory: name the database file in it"), "{m}");
             assert!(!missing.exists(), "no file was created");
 
             let other = dir.join("other.db");

@@ -214,6 +214,9 @@ impl SqliteStore {
                 std::path::absolute(path).unwrap_or_else(|_| path.to_owned()).display()
             ))
         };
+        if path.is_dir() {
+            return Err(missing("a directory: name the database file in it"));
+        }
         if !path.is_file() {
             return Err(missing("no such file"));
         }
