@@ -60,19 +60,17 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     let mut scanned = 0u64;
     let mut next = None;
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
-    let first_cursor = query.cursor.clone();
+    let given = query.cursor.clone();
     while records.len() < limit {
         query.limit = (limit - records.len()).min(PAGE);
         let page = match store.list(&query).await {
-            // The store refuses a cursor it did not give as configuration; it is the argument.
-            Err(store::StoreError::InvalidConfig(m))
-                if query.cursor == first_cursor && m.starts_with("not a cursor of this store") =>
-            {
+            // The operator's --cursor (a later page's refusal, after a Redis Cluster changed,
+            // says so itself).
+            Err(store::StoreError::InvalidCursor(cursor)) if query.cursor == given => {
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(
-                        "--cursor {:?} is not a cursor of this store: pass the one an earlier `list` printed after \"more records follow\", or none for the first page",
-                        first_cursor.unwrap_or_default()
+                        "--cursor {cursor:?} is not a cursor of this store: pass the one an earlier `list` printed after \"more records follow\", or none for the first page"
                     ),
                 ));
             }

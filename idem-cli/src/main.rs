@@ -207,7 +207,7 @@ impl From<idem_core::StoreError> for Failure {
         let exit = match &e {
             E::Unavailable(_) => Exit::Unavailable,
             E::Incompatible(_) => Exit::Incompatible,
-            E::InvalidConfig(_) => Exit::Usage,
+            E::InvalidConfig(_) | E::InvalidCursor(_) => Exit::Usage,
             E::LeaseLost => Exit::Refused,
             _ => Exit::Failed,
         };

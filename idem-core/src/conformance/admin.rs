@@ -206,13 +206,14 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
     let none = ListQuery { run_prefix: Some(format!("{}-none", f.run)), ..ListQuery::default() };
     assert!(store.list(&none).await.expect("list").records.is_empty(), "a prefix no run has");
     // A cursor this store did not make is the caller's mistake (a typo, another store's
-    // cursor): InvalidConfig, not a record of another version and not an outage to retry.
+    // cursor): InvalidCursor naming it, not a record of another version and not an outage to
+    // retry.
     for cursor in ["zz", "", ";x;", "not a cursor"] {
         let foreign = ListQuery { cursor: Some(cursor.into()), ..ListQuery::default() };
         match store.list(&foreign).await {
-            Err(StoreError::InvalidConfig(_)) => {}
+            Err(StoreError::InvalidCursor(c)) if c == cursor => {}
             other => panic!(
-                "a cursor not made by this store ({cursor:?}) is InvalidConfig, got {other:?}"
+                "a cursor not made by this store ({cursor:?}) is InvalidCursor, got {other:?}"
             ),
         }
     }

@@ -363,9 +363,9 @@ impl Store for MemoryStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let after = match &query.cursor {
             None => None,
-            Some(c) => Some(Digest::of(&Key::parse(c).ok_or_else(|| {
-                StoreError::InvalidConfig(format!("not a cursor of this store: {c:?}"))
-            })?)),
+            Some(c) => Some(Digest::of(
+                &Key::parse(c).ok_or_else(|| StoreError::InvalidCursor(c.clone()))?,
+            )),
         };
         let now = Instant::now();
         let map = self.lock();

@@ -167,6 +167,14 @@ pub enum StoreError {
     /// Nothing was attempted; fix the configuration.
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),
+    /// A listing's cursor ([`ListQuery::cursor`]) this store cannot go on from: one it did not
+    /// give (a typo, another store's cursor), or one from before its servers changed (a Redis
+    /// Cluster node that is no longer a master). Nothing was read; list again from the first
+    /// page, or give the `next` of an earlier page.
+    #[error(
+        "not a cursor of this store: {0:?} (a cursor of another store, or of its servers before they changed); list from the first page, or give the `next` cursor of an earlier page"
+    )]
+    InvalidCursor(String),
 }
 
 impl StoreError {

@@ -365,8 +365,8 @@ enum Inline {
 enum SqlError {
     Sqlite(rusqlite::Error),
     Incompatible(String),
-    /// A query the caller got wrong (a cursor not made by this store): nothing was read.
-    Invalid(String),
+    /// A cursor not made by this store: nothing was read.
+    Cursor(String),
 }
 
 impl From<rusqlite::Error> for SqlError {
@@ -387,7 +387,7 @@ impl From<SqlError> for StoreError {
             ) => StoreError::Incompatible(format!("a stored value has an unexpected type: {e}")),
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
-            SqlError::Invalid(m) => StoreError::InvalidConfig(m),
+            SqlError::Cursor(c) => StoreError::InvalidCursor(c),
         }
     }
 }

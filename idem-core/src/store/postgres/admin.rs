@@ -119,8 +119,7 @@ impl PostgresStore {
             sql.push_str(&clause.replace('?', &format!("${}", args.len())));
         };
         if let Some(cursor) = &q.cursor {
-            let bad =
-                || StoreError::InvalidConfig(format!("not a cursor of this store: {cursor:?}"));
+            let bad = || StoreError::InvalidCursor(cursor.clone());
             // PostgreSQL text is UTF-8 and the key column is text: no other cursor is written.
             let key = match KeyCursor::parse(cursor).ok_or_else(bad)? {
                 KeyCursor::Text(bytes) => String::from_utf8(bytes).map_err(|_| bad())?,

@@ -63,7 +63,7 @@ struct Cursor {
 
 impl Cursor {
     fn parse(s: &str) -> Result<Cursor, StoreError> {
-        let bad = || StoreError::InvalidConfig(format!("not a cursor of this store: {s:?}"));
+        let bad = || StoreError::InvalidCursor(s.to_owned());
         let mut parts = s.splitn(3, ';');
         let (Some(node), Some(scan), Some(pending)) = (parts.next(), parts.next(), parts.next())
         else {
@@ -296,11 +296,9 @@ impl RedisStore {
             },
         };
         let Some(mut at) = nodes.iter().position(|n| *n == cur.node) else {
-            // A cursor of an earlier topology: the caller's to drop, not a record to migrate.
-            return Err(StoreError::InvalidConfig(format!(
-                "the listing's node {} is no longer a master; list again from the start",
-                cur.node
-            )));
+            // A cursor of an earlier topology (its node is no longer a master): the caller's to
+            // drop, not a record to migrate.
+            return Err(StoreError::InvalidCursor(q.cursor.clone().unwrap_or_default()));
         };
         let pattern = format!("{}:{{*}}:rec", glob_escape(&self.inner.prefix));
         let budget = (size as u64).saturating_mul(SCAN_PER_RECORD).max(1000);
@@ -461,7 +459,7 @@ mod tests {
         }
         for bad in ["", "x", ";1", ";x;", ";1;nokey", ";-1;"] {
             assert!(
-                matches!(Cursor::parse(bad), Err(StoreError::InvalidConfig(_))),
+                matches!(Cursor::parse(bad), Err(StoreError::InvalidCursor(c)) if c == bad),
                 "{bad:?} is refused"
             );
         }

@@ -139,7 +139,7 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
         sql.push_str(&clause.replace('?', &format!("?{}", args.len())));
     };
     if let Some(cursor) = &q.cursor {
-        let bad = || SqlError::Invalid(format!("not a cursor of this store: {cursor:?}"));
+        let bad = || SqlError::Cursor(cursor.clone());
         match KeyCursor::parse(cursor).ok_or_else(bad)? {
             // Bound as a blob and cast: the bytes of a text key edited by hand need not be UTF-8.
             KeyCursor::Text(bytes) => {
