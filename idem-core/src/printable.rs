@@ -33,6 +33,14 @@ pub fn printable_lines(text: &str) -> Cow<'_, str> {
     escape(text, |c| matches!(c, '\n' | '\t'))
 }
 
+/// [`printable_lines`] of an owned message, without a copy when nothing is escaped.
+pub(crate) fn lines_owned(text: String) -> String {
+    match printable_lines(&text) {
+        Cow::Owned(escaped) => escaped,
+        Cow::Borrowed(_) => text,
+    }
+}
+
 fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     let escaped = |c: char| acts_on_terminal(c) && !keep(c);
     if !text.contains(escaped) {

@@ -163,10 +163,11 @@ impl McpProtocolError {
     pub const INVALID_PARAMS: i64 = -32602;
 
     fn invalid_params(message: impl Into<String>) -> Self {
-        let message = message.into();
         // What the client sent may be repeated in it.
-        let message = crate::printable_lines(&message).into_owned();
-        McpProtocolError { code: Self::INVALID_PARAMS, message }
+        McpProtocolError {
+            code: Self::INVALID_PARAMS,
+            message: crate::printable::lines_owned(message.into()),
+        }
     }
 
     /// The JSON-RPC `error` object: `{"code","message"}`.
@@ -225,18 +226,8 @@ impl ToolSet {
     ///
     /// Errors: as [`ToolSet::dispatch_mcp`], and params without a string `name`.
     pub async fn call_mcp(&self, run: &Run, params: &Value) -> Result<Value, McpProtocolError> {
-        let name = match params.get("name") {
-            Some(Value::String(name)) => name,
-            None | Some(Value::Null) => {
-                return Err(McpProtocolError::invalid_params("tools/call params have no `name`"));
-            }
-            Some(other) => {
-                return Err(McpProtocolError::invalid_params(format!(
-                    "the `name` of tools/call params is {}, not a string",
-                    crate::json_text::kind(other)
-                )));
-            }
-        };
+        let name = super::call_name(params.get("name"), "`name`")
+            .map_err(McpProtocolError::invalid_params)?;
         let meta = match params.get("_meta") {
             None | Some(Value::Null) => None,
             Some(Value::Object(meta)) => Some(meta),

@@ -62,14 +62,7 @@ impl ToolResult {
     /// escaped ([`crate::printable_lines`]): a message may repeat what a model sent (a field
     /// name, a value), and hosts print results to terminals and logs.
     pub fn error(kind: ErrorKind, message: impl Into<String>, detail: Option<Value>) -> Self {
-        let mut message = message.into();
-        let changed = match crate::printable_lines(&message) {
-            std::borrow::Cow::Owned(escaped) => Some(escaped),
-            std::borrow::Cow::Borrowed(_) => None,
-        };
-        if let Some(escaped) = changed {
-            message = escaped;
-        }
+        let message = crate::printable::lines_owned(message.into());
         let text = format!("Error ({kind}): {message}");
         let mut error = json!({ "kind": kind, "message": message });
         if let (Some(detail), Some(obj)) = (detail, error.as_object_mut()) {
