@@ -195,6 +195,18 @@ fn bad_id(raw: &RawValue) -> String {
     }
 }
 
+/// What kind of JSON value a raw member is, for a message: "a string", "an object", ...
+fn raw_kind(raw: &RawValue) -> &'static str {
+    match first_non_space(raw.get()) {
+        Some(b'"') => "a string",
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        _ => "a number",
+    }
+}
+
 fn first_non_space(text: &str) -> Option<u8> {
     text.bytes().find(|b| !b.is_ascii_whitespace())
 }
@@ -434,40 +446,35 @@ fn params(
     // Read once: the `_meta` check below is for every request, the envelope's for `tools/call`.
     let (members, _) = members(raw.get());
     // MCP: `params._meta` is an object of names to values, for every request.
-    if let Ok(Some(meta)) = member(&members, "_meta")
-        && first_non_space(meta.get()) != Some(b'{')
-    {
-        let found = match first_non_space(meta.get()) {
-            Some(b'"') => "a string",
-            Some(b'[') => "an array",
-            Some(b'n') => "null",
-            Some(b't' | b'f') => "a boolean",
-            _ => "a number",
-        };
-        return Err(reply(
-            ErrorCode::INVALID_PARAMS,
-            format!(
-                "Invalid params: `_meta` must be an object (MCP), such as {{\"idem/run\": \"<run id>\"}}, not {found}"
-            ),
-        ));
-    }
-    // rmcp reads a progress token it cannot carry (an object, a fraction, an integer beyond 64
-    // bits) as none, and the client then waits for notifications that never come.
-    if let Ok(Some(meta)) = member(&members, "_meta")
-        && let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(meta.get())
-        && let Some(token) = meta.get("progressToken")
-        && !(token.is_string() || token.is_i64())
-    {
-        return Err(reply(
-            ErrorCode::INVALID_PARAMS,
-            format!(
-                "Invalid params: `_meta.progressToken` must be a string or an integer (MCP 2025-11-25 \"Progress\"; at most 64 bits), not {}",
-                match token {
-                    Value::Number(_) => "this number",
-                    other => json_text::kind(other),
-                }
-            ),
-        ));
+    if let Ok(Some(meta)) = member(&members, "_meta") {
+        if first_non_space(meta.get()) != Some(b'{') {
+            return Err(reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: `_meta` must be an object (MCP), such as {{\"idem/run\": \"<run id>\"}}, not {}",
+                    raw_kind(meta)
+                ),
+            ));
+        }
+        // rmcp reads a progress token it cannot carry (an object, a fraction, an integer beyond
+        // 64 bits) as none, and the client then waits for notifications that never come. Read
+        // as text, as the rest of the message: no value is built.
+        let (meta, _) = self::members(meta.get());
+        if let Ok(Some(token)) = member(&meta, "progressToken")
+            && first_non_space(token.get()) != Some(b'"')
+            && token.get().trim().parse::<i64>().is_err()
+        {
+            let found = match raw_kind(token) {
+                "a number" => "this number",
+                other => other,
+            };
+            return Err(reply(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "Invalid params: `_meta.progressToken` must be a string or an integer (MCP 2025-11-25 \"Progress\"; at most 64 bits), not {found}"
+                ),
+            ));
+        }
     }
     if method != rmcp::model::CallToolRequestMethod::VALUE {
         let value = match json_text::parse_unique(raw.get()) {
