@@ -83,6 +83,8 @@ pub fn service_with_sessions(
     sessions: SessionConfig,
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
     let owners = Owners {
+        // The principal function every session's server is made with: one server made here
+        // only to read it (making one is cheap and starts nothing).
         principal: make().tools().principal_fn(),
         keep_alive: sessions.keep_alive,
         sessions: Arc::default(),
