@@ -35,6 +35,8 @@ pub mod redis;
 mod resend;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "postgres-tls", feature = "redis-tls"))]
+mod tls_refusal;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod url_query;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]

@@ -188,27 +188,9 @@ impl Target {
     pub(super) fn refused(&self, e: tokio_postgres::Error) -> StoreError {
         let mode = self.mode.name();
         #[cfg(feature = "postgres-tls")]
-        if let Some(tls) = rustls_cause(&e) {
-            let roots = self.roots.as_deref().unwrap_or("no roots");
-            let why = match tls {
-                rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::NotValidForName
-                    | rustls::CertificateError::NotValidForNameContext { .. },
-                ) => "host name check failed: the server's certificate is not valid for the host \
-                      name connected to"
-                    .to_owned(),
-                rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::UnknownIssuer
-                    | rustls::CertificateError::BadSignature,
-                ) => format!(
-                    "certificate chain check failed: the server's certificate is not signed by \
-                     a trusted CA ({roots})"
-                ),
-                rustls::Error::InvalidCertificate(_) => {
-                    format!("certificate check failed ({roots})")
-                }
-                _ => "TLS handshake failed".to_owned(),
-            };
+        if let Some(tls) = crate::store::tls_refusal::rustls_cause(&e) {
+            let why =
+                crate::store::tls_refusal::why(tls, self.roots.as_deref().unwrap_or("no roots"));
             return StoreError::unavailable(format!(
                 "PostgreSQL at {} TLS {why} (sslmode={mode}): {}",
                 self.addresses(),
@@ -290,26 +272,6 @@ fn connector(
     root: Option<&str>,
 ) -> Result<Connector, StoreError> {
     super::verify::connector(checks, root)
-}
-
-#[cfg(feature = "postgres-tls")]
-fn rustls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        // io::Error's own `source` skips the error it wraps.
-        if let Some(tls) = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(tls);
-        }
-        cause = c.source();
-    }
-    None
 }
 
 /// The host and port counts tokio-postgres refuses only when it connects (as a connection

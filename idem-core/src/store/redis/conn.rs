@@ -103,43 +103,9 @@ impl ClusterNodes {
 /// error): the certificate chain, the host name, or another certificate check.
 #[cfg(feature = "redis-tls")]
 pub(super) fn tls_refused(e: &redis::RedisError) -> Option<String> {
-    let roots = "the trusted roots (the URL's `ca` file, else the system's)";
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(mut c) = cause {
-        // The redis crate keeps its cause in an Arc, which is an error of its own type.
-        if let Some(inner) = c.downcast_ref::<Shared>() {
-            c = &**inner;
-        }
-        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
-            // io::Error's own `source` skips the error it wraps.
-            c.downcast_ref::<std::io::Error>()?.get_ref()?.downcast_ref::<rustls::Error>()
-        });
-        if let Some(tls) = tls {
-            let why = match tls {
-                rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::UnknownIssuer
-                    | rustls::CertificateError::BadSignature,
-                ) => format!(
-                    "certificate chain check failed: the server's certificate is not signed by \
-                     a CA of {roots}"
-                ),
-                rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::NotValidForName
-                    | rustls::CertificateError::NotValidForNameContext { .. },
-                ) => "host name check failed: the server's certificate is not valid for the \
-                      host name connected to"
-                    .to_owned(),
-                rustls::Error::InvalidCertificate(_) => {
-                    format!("certificate check failed (against {roots})")
-                }
-                _ => "TLS handshake failed".to_owned(),
-            };
-            return Some(format!("Redis TLS {why}"));
-        }
-        cause = c.source();
-    }
-    None
+    let tls = crate::store::tls_refusal::rustls_cause(e)?;
+    let roots = "the URL's `ca` file, else the system's roots";
+    Some(format!("Redis TLS {}", crate::store::tls_refusal::why(tls, roots)))
 }
 
 /// What a Redis store URL says.
