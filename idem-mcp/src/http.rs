@@ -19,6 +19,11 @@
 //!   Practices", session hijacking: bind session ids to the user): a request naming a session
 //!   that another principal opened, or one opened with a principal by a request without one, is
 //!   answered 404 as an unknown session, and nothing in it runs, is closed or is streamed.
+//!   With rmcp's `session_store` (sessions restored on another instance), the owner is kept in
+//!   the stored `initialize` parameters (`_meta["idem/owner"]`, a SHA-256 of the principal, not
+//!   the principal itself), and checked before a session is restored; a stored session without
+//!   one (written before idem bound it, or its write failed) is answered 404, and the client
+//!   opens a new one.
 //! - Browser origins are checked (MCP 2025-11-25 "Transports": servers MUST validate `Origin`,
 //!   against DNS rebinding): a request whose `Origin` header is not one of the config's
 //!   `allowed_origins` is refused with 403; with none listed, every request that carries an
@@ -44,6 +49,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode, RequestId};
 
+use rmcp::transport::streamable_http_server::session::SessionStore;
 pub use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, SessionConfig,
 };
@@ -88,6 +94,7 @@ pub fn service_with_sessions(
         principal: make().tools().principal_fn(),
         keep_alive: sessions.keep_alive,
         sessions: Arc::default(),
+        store: config.session_store.clone(),
     };
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
@@ -106,6 +113,33 @@ struct Owners {
     principal: Option<PrincipalFn>,
     keep_alive: Option<std::time::Duration>,
     sessions: Arc<std::sync::Mutex<SessionOwners>>,
+    /// rmcp's `session_store`, shared with other instances: where a session opened elsewhere
+    /// keeps its owner.
+    store: Option<Arc<dyn SessionStore>>,
+}
+
+/// Whether a request may use the session it names.
+enum Access {
+    Allowed,
+    /// Another principal's session, or a stored one whose owner is not known: 404.
+    Refused,
+    /// The session store could not be read: the owner cannot be checked (503).
+    StoreFailed,
+}
+
+/// The member of a stored session's `initialize` parameters that names its owner.
+const OWNER_META: &str = "idem/owner";
+
+/// How a session's owner is written in the session store: a digest, so that the store (often
+/// another team's Redis) does not hold user ids; `none` for a request without a principal.
+fn owner_mark(who: &Option<String>) -> String {
+    match who {
+        Some(who) => {
+            let digest = idem_core::key::fingerprint(who.as_bytes());
+            format!("sha256:{}", digest.as_str())
+        }
+        None => "none".to_owned(),
+    }
 }
 
 /// Session id → (the principal that opened it, when a request last named it).
@@ -126,32 +160,69 @@ impl Owners {
     }
 
     /// Whether the request may use the session it names (any request when no principal is
-    /// configured, or it names none). A session this layer did not see opened is left to rmcp,
-    /// which answers 404 for one it does not know either; nothing is noted for it, so ids a
-    /// client makes up take no memory. (A session rmcp restores from a `session_store` after
-    /// another instance opened it is not bound here.)
-    fn allows(&self, parts: &http::request::Parts) -> bool {
-        let Some(principal) = &self.principal else { return true };
-        let Some(session) = session_id(parts) else { return true };
+    /// configured, or it names none). A session this layer did not see opened is looked up in
+    /// the session store, if any: one stored there is allowed for its owner only (and noted),
+    /// one stored nowhere is left to rmcp, which answers 404 for it too; nothing is noted for
+    /// it, so ids a client makes up take no memory.
+    async fn allows(&self, parts: &http::request::Parts) -> Access {
+        let Some(principal) = &self.principal else { return Access::Allowed };
+        let Some(session) = session_id(parts) else { return Access::Allowed };
         let who = principal(parts);
         match self.lock().get_mut(session) {
             Some((owner, seen)) if *owner == who => {
                 *seen = Instant::now();
-                true
+                return Access::Allowed;
             }
-            Some(_) => false,
-            None => true,
+            Some(_) => return Access::Refused,
+            None => {}
         }
+        let Some(store) = &self.store else { return Access::Allowed };
+        let state = match store.load(session).await {
+            Ok(Some(state)) => state,
+            Ok(None) => return Access::Allowed,
+            Err(e) => {
+                tracing::warn!(error = %e, "the MCP session store could not be read to check a session's owner");
+                return Access::StoreFailed;
+            }
+        };
+        let stored = state.initialize_params.meta.as_ref().and_then(|m| m.0.0.get(OWNER_META));
+        if stored.and_then(|v| v.as_str()) != Some(owner_mark(&who).as_str()) {
+            return Access::Refused;
+        }
+        self.note(session, who);
+        Access::Allowed
     }
 
-    /// Notes the principal of the request whose answer opened a session.
-    fn opened(&self, parts: &http::request::Parts, answer: &Response) {
+    /// Notes the principal of the request whose answer opened a session, here and, with a
+    /// session store, in the state rmcp stored for it (before the answer reaches the client, so
+    /// before any other instance can be asked for the session).
+    async fn opened(&self, parts: &http::request::Parts, answer: &Response) {
         let Some(principal) = &self.principal else { return };
         let Some(session) = answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
         else {
             return;
         };
         let who = principal(parts);
+        if let Some(store) = &self.store {
+            // rmcp stored the state before answering. A failure leaves it without an owner,
+            // which other instances refuse: the session works here only.
+            let bound = match store.load(session).await {
+                Ok(Some(mut state)) => {
+                    let meta = state.initialize_params.meta.get_or_insert_default();
+                    meta.0.0.insert(OWNER_META.into(), owner_mark(&who).into());
+                    store.store(session, &state).await
+                }
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = bound {
+                tracing::warn!(error = %e, "the MCP session store could not keep a session's owner; other instances will not restore the session");
+            }
+        }
+        self.note(session, who);
+    }
+
+    fn note(&self, session: &str, who: Option<String>) {
         let mut sessions = self.lock();
         if sessions.len() >= OWNERS_SWEEP_AT
             && let Some(keep) = self.keep_alive
@@ -287,8 +358,13 @@ where
         let owners = self.owners.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            if !owners.allows(&parts) {
-                return Ok(unknown_session());
+            match owners.allows(&parts).await {
+                Access::Allowed => {}
+                Access::Refused => return Ok(unknown_session()),
+                Access::StoreFailed => {
+                    let text = "Service Unavailable: the session store could not be read";
+                    return Ok(reply(http::StatusCode::SERVICE_UNAVAILABLE, text.into()));
+                }
             }
             let bytes = match collect_at_most(body, max_body_bytes).await {
                 Ok(bytes) => bytes,
@@ -344,7 +420,7 @@ where
                                 let request = http::Request::from_parts(parts, Full::new(bytes));
                                 let answer = inner.call(request).await?;
                                 if let Some(head) = head {
-                                    owners.opened(&head, &answer);
+                                    owners.opened(&head, &answer).await;
                                 }
                                 return Ok(match id {
                                     Some(id) => {
@@ -516,4 +592,129 @@ fn reply(status: http::StatusCode, body: Bytes) -> Response {
             .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use idem_core::{Idem, ToolSet};
+    use rmcp::transport::streamable_http_server::session::{SessionState, SessionStoreError};
+
+    use super::*;
+
+    /// rmcp's session store as another team's Redis would be: shared by every instance.
+    #[derive(Default)]
+    struct SharedSessions(std::sync::Mutex<HashMap<String, SessionState>>);
+
+    #[async_trait::async_trait]
+    impl SessionStore for SharedSessions {
+        async fn load(&self, id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+            Ok(self.0.lock().unwrap().get(id).cloned())
+        }
+        async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+            self.0.lock().unwrap().insert(id.to_owned(), state.clone());
+            Ok(())
+        }
+        async fn delete(&self, id: &str) -> Result<(), SessionStoreError> {
+            self.0.lock().unwrap().remove(id);
+            Ok(())
+        }
+    }
+
+    /// One server instance: its own sessions in memory, the principal from `x-user`.
+    fn instance(
+        store: &Arc<SharedSessions>,
+    ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+            IdemServer::from_tools(tools)
+        };
+        let mut config = StreamableHttpServerConfig::default();
+        config.session_store = Some(Arc::clone(store) as Arc<dyn SessionStore>);
+        service(make, config)
+    }
+
+    async fn post(
+        server: &mut Checked<StreamableHttpService<IdemServer, LocalSessionManager>>,
+        user: &str,
+        session: Option<&str>,
+        body: serde_json::Value,
+    ) -> Response {
+        let mut request = http::Request::post("http://localhost/mcp")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("x-user", user);
+        if let Some(session) = session {
+            request = request.header(SESSION_HEADER, session);
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+        std::future::poll_fn(|cx| {
+            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(server, cx)
+        })
+        .await
+        .unwrap();
+        tower_service::Service::call(server, request).await.unwrap()
+    }
+
+    fn initialize() -> serde_json::Value {
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+            // What a client may send: it is not what decides the owner.
+            "_meta": {"idem/owner": "none"}}})
+    }
+
+    fn list() -> serde_json::Value {
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    }
+
+    /// A session opened on one instance and restored from rmcp's session store on another is
+    /// still its opener's: another user naming it there is answered as for an unknown session.
+    #[tokio::test]
+    async fn a_session_restored_on_another_instance_is_still_its_owners() {
+        let store = Arc::new(SharedSessions::default());
+        let (mut a, mut b, mut c) = (instance(&store), instance(&store), instance(&store));
+        let opened = post(&mut a, "alice", None, initialize()).await;
+        assert_eq!(opened.status(), http::StatusCode::OK);
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let stored = store.0.lock().unwrap()[&session].clone();
+        let owner = &stored.initialize_params.meta.as_ref().unwrap().0.0[OWNER_META];
+        assert_eq!(owner, &serde_json::Value::from(owner_mark(&Some("alice".into()))));
+        assert!(!owner.as_str().unwrap().contains("alice"), "the store holds a digest: {owner}");
+
+        let bob = post(&mut b, "bob", Some(&session), list()).await;
+        assert_eq!(bob.status(), http::StatusCode::NOT_FOUND, "bob's request on instance b");
+        let alice = post(&mut c, "alice", Some(&session), list()).await;
+        assert_eq!(alice.status(), http::StatusCode::OK, "alice's request on instance c");
+        // Once restored on c and noted there, bob is still refused on c.
+        let bob = post(&mut c, "bob", Some(&session), list()).await;
+        assert_eq!(bob.status(), http::StatusCode::NOT_FOUND, "bob's request on instance c");
+    }
+
+    /// A stored session without an owner (written before sessions were bound, or the write of
+    /// the owner failed) is refused on an instance that did not open it: nobody can show it is
+    /// theirs.
+    #[tokio::test]
+    async fn a_stored_session_without_an_owner_is_refused_elsewhere() {
+        let store = Arc::new(SharedSessions::default());
+        let (mut a, mut b) = (instance(&store), instance(&store));
+        let opened = post(&mut a, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        {
+            let mut sessions = store.0.lock().unwrap();
+            let state = sessions.get_mut(&session).unwrap();
+            state.initialize_params.meta.as_mut().unwrap().0.0.remove(OWNER_META);
+        }
+        let alice = post(&mut b, "alice", Some(&session), list()).await;
+        assert_eq!(alice.status(), http::StatusCode::NOT_FOUND);
+        // The instance that opened it still knows its owner.
+        let alice = post(&mut a, "alice", Some(&session), list()).await;
+        assert_eq!(alice.status(), http::StatusCode::OK);
+    }
 }
