@@ -281,6 +281,39 @@ impl RedisTls {
     }
 }
 
+/// A private plain `redis-server` started with extra options (e.g. a memory limit and an
+/// eviction policy the shared server must not be given).
+pub struct RedisPrivate {
+    pub port: u16,
+}
+
+impl RedisPrivate {
+    pub fn start(tag: &str, options: &[&str]) -> Result<RedisPrivate, String> {
+        let dir = temp_dir(tag);
+        let port = free_port()?;
+        let pid = dir.join("redis.pid");
+        run(Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(options)
+            .args(["--daemonize", "yes", "--pidfile"])
+            .arg(&pid)
+            .arg("--dir")
+            .arg(&dir))?;
+        stop_at_exit(&format!(
+            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
+            pid.display(),
+            dir.display()
+        ))?;
+        wait_for_port(port, "redis-server")?;
+        Ok(RedisPrivate { port })
+    }
+
+    pub fn url(&self, query: &str) -> String {
+        format!("redis://127.0.0.1:{}/{query}", self.port)
+    }
+}
+
 /// A private PgBouncer (the `pgbouncer` package) in transaction mode on a free loopback port, in
 /// front of an existing PostgreSQL: every transaction may run on another server connection, so
 /// named prepared statements and `LISTEN` do not carry over. Trust authentication; run as the

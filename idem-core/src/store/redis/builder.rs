@@ -29,6 +29,8 @@ pub struct RedisStoreBuilder {
     pub(super) wait: Option<Replicas>,
     pub(super) native_claims: bool,
     pub(super) replay_reads: bool,
+    /// Set by [`allow_eviction`](Self::allow_eviction); else the URL's, else refused.
+    pub(super) allow_eviction: Option<bool>,
 }
 
 impl RedisStoreBuilder {
@@ -91,13 +93,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether [`open`](Self::open) accepts a server that may evict keys when it is full
+    /// (`maxmemory` set and a `maxmemory-policy` other than `noeviction`): an evicted record runs
+    /// its call again, an evicted fence counter can give two owners equal fences. Default: the
+    /// URL's `allow_eviction` option, else refused with [`StoreError::InvalidConfig`]; accepted,
+    /// `open` logs a warning. See `eviction.rs` for what is checked and when.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = Some(allow);
+        self
+    }
+
     /// Connects now: fails with [`StoreError::Unavailable`] if the server (on a cluster, a node
     /// of it) cannot be reached; when a TLS check refused it, the message says which (the
-    /// certificate chain, the host name).
+    /// certificate chain, the host name). Fails with [`StoreError::InvalidConfig`] when the
+    /// server may evict the store's keys, unless [`allow_eviction`](Self::allow_eviction).
     pub async fn open(self) -> Result<RedisStore, StoreError> {
         let connect = self.connection_timeout;
         let response = self.response_timeout;
-        let cluster = conn::target(&self.url)?.servers;
+        let target = conn::target(&self.url)?;
+        let allow_eviction = self.allow_eviction.or(target.allow_eviction).unwrap_or(false);
+        let cluster = target.servers;
         let store = self.open_lazy()?;
         if let Err(e) = store.inner.conn.ping().await {
             // Say which TLS check refused the connection, when one did.
@@ -131,11 +146,13 @@ impl RedisStoreBuilder {
                 format!("Redis at {at}: {e}")
             }));
         }
+        super::eviction::check(&store.inner.conn, allow_eviction, &cluster.addresses()).await?;
         Ok(store)
     }
 
     /// Connects on first use, so a process can start while Redis is down (its calls fail closed
-    /// until Redis is back). Fails only on a malformed URL, or outside a Tokio runtime.
+    /// until Redis is back). Fails only on a malformed URL, or outside a Tokio runtime. It does
+    /// not check the server's eviction policy, as [`open`](Self::open) does.
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         let target = conn::target(&self.url)?;
         if tokio::runtime::Handle::try_current().is_err() {

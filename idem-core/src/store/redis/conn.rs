@@ -12,7 +12,8 @@
 //! Query options: `ca` (a PEM file of trusted roots, TLS only), `wait_replicas` and
 //! `wait_timeout_ms` (wait for that many replicas after a claim and a completion, see
 //! `RedisStoreBuilder::wait_for_replicas`), `protocol` (`resp2`, `resp3`, as the redis crate reads
-//! it), and on a Unix socket `db`, `user`, `pass`. Anything else is refused.
+//! it), `prefix` (the key prefix), `allow_eviction` (`true`: open a server that may evict keys,
+//! see `eviction.rs`), and on a Unix socket `db`, `user`, `pass`. Anything else is refused.
 
 use std::time::Duration;
 
@@ -114,6 +115,8 @@ pub(super) struct Target {
     pub(super) wait: Option<Replicas>,
     /// The `prefix` option: the key prefix.
     pub(super) prefix: Option<String>,
+    /// The `allow_eviction` option.
+    pub(super) allow_eviction: Option<bool>,
 }
 
 fn invalid(what: impl std::fmt::Display) -> StoreError {
@@ -178,7 +181,12 @@ pub(super) fn target(url: &str) -> Result<Target, StoreError> {
         let base = format!("{scheme}://{rest}{}", query_of(&opts.passed));
         Servers::One(one_client(&base, ca)?)
     };
-    Ok(Target { servers, wait: opts.wait, prefix: opts.prefix })
+    Ok(Target {
+        servers,
+        wait: opts.wait,
+        prefix: opts.prefix,
+        allow_eviction: opts.allow_eviction,
+    })
 }
 
 fn query_of(passed: &[String]) -> String {
@@ -242,6 +250,7 @@ struct Options {
     wait: Option<Replicas>,
     /// The key prefix (percent-decoded).
     prefix: Option<String>,
+    allow_eviction: Option<bool>,
     /// Options passed on to the redis crate, as written (`protocol=resp3`).
     passed: Vec<String>,
 }
@@ -260,6 +269,17 @@ impl Options {
             match name {
                 "ca" => opts.ca = Some(percent_decode(value)),
                 "prefix" => opts.prefix = Some(percent_decode(value)),
+                "allow_eviction" => {
+                    opts.allow_eviction = Some(match value {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(invalid(format_args!(
+                                "allow_eviction must be true or false, got {value:?}"
+                            )));
+                        }
+                    })
+                }
                 "wait_replicas" => replicas = Some(number("wait_replicas")?),
                 "wait_timeout_ms" => match number("wait_timeout_ms")? {
                     // Redis reads a `WAIT` timeout of 0 as "wait for ever".
@@ -271,7 +291,7 @@ impl Options {
                 other => {
                     return Err(invalid(format_args!(
                         "unknown option {other:?}; known: ca, wait_replicas, wait_timeout_ms, \
-                         protocol, prefix{}",
+                         protocol, prefix, allow_eviction{}",
                         if unix { ", db, user, pass" } else { "" }
                     )));
                 }

@@ -154,6 +154,7 @@ use crate::key::{Fingerprint, Key};
 mod admin;
 mod builder;
 mod conn;
+mod eviction;
 mod native;
 mod pubsub;
 mod recent;
@@ -252,6 +253,7 @@ impl RedisStore {
             wait: None,
             native_claims: true,
             replay_reads: true,
+            allow_eviction: None,
         }
     }
 

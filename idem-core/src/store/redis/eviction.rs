@@ -1,0 +1,152 @@
+//! Whether the Redis server may evict the store's keys, checked when the store opens.
+//!
+//! A Redis with a memory limit (`maxmemory` above 0) and any `maxmemory-policy` but
+//! `noeviction` deletes keys when it is full: `allkeys-*` any key, `volatile-*` any key with a
+//! time to live, which every record and fence counter of this store has. An evicted record lets
+//! the next caller claim its key again (a completed call runs twice; a `never` tool's record in
+//! flight vanishes with its owner alive), and an evicted fence counter starts the key's fences
+//! again, so two owners can hold equal fences. Under `noeviction` a full Redis refuses writes
+//! instead: claims fail closed with [`StoreError::Unavailable`] and nothing runs.
+//!
+//! So [`RedisStoreBuilder::open`](super::RedisStoreBuilder::open) refuses such a server with
+//! [`StoreError::InvalidConfig`], unless the application accepts it
+//! ([`RedisStoreBuilder::allow_eviction`](super::RedisStoreBuilder::allow_eviction), or
+//! `allow_eviction=true` in the URL), which logs a warning instead. A server that does not
+//! answer `INFO memory` (a managed service that renamed it, an ACL without `@dangerous`) is
+//! logged and accepted: the store cannot tell. Policies can change later (`CONFIG SET`); the
+//! check is at open only. Managed services often default to `volatile-lru` (Amazon ElastiCache,
+//! Azure Cache for Redis): set the parameter group's or cache's policy to `noeviction`.
+
+use redis::Value;
+
+use super::route::Conn;
+use crate::store::StoreError;
+
+/// What one server's `INFO memory` says about eviction.
+#[derive(Debug, PartialEq, Eq)]
+struct Memory {
+    /// `maxmemory`, bytes; 0 is no limit.
+    max: u64,
+    /// `maxmemory_policy`.
+    policy: String,
+}
+
+impl Memory {
+    fn may_evict(&self) -> bool {
+        self.max > 0 && self.policy != "noeviction"
+    }
+}
+
+/// Reads `maxmemory` and `maxmemory_policy` from an `INFO` text (`name:value` lines).
+fn parse(info: &str) -> Option<Memory> {
+    let field = |name: &str| {
+        info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+    };
+    Some(Memory {
+        max: field("maxmemory")?.parse().ok()?,
+        policy: field("maxmemory_policy")?.into(),
+    })
+}
+
+/// The `INFO` text of each server in a reply: one text on one server; on a cluster a map from
+/// each node's address to its text (the cluster client sends `INFO` to every node).
+fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
+    match reply {
+        Value::BulkString(bytes) => out.push((node.into(), String::from_utf8_lossy(bytes).into())),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => {
+            out.push((node.into(), text.clone()))
+        }
+        Value::Map(pairs) => {
+            for (name, text) in pairs {
+                let name = match name {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::SimpleString(s) => s.clone(),
+                    _ => node.to_owned(),
+                };
+                texts(text, &name, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks the servers of `conn` (`at`: their address, for messages).
+pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), StoreError> {
+    let reply = match conn.command(redis::cmd("INFO").arg("memory")).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "Redis at {at} did not answer INFO memory: idem cannot check that it never evicts \
+                 its records (maxmemory-policy noeviction)"
+            );
+            return Ok(());
+        }
+    };
+    let mut servers = Vec::new();
+    texts(&reply, at, &mut servers);
+    for (node, text) in servers {
+        let Some(memory) = parse(&text) else { continue };
+        if !memory.may_evict() {
+            continue;
+        }
+        let why = format!(
+            "Redis at {node} may evict idem's records: maxmemory is {} bytes and \
+             maxmemory-policy is {}. An evicted record runs its call again, and an evicted fence \
+             counter can give two owners equal fences",
+            memory.max, memory.policy
+        );
+        if allow {
+            tracing::warn!("{why}; accepted (allow_eviction)");
+            continue;
+        }
+        return Err(StoreError::InvalidConfig(format!(
+            "{why}. Set maxmemory-policy noeviction (a full Redis then refuses new claims, \
+             which fail closed), or give idem a Redis of its own; to accept the risk, \
+             RedisStoreBuilder::allow_eviction(true) or allow_eviction=true in the URL"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_limit_and_the_policy() {
+        let info = "# Memory\r\nused_memory:1024\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\n\
+                    maxmemory_policy:noeviction\r\n";
+        let memory = parse(info).unwrap();
+        assert_eq!(memory, Memory { max: 0, policy: "noeviction".into() });
+        assert!(!memory.may_evict());
+        let full = parse("maxmemory:104857600\nmaxmemory_policy:volatile-lru\n").unwrap();
+        assert!(full.may_evict(), "{full:?}");
+        // No limit: nothing is ever evicted, whatever the policy.
+        assert!(!parse("maxmemory:0\nmaxmemory_policy:allkeys-lru\n").unwrap().may_evict());
+        assert!(!parse("maxmemory:1\nmaxmemory_policy:noeviction\n").unwrap().may_evict());
+        assert_eq!(parse("used_memory:1\n"), None);
+    }
+
+    #[test]
+    fn reads_each_node_of_a_cluster() {
+        let reply = Value::Map(vec![
+            (
+                Value::BulkString(b"10.0.0.1:7000".to_vec()),
+                Value::BulkString(b"maxmemory:0\r\nmaxmemory_policy:noeviction\r\n".to_vec()),
+            ),
+            (
+                Value::BulkString(b"10.0.0.2:7000".to_vec()),
+                Value::VerbatimString {
+                    format: redis::VerbatimFormat::Text,
+                    text: "maxmemory:5\r\nmaxmemory_policy:allkeys-lru\r\n".into(),
+                },
+            ),
+        ]);
+        let mut out = Vec::new();
+        texts(&reply, "cluster", &mut out);
+        let nodes: Vec<_> =
+            out.iter().map(|(n, t)| (n.as_str(), parse(t).unwrap().may_evict())).collect();
+        assert_eq!(nodes, [("10.0.0.1:7000", false), ("10.0.0.2:7000", true)]);
+    }
+}

@@ -1,0 +1,69 @@
+//! A Redis that may evict keys (a memory limit and a policy other than `noeviction`) would lose
+//! records and fence counters when full: a completed call would run again, two owners could hold
+//! equal fences. The store refuses to open on one unless the application accepts it
+//! (`idem-core/src/store/redis/eviction.rs`). A private `redis-server` per test, since the shared
+//! one must not get a memory limit.
+//! Run: cargo test --features redis --test redis_eviction
+
+use idem_core::conformance::fresh_key;
+use idem_core::store::{Claim, RedisStore, Store, StoreError};
+use idem_tests::servers::RedisPrivate;
+use idem_tests::{claim_req, or_skip};
+
+fn server(tag: &str, options: &[&str]) -> Option<RedisPrivate> {
+    or_skip("redis-server (a private one)", RedisPrivate::start(tag, options))
+}
+
+fn refusal(opened: Result<impl Sized, StoreError>) -> String {
+    match opened {
+        Err(StoreError::InvalidConfig(message)) => message,
+        Err(other) => panic!("expected InvalidConfig, got {other:?}"),
+        Ok(_) => panic!("the store opened on a Redis that may evict its records"),
+    }
+}
+
+#[tokio::test]
+async fn a_redis_that_may_evict_is_refused_unless_accepted() {
+    let Some(redis) =
+        server("redis-evicting", &["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"])
+    else {
+        return;
+    };
+    let message = refusal(RedisStore::open(&redis.url("")).await);
+    for part in
+        ["maxmemory-policy is volatile-lru", "67108864 bytes", "noeviction", "allow_eviction"]
+    {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    // The same through the URL every front door opens (the command line, `Idem::from_url`).
+    let message = refusal(idem_core::store::open(&redis.url("")).await);
+    assert!(message.contains("volatile-lru"), "{message}");
+
+    // Accepted by the application, in code or in the URL: it opens and works.
+    let store = RedisStore::builder(redis.url("")).allow_eviction(true).open().await.unwrap();
+    let (key, fp) = fresh_key("eviction_accepted", "{}");
+    let claim = store.claim(claim_req(&key, &fp)).await.unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    assert!(idem_core::store::open(&redis.url("?allow_eviction=true")).await.is_ok());
+    // The builder's word is the last: it overrides the URL's.
+    let refused =
+        RedisStore::builder(redis.url("?allow_eviction=true")).allow_eviction(false).open().await;
+    assert!(refusal(refused).contains("volatile-lru"));
+    let message = refusal(RedisStore::open(&redis.url("?allow_eviction=maybe")).await);
+    assert!(message.contains("allow_eviction must be true or false"), "{message}");
+}
+
+#[tokio::test]
+async fn noeviction_or_no_limit_opens() {
+    let Some(limited) =
+        server("redis-noeviction", &["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"])
+    else {
+        return;
+    };
+    assert!(RedisStore::open(&limited.url("")).await.is_ok());
+    // No memory limit: nothing is evicted, whatever the policy says.
+    let Some(unlimited) = server("redis-unlimited", &["--maxmemory-policy", "allkeys-lru"]) else {
+        return;
+    };
+    assert!(RedisStore::open(&unlimited.url("")).await.is_ok());
+}
