@@ -675,3 +675,45 @@ async fn a_tool_result_says_whether_a_repeat_runs_again() {
     assert_eq!(call("cus_p").await.content, permanent.content);
     assert_eq!(FLAKY_RUNS.load(Ordering::SeqCst), 3);
 }
+
+static SENDS: AtomicU32 = AtomicU32::new(0);
+
+/// A provider's error the tool does not classify: `?` makes it an ambiguous `ToolFailure`.
+fn provider_timeout() -> Result<(), std::io::Error> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "read timed out after the request was sent",
+    ))
+}
+
+/// Send a letter. Errors propagate with `?`, anyhow-style.
+#[tool(retry = "never")]
+async fn send_letter(to: String) -> Result<String, idem_core::ToolFailure> {
+    SENDS.fetch_add(1, Ordering::SeqCst);
+    if to == "nobody" {
+        return Err(idem_core::ToolFailure::permanent("no such recipient"));
+    }
+    provider_timeout()?;
+    Ok(format!("sent to {to}"))
+}
+
+#[tokio::test]
+async fn a_tool_failure_from_question_mark_is_ambiguous_and_a_permanent_one_is_replayed() {
+    let run = Idem::in_memory().run("r1");
+    // An unclassified error on a never tool: the letter may be out, so it is not sent again.
+    let first = send_letter(&run, "ada".into()).await.unwrap_err();
+    assert!(matches!(first, Error::OutcomeUnknown { tool: "send_letter", .. }), "{first:?}");
+    let again = send_letter(&run, "ada".into()).await.unwrap_err();
+    assert!(matches!(again, Error::OutcomeUnknown { .. }), "{again:?}");
+    assert_eq!(SENDS.load(Ordering::SeqCst), 1);
+
+    // A permanent one is stored with its message and replayed; the tool ran once.
+    let refused = send_letter(&run, "nobody".into()).await.unwrap_err();
+    let replayed = send_letter(&run, "nobody".into()).await.unwrap_err();
+    for error in [&refused, &replayed] {
+        let failure = error.tool_error().expect("the tool's own error");
+        assert_eq!(failure.message(), "no such recipient");
+        assert_eq!(failure.kind(), idem_core::FailureKind::Permanent);
+    }
+    assert_eq!(SENDS.load(Ordering::SeqCst), 2);
+}

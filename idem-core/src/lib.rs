@@ -45,7 +45,7 @@ pub use clock::FOREVER;
 pub use ctx::Ctx;
 pub use error::{BudgetKind, Chain as ErrorChain, Error, ErrorKind};
 pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, WaitHook};
-pub use failure::{Classify, Failure, FailureKind, NoError};
+pub use failure::{Classify, Failure, FailureKind, NoError, ToolFailure};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, MIN_LEASE, Policy, ToolOptions};

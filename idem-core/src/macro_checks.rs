@@ -122,21 +122,21 @@ requirement!(
     ErrorClassify, CheckErrorClassify, __idem_error_classify, [Classify],
     "`{T}` cannot be a tool error: it does not implement `idem_core::Classify`",
     "the error says whether a failure may be retried",
-    "implement `idem_core::Classify` for `{T}`: return `Failure::transient()` (safe to retry), `Failure::ambiguous()` (may have happened) or `Failure::permanent()` (stored and replayed)"
+    "implement `idem_core::Classify` for `{T}`: return `Failure::transient()` (safe to retry), `Failure::ambiguous()` (may have happened) or `Failure::permanent()` (stored and replayed); for another crate's error, return `Result<T, idem_core::ToolFailure>` (`?` converts it)"
 );
 requirement!(
     /// A permanent tool error is stored and replayed.
     ErrorSerialize, CheckErrorSerialize, __idem_error_serialize, [Serialize],
     "`{T}` cannot be a tool error: it does not implement `serde::Serialize`",
     "permanent errors are stored as JSON and replayed to every repeat",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`; a tool that cannot fail returns `Result<T, idem_core::NoError>`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`, or return `Result<T, idem_core::ToolFailure>` (`?` converts any error); a tool that cannot fail returns `Result<T, idem_core::NoError>`"
 );
 requirement!(
     /// A permanent tool error is read back for every replay.
     ErrorDeserialize, CheckErrorDeserialize, __idem_error_deserialize, [DeserializeOwned],
     "`{T}` cannot be a tool error: it does not implement `serde::Deserialize`",
     "permanent errors are stored as JSON and replayed to every repeat",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`, or return `Result<T, idem_core::ToolFailure>` (`?` converts any error)"
 );
 requirement!(
     /// A tool error is shown to the model.

@@ -423,7 +423,29 @@ pub fn validate(
     }
 
     let ret = match &sig.output {
-        ReturnType::Type(_, ty) if names_a_result(ty) => Some(split_result(ty)),
+        ReturnType::Type(_, ty) if names_a_result(ty) => {
+            let ret = split_result(ty);
+            // One error naming what to use instead: rustc's own, for a type with a trait object
+            // in it, is its raw E0599 listing every unmet bound.
+            let unstorable = match &ret.err {
+                Some(err) => unstorable_error(err).map(|what| (err, what)),
+                None => unstorable_result_alias(ty).map(|what| (ty.as_ref(), what)),
+            };
+            match unstorable {
+                Some((at, what)) => {
+                    errors.at(at, format!(
+                        "{what} cannot be a tool error: a tool's error is stored as JSON and replayed to every repeat, and says whether a failure may be retried (`idem_core::Classify`). Return `Result<T, idem_core::ToolFailure>` (`?` converts any `std::error::Error` into an ambiguous failure{}), or an error type of your own that derives `serde::Serialize` and `serde::Deserialize` and implements `Classify`",
+                        if CATCH_ALL_ERRORS.iter().any(|(k, _)| what.starts_with(&format!("`{k}::"))) {
+                            "; this one is not a `std::error::Error`: `.map_err(idem_core::ToolFailure::ambiguous)`"
+                        } else {
+                            ""
+                        }
+                    ));
+                    None
+                }
+                None => Some(ret),
+            }
+        }
         _ if returns_impl && sig.asyncness.is_none() => None,
         other => {
             let msg = format!(
@@ -584,6 +606,62 @@ fn names_a_result(ty: &Type) -> bool {
         Type::Group(g) => names_a_result(&g.elem),
         _ => false,
     }
+}
+
+/// The crates whose catch-all error types cannot be a tool's error (no `Serialize`, and
+/// `Classify` cannot be implemented for a foreign type), with those types' names.
+const CATCH_ALL_ERRORS: [(&str, &str); 3] =
+    [("anyhow", "Error"), ("eyre", "Report"), ("color_eyre", "Report")];
+
+/// How to name an error type that can never be a tool's error: a trait object of an `Error`
+/// trait (`Box<dyn Error + Send + Sync>`: `Classify` cannot be implemented for it outside
+/// idem-core), or a catch-all crate's error (`anyhow::Error`).
+fn unstorable_error(ty: &Type) -> Option<String> {
+    match ty {
+        Type::Paren(p) => unstorable_error(&p.elem),
+        Type::Group(g) => unstorable_error(&g.elem),
+        Type::TraitObject(object) if names_error_trait(object.bounds.iter()) => {
+            Some("a trait object (`dyn Error`)".into())
+        }
+        Type::Path(tp) if tp.qself.is_none() => {
+            let segments: Vec<_> = tp.path.segments.iter().collect();
+            if let [.., krate, last] = &segments[..]
+                && CATCH_ALL_ERRORS.iter().any(|(k, t)| krate.ident == k && last.ident == t)
+            {
+                return Some(format!("`{}::{}`", krate.ident, last.ident));
+            }
+            let last = segments.last()?;
+            let syn::PathArguments::AngleBracketed(args) = &last.arguments else { return None };
+            let pointer = ["Box", "Arc", "Rc"].iter().any(|p| last.ident == p);
+            match &args.args.iter().collect::<Vec<_>>()[..] {
+                [syn::GenericArgument::Type(Type::TraitObject(object))]
+                    if pointer && names_error_trait(object.bounds.iter()) =>
+                {
+                    Some(format!("`{}<dyn Error>`", last.ident))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Whether a trait object's bounds name a trait called `Error` (`std::error::Error`,
+/// `core::error::Error`, `Error`).
+fn names_error_trait<'a>(mut bounds: impl Iterator<Item = &'a syn::TypeParamBound>) -> bool {
+    bounds.any(|b| {
+        matches!(b, syn::TypeParamBound::Trait(t)
+            if t.path.segments.last().is_some_and(|s| s.ident == "Error"))
+    })
+}
+
+/// `anyhow::Result<T>` and its likes: an alias whose error is a catch-all crate's.
+fn unstorable_result_alias(ty: &Type) -> Option<String> {
+    let Type::Path(tp) = ty else { return None };
+    let segments: Vec<_> = tp.path.segments.iter().collect();
+    let [.., krate, last] = &segments[..] else { return None };
+    let (name, error) = CATCH_ALL_ERRORS.iter().find(|(k, _)| krate.ident == k)?;
+    (last.ident == "Result").then(|| format!("`{name}::{error}` (in `{name}::Result`)"))
 }
 
 /// `Result<T, E>` (any path ending in `Result` with two type arguments) → its parts.
