@@ -117,7 +117,8 @@ impl Classify for NoError {
 ///
 /// Like `anyhow::Error`, it does not implement `std::error::Error` itself (that would collide
 /// with the conversion from every error); it is `Display` and `Debug`, which is what
-/// [`crate::Error`] needs.
+/// [`crate::Error`] needs. Neither `anyhow::Error` nor `Box<dyn Error>` is a `std::error::Error`,
+/// so `?` does not convert them: `.map_err(ToolFailure::ambiguous)` does.
 ///
 /// ```
 /// use idem_core::{ToolFailure, tool};
