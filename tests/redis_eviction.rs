@@ -67,3 +67,26 @@ async fn noeviction_or_no_limit_opens() {
     };
     assert!(RedisStore::open(&unlimited.url("")).await.is_ok());
 }
+
+/// A user who may not run `INFO` (it is in `@dangerous`, which least-privilege ACLs leave out)
+/// cannot show the server never evicts: refused as one that may, unless accepted.
+#[tokio::test]
+async fn a_user_who_may_not_read_info_is_refused_unless_accepted() {
+    let Some(redis) = server("redis-acl", &[]) else { return };
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-info"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://app:pw@127.0.0.1:{}/", redis.port);
+    let message = refusal(RedisStore::open(&url).await);
+    for part in ["did not say whether it may evict", "+info", "allow_eviction"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    let store = RedisStore::builder(&url).allow_eviction(true).open().await.unwrap();
+    let (key, fp) = fresh_key("eviction_unknown_accepted", "{}");
+    let claim = store.claim(claim_req(&key, &fp)).await.unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+}

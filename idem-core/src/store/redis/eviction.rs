@@ -12,10 +12,11 @@
 //! [`StoreError::InvalidConfig`], unless the application accepts it
 //! ([`RedisStoreBuilder::allow_eviction`](super::RedisStoreBuilder::allow_eviction), or
 //! `allow_eviction=true` in the URL), which logs a warning instead. A server that does not
-//! answer `INFO memory` (a managed service that renamed it, an ACL without `@dangerous`) is
-//! logged and accepted: the store cannot tell. Policies can change later (`CONFIG SET`); the
-//! check is at open only. Managed services often default to `volatile-lru` (Amazon ElastiCache,
-//! Azure Cache for Redis): set the parameter group's or cache's policy to `noeviction`.
+//! answer `INFO memory` (an ACL user without `+info`, which is in `@dangerous`; a managed service
+//! that renamed it) is refused the same way, since it may be one that evicts: grant the user
+//! `+info`, or accept with `allow_eviction`. Policies can change later (`CONFIG SET`); the check
+//! is at open only. Managed services often default to `volatile-lru` (Amazon ElastiCache, Azure
+//! Cache for Redis): set the parameter group's or cache's policy to `noeviction`.
 
 use redis::Value;
 
@@ -66,35 +67,50 @@ fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
                 texts(text, &name, out);
             }
         }
+        // A node that refused (`NOPERM`): no fields, so it counts as unknown.
+        Value::ServerError(e) => out.push((node.into(), format!("{e:?}"))),
         _ => {}
     }
 }
 
 /// Checks the servers of `conn` (`at`: their address, for messages).
 pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), StoreError> {
-    let reply = match conn.command(redis::cmd("INFO").arg("memory")).await {
-        Ok(reply) => reply,
-        Err(e) => {
-            tracing::warn!(
-                error = %e,
-                "Redis at {at} did not answer INFO memory: idem cannot check that it never evicts \
-                 its records (maxmemory-policy noeviction)"
-            );
-            return Ok(());
-        }
-    };
     let mut servers = Vec::new();
-    texts(&reply, at, &mut servers);
-    for (node, text) in servers {
-        let Some(memory) = parse(&text) else { continue };
-        if !memory.may_evict() {
-            continue;
+    let unreadable = match conn.command(redis::cmd("INFO").arg("memory")).await {
+        Ok(reply) => {
+            texts(&reply, at, &mut servers);
+            None
         }
+        Err(e) => Some((at.to_owned(), e.to_string())),
+    };
+    // A node whose answer is an error or lacks the fields is as unknown as one that refused.
+    let read: Vec<_> = servers.iter().map(|(node, text)| (node, parse(text))).collect();
+    let unreadable =
+        unreadable.or_else(|| match read.iter().find(|(_, memory)| memory.is_none()) {
+            Some((node, _)) => Some(((*node).clone(), "no maxmemory_policy in its answer".into())),
+            None if read.is_empty() => Some((at.to_owned(), "no answer to read".into())),
+            None => None,
+        });
+    let mut risks: Vec<String> = Vec::new();
+    if let Some((node, e)) = unreadable {
+        risks.push(format!(
+            "Redis at {node} did not say whether it may evict idem's records (INFO memory: \
+             {e}); grant the store's user +info"
+        ));
+    }
+    for (node, memory) in read {
+        if let Some(memory) = memory.filter(Memory::may_evict) {
+            risks.push(format!(
+                "Redis at {node} may evict idem's records: maxmemory is {} bytes and \
+                 maxmemory-policy is {}",
+                memory.max, memory.policy
+            ));
+        }
+    }
+    for risk in risks {
         let why = format!(
-            "Redis at {node} may evict idem's records: maxmemory is {} bytes and \
-             maxmemory-policy is {}. An evicted record runs its call again, and an evicted fence \
-             counter can give two owners equal fences",
-            memory.max, memory.policy
+            "{risk}. An evicted record runs its call again, and an evicted fence counter can \
+             give two owners equal fences"
         );
         if allow {
             tracing::warn!("{why}; accepted (allow_eviction)");
