@@ -696,3 +696,46 @@ async fn a_run_id_longer_than_an_index_entry_is_stored_and_replayed() {
         assert_eq!(record.origin.as_ref().unwrap().run, &stem[..1024]);
     }
 }
+
+/// A database or role whose default isolation is REPEATABLE READ or SERIALIZABLE answers a
+/// claim that races another claim's insert with SQLSTATE 40001 (the store's plpgsql relies on
+/// READ COMMITTED's fresh snapshot per statement). The store runs such a statement again, in a
+/// new transaction that sees the winner's row: exactly one claim acquires, the others find it in
+/// flight, and none reports the store unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_claims_under_repeatable_read_and_serializable_join_the_winner() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    for isolation in ["repeatable\\ read", "serializable"] {
+        let (schema, admin, mut config) = private_schema("isolation").await;
+        config.options(format!(
+            "-c search_path={schema} -c default_transaction_isolation={isolation}"
+        ));
+        let mut stores = Vec::new();
+        for _ in 0..8 {
+            stores.push(Arc::new(PostgresStore::connect_with(config.clone(), 2).await.unwrap()));
+        }
+        for round in 0..12 {
+            let (key, fp) = fresh_key(&format!("isolation_{round}_{}", process_tag()), "{}");
+            let claims: Vec<_> = stores
+                .iter()
+                .map(|store| {
+                    let store = Arc::clone(store);
+                    tokio::spawn(async move { store.claim(claim_req(&key, &fp)).await })
+                })
+                .collect();
+            let mut acquired = 0;
+            for claim in claims {
+                match claim.await.unwrap() {
+                    Ok(Claim::Acquired { .. }) => acquired += 1,
+                    Ok(Claim::InFlight { .. }) => {}
+                    other => panic!("{isolation}, round {round}: {other:?}"),
+                }
+            }
+            assert_eq!(acquired, 1, "{isolation}, round {round}");
+        }
+        drop(stores);
+        drop_schema(&admin, &schema).await;
+    }
+}

@@ -209,8 +209,17 @@ impl Conn {
     }
 
     /// Runs `sql` with `params` (in the order its [`Sql`] variant lists); its rows. Prepared
-    /// once per connection (deadpool's statement cache), or unnamed.
+    /// once per connection (deadpool's statement cache), or unnamed. Run again when PostgreSQL
+    /// rolled it back for a concurrent statement (see [`rolled_back`]).
     pub(super) async fn query(
+        &self,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        again_if_rolled_back(|| self.query_once(sql, params)).await
+    }
+
+    async fn query_once(
         &self,
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
@@ -237,8 +246,16 @@ impl Conn {
         Ok(self.query(sql, params).await?.into_iter().next())
     }
 
-    /// Runs `sql`; how many rows it changed.
+    /// Runs `sql`; how many rows it changed. Run again as [`query`](Self::query) is.
     pub(super) async fn execute(
+        &self,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        again_if_rolled_back(|| self.execute_once(sql, params)).await
+    }
+
+    async fn execute_once(
         &self,
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
@@ -267,6 +284,43 @@ impl Conn {
         }
         forgot
     }
+}
+
+/// How many times a statement PostgreSQL rolled back is sent in all.
+const ROLLED_BACK_SENDS: u32 = 10;
+/// The ceiling of the first pause before sending it again (full jitter), doubled each time.
+const ROLLED_BACK_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Whether PostgreSQL rolled the statement back because of a concurrent one: SQLSTATE 40001
+/// (`serialization_failure`) or 40P01 (`deadlock_detected`). Nothing the statement did remains
+/// (each of the store's statements is its own transaction), and PostgreSQL's documented remedy
+/// is to run it again ("Serialization Failure Handling"). Under READ COMMITTED, PostgreSQL's
+/// default, the store's statements get neither; a database or role whose
+/// `default_transaction_isolation` is `repeatable read` or `serializable` answers a claim that
+/// races another claim's insert with 40001, and sent again in a new transaction it sees the
+/// other's row and joins it.
+fn rolled_back(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE
+        || *c == SqlState::T_R_DEADLOCK_DETECTED)
+}
+
+/// `send` until it is not rolled back, at most [`ROLLED_BACK_SENDS`] times.
+async fn again_if_rolled_back<T, F, Fut>(mut send: F) -> Result<T, tokio_postgres::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    let mut pause = ROLLED_BACK_PAUSE;
+    for _ in 1..ROLLED_BACK_SENDS {
+        match send().await {
+            Err(e) if rolled_back(&e) => {
+                tokio::time::sleep(crate::store::resend::full_jitter(pause)).await;
+                pause = pause.saturating_mul(2);
+            }
+            answer => return answer,
+        }
+    }
+    send().await
 }
 
 fn typed<'a>(sql: Sql, params: &[&'a (dyn ToSql + Sync)]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {

@@ -37,7 +37,6 @@
 
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -271,7 +270,7 @@ async fn cluster_send(
         if started.elapsed() >= REFUSED_FOR {
             return Err(err);
         }
-        tokio::time::sleep(full_jitter(pause)).await;
+        tokio::time::sleep(crate::store::resend::full_jitter(pause)).await;
         pause = (pause * 2).min(REFUSED_PAUSE.1);
         // Back to the slot's master, which redirects again while the slot moves.
         to = None;
@@ -285,9 +284,4 @@ fn redirected_to(err: &RedisError) -> Option<(String, u16)> {
     let (host, port) = node.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     Some((host.to_owned(), port.parse().ok()?))
-}
-
-fn full_jitter(ceiling: Duration) -> Duration {
-    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rand::rngs::SmallRng::from_os_rng().random_range(0..=nanos))
 }
