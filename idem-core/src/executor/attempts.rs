@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -451,19 +452,40 @@ impl<T: Tool> Call<'_, T> {
             (Err((Error::LeaseLost { .. }, outcome)), Ok(output)) => {
                 Box::pin(self.after_lease_lost(output, outcome)).await
             }
-            (Err((e, _)), Ok(output)) => {
-                // The effect happened and the caller gets its result; the record stays in flight
-                // until its lease ends, then a keyed repeat re-runs with the same key and a never
-                // repeat answers OutcomeUnknown: nothing runs twice unprotected.
-                tracing::warn!(error = %Chain(&e), "outcome not stored");
+            (Err((e, outcome)), Ok(output)) => {
+                // The effect happened and the caller gets its result. The outcome is sent again
+                // in the background (`store_later.rs`); until it lands (or if it never does) the
+                // record stays in flight, and once its lease ends a keyed repeat re-runs with the
+                // same key and a never repeat answers OutcomeUnknown: nothing runs twice
+                // unprotected.
+                self.store_later(fence, outcome, &e);
                 checked();
                 Ok(output)
             }
-            (Err((e, _)), Err(error)) => {
-                tracing::warn!(error = %Chain(&e), "outcome not stored");
+            (Err((e, outcome)), Err(error)) => {
+                self.store_later(fence, outcome, &e);
                 Err(error)
             }
         }
+    }
+
+    /// Sends a completion the store refused again in the background, when the store was
+    /// unavailable; any other refusal (a lost lease, an incompatible store) is final.
+    fn store_later(&self, fence: Fence, outcome: Outcome, e: &Error<T::Error>) {
+        let Error::StoreUnavailable { source, .. } = e else {
+            tracing::warn!(error = %Chain(e), "outcome not stored");
+            return;
+        };
+        super::store_later::Later {
+            store: Arc::clone(&self.inner.store),
+            tool: self.name(),
+            key: self.key,
+            fence,
+            outcome,
+            ttl: self.policy.ttl,
+            step_timeout: (!self.inner.local_store).then_some(self.policy.store_timeout),
+        }
+        .spawn(source);
     }
 
     /// The error of an output that ran but cannot be stored: why, and that it happened.

@@ -13,6 +13,7 @@ mod reconcile;
 mod report;
 mod run;
 mod storable;
+mod store_later;
 
 use std::sync::{Arc, Mutex};
 

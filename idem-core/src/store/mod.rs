@@ -44,6 +44,14 @@ mod wait;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
+
+/// A pause drawn uniformly from zero to `ceiling` (full jitter), so that callers refused together
+/// do not come back together.
+pub(crate) fn full_jitter(ceiling: Duration) -> Duration {
+    use rand::{Rng, SeedableRng};
+    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rngs::SmallRng::from_os_rng().random_range(0..=nanos))
+}
 pub use admin::{
     ListPage, ListQuery, Origin, RecordInfo, RecordState, Resolution, StateFilter, Stats,
     StoredOrigin, UnreadableRecord,

@@ -29,14 +29,6 @@ use super::StoreError;
 pub(crate) const PAUSES: [Duration; 3] =
     [Duration::from_millis(20), Duration::from_millis(100), Duration::from_millis(500)];
 
-/// A pause drawn uniformly from zero to `ceiling` (full jitter), so that callers refused together
-/// do not come back together.
-pub(crate) fn full_jitter(ceiling: Duration) -> Duration {
-    use rand::{Rng, SeedableRng};
-    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rand::rngs::SmallRng::from_os_rng().random_range(0..=nanos))
-}
-
 /// How long a claim that gave up keeps trying to release the record it may have created: 16
 /// sends with backoff from 100 ms to 10 s, about 100 s. Past that the server has been away for
 /// longer than a lease usually lasts, and the record is handled as any holder's that vanished.

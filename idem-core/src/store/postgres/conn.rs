@@ -314,7 +314,7 @@ where
     for _ in 1..ROLLED_BACK_SENDS {
         match send().await {
             Err(e) if rolled_back(&e) => {
-                tokio::time::sleep(crate::store::resend::full_jitter(pause)).await;
+                tokio::time::sleep(crate::store::full_jitter(pause)).await;
                 pause = pause.saturating_mul(2);
             }
             answer => return answer,

@@ -270,7 +270,7 @@ async fn cluster_send(
         if started.elapsed() >= REFUSED_FOR {
             return Err(err);
         }
-        tokio::time::sleep(crate::store::resend::full_jitter(pause)).await;
+        tokio::time::sleep(crate::store::full_jitter(pause)).await;
         pause = (pause * 2).min(REFUSED_PAUSE.1);
         // Back to the slot's master, which redirects again while the slot moves.
         to = None;
