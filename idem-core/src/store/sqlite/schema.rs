@@ -57,7 +57,22 @@ CREATE INDEX idem_records_tool ON idem_records (tool, key);
 CREATE INDEX idem_records_run ON idem_records (run_id, key);
 ";
 
+/// Whether the database already holds this version's schema at this revision: read without
+/// the write lock, so that opening a store does not wait for another process's long write (a
+/// backup, a `VACUUM`) when there is nothing to create or migrate.
+fn is_current(conn: &Connection) -> bool {
+    let meta = |name: &str| -> Option<i64> {
+        conn.query_row("SELECT value FROM idem_meta WHERE name = ?1", params![name], |r| r.get(0))
+            .ok()
+    };
+    meta("schema_version") == Some(SCHEMA_VERSION)
+        && meta("schema_revision").is_some_and(|r| r >= SCHEMA_REVISION)
+}
+
 pub(super) fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
+    if is_current(conn) {
+        return Ok(());
+    }
     let run = |conn: &mut Connection| -> Result<(), SqlError> {
         // IMMEDIATE: two processes opening a new file at once create the schema once.
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -113,4 +128,29 @@ pub(super) fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
         Ok(())
     };
     run(conn).map_err(StoreError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::SqliteStore;
+
+    /// Opening a database whose schema is current takes no write lock: another process's long
+    /// write (a backup, a `VACUUM`) does not keep a store, or the command line, from opening.
+    #[test]
+    fn a_current_database_opens_while_another_process_writes() {
+        let dir =
+            std::env::temp_dir().join(format!("idem-sqlite-open-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert!(
+            SqliteStore::open(&path).is_ok(),
+            "open while another process holds the write lock"
+        );
+        assert!(SqliteStore::open_existing(&path).is_ok());
+        other.execute_batch("ROLLBACK").unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
