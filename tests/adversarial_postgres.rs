@@ -2,6 +2,7 @@
 //! migrated from schema 1 on connect). Destructive experiments run in private schemas that are
 //! dropped afterwards. Run: cargo test --all-features --test adversarial_postgres
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -738,4 +739,47 @@ async fn racing_claims_under_repeatable_read_and_serializable_join_the_winner() 
         drop(stores);
         drop_schema(&admin, &schema).await;
     }
+}
+
+/// What the server refuses for the role, the database or the schema is a configuration error
+/// naming it, not "unavailable, retry when the store is back": a database that does not exist,
+/// a role without privileges on idem's tables (its claims fail closed: nothing runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_role_or_database_is_a_configuration_error() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let mut missing = Config::from_str(&pg_url()).unwrap();
+    missing.dbname(format!("idem_test_no_such_db_{}", process_tag()));
+    match PostgresStore::connect_with(missing, 1).await {
+        Err(StoreError::InvalidConfig(m)) => assert!(m.contains("3D000"), "{m}"),
+        other => panic!("a database that does not exist: {:?}", other.map(drop)),
+    }
+
+    let (schema, admin, config) = private_schema("privileges").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.unwrap());
+    let role = format!("idem_test_reader_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA {schema} TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut as_reader = config.clone();
+    as_reader.user(&role);
+    let reader = PostgresStore::connect_with(as_reader, 1).await;
+    let refused = match reader {
+        Ok(store) => {
+            let (key, fp) = fresh_key("privileges", "{}");
+            store.claim(claim_req(&key, &fp)).await.map(drop)
+        }
+        Err(e) => Err(e),
+    };
+    match refused {
+        Err(StoreError::InvalidConfig(m)) => assert!(m.contains("42501"), "{m}"),
+        other => panic!("a role without privileges: {other:?}"),
+    }
+    drop_schema(&admin, &schema).await;
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
 }

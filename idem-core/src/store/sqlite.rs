@@ -385,6 +385,14 @@ impl From<SqlError> for StoreError {
                 | rusqlite::Error::FromSqlConversionFailure(..)
                 | rusqlite::Error::IntegralValueOutOfRange(..)),
             ) => StoreError::Incompatible(format!("a stored value has an unexpected type: {e}")),
+            // A file or directory this process may not write: a configuration error, which
+            // waiting does not fix (a busy or full database is an outage: it may pass).
+            SqlError::Sqlite(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly) => {
+                StoreError::InvalidConfig(format!(
+                    "the SQLite database cannot be written by this process (the file, its \
+                     directory, or its -wal and -shm files are read-only): {e}"
+                ))
+            }
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
             SqlError::Cursor(c) => StoreError::InvalidCursor(c),
@@ -755,5 +763,29 @@ impl SqliteStore {
         } else {
             Err(StoreError::LeaseLost)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database this process may not write is a configuration error, not an outage: the
+    /// executor does not wait for it, the command line exits with its usage code.
+    #[test]
+    fn a_read_only_database_is_a_configuration_error() {
+        let read_only = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_READONLY),
+            Some("attempt to write a readonly database".into()),
+        );
+        match StoreError::from(SqlError::Sqlite(read_only)) {
+            StoreError::InvalidConfig(m) => assert!(m.contains("read-only"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            Some("database is locked".into()),
+        );
+        assert!(matches!(StoreError::from(SqlError::Sqlite(busy)), StoreError::Unavailable(_)));
     }
 }

@@ -1,6 +1,8 @@
 //! PostgreSQL errors as store errors, and whether a statement's reply may have been lost (see
 //! `store/resend.rs`).
 
+use tokio_postgres::error::SqlState;
+
 use crate::store::StoreError;
 use crate::store::resend::Failed;
 
@@ -43,8 +45,35 @@ impl std::error::Error for PgError {
     }
 }
 
+/// A PostgreSQL error as a store error, by its SQLSTATE: what the server refuses for the role,
+/// the database or the schema is a configuration error (sending again cannot fix it: class 28,
+/// invalid authorization; 3D000, no such database; 3F000, no such schema; 42501, a privilege the
+/// role lacks); a table, column or function of idem's schema that is missing is an incompatible
+/// schema (dropped or altered by hand); anything else (a connection lost, a server shutting
+/// down, a read-only standby during a failover) is the store being unavailable.
 pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
-    StoreError::unavailable(PgError(e))
+    let Some(code) = e.code().map(SqlState::code) else {
+        return StoreError::unavailable(PgError(e));
+    };
+    match code {
+        _ if refused_configuration(&e) => StoreError::InvalidConfig(format!(
+            "PostgreSQL refused the store's role, database or schema (check the connection \
+             string's user, dbname and search_path, and the role's privileges on idem's tables \
+             and functions): {}",
+            PgError(e)
+        )),
+        "42P01" | "42703" | "42883" => StoreError::Incompatible(format!(
+            "a table, column or function of idem's schema is missing ({}); re-create the schema \
+             or restore it whole",
+            PgError(e)
+        )),
+        _ => StoreError::unavailable(PgError(e)),
+    }
+}
+
+/// Whether the server refused the role, the database or the schema (see [`pg`]).
+pub(super) fn refused_configuration(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code().map(SqlState::code), Some("3D000" | "3F000" | "42501" | "28000" | "28P01"))
 }
 
 /// A connection could not be had: nothing was sent, so sending again is harmless.

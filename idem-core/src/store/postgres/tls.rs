@@ -210,11 +210,15 @@ impl Target {
             }
             _ => "",
         };
-        StoreError::unavailable(format!(
-            "PostgreSQL at {} (sslmode={mode}): {}{hint}",
-            self.addresses(),
-            PgError(e)
-        ))
+        let configuration = super::error::refused_configuration(&e);
+        let text =
+            format!("PostgreSQL at {} (sslmode={mode}): {}{hint}", self.addresses(), PgError(e));
+        if configuration {
+            // A password, a database that does not exist: sending again cannot fix it.
+            StoreError::InvalidConfig(text)
+        } else {
+            StoreError::unavailable(text)
+        }
     }
 
     /// Where the store connects, for error messages: `host:port` (a socket's directory), each

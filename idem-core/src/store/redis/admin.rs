@@ -120,6 +120,10 @@ fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
 
 /// The server's time in ms from a `TIME` reply.
 fn time_ms(v: &Value) -> Result<u64, StoreError> {
+    if let Value::ServerError(e) = v {
+        // Refused (an ACL without TIME), not an answer this version cannot read.
+        return Err(super::reply::unavailable(e.clone().into()));
+    }
     let bad = || StoreError::Incompatible(format!("unexpected TIME reply {v:?}"));
     let Value::Array(parts) = v else { return Err(bad()) };
     let num = |i: usize| parts.get(i).map(text).and_then(|t| t.parse::<u64>().ok());

@@ -125,6 +125,15 @@ impl RedisStoreBuilder {
             {
                 return Err(refused);
             }
+            if super::reply::refused_access(&e) {
+                let at = cluster.addresses();
+                return Err(match super::reply::unavailable(e) {
+                    StoreError::InvalidConfig(why) => {
+                        StoreError::InvalidConfig(format!("{why} (at {at})"))
+                    }
+                    other => other,
+                });
+            }
             if e.is_timeout() {
                 // Connected or not, nothing answered the first command in time: name the bound
                 // that ran out, so a hung server is not mistaken for a refused one.

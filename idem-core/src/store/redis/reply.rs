@@ -197,6 +197,13 @@ pub(super) fn is_completed(record: &[u8]) -> bool {
 }
 
 pub(super) fn unavailable(e: RedisError) -> StoreError {
+    if refused_access(&e) {
+        return StoreError::InvalidConfig(format!(
+            "Redis refused the store's user or database (check the URL's user, password and \
+             database, and the user's ACL: the store runs GET, SET, EVALSHA, SCRIPT LOAD, TIME, \
+             PUBLISH, SUBSCRIBE, SCAN and INFO on its prefix's keys): {e}"
+        ));
+    }
     // The redis crate words a timeout as "timed out", which does not say what waited.
     if e.is_timeout() {
         return StoreError::unavailable(format!(
@@ -205,6 +212,20 @@ pub(super) fn unavailable(e: RedisError) -> StoreError {
         ));
     }
     StoreError::unavailable(e)
+}
+
+/// Whether Redis refused the user or the database rather than the command's moment: a wrong or
+/// missing password, an ACL without a command the store needs (also from inside a script), a
+/// database number the server does not have. Sending again cannot help: a configuration error,
+/// not an outage.
+pub(super) fn refused_access(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || {
+            let text = e.to_string();
+            // Redis 7.0's words for a command a script ran that the ACL denies (code `ERR`).
+            text.contains("DB index is out of range") || text.contains("can't run this command")
+        }
 }
 
 /// A script's answer. The common one comes bare (see the scripts): an integer, or a completed

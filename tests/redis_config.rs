@@ -1,9 +1,14 @@
-//! A Redis that may evict keys (a memory limit and a policy other than `noeviction`) would lose
-//! records and fence counters when full: a completed call would run again, two owners could hold
-//! equal fences. The store refuses to open on one unless the application accepts it
-//! (`idem-core/src/store/redis/eviction.rs`). A private `redis-server` per test, since the shared
-//! one must not get a memory limit.
-//! Run: cargo test --features redis --test redis_eviction
+//! How the Redis store meets a server's configuration (a private `redis-server` per test, since
+//! the shared one must not get a memory limit or ACL users):
+//!
+//! - A Redis that may evict keys (a memory limit and a policy other than `noeviction`) would lose
+//!   records and fence counters when full: a completed call would run again, two owners could
+//!   hold equal fences. The store refuses to open on one, or on one that will not say, unless the
+//!   application accepts it (`idem-core/src/store/redis/eviction.rs`).
+//! - What Redis refuses for the store's user or database (a password, a database number, an ACL)
+//!   is a configuration error naming it, not an outage to wait out.
+//!
+//! Run: cargo test --features redis --test redis_config
 
 use idem_core::conformance::fresh_key;
 use idem_core::store::{Claim, RedisStore, Store, StoreError};
@@ -89,4 +94,39 @@ async fn a_user_who_may_not_read_info_is_refused_unless_accepted() {
     let (key, fp) = fresh_key("eviction_unknown_accepted", "{}");
     let claim = store.claim(claim_req(&key, &fp)).await.unwrap();
     assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+}
+
+/// What Redis refuses for the user or the database is a configuration error naming it, not "the
+/// store is unavailable, retry when it is back": a wrong password, a database the server does
+/// not have, an ACL without a command the store runs (here `TIME`, which its scripts call).
+#[tokio::test]
+async fn a_refused_user_or_database_is_a_configuration_error() {
+    let Some(redis) = server("redis-refusals", &["--databases", "4"]) else { return };
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">pw", "~*", "&*", "+@all"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let port = redis.port;
+    for (url, expect) in [
+        (format!("redis://app:wrong@127.0.0.1:{port}/"), "authentication failed"),
+        (format!("redis://127.0.0.1:{port}/9"), "DB index is out of range"),
+    ] {
+        let message = refusal(RedisStore::open(&url).await);
+        assert!(message.contains(expect) && message.contains("refused"), "{url}: {message}");
+    }
+    // Opens (PING and INFO are allowed), but every claim's script calls TIME.
+    let store = RedisStore::open(&format!("redis://notime:pw@127.0.0.1:{port}/")).await.unwrap();
+    let (key, fp) = fresh_key("refused_time", "{}");
+    match store.claim(claim_req(&key, &fp)).await {
+        Err(StoreError::InvalidConfig(m)) => assert!(m.contains("can't run this command"), "{m}"),
+        other => panic!("expected InvalidConfig for a user without TIME, got {other:?}"),
+    }
 }
