@@ -110,7 +110,7 @@ v = record(v)
 if not v then
   local now_us, now_ms = now()
   local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
+  if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53, which idem never writes: DEL it (forget leaves counters; new fences continue above the server clock in microseconds)'} end
   local f = math.max(c + 1, now_us)
   local lu = format('%d', now_ms + ARGV[2])
   redis.call('SET', KEYS[1],
@@ -131,7 +131,7 @@ if o == ARGV[4] then
   local f = tonumber(fence)
   local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   if c >= f then
-    if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53'} end
+    if c >= EXACT then return {'incompatible', 'fence counter ' .. KEYS[2] .. ' is beyond 2^53, which idem never writes: DEL it (forget leaves counters; new fences continue above the server clock in microseconds)'} end
     f = math.max(c + 1, now_us)
     fence = format('%d', f)
   end
