@@ -130,3 +130,17 @@ async fn a_refused_user_or_database_is_a_configuration_error() {
         other => panic!("expected InvalidConfig for a user without TIME, got {other:?}"),
     }
 }
+
+/// A server that does not answer `INFO` (the connection drops while the store opens) is an
+/// outage to retry, not a user without `+info`: `Unavailable`, as when `PING` gets no answer.
+#[tokio::test]
+async fn info_lost_on_the_way_is_an_outage_not_a_refusal() {
+    let Some(redis) = server("redis-info-lost", &[]) else { return };
+    let proxy = idem_tests::proxy::Proxy::start(format!("127.0.0.1:{}", redis.port)).await;
+    proxy.lose_reply_to("INFO");
+    match RedisStore::open(&format!("redis://127.0.0.1:{}/", proxy.port())).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {:?}", other.map(drop)),
+    }
+    assert_eq!(proxy.lost(), 1, "the INFO reply was the one lost");
+}

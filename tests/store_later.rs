@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::store::SqliteStore;
-use idem_core::{Error, Idem, NoError, Policy, tool};
+use idem_core::{Error, Idem, NoError, Policy, ToolFailure, tool};
 use tokio::sync::Semaphore;
 
 static GATE: Semaphore = Semaphore::const_new(0);
@@ -33,6 +33,17 @@ async fn charge(customer: String) -> Result<String, NoError> {
     GATE.acquire().await.unwrap().forget();
     CHARGED.fetch_add(1, Ordering::SeqCst);
     Ok(format!("charged {customer}"))
+}
+
+static REFUSED: AtomicU32 = AtomicU32::new(0);
+
+/// A permanent failure: stored and replayed like a result.
+#[tool(retry = "keyed")]
+async fn refund(charge: String) -> Result<String, ToolFailure> {
+    STARTED.fetch_add(1, Ordering::SeqCst);
+    GATE.acquire().await.unwrap().forget();
+    REFUSED.fetch_add(1, Ordering::SeqCst);
+    Err(ToolFailure::permanent(format!("{charge} was never captured")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,22 +70,27 @@ async fn outcomes_the_locked_store_refused_are_stored_once_it_is_free() {
         let run = run.clone();
         async move { charge(&run, "cus_1".into()).await }
     });
-    // Both claimed (the bodies wait at the gate); now another process takes the write lock.
-    while STARTED.load(Ordering::SeqCst) < 2 {
+    let refused = tokio::spawn({
+        let run = run.clone();
+        async move { refund(&run, "ch_1".into()).await }
+    });
+    // All claimed (the bodies wait at the gate); now another process takes the write lock.
+    while STARTED.load(Ordering::SeqCst) < 3 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let other = rusqlite::Connection::open(&path).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
-    GATE.add_permits(2);
+    GATE.add_permits(3);
     // The completions wait out the busy timeout (5 s each) and fail; the callers have their
     // results already.
     assert_eq!(wire.await.unwrap().unwrap(), "wire to ada");
     assert_eq!(charged.await.unwrap().unwrap(), "charged cus_1");
+    let first_refusal = refused.await.unwrap().unwrap_err();
     tokio::time::sleep(Duration::from_secs(11)).await;
     let in_flight: i64 = other
         .query_row("SELECT count(*) FROM idem_records WHERE state = 0", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(in_flight, 2, "both completions failed while the lock was held");
+    assert_eq!(in_flight, 3, "every completion failed while the lock was held");
     other.execute_batch("ROLLBACK").unwrap();
     drop(other);
 
@@ -97,6 +113,12 @@ async fn outcomes_the_locked_store_refused_are_stored_once_it_is_free() {
     assert_eq!(replayed.as_deref(), Some("wire to ada"));
     GATE.add_permits(10); // Were the charge to run again, it would not block.
     assert_eq!(charge(&run, "cus_1".into()).await.unwrap(), "charged cus_1");
+    let replayed = refund(&run, "ch_1".into()).await.unwrap_err();
+    for error in [&first_refusal, &replayed] {
+        let failure = error.tool_error().expect("the tool's own error");
+        assert_eq!(failure.message(), "ch_1 was never captured");
+    }
+    assert_eq!(REFUSED.load(Ordering::SeqCst), 1, "the refund ran once; its failure replayed");
     assert_eq!(SENT.load(Ordering::SeqCst), 1, "the wire ran once");
     assert_eq!(CHARGED.load(Ordering::SeqCst), 1, "the charge ran once, and was replayed");
     let _ = std::fs::remove_dir_all(&dir);

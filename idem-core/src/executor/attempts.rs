@@ -286,10 +286,11 @@ impl<T: Tool> Call<'_, T> {
                 Some(json) => {
                     let outcome = Outcome::Failure(json);
                     let ttl = self.policy.failure_ttl;
-                    // Not stored (store down, lease lost): the caller still gets the tool's
-                    // answer; the claim ends with its lease.
-                    if let Err(e) = self.store(fence, outcome, ttl).await {
-                        tracing::warn!(error = %Chain(&e), "permanent failure not stored");
+                    // Not stored: the caller still gets the tool's answer, and the failure is sent
+                    // again in the background while the store is away (`store_later.rs`); a lost
+                    // lease leaves the record to its new owner.
+                    if let Err((e, outcome)) = self.store_outcome(fence, outcome, ttl).await {
+                        self.store_later(fence, outcome, ttl, &e);
                     }
                 }
                 // A permanent failure means nothing happened: freeing the key is safe, and better
@@ -458,12 +459,12 @@ impl<T: Tool> Call<'_, T> {
                 // record stays in flight, and once its lease ends a keyed repeat re-runs with the
                 // same key and a never repeat answers OutcomeUnknown: nothing runs twice
                 // unprotected.
-                self.store_later(fence, outcome, &e);
+                self.store_later(fence, outcome, self.policy.ttl, &e);
                 checked();
                 Ok(output)
             }
             (Err((e, outcome)), Err(error)) => {
-                self.store_later(fence, outcome, &e);
+                self.store_later(fence, outcome, self.policy.ttl, &e);
                 Err(error)
             }
         }
@@ -471,7 +472,7 @@ impl<T: Tool> Call<'_, T> {
 
     /// Sends a completion the store refused again in the background, when the store was
     /// unavailable; any other refusal (a lost lease, an incompatible store) is final.
-    fn store_later(&self, fence: Fence, outcome: Outcome, e: &Error<T::Error>) {
+    fn store_later(&self, fence: Fence, outcome: Outcome, ttl: Duration, e: &Error<T::Error>) {
         let Error::StoreUnavailable { source, .. } = e else {
             tracing::warn!(error = %Chain(e), "outcome not stored");
             return;
@@ -482,7 +483,7 @@ impl<T: Tool> Call<'_, T> {
             key: self.key,
             fence,
             outcome,
-            ttl: self.policy.ttl,
+            ttl,
             step_timeout: (!self.inner.local_store).then_some(self.policy.store_timeout),
         }
         .spawn(source);

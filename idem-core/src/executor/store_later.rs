@@ -1,5 +1,6 @@
-//! An outcome the store refused when the tool finished (it was down, busy with another
-//! process's write lock, or full) is stored later, in the background, while this process lives.
+//! An outcome (a result, or a permanent failure to replay) the store refused when the tool
+//! finished (it was down, busy with another process's write lock, or full) is stored later, in
+//! the background, while this process lives.
 //!
 //! The caller has its result at once, as before; what changes is the record. Left in flight, it
 //! would make a `keyed` repeat wait out the lease and run the tool again, and a `never` repeat

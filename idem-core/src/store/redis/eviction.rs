@@ -67,11 +67,24 @@ fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
                 texts(text, &name, out);
             }
         }
-        // A node that refused (`NOPERM`): no fields, so it counts as unknown.
-        Value::ServerError(e) => out.push((node.into(), format!("{e:?}"))),
+        // A node's error: a refusal (`NOPERM`) has no fields, so it counts as unknown; anything
+        // else (`LOADING`, `BUSY`) is an outage (see `check`).
+        Value::ServerError(e) => {
+            let text = format!("{SERVER_ERROR}{} {}", e.code(), e.details().unwrap_or_default());
+            out.push((node.into(), text));
+        }
         _ => {}
     }
 }
+
+/// Whether an error answering `INFO` is the server refusing it (an ACL without `+info`, a
+/// renamed or disabled command) rather than an outage.
+fn refused(error: &str) -> bool {
+    error.contains("NOPERM") || error.contains("unknown command")
+}
+
+/// How a node's error reply is kept among the `INFO` texts.
+const SERVER_ERROR: &str = "error: ";
 
 /// Checks the servers of `conn` (`at`: their address, for messages).
 pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), StoreError> {
@@ -81,8 +94,24 @@ pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), Stor
             texts(&reply, at, &mut servers);
             None
         }
-        Err(e) => Some((at.to_owned(), e.to_string())),
+        // Refused (an ACL without +info, a renamed command): the server will not say.
+        Err(e) if refused(&e.to_string()) || super::reply::refused_access(&e) => {
+            Some((at.to_owned(), e.to_string()))
+        }
+        // Not answered (a timeout, a dropped connection, a server loading its data): an outage,
+        // which opening again may get past.
+        Err(e) => return Err(super::reply::unavailable(e)),
     };
+    // A node that answered with an error other than a refusal is busy or loading, as above.
+    for (node, text) in &servers {
+        if let Some(error) = text.strip_prefix(SERVER_ERROR)
+            && !refused(error)
+        {
+            return Err(StoreError::unavailable(format!(
+                "Redis at {node} did not answer INFO memory: {error}"
+            )));
+        }
+    }
     // A node whose answer is an error or lacks the fields is as unknown as one that refused.
     let read: Vec<_> = servers.iter().map(|(node, text)| (node, parse(text))).collect();
     let unreadable =
@@ -142,6 +171,20 @@ mod tests {
         assert!(!parse("maxmemory:0\nmaxmemory_policy:allkeys-lru\n").unwrap().may_evict());
         assert!(!parse("maxmemory:1\nmaxmemory_policy:noeviction\n").unwrap().may_evict());
         assert_eq!(parse("used_memory:1\n"), None);
+    }
+
+    #[test]
+    fn a_node_that_refuses_is_unknown_and_one_loading_is_an_outage() {
+        // As a node answers them (RESP error replies).
+        let refusal = redis::parse_redis_value(b"-NOPERM no permissions to run INFO\r\n");
+        let loading = redis::parse_redis_value(b"-LOADING Redis is loading the dataset\r\n");
+        let mut out = Vec::new();
+        texts(&refusal.unwrap(), "a:1", &mut out);
+        texts(&loading.unwrap(), "b:2", &mut out);
+        let [(_, refused_text), (_, loading_text)] = &out[..] else { panic!("{out:?}") };
+        assert!(refused(refused_text.strip_prefix(SERVER_ERROR).unwrap()), "{refused_text}");
+        assert!(!refused(loading_text.strip_prefix(SERVER_ERROR).unwrap()), "{loading_text}");
+        assert_eq!(parse(refused_text), None);
     }
 
     #[test]
