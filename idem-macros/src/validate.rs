@@ -434,9 +434,14 @@ pub fn validate(
             match unstorable {
                 Some((at, what)) => {
                     errors.at(at, format!(
-                        "{what} cannot be a tool error: a tool's error is stored as JSON and replayed to every repeat, and says whether a failure may be retried (`idem_core::Classify`). Return `Result<T, idem_core::ToolFailure>` (`?` converts any `std::error::Error` into an ambiguous failure{}), or an error type of your own that derives `serde::Serialize` and `serde::Deserialize` and implements `Classify`",
+                        "{what} cannot be a tool error: a tool's error is stored as JSON and replayed to every repeat, and says whether a failure may be retried (`idem_core::Classify`). Return `Result<T, idem_core::ToolFailure>` (`?` converts any `std::error::Error` into an ambiguous failure{}), or an error type of your own that derives `serde::Serialize` and `serde::Deserialize` and implements `Classify`{}",
                         if CATCH_ALL_ERRORS.iter().any(|(k, _)| what.starts_with(&format!("`{k}::"))) {
                             "; this one is not a `std::error::Error`: `.map_err(idem_core::ToolFailure::ambiguous)`"
+                        } else {
+                            ""
+                        },
+                        if what.contains("std::error::Error") {
+                            " (if this `Error` is a trait of your own, write its path: `crate::Error`)"
                         } else {
                             ""
                         }
@@ -621,11 +626,13 @@ fn unstorable_error(ty: &Type) -> Option<String> {
         Type::Paren(p) => unstorable_error(&p.elem),
         Type::Group(g) => unstorable_error(&g.elem),
         Type::TraitObject(object) if names_error_trait(object.bounds.iter()) => {
-            Some("a trait object (`dyn Error`)".into())
+            Some("a trait object of `std::error::Error`".into())
         }
         Type::Path(tp) if tp.qself.is_none() => {
             let segments: Vec<_> = tp.path.segments.iter().collect();
-            if let [.., krate, last] = &segments[..]
+            // Exactly `anyhow::Error` (or `::anyhow::Error`): a type of that name elsewhere may
+            // be the application's own.
+            if let [krate, last] = &segments[..]
                 && CATCH_ALL_ERRORS.iter().any(|(k, t)| krate.ident == k && last.ident == t)
             {
                 return Some(format!("`{}::{}`", krate.ident, last.ident));
@@ -637,7 +644,7 @@ fn unstorable_error(ty: &Type) -> Option<String> {
                 [syn::GenericArgument::Type(Type::TraitObject(object))]
                     if pointer && names_error_trait(object.bounds.iter()) =>
                 {
-                    Some(format!("`{}<dyn Error>`", last.ident))
+                    Some(format!("`{}<dyn std::error::Error>`", last.ident))
                 }
                 _ => None,
             }
@@ -646,12 +653,18 @@ fn unstorable_error(ty: &Type) -> Option<String> {
     }
 }
 
-/// Whether a trait object's bounds name a trait called `Error` (`std::error::Error`,
-/// `core::error::Error`, `Error`).
+/// Whether a trait object's bounds name the standard `Error` trait: `std::error::Error`,
+/// `core::error::Error`, or `Error` as most code imports it. A trait of another path
+/// (`app::Error`) may be the application's own, for which it can implement serde's traits and
+/// `Classify`: left to rustc.
 fn names_error_trait<'a>(mut bounds: impl Iterator<Item = &'a syn::TypeParamBound>) -> bool {
     bounds.any(|b| {
-        matches!(b, syn::TypeParamBound::Trait(t)
-            if t.path.segments.last().is_some_and(|s| s.ident == "Error"))
+        let syn::TypeParamBound::Trait(t) = b else { return false };
+        let names: Vec<String> = t.path.segments.iter().map(|s| s.ident.to_string()).collect();
+        matches!(
+            names.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            ["Error"] | ["std" | "core", "error", "Error"]
+        )
     })
 }
 
@@ -659,7 +672,7 @@ fn names_error_trait<'a>(mut bounds: impl Iterator<Item = &'a syn::TypeParamBoun
 fn unstorable_result_alias(ty: &Type) -> Option<String> {
     let Type::Path(tp) = ty else { return None };
     let segments: Vec<_> = tp.path.segments.iter().collect();
-    let [.., krate, last] = &segments[..] else { return None };
+    let [krate, last] = &segments[..] else { return None };
     let (name, error) = CATCH_ALL_ERRORS.iter().find(|(k, _)| krate.ident == k)?;
     (last.ident == "Result").then(|| format!("`{name}::{error}` (in `{name}::Result`)"))
 }
