@@ -16,7 +16,7 @@ use idem_core::{Classify, Failure, Idem, ToolSet};
 use idem_mcp::{IdemTools, RUN_ID_INSTRUCTIONS};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 use serde::{Deserialize, Serialize};
 
@@ -44,9 +44,11 @@ impl Desk {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Desk {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
-            format!("{RUN_ID_INSTRUCTIONS}\n\nA help desk: echo, create_ticket, ticket_count."),
-        )
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("mixed_mcp", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "{RUN_ID_INSTRUCTIONS}\n\nA help desk: echo, create_ticket, ticket_count."
+            ))
     }
 }
 
