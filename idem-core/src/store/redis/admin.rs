@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use futures_util::future::try_join_all;
 use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -118,6 +119,27 @@ fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
     })
 }
 
+/// `CLUSTER SLOTS` from any node of a cluster connection. A server that is not part of a
+/// cluster (`redis+cluster://` for one server) refuses it: a configuration error saying so.
+pub(super) async fn cluster_slots(conn: &ClusterConnection) -> Result<Value, StoreError> {
+    let slots = conn
+        .clone()
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await
+        .map_err(unavailable)?;
+    if let Value::ServerError(e) = &slots {
+        return Err(StoreError::InvalidConfig(format!(
+            "the server does not act as a Redis Cluster ({}); for one server write \
+             redis://host:port",
+            e.details().unwrap_or(e.code())
+        )));
+    }
+    Ok(slots)
+}
+
 /// The server's time in ms from a `TIME` reply.
 fn time_ms(v: &Value) -> Result<u64, StoreError> {
     if let Value::ServerError(e) = v {
@@ -155,22 +177,7 @@ impl RedisStore {
     /// `CLUSTER SLOTS` names them), or one empty name for one server.
     async fn scan_nodes(&self) -> Result<Vec<String>, StoreError> {
         let Conn::Cluster(conn) = &self.inner.conn else { return Ok(vec![String::new()]) };
-        let slots = conn
-            .clone()
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await
-            .map_err(unavailable)?;
-        if let Value::ServerError(e) = &slots {
-            // A server that is not part of a cluster (`redis+cluster://` for one server).
-            return Err(StoreError::InvalidConfig(format!(
-                "the server does not act as a Redis Cluster ({}); for one server write \
-                 redis://host:port",
-                e.details().unwrap_or(e.code())
-            )));
-        }
+        let slots = cluster_slots(conn).await?;
         let bad = || StoreError::Incompatible(format!("unexpected CLUSTER SLOTS reply {slots:?}"));
         let Value::Array(ranges) = &slots else { return Err(bad()) };
         let mut masters = Vec::new();

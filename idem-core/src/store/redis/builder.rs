@@ -155,6 +155,10 @@ impl RedisStoreBuilder {
                 format!("Redis at {at}: {e}")
             }));
         }
+        if let super::route::Conn::Cluster(conn) = &store.inner.conn {
+            // Before anything is routed by slot: a single server names itself plainly.
+            super::admin::cluster_slots(conn).await?;
+        }
         super::eviction::check(&store.inner.conn, allow_eviction, &cluster.addresses()).await?;
         Ok(store)
     }
