@@ -69,7 +69,8 @@ pub use idem_core::toolset::{
 };
 pub use server::IdemServer;
 pub use tools::{
-    IdemTools, PROGRESS_INTERVAL, RUN_ID_INSTRUCTIONS, to_call_tool_result, to_mcp_tool,
+    IdemTools, LATE_COMPLETIONS_AT_EXIT, PROGRESS_INTERVAL, RUN_ID_INSTRUCTIONS,
+    to_call_tool_result, to_mcp_tool,
 };
 
 /// Why serving stopped with an error.
@@ -295,6 +296,114 @@ mod tests {
         let listed = json!([def.to_mcp()]);
         let router = IdemTools::new(set, &Idem::in_memory()).router::<()>();
         assert_eq!(serde_json::to_value(router.list_all()).unwrap(), listed);
+    }
+
+    /// The in-memory store behind a door that refuses every completion for its first 1.5 s, as
+    /// a store that went away just as the tool finished; not local, so the executor goes
+    /// through the `Store` trait as for a server.
+    struct AwayAtFirst {
+        inner: idem_core::MemoryStore,
+        back_at: std::time::Instant,
+    }
+
+    #[async_trait::async_trait]
+    impl idem_core::Store for AwayAtFirst {
+        async fn claim(
+            &self,
+            req: idem_core::store::ClaimRequest<'_>,
+        ) -> Result<idem_core::store::Claim, idem_core::StoreError> {
+            self.inner.claim(req).await
+        }
+        async fn complete(
+            &self,
+            key: &idem_core::Key,
+            fence: idem_core::store::Fence,
+            outcome: &idem_core::store::Outcome,
+            ttl: std::time::Duration,
+        ) -> Result<(), idem_core::StoreError> {
+            if std::time::Instant::now() < self.back_at {
+                return Err(idem_core::StoreError::unavailable("away"));
+            }
+            self.inner.complete(key, fence, outcome, ttl).await
+        }
+        async fn release(
+            &self,
+            key: &idem_core::Key,
+            fence: idem_core::store::Fence,
+        ) -> Result<(), idem_core::StoreError> {
+            self.inner.release(key, fence).await
+        }
+        async fn renew(
+            &self,
+            key: &idem_core::Key,
+            fence: idem_core::store::Fence,
+            lease: std::time::Duration,
+        ) -> Result<(), idem_core::StoreError> {
+            self.inner.renew(key, fence, lease).await
+        }
+        async fn wait(
+            &self,
+            key: &idem_core::Key,
+            fence: idem_core::store::Fence,
+            max: std::time::Duration,
+        ) -> Result<(), idem_core::StoreError> {
+            self.inner.wait(key, fence, max).await
+        }
+        async fn forget(&self, key: &idem_core::Key) -> Result<bool, idem_core::StoreError> {
+            self.inner.forget(key).await
+        }
+    }
+
+    /// A server that stops (`calls_finished`, as `serve_stdio` does when the client leaves)
+    /// right after a call whose outcome the store refused waits for the outcome sent again in
+    /// the background, so the record is complete when the process exits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stopping_server_waits_for_outcomes_the_store_refused() {
+        let back_at = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+        let store = AwayAtFirst { inner: idem_core::MemoryStore::new(), back_at };
+        let idem = Idem::new(store);
+        let server = IdemServer::new(tools(), &idem);
+        let tools = server.tools().clone();
+        let (client, server_end) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server_end);
+        tokio::spawn(async move {
+            use rmcp::ServiceExt;
+            let transport = stdio::LineTransport::new(server_read, server_write);
+            if let Ok(running) = server.serve(transport).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let (read, write) = tokio::io::split(client);
+        let mut client = Client {
+            write,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(read)),
+        };
+        client
+            .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"}}}))
+            .await;
+        assert_eq!(client.next().await["id"], 0);
+        client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        client
+            .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "place_order", "arguments": {"item": "a"},
+                "_meta": {"idem/run": "conv-1"}}}))
+            .await;
+        let answer = client.next().await;
+        assert_eq!(answer["result"]["structuredContent"], json!({"item": "a"}), "{answer}");
+        assert_eq!(idem.late_completions(), 1, "the store refused the outcome");
+        tools.calls_finished().await;
+        assert_eq!(idem.late_completions(), 0, "stored before the server stops");
+        let replay = ToolSet::call(
+            &self::tools(),
+            &idem.run("conv-1"),
+            "place_order",
+            &json!({"item": "a"}),
+        )
+        .await;
+        let replay = serde_json::to_value(to_call_tool_result(&replay).unwrap()).unwrap();
+        assert_eq!(replay["_meta"]["idem/outcome"], "replayed", "{replay}");
     }
 
     #[tokio::test]

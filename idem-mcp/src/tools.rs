@@ -34,6 +34,10 @@ taken_over (ran after an earlier owner stopped without a result), reconciled (an
 was found to have taken effect), or unknown (the call may have taken effect: do not repeat it, \
 check).";
 
+/// How long [`IdemTools::calls_finished`] waits for outcomes the store refused when their tools
+/// finished, still being sent again in the background: 10 s.
+pub const LATE_COMPLETIONS_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How often a call that waits on another owner of its key sends an MCP progress notification
 /// (MCP 2025-11-25 "Progress"), when its request has a `progressToken`: one when the wait starts,
 /// then one per interval until the call is answered, so a wait of `t` seconds hears at most
@@ -97,11 +101,25 @@ impl IdemTools {
     /// first, or the runtime drops the call mid-effect, its claim is left to expire and the
     /// client's repeat after a restart waits for the lease and runs the tool again (a `never`
     /// tool's outcome becomes unknown). [`IdemServer::serve_stdio`](crate::IdemServer::serve_stdio)
-    /// does. Each call is bounded by its tool's timeout and deadline.
+    /// does. Each call is bounded by its tool's timeout and deadline. Then it waits up to
+    /// [`LATE_COMPLETIONS_AT_EXIT`] for the outcomes the store refused when their tools finished
+    /// (being sent again: [`Idem::late_completions`](idem_core::Idem::late_completions)); one
+    /// still pending after that is left to its lease, and logged.
     pub async fn calls_finished(&self) {
         // A closed tracker still takes new calls; closing only lets `wait` end once it is empty.
         self.calls.close();
         self.calls.wait().await;
+        let idem = self.session.idem();
+        if idem.late_completions() > 0 {
+            let left = idem.late_completions_settled(LATE_COMPLETIONS_AT_EXIT).await;
+            if left > 0 {
+                tracing::warn!(
+                    outcomes = left,
+                    "outcomes the store refused are still not stored; their records stay in \
+                     flight until their leases end"
+                );
+            }
+        }
     }
 
     /// How many calls started through these tools are still running.

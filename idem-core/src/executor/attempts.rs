@@ -478,6 +478,7 @@ impl<T: Tool> Call<'_, T> {
             return;
         };
         super::store_later::Later {
+            late: Arc::clone(&self.inner.late),
             store: Arc::clone(&self.inner.store),
             tool: self.name(),
             key: self.key,

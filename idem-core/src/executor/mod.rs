@@ -54,6 +54,8 @@ struct Inner {
     flights: Flights,
     rng: Mutex<SmallRng>,
     safe_fail_open: bool,
+    /// Completions the store refused, being sent again in the background (`store_later.rs`).
+    late: Arc<store_later::LateCompletions>,
 }
 
 impl Inner {
@@ -132,6 +134,7 @@ impl IdemBuilder {
                 flights: Flights::default(),
                 rng: Mutex::new(rng),
                 safe_fail_open: self.safe_fail_open,
+                late: Arc::default(),
             }),
         }
     }
@@ -179,5 +182,19 @@ impl Idem {
     /// The default policy.
     pub fn policy(&self) -> &Policy {
         &self.inner.policy
+    }
+    /// How many outcomes are being sent to the store again in the background: the store refused
+    /// them as unavailable when their tools finished (the callers had their results), and they
+    /// are re-sent with full-jitter pauses from 100 ms to 5 s for up to 10 minutes, until one
+    /// lands or another owner has taken the key over (`docs/design.md` §6.3).
+    pub fn late_completions(&self) -> usize {
+        self.inner.late.pending()
+    }
+    /// Waits until no late completion is pending (each landed or gave up), at most `max`;
+    /// returns how many still are. A process about to exit calls it first: one dropped with the
+    /// runtime leaves its record in flight until the lease ends (then a `keyed` repeat runs the
+    /// tool again, with the same key, and a `never` repeat answers `OutcomeUnknown`).
+    pub async fn late_completions_settled(&self, max: std::time::Duration) -> usize {
+        self.inner.late.settled(max).await
     }
 }

@@ -10,6 +10,7 @@
 //! stop; the record is the new owner's.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::Chain;
@@ -23,8 +24,57 @@ const STORE_LATER_FOR: Duration = Duration::from_secs(600);
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const LONGEST_PAUSE: Duration = Duration::from_secs(5);
 
+/// The late completions of one [`Idem`](super::Idem) still being sent, so that a process can
+/// wait for them before it exits ([`Idem::late_completions_settled`](super::Idem::late_completions_settled)).
+#[derive(Default)]
+pub(super) struct LateCompletions {
+    pending: AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+impl LateCompletions {
+    pub(super) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Waits until none is pending, at most `max`; how many still are.
+    pub(super) async fn settled(&self, max: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            // Registered before the count is read, so a last one ending in between wakes it.
+            let settled = self.settled.notified();
+            let pending = self.pending();
+            if pending == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return self.pending();
+            }
+        }
+    }
+}
+
+/// One late completion counted in its [`LateCompletions`] while it is alive.
+struct Pending(Arc<LateCompletions>);
+
+impl Pending {
+    fn new(late: &Arc<LateCompletions>) -> Pending {
+        late.pending.fetch_add(1, Ordering::AcqRel);
+        Pending(Arc::clone(late))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.settled.notify_waiters();
+        }
+    }
+}
+
 /// One completion to send again.
 pub(super) struct Later {
+    pub(super) late: Arc<LateCompletions>,
     pub(super) store: Arc<dyn Store>,
     pub(super) tool: &'static str,
     pub(super) key: Key,
@@ -46,7 +96,11 @@ impl Later {
             "outcome not stored; sending it again in the background while the store is away"
         );
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.run());
+            let pending = Pending::new(&self.late);
+            runtime.spawn(async move {
+                self.run().await;
+                drop(pending);
+            });
         }
     }
 
