@@ -257,21 +257,10 @@ impl RedisTls {
         let dir = temp_dir("redis-tls");
         let certs = Certs::make(&dir)?;
         let port = free_port()?;
-        let pid = dir.join("redis.pid");
-        run(Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(certs.redis_server_args())
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--daemonize", "yes", "--pidfile"])
-            .arg(&pid)
-            .arg("--dir")
-            .arg(&dir))?;
-        stop_at_exit(&format!(
-            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
-            pid.display(),
-            dir.display()
-        ))?;
-        wait_for_port(port, "redis-server (TLS)")?;
+        let mut args: Vec<std::ffi::OsString> =
+            ["--port", "0", "--tls-port", &port.to_string()].map(Into::into).into();
+        args.extend(certs.redis_server_args());
+        start_redis(&dir, port, &args, "redis-server (TLS)")?;
         Ok(RedisTls { port, certs })
     }
 
@@ -279,6 +268,30 @@ impl RedisTls {
     pub fn url(&self, ca: &Path) -> String {
         format!("rediss://127.0.0.1:{}/?ca={}", self.port, ca.display())
     }
+}
+
+/// Starts a daemonized `redis-server` on loopback with `args` (its ports among them), no
+/// persistence, its files in `dir`; stopped, and `dir` removed, when this process exits.
+fn start_redis(
+    dir: &Path,
+    port: u16,
+    args: &[std::ffi::OsString],
+    what: &str,
+) -> Result<(), String> {
+    let pid = dir.join("redis.pid");
+    run(Command::new("redis-server")
+        .args(args)
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "yes", "--pidfile"])
+        .arg(&pid)
+        .arg("--dir")
+        .arg(dir))?;
+    stop_at_exit(&format!(
+        "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
+        pid.display(),
+        dir.display()
+    ))?;
+    wait_for_port(port, what)
 }
 
 /// A private plain `redis-server` started with extra options (e.g. a memory limit and an
@@ -291,21 +304,10 @@ impl RedisPrivate {
     pub fn start(tag: &str, options: &[&str]) -> Result<RedisPrivate, String> {
         let dir = temp_dir(tag);
         let port = free_port()?;
-        let pid = dir.join("redis.pid");
-        run(Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(options)
-            .args(["--daemonize", "yes", "--pidfile"])
-            .arg(&pid)
-            .arg("--dir")
-            .arg(&dir))?;
-        stop_at_exit(&format!(
-            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
-            pid.display(),
-            dir.display()
-        ))?;
-        wait_for_port(port, "redis-server")?;
+        let mut args: Vec<std::ffi::OsString> =
+            ["--port", &port.to_string()].map(Into::into).into();
+        args.extend(options.iter().map(Into::into));
+        start_redis(&dir, port, &args, "redis-server")?;
         Ok(RedisPrivate { port })
     }
 
