@@ -127,7 +127,37 @@ impl Source {
     pub(super) async fn check(&self, schema: Schema) -> Result<(), StoreError> {
         let mut conn = self.checkout().await?;
         ensure_schema(&mut conn.client, schema).await?;
-        conn.prepare_all().await
+        conn.prepare_all().await?;
+        warn_if_not_durable(&conn).await;
+        Ok(())
+    }
+}
+
+/// Logs a warning when the server acknowledges commits it can still lose: with
+/// `synchronous_commit = off` a server crash loses the last commits it acknowledged (up to three
+/// times `wal_writer_delay`, 600 ms by default), with `fsync = off` anything. A claim lost that
+/// way lets a repeat run the tool again; a completion lost, a `never` repeat answer "unknown".
+/// Not refused: the window is a server crash's, and the setting may be deliberate; the store's
+/// guarantees assume acknowledged writes survive (`docs/design.md` §5).
+async fn warn_if_not_durable(conn: &Conn) {
+    // The simple protocol: one round trip, no statement left behind a PgBouncer.
+    let settings = "SELECT current_setting('synchronous_commit'), current_setting('fsync')";
+    let Ok(messages) = conn.client.simple_query(settings).await else { return };
+    let Some(row) = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    }) else {
+        return;
+    };
+    let (commit, fsync) = (row.get(0).unwrap_or_default(), row.get(1).unwrap_or_default());
+    if commit == "off" || fsync == "off" {
+        tracing::warn!(
+            synchronous_commit = %commit,
+            fsync = %fsync,
+            "PostgreSQL acknowledges commits a server crash can lose: a claim or outcome lost that \
+             way lets a repeat run the tool again; set synchronous_commit and fsync to on for \
+             idem's database or role"
+        );
     }
 }
 
