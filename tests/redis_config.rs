@@ -10,7 +10,7 @@
 //!
 //! Run: cargo test --features redis --test redis_config
 
-use idem_core::conformance::fresh_key;
+use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, RedisStore, Store, StoreError};
 use idem_tests::servers::RedisPrivate;
 use idem_tests::{claim_req, or_skip};
@@ -128,6 +128,38 @@ async fn a_refused_user_or_database_is_a_configuration_error() {
     match store.claim(claim_req(&key, &fp)).await {
         Err(StoreError::InvalidConfig(m)) => assert!(m.contains("can't run this command"), "{m}"),
         other => panic!("expected InvalidConfig for a user without TIME, got {other:?}"),
+    }
+
+    // A record written by a user with every right; then users without GET or SCAN read the
+    // store: refused for the user (configuration), not a damaged record or schema.
+    let full = RedisStore::open(&format!("redis://app:pw@127.0.0.1:{port}/")).await.unwrap();
+    let (key, fp) = fresh_key("refused_readers", "{}");
+    let fence = idem_tests::acquire(&full, &key, &fp).await;
+    full.complete(&key, fence, &idem_core::store::Outcome::Success("1".into()), LONG)
+        .await
+        .unwrap();
+    for (user, denied) in [("noget", "-get"), ("noscan", "-scan")] {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied][..])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let reader =
+            RedisStore::open(&format!("redis://{user}:pw@127.0.0.1:{port}/")).await.unwrap();
+        let listed = reader.list(&idem_core::store::ListQuery::default()).await;
+        match listed {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("refused"), "{user}: {m}"),
+            other => panic!("{user} listing: expected InvalidConfig, got {:?}", other.map(drop)),
+        }
+    }
+    let noget = RedisStore::open(&format!("redis://noget:pw@127.0.0.1:{port}/")).await.unwrap();
+    for result in
+        [noget.claim(claim_req(&key, &fp)).await.map(drop), noget.inspect(&key).await.map(drop)]
+    {
+        match result {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("refused"), "{m}"),
+            other => panic!("without GET: expected InvalidConfig, got {other:?}"),
+        }
     }
 }
 

@@ -61,6 +61,8 @@ async fn outcomes_the_locked_store_refused_are_stored_once_it_is_free() {
     };
     let idem = Idem::builder_shared(store).policy(policy).build();
     let run = idem.run("store-later");
+    // Nothing pending: no wait, whatever the bound (Duration::MAX means none).
+    assert_eq!(idem.late_completions_settled(Duration::MAX).await, 0);
 
     let wire = tokio::spawn({
         let run = run.clone();

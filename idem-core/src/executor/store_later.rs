@@ -39,16 +39,21 @@ impl LateCompletions {
 
     /// Waits until none is pending, at most `max`; how many still are.
     pub(super) async fn settled(&self, max: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + max;
+        // `None`: no deadline (`Duration::MAX`, or one past what the clock can hold).
+        let deadline = tokio::time::Instant::now().checked_add(max);
         loop {
             // Registered before the count is read, so a last one ending in between wakes it.
             let settled = self.settled.notified();
-            let pending = self.pending();
-            if pending == 0 {
+            if self.pending() == 0 {
                 return 0;
             }
-            if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                return self.pending();
+            match deadline {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                        return self.pending();
+                    }
+                }
+                None => settled.await,
             }
         }
     }

@@ -137,14 +137,23 @@ pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreErro
 }
 
 /// Why the database at `path` could not be opened, naming it: a file that is not an SQLite
-/// database is a configuration error (nothing was written to it); anything else (a missing
-/// directory, no permission, I/O) the store being unavailable.
+/// database is a configuration error (nothing was written to it), and so is a file or
+/// directory this process may not write (permissions do not change by waiting); anything else
+/// (a missing directory, I/O) the store being unavailable.
 fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
     let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     match e {
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
             StoreError::InvalidConfig(format!(
                 "{} is not an SQLite database (left as it is); name idem's database file",
+                shown.display()
+            ))
+        }
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
+            StoreError::InvalidConfig(format!(
+                "the SQLite database at {} cannot be written by this process (the file, its \
+                 directory, or its -wal and -shm files are read-only; SQLite's write-ahead log \
+                 needs to write beside the file even to read): {e}",
                 shown.display()
             ))
         }
@@ -787,5 +796,14 @@ mod tests {
             Some("database is locked".into()),
         );
         assert!(matches!(StoreError::from(SqlError::Sqlite(busy)), StoreError::Unavailable(_)));
+        // Also when the read-only directory keeps the database from opening at all.
+        let read_only = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_READONLY),
+            Some("attempt to write a readonly database".into()),
+        );
+        match open_failed(Path::new("/srv/idem/store.db"), read_only) {
+            StoreError::InvalidConfig(m) => assert!(m.contains("/srv/idem/store.db"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

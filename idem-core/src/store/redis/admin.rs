@@ -131,6 +131,13 @@ pub(super) async fn cluster_slots(conn: &ClusterConnection) -> Result<Value, Sto
         .await
         .map_err(unavailable)?;
     if let Value::ServerError(e) = &slots {
+        if e.code() == "NOPERM" {
+            return Err(super::reply::refused(format!(
+                "{} {}",
+                e.code(),
+                e.details().unwrap_or_default()
+            )));
+        }
         return Err(StoreError::InvalidConfig(format!(
             "the server does not act as a Redis Cluster ({}); for one server write \
              redis://host:port",
@@ -163,6 +170,8 @@ enum Found {
     /// Not a string (`WRONGTYPE`): a version 1 hash, which the inspect script migrates and reads,
     /// or another type, which it refuses; the reason if it refuses.
     NotAString(String),
+    /// Refused for the store's user (`NOPERM`): a configuration error, not the record's.
+    Refused(String),
 }
 
 impl RedisStore {
@@ -285,6 +294,10 @@ impl RedisStore {
                 e.code(),
                 e.details().unwrap_or_default()
             )),
+            // Refused for the user, not a record's fault: the whole listing fails (see `page`).
+            Value::ServerError(e) if e.code() == "NOPERM" => {
+                Found::Refused(format!("{} {}", e.code(), e.details().unwrap_or_default()))
+            }
             Value::ServerError(e) => Found::Unreadable(format!(
                 "{name} is not a record string ({} {})",
                 e.code(),
@@ -325,9 +338,18 @@ impl RedisStore {
                 let mut scan = redis::pipe();
                 scan.cmd("SCAN").arg(pos).arg("MATCH").arg(&pattern).arg("COUNT").arg(room);
                 let reply = self.on_node(&cur.node, &scan, 1).await?.map_err(unavailable)?;
-                let (next, names): (u64, Vec<Vec<u8>>) =
-                    redis::from_redis_value(reply.into_iter().next().unwrap_or(Value::Nil))
-                        .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
+                let reply = reply.into_iter().next().unwrap_or(Value::Nil);
+                if let Value::ServerError(e) = &reply
+                    && e.code() == "NOPERM"
+                {
+                    return Err(super::reply::refused(format!(
+                        "{} {}",
+                        e.code(),
+                        e.details().unwrap_or_default()
+                    )));
+                }
+                let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
+                    .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
                 page.scanned += names.len() as u64;
                 cur.scan = (next != 0).then_some(next);
                 names.iter().filter_map(|n| self.key_of(n)).collect()
@@ -360,6 +382,7 @@ impl RedisStore {
                             }
                             Err(e) => return Err(e),
                         },
+                        Found::Refused(why) => return Err(super::reply::refused(why)),
                         other => other,
                     };
                     match found {
@@ -367,7 +390,10 @@ impl RedisStore {
                         Found::Unreadable(reason) => {
                             page.unreadable.push(UnreadableRecord { key: key.to_string(), reason })
                         }
-                        Found::Record(_) | Found::Gone | Found::NotAString(_) => {}
+                        Found::Record(_)
+                        | Found::Gone
+                        | Found::NotAString(_)
+                        | Found::Refused(_) => {}
                     }
                 }
             }

@@ -50,7 +50,9 @@ fn parse(info: &str) -> Option<Memory> {
 }
 
 /// The `INFO` text of each server in a reply: one text on one server; on a cluster a map from
-/// each node's address to its text (the cluster client sends `INFO` to every node).
+/// each node's address to its text (the cluster client sends `INFO` to every master it holds a
+/// connection to; replicas are not asked, so a replica that evicts is seen once it is promoted
+/// and a store opens again).
 fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
     match reply {
         Value::BulkString(bytes) => out.push((node.into(), String::from_utf8_lossy(bytes).into())),

@@ -196,13 +196,18 @@ pub(super) fn is_completed(record: &[u8]) -> bool {
         .is_some_and(|rest| rest.starts_with(b"|d|"))
 }
 
+/// The error for what Redis refused the store's user or database (see [`refused_access`]).
+pub(super) fn refused(why: impl std::fmt::Display) -> StoreError {
+    StoreError::InvalidConfig(format!(
+        "Redis refused the store's user or database (check the URL's user, password and \
+         database, and the user's ACL: the store runs GET, SET, DEL, EVALSHA, SCRIPT LOAD, TIME, \
+         PUBLISH, SUBSCRIBE, SCAN, INFO and CLUSTER SLOTS, on its prefix's keys): {why}"
+    ))
+}
+
 pub(super) fn unavailable(e: RedisError) -> StoreError {
     if refused_access(&e) {
-        return StoreError::InvalidConfig(format!(
-            "Redis refused the store's user or database (check the URL's user, password and \
-             database, and the user's ACL: the store runs GET, SET, EVALSHA, SCRIPT LOAD, TIME, \
-             PUBLISH, SUBSCRIBE, SCAN and INFO on its prefix's keys): {e}"
-        ));
+        return refused(e);
     }
     // The redis crate words a timeout as "timed out", which does not say what waited.
     if e.is_timeout() {
@@ -267,6 +272,7 @@ pub(super) fn answer(reply: Value) -> Result<Answer, StoreError> {
             Err(StoreError::Incompatible(items.get(1).map(text).unwrap_or_default().into_owned()))
         }
         Some("lost") => Err(StoreError::LeaseLost),
+        Some("refused") => Err(refused(items.get(1).map(text).unwrap_or_default())),
         Some(_) => Ok(Answer::Table(items)),
         None => Err(StoreError::Incompatible("empty script reply".into())),
     }

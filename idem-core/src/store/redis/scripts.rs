@@ -45,6 +45,10 @@ end
 -- is.
 local function record(v)
   if type(v) ~= 'table' then return v end
+  -- Refused, not of another type (an ACL without GET or without these keys): say so.
+  if v['err'] and not string.find(v['err'], 'WRONGTYPE', 1, true) then
+    return {'refused', v['err']}
+  end
   local t = redis.call('TYPE', KEYS[1])['ok']
   if t ~= 'hash' then return {'incompatible', 'key ' .. KEYS[1] .. ' holds a ' .. t} end
   local h = redis.call('HMGET', KEYS[1], 'v', 'st', 'fence', 'fp', 'lu', 'ok', 'p', 'w')
