@@ -32,7 +32,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::reply::{Parsed, parse, text, unavailable};
+use super::reply::{Parsed, error_text, parse, text, unavailable};
 use super::route::Conn;
 use super::{FENCE_COUNTER_GRACE, RedisStore};
 use crate::clock::ms;
@@ -132,11 +132,7 @@ pub(super) async fn cluster_slots(conn: &ClusterConnection) -> Result<Value, Sto
         .map_err(unavailable)?;
     if let Value::ServerError(e) = &slots {
         if e.code() == "NOPERM" {
-            return Err(super::reply::refused(format!(
-                "{} {}",
-                e.code(),
-                e.details().unwrap_or_default()
-            )));
+            return Err(super::reply::refused(error_text(e)));
         }
         return Err(StoreError::InvalidConfig(format!(
             "the server does not act as a Redis Cluster ({}); for one server write \
@@ -289,20 +285,14 @@ impl RedisStore {
                 Err(e) => Found::Unreadable(e.to_string()),
             },
             // A version 1 hash until a step of its key migrates it, or another type.
-            Value::ServerError(e) if e.code() == "WRONGTYPE" => Found::NotAString(format!(
-                "{name} is not a record string ({} {})",
-                e.code(),
-                e.details().unwrap_or_default()
-            )),
-            // Refused for the user, not a record's fault: the whole listing fails (see `page`).
-            Value::ServerError(e) if e.code() == "NOPERM" => {
-                Found::Refused(format!("{} {}", e.code(), e.details().unwrap_or_default()))
+            Value::ServerError(e) if e.code() == "WRONGTYPE" => {
+                Found::NotAString(format!("{name} is not a record string ({})", error_text(e)))
             }
-            Value::ServerError(e) => Found::Unreadable(format!(
-                "{name} is not a record string ({} {})",
-                e.code(),
-                e.details().unwrap_or_default()
-            )),
+            // Refused for the user, not a record's fault: the whole listing fails (see `page`).
+            Value::ServerError(e) if e.code() == "NOPERM" => Found::Refused(error_text(e)),
+            Value::ServerError(e) => {
+                Found::Unreadable(format!("{name} is not a record string ({})", error_text(e)))
+            }
             other => Found::Unreadable(format!("{name} answered GET with {other:?}")),
         }
     }
@@ -342,11 +332,7 @@ impl RedisStore {
                 if let Value::ServerError(e) = &reply
                     && e.code() == "NOPERM"
                 {
-                    return Err(super::reply::refused(format!(
-                        "{} {}",
-                        e.code(),
-                        e.details().unwrap_or_default()
-                    )));
+                    return Err(super::reply::refused(error_text(e)));
                 }
                 let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
                     .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;

@@ -72,7 +72,7 @@ fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
         // A node's error: a refusal (`NOPERM`) has no fields, so it counts as unknown; anything
         // else (`LOADING`, `BUSY`) is an outage (see `check`).
         Value::ServerError(e) => {
-            let text = format!("{SERVER_ERROR}{} {}", e.code(), e.details().unwrap_or_default());
+            let text = format!("{SERVER_ERROR}{}", super::reply::error_text(e));
             out.push((node.into(), text));
         }
         _ => {}

@@ -196,6 +196,11 @@ pub(super) fn is_completed(record: &[u8]) -> bool {
         .is_some_and(|rest| rest.starts_with(b"|d|"))
 }
 
+/// A server's error reply as its code and text (`NOPERM this user has no permissions ...`).
+pub(super) fn error_text(e: &redis::ServerError) -> String {
+    format!("{} {}", e.code(), e.details().unwrap_or_default())
+}
+
 /// The error for what Redis refused the store's user or database (see [`refused_access`]).
 pub(super) fn refused(why: impl std::fmt::Display) -> StoreError {
     StoreError::InvalidConfig(format!(
