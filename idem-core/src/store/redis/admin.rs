@@ -131,7 +131,7 @@ pub(super) async fn cluster_slots(conn: &ClusterConnection) -> Result<Value, Sto
         .await
         .map_err(unavailable)?;
     if let Value::ServerError(e) = &slots {
-        if e.code() == "NOPERM" {
+        if super::reply::server_refused(e) {
             return Err(super::reply::refused(error_text(e)));
         }
         return Err(StoreError::InvalidConfig(format!(
@@ -166,7 +166,7 @@ enum Found {
     /// Not a string (`WRONGTYPE`): a version 1 hash, which the inspect script migrates and reads,
     /// or another type, which it refuses; the reason if it refuses.
     NotAString(String),
-    /// Refused for the store's user (`NOPERM`): a configuration error, not the record's.
+    /// Refused for the store's user (an ACL): a configuration error, not the record's.
     Refused(String),
 }
 
@@ -289,7 +289,9 @@ impl RedisStore {
                 Found::NotAString(format!("{name} is not a record string ({})", error_text(e)))
             }
             // Refused for the user, not a record's fault: the whole listing fails (see `page`).
-            Value::ServerError(e) if e.code() == "NOPERM" => Found::Refused(error_text(e)),
+            Value::ServerError(e) if super::reply::server_refused(e) => {
+                Found::Refused(error_text(e))
+            }
             Value::ServerError(e) => {
                 Found::Unreadable(format!("{name} is not a record string ({})", error_text(e)))
             }
@@ -330,7 +332,7 @@ impl RedisStore {
                 let reply = self.on_node(&cur.node, &scan, 1).await?.map_err(unavailable)?;
                 let reply = reply.into_iter().next().unwrap_or(Value::Nil);
                 if let Value::ServerError(e) = &reply
-                    && e.code() == "NOPERM"
+                    && super::reply::server_refused(e)
                 {
                     return Err(super::reply::refused(error_text(e)));
                 }

@@ -126,13 +126,7 @@ impl RedisStoreBuilder {
                 return Err(refused);
             }
             if super::reply::refused_access(&e) {
-                let at = cluster.addresses();
-                return Err(match super::reply::unavailable(e) {
-                    StoreError::InvalidConfig(why) => {
-                        StoreError::InvalidConfig(format!("{why} (at {at})"))
-                    }
-                    other => other,
-                });
+                return Err(super::reply::refused(format!("{e} (at {})", cluster.addresses())));
             }
             if e.is_timeout() {
                 // Connected or not, nothing answered the first command in time: name the bound

@@ -49,93 +49,89 @@ fn parse(info: &str) -> Option<Memory> {
     })
 }
 
-/// The `INFO` text of each server in a reply: one text on one server; on a cluster a map from
-/// each node's address to its text (the cluster client sends `INFO` to every master it holds a
-/// connection to; replicas are not asked, so a replica that evicts is seen once it is promoted
-/// and a store opens again).
-fn texts(reply: &Value, node: &str, out: &mut Vec<(String, String)>) {
-    match reply {
-        Value::BulkString(bytes) => out.push((node.into(), String::from_utf8_lossy(bytes).into())),
+/// What one server answered to `INFO memory`.
+#[derive(Debug)]
+enum Answer {
+    /// Its text (`name:value` lines).
+    Info(String),
+    /// Refused (an ACL without `+info`, a renamed or disabled command): it will not say.
+    Refused(String),
+    /// An error other than a refusal (`LOADING`, `BUSY`): an outage.
+    Failed(String),
+}
+
+/// Whether an error answering `INFO` is the server refusing it rather than an outage: the
+/// store's notion of a refusal, or `INFO` renamed away (`unknown command`).
+fn info_refused(e: &redis::ServerError) -> bool {
+    super::reply::server_refused(e) || e.details().is_some_and(|d| d.contains("unknown command"))
+}
+
+/// Each server's answer in a reply: one on one server; on a cluster a map from each node's
+/// address to its answer (the cluster client sends `INFO` to every master it holds a connection
+/// to; replicas are not asked, so a replica that evicts is seen once it is promoted and a store
+/// opens again).
+fn answers(reply: &Value, node: &str, out: &mut Vec<(String, Answer)>) {
+    let answer = match reply {
+        Value::BulkString(bytes) => Answer::Info(String::from_utf8_lossy(bytes).into()),
         Value::VerbatimString { text, .. } | Value::SimpleString(text) => {
-            out.push((node.into(), text.clone()))
+            Answer::Info(text.clone())
         }
+        Value::ServerError(e) if info_refused(e) => Answer::Refused(super::reply::error_text(e)),
+        Value::ServerError(e) => Answer::Failed(super::reply::error_text(e)),
         Value::Map(pairs) => {
-            for (name, text) in pairs {
+            for (name, answer) in pairs {
                 let name = match name {
                     Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                     Value::SimpleString(s) => s.clone(),
                     _ => node.to_owned(),
                 };
-                texts(text, &name, out);
+                answers(answer, &name, out);
             }
+            return;
         }
-        // A node's error: a refusal (`NOPERM`) has no fields, so it counts as unknown; anything
-        // else (`LOADING`, `BUSY`) is an outage (see `check`).
-        Value::ServerError(e) => {
-            let text = format!("{SERVER_ERROR}{}", super::reply::error_text(e));
-            out.push((node.into(), text));
-        }
-        _ => {}
-    }
+        other => Answer::Info(format!("{other:?}")),
+    };
+    out.push((node.into(), answer));
 }
-
-/// Whether an error answering `INFO` is the server refusing it (an ACL without `+info`, a
-/// renamed or disabled command) rather than an outage.
-fn refused(error: &str) -> bool {
-    error.contains("NOPERM") || error.contains("unknown command")
-}
-
-/// How a node's error reply is kept among the `INFO` texts.
-const SERVER_ERROR: &str = "error: ";
 
 /// Checks the servers of `conn` (`at`: their address, for messages).
 pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), StoreError> {
     let mut servers = Vec::new();
-    let unreadable = match conn.command(redis::cmd("INFO").arg("memory")).await {
-        Ok(reply) => {
-            texts(&reply, at, &mut servers);
-            None
-        }
-        // Refused (an ACL without +info, a renamed command): the server will not say.
-        Err(e) if refused(&e.to_string()) || super::reply::refused_access(&e) => {
-            Some((at.to_owned(), e.to_string()))
+    match conn.command(redis::cmd("INFO").arg("memory")).await {
+        Ok(reply) => answers(&reply, at, &mut servers),
+        Err(e) if super::reply::refused_access(&e) || e.to_string().contains("unknown command") => {
+            servers.push((at.to_owned(), Answer::Refused(e.to_string())));
         }
         // Not answered (a timeout, a dropped connection, a server loading its data): an outage,
         // which opening again may get past.
         Err(e) => return Err(super::reply::unavailable(e)),
-    };
-    // A node that answered with an error other than a refusal is busy or loading, as above.
-    for (node, text) in &servers {
-        if let Some(error) = text.strip_prefix(SERVER_ERROR)
-            && !refused(error)
-        {
-            return Err(StoreError::unavailable(format!(
-                "Redis at {node} did not answer INFO memory: {error}"
-            )));
-        }
     }
-    // A node whose answer is an error or lacks the fields is as unknown as one that refused.
-    let read: Vec<_> = servers.iter().map(|(node, text)| (node, parse(text))).collect();
-    let unreadable =
-        unreadable.or_else(|| match read.iter().find(|(_, memory)| memory.is_none()) {
-            Some((node, _)) => Some(((*node).clone(), "no maxmemory_policy in its answer".into())),
-            None if read.is_empty() => Some((at.to_owned(), "no answer to read".into())),
-            None => None,
-        });
+    if servers.is_empty() {
+        servers.push((at.to_owned(), Answer::Refused("no answer to read".into())));
+    }
     let mut risks: Vec<String> = Vec::new();
-    if let Some((node, e)) = unreadable {
-        risks.push(format!(
-            "Redis at {node} did not say whether it may evict idem's records (INFO memory: \
-             {e}); grant the store's user +info"
-        ));
-    }
-    for (node, memory) in read {
-        if let Some(memory) = memory.filter(Memory::may_evict) {
-            risks.push(format!(
+    for (node, answer) in &servers {
+        let memory = match answer {
+            Answer::Failed(why) => {
+                return Err(StoreError::unavailable(format!(
+                    "Redis at {node} did not answer INFO memory: {why}"
+                )));
+            }
+            Answer::Refused(why) => Err(why.clone()),
+            Answer::Info(text) => parse(text).ok_or_else(|| "no maxmemory_policy in it".into()),
+        };
+        match memory {
+            // Unknown is as risky as evicting: fail closed.
+            Err(why) => risks.push(format!(
+                "Redis at {node} did not say whether it may evict idem's records (INFO memory: \
+                 {why}); grant the store's user +info"
+            )),
+            Ok(memory) if memory.may_evict() => risks.push(format!(
                 "Redis at {node} may evict idem's records: maxmemory is {} bytes and \
                  maxmemory-policy is {}",
                 memory.max, memory.policy
-            ));
+            )),
+            Ok(_) => {}
         }
     }
     for risk in risks {
@@ -178,15 +174,23 @@ mod tests {
     #[test]
     fn a_node_that_refuses_is_unknown_and_one_loading_is_an_outage() {
         // As a node answers them (RESP error replies).
-        let refusal = redis::parse_redis_value(b"-NOPERM no permissions to run INFO\r\n");
-        let loading = redis::parse_redis_value(b"-LOADING Redis is loading the dataset\r\n");
         let mut out = Vec::new();
-        texts(&refusal.unwrap(), "a:1", &mut out);
-        texts(&loading.unwrap(), "b:2", &mut out);
-        let [(_, refused_text), (_, loading_text)] = &out[..] else { panic!("{out:?}") };
-        assert!(refused(refused_text.strip_prefix(SERVER_ERROR).unwrap()), "{refused_text}");
-        assert!(!refused(loading_text.strip_prefix(SERVER_ERROR).unwrap()), "{loading_text}");
-        assert_eq!(parse(refused_text), None);
+        for (node, reply) in [
+            ("a:1", &b"-NOPERM no permissions to run INFO\r\n"[..]),
+            ("b:2", b"-ERR unknown command 'INFO'\r\n"),
+            ("c:3", b"-LOADING Redis is loading the dataset\r\n"),
+        ] {
+            answers(&redis::parse_redis_value(reply).unwrap(), node, &mut out);
+        }
+        let kinds: Vec<_> = out
+            .iter()
+            .map(|(node, a)| match a {
+                Answer::Refused(_) => (node.as_str(), "refused"),
+                Answer::Failed(_) => (node.as_str(), "failed"),
+                Answer::Info(_) => (node.as_str(), "info"),
+            })
+            .collect();
+        assert_eq!(kinds, [("a:1", "refused"), ("b:2", "refused"), ("c:3", "failed")], "{out:?}");
     }
 
     #[test]
@@ -205,9 +209,14 @@ mod tests {
             ),
         ]);
         let mut out = Vec::new();
-        texts(&reply, "cluster", &mut out);
-        let nodes: Vec<_> =
-            out.iter().map(|(n, t)| (n.as_str(), parse(t).unwrap().may_evict())).collect();
+        answers(&reply, "cluster", &mut out);
+        let nodes: Vec<_> = out
+            .iter()
+            .map(|(n, a)| match a {
+                Answer::Info(text) => (n.as_str(), parse(text).unwrap().may_evict()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
         assert_eq!(nodes, [("10.0.0.1:7000", false), ("10.0.0.2:7000", true)]);
     }
 }

@@ -227,15 +227,22 @@ pub(super) fn unavailable(e: RedisError) -> StoreError {
 /// Whether Redis refused the user or the database rather than the command's moment: a wrong or
 /// missing password, an ACL without a command the store needs (also from inside a script), a
 /// database number the server does not have. Sending again cannot help: a configuration error,
-/// not an outage.
+/// not an outage. `code` and `text` as an error reply gives them.
+fn refusal(code: Option<&str>, text: &str) -> bool {
+    matches!(code, Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        // Redis 7.0's words for a command a script ran that the ACL denies (code `ERR`).
+        || text.contains("can't run this command")
+        || text.contains("DB index is out of range")
+}
+
+/// [`refusal`] for an error the client returned.
 pub(super) fn refused_access(e: &RedisError) -> bool {
-    e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-        || {
-            let text = e.to_string();
-            // Redis 7.0's words for a command a script ran that the ACL denies (code `ERR`).
-            text.contains("DB index is out of range") || text.contains("can't run this command")
-        }
+    e.kind() == redis::ErrorKind::AuthenticationFailed || refusal(e.code(), &e.to_string())
+}
+
+/// [`refusal`] for an error reply among a pipeline's or a cluster's answers.
+pub(super) fn server_refused(e: &redis::ServerError) -> bool {
+    refusal(Some(e.code()), e.details().unwrap_or_default())
 }
 
 /// A script's answer. The common one comes bare (see the scripts): an integer, or a completed
