@@ -109,16 +109,13 @@ impl IdemTools {
         // A closed tracker still takes new calls; closing only lets `wait` end once it is empty.
         self.calls.close();
         self.calls.wait().await;
-        let idem = self.session.idem();
-        if idem.late_completions() > 0 {
-            let left = idem.late_completions_settled(LATE_COMPLETIONS_AT_EXIT).await;
-            if left > 0 {
-                tracing::warn!(
-                    outcomes = left,
-                    "outcomes the store refused are still not stored; their records stay in \
-                     flight until their leases end"
-                );
-            }
+        let left = self.session.idem().late_completions_settled(LATE_COMPLETIONS_AT_EXIT).await;
+        if left > 0 {
+            tracing::warn!(
+                outcomes = left,
+                "outcomes the store refused are still not stored; their records stay in flight \
+                 until their leases end"
+            );
         }
     }
 

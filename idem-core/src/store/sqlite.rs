@@ -150,18 +150,24 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
             ))
         }
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
-            StoreError::InvalidConfig(format!(
-                "the SQLite database at {} cannot be written by this process (the file, its \
-                 directory, or its -wal and -shm files are read-only; SQLite's write-ahead log \
-                 needs to write beside the file even to read): {e}",
-                shown.display()
-            ))
+            read_only(&format!("at {}", shown.display()), &e)
         }
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
             shown.display()
         )),
     }
+}
+
+/// A database this process may not write (`at`: where, when known): a configuration error,
+/// which waiting does not fix.
+fn read_only(at: &str, e: &rusqlite::Error) -> StoreError {
+    let at = if at.is_empty() { String::new() } else { format!(" {at}") };
+    StoreError::InvalidConfig(format!(
+        "the SQLite database{at} cannot be written by this process (the file, its directory, or \
+         its -wal and -shm files are read-only; SQLite's write-ahead log needs to write beside \
+         the file even to read): {e}"
+    ))
 }
 
 /// The SQLite [`Store`]. Cheap to clone (clones share one connection).
@@ -397,10 +403,7 @@ impl From<SqlError> for StoreError {
             // A file or directory this process may not write: a configuration error, which
             // waiting does not fix (a busy or full database is an outage: it may pass).
             SqlError::Sqlite(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly) => {
-                StoreError::InvalidConfig(format!(
-                    "the SQLite database cannot be written by this process (the file, its \
-                     directory, or its -wal and -shm files are read-only): {e}"
-                ))
+                read_only("", &e)
             }
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),

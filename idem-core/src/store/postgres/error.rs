@@ -52,17 +52,16 @@ impl std::error::Error for PgError {
 /// schema (dropped or altered by hand); anything else (a connection lost, a server shutting
 /// down, a read-only standby during a failover) is the store being unavailable.
 pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
-    let Some(code) = e.code().map(SqlState::code) else {
-        return StoreError::unavailable(PgError(e));
-    };
-    match code {
-        _ if refused_configuration(&e) => StoreError::InvalidConfig(format!(
+    if refused_configuration(&e) {
+        return StoreError::InvalidConfig(format!(
             "PostgreSQL refused the store's role, database or schema (check the connection \
              string's user, dbname and search_path, and the role's privileges on idem's tables \
              and functions): {}",
             PgError(e)
-        )),
-        "42P01" | "42703" | "42883" => StoreError::Incompatible(format!(
+        ));
+    }
+    match e.code().map(SqlState::code) {
+        Some("42P01" | "42703" | "42883") => StoreError::Incompatible(format!(
             "a table, column or function of idem's schema is missing ({}); re-create the schema \
              or restore it whole",
             PgError(e)
