@@ -19,6 +19,17 @@ fn server(tag: &str, options: &[&str]) -> Option<RedisPrivate> {
     or_skip("redis-server (a private one)", RedisPrivate::start(tag, options))
 }
 
+/// Adds the ACL user `name` (password `pw`) with every right but `denied` (e.g. `-info`; none
+/// when empty) on `redis`; its URL.
+async fn user(redis: &RedisPrivate, name: &str, denied: &str) -> String {
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let mut rules = vec!["SETUSER", name, "on", ">pw", "~*", "&*", "+@all"];
+    rules.extend((!denied.is_empty()).then_some(denied));
+    let _: () = redis::cmd("ACL").arg(&rules[..]).query_async(&mut admin).await.unwrap();
+    format!("redis://{name}:pw@127.0.0.1:{}/", redis.port)
+}
+
 fn refusal(opened: Result<impl Sized, StoreError>) -> String {
     match opened {
         Err(StoreError::InvalidConfig(message)) => message,
@@ -78,14 +89,7 @@ async fn noeviction_or_no_limit_opens() {
 #[tokio::test]
 async fn a_user_who_may_not_read_info_is_refused_unless_accepted() {
     let Some(redis) = server("redis-acl", &[]) else { return };
-    let admin = redis::Client::open(redis.url("")).unwrap();
-    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "app", "on", ">pw", "~*", "&*", "+@all", "-info"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let url = format!("redis://app:pw@127.0.0.1:{}/", redis.port);
+    let url = user(&redis, "app", "-info").await;
     let message = refusal(RedisStore::open(&url).await);
     for part in ["did not say whether it may evict", "+info", "allow_eviction"] {
         assert!(message.contains(part), "{part:?} missing from: {message}");
@@ -102,18 +106,8 @@ async fn a_user_who_may_not_read_info_is_refused_unless_accepted() {
 #[tokio::test]
 async fn a_refused_user_or_database_is_a_configuration_error() {
     let Some(redis) = server("redis-refusals", &["--databases", "4"]) else { return };
-    let admin = redis::Client::open(redis.url("")).unwrap();
-    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "app", "on", ">pw", "~*", "&*", "+@all"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "notime", "on", ">pw", "~*", "&*", "+@all", "-time"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let app = user(&redis, "app", "").await;
+    let notime = user(&redis, "notime", "-time").await;
     let port = redis.port;
     for (url, expect) in [
         (format!("redis://app:wrong@127.0.0.1:{port}/"), "authentication failed"),
@@ -123,7 +117,7 @@ async fn a_refused_user_or_database_is_a_configuration_error() {
         assert!(message.contains(expect) && message.contains("refused"), "{url}: {message}");
     }
     // Opens (PING and INFO are allowed), but every claim's script calls TIME.
-    let store = RedisStore::open(&format!("redis://notime:pw@127.0.0.1:{port}/")).await.unwrap();
+    let store = RedisStore::open(&notime).await.unwrap();
     let (key, fp) = fresh_key("refused_time", "{}");
     match store.claim(claim_req(&key, &fp)).await {
         Err(StoreError::InvalidConfig(m)) => assert!(m.contains("can't run this command"), "{m}"),
@@ -132,27 +126,21 @@ async fn a_refused_user_or_database_is_a_configuration_error() {
 
     // A record written by a user with every right; then users without GET or SCAN read the
     // store: refused for the user (configuration), not a damaged record or schema.
-    let full = RedisStore::open(&format!("redis://app:pw@127.0.0.1:{port}/")).await.unwrap();
+    let full = RedisStore::open(&app).await.unwrap();
     let (key, fp) = fresh_key("refused_readers", "{}");
     let fence = idem_tests::acquire(&full, &key, &fp).await;
     full.complete(&key, fence, &idem_core::store::Outcome::Success("1".into()), LONG)
         .await
         .unwrap();
-    for (user, denied) in [("noget", "-get"), ("noscan", "-scan")] {
-        let _: () = redis::cmd("ACL")
-            .arg(&["SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied][..])
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let reader =
-            RedisStore::open(&format!("redis://{user}:pw@127.0.0.1:{port}/")).await.unwrap();
+    for (name, denied) in [("noget", "-get"), ("noscan", "-scan")] {
+        let reader = RedisStore::open(&user(&redis, name, denied).await).await.unwrap();
         let listed = reader.list(&idem_core::store::ListQuery::default()).await;
         match listed {
-            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("refused"), "{user}: {m}"),
-            other => panic!("{user} listing: expected InvalidConfig, got {:?}", other.map(drop)),
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("refused"), "{name}: {m}"),
+            other => panic!("{name} listing: expected InvalidConfig, got {:?}", other.map(drop)),
         }
     }
-    let noget = RedisStore::open(&format!("redis://noget:pw@127.0.0.1:{port}/")).await.unwrap();
+    let noget = RedisStore::open(&user(&redis, "noget", "-get").await).await.unwrap();
     for result in
         [noget.claim(claim_req(&key, &fp)).await.map(drop), noget.inspect(&key).await.map(drop)]
     {
