@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::Store;
-use idem_core::{MemoryStore, Policy, RetryClass, ToolOptions};
+use idem_core::{MemoryStore, Policy, RetryClass, Served, ToolOptions};
 
 #[path = "shared/protocol.rs"]
 mod rig;
@@ -98,7 +98,7 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
     slow.provider.charge(None);
 
     let run_a = a.run("r");
-    let worker_a = run_a.call(&*slow, args("cus_1", 4900));
+    let worker_a = run_a.call_reported(&*slow, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
     // Poll A until its tool body started, then stop polling it: A is "paused" (no renewals).
     tokio::select! {
@@ -112,11 +112,16 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
 
     // A resumes; its charge happens (its own provider) but it cannot store its result over B's:
     // its caller receives the result that stands, B's.
-    let a_result = worker_a.await;
+    let (a_result, a_report) = worker_a.await;
     assert_eq!(
         a_result.unwrap(),
         "ch_1",
         "A's caller gets the new owner's result, not its own ch_2"
+    );
+    assert_eq!(
+        a_report.unwrap().served,
+        Some(Served::Executed),
+        "A ran its tool: its answer is not labelled a replay"
     );
     assert_eq!(slow.charges(), 2, "A's own charge did happen (in its provider)");
 

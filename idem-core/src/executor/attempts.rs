@@ -513,8 +513,16 @@ impl<T: Tool> Call<'_, T> {
             // Only an operator's `forget` takes a never tool's lease: do not guess.
             return Err(lost());
         }
+        let ran = self.served.get();
         match self.acquire(OnExpired::TakeOver, false).await {
-            Ok(Owned::Answer(answer)) => answer,
+            Ok(Owned::Answer(answer)) => {
+                // The answer is the outcome that stands, but this call ran its tool: it did not
+                // replay or join, whatever the claim that found the outcome says.
+                if let Some(ran) = ran {
+                    self.label(ran);
+                }
+                answer
+            }
             Ok(Owned::Fence { fence, .. }) => {
                 self.store(fence, outcome, self.policy.ttl).await.map(|()| output)
             }

@@ -95,11 +95,7 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) fn outcome(&self, served: Served) {
-        // A disabled span still looks the field up by name among its ten: skipped.
-        if !self.span.is_disabled() {
-            self.span.record("idem.outcome", served.as_str());
-        }
-        self.served.set(served);
+        self.label(served);
         // Every call passes here: without a wait hook (the common case) one test, nothing more.
         if let Some(hook) = self.on_wait
             && matches!(served, Served::Executed | Served::TakenOver)
@@ -107,6 +103,15 @@ impl<T: Tool> Call<'_, T> {
         {
             hook.owner(&self.key);
         }
+    }
+
+    /// Records how the call was served, in its span and its report, and nothing else.
+    pub(super) fn label(&self, served: Served) {
+        // A disabled span still looks the field up by name among its ten: skipped.
+        if !self.span.is_disabled() {
+            self.span.record("idem.outcome", served.as_str());
+        }
+        self.served.set(served);
     }
 
     /// This call starts waiting for another owner of its key.
