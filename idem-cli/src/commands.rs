@@ -34,8 +34,25 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
 
 /// Keys are printed in lowercase; one copied from a tool that upper-cases hex is the same key.
 fn parse_key(key: &str) -> Result<Key, Failure> {
-    Key::parse(&key.trim().to_ascii_lowercase()).ok_or_else(|| {
-        Failure::new(Exit::Usage, format!("{key:?} is not an idempotency key (64 hex digits)"))
+    let lower = key.trim().to_ascii_lowercase();
+    Key::parse(&lower).ok_or_else(|| {
+        // A log line or an example may print a key shortened; a prefix could name two records,
+        // and `forget` must not guess which.
+        let shortened =
+            !lower.is_empty() && lower.len() < 64 && lower.bytes().all(|b| b.is_ascii_hexdigit());
+        let hint = if shortened {
+            format!(
+                ": this one has {} digits, as a shortened key would; `idem list` (filter with \
+                 --run or --tool) prints whole keys",
+                lower.len()
+            )
+        } else {
+            String::new()
+        };
+        Failure::new(
+            Exit::Usage,
+            format!("{key:?} is not an idempotency key (64 hex digits){hint}"),
+        )
     })
 }
 

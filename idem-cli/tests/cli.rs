@@ -230,6 +230,10 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     exits(url, &["show", &failed], 3);
     exits(url, &["forget", &failed, "--yes"], 3);
     exits(url, &["show", "not-a-key"], 2);
+    // A key shortened in a log line is refused, not matched by prefix, and the error says how to
+    // find the whole key.
+    let why = exits(url, &["forget", &failed[..12], "--yes"], 2);
+    assert!(why.contains("12 digits") && why.contains("idem list"), "{why}");
     // A cursor no listing printed is the operator's mistake on every store, not a record of
     // another version.
     let why = exits(url, &["list", "--cursor", "zz"], 2);
