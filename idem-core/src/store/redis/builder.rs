@@ -153,7 +153,9 @@ impl RedisStoreBuilder {
             // Before anything is routed by slot: a single server names itself plainly.
             super::admin::cluster_slots(conn).await?;
         }
-        super::eviction::check(&store.inner.conn, allow_eviction, &cluster.addresses()).await?;
+        let at = cluster.addresses();
+        super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
+        super::persistence::warn_if_not_durable(&store.inner.conn, &at).await;
         Ok(store)
     }
 

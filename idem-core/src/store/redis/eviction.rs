@@ -51,7 +51,7 @@ fn parse(info: &str) -> Option<Memory> {
 
 /// What one server answered to `INFO memory`.
 #[derive(Debug)]
-enum Answer {
+pub(super) enum Answer {
     /// Its text (`name:value` lines).
     Info(String),
     /// Refused (an ACL without `+info`, a renamed or disabled command): it will not say.
@@ -70,7 +70,7 @@ fn info_refused(e: &redis::ServerError) -> bool {
 /// address to its answer (the cluster client sends `INFO` to every master it holds a connection
 /// to; replicas are not asked, so a replica that evicts is seen once it is promoted and a store
 /// opens again).
-fn answers(reply: &Value, node: &str, out: &mut Vec<(String, Answer)>) {
+pub(super) fn answers(reply: &Value, node: &str, out: &mut Vec<(String, Answer)>) {
     let answer = match reply {
         Value::BulkString(bytes) => Answer::Info(String::from_utf8_lossy(bytes).into()),
         Value::VerbatimString { text, .. } | Value::SimpleString(text) => {

@@ -156,6 +156,7 @@ mod builder;
 mod conn;
 mod eviction;
 mod native;
+mod persistence;
 mod pubsub;
 mod recent;
 mod reply;
