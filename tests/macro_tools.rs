@@ -717,3 +717,47 @@ async fn a_tool_failure_from_question_mark_is_ambiguous_and_a_permanent_one_is_r
     }
     assert_eq!(SENDS.load(Ordering::SeqCst), 2);
 }
+
+/// Free-form JSON parameters, undocumented: schemars writes their schemas as `true`.
+#[tool(retry = "keyed")]
+async fn tag_order(
+    order: String,
+    extra: serde_json::Value,
+    more: Option<serde_json::Value>,
+) -> Result<u32, PayError> {
+    let _ = (order, extra, more);
+    Ok(1)
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone)]
+struct Labels {
+    order: String,
+    extra: serde_json::Value,
+}
+
+#[tool(retry = "keyed")]
+async fn label_order(#[idem(flatten)] labels: Labels) -> Result<u32, PayError> {
+    let _ = labels;
+    Ok(1)
+}
+
+#[test]
+fn a_free_form_json_parameter_has_an_object_schema_as_mcp_clients_require() {
+    // MCP types each member of `inputSchema.properties` as an object; the TypeScript SDK refuses
+    // the whole listing when one is a boolean.
+    let set = idem_core::ToolSet::new().with(TagOrderTool).unwrap().with(LabelOrderTool).unwrap();
+    for (tool, params) in
+        [("tag_order", &["order", "extra", "more"][..]), ("label_order", &["order", "extra"])]
+    {
+        let schema = &set.definition(tool).unwrap().input_schema;
+        for param in params {
+            assert!(
+                schema["properties"][param].is_object(),
+                "{tool}.{param}: {}",
+                schema["properties"][param]
+            );
+        }
+    }
+    let extra = &set.definition("tag_order").unwrap().input_schema["properties"]["extra"];
+    assert_eq!(extra, &serde_json::json!({}), "any JSON, written as an object");
+}

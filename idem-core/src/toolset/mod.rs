@@ -87,6 +87,21 @@ pub trait DynTool: Send + Sync + 'static {
     ) -> BoxFuture<'a, ToolResult>;
 }
 
+/// Writes each property's schema as an object: schemars writes `true` for a parameter of any
+/// JSON (`serde_json::Value`) and `false` for one nothing satisfies, which JSON Schema allows, but
+/// MCP's schema types each member of `inputSchema.properties` as an object and the TypeScript
+/// SDK refuses a whole `tools/list` with one boolean there. `{}` and `{"not": {}}` mean the same.
+fn properties_as_objects(schema: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Object(properties)) = schema.get_mut("properties") else { return };
+    for property in properties.values_mut() {
+        match property {
+            Value::Bool(true) => *property = Value::Object(serde_json::Map::new()),
+            Value::Bool(false) => *property = serde_json::json!({ "not": {} }),
+            _ => {}
+        }
+    }
+}
+
 impl<T: Tool> DynTool for T {
     fn tool_def(&self) -> &'static ToolDef {
         self.def()
@@ -222,10 +237,11 @@ impl ToolSet {
         if self.tools.contains_key(def.name) {
             return Err(ToolSetError::DuplicateName(def.name));
         }
-        let input_schema = match tool.input_schema() {
+        let mut input_schema = match tool.input_schema() {
             Value::Object(schema) if schema.get("type") == Some(&Value::from("object")) => schema,
             _ => return Err(ToolSetError::NotAnObject(def.name)),
         };
+        properties_as_objects(&mut input_schema);
         let definition = ToolDefinition {
             name: def.name,
             description: def.description,
