@@ -126,13 +126,17 @@ impl IdemTools {
 
     /// Over HTTP, scope every call to the principal `principal` finds in the request (see
     /// [`crate::http`]): the key scope's tenant is the principal, so a run id or caller key from
-    /// the client is only looked up among that principal's records.
+    /// the client is only looked up among that principal's records. An empty (or blank)
+    /// principal counts as none.
     #[cfg(feature = "http")]
     pub fn with_principal(
         mut self,
         principal: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.principal = Some(Arc::new(principal));
+        // An empty principal is none: as a tenant it would be the scope without one, which every
+        // caller not over HTTP (stdio, a run made in code) shares.
+        self.principal =
+            Some(Arc::new(move |parts| principal(parts).filter(|p| !p.trim().is_empty())));
         self
     }
 
@@ -231,7 +235,10 @@ impl IdemTools {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let meta: Map<String, Value> = context.meta.0.0.clone();
-        let text = arguments_text(&context);
+        // The client's text is the call only while it is what this handler was given: a server
+        // wrapping these tools may pass other arguments (rewritten, or a call it builds inside
+        // another tool's request), and those are the call then.
+        let text = arguments_text(&context).filter(|t| is_the_call(&t.0, arguments.as_ref()));
         let mut session = match self.session_for(name, &context) {
             Ok(run) => run,
             Err(refusal) => {
@@ -381,6 +388,16 @@ fn arguments_text(context: &RequestContext<RoleServer>) -> Option<ArgumentsText>
     None
 }
 
+/// Whether the arguments' `text` reads as `arguments`. Text that does not read as JSON (nesting
+/// past serde_json's limit) is the client's own: its refusal says what is wrong with it.
+fn is_the_call(text: &str, arguments: Option<&JsonObject>) -> bool {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(parsed)) => arguments == Some(&parsed),
+        Ok(_) => arguments.is_none(),
+        Err(_) => true,
+    }
+}
+
 /// The rmcp `Tool` for a definition (from [`ToolDefinition::to_mcp`]).
 ///
 /// Errors: the definition does not fit rmcp's `Tool` (a schema that is not an object).
@@ -395,4 +412,44 @@ pub fn to_mcp_tool(def: &ToolDefinition) -> Result<rmcp::model::Tool, serde_json
 pub fn to_call_tool_result(result: &ToolResult) -> Result<CallToolResult, ErrorData> {
     serde_json::from_value(result.to_mcp())
         .map_err(|e| ErrorData::internal_error(format!("not an MCP tool result: {e}"), None))
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::{Idem, ToolSet};
+    use serde_json::json;
+
+    use super::*;
+
+    /// The client's text is the call only while it reads as the arguments the handler was given:
+    /// a wrapping server's rewritten arguments win.
+    #[test]
+    fn the_text_is_the_call_only_while_it_is_the_arguments() {
+        let args = |v: Value| v.as_object().cloned();
+        let sent = r#"{"name": "model-chosen", "n": 1}"#;
+        assert!(is_the_call(sent, args(json!({"n": 1, "name": "model-chosen"})).as_ref()));
+        assert!(!is_the_call(sent, args(json!({"n": 1, "name": "forced"})).as_ref()));
+        assert!(!is_the_call(sent, None));
+        // Members repeated: the text stays the call, so the repeat is refused from it.
+        assert!(is_the_call(r#"{"n": 1, "n": 2}"#, args(json!({"n": 2})).as_ref()));
+        assert!(is_the_call("null", None));
+        assert!(!is_the_call("null", args(json!({"n": 1})).as_ref()));
+    }
+
+    /// A principal function answering an empty or blank string answers no principal: as a
+    /// tenant, `""` is the scope every caller without one shares.
+    #[cfg(feature = "http")]
+    #[test]
+    fn an_empty_principal_is_none() {
+        let tools = IdemTools::new(ToolSet::new(), &Idem::in_memory()).with_principal(|parts| {
+            parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+        });
+        let principal = tools.principal_fn().unwrap();
+        let parts = |user: &str| {
+            http::Request::get("/").header("x-user", user).body(()).unwrap().into_parts().0
+        };
+        assert_eq!(principal(&parts("")), None);
+        assert_eq!(principal(&parts("  ")), None);
+        assert_eq!(principal(&parts("alice")), Some("alice".to_owned()));
+    }
 }
