@@ -263,8 +263,12 @@ impl ToolSet {
             return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
         };
         let run = mcp_run(session, call.meta)?;
-        let named =
-            call.meta.is_some_and(|m| matches!(m.get(MCP_META_RUN), Some(Value::String(_))));
+        // A caller's own key identifies the call across sessions as a run id does.
+        let named = call.meta.is_some_and(|m| {
+            [MCP_META_RUN, MCP_META_IDEMPOTENCY_KEY]
+                .iter()
+                .any(|k| matches!(m.get(*k), Some(Value::String(_))))
+        });
         if !named && def.class != RetryClass::Safe {
             match missing_run {
                 MissingRun::Warn => tracing::warn!(
@@ -294,7 +298,9 @@ fn missing_run_text(tool: &str) -> String {
 }
 
 /// The run an MCP request asks for: `run` with its run id replaced by `_meta["idem/run"]`
-/// (tenant kept) and the caller's key from `_meta["idem/idempotencyKey"]`, when present.
+/// (tenant kept) and the caller's key from `_meta["idem/idempotencyKey"]`, when present. A
+/// caller's key without a run is scoped to the tenant alone (run id `""`), not to the session
+/// `run` stands for, so that it survives a reconnect.
 ///
 /// Errors: an entry that is present but not a non-empty string of at most
 /// [`MAX_META_ID_BYTES`] bytes (JSON-RPC invalid params).
@@ -315,12 +321,18 @@ pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpP
             ))),
         }
     };
-    let mut out = match text(MCP_META_RUN)? {
-        Some(id) => run.in_scope(Scope::run(id).with_tenant(run.scope().tenant())),
-        None => run.clone(),
+    let tenant = run.scope().tenant();
+    let (named, key) = (text(MCP_META_RUN)?, text(MCP_META_IDEMPOTENCY_KEY)?);
+    let out = match (named, key) {
+        (Some(id), _) => run.in_scope(Scope::run(id).with_tenant(tenant)),
+        // A client's own key names its intent by itself (unique per client, as the IETF
+        // Idempotency-Key draft asks), so without a run it is not the session's: a resend after
+        // a reconnect or a restart is another session and must find the same record.
+        (None, Some(_)) => run.in_scope(Scope::run("").with_tenant(tenant)),
+        (None, None) => run.clone(),
     };
-    if let Some(key) = text(MCP_META_IDEMPOTENCY_KEY)? {
-        out = out.with_idempotency_key(key);
-    }
-    Ok(out)
+    Ok(match key {
+        Some(key) => out.with_idempotency_key(key),
+        None => out,
+    })
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::*;
-use crate::key::Key;
+use crate::key::{Key, Scope};
 use crate::store::{Claim, ClaimRequest, Fence, Outcome, Store, StoreError};
 use crate::{Classify, Ctx, Failure, Idem, Policy, RetryBudget, Served, ToolOptions};
 
@@ -499,6 +499,30 @@ async fn meta_run_is_the_key_scope() {
         3,
         "without a run id each session is its own scope"
     );
+}
+
+/// A client's own key without a run id is the client's across sessions (a resend after a
+/// reconnect or a server restart is another session), inside the tenant; with a run id it is
+/// that run's.
+#[tokio::test]
+async fn a_caller_key_without_a_run_survives_a_new_session() {
+    let t = tools();
+    let idem = Idem::in_memory();
+    let call = json!({"name": "charge_card", "arguments": {"customer": "c", "amount_cents": 1},
+        "_meta": {"idem/idempotencyKey": "order-17-send"}});
+    let first = t.set.call_mcp(&idem.run("session-a"), &call).await.unwrap();
+    let resent = t.set.call_mcp(&idem.run("session-b"), &call).await.unwrap();
+    assert_eq!(
+        (&first["_meta"]["idem/outcome"], &resent["_meta"]["idem/outcome"]),
+        (&json!("executed"), &json!("replayed"))
+    );
+    assert_eq!(first["_meta"]["idem/key"], resent["_meta"]["idem/key"]);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one charge for the key");
+    // Another tenant's session with the same key is that tenant's own intent.
+    let other = idem.run("session-c").in_scope(Scope::run("session-c").with_tenant("bob"));
+    let theirs = t.set.call_mcp(&other, &call).await.unwrap();
+    assert_eq!(theirs["_meta"]["idem/outcome"], "executed");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2);
 }
 
 struct DownStore;
