@@ -12,7 +12,13 @@
 //!   [`IdemTools::with_principal`](crate::IdemTools::with_principal).
 //! - A `keyed` or `never` call that arrives over HTTP when no principal function is configured,
 //!   or for which it finds no principal, is refused with an `isError` result naming what is
-//!   missing; nothing runs. `safe` calls still run (in the session's own run).
+//!   missing; nothing runs. `safe` calls still run (in the session's own run). An empty
+//!   principal counts as none.
+//! - A request without a session (`legacy_session_mode: false`, or MCP 2026-07-28, which has no
+//!   sessions) is served by a server of its own, so its session run is that request alone: a
+//!   `keyed` or `never` call in it that names neither `_meta["idem/run"]` nor
+//!   `_meta["idem/idempotencyKey"]` is refused (`invalid_tool_call`, saying what to send),
+//!   whatever [`MissingRun`](idem_core::toolset::MissingRun) says, since every retry of it would run again.
 //! - Authentication itself (HTTP 401 for a missing or unknown token) is the app's layer in front
 //!   of this service, as in `examples/payments_mcp.rs --http`.
 //! - A session belongs to the principal that opened it (MCP 2025-11-25 "Security Best
@@ -716,5 +722,65 @@ mod tests {
         // The instance that opened it still knows its owner.
         let alice = post(&mut a, "alice", Some(&session), list()).await;
         assert_eq!(alice.status(), http::StatusCode::OK);
+    }
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+    #[error("declined")]
+    struct Declined;
+
+    impl idem_core::Classify for Declined {
+        fn classify(&self) -> idem_core::Failure {
+            idem_core::Failure::permanent()
+        }
+    }
+
+    static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// Send a message.
+    #[idem_core::tool(retry = "never")]
+    async fn send_message(to: String) -> Result<String, Declined> {
+        SENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(format!("sent to {to}"))
+    }
+
+    async fn text(response: Response) -> String {
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    /// Without sessions (a stateless server; MCP 2026-07-28 has none), each request is served by
+    /// a server of its own, so a call that names no run has no scope a retry could share: a
+    /// `keyed` or `never` call is refused, one that names its run runs once and is replayed.
+    #[tokio::test]
+    async fn a_sessionless_call_that_names_no_run_is_refused() {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let set = ToolSet::new().with(SendMessageTool).unwrap();
+            IdemServer::from_tools(crate::IdemTools::new(set, &idem).with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            }))
+        };
+        let mut config = StreamableHttpServerConfig::default();
+        config.legacy_session_mode = false;
+        config.json_response = true;
+        let mut server = service(make, config);
+        let call = |meta: serde_json::Value| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+                "name": "send_message", "arguments": {"to": "bob"}, "_meta": meta}})
+        };
+        let before = SENT.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..2 {
+            let refused =
+                text(post(&mut server, "alice", None, call(serde_json::json!({}))).await).await;
+            assert!(refused.contains("requires the run id"), "{refused}");
+            assert!(refused.contains(r#""isError":true"#), "{refused}");
+        }
+        assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before, "nothing was sent");
+        let named = serde_json::json!({"idem/run": "conv-1"});
+        let first = text(post(&mut server, "alice", None, call(named.clone())).await).await;
+        let again = text(post(&mut server, "alice", None, call(named)).await).await;
+        assert!(first.contains(r#""idem/outcome":"executed""#), "{first}");
+        assert!(again.contains(r#""idem/outcome":"replayed""#), "{again}");
+        assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "sent once");
     }
 }

@@ -177,7 +177,9 @@ impl IdemTools {
 
     /// What to do with a `keyed` or `never` call that names no run (default
     /// [`MissingRun::Warn`]: a `tracing` warning). [`MissingRun::Refuse`] answers it with an
-    /// `isError` result saying what to send.
+    /// `isError` result saying what to send. Over HTTP without a session (a stateless server, or
+    /// MCP 2026-07-28's sessionless requests) such a call is always refused: its only scope
+    /// would be the request itself, and every retry would run again.
     pub fn with_missing_run(mut self, missing_run: MissingRun) -> Self {
         self.missing_run = missing_run;
         self
@@ -260,7 +262,7 @@ impl IdemTools {
             (token, rx)
         });
         let tools = Arc::clone(&self.tools);
-        let missing_run = self.missing_run;
+        let missing_run = if sessionless(&context) { MissingRun::Refuse } else { self.missing_run };
         let name = name.to_owned();
         // The call runs in its own task: if the client gives up on the request (or cancels it),
         // the effect still finishes and its outcome is stored, so the client's repeat is answered
@@ -386,6 +388,19 @@ fn arguments_text(context: &RequestContext<RoleServer>) -> Option<ArgumentsText>
         return parts.extensions.get::<ArgumentsText>().cloned();
     }
     None
+}
+
+/// Whether the request came over HTTP without a session (`Mcp-Session-Id`): a stateless server,
+/// or MCP 2026-07-28's sessionless requests. Its session run is then this request alone, so a
+/// `keyed` or `never` call that names no run would run again on every retry: it is refused
+/// whatever [`IdemTools::with_missing_run`] says.
+fn sessionless(context: &RequestContext<RoleServer>) -> bool {
+    #[cfg(feature = "http")]
+    if let Some(parts) = context.extensions.get::<http::request::Parts>() {
+        return !parts.headers.contains_key("mcp-session-id");
+    }
+    let _ = context;
+    false
 }
 
 /// Whether the arguments' `text` reads as `arguments`. Text that does not read as JSON (nesting

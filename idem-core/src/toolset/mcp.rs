@@ -293,7 +293,7 @@ impl ToolSet {
 /// What a refused call without a run id tells the host.
 fn missing_run_text(tool: &str) -> String {
     format!(
-        "`{tool}` changes something, and this server requires the run id with every such call; nothing was executed. Send `\"_meta\": {{\"{MCP_META_RUN}\": \"<conversation id>\"}}` in the `tools/call` params: the same id for every call of one conversation, also after a reconnect, so that a repeat is recognised and never runs twice"
+        "`{tool}` changes something, and this server requires the run id with every such call (it keeps no session a repeat could be recognised in, or is configured to require one); nothing was executed. Send `\"_meta\": {{\"{MCP_META_RUN}\": \"<conversation id>\"}}` in the `tools/call` params: the same id for every call of one conversation, also after a reconnect, so that a repeat is recognised and never runs twice (or your own `\"{MCP_META_IDEMPOTENCY_KEY}\"`, the same on every retry of one call)"
     )
 }
 
