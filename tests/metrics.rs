@@ -187,10 +187,11 @@ fn a_scripted_run_is_counted_exactly() {
         other => panic!("idem_outcomes_unknown: {other:?}"),
     }
 
-    // Claims: 2 charge, 3 slow_charge (the duplicate claims, waits, claims again), 2 declined,
-    // 2 wire, 1 refund; the safe tool uses no store. Completions: one per stored outcome.
+    // Claims: 2 charge, 1 slow_charge (its duplicate joins the call in this process without
+    // claiming), 2 declined, 2 wire, 1 refund; the safe tool uses no store. Completions: one per
+    // stored outcome.
     let step = |s: &str| vec![("step".to_owned(), s.to_owned())];
-    assert_eq!(histograms.get(&step("claim")), Some(&10), "{histograms:?}");
+    assert_eq!(histograms.get(&step("claim")), Some(&8), "{histograms:?}");
     assert_eq!(histograms.get(&step("complete")), Some(&5), "{histograms:?}");
     assert_eq!(histograms.len(), 2, "no release or renewal in this run: {histograms:?}");
 }

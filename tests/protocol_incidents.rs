@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::Store;
-use idem_core::{MemoryStore, Policy, RetryClass, Served, ToolOptions};
+use idem_core::{Idem, MemoryStore, Policy, RetryClass, Served, ToolOptions};
 
 #[path = "shared/protocol.rs"]
 mod rig;
@@ -159,4 +159,38 @@ async fn a_long_call_renews_its_lease_so_nobody_takes_over() {
     assert_eq!(first.unwrap(), "ch_1");
     assert_eq!(second.unwrap(), "ch_1");
     assert_eq!(tool.runs(), 1, "the second executor waited instead of taking over");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Duplicates of a call that fails without a stored outcome share its failure (no retry storm).
+
+#[tokio::test(start_paused = true)]
+async fn duplicates_in_memory_share_a_transient_failure_instead_of_running_in_turn() {
+    for idem in [executor(), Idem::in_memory()] {
+        // Each attempt fails before sending; the executor retries it, then gives up.
+        let tool = PayTool::new(
+            RetryClass::Keyed,
+            ToolOptions { attempts: Some(2), ..Default::default() },
+            &[],
+            Step::Transient,
+        );
+        let run = idem.run("r");
+        let calls = (0..20).map(|_| run.call_reported(&*tool, args("cus_1", 4900)));
+        let results = futures_util::future::join_all(calls).await;
+        assert_eq!(tool.runs(), 2, "the first call's two attempts, and nobody else's");
+        let joined = results
+            .iter()
+            .filter(|(_, report)| report.as_ref().unwrap().served == Some(Served::Joined))
+            .count();
+        assert_eq!(joined, 19, "the other 19 joined it");
+        for (result, _) in &results {
+            assert!(
+                matches!(result, Err(idem_core::Error::Tool { .. })),
+                "every caller receives the failure: {result:?}"
+            );
+        }
+        // Shared, not stored: a later call tries again.
+        let _ = run.call(&*tool, args("cus_1", 4900)).await;
+        assert_eq!(tool.runs(), 4);
+    }
 }

@@ -123,11 +123,10 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
-        if self.uses_store() && self.inner.local_store {
-            // An in-process store already makes duplicates wait for the first call and wakes
-            // them directly: a second single flight in front of it would only add cost.
-            return self.lead(args).await;
-        }
+        // Also in front of an in-process store: it makes duplicates wait for the first call, but
+        // when that call fails without a stored outcome (a transient error, a panic) it lets go
+        // of the key and each waiter would run the tool in turn; joiners of a flight receive the
+        // failure instead, as for every other store.
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
                 Enter::Mismatch => {

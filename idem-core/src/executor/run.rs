@@ -189,9 +189,6 @@ impl Run {
         // into the wrapper) for it.
         let result = if !span.is_disabled() {
             call.execute(args).instrument(span.clone()).await
-        } else if call.uses_store() && inner.local_store {
-            // What `execute` would do, without its future around `lead`'s.
-            call.lead(args).await
         } else {
             call.execute(args).await
         };
