@@ -78,6 +78,52 @@ pub(super) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+/// A short string that needs no escape (member names, ids, codes: up to 16 bytes) quoted, in the
+/// first `len` of 18 bytes; `None` for any other. Read with loads of a fixed size, overlapping
+/// where the string is shorter than two of them, and checked as one or two words: no copy of a
+/// variable length, which would be a call.
+fn short_quoted(bytes: &[u8]) -> Option<([u8; SHORT + 2], usize)> {
+    let n = bytes.len();
+    // Spaces need no escape: the bytes after the string's pass the check.
+    let mut buf = [b' '; SHORT + 2];
+    let word =
+        |b: &[u8]| u64::from_le_bytes(b.get(..8).and_then(|w| w.try_into().ok()).unwrap_or([0; 8]));
+    match n {
+        8..=SHORT => {
+            let (head, tail) = (bytes.get(..8)?, bytes.get(n - 8..)?);
+            if word_needs_escape(word(head)) || word_needs_escape(word(tail)) {
+                return None;
+            }
+            buf.get_mut(1..9)?.copy_from_slice(head);
+            buf.get_mut(n - 7..=n)?.copy_from_slice(tail);
+        }
+        4..=7 => {
+            buf.get_mut(1..5)?.copy_from_slice(bytes.get(..4)?);
+            buf.get_mut(n - 3..=n)?.copy_from_slice(bytes.get(n - 4..)?);
+            if word_needs_escape(word(buf.get(1..9)?)) {
+                return None;
+            }
+        }
+        1..=3 => {
+            // The first, middle and last bytes are all of them.
+            buf[1] = bytes[0];
+            buf[n / 2 + 1] = bytes[n / 2];
+            buf[n] = bytes[n - 1];
+            if word_needs_escape(word(buf.get(1..9)?)) {
+                return None;
+            }
+        }
+        0 => {}
+        _ => return None,
+    }
+    buf[0] = b'"';
+    buf[n + 1] = b'"';
+    Some((buf, n + 2))
+}
+
+/// The longest string [`short_quoted`] writes.
+const SHORT: usize = 16;
+
 fn write_escape(out: &mut Vec<u8>, b: u8, e: u8) {
     if e == b'u' {
         out.extend_from_slice(&[
@@ -93,36 +139,19 @@ fn write_escape(out: &mut Vec<u8>, b: u8, e: u8) {
     }
 }
 
+/// Appends a string with its quotes and escapes.
 pub(super) fn write_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    if let Some((quoted, len)) = short_quoted(bytes) {
+        // A copy of a fixed size (inline, no call), then what followed the string cut off.
+        let end = out.len() + len;
+        out.extend_from_slice(&quoted);
+        out.truncate(end);
+        return;
+    }
     out.reserve(bytes.len() + 2);
     out.push(b'"');
     escape_into(out, bytes);
     out.push(b'"');
-}
-
-/// [`write_str`] for short strings (member names, ids, codes): up to 16 bytes are checked as two
-/// words and written with their quotes in one copy. Longer strings, and any that need an escape,
-/// take [`write_str`].
-pub(super) fn write_short_str(out: &mut Vec<u8>, bytes: &[u8]) {
-    const MAX: usize = 16;
-    let n = bytes.len();
-    if n <= MAX {
-        // Spaces need no escape: the bytes after the string's pass the check.
-        let mut buf = [b' '; MAX + 2];
-        buf[0] = b'"';
-        buf[1..=n].copy_from_slice(bytes);
-        let word = |at: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&buf[at..at + 8]);
-            u64::from_le_bytes(w)
-        };
-        if !word_needs_escape(word(1)) && !word_needs_escape(word(9)) {
-            buf[n + 1] = b'"';
-            out.extend_from_slice(&buf[..n + 2]);
-            return;
-        }
-    }
-    write_str(out, bytes);
 }
 
 pub(super) fn write_int<I: itoa::Integer>(out: &mut Vec<u8>, v: I) {

@@ -19,7 +19,7 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 use serde::ser::{self, Impossible};
 
-use super::leaves::{Escaping, write_int, write_short_str};
+use super::leaves::{Escaping, write_int, write_str};
 
 /// Why the walk stopped; the full path says more.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ impl<'o> Plain<'o> {
     fn open_variant(&mut self, variant: &'static str) -> Result<(), Stop> {
         self.enter()?;
         self.out.push(b'{');
-        write_short_str(self.out, variant.as_bytes());
+        write_str(self.out, variant.as_bytes());
         self.out.push(b':');
         Ok(())
     }
@@ -208,11 +208,11 @@ impl<'a, 'o> ser::Serializer for &'a mut Plain<'o> {
         serde_json::to_writer(&mut *self.out, &v).map_err(|_| Stop)
     }
     fn serialize_char(self, v: char) -> Result<(), Stop> {
-        write_short_str(self.out, v.encode_utf8(&mut [0; 4]).as_bytes());
+        write_str(self.out, v.encode_utf8(&mut [0; 4]).as_bytes());
         Ok(())
     }
     fn serialize_str(self, v: &str) -> Result<(), Stop> {
-        write_short_str(self.out, v.as_bytes());
+        write_str(self.out, v.as_bytes());
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), Stop> {
@@ -336,7 +336,7 @@ impl Compound<'_, '_> {
     fn member<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), Stop> {
         let first = std::mem::replace(&mut self.first, false);
         self.w.name(self.base, first, |w| {
-            write_short_str(w.out, name.as_bytes());
+            write_str(w.out, name.as_bytes());
             Ok(())
         })?;
         value.serialize(&mut *self.w)
@@ -501,11 +501,11 @@ impl ser::Serializer for KeyW<'_, '_> {
     );
 
     fn serialize_str(self, v: &str) -> Result<(), Stop> {
-        write_short_str(self.0.out, v.as_bytes());
+        write_str(self.0.out, v.as_bytes());
         Ok(())
     }
     fn serialize_char(self, v: char) -> Result<(), Stop> {
-        write_short_str(self.0.out, v.encode_utf8(&mut [0; 4]).as_bytes());
+        write_str(self.0.out, v.encode_utf8(&mut [0; 4]).as_bytes());
         Ok(())
     }
     fn serialize_unit_variant(
