@@ -111,8 +111,9 @@ async fn serve() -> Result<(), String> {
         .and_then(|s| s.with(tickets.ticket_count_tool()))
         .map_err(|e| e.to_string())?;
     let idem = IdemTools::new(set, &Idem::in_memory());
-    // The server's own router plus idem's: one `tools/list`, one `tools/call`.
-    let desk = Desk { tool_router: Desk::tool_router() + idem.router() };
+    // The server's own router plus idem's: one `tools/list`, one `tools/call`. A name in both
+    // is refused here rather than one tool silently replacing the other.
+    let desk = Desk { tool_router: idem.mount(Desk::tool_router()).map_err(|e| e.to_string())? };
     let running = desk.serve(idem_mcp::stdio::stdio()).await.map_err(|e| e.to_string())?;
     running.waiting().await.map_err(|e| e.to_string())?;
     // The client may have closed stdin while a call was in flight: let it finish and store its

@@ -69,7 +69,7 @@ pub use idem_core::toolset::{
 };
 pub use server::IdemServer;
 pub use tools::{
-    IdemTools, LATE_COMPLETIONS_AT_EXIT, PROGRESS_INTERVAL, RUN_ID_INSTRUCTIONS,
+    IdemTools, LATE_COMPLETIONS_AT_EXIT, NameCollision, PROGRESS_INTERVAL, RUN_ID_INSTRUCTIONS,
     to_call_tool_result, to_mcp_tool,
 };
 

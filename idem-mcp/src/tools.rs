@@ -200,10 +200,33 @@ impl IdemTools {
         self.tools.definitions().filter_map(|d| to_mcp_tool(d).ok()).collect()
     }
 
-    /// A router of these tools for a user's own rmcp server: merge it with the server's
-    /// `#[tool_router]` (`Self::tool_router() + idem.router()`), and each idem tool is listed and
-    /// called like the server's own. The server's own `list_tools` answers `tools/list`, cursors
-    /// included: the router adds tools to its list, not a pagination of its own.
+    /// These tools added to a user's own rmcp router (the server's `#[tool_router]`), so that
+    /// each idem tool is listed and called like the server's own. The server's own `list_tools`
+    /// answers `tools/list`, cursors included: the router adds tools to its list, not a
+    /// pagination of its own.
+    ///
+    /// Errors: [`NameCollision`] when a tool of `router` has the name of an idem tool; `router`
+    /// is then dropped, since rmcp's router would keep one of the two without a word, and a call
+    /// meant for the idem tool could run an unprotected one every time it is retried.
+    pub fn mount<S: Send + Sync + 'static>(
+        &self,
+        router: ToolRouter<S>,
+    ) -> Result<ToolRouter<S>, NameCollision> {
+        let names: Vec<String> = self
+            .tools
+            .definitions()
+            .filter(|d| router.has_route(d.name))
+            .map(|d| d.name.to_owned())
+            .collect();
+        if !names.is_empty() {
+            return Err(NameCollision { names });
+        }
+        Ok(router + self.router())
+    }
+
+    /// A router of these tools alone, for a user's own rmcp server. Prefer
+    /// [`mount`](Self::mount): merged with `+`, rmcp's router keeps the later of two tools of
+    /// one name without a word.
     pub fn router<S: Send + Sync + 'static>(&self) -> ToolRouter<S> {
         let mut router = ToolRouter::new();
         for def in self.tools.definitions() {
@@ -390,6 +413,30 @@ fn arguments_text(context: &RequestContext<RoleServer>) -> Option<ArgumentsText>
     None
 }
 
+/// Tools of the server's own router have the names of idem tools ([`IdemTools::mount`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameCollision {
+    /// The names in both, sorted.
+    pub names: Vec<String>,
+}
+
+impl std::fmt::Display for NameCollision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self.names.iter().map(|n| format!("`{n}`")).collect();
+        write!(
+            f,
+            "{} {} the name of both a tool of the server's own and an idem tool: rename one \
+             (`#[tool(name = \"..\")]` for the idem tool). Merged anyway, the router would keep \
+             one of each, and a call meant for the idem tool could run the other, without \
+             idempotency",
+            names.join(", "),
+            if names.len() == 1 { "is" } else { "are" }
+        )
+    }
+}
+
+impl std::error::Error for NameCollision {}
+
 /// Whether the request came over HTTP without a session (`Mcp-Session-Id`): a stateless server,
 /// or MCP 2026-07-28's sessionless requests. Its session run is then this request alone, so a
 /// `keyed` or `never` call that names no run would run again on every retry: it is refused
@@ -449,6 +496,45 @@ mod tests {
         assert!(is_the_call(r#"{"n": 1, "n": 2}"#, args(json!({"n": 2})).as_ref()));
         assert!(is_the_call("null", None));
         assert!(!is_the_call("null", args(json!({"n": 1})).as_ref()));
+    }
+
+    /// A tool of the server's own router with an idem tool's name is refused when mounting;
+    /// rmcp's `+` would keep one of the two without a word.
+    #[test]
+    fn mounting_refuses_a_name_in_both() {
+        use rmcp::handler::server::router::tool::ToolRoute;
+        #[idem_core::tool(retry = "keyed")]
+        async fn bump(n: u32) -> Result<u32, idem_core::ToolFailure> {
+            Ok(n)
+        }
+        #[idem_core::tool(retry = "safe")]
+        async fn peek(n: u32) -> Result<u32, idem_core::ToolFailure> {
+            Ok(n)
+        }
+        let tools = IdemTools::new(
+            ToolSet::new().with(BumpTool).unwrap().with(PeekTool).unwrap(),
+            &Idem::in_memory(),
+        );
+        let own = |name: &'static str| {
+            let tool = rmcp::model::Tool::new(name, "the server's own", Arc::new(Map::new()));
+            ToolRoute::<()>::new_dyn(tool, |_| {
+                Box::pin(async { Ok(CallToolResult::success(vec![]).into()) }) as BoxFuture<'_, _>
+            })
+        };
+        let mut colliding = ToolRouter::<()>::new();
+        colliding.add_route(own("bump"));
+        colliding.add_route(own("echo"));
+        let refused = tools.mount(colliding).unwrap_err();
+        assert_eq!(refused.names, ["bump"]);
+        assert!(refused.to_string().contains("`bump` is the name of both"), "{refused}");
+
+        let mut distinct = ToolRouter::<()>::new();
+        distinct.add_route(own("echo"));
+        let mounted = tools.mount(distinct).unwrap();
+        let mut names: Vec<String> =
+            mounted.list_all().into_iter().map(|t| t.name.into_owned()).collect();
+        names.sort();
+        assert_eq!(names, ["bump", "echo", "peek"]);
     }
 
     /// A principal function answering an empty or blank string answers no principal: as a
