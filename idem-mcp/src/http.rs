@@ -94,10 +94,24 @@ pub fn service_with_sessions(
     config: StreamableHttpServerConfig,
     sessions: SessionConfig,
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
+    // The principal function every session's server is made with: one server made here only to
+    // read it (making one is cheap and starts nothing).
+    let principal = make().tools().principal_fn();
+    service_for(make, principal, config, sessions)
+}
+
+/// [`service_with_sessions`] for a server of the app's own (an rmcp `ServerHandler` whose router
+/// has idem tools [mounted](crate::IdemTools::mount)): the same checks, with the sessions bound
+/// to `principal`, which must be the one its idem tools scope calls by
+/// ([`IdemTools::principal_fn`](crate::IdemTools::principal_fn)).
+pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
+    make: impl Fn() -> H + Send + Sync + 'static,
+    principal: Option<PrincipalFn>,
+    config: StreamableHttpServerConfig,
+    sessions: SessionConfig,
+) -> Checked<StreamableHttpService<H, LocalSessionManager>> {
     let owners = Owners {
-        // The principal function every session's server is made with: one server made here
-        // only to read it (making one is cheap and starts nothing).
-        principal: make().tools().principal_fn(),
+        principal,
         keep_alive: sessions.keep_alive,
         sessions: Arc::default(),
         store: config.session_store.clone(),
@@ -644,8 +658,8 @@ mod tests {
         service(make, config)
     }
 
-    async fn post(
-        server: &mut Checked<StreamableHttpService<IdemServer, LocalSessionManager>>,
+    async fn post<H: rmcp::ServerHandler + Send + 'static>(
+        server: &mut Checked<StreamableHttpService<H, LocalSessionManager>>,
         user: &str,
         session: Option<&str>,
         body: serde_json::Value,
@@ -782,5 +796,44 @@ mod tests {
         assert!(first.contains(r#""idem/outcome":"executed""#), "{first}");
         assert!(again.contains(r#""idem/outcome":"replayed""#), "{again}");
         assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "sent once");
+    }
+
+    /// An rmcp server of the app's own, idem tools mounted in its router.
+    #[derive(Clone)]
+    struct Own {
+        tool_router: rmcp::handler::server::router::tool::ToolRouter<Own>,
+    }
+
+    #[rmcp::tool_handler(router = self.tool_router)]
+    impl rmcp::ServerHandler for Own {}
+
+    /// The app's own server behind the same checks: its sessions are bound to the principal its
+    /// idem tools scope calls by, and its idem tools answer as they do in an `IdemServer`.
+    #[tokio::test]
+    async fn an_apps_own_server_gets_the_same_session_binding() {
+        let idem = Idem::in_memory();
+        let tools = crate::IdemTools::new(ToolSet::new().with(SendMessageTool).unwrap(), &idem)
+            .with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+        let principal = tools.principal_fn();
+        let make = move || Own {
+            tool_router: tools
+                .mount(rmcp::handler::server::router::tool::ToolRouter::new())
+                .unwrap(),
+        };
+        let mut server = service_for(
+            make,
+            principal,
+            StreamableHttpServerConfig::default(),
+            SessionConfig::default(),
+        );
+        let opened = post(&mut server, "alice", None, initialize()).await;
+        assert_eq!(opened.status(), http::StatusCode::OK);
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let bob = post(&mut server, "bob", Some(&session), list()).await;
+        assert_eq!(bob.status(), http::StatusCode::NOT_FOUND, "bob naming alice's session");
+        let alice = text(post(&mut server, "alice", Some(&session), list()).await).await;
+        assert!(alice.contains("send_message"), "{alice}");
     }
 }

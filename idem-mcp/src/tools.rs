@@ -140,9 +140,10 @@ impl IdemTools {
         self
     }
 
-    /// The principal function set with [`with_principal`](Self::with_principal), if any.
+    /// The principal function set with [`with_principal`](Self::with_principal), if any: for
+    /// [`crate::http::service_for`], which binds sessions to it.
     #[cfg(feature = "http")]
-    pub(crate) fn principal_fn(&self) -> Option<crate::http::PrincipalFn> {
+    pub fn principal_fn(&self) -> Option<crate::http::PrincipalFn> {
         self.principal.clone()
     }
 
