@@ -122,8 +122,9 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     // The MCP spec's MUST: with no origins listed, rmcp would check none.
     let config =
         if config.allowed_origins.is_empty() { config.enforce_origin_validation() } else { config };
+    let sessions = config.legacy_session_mode;
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
-    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners }
+    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners, sessions }
 }
 
 /// Which principal opened each session ([`Checked`] answers a request from another as rmcp
@@ -288,6 +289,42 @@ pub struct Checked<S> {
     /// The requests of each session whose response is still being sent: (session, request id).
     in_flight: InFlightIds,
     owners: Owners,
+    /// `legacy_session_mode` of rmcp's config: whether any request is served in a session.
+    sessions: bool,
+}
+
+/// Put in a request's head by [`Checked`]: whether rmcp serves the request in a session (a
+/// session id header, sessions on, a protocol version before 2026-07-28) or by a server made for
+/// it alone. A client's session header does not decide it: rmcp ignores one it does not route by.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InSession(pub(crate) bool);
+
+/// The first protocol version without sessions (SEP-2567): rmcp serves a request that names it,
+/// or a later one, statelessly whatever its headers say.
+const SESSIONLESS_SINCE: &str = "2026-07-28";
+
+/// Whether rmcp serves `message` in the session its head names, as rmcp routes it: sessions on,
+/// a session id, and a protocol version (the request's `_meta`, else the header) before
+/// [`SESSIONLESS_SINCE`]. Dates compare as text.
+fn in_session(
+    sessions: bool,
+    parts: &http::request::Parts,
+    message: &ClientJsonRpcMessage,
+) -> bool {
+    if !sessions || session_id(parts).is_none() {
+        return false;
+    }
+    let from_meta = match message {
+        ClientJsonRpcMessage::Request(r) => {
+            rmcp::model::GetMeta::get_meta(&r.request).protocol_version()
+        }
+        _ => None,
+    }
+    .map(|v| v.to_string());
+    let from_header = || {
+        parts.headers.get("mcp-protocol-version").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    };
+    from_meta.or_else(from_header).is_none_or(|v| v.as_str() < SESSIONLESS_SINCE)
 }
 
 /// (`Mcp-Session-Id`, request id) of every request whose response body has not ended.
@@ -376,6 +413,7 @@ where
         let max_body_bytes = self.max_body_bytes;
         let in_flight = Arc::clone(&self.in_flight);
         let owners = self.owners.clone();
+        let sessions = self.sessions;
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             match owners.allows(&parts).await {
@@ -433,6 +471,7 @@ where
                         if let Some(text) = arguments_text(&message) {
                             parts.extensions.insert(text);
                         }
+                        parts.extensions.insert(InSession(in_session(sessions, &parts, &message)));
                         match claim_id(&in_flight, &parts, &message) {
                             Err(reused) => (http::StatusCode::OK, reused.to_string().into()),
                             Ok(id) => {
@@ -783,11 +822,12 @@ mod tests {
                 "name": "send_message", "arguments": {"to": "bob"}, "_meta": meta}})
         };
         let before = SENT.load(std::sync::atomic::Ordering::SeqCst);
-        for _ in 0..2 {
+        // A session header rmcp does not route by (made up, or stale) makes no session either.
+        for session in [None, None, Some("garbage"), Some("")] {
             let refused =
-                text(post(&mut server, "alice", None, call(serde_json::json!({}))).await).await;
-            assert!(refused.contains("requires the run id"), "{refused}");
-            assert!(refused.contains(r#""isError":true"#), "{refused}");
+                text(post(&mut server, "alice", session, call(serde_json::json!({}))).await).await;
+            assert!(refused.contains("requires the run id"), "{session:?}: {refused}");
+            assert!(refused.contains(r#""isError":true"#), "{session:?}: {refused}");
         }
         assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before, "nothing was sent");
         let named = serde_json::json!({"idem/run": "conv-1"});
@@ -796,6 +836,36 @@ mod tests {
         assert!(first.contains(r#""idem/outcome":"executed""#), "{first}");
         assert!(again.contains(r#""idem/outcome":"replayed""#), "{again}");
         assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "sent once");
+    }
+
+    /// rmcp routes by protocol version before the session header: a request naming 2026-07-28
+    /// (in `_meta` or the header) is served without a session whatever header it carries.
+    #[test]
+    fn a_session_is_what_rmcp_routes_by() {
+        let parts = |headers: &[(&str, &str)]| {
+            let mut request = http::Request::post("/mcp");
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            request.body(()).unwrap().into_parts().0
+        };
+        let call = |meta: serde_json::Value| -> ClientJsonRpcMessage {
+            serde_json::from_value(serde_json::json!({"jsonrpc": "2.0", "id": 1,
+                "method": "tools/call", "params": {"name": "t", "arguments": {}, "_meta": meta}}))
+            .unwrap()
+        };
+        let plain = call(serde_json::json!({}));
+        let session = [(SESSION_HEADER, "s-1")];
+        assert!(in_session(true, &parts(&session), &plain));
+        assert!(!in_session(false, &parts(&session), &plain), "sessions off");
+        assert!(!in_session(true, &parts(&[]), &plain), "no session header");
+        let new_header = [(SESSION_HEADER, "s-1"), ("mcp-protocol-version", "2026-07-28")];
+        assert!(!in_session(true, &parts(&new_header), &plain));
+        let old_header = [(SESSION_HEADER, "s-1"), ("mcp-protocol-version", "2025-11-25")];
+        assert!(in_session(true, &parts(&old_header), &plain));
+        let new_meta =
+            call(serde_json::json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"}));
+        assert!(!in_session(true, &parts(&old_header), &new_meta), "the body's version first");
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.

@@ -438,14 +438,19 @@ impl std::fmt::Display for NameCollision {
 
 impl std::error::Error for NameCollision {}
 
-/// Whether the request came over HTTP without a session (`Mcp-Session-Id`): a stateless server,
-/// or MCP 2026-07-28's sessionless requests. Its session run is then this request alone, so a
-/// `keyed` or `never` call that names no run would run again on every retry: it is refused
-/// whatever [`IdemTools::with_missing_run`] says.
+/// Whether the request came over HTTP without a session: a stateless server, or MCP 2026-07-28's
+/// sessionless requests. Its session run is then this request alone, so a `keyed` or `never`
+/// call that names no run would run again on every retry: it is refused whatever
+/// [`IdemTools::with_missing_run`] says. Behind [`crate::http::Checked`] rmcp's routing decides
+/// (a session header rmcp ignores does not make a session); behind rmcp's service alone, the
+/// session header.
 fn sessionless(context: &RequestContext<RoleServer>) -> bool {
     #[cfg(feature = "http")]
     if let Some(parts) = context.extensions.get::<http::request::Parts>() {
-        return !parts.headers.contains_key("mcp-session-id");
+        return match parts.extensions.get::<crate::http::InSession>() {
+            Some(routed) => !routed.0,
+            None => !parts.headers.contains_key("mcp-session-id"),
+        };
     }
     let _ = context;
     false
