@@ -206,9 +206,11 @@ impl IdemTools {
     /// answers `tools/list`, cursors included: the router adds tools to its list, not a
     /// pagination of its own.
     ///
-    /// Errors: [`NameCollision`] when a tool of `router` has the name of an idem tool; `router`
-    /// is then dropped, since rmcp's router would keep one of the two without a word, and a call
-    /// meant for the idem tool could run an unprotected one every time it is retried.
+    /// Errors: [`NameCollision`] when a tool of `router` (enabled or disabled) has the name of an
+    /// idem tool; `router` is then dropped, since rmcp's router would keep one of the two without
+    /// a word, and a call meant for the idem tool could run an unprotected one every time it is
+    /// retried. Mount last: a router merged into the result with `+` afterwards replaces tools
+    /// of the same name unchecked.
     pub fn mount<S: Send + Sync + 'static>(
         &self,
         router: ToolRouter<S>,
@@ -216,7 +218,9 @@ impl IdemTools {
         let names: Vec<String> = self
             .tools
             .definitions()
-            .filter(|d| router.has_route(d.name))
+            // A disabled route would still be replaced, and the idem tool would take its
+            // disabled state.
+            .filter(|d| router.has_route(d.name) || router.is_disabled(d.name))
             .map(|d| d.name.to_owned())
             .collect();
         if !names.is_empty() {
@@ -533,6 +537,11 @@ mod tests {
         let refused = tools.mount(colliding).unwrap_err();
         assert_eq!(refused.names, ["bump"]);
         assert!(refused.to_string().contains("`bump` is the name of both"), "{refused}");
+        // Also when the server's own tool of that name is disabled.
+        let mut disabled = ToolRouter::<()>::new();
+        disabled.add_route(own("peek"));
+        disabled.disable_route("peek");
+        assert_eq!(tools.mount(disabled).unwrap_err().names, ["peek"]);
 
         let mut distinct = ToolRouter::<()>::new();
         distinct.add_route(own("echo"));

@@ -126,7 +126,8 @@ impl ToolResult {
     /// `isError`, `structuredContent` when the output is a JSON object, and `_meta` saying what
     /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
     /// digits>", "idem/outcome": "executed" | "replayed" | "joined" | "unknown"}` (`idem/outcome`
-    /// is absent when the call failed before that was decided).
+    /// is absent when the call failed before that was decided; `idem/run` for a caller's key sent
+    /// without a run).
     pub fn to_mcp(&self) -> Value {
         let mut out = Map::new();
         out.insert("content".into(), json!([{ "type": "text", "text": self.text }]));
@@ -136,7 +137,11 @@ impl ToolResult {
         }
         if let Some(report) = &self.report {
             let mut meta = Map::new();
-            meta.insert(MCP_META_RUN.into(), report.scope.run_id().into());
+            // A caller's key without a run has none to name (the run id `""`, which a client may
+            // not send back).
+            if !report.scope.run_id().is_empty() {
+                meta.insert(MCP_META_RUN.into(), report.scope.run_id().into());
+            }
             meta.insert(MCP_META_KEY.into(), report.key.as_str().into());
             if let Some(served) = report.served {
                 meta.insert(MCP_META_OUTCOME.into(), served.as_str().into());

@@ -517,6 +517,7 @@ async fn a_caller_key_without_a_run_survives_a_new_session() {
         (&json!("executed"), &json!("replayed"))
     );
     assert_eq!(first["_meta"]["idem/key"], resent["_meta"]["idem/key"]);
+    assert_eq!(first["_meta"].get("idem/run"), None, "no run to name, and none sent back");
     assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one charge for the key");
     // Another tenant's session with the same key is that tenant's own intent.
     let other = idem.run("session-c").in_scope(Scope::run("session-c").with_tenant("bob"));
