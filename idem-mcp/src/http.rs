@@ -777,21 +777,11 @@ mod tests {
         assert_eq!(alice.status(), http::StatusCode::OK);
     }
 
-    #[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
-    #[error("declined")]
-    struct Declined;
-
-    impl idem_core::Classify for Declined {
-        fn classify(&self) -> idem_core::Failure {
-            idem_core::Failure::permanent()
-        }
-    }
-
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
     /// Send a message.
     #[idem_core::tool(retry = "never")]
-    async fn send_message(to: String) -> Result<String, Declined> {
+    async fn send_message(to: String) -> Result<String, idem_core::ToolFailure> {
         SENT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(format!("sent to {to}"))
     }
