@@ -18,7 +18,8 @@
 //!   sessions) is served by a server of its own, so its session run is that request alone: a
 //!   `keyed` or `never` call in it that names neither `_meta["idem/run"]` nor
 //!   `_meta["idem/idempotencyKey"]` is refused (`invalid_tool_call`, saying what to send),
-//!   whatever [`MissingRun`](idem_core::toolset::MissingRun) says, since every retry of it would run again.
+//!   whatever [`MissingRun`](idem_core::toolset::MissingRun) says, since every retry of it
+//!   would run again. rmcp's routing decides, not the client's session header.
 //! - Authentication itself (HTTP 401 for a missing or unknown token) is the app's layer in front
 //!   of this service, as in `examples/payments_mcp.rs --http`.
 //! - A session belongs to the principal that opened it (MCP 2025-11-25 "Security Best

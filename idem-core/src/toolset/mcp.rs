@@ -126,8 +126,8 @@ impl ToolResult {
     /// `isError`, `structuredContent` when the output is a JSON object, and `_meta` saying what
     /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
     /// digits>", "idem/outcome": "executed" | "replayed" | "joined" | "unknown"}` (`idem/outcome`
-    /// is absent when the call failed before that was decided; `idem/run` for a caller's key sent
-    /// without a run).
+    /// is absent when the call failed before that was decided, `idem/run` when a caller's key
+    /// was sent without a run).
     pub fn to_mcp(&self) -> Value {
         let mut out = Map::new();
         out.insert("content".into(), json!([{ "type": "text", "text": self.text }]));
