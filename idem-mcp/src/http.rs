@@ -528,6 +528,10 @@ fn claim_id(
     Ok(Some(IdInFlight { ids: Arc::clone(ids), entry }))
 }
 
+/// The method [`refused_by_transport`] asks rmcp with: read-only, and known in every protocol
+/// version (MCP 2026-07-28 answers `ping` without a session as an unknown method).
+const PROBE: &str = "tools/list";
+
 /// rmcp's answer to a message it would refuse for its head alone: 404 for a session it does not
 /// know (MCP 2025-11-25 "Session Management": the server MUST answer 404 for a terminated
 /// session, and the client starts a new one), 400 for a request that needs a session and names
@@ -537,7 +541,7 @@ fn claim_id(
 /// first, as if rmcp had read it: a client told "200, isError" for a call in a dead session
 /// retries it there instead of re-initializing. (A body rmcp could not read as a message at all,
 /// not UTF-8 or not JSON, it refuses before the session, and so does [`Checked`].) rmcp is asked
-/// with a `ping` carrying the
+/// with a [`PROBE`] carrying the
 /// message's head and `params._meta` (which may name the protocol version and so the kind of
 /// session), not the message itself: its order of checks stays rmcp's, and nothing runs.
 async fn refused_by_transport<S: RmcpService>(
@@ -564,8 +568,8 @@ async fn refused_by_transport<S: RmcpService>(
         params.insert("_meta".into(), meta.clone());
     }
     // An id of its own: the message's id may not be readable, and is not rmcp's to answer.
-    let ping = serde_json::json!({
-        "jsonrpc": "2.0", "id": format!("idem-transport-check-{n}"), "method": "ping",
+    let body = serde_json::json!({
+        "jsonrpc": "2.0", "id": format!("idem-transport-check-{n}"), "method": PROBE,
         "params": params,
     });
     let mut head = parts.clone();
@@ -573,7 +577,21 @@ async fn refused_by_transport<S: RmcpService>(
     if !in_session {
         head.headers.remove(SESSION_HEADER);
     }
-    let probe = http::Request::from_parts(head, Full::new(Bytes::from(ping.to_string())));
+    // The headers that repeat the body (MCP 2026-07-28: `Mcp-Method`, `Mcp-Name`,
+    // `Mcp-Param-*`) are checked against it: they must name the probe.
+    let repeated: Vec<http::HeaderName> = head
+        .headers
+        .keys()
+        .filter(|k| k.as_str() == "mcp-name" || k.as_str().starts_with("mcp-param-"))
+        .cloned()
+        .collect();
+    for name in repeated {
+        head.headers.remove(name);
+    }
+    if head.headers.contains_key("mcp-method") {
+        head.headers.insert("mcp-method", http::HeaderValue::from_static(PROBE));
+    }
+    let probe = http::Request::from_parts(head, Full::new(Bytes::from(body.to_string())));
     std::future::poll_fn(|cx| inner.poll_ready(cx)).await.ok()?;
     // Infallible: the answer is always a response. Its body (the pong) is dropped unread.
     let answer = inner.call(probe).await.ok()?;
@@ -827,6 +845,39 @@ mod tests {
         assert!(first.contains(r#""idem/outcome":"executed""#), "{first}");
         assert!(again.contains(r#""idem/outcome":"replayed""#), "{again}");
         assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "sent once");
+    }
+
+    /// A 2026-07-28 request whose body idem refuses (a repeated member) gets idem's answer: the
+    /// probe of its head for rmcp's own refusals is a method 2026-07-28 knows, and the headers
+    /// that repeat the body (`Mcp-Method`, `Mcp-Name`) name it, or rmcp refuses the probe.
+    #[tokio::test]
+    async fn a_refused_body_of_a_2026_request_gets_idems_answer() {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let set = ToolSet::new().with(SendMessageTool).unwrap();
+            IdemServer::from_tools(crate::IdemTools::new(set, &idem))
+        };
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"send_message","arguments":{"to":"a","to":"b"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"t","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+        let request = http::Request::post("http://localhost/mcp")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "send_message")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        std::future::poll_fn(|cx| {
+            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
+        })
+        .await
+        .unwrap();
+        let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+        let status = answer.status();
+        let text = text(answer).await;
+        assert_eq!(status, http::StatusCode::OK, "{text}");
+        assert!(text.contains(r#""id":5"#) && text.contains("`to`"), "{text}");
     }
 
     /// rmcp routes by protocol version before the session header: a request naming 2026-07-28
