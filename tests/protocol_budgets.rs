@@ -100,3 +100,46 @@ async fn backoff_uses_full_jitter_and_a_seed_reproduces_it() {
     let distinct: std::collections::HashSet<_> = samples.iter().collect();
     assert!(distinct.len() > 1, "jitter varies with the seed: {samples:?}");
 }
+
+/// A duplicate that joined a call in this process does not inherit that call's deadline: when
+/// the first call's time runs out while it waits for another owner, the duplicate goes on waiting
+/// in its own time and receives the owner's result.
+#[tokio::test(start_paused = true)]
+async fn a_joiner_outlives_the_deadline_of_the_call_it_joined() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let slow_opts =
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(10)), ..Default::default() };
+    let owner = PayTool::new(RetryClass::Keyed, slow_opts, &[], Step::Slow(Duration::from_secs(3)));
+    let short = ToolOptions { deadline: Some(Duration::from_secs(2)), ..Default::default() };
+    let waiter = PayTool::new(RetryClass::Keyed, short, &[], Step::Succeed);
+
+    let owner_call = tokio::spawn({
+        let (b, owner) = (b.clone(), Arc::clone(&owner));
+        async move { b.run("r").call(&*owner, args("cus_1", 4900)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let first = tokio::spawn({
+        let (a, waiter) = (a.clone(), Arc::clone(&waiter));
+        async move { a.run("r").call(&*waiter, args("cus_1", 4900)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let joiner = tokio::spawn({
+        let (a, waiter) = (a.clone(), Arc::clone(&waiter));
+        async move { a.run("r").call_reported(&*waiter, args("cus_1", 4900)).await }
+    });
+
+    let first = first.await.unwrap();
+    assert!(
+        matches!(
+            first,
+            Err(Error::BudgetExhausted { budget: BudgetKind::Deadline, error: None, .. })
+        ),
+        "the first waiter's own 2 s ran out: {first:?}"
+    );
+    let (joined, report) = joiner.await.unwrap();
+    assert_eq!(joined.unwrap(), "ch_1", "the joiner waited on in its own time");
+    assert_eq!(report.unwrap().served, Some(idem_core::Served::Joined));
+    assert_eq!(owner_call.await.unwrap().unwrap(), "ch_1");
+    assert_eq!((owner.runs(), waiter.runs()), (1, 0), "only the owner ran");
+}

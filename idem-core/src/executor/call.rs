@@ -140,6 +140,21 @@ impl<T: Tool> Call<'_, T> {
                         }
                         // The leader was cancelled before it finished: start over.
                         Ok(None) => continue,
+                        // The leader's own deadline ran out with nothing failed (it waited for
+                        // another owner, or its attempt timed out): that is not this call's,
+                        // which goes on in its own time (and joins or leads again).
+                        Ok(Some(shared))
+                            if matches!(
+                                &*shared,
+                                Err(Error::BudgetExhausted {
+                                    budget: BudgetKind::Deadline,
+                                    error: None,
+                                    ..
+                                })
+                            ) && Instant::now() < self.deadline =>
+                        {
+                            continue;
+                        }
                         Ok(Some(shared)) => shared,
                     };
                     self.outcome(Served::Joined);
