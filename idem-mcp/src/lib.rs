@@ -130,11 +130,15 @@ mod tests {
 
     impl Client {
         async fn connect(set: ToolSet, idem: &Idem) -> Client {
+            Client::serving(IdemServer::new(set, idem)).await
+        }
+
+        /// A client of `server` over the stdio transport, past the handshake.
+        async fn serving(server: impl rmcp::ServerHandler) -> Client {
             use tokio::io::AsyncBufReadExt;
 
-            let (client, server) = tokio::io::duplex(1 << 16);
-            let (server_read, server_write) = tokio::io::split(server);
-            let server = IdemServer::new(set, idem);
+            let (client, server_end) = tokio::io::duplex(1 << 16);
+            let (server_read, server_write) = tokio::io::split(server_end);
             tokio::spawn(async move {
                 use rmcp::ServiceExt;
                 let transport = stdio::LineTransport::new(server_read, server_write);
@@ -364,27 +368,7 @@ mod tests {
         let idem = Idem::new(store);
         let server = IdemServer::new(tools(), &idem);
         let tools = server.tools().clone();
-        let (client, server_end) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server_end);
-        tokio::spawn(async move {
-            use rmcp::ServiceExt;
-            let transport = stdio::LineTransport::new(server_read, server_write);
-            if let Ok(running) = server.serve(transport).await {
-                let _ = running.waiting().await;
-            }
-        });
-        let (read, write) = tokio::io::split(client);
-        let mut client = Client {
-            write,
-            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(read)),
-        };
-        client
-            .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {},
-                "clientInfo": {"name": "test", "version": "1"}}}))
-            .await;
-        assert_eq!(client.next().await["id"], 0);
-        client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        let mut client = Client::serving(server).await;
         client
             .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
                 "name": "place_order", "arguments": {"item": "a"},
@@ -404,6 +388,43 @@ mod tests {
         .await;
         let replay = serde_json::to_value(to_call_tool_result(&replay).unwrap()).unwrap();
         assert_eq!(replay["_meta"]["idem/outcome"], "replayed", "{replay}");
+    }
+
+    /// A server of the app's own that rewrites a call's arguments before handing it to idem.
+    struct Rewriting(IdemServer);
+
+    impl rmcp::ServerHandler for Rewriting {
+        async fn call_tool(
+            &self,
+            mut request: rmcp::model::CallToolRequestParams,
+            context: rmcp::service::RequestContext<rmcp::RoleServer>,
+        ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+            if let Some(arguments) = &mut request.arguments {
+                arguments.insert("item".into(), json!("forced-by-server"));
+            }
+            self.0.call_tool(request, context).await
+        }
+    }
+
+    /// Over stdio the transport keeps the arguments' text (for exact wide integers); when a
+    /// server passes idem other arguments than the client sent, those are the call (what runs,
+    /// and its key), not the client's text.
+    #[tokio::test]
+    async fn arguments_a_wrapping_server_passes_are_the_call() {
+        let idem = Idem::in_memory();
+        let mut client = Client::serving(Rewriting(IdemServer::new(tools(), &idem))).await;
+        client
+            .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "place_order", "arguments": {"item": "model-chosen"},
+                "_meta": {"idem/run": "conv-1"}}}))
+            .await;
+        let answer = client.next().await;
+        assert_eq!(answer["result"]["structuredContent"], json!({"item": "forced-by-server"}));
+        let again = tools()
+            .call(&idem.run("conv-1"), "place_order", &json!({"item": "forced-by-server"}))
+            .await;
+        let again = serde_json::to_value(to_call_tool_result(&again).unwrap()).unwrap();
+        assert_eq!(again["_meta"]["idem/outcome"], "replayed", "the key of what ran: {again}");
     }
 
     #[tokio::test]
