@@ -1,8 +1,8 @@
 //! The in-memory store behind a wrapper of the test's own: every operation goes first through a
 //! [`Hook`](crate::wrapped::Hook) (to count it, delay it, or fail it as a store that went down)
 //! and then to the [`MemoryStore`](idem_core::MemoryStore). The executor cannot see through the
-//! wrapper, so calls take the generic path of any other store (boxed futures, the store's
-//! timeouts, the in-process single flight unless the wrapper says it is local).
+//! wrapper, so calls take the generic path of any other store (boxed futures, and the store's
+//! timeouts unless the wrapper says it is local).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,8 +70,8 @@ impl<H: Hook> Wrapped<H> {
         Self { inner: store, hook, local: false }
     }
 
-    /// Says it is local, as the in-memory store does: the executor then skips the store timeouts
-    /// and the in-process single flight, as for the store itself.
+    /// Says it is local, as the in-memory store does: the executor then skips the store
+    /// timeouts, as for the store itself.
     pub fn local(mut self) -> Self {
         self.local = true;
         self

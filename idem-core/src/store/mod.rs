@@ -233,9 +233,8 @@ pub trait Store: std::any::Any + Send + Sync {
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError>;
 
     /// Whether this store lives in this process and answers without I/O, as the in-memory store
-    /// does. The executor then calls it directly: no timeouts around its steps, and no
-    /// in-process single flight in front of it, since its own `wait` already wakes duplicates.
-    /// Default `false`; a store that may block or do I/O must keep it.
+    /// does. The executor then calls it without timeouts around its steps. Default `false`; a
+    /// store that may block or do I/O must keep it.
     fn is_local(&self) -> bool {
         false
     }
