@@ -845,6 +845,13 @@ mod tests {
         assert!(first.contains(r#""idem/outcome":"executed""#), "{first}");
         assert!(again.contains(r#""idem/outcome":"replayed""#), "{again}");
         assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "sent once");
+        // An empty principal is none: refused, not the scope every caller without one shares.
+        let empty = text(
+            post(&mut server, "", None, call(serde_json::json!({"idem/run": "conv-1"}))).await,
+        )
+        .await;
+        assert!(empty.contains("no authenticated principal"), "{empty}");
+        assert_eq!(SENT.load(std::sync::atomic::Ordering::SeqCst), before + 1, "nothing more");
     }
 
     /// A 2026-07-28 request whose body idem refuses (a repeated member) gets idem's answer: the
