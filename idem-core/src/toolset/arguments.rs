@@ -50,14 +50,65 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                 Ok(args) => {
                     de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
                 }
-                Err(e) => Err(text_field_error::<A>(tool, text, &e)),
+                Err(e) => serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|value| with_whole_numbers_as_integers(&value))
+                    .ok_or_else(|| text_field_error::<A>(tool, text, &e)),
             };
         }
     };
     if !value.is_object() {
         return Err(json_text::not_an_object(tool, value));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| field_error(tool, &e))
+    serde_path_to_error::deserialize(value)
+        .or_else(|e| with_whole_numbers_as_integers(value).ok_or_else(|| field_error(tool, &e)))
+}
+
+/// JSON Schema's `integer` is any number with a zero fractional part (JSON Schema Validation
+/// 2020-12, §6.1.1), so `5.0`, `1e3` and `-0` are integers under the schema a tool publishes;
+/// clients that pass numbers through a float (Python's, many model SDKs') send them so. serde
+/// reads them as floats and refuses them for an integer type. Tried only after the arguments
+/// were refused: the same arguments again with every whole number within 64 bits written as an
+/// integer (below 2^53 in magnitude, where doubles are exact). `None` when nothing changed or the arguments are still refused (then the first
+/// refusal is the one reported). The key cannot tell `5.0` from `5`: it is derived from the
+/// typed arguments, and RFC 8785 writes both as `5`.
+fn with_whole_numbers_as_integers<A: DeserializeOwned>(value: &Value) -> Option<A> {
+    let mut changed = false;
+    let value = whole_numbers_as_integers(value, &mut changed);
+    if !changed {
+        return None;
+    }
+    serde_json::from_value(value).ok()
+}
+
+fn whole_numbers_as_integers(value: &Value, changed: &mut bool) -> Value {
+    // 2^53: below it every whole double is the integer its text wrote; from it on a double
+    // may be a neighbour of that integer (`9007199254740993.0` reads as 2^53), and running a
+    // tool with a number the client did not send is worse than refusing it.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() != 0.0 || f.abs() >= EXACT {
+                return value.clone();
+            }
+            *changed = true;
+            // Exact: a whole double below 2^53 converts without rounding.
+            #[allow(clippy::cast_possible_truncation)]
+            Value::from(f as i64)
+        }
+        // Depth is bounded before any read (limits::check_value_depth; the text parser's own).
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| whole_numbers_as_integers(v, changed)).collect())
+        }
+        Value::Object(members) => Value::Object(
+            members
+                .iter()
+                .map(|(k, v)| (k.clone(), whole_numbers_as_integers(v, changed)))
+                .collect(),
+        ),
+        _ => value.clone(),
+    }
 }
 
 /// RFC 8259 §2: the whitespace JSON allows around a value.
@@ -162,12 +213,6 @@ fn out_of_range(serde_said: &str) -> Option<String> {
     let range = format!("an integer from {min} to {max}");
     if let Some(float) = found.strip_prefix("invalid type: floating point `") {
         let value: f64 = float.parse().ok()?;
-        if value == 0.0 && value.is_sign_negative() {
-            // serde_json reads the literal `-0` as a float, to keep its sign.
-            return Some(format!(
-                "`-0` is read as a floating point number (negative zero), not as {what}; send 0"
-            ));
-        }
         // A whole number that did not fit the integer type; a fraction is a type error.
         let whole = value.is_finite() && value.fract() == 0.0;
         // serde_json reads an integer literal of at most 64 bits as an integer, so a double at
