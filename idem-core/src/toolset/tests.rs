@@ -928,7 +928,7 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
     let first = set.call_text(&run, "widths", r#"{"u": 5, "i": 0, "b": 200, "w": 1000}"#).await;
     assert!(!first.is_error, "{}", first.text);
     assert_eq!(first.content, json!([5, 0, 200, "1000"]));
-    let key = first.report.as_ref().unwrap().key.clone();
+    let key = first.report.as_ref().unwrap().key;
     let same = [
         r#"{"u": 5.0, "i": -0, "b": 2e2, "w": 1e3}"#,
         r#"{"u": 5.000, "i": -0.0, "b": 200, "w": 1000.0}"#,
