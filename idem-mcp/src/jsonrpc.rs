@@ -211,6 +211,26 @@ fn first_non_space(text: &str) -> Option<u8> {
     text.bytes().find(|b| !b.is_ascii_whitespace())
 }
 
+/// The id of a request from the head of its text, cut anywhere (a message too long to read
+/// whole): read when the members before the cut include exactly one `id` a reply can carry.
+pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
+    let text = match std::str::from_utf8(head) {
+        Ok(text) => text,
+        // Cut inside a character.
+        Err(e) => std::str::from_utf8(&head[..e.valid_up_to()]).ok()?,
+    };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let (members, _) = members(text);
+    let raw = member(&members, "id").ok()??;
+    // A number cut short reads as another number (`42` cut after the `4`): a number counts only
+    // when something follows it before the cut (a string ends with its quote).
+    let end = raw.get().as_ptr() as usize - text.as_ptr() as usize + raw.get().len();
+    if end == text.len() && !raw.get().starts_with('"') {
+        return None;
+    }
+    request_id(raw)
+}
+
 /// Checks one inbound message (one line of stdio, one HTTP body) and says what to do with it.
 pub fn check_message(text: &str) -> Inbound {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -563,6 +583,37 @@ mod tests {
         match check_message(line) {
             Inbound::Reply(reply) => reply,
             other => panic!("{line}: not refused: {other:?}"),
+        }
+    }
+
+    /// The head of a message cut anywhere, even inside a character or a string, names its id
+    /// when the members before the cut hold exactly one id a reply can carry.
+    #[test]
+    fn the_id_is_read_from_the_head_of_a_message_cut_anywhere() {
+        let whole =
+            r#"{"jsonrpc":"2.0","id":"req-é7","method":"tools/call","params":{"name":"ü"}}"#;
+        let after_id = whole.find(r#","method""#).unwrap();
+        for cut in 0..=whole.len() {
+            let id = id_in_head(&whole.as_bytes()[..cut]);
+            let expected = (cut >= after_id).then(|| RequestId::String("req-é7".into()));
+            assert_eq!(id, expected, "cut at {cut}");
+        }
+        let number = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"a":"xxxx"#;
+        assert_eq!(id_in_head(number), Some(RequestId::Number(42)));
+        for cut in [r#"{"id":4"#, r#"{"id":42"#, r#"{"id": -"#] {
+            assert_eq!(id_in_head(cut.as_bytes()), None, "{cut}: the number may go on");
+        }
+        assert_eq!(id_in_head(br#"{"id": 42 "#), Some(RequestId::Number(42)));
+        // No id to be had: none before the cut, repeated, or not one a reply can carry.
+        for head in [
+            &br#"{"jsonrpc":"2.0","method":"tools/call","params":{"a":1},"id":"#[..],
+            br#"{"id":1,"id":2,"method":"#,
+            br#"{"id":1.5,"method":"#,
+            br#"{"id":null,"method":"#,
+            br#"[{"id":1,"method":"#,
+            b"",
+        ] {
+            assert_eq!(id_in_head(head), None, "{}", String::from_utf8_lossy(head));
         }
     }
 

@@ -26,10 +26,11 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_use};
+use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_head, id_in_use};
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
-/// is skipped to its end and answered with -32600 and a `null` id.
+/// is skipped to its end and answered with -32600, with the request's id when its first 64 KiB
+/// name it (clients write `id` before `params`), else with a `null` id.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How rmcp's answer to a request without a session begins.
@@ -163,9 +164,13 @@ where
                     self.discarding = false;
                 }
             } else if self.line.len().saturating_add(take) > self.max_line_bytes {
-                self.line.clear();
+                // The line's head, for its id: JSON-RPC clients write `id` before `params`.
+                let mut head = std::mem::take(&mut self.line);
+                head.truncate(ID_SCAN_BYTES);
+                let more = ID_SCAN_BYTES.saturating_sub(head.len()).min(take);
+                head.extend_from_slice(&available[..more]);
                 self.discarding = newline.is_none();
-                step = Some(Line::TooLong);
+                step = Some(Line::TooLong(id_in_head(&head)));
             } else {
                 self.line.extend_from_slice(&available[..take]);
                 if newline.is_some() {
@@ -212,9 +217,13 @@ impl<R, W> LineTransport<R, W> {
 
 enum Line {
     Complete,
-    TooLong,
+    /// Skipped; with the id read from its head, when there is one.
+    TooLong(Option<RequestId>),
     Eof,
 }
+
+/// How much of a skipped line's head is searched for its id, in bytes.
+const ID_SCAN_BYTES: usize = 64 * 1024;
 
 impl<R, W> Transport<RoleServer> for LineTransport<R, W>
 where
@@ -251,12 +260,13 @@ where
         loop {
             match self.read_line().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong) => {
+                Ok(Line::TooLong(id)) => {
                     let message = format!(
-                        "Invalid request: the line is longer than {} bytes",
+                        "Invalid request: the line is longer than {} bytes; nothing was done",
                         self.max_line_bytes
                     );
-                    let reply = error_reply(None, rmcp::model::ErrorCode::INVALID_REQUEST, message);
+                    let reply =
+                        error_reply(id.as_ref(), rmcp::model::ErrorCode::INVALID_REQUEST, message);
                     self.queue(&reply).ok()?;
                     continue;
                 }
@@ -292,5 +302,45 @@ where
             task.await.map_err(io::Error::other)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A line past the limit is skipped and answered once, with the id its head names (or
+    /// `null` when it names none), and the lines after it are read as before.
+    #[tokio::test]
+    async fn a_line_past_the_limit_is_answered_with_its_id_and_the_next_line_is_read() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let mut transport = LineTransport::new(server_read, server_write).with_max_line_bytes(1000);
+        let (read, mut write) = tokio::io::split(client);
+        let big = "x".repeat(5000);
+        let lines = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":\"big-1\",\"method\":\"tools/call\",\"params\":{{\"a\":\"{big}\"}}}}\n\
+             {{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"params\":{{\"a\":\"{big}\"}},\"id\":7}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}}\n"
+        );
+        let writer = tokio::spawn(async move {
+            write.write_all(lines.as_bytes()).await.unwrap();
+            write
+        });
+        let next = transport.receive().await.expect("the ping after the long lines");
+        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
+        assert_eq!(ping.id, RequestId::Number(3));
+        let _write = writer.await.unwrap();
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        for id in [serde_json::json!("big-1"), serde_json::Value::Null] {
+            let line = replies.next_line().await.unwrap().unwrap();
+            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(reply["id"], id, "{reply}");
+            assert_eq!(reply["error"]["code"], -32600, "{reply}");
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(message.contains("longer than 1000 bytes"), "{message}");
+        }
     }
 }
