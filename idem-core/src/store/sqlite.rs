@@ -150,7 +150,7 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
             ))
         }
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
-            read_only(&format!("at {}", shown.display()), &e)
+            read_only(Some(&shown), &e)
         }
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
@@ -161,8 +161,8 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
 
 /// A database this process may not write (`at`: where, when known): a configuration error,
 /// which waiting does not fix.
-fn read_only(at: &str, e: &rusqlite::Error) -> StoreError {
-    let at = if at.is_empty() { String::new() } else { format!(" {at}") };
+fn read_only(at: Option<&Path>, e: &rusqlite::Error) -> StoreError {
+    let at = at.map(|p| format!(" at {}", p.display())).unwrap_or_default();
     StoreError::InvalidConfig(format!(
         "the SQLite database{at} cannot be written by this process (the file, its directory, or \
          its -wal and -shm files are read-only; SQLite's write-ahead log needs to write beside \
@@ -403,7 +403,7 @@ impl From<SqlError> for StoreError {
             // A file or directory this process may not write: a configuration error, which
             // waiting does not fix (a busy or full database is an outage: it may pass).
             SqlError::Sqlite(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly) => {
-                read_only("", &e)
+                read_only(None, &e)
             }
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
