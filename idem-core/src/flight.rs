@@ -52,9 +52,13 @@ struct Entry {
     generation: u64,
 }
 
+/// Every call enters and leaves the map, replays included. Keys are SHA-256 digests, spread
+/// evenly already: a seeded fast hash is enough (as in the in-memory store).
+type Map = HashMap<Key, Entry, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<(HashMap<Key, Entry>, u64)>,
+    map: Mutex<(Map, u64)>,
 }
 
 pub(crate) enum Enter<'a> {
@@ -67,7 +71,7 @@ pub(crate) enum Enter<'a> {
 }
 
 impl Flights {
-    fn lock(&self) -> MutexGuard<'_, (HashMap<Key, Entry>, u64)> {
+    fn lock(&self) -> MutexGuard<'_, (Map, u64)> {
         crate::sync::lock(&self.map)
     }
 
