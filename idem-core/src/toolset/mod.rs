@@ -173,6 +173,20 @@ pub enum ToolSetError {
         "the arguments of tool `{0}` do not have an object schema; make the arguments a struct with named fields"
     )]
     NotAnObject(&'static str),
+    /// The arguments' schema combines schemas at its root (`oneOf`, `anyOf`, `allOf`), which
+    /// `#[serde(flatten)]` of an enum or an `Option` writes. Anthropic's Messages API refuses a
+    /// whole request naming such a tool (`input_schema does not support oneOf, allOf, or anyOf
+    /// at the top level`), as OpenAI's strict function calling does: refused here, when the set
+    /// is built, rather than on the first call to the model.
+    #[error(
+        "the arguments of tool `{tool}` have `{keyword}` at the root of their schema, which Anthropic's API (and OpenAI's strict mode) refuse for the whole request; `#[serde(flatten)]` of an enum or an `Option` writes it: make that enum or option a named field of the arguments instead"
+    )]
+    CombinedAtRoot {
+        /// The tool's name.
+        tool: &'static str,
+        /// The first of `oneOf`, `anyOf`, `allOf` found at the root.
+        keyword: &'static str,
+    },
 }
 
 #[derive(Clone)]
@@ -217,7 +231,7 @@ impl ToolSet {
     }
 
     /// This set with `tool` added. Errors: [`ToolSetError`] (duplicate or invalid name, arguments
-    /// that are not an object).
+    /// that are not an object or combine schemas at their root).
     pub fn with(mut self, tool: impl Tool) -> Result<Self, ToolSetError> {
         self.add(tool)?;
         Ok(self)
@@ -241,6 +255,11 @@ impl ToolSet {
             Value::Object(schema) if schema.get("type") == Some(&Value::from("object")) => schema,
             _ => return Err(ToolSetError::NotAnObject(def.name)),
         };
+        if let Some(keyword) =
+            ["oneOf", "anyOf", "allOf"].into_iter().find(|k| input_schema.contains_key(*k))
+        {
+            return Err(ToolSetError::CombinedAtRoot { tool: def.name, keyword });
+        }
         properties_as_objects(&mut input_schema);
         let definition = ToolDefinition {
             name: def.name,

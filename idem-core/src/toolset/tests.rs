@@ -170,6 +170,47 @@ fn bad_tools_are_refused_with_a_reason() {
     assert_eq!(ToolSet::new().with(scalar_args).unwrap_err(), ToolSetError::NotAnObject("scalar"));
 }
 
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum Method {
+    Card { number: String },
+    Transfer { iban: String },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct PayFlat {
+    amount: u64,
+    #[serde(flatten)]
+    method: Method,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct PayNamed {
+    amount: u64,
+    method: Method,
+}
+
+/// Anthropic refuses a whole request whose tool's `input_schema` has `oneOf`, `anyOf` or
+/// `allOf` at its root, and a flattened enum puts `oneOf` there: refused when the set is built,
+/// naming the fix; the same enum as a named field is accepted (its `oneOf` is nested).
+#[test]
+fn arguments_that_combine_schemas_at_their_root_are_refused() {
+    fn pay<A>(_: &A, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let flat = fake("pay", RetryClass::Keyed, pay::<PayFlat>);
+    let refused = ToolSet::new().with(flat).unwrap_err();
+    assert_eq!(refused, ToolSetError::CombinedAtRoot { tool: "pay", keyword: "oneOf" });
+    assert!(refused.to_string().contains("make that enum or option a named field"), "{refused}");
+    let named = fake("pay", RetryClass::Keyed, pay::<PayNamed>);
+    let set = ToolSet::new().with(named).unwrap();
+    let schema = &set.anthropic_tools()[0]["input_schema"];
+    assert_eq!(schema["type"], "object");
+    for keyword in ["oneOf", "anyOf", "allOf"] {
+        assert!(schema.get(keyword).is_none(), "{schema}");
+    }
+}
+
 #[tokio::test]
 async fn repeats_with_new_call_ids_and_reordered_keys_run_once() {
     let t = tools();
