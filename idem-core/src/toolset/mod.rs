@@ -161,10 +161,12 @@ pub enum ToolSetError {
     /// Two tools share a name; names select the tool and are part of every key.
     #[error("a tool named `{0}` is already in the set; tool names must be unique")]
     DuplicateName(&'static str),
-    /// The name breaks the MCP rule (spec 2025-11-25, "Tool names"): 1 to 128 characters from
-    /// `A-Z a-z 0-9 _ - .`. (OpenAI and Anthropic are stricter: no `.`, at most 64.)
+    /// The name is not 1 to 64 characters from `A-Z a-z 0-9 _ -` (`^[a-zA-Z0-9_-]{1,64}$`, the
+    /// rule `#[tool]` checks at compile time). MCP (spec 2025-11-25, "Tool names") allows more
+    /// (`.`, up to 128), but OpenAI's and Anthropic's APIs refuse the whole request, and Claude
+    /// Desktop withholds every tool of a server, when one name breaks this rule.
     #[error(
-        "tool name `{0}` is not valid: MCP (spec 2025-11-25, Tool names) allows 1 to 128 characters from A-Z, a-z, 0-9, `_`, `-` and `.`"
+        "tool name `{0}` is not usable by agents: use 1 to 64 ASCII letters, digits, `_` or `-` (OpenAI and Anthropic function names; Claude Desktop refuses a server's whole tool list over one other name, though MCP allows `.` and up to 128)"
     )]
     InvalidName(&'static str),
     /// The arguments' schema is not an object schema: MCP requires `inputSchema` of
@@ -220,8 +222,8 @@ impl std::fmt::Debug for ToolSet {
 }
 
 fn valid_name(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
 }
 
 impl ToolSet {

@@ -163,6 +163,16 @@ fn bad_tools_are_refused_with_a_reason() {
     assert_eq!(t.set.with(dup).unwrap_err(), ToolSetError::DuplicateName("charge_card"));
     let spaced = fake("charge card", RetryClass::Keyed, charge_ok);
     assert_eq!(ToolSet::new().with(spaced).unwrap_err(), ToolSetError::InvalidName("charge card"));
+    // MCP allows `.` and 128 characters; hosts and model APIs refuse a whole tool list over one.
+    let long: &'static str = Box::leak("c".repeat(65).into_boxed_str());
+    for name in ["payments.charge", long, ""] {
+        let tool = fake(name, RetryClass::Keyed, charge_ok);
+        let refused = ToolSet::new().with(tool).unwrap_err();
+        assert_eq!(refused, ToolSetError::InvalidName(name));
+        assert!(refused.to_string().contains("1 to 64 ASCII letters"), "{refused}");
+    }
+    let at_limit: &'static str = Box::leak("c".repeat(64).into_boxed_str());
+    assert!(ToolSet::new().with(fake(at_limit, RetryClass::Keyed, charge_ok)).is_ok());
     fn scalar(_: &u64, _: u32) -> Result<Value, PayError> {
         Ok(Value::Null)
     }
