@@ -87,6 +87,25 @@ pub trait DynTool: Send + Sync + 'static {
     ) -> BoxFuture<'a, ToolResult>;
 }
 
+/// The schema of a tool's arguments, in the form every host and model API reads: JSON Schema
+/// 2020-12 (MCP's default dialect, spec 2025-11-25 "JSON Schema Usage") without a `$schema`
+/// member, and with each type written where it is used instead of in `$defs` behind a `$ref`
+/// (a recursive type still needs one). Gemini CLI's validator fails a call whose schema names
+/// the 2020-12 meta-schema, and Gemini's API and CLI refuse `$ref`s to `$defs`; every JSON
+/// Schema reader accepts the inline form.
+pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
+    let settings = schemars::generate::SchemaSettings::draft2020_12().with(|s| {
+        s.inline_subschemas = true;
+        s.meta_schema = None;
+    });
+    let mut schema = settings.into_generator().into_root_schema_for::<T>().to_value();
+    if let Value::Object(root) = &mut schema {
+        // The Rust type's name ("ChargeCardArgs"): noise to a model, and no host shows it.
+        root.remove("title");
+    }
+    schema
+}
+
 /// Writes each property's schema as an object: schemars writes `true` for a parameter of any
 /// JSON (`serde_json::Value`) and `false` for one nothing satisfies, which JSON Schema allows, but
 /// MCP's schema types each member of `inputSchema.properties` as an object and the TypeScript
@@ -108,7 +127,7 @@ impl<T: Tool> DynTool for T {
     }
 
     fn input_schema(&self) -> Value {
-        schemars::SchemaGenerator::default().into_root_schema_for::<T::Args>().to_value()
+        input_schema_for::<T::Args>()
     }
 
     fn dispatch<'a>(

@@ -1008,3 +1008,46 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused call ran");
 }
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Address {
+    /// The street and number.
+    street: String,
+    city: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct ShipArgs {
+    from: Address,
+    to: Address,
+    method: Method,
+}
+
+/// The published schema is what every host and model API reads: no `$schema` (Gemini CLI fails
+/// calls whose schema names the 2020-12 meta-schema), no `$defs` behind `$ref`s (Gemini refuses
+/// them), no Rust type name as a title; nested and repeated types are written in place.
+#[test]
+fn a_published_schema_has_no_meta_schema_no_references_and_no_type_name() {
+    fn ship(_: &ShipArgs, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let set = ToolSet::new().with(fake("ship", RetryClass::Keyed, ship)).unwrap();
+    let schema = &set.definition("ship").unwrap().input_schema;
+    let text = Value::Object(schema.clone()).to_string();
+    for absent in ["$schema", "$defs", "$ref", "definitions", "\"title\""] {
+        assert!(!text.contains(absent), "{absent} in {text}");
+    }
+    let properties = &schema["properties"];
+    for side in ["from", "to"] {
+        assert_eq!(properties[side]["type"], "object", "{text}");
+        assert_eq!(properties[side]["properties"]["street"]["type"], "string", "{text}");
+        assert_eq!(
+            properties[side]["properties"]["street"]["description"], "The street and number.",
+            "{text}"
+        );
+    }
+    assert!(properties["method"]["oneOf"].is_array(), "{text}");
+    // The same for every front door.
+    assert_eq!(set.anthropic_tools()[0]["input_schema"], Value::Object(schema.clone()));
+    assert_eq!(set.openai_tools()[0]["function"]["parameters"], Value::Object(schema.clone()));
+}
