@@ -132,6 +132,8 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
         ("notification nested 100,000 deep", format!(r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{}}}"#, nested(100_000)), None, Expect::Nothing),
         // And the server still works.
         ("a good call", charge(28, r#"{"customer":"cus_raw","amount_cents":5}"#), Some(json!(28)), Expect::ToolOk),
+        // Arguments encoded twice (an object's text in a string): the object inside.
+        ("arguments an object's text", charge(49, r#""{\"customer\":\"cus_text\",\"amount_cents\":5}""#), Some(json!(49)), Expect::ToolOk),
     ];
     for (what, line, id, expect) in cases {
         s.check(what, &line, id, expect);

@@ -66,6 +66,21 @@ pub fn parse_arguments(tool: &str, text: &str) -> Result<Map<String, Value>, Str
     }
 }
 
+/// The text of an object that was sent as a JSON string holding it (`"{\"a\":1}"`): some
+/// models and OpenAI-compatible servers encode a call's arguments twice. A string is never a
+/// tool's arguments, so when its content is an object's text, that object is what was meant;
+/// each front door reads it instead (one level only). `None` for any other text.
+pub fn twice_encoded(text: &str) -> Option<String> {
+    if !text.trim_start_matches(JSON_WHITESPACE).starts_with('"') {
+        return None;
+    }
+    let inner: String = serde_json::from_str(text).ok()?;
+    inner.trim_start_matches(JSON_WHITESPACE).starts_with('{').then_some(inner)
+}
+
+/// RFC 8259 §2: the whitespace JSON allows around a value.
+pub(crate) const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
 /// Checks argument text as [`parse_arguments`] does, without building a value (one pass).
 ///
 /// Errors: as [`parse_arguments`].

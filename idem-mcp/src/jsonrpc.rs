@@ -548,9 +548,12 @@ fn params(
     let mut text = None;
     for (member, raw) in &members {
         let value = if member == "arguments" && raw.get() != "null" {
-            match json_text::parse_arguments(&name, raw.get()) {
+            // Encoded twice (an object's text in a string): that object, as on every front door.
+            let inner = json_text::twice_encoded(raw.get());
+            let arguments = inner.as_deref().unwrap_or(raw.get());
+            match json_text::parse_arguments(&name, arguments) {
                 Ok(args) => {
-                    text = Some(Arc::from(raw.get()));
+                    text = Some(Arc::from(arguments));
                     Value::Object(args)
                 }
                 Err(message) => {

@@ -6,9 +6,11 @@ use std::fmt::{Display, Write as _};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::json_text;
+use crate::json_text::{self, JSON_WHITESPACE};
 
-/// The arguments of one call as the model sent them.
+/// The arguments of one call as the model sent them. In every shape, a JSON string holding an
+/// object's text is that object (arguments encoded twice, as some models and OpenAI-compatible
+/// servers send them), with the key of the object sent plainly; any other string is refused.
 #[derive(Clone, Copy, Debug)]
 pub enum Arguments<'a> {
     /// Parsed JSON (Anthropic `input`, MCP `arguments`).
@@ -23,6 +25,20 @@ pub enum Arguments<'a> {
 
 /// Parses the model's arguments into the tool's type, or says what is wrong, naming the field.
 pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A, String> {
+    // Arguments encoded twice: the object inside the string (json_text::twice_encoded).
+    match args {
+        Arguments::Json(Value::String(s))
+            if s.trim_start_matches(JSON_WHITESPACE).starts_with('{') =>
+        {
+            return parse(tool, Arguments::Text(s));
+        }
+        Arguments::Text(text) => {
+            if let Some(inner) = json_text::twice_encoded(text) {
+                return parse(tool, Arguments::Text(&inner));
+            }
+        }
+        _ => {}
+    }
     let empty = Value::Object(Map::new());
     let value = match args {
         Arguments::Json(v) => {
@@ -110,9 +126,6 @@ fn whole_numbers_as_integers(value: &Value, changed: &mut bool) -> Value {
         _ => value.clone(),
     }
 }
-
-/// RFC 8259 §2: the whitespace JSON allows around a value.
-const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
 
 /// The refusal of arguments read straight from text. The text is valid JSON (checked before),
 /// so a syntax error here comes from the typed read itself: serde_json reads a 128-bit integer

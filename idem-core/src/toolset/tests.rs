@@ -1051,3 +1051,45 @@ fn a_published_schema_has_no_meta_schema_no_references_and_no_type_name() {
     assert_eq!(set.anthropic_tools()[0]["input_schema"], Value::Object(schema.clone()));
     assert_eq!(set.openai_tools()[0]["function"]["parameters"], Value::Object(schema.clone()));
 }
+
+/// Some models and OpenAI-compatible servers encode a call's arguments twice: a JSON string
+/// holding the object's text. A string is never a tool's arguments, so the object inside is the
+/// call, on every front door, with the key of the object sent plainly; a string that holds
+/// anything else is refused as before.
+#[tokio::test]
+async fn arguments_encoded_twice_are_the_object_inside() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let plain = json!({"customer": "cus_1", "amount_cents": 4900});
+    let first = t.set.call(&run, "charge_card", &plain).await;
+    assert!(!first.is_error, "{}", first.text);
+    let key = first.report.as_ref().unwrap().key;
+    let inner = r#" {"amount_cents": 4900, "customer": "cus_1"}"#;
+    let encoded = serde_json::to_string(inner).unwrap();
+    for r in [
+        t.set.call_text(&run, "charge_card", &encoded).await,
+        t.set.call(&run, "charge_card", &Value::String(inner.into())).await,
+    ] {
+        assert!(!r.is_error, "{}", r.text);
+        assert_eq!(r.content, first.content);
+        assert_eq!(r.report.as_ref().unwrap().key, key, "the key of the plain object");
+    }
+    let call = json!({"id": "c1", "type": "function",
+        "function": {"name": "charge_card", "arguments": encoded}});
+    let message = t.set.call_openai(&run, &call).await;
+    assert_eq!(message["content"], first.text.as_str(), "{message}");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one charge for every spelling");
+    // Inside the string, the same rules: fields named, nothing run.
+    let bad = serde_json::to_string(r#"{"customer": "cus_1", "amount_cents": "5"}"#).unwrap();
+    let r = t.set.call_text(&run, "charge_card", &bad).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+    assert!(r.text.contains("field `amount_cents`"), "{}", r.text);
+    // A string that is not an object's text, or an object encoded three times, is refused.
+    let thrice = serde_json::to_string(&encoded).unwrap();
+    for text in [r#""cus_1""#, r#""[1, 2]""#, thrice.as_str()] {
+        let r = t.set.call_text(&run, "charge_card", text).await;
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+        assert!(r.text.contains("must be a JSON object, not a string"), "{text}: {}", r.text);
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1);
+}
