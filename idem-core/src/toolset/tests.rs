@@ -1093,3 +1093,29 @@ async fn arguments_encoded_twice_are_the_object_inside() {
     }
     assert_eq!(t.charges.load(Ordering::SeqCst), 1);
 }
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Node {
+    name: String,
+    children: Vec<Node>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct TreeArgs {
+    root: Node,
+}
+
+/// A recursive type cannot be written in place all the way down: its first use is, and its
+/// recursion refers to one `$defs` entry; generating the schema ends.
+#[test]
+fn a_recursive_argument_type_keeps_one_reference() {
+    fn tree(_: &TreeArgs, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let set = ToolSet::new().with(fake("tree", RetryClass::Keyed, tree)).unwrap();
+    let schema = Value::Object(set.definition("tree").unwrap().input_schema.clone());
+    assert!(schema["$defs"]["Node"].is_object(), "{schema}");
+    let root = &schema["properties"]["root"];
+    assert_eq!(root["type"], "object", "{schema}");
+    assert_eq!(root["properties"]["children"]["items"]["$ref"], "#/$defs/Node", "{schema}");
+}
