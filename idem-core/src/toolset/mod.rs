@@ -208,6 +208,20 @@ pub enum ToolSetError {
         /// The first of `oneOf`, `anyOf`, `allOf` found at the root.
         keyword: &'static str,
     },
+    /// A top-level argument's name is not 1 to 64 characters from `A-Z a-z 0-9 _ . -`
+    /// (`^[a-zA-Z0-9_.-]{1,64}$`): Anthropic's API (and Bedrock's) refuse a whole request whose
+    /// tool has such a property ("Property keys should match pattern"). A parameter named with
+    /// letters beyond ASCII (`prénom`), or a field renamed to `filter[id]` or `Account Number`,
+    /// breaks it.
+    #[error(
+        "the argument `{property}` of tool `{tool}` has a name Anthropic's API refuses for the whole request: use 1 to 64 ASCII letters, digits, `_`, `.` or `-` (rename the parameter, or the field with `#[serde(rename = \"..\")]`)"
+    )]
+    InvalidArgumentName {
+        /// The tool's name.
+        tool: &'static str,
+        /// The argument's name as published (printable: control characters escaped).
+        property: String,
+    },
 }
 
 #[derive(Clone)]
@@ -245,6 +259,11 @@ fn valid_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
 }
 
+fn valid_argument_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 impl ToolSet {
     /// An empty set.
     pub fn new() -> Self {
@@ -252,7 +271,7 @@ impl ToolSet {
     }
 
     /// This set with `tool` added. Errors: [`ToolSetError`] (duplicate or invalid name, arguments
-    /// that are not an object or combine schemas at their root).
+    /// that are not an object, combine schemas at their root, or have a name model APIs refuse).
     pub fn with(mut self, tool: impl Tool) -> Result<Self, ToolSetError> {
         self.add(tool)?;
         Ok(self)
@@ -280,6 +299,12 @@ impl ToolSet {
             ["oneOf", "anyOf", "allOf"].into_iter().find(|k| input_schema.contains_key(*k))
         {
             return Err(ToolSetError::CombinedAtRoot { tool: def.name, keyword });
+        }
+        if let Some(Value::Object(properties)) = input_schema.get("properties")
+            && let Some(name) = properties.keys().find(|k| !valid_argument_name(k))
+        {
+            let property = crate::printable(name).into_owned();
+            return Err(ToolSetError::InvalidArgumentName { tool: def.name, property });
         }
         properties_as_objects(&mut input_schema);
         let definition = ToolDefinition {

@@ -1119,3 +1119,46 @@ fn a_recursive_argument_type_keeps_one_reference() {
     assert_eq!(root["type"], "object", "{schema}");
     assert_eq!(root["properties"]["children"]["items"]["$ref"], "#/$defs/Node", "{schema}");
 }
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Bracketed {
+    #[serde(rename = "filter[id]")]
+    filter_id: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[allow(non_snake_case)]
+struct Accented {
+    prénom: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Dotted {
+    #[serde(rename = "filter.id")]
+    filter_id: String,
+    #[serde(rename = "max-results")]
+    max: u32,
+}
+
+/// Anthropic's API refuses a whole request when one tool has a top-level property whose name is
+/// not `^[a-zA-Z0-9_.-]{1,64}$`: refused when the set is built, naming the argument; names
+/// within the rule, `.` and `-` included, are accepted.
+#[test]
+fn an_argument_name_model_apis_refuse_is_refused_when_the_set_is_built() {
+    fn any<A>(_: &A, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let refusals = [
+        (ToolSet::new().with(fake("list", RetryClass::Safe, any::<Bracketed>)), "filter[id]"),
+        (ToolSet::new().with(fake("greet", RetryClass::Safe, any::<Accented>)), "prénom"),
+    ];
+    for (built, property) in refusals {
+        let refused = built.unwrap_err();
+        let ToolSetError::InvalidArgumentName { property: said, .. } = &refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(said, property);
+        assert!(refused.to_string().contains("1 to 64 ASCII letters"), "{refused}");
+    }
+    assert!(ToolSet::new().with(fake("find", RetryClass::Safe, any::<Dotted>)).is_ok());
+}
