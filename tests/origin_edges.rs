@@ -96,6 +96,11 @@ async fn origins_round_trip(store: &dyn Store, run_fits: impl Fn(&str) -> String
             listed.iter().any(|r| r.key == key),
             "the record of run {s:?} must list under its own run as prefix and tool"
         );
+        let exact = list_all(store, ListQuery { run: Some(s.clone()), ..Default::default() }).await;
+        assert!(
+            exact.iter().any(|r| r.key == key),
+            "the record of run {s:?} must list under its own run id"
+        );
     }
 }
 
@@ -139,6 +144,11 @@ async fn nul_in_run(store: &dyn Store) {
     )
     .await;
     assert!(other.iter().all(|r| r.key != key), "prefix a\\0c must not select a\\0b");
+    // The exact run: the whole id with its NUL, not the part before it.
+    let exact = |run: String| list_all(store, ListQuery { run: Some(run), ..Default::default() });
+    assert!(exact(run.clone()).await.iter().any(|r| r.key == key), "run {run:?} exactly");
+    let before_nul = exact(format!("{base}a")).await;
+    assert!(before_nul.iter().all(|r| r.key != key), "the part before the NUL is another run");
 }
 
 #[tokio::test]

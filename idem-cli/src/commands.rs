@@ -66,7 +66,8 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
     let mut query = ListQuery {
         state: args.state.map(Into::into),
         tool: args.tool,
-        run_prefix: args.run,
+        run: args.run,
+        run_prefix: args.run_prefix,
         older_than: args.older_than,
         limit: 0,
         cursor: args.cursor,

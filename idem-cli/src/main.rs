@@ -86,9 +86,13 @@ struct ListArgs {
     /// Only records of this tool (its stable name).
     #[arg(long)]
     tool: Option<String>,
-    /// Only records whose run id starts with this.
+    /// Only records of this run (its whole id: `--run conv-1` does not list `conv-10`; `--run ''`
+    /// lists calls made without a run).
     #[arg(long)]
     run: Option<String>,
+    /// Only records whose run id starts with this.
+    #[arg(long, value_name = "PREFIX", conflicts_with = "run")]
+    run_prefix: Option<String>,
     /// Only records in their state for at least this long (e.g. 90s, 15m, 1h, 2d).
     #[arg(long, value_parser = parse_duration)]
     older_than: Option<Duration>,

@@ -1030,3 +1030,22 @@ async fn an_empty_postgres_schema_is_not_made_a_store() {
     assert_ne!(code(&out), 0, "an empty schema is not a store");
     assert_eq!(tables, 0, "the command line created no tables");
 }
+
+/// `--run` selects one run by its whole id: a script that forgets what `list --run conv-1`
+/// printed must not reach the records of `conv-10`. `--run-prefix` selects by prefix; the two
+/// together are a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_selected_by_its_whole_id_and_a_prefix_only_when_asked() {
+    let (_, url, store) = sqlite_store("idem-cli-run-exact").await;
+    let idem = Idem::builder_shared(store).build();
+    refund(&idem.run("conv-1"), "exact-a".into()).await.expect("refund");
+    refund(&idem.run("conv-10"), "exact-b".into()).await.expect("refund");
+    refund(&idem.run("conv-10"), "exact-c".into()).await.expect("refund");
+    let count = |args: &[&str]| json(&url, args)["records"].as_array().expect("records").len();
+    assert_eq!(count(&["list", "--run", "conv-1"]), 1);
+    assert_eq!(count(&["list", "--run", "conv-10"]), 2);
+    assert_eq!(count(&["list", "--run", "conv-"]), 0, "no run has that whole id");
+    assert_eq!(count(&["list", "--run-prefix", "conv-1"]), 3);
+    let both = exits(&url, &["list", "--run", "conv-1", "--run-prefix", "conv"], 2);
+    assert!(both.contains("cannot be used with"), "{both}");
+}

@@ -192,17 +192,14 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
         assert_eq!(f.keys(paged).await, every, "pages of {limit} hold every record once");
     }
     let prefix = f.run[..f.run.len() - 1].to_owned();
-    let mut query = ListQuery { run_prefix: Some(prefix), ..ListQuery::default() };
-    let mut found = BTreeSet::new();
-    loop {
-        let page = store.list(&query).await.expect("list");
-        found.extend(page.records.iter().filter(|r| every.contains(&r.key)).map(|r| r.key));
-        match page.next {
-            Some(next) => query.cursor = Some(next),
-            None => break,
-        }
-    }
+    let by_prefix = ListQuery { run_prefix: Some(prefix.clone()), ..ListQuery::default() };
+    let found = listed_among(store, by_prefix, &every).await;
     assert_eq!(found, every, "a prefix of the run id selects the run's records");
+    // The run filter is exact: the whole id selects them, a prefix of it none.
+    let whole = ListQuery { run: Some(f.run.clone()), ..ListQuery::default() };
+    assert_eq!(listed_among(store, whole, &every).await, every, "the run's whole id");
+    let cut = ListQuery { run: Some(prefix), ..ListQuery::default() };
+    assert!(listed_among(store, cut, &every).await.is_empty(), "a run id is not a prefix");
     let none = ListQuery { run_prefix: Some(format!("{}-none", f.run)), ..ListQuery::default() };
     assert!(store.list(&none).await.expect("list").records.is_empty(), "a prefix no run has");
     // A cursor this store did not make is the caller's mistake (a typo, another store's
@@ -215,6 +212,23 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
             other => panic!(
                 "a cursor not made by this store ({cursor:?}) is InvalidCursor, got {other:?}"
             ),
+        }
+    }
+}
+
+/// The keys among `among` that every page of `query` lists (other tests' records ignored).
+async fn listed_among(
+    store: &dyn Store,
+    mut query: ListQuery,
+    among: &BTreeSet<Key>,
+) -> BTreeSet<Key> {
+    let mut found = BTreeSet::new();
+    loop {
+        let page = store.list(&query).await.expect("list");
+        found.extend(page.records.iter().filter(|r| among.contains(&r.key)).map(|r| r.key));
+        match page.next {
+            Some(next) => query.cursor = Some(next),
+            None => return found,
         }
     }
 }

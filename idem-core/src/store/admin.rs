@@ -106,6 +106,9 @@ pub struct ListQuery {
     pub state: Option<StateFilter>,
     /// Only records of this tool (its stable name, exact). Records without an origin never match.
     pub tool: Option<String>,
+    /// Only records of exactly this run id (`""`: calls made without a run). Records without an
+    /// origin never match.
+    pub run: Option<String>,
     /// Only records whose run id starts with this. Records without an origin never match.
     pub run_prefix: Option<String>,
     /// Only records at least this old ([`RecordInfo::age`]). Records without an age never match.
@@ -136,6 +139,11 @@ impl ListQuery {
         let origin = info.origin.as_ref();
         if let Some(tool) = &self.tool
             && origin.is_none_or(|o| &o.tool != tool)
+        {
+            return false;
+        }
+        if let Some(run) = &self.run
+            && origin.is_none_or(|o| &o.run != run)
         {
             return false;
         }

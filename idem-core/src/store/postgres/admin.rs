@@ -140,6 +140,9 @@ impl PostgresStore {
         if let Some(tool) = &q.tool {
             arg(&mut sql, " AND tool = ?", Box::new(text(tool).into_owned()), Type::TEXT);
         }
+        if let Some(run) = &q.run {
+            arg(&mut sql, " AND run_id = ?", Box::new(run_text(run).into_owned()), Type::TEXT);
+        }
         if let Some(prefix) = &q.run_prefix {
             let prefix = &run_text(prefix).into_owned();
             // The range lets the byte-ordered index serve the prefix; starts_with is the test.

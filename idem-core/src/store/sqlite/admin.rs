@@ -162,6 +162,12 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
     if let Some(tool) = &q.tool {
         arg(&mut sql, " AND tool = ?", Value::Text(tool.clone()));
     }
+    if let Some(run) = &q.run {
+        // The text comparison lets the index on run_id serve it; the bytes are the exact test
+        // (as for the prefix below, a NUL in a run id must not end the comparison).
+        arg(&mut sql, " AND run_id = ?", Value::Text(run.clone()));
+        arg(&mut sql, " AND CAST(run_id AS BLOB) = ?", Value::Blob(run.as_bytes().to_vec()));
+    }
     if let Some(prefix) = &q.run_prefix {
         // The range lets the index on run_id serve the prefix; `substr` is the exact test, on
         // bytes: SQLite's `length` of a text stops at its first NUL, so a prefix holding one
