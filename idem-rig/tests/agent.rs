@@ -538,7 +538,7 @@ async fn arguments_in_odd_shapes_are_refused_and_nothing_runs() {
         serde_json::from_str(r#"{"customer":"cus_1","amount_cents":18446744073709551617}"#)
             .unwrap();
     let cases = [
-        (json!(r#"{"customer":"cus_1","amount_cents":4900}"#), "not a string"),
+        (json!("cus_1"), "not a string"),
         (json!([1, 2]), "not an array"),
         (json!(7), "not a number"),
         (json!(null), "missing field `customer`"),
@@ -563,4 +563,11 @@ async fn arguments_in_odd_shapes_are_refused_and_nothing_runs() {
     assert!(seen.iter().all(|s| s.is_error), "{seen:?}");
     assert!(seen[1].text.starts_with("Error (invalid_arguments): "), "{}", seen[1].text);
     assert!(payments.requests.lock().unwrap().is_empty(), "nothing ran");
+
+    // Arguments encoded twice (the object's text in a string, as some models send them) are
+    // that object: one charge, and the plain form replays it.
+    let twice = json!(r#"{"customer":"cus_1","amount_cents":4900}"#);
+    tool.execute(twice).await.expect("the object inside the string");
+    tool.execute(json!({"customer": "cus_1", "amount_cents": 4900})).await.expect("a replay");
+    assert_eq!(payments.charge_count(), 1, "one charge for both spellings");
 }
