@@ -221,6 +221,15 @@ pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
     };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let (members, _) = members(text);
+    // Only a request is answered: a response (`result`, `error`) to one of the server's own
+    // requests carries the id of that request, and a reply with it would land on a request of
+    // the client's that has the same id. Without a `method` before the cut, it is not known.
+    if !matches!(member(&members, "method"), Ok(Some(_)))
+        || !matches!(member(&members, "result"), Ok(None))
+        || !matches!(member(&members, "error"), Ok(None))
+    {
+        return None;
+    }
     let raw = member(&members, "id").ok()??;
     // A number cut short reads as another number (`42` cut after the `4`): a number counts only
     // when something follows it before the cut (a string ends with its quote).
@@ -590,23 +599,37 @@ mod tests {
     }
 
     /// The head of a message cut anywhere, even inside a character or a string, names its id
-    /// when the members before the cut hold exactly one id a reply can carry.
+    /// when the members before the cut hold exactly one id a reply can carry and a method (a
+    /// request, not a response).
     #[test]
     fn the_id_is_read_from_the_head_of_a_message_cut_anywhere() {
         let whole =
             r#"{"jsonrpc":"2.0","id":"req-é7","method":"tools/call","params":{"name":"ü"}}"#;
-        let after_id = whole.find(r#","method""#).unwrap();
+        // Known once the method is read too.
+        let after_method = whole.find(r#","params""#).unwrap();
         for cut in 0..=whole.len() {
             let id = id_in_head(&whole.as_bytes()[..cut]);
-            let expected = (cut >= after_id).then(|| RequestId::String("req-é7".into()));
+            let expected = (cut >= after_method).then(|| RequestId::String("req-é7".into()));
             assert_eq!(id, expected, "cut at {cut}");
         }
         let number = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"a":"xxxx"#;
         assert_eq!(id_in_head(number), Some(RequestId::Number(42)));
-        for cut in [r#"{"id":4"#, r#"{"id":42"#, r#"{"id": -"#] {
+        for cut in
+            [r#"{"method":"m","id":4"#, r#"{"method":"m","id":42"#, r#"{"method":"m","id": -"#]
+        {
             assert_eq!(id_in_head(cut.as_bytes()), None, "{cut}: the number may go on");
         }
-        assert_eq!(id_in_head(br#"{"id": 42 "#), Some(RequestId::Number(42)));
+        assert_eq!(id_in_head(br#"{"method":"m","id": 42 "#), Some(RequestId::Number(42)));
+        // A response's id is not a request's, and without a method before the cut the message
+        // may be a response.
+        for head in [
+            &br#"{"jsonrpc":"2.0","id":5,"result":{"content":"xxxx"#[..],
+            br#"{"jsonrpc":"2.0","id":6,"error":{"code":1,"message":"xxx"#,
+            br#"{"jsonrpc":"2.0","id":7,"params":{"a":"xxxx"#,
+            br#"{"jsonrpc":"2.0","id":8,"method":"m","result":1,"params":{"a":"#,
+        ] {
+            assert_eq!(id_in_head(head), None, "{}", String::from_utf8_lossy(head));
+        }
         // No id to be had: none before the cut, repeated, or not one a reply can carry.
         for head in [
             &br#"{"jsonrpc":"2.0","method":"tools/call","params":{"a":1},"id":"#[..],
