@@ -1,10 +1,13 @@
 //! The arguments a model sends, parsed into a tool's typed arguments with errors that name the
 //! field and say that nothing was executed.
 
+use std::collections::HashMap;
 use std::fmt::{Display, Write as _};
 
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use serde_path_to_error::{Path, Segment};
 
 use crate::json_text::{self, JSON_WHITESPACE};
 
@@ -66,10 +69,9 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                 Ok(args) => {
                     de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
                 }
-                Err(e) => serde_json::from_str::<Value>(text)
-                    .ok()
-                    .and_then(|value| with_whole_numbers_as_integers(&value))
-                    .ok_or_else(|| text_field_error::<A>(tool, text, &e)),
+                Err(e) => {
+                    repaired_text(text, &e).ok_or_else(|| text_field_error::<A>(tool, text, &e))
+                }
             };
         }
     };
@@ -77,54 +79,179 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
         return Err(json_text::not_an_object(tool, value));
     }
     serde_path_to_error::deserialize(value)
-        .or_else(|e| with_whole_numbers_as_integers(value).ok_or_else(|| field_error(tool, &e)))
+        .or_else(|e| repaired_value(value, e.path()).ok_or_else(|| field_error(tool, &e)))
 }
 
 /// JSON Schema's `integer` is any number with a zero fractional part (JSON Schema Validation
 /// 2020-12, §6.1.1), so `5.0`, `1e3` and `-0` are integers under the schema a tool publishes;
-/// clients that pass numbers through a float (Python's, many model SDKs') send them so. serde
-/// reads them as floats and refuses them for an integer type. Tried only after the arguments
-/// were refused: the same arguments again with every whole number within 64 bits written as an
-/// integer (below 2^53 in magnitude, where doubles are exact). `None` when nothing changed or the arguments are still refused (then the first
-/// refusal is the one reported). The key cannot tell `5.0` from `5`: it is derived from the
-/// typed arguments, and RFC 8785 writes both as `5`.
-fn with_whole_numbers_as_integers<A: DeserializeOwned>(value: &Value) -> Option<A> {
-    let mut changed = false;
-    let value = whole_numbers_as_integers(value, &mut changed);
-    if !changed {
-        return None;
+/// clients that pass numbers through a float (Python's, many model SDKs') send them so, and
+/// serde refuses a float for an integer type. Tried only after the typed read was refused, and
+/// only where it was refused: the number at the refused field is written as the integer it
+/// equals and the arguments are read again, up to [`MAX_REPAIRS`] times. Nothing else changes,
+/// so a float a parameter accepts (an `f64`, a `Value`, an untagged enum's float variant) is
+/// read as sent, and the key (derived from the typed arguments) is the integer's. `None` when
+/// the refused value is not such a number or the arguments are still refused: the first
+/// refusal is then the one reported.
+///
+/// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
+/// though their doubles are), and the integer is exact at any width a parameter holds.
+fn repaired_text<A: DeserializeOwned>(
+    text: &str,
+    first: &serde_path_to_error::Error<serde_json::Error>,
+) -> Option<A> {
+    let mut text = text.to_owned();
+    let (mut path, mut inner) = (first.path().clone(), first.inner().classify());
+    let mut at = (first.inner().line(), first.inner().column());
+    for _ in 0..MAX_REPAIRS {
+        // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
+        // with a syntax error whose path is unknown: its position names the number instead.
+        let (start, end) = match token_at(&text, &path) {
+            Some(range) => range,
+            None if inner == serde_json::error::Category::Syntax => number_at(&text, at)?,
+            None => return None,
+        };
+        let integer = integer_text(&text[start..end])?;
+        text.replace_range(start..end, &integer);
+        let mut de = serde_json::Deserializer::from_str(&text);
+        match serde_path_to_error::deserialize::<_, A>(&mut de) {
+            Ok(args) => return de.end().ok().map(|()| args),
+            Err(e) => {
+                (path, inner) = (e.path().clone(), e.inner().classify());
+                at = (e.inner().line(), e.inner().column());
+            }
+        }
     }
-    serde_json::from_value(value).ok()
+    None
 }
 
-fn whole_numbers_as_integers(value: &Value, changed: &mut bool) -> Value {
-    // 2^53: below it every whole double is the integer its text wrote; from it on a double
-    // may be a neighbour of that integer (`9007199254740993.0` reads as 2^53), and running a
-    // tool with a number the client did not send is worse than refusing it.
+/// The byte range of the number token around serde_json's error position (one-based line and
+/// column, the column in bytes).
+fn number_at(text: &str, (line, column): (usize, usize)) -> Option<(usize, usize)> {
+    let line_start: usize =
+        text.split_inclusive('\n').take(line.checked_sub(1)?).map(str::len).sum();
+    let at = (line_start + column.checked_sub(1)?).min(text.len());
+    let in_number = |b: &u8| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E');
+    let bytes = text.as_bytes();
+    let start = at - bytes[..at].iter().rev().take_while(|b| in_number(b)).count();
+    let end = at + bytes[at..].iter().take_while(|b| in_number(b)).count();
+    (start < end).then_some((start, end))
+}
+
+/// The same from a parsed value, where only the double is left: whole and below 2^53 in
+/// magnitude (from 2^53 on a double may be a neighbour of the integer written:
+/// `9007199254740993.0` reads as 2^53, and running a tool with a number the client did not
+/// send is worse than refusing it).
+fn repaired_value<A: DeserializeOwned>(value: &Value, first: &Path) -> Option<A> {
     const EXACT: f64 = 9_007_199_254_740_992.0;
-    match value {
-        Value::Number(n) if n.is_f64() => {
-            let f = n.as_f64().unwrap_or(f64::NAN);
-            if f.fract() != 0.0 || f.abs() >= EXACT {
-                return value.clone();
-            }
-            *changed = true;
-            // Exact: a whole double below 2^53 converts without rounding.
-            #[allow(clippy::cast_possible_truncation)]
-            Value::from(f as i64)
+    let mut value = value.clone();
+    let mut path = first.clone();
+    for _ in 0..MAX_REPAIRS {
+        let target = value_at(&mut value, &path)?;
+        let f = match target {
+            Value::Number(n) if n.is_f64() => n.as_f64()?,
+            _ => return None,
+        };
+        if f.fract() != 0.0 || f.abs() >= EXACT {
+            return None;
         }
-        // Depth is bounded before any read (limits::check_value_depth; the text parser's own).
-        Value::Array(items) => {
-            Value::Array(items.iter().map(|v| whole_numbers_as_integers(v, changed)).collect())
+        // Exact: a whole double below 2^53 converts without rounding.
+        #[allow(clippy::cast_possible_truncation)]
+        let integer = f as i64;
+        *target = Value::from(integer);
+        match serde_path_to_error::deserialize::<_, A>(&value) {
+            Ok(args) => return Some(args),
+            Err(e) => path = e.path().clone(),
         }
-        Value::Object(members) => Value::Object(
-            members
-                .iter()
-                .map(|(k, v)| (k.clone(), whole_numbers_as_integers(v, changed)))
-                .collect(),
-        ),
-        _ => value.clone(),
     }
+    None
+}
+
+/// How many numbers of one call's arguments may be written as integers (each costs one more
+/// typed read of the arguments).
+const MAX_REPAIRS: usize = 64;
+
+/// The digits an integer parameter may need: 39 for a `u128` or an `i128`, one more so that a
+/// number just beyond is refused as out of range rather than as a float.
+const MAX_INTEGER_DIGITS: usize = 40;
+
+/// The byte range in `text` of the value at `path` (serde's path of a refusal).
+fn token_at(text: &str, path: &Path) -> Option<(usize, usize)> {
+    let mut raw: &RawValue = serde_json::from_str(text).ok()?;
+    for segment in path.iter() {
+        raw = match segment {
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                let members: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).ok()?;
+                *members.get(key)?
+            }
+            Segment::Seq { index } => {
+                let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+                *items.get(*index)?
+            }
+            Segment::Unknown => return None,
+        };
+    }
+    let start = (raw.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    Some((start, start + raw.get().len()))
+}
+
+/// The value at `path` in `value`.
+fn value_at<'v>(value: &'v mut Value, path: &Path) -> Option<&'v mut Value> {
+    let mut at = value;
+    for segment in path.iter() {
+        at = match segment {
+            Segment::Map { key } | Segment::Enum { variant: key } => at.get_mut(key.as_str())?,
+            Segment::Seq { index } => at.get_mut(*index)?,
+            Segment::Unknown => return None,
+        };
+    }
+    Some(at)
+}
+
+/// The integer a JSON number token equals, written as an integer, when it is one and was not
+/// written so (`5.0` → `5`, `1e3` → `1000`, `-0` → `0`, `12.50e1` → `125`); `None` for a
+/// fraction (`1.5`, `1e-400`, `1.0000000000000001`), for a token already written as an integer
+/// (other than `-0`, which serde_json reads as a float to keep its sign), for one of more than
+/// [`MAX_INTEGER_DIGITS`] digits, and for anything that is not a number.
+fn integer_text(token: &str) -> Option<String> {
+    let (negative, unsigned) = match token.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, token),
+    };
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.strip_prefix('+').unwrap_or(e).parse::<i64>().ok()?),
+        None if unsigned.contains('.') => (unsigned, 0),
+        None => return (token == "-0").then(|| "0".to_owned()),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !all_digits(int) || !all_digits(frac) {
+        return None;
+    }
+    // The value is `digits` × 10^`scale`.
+    let digits = format!("{int}{frac}");
+    let scale = exponent.checked_sub(i64::try_from(frac.len()).ok()?)?;
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some("0".to_owned());
+    }
+    let integer = if scale >= 0 {
+        let zeros = usize::try_from(scale).ok()?;
+        if digits.len().saturating_add(zeros) > MAX_INTEGER_DIGITS {
+            return None;
+        }
+        format!("{digits}{}", "0".repeat(zeros))
+    } else {
+        let cut = digits.len().checked_sub(usize::try_from(scale.unsigned_abs()).ok()?)?;
+        let (whole, fraction) = digits.split_at(cut);
+        if whole.is_empty() || !fraction.bytes().all(|b| b == b'0') {
+            return None;
+        }
+        if whole.len() > MAX_INTEGER_DIGITS {
+            return None;
+        }
+        whole.to_owned()
+    };
+    Some(if negative { format!("-{integer}") } else { integer })
 }
 
 /// The refusal of arguments read straight from text. The text is valid JSON (checked before),
@@ -245,4 +372,41 @@ fn out_of_range(serde_said: &str) -> Option<String> {
     };
     // In range but refused (0 for a nonzero type): serde's message says why.
     outside.then(|| format!("the number {integer} is out of range for {what} ({range})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::integer_text;
+
+    #[test]
+    fn a_number_token_is_an_integer_only_when_its_digits_say_so() {
+        for (token, integer) in [
+            ("5.0", Some("5")),
+            ("-0", Some("0")),
+            ("-0.0e7", Some("0")),
+            ("1e3", Some("1000")),
+            ("1E+3", Some("1000")),
+            ("12.50e1", Some("125")),
+            ("-4200e-2", Some("-42")),
+            ("100.000", Some("100")),
+            (
+                "340282366920938463463374607431768211455.0",
+                Some("340282366920938463463374607431768211455"),
+            ),
+            ("1e39", Some("1000000000000000000000000000000000000000")),
+            ("1e40", None),
+            ("1e400", None),
+            ("1.5", None),
+            ("0.5", None),
+            ("1e-400", None),
+            ("1.0000000000000001", None),
+            ("5", None),
+            ("-5", None),
+            ("\"5.0\"", None),
+            ("5.0x", None),
+            ("1e-9223372036854775808", None),
+        ] {
+            assert_eq!(integer_text(token).as_deref(), integer, "{token}");
+        }
+    }
 }

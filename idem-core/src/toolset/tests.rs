@@ -999,14 +999,71 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
         (r#"{"u": 5.5}"#, "field `u`: invalid type: floating point `5.5`, expected u64"),
         (r#"{"b": 3e2}"#, "field `b`: the number is out of range for u8"),
         (r#"{"n": -0}"#, "field `n`: invalid type: floating point `-0.0`, expected a nonzero u64"),
-        // Beyond 2^53 a double may not be the integer written: refused, not rounded.
-        (r#"{"u": 9007199254740993.0}"#, "field `u`: invalid type: floating point"),
+        // The digits decide, not the double they round to.
+        (r#"{"u": 1.0000000000000001}"#, "field `u`: invalid type: floating point `1.0`"),
+        (r#"{"u": 2.9999999999999999}"#, "field `u`: invalid type: floating point `3.0`"),
+        (r#"{"u": 1e-400}"#, "field `u`: invalid type: floating point `0.0`"),
+        (r#"{"u": -1e-400}"#, "field `u`: invalid type: floating point `-0.0`"),
     ] {
         let r = set.call_text(&run, "widths", text).await;
         assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
         assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused call ran");
+    // Beyond 2^53: the text's digits are exact, a double may be a neighbour of the integer
+    // written (`9007199254740993.0` reads as 2^53), so only the text is read as an integer.
+    let text = r#"{"u": 9007199254740993.0, "w": 340282366920938463463374607431768211455.0}"#;
+    let r = set.call_text(&run, "widths", text).await;
+    assert_eq!(r.content, json!([9007199254740993_u64, null, null, u128::MAX.to_string()]));
+    let r = set.call(&run, "widths", &serde_json::from_str(text).unwrap()).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+enum Limit {
+    Count(u32),
+    Fraction(f32),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct PageArgs {
+    limit: Limit,
+    page: u32,
+    scale: f64,
+    filter: Value,
+}
+
+/// Only the number a parameter refused is read as an integer: floats that other parameters
+/// accept (an untagged enum's float variant, an `f64`'s negative zero, the numbers inside a
+/// free-form `Value`) are read as sent whatever else was refused, so their call and its key do
+/// not depend on another field's spelling.
+#[tokio::test]
+async fn only_the_refused_number_is_read_as_an_integer() {
+    fn page(a: &PageArgs, _: u32) -> Result<Value, PayError> {
+        let limit = match a.limit {
+            Limit::Count(n) => format!("count {n}"),
+            Limit::Fraction(f) => format!("fraction {f}"),
+        };
+        Ok(json!([limit, a.page, a.scale.is_sign_negative(), a.filter.to_string()]))
+    }
+    let tool = fake("page", RetryClass::Keyed, page);
+    let set = ToolSet::new().with(tool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let plain = r#"{"limit": 1.0, "page": 2, "scale": -0.0, "filter": {"price": 5.0}}"#;
+    let spelled = r#"{"limit": 1.0, "page": 2.0, "scale": -0.0, "filter": {"price": 5.0}}"#;
+    let want = json!(["fraction 1", 2, true, r#"{"price":5.0}"#]);
+    let mut keys = Vec::new();
+    for text in [plain, spelled] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "page", text).await, set.call(&run, "page", &value).await] {
+            assert!(!r.is_error, "{text}: {}", r.text);
+            assert_eq!(r.content, want, "{text}");
+            keys.push(r.report.unwrap().key);
+        }
+    }
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one intent, one key: {keys:?}");
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
