@@ -468,6 +468,58 @@ async fn tool_set_on_an_impl_block_holds_its_tools_and_runs_them_through_idem() 
     assert_eq!(shop.count_orders(&run).await.unwrap(), 0);
 }
 
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Destination {
+    Card { number: String },
+    Bank { iban: String },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct PayoutArgs {
+    amount: u64,
+    #[serde(flatten)]
+    to: Destination,
+}
+
+/// A block with a tool whose arguments' schema model APIs refuse (a flattened enum puts `oneOf`
+/// at its root): found only when the set is built.
+#[derive(Default)]
+struct Payouts;
+
+#[idem_core::tool_set]
+impl Payouts {
+    #[tool(retry = "never")]
+    async fn payout(&self, #[idem(flatten)] args: PayoutArgs) -> Result<u64, PayError> {
+        Ok(args.amount)
+    }
+
+    #[tool(retry = "safe")]
+    async fn status(&self) -> Result<String, PayError> {
+        Ok("ok".into())
+    }
+}
+
+/// The tool set keeps the other tools, and the refused one is not lost without a word: it is
+/// listed by `refusals`, and a call of it says why instead of "unknown tool" (MCP too).
+#[tokio::test]
+async fn a_tool_set_keeps_why_a_tool_was_left_out_and_says_it_on_a_call() {
+    let set = Arc::new(Payouts).tool_set();
+    let names: Vec<&str> = set.definitions().map(|d| d.name).collect();
+    assert_eq!(names, ["status"]);
+    let refusals: Vec<String> = set.refusals().map(ToString::to_string).collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(refusals[0].contains("`payout`") && refusals[0].contains("oneOf"), "{refusals:?}");
+    let run = Idem::in_memory().run("r1");
+    let args = serde_json::json!({"amount": 5, "kind": "card", "number": "4242"});
+    let r = set.call(&run, "payout", &args).await;
+    assert_eq!(r.error_kind, Some(idem_core::toolset::ErrorKind::UnknownTool), "{}", r.text);
+    assert!(r.text.contains("is not available") && r.text.contains("oneOf"), "{}", r.text);
+    let mcp = serde_json::json!({"name": "payout", "arguments": args});
+    let e = set.call_mcp(&run, &mcp).await.unwrap_err();
+    assert!(e.message.contains("left out of the tool set"), "{e}");
+}
+
 /// Refund a charge.
 #[doc = include_str!("fixtures/refund_doc.md")]
 #[tool(retry = "keyed")]

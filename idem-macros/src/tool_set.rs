@@ -204,15 +204,15 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             let factory = format_ident!("{}_tool", ident.unraw());
             adds.push(quote! {
                 #(#cfg)*
-                // Names are checked above (valid, unique) and argument schemas are objects, so
-                // `add` has nothing to refuse.
-                let _ = set.add(Self::#factory(self));
+                // Names are checked above (valid, unique); an arguments schema no model API
+                // accepts is known only now: kept as the set's refusal, logged, and said on a call.
+                set.add_or_keep_refusal(Self::#factory(self));
             });
         }
     }
     let list = names.iter().map(|(n, ..)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
     let doc = format!(
-        " The tools of this block as one tool set: {list}. Every call goes through idem's protocol."
+        " The tools of this block as one tool set: {list}. Every call goes through idem's protocol. A tool whose arguments' schema model APIs refuse (`ToolSetError`) is left out: logged at error level, listed by `ToolSet::refusals`, and a call of it says why."
     );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
     let errors = errors.into_result().err().map(|e| e.to_compile_error());

@@ -265,7 +265,11 @@ impl ToolSet {
     ) -> Result<ToolResult, McpProtocolError> {
         let Some(def) = self.definition(call.name) else {
             let name = shown_name(call.name);
-            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}")));
+            let why = match self.refusal(call.name) {
+                Some(refusal) => format!(" (left out of the tool set: {refusal})"),
+                None => String::new(),
+            };
+            return Err(McpProtocolError::invalid_params(format!("Unknown tool: {name}{why}")));
         };
         let run = mcp_run(session, call.meta)?;
         // A caller's own key identifies the call across sessions as a run id does.

@@ -246,6 +246,8 @@ struct Entry {
 pub struct ToolSet {
     tools: BTreeMap<&'static str, Entry>,
     cx: DispatchContext,
+    /// Tools a `#[tool_set]` block could not add, by name, with why.
+    refused: BTreeMap<&'static str, ToolSetError>,
 }
 
 impl std::fmt::Debug for ToolSet {
@@ -322,6 +324,32 @@ impl ToolSet {
         Ok(())
     }
 
+    /// Adds `tool`, or keeps why it cannot be added (`#[tool_set]`'s generated `tool_set()`,
+    /// which returns the set itself): the refusal is logged at error level, listed by
+    /// [`refusals`](Self::refusals), and a call of that name answers with it instead of
+    /// "unknown tool". A tool name or a schema that no model API accepts is a mistake in the
+    /// types, the same every time the set is built.
+    #[doc(hidden)]
+    pub fn add_or_keep_refusal(&mut self, tool: impl Tool) {
+        let name = tool.def().name;
+        if let Err(refusal) = self.add(tool) {
+            tracing::error!(tool = name, error = %refusal, "a tool was left out of its tool set");
+            self.refused.insert(name, refusal);
+        }
+    }
+
+    /// The tools a `#[tool_set]` block could not add, with why (a name or an arguments schema
+    /// that model APIs refuse: [`ToolSetError`]). Empty when every tool is in the set; check it
+    /// when the server starts, or in a test.
+    pub fn refusals(&self) -> impl Iterator<Item = &ToolSetError> {
+        self.refused.values()
+    }
+
+    /// Why `name` is not in the set, when a `#[tool_set]` block could not add it.
+    pub fn refusal(&self, name: &str) -> Option<&ToolSetError> {
+        self.refused.get(name)
+    }
+
     /// The definitions, sorted by name.
     pub fn definitions(&self) -> impl Iterator<Item = &ToolDefinition> {
         self.tools.values().map(|e| &e.definition)
@@ -362,6 +390,13 @@ impl ToolSet {
     }
 
     fn unknown_tool(&self, name: &str) -> ToolResult {
+        if let Some(refusal) = self.refusal(name) {
+            return ToolResult::error(
+                ErrorKind::UnknownTool,
+                format!("the tool `{name}` is not available ({refusal}); nothing was executed"),
+                None,
+            );
+        }
         let available: Vec<&str> = self.tools.keys().copied().collect();
         ToolResult::error(
             ErrorKind::UnknownTool,
