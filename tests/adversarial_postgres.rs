@@ -783,3 +783,71 @@ async fn a_refused_role_or_database_is_a_configuration_error() {
     drop_schema(&admin, &schema).await;
     admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// A call cancelled while its claim waits
+// ---------------------------------------------------------------------------------------------
+
+static WIRES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Sends money once: never retried.
+#[idem_core::tool(retry = "never")]
+async fn wire_once(to: String) -> Result<String, idem_core::ToolFailure> {
+    WIRES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(format!("sent to {to}"))
+}
+
+/// A call cancelled while its claim waits in PostgreSQL (a timeout around the call, a
+/// `select!`, a client that left): the claim statement runs on and commits after its future is
+/// gone. The executor finishes it in the background and releases what it acquired, so the
+/// repeat runs the tool once. Before, the record stayed in flight with no owner, and the never
+/// tool's repeat waited out the 30 s lease to answer "outcome unknown" for a call that never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_while_its_claim_waits_leaves_no_record_behind() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("cancelled_claim").await;
+    let store = Arc::new(PostgresStore::connect_with(config, 2).await.expect("connect"));
+    let idem = idem_core::Idem::builder_shared(store).build();
+    let run = idem.run(format!("cancelled-{}", process_tag()));
+    // Both connections of the pool open and idle, so that a step after the claim's may run on
+    // the other one.
+    let warm: Vec<_> = (0..4).map(|i| wire_once(&run, format!("warm-{i}"))).collect();
+    for w in futures_util::future::join_all(warm).await {
+        w.expect("warm-up");
+    }
+    // Another transaction inserts the call's key and has not committed: the claim's insert
+    // waits on that row, and a release sent meanwhile on another connection finds nothing.
+    let scope = idem_core::key::Scope::run(run.scope().run_id().to_owned());
+    let key = idem_core::key::derive_key(&scope, "wire_once", br#"{"to":"acct-1"}"#);
+    admin
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO {schema}.idem_records (key, fingerprint, fence, state, lease_until, owner) \
+             VALUES ('{key}', 'raw', 0, 0, now() + interval '1 hour', 'raw')"
+        ))
+        .await
+        .expect("an uncommitted row");
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(300), wire_once(&run, "acct-1".into())).await;
+    assert!(cancelled.is_err(), "the claim must still be waiting: {cancelled:?}");
+    admin.batch_execute("ROLLBACK").await.expect("roll the row back");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows = admin
+        .query(&format!("SELECT owner, state, fence FROM {schema}.idem_records"), &[])
+        .await
+        .unwrap();
+    for r in rows {
+        let (o, st, f): (Option<String>, i16, i64) = (r.get(0), r.get(1), r.get(2));
+        eprintln!("DEBUG row owner={o:?} state={st} fence={f}");
+    }
+    let again = tokio::time::timeout(Duration::from_secs(20), wire_once(&run, "acct-1".into()))
+        .await
+        .expect("the repeat is answered well within the lease")
+        .expect("the repeat runs the tool");
+    assert_eq!(again, "sent to acct-1");
+    assert_eq!(
+        WIRES.load(std::sync::atomic::Ordering::SeqCst),
+        5,
+        "one wire each, the warm-up's 4 and this"
+    );
+    drop_schema(&admin, &schema).await;
+}

@@ -173,21 +173,22 @@ impl<T: Tool> Call<'_, T> {
         let store = Arc::clone(&self.inner.store);
         let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
         let (scope, tool) = (Arc::clone(self.scope), self.name());
-        let mut claim = Box::pin(async move {
+        let claim = Box::pin(async move {
             let origin = Origin { tool, tenant: scope.tenant(), run: scope.run_id() };
             let req =
                 ClaimRequest { key: &key, fingerprint: &fingerprint, lease, on_expired, origin };
             store.claim(req).await
         });
+        // Once sent, a claim may be acquired by the store whether or not this call still waits
+        // for it (a SQL statement runs on after its future is dropped): whoever stops waiting,
+        // the store timeout or the caller's cancellation, leaves the claim to finish in the
+        // background, where what it acquired is released.
+        let mut claim =
+            Abandonable { claim: Some(claim), store: Arc::clone(&self.inner.store), key };
         match tokio::time::timeout_at(bound, &mut claim).await {
             Ok(answer) => answer,
             Err(_) => {
-                let store = Arc::clone(&self.inner.store);
-                tokio::spawn(async move {
-                    if let Ok(Claim::Acquired { fence, .. }) = claim.await {
-                        let _ = store.release(&key, fence).await;
-                    }
-                });
+                drop(claim);
                 // Name the limit that ran out, so a misconfigured one (a zero store timeout)
                 // is found from the message.
                 let limit = if bound < self.deadline {
@@ -293,5 +294,46 @@ impl<T: Tool> Call<'_, T> {
         ttl: Duration,
     ) -> Result<(), Error<T::Error>> {
         self.store_outcome(fence, outcome, ttl).await.map_err(|(e, _)| e)
+    }
+}
+
+/// A claim sent to the store, which the call may stop waiting for. Dropped before its answer
+/// (the store timeout ran out, or the caller was cancelled: a `select!`, a timeout around the
+/// call, a client that left), it is finished on the runtime and a key it acquired is released,
+/// so no record is left in flight with no owner: a `never` tool's repeat would otherwise wait
+/// out the lease and then answer "outcome unknown" for a call that never ran.
+struct Abandonable {
+    claim: Option<std::pin::Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send>>>,
+    store: Arc<dyn crate::store::Store>,
+    key: crate::key::Key,
+}
+
+impl Future for Abandonable {
+    type Output = Result<Claim, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(claim) = self.claim.as_mut() else {
+            return std::task::Poll::Ready(Err(StoreError::unavailable("the claim was answered")));
+        };
+        let answer = std::task::ready!(claim.as_mut().poll(cx));
+        self.claim = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl Drop for Abandonable {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else { return };
+        // Outside a runtime (it is shutting down) nothing can run: the lease ends the record.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (store, key) = (Arc::clone(&self.store), self.key);
+        runtime.spawn(async move {
+            if let Ok(Claim::Acquired { fence, .. }) = claim.await {
+                let _ = store.release(&key, fence).await;
+            }
+        });
     }
 }
