@@ -303,7 +303,7 @@ impl<T: Tool> Call<'_, T> {
 /// so no record is left in flight with no owner: a `never` tool's repeat would otherwise wait
 /// out the lease and then answer "outcome unknown" for a call that never ran.
 struct Abandonable {
-    claim: Option<std::pin::Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send>>>,
+    claim: Option<futures_util::future::BoxFuture<'static, Result<Claim, StoreError>>>,
     store: Arc<dyn crate::store::Store>,
     key: crate::key::Key,
 }
