@@ -46,6 +46,9 @@ enum Step {
     TimeoutNoEffect,
     /// The refund is made and the reply arrives.
     Ok,
+    /// While the request is out, another caller takes the key over (this caller's renewals
+    /// failed for a whole lease, or its worker was blocked); then the caller sees a timeout.
+    TakenOverThenTimeout,
 }
 
 /// A payment provider with a list of refunds by idempotency key, counting the refund's runs and
@@ -62,6 +65,8 @@ struct Provider {
     check_gate: Mutex<Option<Arc<Notify>>>,
     /// Notified when a check starts.
     check_started: Notify,
+    /// The store through which another caller takes the key over ([`Step::TakenOverThenTimeout`]).
+    thief: Mutex<Option<Arc<dyn idem_core::Store>>>,
 }
 
 impl Provider {
@@ -100,6 +105,22 @@ impl Provider {
                 Err(RefundError::TimedOut)
             }
             Step::TimeoutNoEffect => Err(RefundError::TimedOut),
+            Step::TakenOverThenTimeout => {
+                let thief = self.thief.lock().unwrap().clone().expect("a thief");
+                let key = Key::parse(cx.key()).expect("a key");
+                thief.forget(&key).await.expect("forget");
+                let fingerprint = Fingerprint::of_derived_key(&key);
+                let req = ClaimRequest {
+                    key: &key,
+                    fingerprint: &fingerprint,
+                    lease: Duration::from_secs(60),
+                    on_expired: OnExpired::Unknown,
+                    origin: Origin { tool: "refund", tenant: "", run: "thief" },
+                };
+                let taken = thief.claim(req).await.expect("claim");
+                assert!(matches!(taken, Claim::Acquired { .. }), "{taken:?}");
+                Err(RefundError::TimedOut)
+            }
             Step::Ok => Ok(self.make(cx.key(), cents)),
         }
     }
@@ -358,6 +379,17 @@ async fn the_tool_set_calls_the_reconciling_tool_like_any_other(idem: Idem, run_
     assert_eq!((p.runs(), p.checks()), (1, 1));
 }
 
+/// An owner whose key was taken over while its attempt ran neither asks the check nor runs the
+/// body again: the key and its answer are the new owner's (a `never` tool's body runs once).
+async fn an_owner_whose_lease_was_taken_over_neither_asks_nor_runs_again(idem: Idem, run_id: &str) {
+    let p = Provider::with_script(&[Step::TakenOverThenTimeout, Step::Ok]);
+    *p.thief.lock().unwrap() = Some(Arc::clone(idem.store()));
+    let run = idem.run(run_id);
+    let (result, _) = refund(&p, &run).await;
+    assert!(matches!(result, Err(Error::LeaseLost { .. })), "{result:?}");
+    assert_eq!((p.runs(), p.checks()), (1, 0), "neither the check nor a second run");
+}
+
 /// A run id of this process and case alone: the durable servers keep records across test runs.
 fn run_id(case: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -381,7 +413,8 @@ macro_rules! on_store {
         a_dead_owners_unknown_check_answer_stays_unknown,
         the_check_runs_under_the_callers_fence_so_a_late_completion_cannot_also_win,
         an_owner_that_completes_first_wins_and_the_check_is_not_asked,
-        the_tool_set_calls_the_reconciling_tool_like_any_other);
+        the_tool_set_calls_the_reconciling_tool_like_any_other,
+        an_owner_whose_lease_was_taken_over_neither_asks_nor_runs_again);
     };
     (@cases $test:meta, $open:path, $($case:ident),*) => {
         $(

@@ -192,6 +192,10 @@ impl<T: Tool> Call<'_, T> {
                 (FailureKind::Ambiguous, RetryClass::Never) => {
                     budget.on_failure();
                     if let (true, Some(fence), Some(kept)) = (reconciles, fence, args.as_ref()) {
+                        // Only the fence's holder asks, and runs again: a lease taken over while
+                        // the attempt ran (renewals failed for a whole lease, the worker was
+                        // blocked) is another caller's now, and so is the key's answer.
+                        self.still_holds(fence).await?;
                         match self.ask_check(fence, kept).await {
                             Reconciled::Happened(output) => {
                                 return self.happened(fence, output).await;
@@ -199,6 +203,7 @@ impl<T: Tool> Call<'_, T> {
                             // Nothing happened: the call goes on as a never tool does, with
                             // its one attempt (still holding the fence: no other caller runs).
                             Reconciled::NotHappened if allowed == self.policy.attempts => {
+                                self.still_holds(fence).await?;
                                 allowed += 1;
                                 continue;
                             }
@@ -496,6 +501,24 @@ impl<T: Tool> Call<'_, T> {
             tool: self.name(),
             key: self.key,
             reason: not_storable_reason(why),
+        }
+    }
+
+    /// Whether this call still holds the key under `fence`, asked of the store (a fenced lease
+    /// renewal): `Err(LeaseLost)` once another caller took the key over. A store that does not
+    /// answer cannot confirm it either: the call answers "outcome unknown", as it would without
+    /// a check.
+    async fn still_holds(&self, fence: Fence) -> Result<(), Error<T::Error>> {
+        let renewed = self.inner.store.renew(&self.key, fence, self.policy.lease);
+        match self.bounded("renew", renewed).await {
+            Ok(()) => Ok(()),
+            Err(StoreError::LeaseLost) => {
+                Err(Error::LeaseLost { tool: self.name(), key: self.key })
+            }
+            Err(e) => {
+                tracing::warn!(error = %Chain(&e), "cannot confirm the lease before the check");
+                Err(self.unknown(Some(fence)).await)
+            }
         }
     }
 

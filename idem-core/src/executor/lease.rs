@@ -207,7 +207,7 @@ impl<T: Tool> Call<'_, T> {
     /// A store step after the claim (complete, release, renew), bounded by the store timeout,
     /// not by the call's deadline: the tool's work is done and its outcome should be kept.
     /// Its latency is recorded under `name` (`idem_store_step_seconds`).
-    async fn bounded(
+    pub(super) async fn bounded(
         &self,
         name: &'static str,
         step: impl Future<Output = Result<(), StoreError>>,

@@ -6,6 +6,9 @@
 //! time, and whatever it stores is fenced: the earlier owner, finishing late, presents a stale
 //! fence and is refused (`LeaseLost`), and a caller that lost its own lease while the check ran
 //! stores nothing. The check's answer and a late owner's completion can never both be stored.
+//! Before asking, and before running again on "not happened", the caller confirms with the
+//! store that its fence is still current: one whose lease was taken over while its attempt ran
+//! answers `LeaseLost` and neither asks nor runs.
 
 use std::task::Poll;
 
