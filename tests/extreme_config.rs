@@ -114,3 +114,38 @@ async fn a_zero_store_timeout_fails_closed_and_names_the_setting() {
     }
     assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), before, "the tool did not run");
 }
+
+/// A store whose lease renewals take 4 s to answer (within the 5 s store timeout): one across a
+/// congested network, or a pool whose connections are all busy.
+struct SlowRenewals;
+
+#[async_trait::async_trait]
+impl Hook for SlowRenewals {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        if matches!(op, Op::Renew) {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Works for 2.5 s, renewing its 3 s lease every second.
+#[tool(retry = "keyed", lease = "3s")]
+async fn steady_charge(tag: String) -> Result<String, Never> {
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A renewal slow to answer runs beside the work it renews: the call answers when its work ends
+/// (2.5 s), not when the renewal in progress then does (5 s). Timed on tokio's paused clock, so
+/// the durations are the program's own, not the machine's.
+#[tokio::test(start_paused = true)]
+async fn a_slow_renewal_does_not_hold_up_the_work_it_renews() {
+    let store = Arc::new(Wrapped::new(SlowRenewals));
+    let idem = Idem::builder_shared(store).build();
+    let started = tokio::time::Instant::now();
+    let charged = steady_charge(&idem.run("slow-renewals"), "1".into()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(charged, "ch_1");
+    assert!(took < Duration::from_secs(3), "answered {took:?} after the start, not at 2.5 s");
+}

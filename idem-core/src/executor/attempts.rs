@@ -572,18 +572,23 @@ impl<T: Tool> Call<'_, T> {
                 () = &mut timeout => Attempt::TimedOut,
             };
         };
+        // Renewals run beside the work, not in its place: a store slow to answer a renewal (up
+        // to the store timeout) must not keep the work and its timeout from being polled.
+        let mut renewals = std::pin::pin!(self.renewals(fence));
+        tokio::select! {
+            biased;
+            caught = &mut work => Attempt::from_caught(caught),
+            () = &mut timeout => Attempt::TimedOut,
+            never = &mut renewals => match never {},
+        }
+    }
+
+    /// Renews the lease under `fence` every third of it, for as long as it is polled.
+    pub(super) async fn renewals(&self, fence: Fence) -> std::convert::Infallible {
         let period = self.policy.lease / 3;
-        let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
         loop {
-            tokio::select! {
-                biased;
-                caught = &mut work => return Attempt::from_caught(caught),
-                () = &mut timeout => return Attempt::TimedOut,
-                () = &mut renew_at => {
-                    self.renew(fence).await;
-                    renew_at.as_mut().reset(later(Instant::now(), period));
-                }
-            }
+            tokio::time::sleep(period).await;
+            self.renew(fence).await;
         }
     }
 }

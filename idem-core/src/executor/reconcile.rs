@@ -12,11 +12,8 @@
 
 use std::task::Poll;
 
-use tokio::time::Instant;
-
 use super::call::Call;
 use super::report::Served;
-use crate::clock::later;
 use crate::error::Error;
 use crate::reconcile::Reconciled;
 use crate::store::Fence;
@@ -35,21 +32,16 @@ impl<T: Tool> Call<'_, T> {
             Poll::Pending => {
                 let timeout = self.policy.attempt_timeout;
                 let mut expired = std::pin::pin!(tokio::time::sleep(timeout));
-                let period = self.policy.lease / 3;
-                let mut renew_at = std::pin::pin!(tokio::time::sleep(period));
-                loop {
-                    tokio::select! {
-                        biased;
-                        verdict = &mut check => break verdict,
-                        () = &mut expired => {
-                            tracing::warn!(?timeout, "reconciliation check timed out; outcome unknown");
-                            break Reconciled::Unknown;
-                        }
-                        () = &mut renew_at => {
-                            self.renew(fence).await;
-                            renew_at.as_mut().reset(later(Instant::now(), period));
-                        }
+                // Beside the check, so that a slow renewal does not hold the check up.
+                let mut renewals = std::pin::pin!(self.renewals(fence));
+                tokio::select! {
+                    biased;
+                    verdict = &mut check => verdict,
+                    () = &mut expired => {
+                        tracing::warn!(?timeout, "reconciliation check timed out; outcome unknown");
+                        Reconciled::Unknown
                     }
+                    never = &mut renewals => match never {},
                 }
             }
         };
