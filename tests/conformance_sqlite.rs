@@ -469,3 +469,47 @@ async fn replays_and_claims_while_another_connection_checkpoints() {
     other.join().expect("the other connection");
     assert_eq!(fresh_claims, i.div_ceil(100), "every fresh claim acquired and completed");
 }
+
+/// A claim that waited for another process's write lock counts its lease from when it got the
+/// lock, not from before the wait: otherwise a lease of 2 s after a wait of 2.5 s is inserted
+/// already over, and a duplicate takes the key over from an owner that has just started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
+    let path = fresh_file("waited_lease");
+    let store = SqliteStore::open(&path).expect("open");
+    let other = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("waited_lease", "{}");
+    let req = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_secs(2),
+        on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
+    };
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let claiming = tokio::spawn({
+        let store = store.clone();
+        let (key, fp) = (key, fp);
+        async move {
+            let req = ClaimRequest {
+                key: &key,
+                fingerprint: &fp,
+                lease: Duration::from_secs(2),
+                on_expired: OnExpired::TakeOver,
+                origin: Default::default(),
+            };
+            store.claim(req).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    raw.execute_batch("COMMIT").expect("unlock");
+    let claimed = claiming.await.expect("task").expect("claim");
+    assert!(matches!(claimed, Claim::Acquired { takeover: false, .. }), "{claimed:?}");
+    // At once: the lease has most of its 2 s left.
+    let duplicate = other.claim(req).await.expect("claim");
+    assert!(
+        matches!(duplicate, Claim::InFlight { .. }),
+        "the owner's lease is live: {duplicate:?}"
+    );
+}

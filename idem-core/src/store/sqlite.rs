@@ -533,6 +533,11 @@ fn claim_blocking(
     }
     let take_over = i64::from(on_expired == OnExpired::TakeOver);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // The clock again, now that the write lock is held: taking it may have waited for another
+    // process up to the busy timeout (5 s), and a lease counted from before that wait would
+    // end early (one of 1 s would be inserted already over, and a duplicate would take the key
+    // over from an owner that has just started).
+    let now = now_ms();
     let acquired = tx
         .prepare_cached(CLAIM)?
         .query_row(
