@@ -174,3 +174,43 @@ async fn a_tool_set_answers_a_panic_with_an_error_result() {
     );
     assert_eq!(LOOKUPS.load(Ordering::SeqCst), 1);
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("rate limited")]
+struct Flaky;
+
+impl Classify for Flaky {
+    fn classify(&self) -> Failure {
+        panic!("classify: no rule for this error yet")
+    }
+}
+
+static CLASSIFIED: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed", attempts = 3)]
+async fn quote(item: String) -> Result<String, Flaky> {
+    CLASSIFIED.fetch_add(1, Ordering::SeqCst);
+    let _ = item;
+    Err(Flaky)
+}
+
+/// A panic in the error type's `Classify::classify` (the user's code, as the body is) ends the
+/// attempt as a body's panic does: the caller gets `Panicked` naming it, nothing is retried, and
+/// the key is free at once instead of staying claimed until its lease ends.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_classify_ends_the_attempt_as_a_bodys_panic_does() {
+    let run = Idem::in_memory().run("r1");
+    match quote(&run, "bolt".into()).await {
+        Err(Error::Panicked { tool, attempt, message }) => {
+            assert_eq!((tool, attempt), ("quote", 1));
+            assert!(message.contains("`Classify::classify` panicked"), "{message}");
+            assert!(message.contains("no rule for this error yet"), "{message}");
+        }
+        other => panic!("expected Panicked, got {other:?}"),
+    }
+    assert_eq!(CLASSIFIED.load(Ordering::SeqCst), 1, "no retry after the panic");
+    let before = Instant::now();
+    assert!(matches!(quote(&run, "bolt".into()).await, Err(Error::Panicked { .. })));
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was free: no lease to wait out");
+    assert_eq!(CLASSIFIED.load(Ordering::SeqCst), 2);
+}

@@ -172,7 +172,19 @@ impl<T: Tool> Call<'_, T> {
                         rest => self.finish_ok_later(rest).await,
                     };
                 }
-                Attempt::Done(Err(error)) => (error.classify(), Some(error)),
+                // The error type's own code: a panic there ends the attempt as the body's would
+                // (duplicates hear at once instead of waiting out the lease).
+                Attempt::Done(Err(error)) => {
+                    match std::panic::catch_unwind(AssertUnwindSafe(|| error.classify())) {
+                        Ok(failure) => (failure, Some(error)),
+                        Err(payload) => {
+                            budget.on_failure();
+                            let message = panic_message(payload.as_ref());
+                            let message = format!("`Classify::classify` panicked: {message}");
+                            return Err(self.panicked(fence, attempt, message).await);
+                        }
+                    }
+                }
                 Attempt::TimedOut => (Failure::ambiguous(), None),
                 Attempt::Panicked(message) => {
                     budget.on_failure();
