@@ -517,3 +517,65 @@ async fn a_keyed_tool_whose_last_attempt_was_ambiguous_gets_the_checks_output() 
     assert_eq!(again, id);
     assert_eq!(WIRE_RUNS.load(Ordering::SeqCst), 2);
 }
+
+/// Claims answered after 200 ms, and the first fence confirmation (a renewal) refused as a store
+/// that is briefly down, as the test says.
+struct Slow {
+    claims: bool,
+    renewals_down: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl idem_tests::wrapped::Hook for Slow {
+    async fn before(&self, op: idem_tests::wrapped::Op<'_>) -> Result<(), StoreError> {
+        use idem_tests::wrapped::Op;
+        match op {
+            Op::Claim(_) if self.claims => tokio::time::sleep(Duration::from_millis(200)).await,
+            Op::Renew if self.renewals_down.load(Ordering::SeqCst) > 0 => {
+                self.renewals_down.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::unavailable("the store is briefly down"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn slow_store(claims: bool, renewals_down: usize) -> Idem {
+    let hook = Slow { claims, renewals_down: renewals_down.into() };
+    Idem::builder_shared(Arc::new(idem_tests::wrapped::Wrapped::new(hook))).build()
+}
+
+/// A call cancelled while its claim takes a dead owner's key over does not erase that owner's
+/// attempt: the takeover is left to its lease (not released), and the next caller takes the
+/// key over in turn and asks the check, which finds the dead owner's refund: no second refund.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_takeover_is_left_to_its_lease_and_the_next_caller_asks_the_check() {
+    let idem = slow_store(true, 0);
+    let p = Provider::with_script(&[]);
+    let run = idem.run("abandoned-takeover");
+    let (key, fingerprint) = refund_key(&p, &run);
+    dead_owner(&idem, &key, &fingerprint).await;
+    let made = p.make(key.as_str(), 500);
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), refund(&p, &run)).await;
+    assert!(cancelled.is_err(), "the claim must still be under way: {cancelled:?}");
+    let (again, served) = refund(&p, &run).await;
+    assert_eq!(again.unwrap(), made);
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (0, 1), "the check found it; the body did not run");
+    assert_eq!(p.refunds.lock().unwrap().len(), 1, "one refund in all");
+}
+
+/// A store briefly down when the owner confirms its fence before the check does not turn a
+/// known outcome into "unknown": the check is asked (a store step under the fence later finds
+/// out whether the fence is still current), and its answer is the call's.
+#[tokio::test(start_paused = true)]
+async fn a_confirmation_the_store_cannot_answer_does_not_make_the_outcome_unknown() {
+    let idem = slow_store(false, 1);
+    let p = Provider::with_script(&[Step::EffectThenTimeout]);
+    let run = idem.run("confirmation-down");
+    let (first, served) = refund(&p, &run).await;
+    assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (1, 1));
+}

@@ -62,6 +62,17 @@ enum Attempt<O, E> {
     Panicked(String),
 }
 
+/// What the store says of a fence this call held.
+enum Holds {
+    /// Still current.
+    Yes,
+    /// Another caller took the key over.
+    Lost,
+    /// The store did not answer: a store step under the fence later finds out (fenced), so
+    /// only what cannot be undone (running the body again) waits for a confirmation.
+    Unconfirmed,
+}
+
 /// What a body's future gives when polled through `catch_unwind`.
 type Caught<O, E> = Result<Result<O, E>, Box<dyn std::any::Any + Send>>;
 
@@ -207,7 +218,9 @@ impl<T: Tool> Call<'_, T> {
                         // Only the fence's holder asks, and runs again: a lease taken over while
                         // the attempt ran (renewals failed for a whole lease, the worker was
                         // blocked) is another caller's now, and so is the key's answer.
-                        self.still_holds(fence).await?;
+                        if let Holds::Lost = self.still_holds(fence).await {
+                            return Err(self.lease_lost());
+                        }
                         match self.ask_check(fence, kept).await {
                             Reconciled::Happened(output) => {
                                 return self.happened(fence, output).await;
@@ -215,7 +228,14 @@ impl<T: Tool> Call<'_, T> {
                             // Nothing happened: the call goes on as a never tool does, with
                             // its one attempt (still holding the fence: no other caller runs).
                             Reconciled::NotHappened if allowed == self.policy.attempts => {
-                                self.still_holds(fence).await?;
+                                match self.still_holds(fence).await {
+                                    Holds::Yes => {}
+                                    Holds::Lost => return Err(self.lease_lost()),
+                                    // Not run again without the fence confirmed, and nothing
+                                    // stored: the record is left to its lease, and the next
+                                    // caller takes it over and asks the check in turn.
+                                    Holds::Unconfirmed => return Err(error),
+                                }
                                 allowed += 1;
                                 continue;
                             }
@@ -517,21 +537,21 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// Whether this call still holds the key under `fence`, asked of the store (a fenced lease
-    /// renewal): `Err(LeaseLost)` once another caller took the key over. A store that does not
-    /// answer cannot confirm it either: the call answers "outcome unknown", as it would without
-    /// a check.
-    async fn still_holds(&self, fence: Fence) -> Result<(), Error<T::Error>> {
+    /// renewal, which also extends it).
+    async fn still_holds(&self, fence: Fence) -> Holds {
         let renewed = self.inner.store.renew(&self.key, fence, self.policy.lease);
         match self.bounded("renew", renewed).await {
-            Ok(()) => Ok(()),
-            Err(StoreError::LeaseLost) => {
-                Err(Error::LeaseLost { tool: self.name(), key: self.key })
-            }
+            Ok(()) => Holds::Yes,
+            Err(StoreError::LeaseLost) => Holds::Lost,
             Err(e) => {
-                tracing::warn!(error = %Chain(&e), "cannot confirm the lease before the check");
-                Err(self.unknown(Some(fence)).await)
+                tracing::warn!(error = %Chain(&e), "cannot confirm the lease");
+                Holds::Unconfirmed
             }
         }
+    }
+
+    fn lease_lost(&self) -> Error<T::Error> {
+        Error::LeaseLost { tool: self.name(), key: self.key }
     }
 
     /// This call's lease was taken over (it paused, or its renewals failed) after its work

@@ -183,8 +183,12 @@ impl<T: Tool> Call<'_, T> {
         // for it (a SQL statement runs on after its future is dropped): whoever stops waiting,
         // the store timeout or the caller's cancellation, leaves the claim to finish in the
         // background, where what it acquired is released.
-        let mut claim =
-            Abandonable { claim: Some(claim), store: Arc::clone(&self.inner.store), key };
+        let mut claim = Abandonable {
+            claim: Some(claim),
+            store: Arc::clone(&self.inner.store),
+            key,
+            limit: self.policy.store_timeout,
+        };
         match tokio::time::timeout_at(bound, &mut claim).await {
             Ok(answer) => answer,
             Err(_) => {
@@ -299,13 +303,18 @@ impl<T: Tool> Call<'_, T> {
 
 /// A claim sent to the store, which the call may stop waiting for. Dropped before its answer
 /// (the store timeout ran out, or the caller was cancelled: a `select!`, a timeout around the
-/// call, a client that left), it is finished on the runtime and a key it acquired is released,
-/// so no record is left in flight with no owner: a `never` tool's repeat would otherwise wait
-/// out the lease and then answer "outcome unknown" for a call that never ran.
+/// call, a client that left), it is finished on the runtime, for at most the store timeout
+/// more, and a fresh key it acquired is released, so no record is left in flight with no
+/// owner: a `never` tool's repeat would otherwise wait out the lease and then answer "outcome
+/// unknown" for a call that never ran. A takeover it acquired is left to its lease: releasing
+/// it would erase the dead owner's attempt, which may have taken effect, and the next caller
+/// takes it over in turn (and asks the tool's check, if it has one).
 struct Abandonable {
     claim: Option<futures_util::future::BoxFuture<'static, Result<Claim, StoreError>>>,
     store: Arc<dyn crate::store::Store>,
     key: crate::key::Key,
+    /// How much longer an abandoned claim may take (`Policy::store_timeout`).
+    limit: Duration,
 }
 
 impl Future for Abandonable {
@@ -329,10 +338,11 @@ impl Drop for Abandonable {
         let Some(claim) = self.claim.take() else { return };
         // Outside a runtime (it is shutting down) nothing can run: the lease ends the record.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (store, key) = (Arc::clone(&self.store), self.key);
+        let (store, key, limit) = (Arc::clone(&self.store), self.key, self.limit);
         runtime.spawn(async move {
-            if let Ok(Claim::Acquired { fence, .. }) = claim.await {
-                let _ = store.release(&key, fence).await;
+            let answer = tokio::time::timeout(limit, claim).await;
+            if let Ok(Ok(Claim::Acquired { fence, takeover: false })) = answer {
+                let _ = tokio::time::timeout(limit, store.release(&key, fence)).await;
             }
         });
     }

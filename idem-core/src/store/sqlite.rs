@@ -613,7 +613,9 @@ impl Store for SqliteStore {
                 // Space only: a failed sweep is retried at the next interval.
                 let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
             }
-            if let Err(Ok(Claim::Acquired { fence, .. })) = answer.send(claim) {
+            // A fresh key nobody waits for is released; a takeover is left to its lease, so
+            // that the dead owner's attempt is not erased (the next caller takes it over).
+            if let Err(Ok(Claim::Acquired { fence, takeover: false })) = answer.send(claim) {
                 let release = params![key.as_str(), fence_param(fence)];
                 let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
             }
