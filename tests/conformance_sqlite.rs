@@ -479,35 +479,24 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
     let store = SqliteStore::open(&path).expect("open");
     let other = SqliteStore::open(&path).expect("open");
     let (key, fp) = idem_core::conformance::fresh_key("waited_lease", "{}");
-    let req = ClaimRequest {
-        key: &key,
-        fingerprint: &fp,
-        lease: Duration::from_secs(2),
-        on_expired: OnExpired::TakeOver,
-        origin: Default::default(),
-    };
+    // A lease of 2 s, for a keyed tool (an ended lease is taken over).
+    fn keyed<'a>(key: &'a Key, fp: &'a idem_core::key::Fingerprint) -> ClaimRequest<'a> {
+        let lease = Duration::from_secs(2);
+        let origin = Default::default();
+        ClaimRequest { key, fingerprint: fp, lease, on_expired: OnExpired::TakeOver, origin }
+    }
     let raw = rusqlite::Connection::open(&path).expect("raw");
     raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
     let claiming = tokio::spawn({
         let store = store.clone();
-        let (key, fp) = (key, fp);
-        async move {
-            let req = ClaimRequest {
-                key: &key,
-                fingerprint: &fp,
-                lease: Duration::from_secs(2),
-                on_expired: OnExpired::TakeOver,
-                origin: Default::default(),
-            };
-            store.claim(req).await
-        }
+        async move { store.claim(keyed(&key, &fp)).await }
     });
     tokio::time::sleep(Duration::from_millis(2500)).await;
     raw.execute_batch("COMMIT").expect("unlock");
     let claimed = claiming.await.expect("task").expect("claim");
     assert!(matches!(claimed, Claim::Acquired { takeover: false, .. }), "{claimed:?}");
     // At once: the lease has most of its 2 s left.
-    let duplicate = other.claim(req).await.expect("claim");
+    let duplicate = other.claim(keyed(&key, &fp)).await.expect("claim");
     assert!(
         matches!(duplicate, Claim::InFlight { .. }),
         "the owner's lease is live: {duplicate:?}"
