@@ -212,7 +212,8 @@ fn first_non_space(text: &str) -> Option<u8> {
 }
 
 /// The id of a request from the head of its text, cut anywhere (a message too long to read
-/// whole): read when the members before the cut include exactly one `id` a reply can carry.
+/// whole): read when the members before the cut include exactly one `id` a reply can carry and
+/// a `method` (a request), and no `result` or `error` (a response).
 pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
     let text = match std::str::from_utf8(head) {
         Ok(text) => text,
