@@ -851,3 +851,44 @@ async fn a_call_cancelled_while_its_claim_waits_leaves_no_record_behind() {
     );
     drop_schema(&admin, &schema).await;
 }
+
+/// A takeover claim whose caller gave up (its future dropped while the dead owner's row was
+/// locked by another session) and whose store then releases by owner token leaves the record
+/// to its lease: deleting it would erase the dead owner's attempt, which may have taken effect,
+/// and the next caller would run the tool again instead of taking the key over (and asking its
+/// check). The release waited on the same row lock and ran after the takeover committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_whose_caller_gave_up_is_not_released_by_owner() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("given_up_takeover").await;
+    let store = PostgresStore::connect_with(config, 3).await.expect("connect");
+    let (key, fp) = fresh_key("given_up_takeover", "{}");
+    let dead = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_millis(200),
+        on_expired: OnExpired::TakeOver,
+        origin: Default::default(),
+    };
+    assert!(matches!(store.claim(dead).await.expect("claim"), Claim::Acquired { .. }));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admin
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {schema}.idem_records WHERE key = '{key}' FOR UPDATE"
+        ))
+        .await
+        .expect("lock the dead owner's row");
+    let taking_over = ClaimRequest { lease: Duration::from_secs(60), ..dead };
+    let given_up = tokio::time::timeout(Duration::from_millis(300), store.claim(taking_over)).await;
+    assert!(given_up.is_err(), "the takeover must still wait for the row: {given_up:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    admin.batch_execute("COMMIT").await.expect("unlock");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let info = store.inspect(&key).await.expect("inspect");
+    let state = info.map(|i| i.state);
+    assert!(
+        matches!(state, Some(idem_core::store::RecordState::InFlight { .. })),
+        "the taken-over record stays in flight under its lease: {state:?}"
+    );
+    drop_schema(&admin, &schema).await;
+}

@@ -54,10 +54,13 @@ SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
 const COMPLETED: &str =
     "SELECT 1 FROM idem_records WHERE key = $1 AND fence = $2 AND state + 0 = 1";
 
-/// A claim that gave up releases the record it may have created, by owner token.
+/// A claim that gave up releases the record it may have created, by owner token; not one it
+/// took over, which is left to its lease: deleting it would erase the dead owner's attempt,
+/// which may have taken effect (the next caller takes it over in turn, and asks the check).
 const RELEASE_OWNED: &str = "
 WITH d AS (
-    DELETE FROM idem_records WHERE key = $1 AND owner = $2 AND state + 0 = 0 RETURNING key, waited
+    DELETE FROM idem_records WHERE key = $1 AND owner = $2 AND state + 0 = 0 AND NOT takeover
+    RETURNING key, waited
 )
 SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d";
 
