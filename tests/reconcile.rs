@@ -67,6 +67,8 @@ struct Provider {
     check_started: Notify,
     /// The store through which another caller takes the key over ([`Step::TakenOverThenTimeout`]).
     thief: Mutex<Option<Arc<dyn idem_core::Store>>>,
+    /// When set, the check panics (a bug in the lookup).
+    check_panics: Mutex<bool>,
 }
 
 impl Provider {
@@ -136,6 +138,9 @@ impl Provider {
         }
         if *self.lookup_down.lock().unwrap() {
             return Reconciled::Unknown;
+        }
+        if *self.check_panics.lock().unwrap() {
+            panic!("the refunds page changed its layout");
         }
         match self.refunds.lock().unwrap().get(key.as_str()) {
             Some(refund) => Reconciled::Happened(refund.clone()),
@@ -578,4 +583,18 @@ async fn a_confirmation_the_store_cannot_answer_does_not_make_the_outcome_unknow
     assert_eq!(first.unwrap(), Refund { id: "re_1".into(), cents: 500 });
     assert_eq!(served, Some(Served::Reconciled));
     assert_eq!((p.runs(), p.checks()), (1, 1));
+}
+
+/// A check that panics (the user's code, as the body is) answers "unknown": the caller gets
+/// "outcome unknown", the panic does not unwind out of the call, and nothing runs again.
+#[tokio::test(start_paused = true)]
+async fn a_check_that_panics_answers_unknown() {
+    let p = Provider::with_script(&[Step::EffectThenTimeout]);
+    *p.check_panics.lock().unwrap() = true;
+    let run = Idem::in_memory().run("check-panics");
+    let (first, _) = refund(&p, &run).await;
+    assert!(matches!(first, Err(Error::OutcomeUnknown { .. })), "{first:?}");
+    let (again, _) = refund(&p, &run).await;
+    assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
+    assert_eq!((p.runs(), p.checks()), (1, 1), "one run, one check; the repeat replays unknown");
 }

@@ -86,7 +86,7 @@ impl<O, E> Attempt<O, E> {
 }
 
 /// The text of a panic's payload: `panic!` gives a `&str` or a `String`.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

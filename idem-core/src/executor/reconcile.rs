@@ -10,7 +10,10 @@
 //! store that its fence is still current: one whose lease was taken over while its attempt ran
 //! answers `LeaseLost` and neither asks nor runs.
 
+use std::panic::AssertUnwindSafe;
 use std::task::Poll;
+
+use futures_util::FutureExt;
 
 use super::call::Call;
 use super::report::Served;
@@ -24,9 +27,18 @@ impl<T: Tool> Call<'_, T> {
     ///
     /// Bounded by the per-attempt timeout, not by the call's deadline: the check comes after the
     /// attempt that may have used the deadline up, and the answer without it is "unknown". A check
-    /// that does not answer in time is "unknown".
+    /// that does not answer in time, or panics, is "unknown".
     pub(super) async fn ask_check(&self, fence: Fence, args: &T::Args) -> Reconciled<T::Output> {
-        let mut check = std::pin::pin!(self.tool.reconcile(&self.key, args));
+        // The user's code, as the body is: a panic is caught, and its verdict is "unknown".
+        let check = async {
+            let asked = AssertUnwindSafe(self.tool.reconcile(&self.key, args));
+            FutureExt::catch_unwind(asked).await.unwrap_or_else(|payload| {
+                let message = super::attempts::panic_message(payload.as_ref());
+                tracing::error!(panic = %message, "the reconciliation check panicked; outcome unknown");
+                Reconciled::Unknown
+            })
+        };
+        let mut check = std::pin::pin!(check);
         let verdict = match std::future::poll_fn(|c| Poll::Ready(check.as_mut().poll(c))).await {
             Poll::Ready(verdict) => verdict,
             Poll::Pending => {
