@@ -75,7 +75,13 @@ pub fn twice_encoded(text: &str) -> Option<String> {
         return None;
     }
     let inner: String = serde_json::from_str(text).ok()?;
-    inner.trim_start_matches(JSON_WHITESPACE).starts_with('{').then_some(inner)
+    is_object_text(&inner).then_some(inner)
+}
+
+/// Whether `text` (a string's content) reads as an object's text: its first character after
+/// JSON's whitespace opens one.
+pub(crate) fn is_object_text(text: &str) -> bool {
+    text.trim_start_matches(JSON_WHITESPACE).starts_with('{')
 }
 
 /// RFC 8259 §2: the whitespace JSON allows around a value.

@@ -30,9 +30,7 @@ pub enum Arguments<'a> {
 pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A, String> {
     // Arguments encoded twice: the object inside the string (json_text::twice_encoded).
     match args {
-        Arguments::Json(Value::String(s))
-            if s.trim_start_matches(JSON_WHITESPACE).starts_with('{') =>
-        {
+        Arguments::Json(Value::String(s)) if json_text::is_object_text(s) => {
             return parse(tool, Arguments::Text(s));
         }
         Arguments::Text(text) => {
