@@ -182,7 +182,7 @@ impl<T: Tool> Call<'_, T> {
         // Once sent, a claim may be acquired by the store whether or not this call still waits
         // for it (a SQL statement runs on after its future is dropped): whoever stops waiting,
         // the store timeout or the caller's cancellation, leaves the claim to finish in the
-        // background, where what it acquired is released.
+        // background, where a fresh key it acquired is released (see `Abandonable`).
         let mut claim = Abandonable {
             claim: Some(claim),
             store: Arc::clone(&self.inner.store),
