@@ -1041,11 +1041,14 @@ async fn a_run_is_selected_by_its_whole_id_and_a_prefix_only_when_asked() {
     refund(&idem.run("conv-1"), "exact-a".into()).await.expect("refund");
     refund(&idem.run("conv-10"), "exact-b".into()).await.expect("refund");
     refund(&idem.run("conv-10"), "exact-c".into()).await.expect("refund");
+    refund(&idem.run(""), "exact-d".into()).await.expect("refund");
     let count = |args: &[&str]| json(&url, args)["records"].as_array().expect("records").len();
     assert_eq!(count(&["list", "--run", "conv-1"]), 1);
     assert_eq!(count(&["list", "--run", "conv-10"]), 2);
     assert_eq!(count(&["list", "--run", "conv-"]), 0, "no run has that whole id");
     assert_eq!(count(&["list", "--run-prefix", "conv-1"]), 3);
+    assert_eq!(count(&["list", "--run", ""]), 1, "the calls made without a run");
+    assert_eq!(count(&["list"]), 4);
     let both = exits(&url, &["list", "--run", "conv-1", "--run-prefix", "conv"], 2);
     assert!(both.contains("cannot be used with"), "{both}");
 }
