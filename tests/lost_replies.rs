@@ -213,6 +213,75 @@ async fn give_up(rig: Rig) {
     panic!("the record of the claim that gave up was never released; last answer {last:?}");
 }
 
+/// A record in flight under a dead owner whose lease (100 ms) has ended: the key a takeover takes.
+async fn abandoned(
+    rig: &Rig,
+    name: &str,
+) -> (Key, idem_core::Fingerprint, idem_core::store::Fence) {
+    let (key, fp) = fresh_key(name, "{}");
+    let short = ClaimRequest { lease: Duration::from_millis(100), ..claim_req(&key, &fp) };
+    let Ok(Claim::Acquired { fence, .. }) = rig.direct.claim(short).await else {
+        panic!("a fresh key must be acquired")
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (key, fp, fence)
+}
+
+/// A takeover's reply is lost: the resend finds the record it took over and answers a takeover
+/// again (not a fresh acquisition), so the executor still asks a `never` tool's reconciliation
+/// check before running it; the fence is above the dead owner's.
+async fn takeover(rig: Rig) {
+    let (key, fp, dead) = abandoned(&rig, "lost_takeover").await;
+    rig.proxy.lose_reply_to(key.as_str());
+    let got = rig.through.claim(claim_req(&key, &fp)).await;
+    assert_eq!(rig.proxy.lost(), 1, "the proxy must have lost the takeover's reply");
+    let Ok(Claim::Acquired { fence, takeover }) = got else {
+        panic!("a takeover whose reply was lost must acquire on its resend, got {got:?}")
+    };
+    assert!(takeover, "the resend must still say the record was taken over (fence {fence:?})");
+    assert!(fence > dead, "the takeover's fence {fence:?} must be above the dead owner's {dead:?}");
+    match rig.direct.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::InFlight { fence: held, .. }) => assert_eq!(held, fence, "held by the caller"),
+        other => panic!("the record must be in flight under the caller's fence, got {other:?}"),
+    }
+}
+
+/// A takeover's reply is lost and the server stays away: the caller gets `Unavailable`. The
+/// claim that gave up must not release a record it took over (that would erase the dead owner's
+/// attempt, and the next caller would run the tool as if it never had): the record is left to its
+/// lease, and the next claim after it takes the key over again. (Where the lost request was only
+/// a read, PostgreSQL's common statement or Redis's `SET .. NX GET`, nothing was taken over and
+/// the next claim takes the dead owner's record over itself: also not a fresh key.)
+async fn takeover_give_up(rig: Rig) {
+    let (key, fp, dead) = abandoned(&rig, "lost_takeover_give_up").await;
+    rig.proxy.lose_reply_and_cut(key.as_str());
+    // Longer than the resends take to give up (about a second), so the lease is still running
+    // when the server is back and the release would be sent.
+    let lease = ClaimRequest { lease: Duration::from_secs(4), ..claim_req(&key, &fp) };
+    let got = rig.through.claim(lease).await;
+    assert_eq!(rig.proxy.lost(), 1, "the proxy must have lost the takeover's reply");
+    assert!(matches!(got, Err(StoreError::Unavailable(_))), "resends fail while cut: {got:?}");
+    rig.proxy.restore();
+    // Time for the background release the claim would send (100 ms backoff, doubling).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    match rig.direct.claim(claim_req(&key, &fp)).await {
+        Ok(Claim::InFlight { fence, .. }) => assert!(fence > dead, "the takeover holds it"),
+        Ok(Claim::Acquired { takeover: true, .. }) => return,
+        other => {
+            panic!("the taken-over record must stay in flight until its lease ends: {other:?}")
+        }
+    }
+    let mut last = None;
+    for _ in 0..100 {
+        match rig.direct.claim(claim_req(&key, &fp)).await {
+            Ok(Claim::Acquired { takeover: true, .. }) => return,
+            other => last = Some(other),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("after the lease, the next claim must take the key over; last answer {last:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the executor: the caller's view.
 
@@ -344,6 +413,18 @@ macro_rules! lost_reply_tests {
             async fn claim_that_gives_up_releases_its_record() {
                 let Some(rig) = $rig().await else { return };
                 give_up(rig).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn takeover_reply_lost_is_still_a_takeover() {
+                let Some(rig) = $rig().await else { return };
+                takeover(rig).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn takeover_that_gives_up_is_left_to_its_lease() {
+                let Some(rig) = $rig().await else { return };
+                takeover_give_up(rig).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,8 @@
 //!   while someone waits on it (else `0`), `lu` the lease end in ms since the Unix epoch on the
 //!   server's clock (empty once done), `fp` the fingerprint (64 hex digits), `ok` the outcome (`s`
 //!   success, `f` failure, `u` unknown) once done and the claim's owner token in flight (32 hex
-//!   digits; empty in records written before owner tokens, which no claim matches), `since` the
+//!   digits, after a `t` when the claim took the record over from an owner whose lease ended;
+//!   empty in records written before owner tokens, which no claim matches), `since` the
 //!   time the record entered its state (claimed, taken over, completed or resolved) in ms since
 //!   the epoch on the server's clock, `origin` the tool, tenant and run of the claim
 //!   (`o<tool>,<tenant>,<run>`, each percent-escaped for `%`, `|` and `,`; see
@@ -126,10 +127,13 @@
 //! server is back, on a cluster once a replica has been promoted in place of a failed master. A script whose reply was lost (the connection reset
 //! after the command, a response timeout on a hung server that resumes) may have run: every step
 //! is sent again with backoff (see `store/resend.rs`). A claim carries an owner token unique to
-//! the call, so its resend finds its own record and acquires it with the same fence; a resent
+//! the call, so its resend finds its own record and acquires it with the same fence (a takeover
+//! answers a takeover again); a resent
 //! completion that finds the record completed under its fence succeeds; a resent release that
 //! finds the record no longer held under its fence succeeds; renew is idempotent. A claim that
-//! gives up releases in the background the record it may have created, by owner token. Records
+//! gives up releases in the background the record it may have created, by owner token; not one it
+//! may have taken over (its token is marked), which is left to its lease so that the dead owner's
+//! attempt is not erased. Records
 //! written before owner tokens (an empty seventh field) read as before. A
 //! record of another schema version (other than a version 1 hash, migrated as above), a malformed
 //! record, a string that is not a record, or a key of another type gives

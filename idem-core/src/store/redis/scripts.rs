@@ -78,8 +78,8 @@ local HEADER = '^' .. V .. '|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|([^|]*)|(%d*)
 local HEADER2 = '^2|([fd])|(%d+)|([01])|(%d*)|([0-9a-f]+)|([^|]*)|'
 -- Of what `record` returned: nothing when there is no record; else an answer to return, or nil
 -- and the header: state, fence, waited on, lease end, fingerprint, the seventh field (the owner
--- token in flight, empty in records written before owners; the outcome kind once done), since
--- (ms) and origin (both empty when unknown).
+-- token in flight, after a `t` in a takeover's, empty in records written before owners; the
+-- outcome kind once done), since (ms) and origin (both empty when unknown).
 local function header(v)
   if not v then return end
   if type(v) == 'table' then return v end
@@ -127,11 +127,14 @@ local bad, st, fence, w, lu, fp, o, since, origin = header(v)
 if bad then return bad end
 if fp ~= ARGV[1] then return {'mismatch'} end
 local now_us, now_ms = now()
--- This claim's own record: an earlier send created it and its reply was lost, or the native
--- claim wrote it with a fence from the client's estimate of this clock. It is still ours (a
--- takeover would have changed the owner): acquired again, with a fresh lease, and a fence above
--- the counter (nobody has seen this fence yet).
-if o == ARGV[4] then
+-- This claim's own record: an earlier send created it (or took it over: its token then starts
+-- with `t`) and its reply was lost, or the native claim wrote it with a fence from the client's
+-- estimate of this clock. It is still ours (another takeover would have changed the owner):
+-- acquired again, with a fresh lease, and a fence above the counter (nobody has seen this fence
+-- yet); a takeover answers a takeover again, so the caller still treats the dead owner's
+-- attempt as one that may have happened.
+local took = o == 't' .. ARGV[4]
+if o == ARGV[4] or took then
   local f = tonumber(fence)
   local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
   if c >= f then
@@ -141,6 +144,7 @@ if o == ARGV[4] then
   end
   redis.call('SET', KEYS[1],
     inflight(fence, w, format('%d', now_ms + ARGV[2]), fp, o, since, origin))
+  if took then return {'takeover', f} end
   return f
 end
 lu = tonumber(lu) or 0
@@ -150,9 +154,11 @@ if tonumber(fence) >= EXACT then
   return {'incompatible', 'record ' .. KEYS[1] .. ' has a fence beyond 2^53'}
 end
 local f = math.max(tonumber(fence) + 1, now_us)
+-- The owner token marked as a takeover's (`t` first): a resend of this claim answers a takeover,
+-- and a release by owner token (a claim that gave up) leaves the record to its lease.
 redis.call('SET', KEYS[1],
-  inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp, ARGV[4], format('%d', now_ms),
-    ARGV[5]))
+  inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp, 't' .. ARGV[4],
+    format('%d', now_ms), ARGV[5]))
 if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
 return {'takeover', f}
 "#;
@@ -234,6 +240,9 @@ return 1
 
 // KEYS: rec, fence counter. ARGV: owner token, counter grace ms. Releases the record if it is in
 // flight under the owner (a claim that gave up after losing its replies); 1 if it did, else 0.
+// A record the claim took over carries `t` and the token, so it never matches: deleting it would
+// erase the dead owner's attempt, and the next caller would run the tool as if it never had. It
+// is left to its lease, and the next claim takes it over again.
 const RELEASE_OWNED: &str = r#"
 local bad, st, fence, w, lu, fp, o = header(record(v))
 if bad then return bad end
