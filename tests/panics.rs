@@ -214,3 +214,176 @@ async fn a_panic_in_classify_ends_the_attempt_as_a_bodys_panic_does() {
     assert_eq!(before.elapsed(), Duration::ZERO, "the key was free: no lease to wait out");
     assert_eq!(CLASSIFIED.load(Ordering::SeqCst), 2);
 }
+
+static RECEIPTS: AtomicU32 = AtomicU32::new(0);
+
+/// An output whose `Serialize` panics (the user's code, as the body is): the effect happened,
+/// and storing its output unwinds.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+struct Receipt {
+    id: String,
+}
+
+impl Serialize for Receipt {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("receipt {} has no serializer for its currency yet", self.id)
+    }
+}
+
+#[tool(retry = "never")]
+async fn send_receipt(order: String) -> Result<Receipt, Declined> {
+    RECEIPTS.fetch_add(1, Ordering::SeqCst);
+    Ok(Receipt { id: format!("rc_{order}") })
+}
+
+/// A panic while the outcome of a `never` tool is stored, after its body ran: the caller gets an
+/// error naming the panic, not an unwind, and the record says the effect happened (every repeat
+/// hears that its output could not be stored), on the in-memory store and on a durable one; the
+/// body ran once.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_outputs_serialize_is_an_error_and_the_effect_is_recorded() {
+    for (name, idem) in [("memory", Idem::in_memory()), ("durable", Idem::new(Wrapped::new(Pass)))]
+    {
+        let before = RECEIPTS.load(Ordering::SeqCst);
+        let run = idem.run("r1");
+        let first = tokio::spawn({
+            let run = run.clone();
+            async move { send_receipt(&run, "o1".into()).await.map(|r| r.id) }
+        })
+        .await;
+        let first = first.unwrap_or_else(|e| panic!("{name}: the call unwound: {e}"));
+        match first {
+            Err(Error::OutputNotStorable { reason, .. }) => assert!(
+                reason.contains("panicked: receipt rc_o1 has no serializer"),
+                "{name}: {reason}"
+            ),
+            other => panic!("{name}: expected OutputNotStorable naming the panic, got {other:?}"),
+        }
+        for _ in 0..2 {
+            let again = send_receipt(&run, "o1".into()).await;
+            assert!(
+                matches!(&again, Err(Error::OutputNotStorable { reason, .. }) if reason.contains("panicked")),
+                "{name}: a repeat must hear that the effect happened: {again:?}"
+            );
+        }
+        assert_eq!(RECEIPTS.load(Ordering::SeqCst) - before, 1, "{name}: the body ran once");
+    }
+}
+
+static LABELS: AtomicU32 = AtomicU32::new(0);
+
+/// An output whose `Deserialize` panics on a replay (the stored JSON is read back as the type).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+struct Label {
+    text: String,
+}
+
+impl<'de> Deserialize<'de> for Label {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Plain {
+            text: String,
+        }
+        let plain = Plain::deserialize(d)?;
+        // Read back once when the output is checked before it is stored; a replay is the second.
+        if LABELS.load(Ordering::SeqCst) > 0 && plain.text.starts_with("replayed") {
+            panic!("label {} cannot be read back here", plain.text);
+        }
+        Ok(Label { text: plain.text })
+    }
+}
+
+static PRINTS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn print_label(text: String) -> Result<Label, Declined> {
+    PRINTS.fetch_add(1, Ordering::SeqCst);
+    Ok(Label { text })
+}
+
+/// A panic in the output's `Deserialize` while a stored outcome is replayed: the caller gets
+/// `ReplayFailed` naming it, the tool does not run again, and the record is left as it is.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_outputs_deserialize_on_a_replay_is_a_replay_that_failed() {
+    let run = Idem::new(Wrapped::new(Pass)).run("r1");
+    let first = print_label(&run, "replayed-1".into()).await.expect("the first call runs");
+    assert_eq!(first.text, "replayed-1");
+    LABELS.store(1, Ordering::SeqCst);
+    for _ in 0..2 {
+        match print_label(&run, "replayed-1".into()).await {
+            Err(Error::ReplayFailed { reason, .. }) => {
+                assert!(reason.contains("panicked: label replayed-1"), "{reason}")
+            }
+            other => panic!("expected ReplayFailed naming the panic, got {other:?}"),
+        }
+    }
+    assert_eq!(PRINTS.load(Ordering::SeqCst), 1, "a replay never runs the tool again");
+}
+
+/// An argument whose `Deserialize` panics on one value (the user's code, run when a tool set
+/// reads a model's arguments).
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+struct Sku(String);
+
+impl<'de> Deserialize<'de> for Sku {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        if text == "legacy" {
+            panic!("sku {text} has no parser yet");
+        }
+        Ok(Sku(text))
+    }
+}
+
+/// A permanent error whose `Display` panics (the user's code, run when a tool set writes the
+/// result the model reads).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OutOfStock;
+
+impl std::fmt::Display for OutOfStock {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        panic!("no message for out-of-stock yet")
+    }
+}
+
+impl std::error::Error for OutOfStock {}
+
+impl Classify for OutOfStock {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+static RESERVATIONS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn reserve(sku: Sku) -> Result<String, OutOfStock> {
+    RESERVATIONS.fetch_add(1, Ordering::SeqCst);
+    if sku.0 == "gone" {
+        return Err(OutOfStock);
+    }
+    Ok(format!("reserved {}", sku.0))
+}
+
+/// Panics in a tool's own code around the call, through a tool set: each is an error result of
+/// kind `tool_panicked` naming it, not an unwind through the host; arguments that could not be
+/// read ran nothing, and a stored failure whose text panics is not run again.
+#[tokio::test]
+async fn a_tool_set_answers_a_panic_around_the_call_with_an_error_result() {
+    let set = ToolSet::new().with(ReserveTool).unwrap();
+    let run = Idem::in_memory().run("r1");
+    let unread = set.call(&run, "reserve", &serde_json::json!({"sku": "legacy"})).await;
+    assert_eq!(unread.error_kind, Some(ErrorKind::Panicked), "{}", unread.text);
+    assert!(unread.text.contains("sku legacy has no parser yet"), "{}", unread.text);
+    assert_eq!(RESERVATIONS.load(Ordering::SeqCst), 0, "nothing ran");
+
+    for _ in 0..2 {
+        let failed = set.call(&run, "reserve", &serde_json::json!({"sku": "gone"})).await;
+        assert_eq!(failed.error_kind, Some(ErrorKind::Panicked), "{}", failed.text);
+        assert!(failed.text.contains("no message for out-of-stock yet"), "{}", failed.text);
+    }
+    assert_eq!(RESERVATIONS.load(Ordering::SeqCst), 1, "the stored failure is replayed");
+
+    let ok = set.call(&run, "reserve", &serde_json::json!({"sku": "a1"})).await;
+    assert!(!ok.is_error, "{}", ok.text);
+}

@@ -13,6 +13,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::call::Call;
+use super::caught::{caught, panic_message};
 use super::lease::Owned;
 use super::report::Served;
 use super::storable::{Unstorable, stored_json};
@@ -82,17 +83,6 @@ impl<O, E> Attempt<O, E> {
             Ok(ended) => Attempt::Done(ended),
             Err(payload) => Attempt::Panicked(panic_message(payload.as_ref())),
         }
-    }
-}
-
-/// The text of a panic's payload: `panic!` gives a `&str` or a `String`.
-pub(super) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "<not a string>".to_owned()
     }
 }
 
@@ -185,17 +175,14 @@ impl<T: Tool> Call<'_, T> {
                 }
                 // The error type's own code: a panic there ends the attempt as the body's would
                 // (duplicates hear at once instead of waiting out the lease).
-                Attempt::Done(Err(error)) => {
-                    match std::panic::catch_unwind(AssertUnwindSafe(|| error.classify())) {
-                        Ok(failure) => (failure, Some(error)),
-                        Err(payload) => {
-                            budget.on_failure();
-                            let message = panic_message(payload.as_ref());
-                            let message = format!("`Classify::classify` panicked: {message}");
-                            return Err(self.panicked(fence, attempt, message).await);
-                        }
+                Attempt::Done(Err(error)) => match caught(|| error.classify()) {
+                    Ok(failure) => (failure, Some(error)),
+                    Err(message) => {
+                        budget.on_failure();
+                        let message = format!("`Classify::classify` panicked: {message}");
+                        return Err(self.panicked(fence, attempt, message).await);
                     }
-                }
+                },
                 Attempt::TimedOut => (Failure::ambiguous(), None),
                 Attempt::Panicked(message) => {
                     budget.on_failure();
@@ -400,15 +387,22 @@ impl<T: Tool> Call<'_, T> {
         // The record says the effect happened and its output could not be stored, as for any
         // output that cannot be stored: every later caller hears it.
         // With a store, the storability check is also the depth check; without one, only depth.
+        // A panic in the output's `Serialize` or `Deserialize` (the user's code) is caught there:
+        // the output cannot be written, so it goes no further either.
         let checked = match fence {
             Some(_) => stored_json(&output),
-            None => crate::limits::check_depth(&output)
-                .map(|()| String::new())
-                .map_err(Unstorable::TooDeep),
+            None => match caught(|| crate::limits::check_depth(&output)) {
+                Ok(depth) => depth.map(|()| String::new()).map_err(Unstorable::TooDeep),
+                Err(message) => Err(Unstorable::Panicked(message)),
+            },
         };
-        if let Err(too_deep @ Unstorable::TooDeep(_)) = &checked {
-            std::mem::forget(output);
-            let error = self.not_storable(too_deep);
+        if let Err(why @ (Unstorable::TooDeep(_) | Unstorable::Panicked(_))) = &checked {
+            if matches!(why, Unstorable::TooDeep(_)) {
+                std::mem::forget(output);
+            } else {
+                drop(output);
+            }
+            let error = self.not_storable(why);
             if let (Some(fence), Error::OutputNotStorable { reason, .. }) = (fence, &error) {
                 let outcome = Outcome::NotStorable(reason.clone());
                 return self.store_now(Storing {

@@ -63,10 +63,14 @@ fn share_err<E: serde::Serialize>(
     skeleton: &Error<()>,
     tool_error: Option<&E>,
 ) -> Shared {
-    // A tool's error is checked before serde_json, which has no depth limit, writes it.
+    // A tool's error is checked before serde_json, which has no depth limit, writes it; its
+    // `Serialize` is the user's code, which may panic.
     let json = tool_error.map(|e| {
-        crate::limits::check_depth(e).map_err(|_| ())?;
-        serde_json::to_string(e).map_err(|_| ())
+        super::caught::caught(|| {
+            crate::limits::check_depth(e).map_err(|_| ())?;
+            serde_json::to_string(e).map_err(|_| ())
+        })
+        .unwrap_or(Err(()))
     });
     Arc::new(Err(skeleton
         .clone()
@@ -81,8 +85,14 @@ fn share_err<E: serde::Serialize>(
         })))
 }
 
+/// A stored outcome read as the tool's type; a panic in its `Deserialize` (the user's code) is a
+/// replay that failed, and the record stays as it is.
 fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> Result<V, Error<E>> {
-    serde_json::from_str(json).map_err(|e| Error::ReplayFailed { tool, key, reason: e.to_string() })
+    let failed = |reason| Error::ReplayFailed { tool, key, reason };
+    match super::caught::caught(|| serde_json::from_str(json)) {
+        Ok(read) => read.map_err(|e| failed(e.to_string())),
+        Err(message) => Err(failed(format!("its `Deserialize` panicked: {message}"))),
+    }
 }
 
 impl<T: Tool> Call<'_, T> {

@@ -4,10 +4,12 @@
 //! - `run`: the handle a caller holds ([`Run`]) and the entry of every call;
 //! - `call`: one call in progress, the in-process single flight, replay;
 //! - `lease`: claiming the key, waiting for another owner, renewing and releasing;
-//! - `attempts`: the attempt loop and the decision after each failed attempt.
+//! - `attempts`: the attempt loop and the decision after each failed attempt;
+//! - `caught`: the user's code around the body (serde, `Classify`), a panic there an error.
 
 mod attempts;
 mod call;
+mod caught;
 mod lease;
 mod reconcile;
 mod report;
@@ -23,6 +25,7 @@ use rand::rngs::SmallRng;
 pub use report::{CallReport, Served, WaitHook};
 pub use run::Run;
 
+pub(crate) use caught::panic_message;
 pub(crate) use storable::storable;
 
 use crate::budget::RetryBudget;

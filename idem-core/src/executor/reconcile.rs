@@ -33,7 +33,7 @@ impl<T: Tool> Call<'_, T> {
         let check = async {
             let asked = AssertUnwindSafe(self.tool.reconcile(&self.key, args));
             FutureExt::catch_unwind(asked).await.unwrap_or_else(|payload| {
-                let message = super::attempts::panic_message(payload.as_ref());
+                let message = super::caught::panic_message(payload.as_ref());
                 tracing::error!(panic = %message, "the reconciliation check panicked; outcome unknown");
                 Reconciled::Unknown
             })

@@ -27,6 +27,8 @@ pub(crate) fn storable<O: Serialize + DeserializeOwned>(output: &O) -> Result<St
 pub(crate) enum Unstorable {
     /// Nested past the depth limit: nothing may write it, and dropping it recurses as deep.
     TooDeep(KeyError),
+    /// Its `Serialize` or `Deserialize` (the user's code) panicked; the message.
+    Panicked(String),
     /// Any other reason, as the record and the error say it.
     Other(String),
 }
@@ -42,6 +44,9 @@ impl std::fmt::Display for Unstorable {
                 within(path)
             ),
             Unstorable::TooDeep(e) => e.fmt(f),
+            Unstorable::Panicked(message) => {
+                write!(f, "its `Serialize` or `Deserialize` panicked: {message}")
+            }
             Unstorable::Other(why) => f.write_str(why),
         }
     }
@@ -56,10 +61,14 @@ thread_local! {
 /// Buffers up to this size are kept for the next check on the thread.
 const KEEP_TEXT: usize = 64 * 1024;
 
-/// [`storable`], telling an output past the depth limit apart.
+/// [`storable`], telling an output past the depth limit, and one whose own code panicked, apart.
 pub(crate) fn stored_json<O: Serialize + DeserializeOwned>(
     output: &O,
 ) -> Result<String, Unstorable> {
+    super::caught::caught(|| checked_json(output)).unwrap_or_else(|m| Err(Unstorable::Panicked(m)))
+}
+
+fn checked_json<O: Serialize + DeserializeOwned>(output: &O) -> Result<String, Unstorable> {
     // Taken, not borrowed: the output's own `Serialize` or `Deserialize` may call idem again.
     let mut text = TEXT.try_with(Cell::take).unwrap_or_default();
     text.clear();

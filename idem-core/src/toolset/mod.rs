@@ -31,8 +31,10 @@ mod result;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::{Map, Value};
 
@@ -136,41 +138,66 @@ impl<T: Tool> DynTool for T {
         args: Arguments<'a>,
         cx: &'a DispatchContext,
     ) -> BoxFuture<'a, ToolResult> {
-        Box::pin(async move {
-            let def = self.def();
-            let args: T::Args = match arguments::parse(def.name, args) {
-                Ok(args) => args,
-                Err(message) => {
-                    return ToolResult::error(ErrorKind::InvalidArguments, message, None);
-                }
-            };
-            let (result, report) = run.call_reported(self, args).await;
-            // The executor checked an output it stored: checking again would walk it 3 times more.
-            let checked = report.as_ref().is_some_and(|r| r.output_checked);
-            let out = match result {
-                Ok(output) => match (if checked {
-                    Ok(())
-                } else {
-                    crate::executor::storable(&output).map(drop)
-                })
-                .and_then(|()| serde_json::to_value(&output).map_err(|e| e.to_string()))
-                {
-                    Ok(v) => ToolResult::success(v),
-                    // JSON would carry another value (a NaN as `null`): say so rather than mislead.
-                    Err(why) => ToolResult::error(
-                        ErrorKind::OutputNotJson,
-                        format!(
-                            "`{}` ran, but its output cannot be turned into JSON faithfully ({why}); the effect happened: do not call it again for this intent",
-                            def.name
-                        ),
-                        None,
+        let def = self.def();
+        // The tool's own code outside its body runs here too: its arguments' `Deserialize` and
+        // `Serialize` (read from the call, written into the key), its output's and error's
+        // `Serialize` and `Display` (the result). A panic there is this call's error result, not
+        // an unwind through the host's server; the executor has already settled the key (a
+        // panic after the effect is recorded there, `executor/caught.rs`).
+        let call = FutureExt::catch_unwind(AssertUnwindSafe(dispatch_typed(self, run, args, cx)));
+        Box::pin(call.map(move |done| {
+            done.unwrap_or_else(|payload| {
+                let message = crate::executor::panic_message(payload.as_ref());
+                ToolResult::error(
+                    ErrorKind::Panicked,
+                    format!(
+                        "`{}` panicked in its own code around the call (its types' `Deserialize`, `Serialize` or `Display`): {message}; a repeat with the same arguments is answered from the call's record if it ran",
+                        def.name
                     ),
-                },
-                Err(e) => result::error_result(def, &e, cx),
-            };
-            out.with_report(report)
-        })
+                    None,
+                )
+            })
+        }))
     }
+}
+
+/// The call of [`DynTool::dispatch`], whose panics it catches.
+async fn dispatch_typed<T: Tool>(
+    tool: &T,
+    run: &Run,
+    args: Arguments<'_>,
+    cx: &DispatchContext,
+) -> ToolResult {
+    let def = tool.def();
+    let args: T::Args = match arguments::parse(def.name, args) {
+        Ok(args) => args,
+        Err(message) => {
+            return ToolResult::error(ErrorKind::InvalidArguments, message, None);
+        }
+    };
+    let (result, report) = run.call_reported(tool, args).await;
+    // The executor checked an output it stored: checking again would walk it 3 times more.
+    let checked = report.as_ref().is_some_and(|r| r.output_checked);
+    let out = match result {
+        Ok(output) => {
+            match (if checked { Ok(()) } else { crate::executor::storable(&output).map(drop) })
+                .and_then(|()| serde_json::to_value(&output).map_err(|e| e.to_string()))
+            {
+                Ok(v) => ToolResult::success(v),
+                // JSON would carry another value (a NaN as `null`): say so rather than mislead.
+                Err(why) => ToolResult::error(
+                    ErrorKind::OutputNotJson,
+                    format!(
+                        "`{}` ran, but its output cannot be turned into JSON faithfully ({why}); the effect happened: do not call it again for this intent",
+                        def.name
+                    ),
+                    None,
+                ),
+            }
+        }
+        Err(e) => result::error_result(def, &e, cx),
+    };
+    out.with_report(report)
 }
 
 /// Why a tool cannot join a set.
