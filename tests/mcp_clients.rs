@@ -67,6 +67,68 @@ fn a_call_in_flight_when_stdin_closes_is_stored_and_replayed_after_a_restart() {
     assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
 }
 
+fn signal(child: &std::process::Child, name: &str) {
+    let pid = child.id().to_string();
+    let sent = std::process::Command::new("kill").args([name, &pid]).status().expect("kill runs");
+    assert!(sent.success(), "kill {name} {pid}");
+}
+
+/// A host that stops the server with SIGTERM while a charge is in flight (the MCP SDKs close
+/// stdin, then SIGTERM about 2 s later, then SIGKILL; older ones send SIGTERM alone): the server
+/// ends the session as on EOF, the charge finishes and is stored, the process exits cleanly, and
+/// the repeat on a restarted server is replayed. Before, SIGTERM killed the process mid-charge and
+/// the repeat waited out the lease and charged again (`taken_over`).
+#[cfg(unix)]
+#[test]
+fn a_call_in_flight_when_sigterm_comes_is_stored_and_replayed_after_a_restart() {
+    let binary = payments_mcp();
+    let db = fresh_db("mcp-clients-sigterm");
+    let args = [OsStr::new("--sqlite"), db.as_os_str()];
+    let mut first = Server::start_with(&binary, &args, &[("PAYMENTS_DELAY_MS", "2000")]);
+    first.initialize();
+    first.write(&charge(1, "conversation-sigterm"));
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&first.child, "-TERM");
+    let status = first.child.wait().unwrap();
+    assert!(status.success(), "the server exits cleanly after SIGTERM: {status}");
+    assert_eq!(ledger(&db)["charge_requests"], 1, "the charge in flight finished before the exit");
+
+    let mut second = Server::start_with(&binary, &args, &[]);
+    second.initialize();
+    second.write(&charge(2, "conversation-sigterm"));
+    let answer = second.read().expect("an answer");
+    assert_eq!(answer["result"]["_meta"]["idem/outcome"], "replayed", "{answer}");
+    assert_eq!(answer["result"]["structuredContent"]["charge_id"], "ch_0001", "{answer}");
+    assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
+}
+
+/// A second signal ends the wait for the calls still running: an operator's second Ctrl-C
+/// stops the process (the charge, a minute long here, is left to its lease).
+#[cfg(unix)]
+#[test]
+fn a_second_signal_stops_waiting_for_the_calls_still_running() {
+    let binary = payments_mcp();
+    let db = fresh_db("mcp-clients-second-signal");
+    let args = [OsStr::new("--sqlite"), db.as_os_str()];
+    let mut s = Server::start_with(&binary, &args, &[("PAYMENTS_DELAY_MS", "60000")]);
+    s.initialize();
+    s.write(&charge(1, "conversation-second-signal"));
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&s.child, "-INT");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s.child.try_wait().unwrap().is_none(), "the first signal waits for the charge");
+    signal(&s.child, "-INT");
+    for _ in 0..100 {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = s.child.kill();
+    panic!("the server still waits for its minute-long charge after a second signal");
+}
+
 fn call(id: i64, name: &str, arguments: Value) -> String {
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
         "name": name, "arguments": arguments, "_meta": {"idem/run": "conversation-ids"}}})

@@ -41,6 +41,9 @@
 //!   past 128 levels, repeated member names. A `tools/call` whose `arguments` are not one JSON
 //!   object with unique member names gets an `isError` result of kind `invalid_arguments`, the
 //!   same as on the OpenAI and Anthropic front doors; its tool does not run.
+//! - Shutdown: [`IdemServer::serve_stdio`] ends the session on EOF and on SIGTERM, SIGINT or
+//!   SIGHUP (hosts close stdin, then SIGTERM, then SIGKILL, about 2 s apart), then waits for the
+//!   calls still running so that their outcomes are stored; a second signal stops the wait.
 //!
 //! Two ways to serve: [`IdemServer`], a `ServerHandler` whose tools are the set; or
 //! [`IdemTools::router`], an rmcp `ToolRouter` to merge with a server's own `#[tool_router]`
@@ -60,6 +63,8 @@
 pub mod http;
 pub mod jsonrpc;
 mod server;
+mod shutdown;
+mod stdin;
 pub mod stdio;
 mod tools;
 

@@ -83,10 +83,18 @@ impl IdemServer {
     /// stdin while a call is in flight (it gave up, or it is restarting the server) finds the
     /// call's outcome stored when it calls again, and its repeat is replayed.
     ///
+    /// SIGTERM, SIGINT and SIGHUP (Ctrl-C off Unix) end the session as EOF does: hosts stop a
+    /// stdio server by closing stdin, then SIGTERM, then SIGKILL, about 2 s apart (the MCP
+    /// TypeScript SDK, VS Code), so a call still running when SIGTERM comes gets until the
+    /// SIGKILL to finish and be stored instead of being cut off at once. A second signal stops
+    /// the wait: the calls still running are left to their leases. The handlers are installed
+    /// for the whole process when this is called.
+    ///
     /// Errors: [`ServeError`].
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
         let tools = self.tools.clone();
-        let served = async {
+        let mut signals = crate::shutdown::Signals::new();
+        let session = async {
             let running = self
                 .serve(stdio::stdio())
                 .await
@@ -94,16 +102,31 @@ impl IdemServer {
             let reason = running.waiting().await?;
             tracing::debug!(?reason, "MCP session ended");
             Ok(())
-        }
-        .await;
+        };
+        // On a signal the session is dropped, which cancels it: no request is read after it. The
+        // calls run in tasks of their own and go on.
+        let served = tokio::select! {
+            served = session => served,
+            signal = signals.next() => {
+                tracing::info!(signal, "ending the MCP session");
+                Ok(())
+            }
+        };
         let left = tools.calls_running();
         if left > 0 {
-            tracing::info!(
-                calls = left,
-                "the client closed the session: finishing the calls still running"
-            );
+            tracing::info!(calls = left, "the session ended: finishing the calls still running");
         }
-        tools.calls_finished().await;
+        tokio::select! {
+            () = tools.calls_finished() => {}
+            signal = signals.next() => {
+                let left = tools.calls_running();
+                tracing::warn!(
+                    signal,
+                    calls = left,
+                    "leaving the calls still running to their leases"
+                );
+            }
+        }
         served
     }
 }

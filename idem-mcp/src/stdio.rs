@@ -26,6 +26,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+pub use crate::stdin::Stdin;
+
 use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_head, id_in_use};
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
@@ -72,9 +74,11 @@ impl<R, W> std::fmt::Debug for LineTransport<R, W> {
     }
 }
 
-/// The transport over this process's stdin and stdout.
-pub fn stdio() -> LineTransport<tokio::io::Stdin, tokio::io::Stdout> {
-    LineTransport::new(tokio::io::stdin(), tokio::io::stdout())
+/// The transport over this process's stdin and stdout. Stdin is read on a thread of its own
+/// ([`Stdin`]), so a process whose session ended while its stdin is still open (a signal) exits
+/// when `main` returns instead of waiting for a line.
+pub fn stdio() -> LineTransport<Stdin, tokio::io::Stdout> {
+    LineTransport::new(Stdin::new(), tokio::io::stdout())
 }
 
 impl<R, W> LineTransport<R, W>
