@@ -25,7 +25,8 @@ struct Cli {
     /// "host=.. dbname=.."), redis://host:6379/, redis+cluster://h1:p1,h2:p2/ (TLS: rediss://,
     /// sslmode=verify-full, with the features postgres-tls, redis-tls). Nothing is created: a
     /// file or database without idem's tables, and memory:, are refused
-    #[arg(long, env = "IDEM_STORE", global = true)]
+    // The value is not shown in --help: it may hold a password.
+    #[arg(long, env = "IDEM_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
 
     /// Print JSON instead of a table. The text shows control characters and bidi controls in
@@ -113,6 +114,8 @@ struct ResolveArgs {
     #[arg(
         long,
         value_name = "RESULT_JSON",
+        // A result may be a negative number (`--happened -5`), not an option.
+        allow_hyphen_values = true,
         conflicts_with = "not_happened",
         required_unless_present = "not_happened"
     )]

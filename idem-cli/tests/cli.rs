@@ -282,6 +282,61 @@ async fn sqlite() {
     exits("mysql://h/db", &["stats"], 2);
 }
 
+/// A password in the store URL is never printed: not by `--help` (which shows `IDEM_STORE`'s
+/// value unless told not to), not in the error about a URL that does not parse (a mistyped
+/// scheme, a key=value string cut short), where the URL is repeated with the password masked.
+#[test]
+fn a_password_in_the_store_url_is_never_printed() {
+    for args in [&["--help"][..], &["list", "--help"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env("IDEM_STORE", "postgres://app:s3cretPW@127.0.0.1:5999/app")
+            .output()
+            .expect("run idem");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("IDEM_STORE"), "{help}");
+        assert!(!help.contains("s3cretPW"), "idem {args:?} prints the password:\n{help}");
+    }
+    for url in [
+        "postgress://app:s3cretPW@db.example/app",
+        " postgres://app:s3cretPW@127.0.0.1:5999/app",
+        "redis:/:s3cretPW@127.0.0.1:6379/",
+        "host=127.0.0.1 password=s3cretPW dbname",
+        "host=127.0.0.1 password='s3cretPW dbname=test",
+        "memory://u:s3cretPW@x",
+    ] {
+        let why = exits(url, &["stats"], 2);
+        assert!(!why.contains("s3cretPW"), "{url}: {why}");
+        assert!(why.contains("***"), "the masked URL is still shown: {why}");
+    }
+}
+
+/// A URL scheme is case-insensitive (RFC 3986 §3.1): `PostgreSQL://` opens the store as
+/// `postgresql://` does (the client library reads only the lower-case prefix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upper_case_postgres_scheme_opens_the_store() {
+    let url = pg_url();
+    if idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await).is_none() {
+        return;
+    }
+    let (_, rest) = url.split_once(':').expect("a scheme");
+    for scheme in ["PostgreSQL", "Postgres", "POSTGRES"] {
+        let upper = format!("{scheme}:{rest}");
+        tokio::task::spawn_blocking(move || ok(&upper, &["stats"])).await.unwrap();
+    }
+}
+
+/// A negative number is a result `--happened` takes (`--happened -5`), not an unknown option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_result_is_a_value_of_happened() {
+    let (_dir, url, _store) = sqlite_store("idem-cli-negative").await;
+    let missing = "0".repeat(64);
+    for result in ["-5", "-0", "-1.5e3"] {
+        let why = exits(&url, &["resolve", &missing, "--happened", result, "--yes"], 3);
+        assert!(why.contains("no record"), "{result}: {why}");
+    }
+}
+
 /// `--state lease-ended` lists the in-flight records whose owner's lease ended (a dead owner), and
 /// not those with a live lease.
 async fn lease_ended(url: &str, store: &dyn Store) {

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::redact::redacted;
 use super::{MemoryStore, Store, StoreError};
 
 /// The URL forms [`open`] knows, for error messages.
@@ -65,26 +66,30 @@ async fn open_as(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError
     if is_key_value(url) {
         return postgres(url, create).await;
     }
+    // Errors show the URL without its password (`redact.rs`).
+    let shown = redacted(url);
     let Some((scheme, rest)) = url.split_once(':') else {
         return Err(StoreError::InvalidConfig(format!(
-            "store URL {url:?} has no scheme; expected one of {FORMS}"
+            "store URL {shown:?} has no scheme; expected one of {FORMS}"
         )));
     };
     match scheme.to_ascii_lowercase().as_str() {
         // Anything after the scheme would be an option or a name this store ignores.
         "memory" if !matches!(rest, "" | "//") => Err(StoreError::InvalidConfig(format!(
-            "the memory store takes no path or options, and {rest:?} would be ignored; write \
-             `memory:`: {url:?}"
+            "the memory store takes no path or options, and what follows `memory:` would be \
+             ignored; write `memory:`: {shown:?}"
         ))),
         "memory" if create == Create::No => Err(new_store(url)),
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "sqlite" => sqlite(url, create).await,
-        "postgres" | "postgresql" => postgres(url, create).await,
+        // Schemes are case-insensitive (RFC 3986 §3.1); the PostgreSQL client reads only
+        // `postgres://` and `postgresql://` as written.
+        lower @ ("postgres" | "postgresql") => postgres(&format!("{lower}:{rest}"), create).await,
         "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
             redis(url).await
         }
         other => Err(StoreError::InvalidConfig(format!(
-            "unknown store URL scheme {other:?} in {url:?}; expected one of {FORMS}"
+            "unknown store URL scheme {other:?} in {shown:?}; expected one of {FORMS}"
         ))),
     }
 }
@@ -92,8 +97,9 @@ async fn open_as(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError
 /// The refusal of [`open_existing`] for a store that lives in one process.
 fn new_store(url: &str) -> StoreError {
     StoreError::InvalidConfig(format!(
-        "{url:?} is a store inside one process: opened here it would be a new, empty one; name \
-         the store the application uses (sqlite:///abs/path.db, postgres://..., redis://...)"
+        "{:?} is a store inside one process: opened here it would be a new, empty one; name \
+         the store the application uses (sqlite:///abs/path.db, postgres://..., redis://...)",
+        redacted(url)
     ))
 }
 

@@ -114,7 +114,8 @@ struct Inner {
 /// scheme, no path, a query (the URL takes no options, and an unknown one must not silently
 /// become part of the file name), or escapes that do not decode to UTF-8.
 pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreError> {
-    let invalid = |why: &str| StoreError::InvalidConfig(format!("{why}: {url:?}"));
+    let shown = super::redact::redacted(url);
+    let invalid = |why: &str| StoreError::InvalidConfig(format!("{why}: {shown:?}"));
     let path = match url.split_once(':') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("sqlite") => {
             rest.strip_prefix("//").unwrap_or(rest)
@@ -128,7 +129,7 @@ pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreErro
         return Err(StoreError::InvalidConfig(format!(
             "a sqlite URL takes no options, and {query:?} is not part of the file name; name \
              the file alone (sqlite:///abs/path.db), or open a path with `?` in it with \
-             SqliteStore::open: {url:?}"
+             SqliteStore::open: {shown:?}"
         )));
     }
     percent_encoding::percent_decode_str(path)

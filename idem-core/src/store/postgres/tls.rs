@@ -345,8 +345,10 @@ fn take_own_params(url: &str) -> Result<Taken, StoreError> {
 /// The `key=value` pairs of a libpq keyword/value string, each with its text as written: values
 /// may be single-quoted, and a backslash escapes the next character.
 fn conninfo_pairs(s: &str) -> Result<Vec<(&str, &str, String)>, StoreError> {
-    let bad =
-        |why: &str| StoreError::InvalidConfig(format!("PostgreSQL connection string {s:?}: {why}"));
+    let bad = |why: &str| {
+        let shown = crate::store::redact::redacted(s);
+        StoreError::InvalidConfig(format!("PostgreSQL connection string {shown:?}: {why}"))
+    };
     let mut pairs = Vec::new();
     let mut chars = s.char_indices().peekable();
     loop {

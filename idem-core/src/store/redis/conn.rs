@@ -129,7 +129,8 @@ fn invalid(what: impl std::fmt::Display) -> StoreError {
 /// unreadable CA file, or TLS without the `redis-tls` feature.
 pub(super) fn target(url: &str) -> Result<Target, StoreError> {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(invalid(format_args!("{url:?} has no scheme")));
+        let shown = crate::store::redact::redacted(url);
+        return Err(invalid(format_args!("{shown:?} has no scheme")));
     };
     let scheme = scheme.to_ascii_lowercase();
     let (rest, query) = match rest.split_once('?') {
