@@ -227,19 +227,38 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
 }
 
 async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(), Failure> {
-    let what = match store.inspect(key).await {
-        Ok(Some(info)) => {
-            format!("{} record {key} of {}", render::state_name(&info.state), origin(&info))
-        }
+    // The record as shown, which is the one removed: not one that another owner took over or
+    // completed while the question was on screen (its result would be lost, and the next call
+    // would run the effect again).
+    let (what, seen) = match store.inspect(key).await {
+        Ok(Some(info)) => (
+            format!("{} record {key} of {}", render::state_name(&info.state), origin(&info)),
+            Some((info.fence, info.state.is_done())),
+        ),
         Ok(None) => return Err(Failure::new(Exit::NotFound, format!("no record of key {key}"))),
         // An unreadable record (edited by hand, another version) is what forget is for.
         Err(idem_core::StoreError::Incompatible(why)) => {
-            format!("unreadable record {key} ({})", render::printable(&why))
+            (format!("unreadable record {key} ({})", render::printable(&why)), None)
         }
         Err(e) => return Err(e.into()),
     };
     confirm(&format!("forget {what}"), yes)?;
-    if !store.forget(key).await? {
+    let removed = match seen {
+        Some((fence, done)) => match store.forget_seen(key, fence, done).await {
+            Err(idem_core::StoreError::LeaseLost) => {
+                return Err(Failure::new(
+                    Exit::Refused,
+                    format!(
+                        "record {key} changed meanwhile (taken over or completed); nothing was \
+                         removed: `idem show {key}` shows it now"
+                    ),
+                ));
+            }
+            removed => removed?,
+        },
+        None => store.forget(key).await?,
+    };
+    if !removed {
         return Err(Failure::new(Exit::NotFound, format!("no record of key {key}")));
     }
     report(json, "forgotten", key, "forgotten: the next call runs")

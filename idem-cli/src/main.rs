@@ -58,7 +58,8 @@ enum Command {
     /// Settle a record whose outcome is unknown or whose owner died: fenced, so a record that a
     /// live owner holds or completes meanwhile is never overwritten.
     Resolve(ResolveArgs),
-    /// Remove a record whatever its state; the next call with its key runs.
+    /// Remove a record whatever its state; the next call with its key runs. Only the record
+    /// shown: one taken over or completed meanwhile is refused (exit 4).
     Forget {
         /// The idempotency key.
         key: String,

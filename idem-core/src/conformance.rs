@@ -110,6 +110,7 @@ macro_rules! store_admin_conformance_tests {
             resolve_happened_replays,
             resolve_not_happened_frees_key,
             resolve_is_fenced,
+            forget_seen_is_fenced,
             purge_removes_only_expired,
             stats_count_by_state,
         );

@@ -351,6 +351,47 @@ pub async fn resolve_is_fenced(store: &dyn Store) {
     assert_eq!(f.inspect(&late).await.map(|i| i.state), Some(RecordState::Done(real)));
 }
 
+/// `forget_seen` removes only the record as it was seen: a record taken over (another fence) or
+/// completed by its owner (same fence, another state) since it was read is refused with
+/// `LeaseLost` and kept; the record as seen is removed (in flight or done); an absent key is
+/// `false`.
+pub async fn forget_seen_is_fenced(store: &dyn Store) {
+    let f = Fixture::new(store, "forget_seen_is_fenced");
+    // A dead owner, read; then taken over by another caller.
+    let (taken, fence) = f.held(TOOL, "taken", SHORT).await;
+    sleep(PAST_SHORT).await;
+    let seen = f.inspect(&taken).await.expect("found");
+    assert_eq!(seen.fence, fence);
+    let (_, fp) = f.key(TOOL, "taken");
+    let origin = Origin { tool: TOOL, tenant: "conformance", run: &f.run };
+    let on_expired = OnExpired::TakeOver;
+    let req = ClaimRequest { key: &taken, fingerprint: &fp, lease: LONG, on_expired, origin };
+    let Ok(Claim::Acquired { fence: new, takeover: true }) = store.claim(req).await else {
+        panic!("the dead owner's record must be taken over")
+    };
+    let forgot = store.forget_seen(&taken, fence, false).await;
+    refused("forgetting a record taken over since", forgot.map(drop));
+    let now = f.inspect(&taken).await.expect("kept");
+    assert_eq!(now.fence, new, "the new owner's record is kept");
+    // In flight when read, completed by its owner since (same fence).
+    let (late, fence) = f.held(TOOL, "late", SHORT).await;
+    sleep(PAST_SHORT).await;
+    let seen = f.inspect(&late).await.expect("found");
+    assert!(!seen.state.is_done());
+    let real = Outcome::Success("\"the owner's\"".into());
+    store.complete(&late, fence, &real, LONG).await.expect("a late complete by the owner");
+    let forgot = store.forget_seen(&late, fence, false).await;
+    refused("forgetting a record completed since", forgot.map(drop));
+    assert_eq!(f.inspect(&late).await.map(|i| i.state), Some(RecordState::Done(real)));
+    // As seen: removed, in flight or done; then absent.
+    assert!(store.forget_seen(&late, fence, true).await.expect("forget"), "a done record as seen");
+    assert!(f.inspect(&late).await.is_none(), "removed");
+    let (held, fence) = f.held(TOOL, "held", LONG).await;
+    assert!(store.forget_seen(&held, fence, false).await.expect("forget"), "in flight as seen");
+    assert!(f.inspect(&held).await.is_none(), "removed");
+    assert!(!store.forget_seen(&held, fence, false).await.expect("forget"), "absent: false");
+}
+
 /// purge removes records whose retention ended (they no longer list or inspect), never a live one.
 pub async fn purge_removes_only_expired(store: &dyn Store) {
     let f = Fixture::new(store, "purge_removes_only_expired");

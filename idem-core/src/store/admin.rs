@@ -45,6 +45,13 @@ pub enum RecordState {
     Done(Outcome),
 }
 
+impl RecordState {
+    /// Whether an outcome is stored ([`RecordState::Done`]).
+    pub fn is_done(&self) -> bool {
+        matches!(self, RecordState::Done(_))
+    }
+}
+
 /// The states a listing can be restricted to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StateFilter {

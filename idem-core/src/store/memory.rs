@@ -360,6 +360,25 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        let mut map = self.lock();
+        let digest = Digest::of(key);
+        let seen = match map.entries.get(&digest) {
+            None => return Ok(false),
+            Some(e) => match e.state {
+                State::InFlight { fence: held, .. } => !done && held == fence,
+                State::Done { fence: held, .. } => done && held == fence,
+            },
+        };
+        if !seen {
+            return Err(StoreError::LeaseLost);
+        }
+        if let Some(mut e) = map.entries.remove(&digest) {
+            e.wake();
+        }
+        Ok(true)
+    }
+
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let after = match &query.cursor {
             None => None,

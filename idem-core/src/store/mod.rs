@@ -244,6 +244,22 @@ pub trait Store: std::any::Any + Send + Sync {
     /// outcome, or tests). Returns whether a record was removed.
     async fn forget(&self, key: &Key) -> Result<bool, StoreError>;
 
+    /// Removes the record of `key` only if it is still the record an operator saw
+    /// ([`Store::inspect`], [`Store::list`]): fence `fence`, and completed (`done`) or in flight.
+    /// `Ok(false)` when there is no record; [`StoreError::LeaseLost`], removing nothing, when it
+    /// changed meanwhile (another owner took it over, its owner completed it): forgetting a
+    /// result nobody saw would make the next call run the effect again. The stores of this crate
+    /// check and remove in one atomic step; this default reads, then forgets, which is not atomic.
+    async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        match self.inspect(key).await? {
+            None => Ok(false),
+            Some(info) if info.fence == fence && info.state.is_done() == done => {
+                self.forget(key).await
+            }
+            Some(_) => Err(StoreError::LeaseLost),
+        }
+    }
+
     /// One page of the records `query` selects, in an order stable across pages (key order for
     /// the SQL and in-memory stores, scan order for Redis). Records whose retention ended are
     /// left out. Cheap on a large store: indexed queries, or an incremental scan that never

@@ -385,6 +385,18 @@ impl Store for PostgresStore {
         Ok(removed)
     }
 
+    async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        let found = self.forget_seen_record(key, fence, done).await?;
+        if found == Some(true) {
+            self.inner.waiters.wake(key);
+        }
+        match found {
+            Some(true) => Ok(true),
+            Some(false) => Err(StoreError::LeaseLost),
+            None => Ok(false),
+        }
+    }
+
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         self.list_records(query).await
     }

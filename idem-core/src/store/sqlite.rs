@@ -92,6 +92,11 @@ WHERE key = ?1 AND fence = ?2 AND state = 0 AND lease_until > ?3";
 
 const FORGET: &str = "DELETE FROM idem_records WHERE key = ?1";
 
+/// key, fence, state (0 in flight, 1 done).
+const FORGET_SEEN: &str = "DELETE FROM idem_records WHERE key = ?1 AND fence = ?2 AND state = ?3";
+
+const EXISTS: &str = "SELECT 1 FROM idem_records WHERE key = ?1";
+
 const SWEEP: &str = "
 DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records WHERE state = 1 AND expires_at <= ?1 LIMIT 1000)";
@@ -683,6 +688,29 @@ impl Store for SqliteStore {
             .await?;
         self.inner.changed.notify_waiters();
         Ok(removed > 0)
+    }
+
+    async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        let key = *key;
+        let found = self
+            .call(move |conn| {
+                let state = i64::from(done);
+                let seen = params![key.as_str(), fence_param(fence), state];
+                if conn.prepare_cached(FORGET_SEEN)?.execute(seen)? > 0 {
+                    return Ok(Some(true));
+                }
+                // Not as seen: changed meanwhile, or gone.
+                Ok(conn.prepare_cached(EXISTS)?.exists(params![key.as_str()])?.then_some(false))
+            })
+            .await?;
+        match found {
+            Some(true) => {
+                self.inner.changed.notify_waiters();
+                Ok(true)
+            }
+            Some(false) => Err(StoreError::LeaseLost),
+            None => Ok(false),
+        }
     }
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {

@@ -223,6 +223,34 @@ impl PostgresStore {
         Ok(rows.map_err(pg)?.len())
     }
 
+    /// Removes the record of `key` if its fence and state are as seen: `Some(true)`; it is
+    /// there but changed: `Some(false)`; there is none: `None`. One statement (the row read
+    /// beside the delete is the snapshot before it).
+    pub(super) async fn forget_seen_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        done: bool,
+    ) -> Result<Option<bool>, StoreError> {
+        let (k, f, st) = (key.as_str(), fence_param(fence), i16::from(done));
+        let sql = "WITH d AS (DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state = $3 \
+                   RETURNING key, waited), \
+                   n AS (SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d) \
+                   SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM idem_records WHERE key = $1), \
+                   (SELECT count(*) FROM n)";
+        let params: [(&(dyn ToSql + Sync), Type); 3] =
+            [(&k, Type::TEXT), (&f, Type::INT8), (&st, Type::INT2)];
+        let conn = self.conn().await?;
+        let row = conn.client.query_typed_one(sql, &params).await.map_err(pg)?;
+        let (removed, present): (bool, bool) =
+            (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
+        Ok(match (removed, present) {
+            (true, _) => Some(true),
+            (false, true) => Some(false),
+            (false, false) => None,
+        })
+    }
+
     pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
         let sql = format!(
             "SELECT state, kind, state = 0 AND lease_until <= now(), count(*) FROM idem_records \

@@ -601,6 +601,23 @@ impl Store for RedisStore {
         Ok(self.run(inv).await?.int()? > 0)
     }
 
+    async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        let mut inv = self.inner.scripts.forget_seen.prepare_invoke();
+        inv.key(self.record_key(key))
+            .key(self.fence_key(key))
+            .arg(ms(FENCE_COUNTER_GRACE))
+            .arg(fence.0)
+            .arg(if done { "d" } else { "f" });
+        match self.run(inv).await?.int()? {
+            1 => {
+                self.inner.recent.drop_key(key);
+                Ok(true)
+            }
+            0 => Ok(false),
+            _ => Err(StoreError::LeaseLost),
+        }
+    }
+
     /// Lists by `SCAN`, on a Redis Cluster every master in turn; each record is read on the node
     /// holding it, following `MOVED` and `ASK` (`store/redis/admin.rs`). On a Redis Cluster, a
     /// record whose slot stays on its master(s) for the whole listing, including a slot half

@@ -269,6 +269,20 @@ if n > 0 then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget'
 return n
 "#;
 
+// KEYS: rec, fence counter. ARGV: counter grace ms, fence, state (f|d). Removes the record only
+// if it is still as an operator saw it (that fence, that state): 1; 0 when there is none; -1 when
+// it changed meanwhile (taken over, completed), and nothing is removed.
+const FORGET_SEEN: &str = r#"
+local bad, st, fence, w = header(record(v))
+if bad then return bad end
+if not st then return 0 end
+if fence ~= ARGV[2] or st ~= ARGV[3] then return -1 end
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget')
+return 1
+"#;
+
 // KEYS: rec. ARGV: fence, mark (1|0). The lease time left (ms) if the record is in flight under
 // `fence`, else -1. With mark, flags the record as waited on (`w`), so that the steps that end or
 // move the lease publish on its channel.
@@ -334,6 +348,7 @@ pub(super) struct Scripts {
     pub(super) release_owned: Script,
     pub(super) renew: Script,
     pub(super) forget: Script,
+    pub(super) forget_seen: Script,
     pub(super) watch: Script,
     pub(super) inspect: Script,
     pub(super) resolve: Script,
@@ -352,6 +367,7 @@ impl Scripts {
             release_owned: script("", RELEASE_OWNED),
             renew: script("", RENEW),
             forget: Script::new(FORGET),
+            forget_seen: script("", FORGET_SEEN),
             watch: script("", WATCH),
             inspect: script("", INSPECT),
             resolve: script("", RESOLVE),
