@@ -40,7 +40,7 @@ struct Cli {
 
 const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage, 3 no such record, \
 4 refused (live owner, already settled, changed meanwhile, not confirmed), 5 store unavailable, \
-6 record or schema of another idem version (list: the readable records are printed all the same, \
+6 record or schema this idem cannot read: another idem version, a damaged file (list: the readable records are printed all the same, \
 and each unreadable one is named).";
 
 #[derive(Subcommand, Debug)]

@@ -158,11 +158,31 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
             read_only(Some(&shown), &e)
         }
+        e if is_corrupt(&e) => corrupt(Some(&shown), &e),
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
             shown.display()
         )),
     }
+}
+
+/// Whether SQLite found the file damaged (`SQLITE_CORRUPT`) or not a database at all
+/// (`SQLITE_NOTADB`, when it is found only on a read).
+fn is_corrupt(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+    )
+}
+
+/// A damaged database (`at`: where, when known): nothing this idem can read, and waiting does not
+/// mend it, so not "unavailable" (which says: try again later).
+fn corrupt(at: Option<&Path>, e: &rusqlite::Error) -> StoreError {
+    let at = at.map(|p| format!(" at {}", p.display())).unwrap_or_default();
+    StoreError::Incompatible(format!(
+        "the SQLite database{at} is damaged ({e}); restore it from a backup (`PRAGMA \
+         integrity_check` lists what is damaged)"
+    ))
 }
 
 /// A database this process may not write (`at`: where, when known): a configuration error,
@@ -411,6 +431,7 @@ impl From<SqlError> for StoreError {
             SqlError::Sqlite(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ReadOnly) => {
                 read_only(None, &e)
             }
+            SqlError::Sqlite(e) if is_corrupt(&e) => corrupt(None, &e),
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
             SqlError::Cursor(c) => StoreError::InvalidCursor(c),
@@ -844,5 +865,29 @@ mod tests {
             StoreError::InvalidConfig(m) => assert!(m.contains("/srv/idem/store.db"), "{m}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A damaged file (cut short by a full disk or a bad copy) is not "unavailable", which tells
+    /// callers and scripts to try again later: it is a store this idem cannot read.
+    #[test]
+    fn a_damaged_database_is_not_unavailable() {
+        let dir = std::env::temp_dir().join(format!("idem-damaged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let whole = dir.join("whole.db");
+        let store = SqliteStore::open(&whole).expect("a new store");
+        drop(store);
+        let bytes = std::fs::read(&whole).unwrap();
+        let cut = dir.join("cut.db");
+        // The header and the first page's start: SQLite sees a database, then damage.
+        std::fs::write(&cut, &bytes[..bytes.len().min(100)]).unwrap();
+        for opened in [SqliteStore::open_existing(&cut), SqliteStore::open(&cut)] {
+            match opened {
+                Err(StoreError::Incompatible(m)) => assert!(m.contains("damaged"), "{m}"),
+                Err(StoreError::InvalidConfig(_)) => {}
+                other => panic!("a damaged file must not be unavailable: {other:?}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
