@@ -222,3 +222,26 @@ async fn an_mcp_call_that_changes_something_without_a_run_id_is_a_warning() {
     assert!(text.contains("without _meta"), "{text}");
     assert!(text.contains("charge_card") && text.contains("mcp-session-1"), "{text}");
 }
+
+/// A run with an empty or blank id is one scope shared by every caller that passes it (a
+/// `conversation_id.unwrap_or_default()` fallback): logged as a warning once per run made, and
+/// not for a named run.
+#[tokio::test]
+async fn a_run_with_an_empty_id_is_a_warning() {
+    let spans = spans::Spans::default();
+    let _guard = spans.install();
+    let idem = Idem::in_memory();
+    for id in ["", "  ", "conversation-7"] {
+        let _ = idem.run(id);
+    }
+    let warnings: Vec<String> = spans
+        .1
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .map(|(_, fields)| format!("{fields:?}"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "one for each empty or blank id: {warnings:?}");
+    assert!(warnings.iter().all(|w| w.contains("empty id")), "{warnings:?}");
+}

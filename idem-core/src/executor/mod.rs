@@ -167,7 +167,22 @@ impl Idem {
         }
     }
     /// The handle through which tools are called in one run: the run id is part of every key.
+    ///
+    /// An empty (or blank) run id is one run shared by every caller that passes it: the same
+    /// arguments in two conversations are then one intent, and the second is replayed, not run
+    /// (a fallback like `conversation_id.unwrap_or_default()` does this). It is allowed, for
+    /// work that is one intent wherever it comes from, and logged as a warning; the MCP and rig
+    /// front doors refuse an empty run id.
     pub fn run(&self, run_id: impl Into<String>) -> Run {
+        let run_id = run_id.into();
+        if run_id.trim().is_empty() {
+            tracing::warn!(
+                run_id = %run_id.escape_debug(),
+                "a run with an empty id: every caller that passes one shares it, so the same \
+                 call from two conversations is replayed instead of run; pass the \
+                 conversation's id"
+            );
+        }
         self.scope(Scope::run(run_id))
     }
     /// The handle for a full scope (tenant and run).
