@@ -212,6 +212,21 @@ pub enum Error<E> {
         message: String,
     },
 
+    /// The caller stopped the call ([`Run::with_stop`](crate::Run::with_stop)) before it was
+    /// done: no further attempt was started, nothing is stored, and the key was released (or,
+    /// when the call had taken over a dead owner's record, left to its lease). A repeat runs
+    /// the tool (a `keyed` one with the same idempotency key).
+    #[error(
+        "the call of `{tool}` was stopped by its caller after {attempts} attempt(s); nothing more \
+         was started and nothing is stored, so a repeat runs it"
+    )]
+    Cancelled {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The attempts this call made before it stopped (0: it ran nothing).
+        attempts: u32,
+    },
+
     /// A broken invariant of idem itself, reported instead of a panic. Please report it.
     #[error("internal error in idem for tool `{tool}` (key {key}): {what}; please report it")]
     Internal {
@@ -297,6 +312,7 @@ impl<E> Error<E> {
             Error::Panicked { tool, attempt, message } => {
                 Error::Panicked { tool, attempt, message }
             }
+            Error::Cancelled { tool, attempts } => Error::Cancelled { tool, attempts },
             Error::Internal { tool, key, what } => Error::Internal { tool, key, what },
         })
     }
@@ -327,6 +343,7 @@ impl<E> Error<E> {
             Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
             Error::OutputNotStorable { .. } => ErrorKind::OutputNotStorable,
             Error::Panicked { .. } => ErrorKind::Panicked,
+            Error::Cancelled { .. } => ErrorKind::Cancelled,
             Error::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -429,6 +446,8 @@ pub enum ErrorKind {
     Internal,
     /// `tool_panicked`: [`Error::Panicked`].
     Panicked,
+    /// `cancelled`: [`Error::Cancelled`].
+    Cancelled,
 }
 
 impl ErrorKind {
@@ -451,6 +470,7 @@ impl ErrorKind {
             ErrorKind::OutputNotStorable => "output_not_storable",
             ErrorKind::Internal => "internal",
             ErrorKind::Panicked => "tool_panicked",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 }

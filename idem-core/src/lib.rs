@@ -44,7 +44,7 @@ pub use class::{RetryClass, UnknownRetryClass};
 pub use clock::FOREVER;
 pub use ctx::Ctx;
 pub use error::{BudgetKind, Chain as ErrorChain, Error, ErrorKind};
-pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, WaitHook};
+pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, StopSignal, WaitHook};
 pub use failure::{Classify, Failure, FailureKind, NoError, ToolFailure};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;

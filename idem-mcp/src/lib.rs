@@ -30,7 +30,9 @@
 //!   process) sends `notifications/progress` every [`PROGRESS_INTERVAL`] when the request has a
 //!   `progressToken`, and one last when it stops waiting to run the tool itself (the other
 //!   owner's lease ended or it let go). Cancelling a waiting request does not cancel the run it
-//!   waits on.
+//!   waits on. A cancelled request (`notifications/cancelled`) starts nothing more: an attempt in
+//!   progress finishes and its outcome is stored for a repeat, but no retry, and no first attempt
+//!   after a wait, starts after the client has gone ([`idem_core::StopSignal`]).
 //! - A client-supplied idempotency key in `_meta["idem/idempotencyKey"]`
 //!   ([`MCP_META_IDEMPOTENCY_KEY`]) is used instead of the derived key; a reuse with other
 //!   arguments is refused (`key_reuse_mismatch`).
@@ -448,5 +450,50 @@ mod tests {
         assert_eq!(first["_meta"]["idem/key"], again["_meta"]["idem/key"]);
         assert_eq!(first["_meta"]["idem/key"].as_str().map(str::len), Some(64));
         assert_eq!(first["structuredContent"], json!({"item": "a"}));
+    }
+
+    static TRANSFERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// Send money; the provider refuses the first try with a 2 s retry-after (nothing happened).
+    #[tool(retry = "keyed", attempts = 3)]
+    async fn transfer(to: String) -> Result<serde_json::Value, idem_core::ToolFailure> {
+        let n = TRANSFERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n == 0 {
+            let refused = idem_core::ToolFailure::transient("429 rate limited");
+            return Err(refused.retry_after(std::time::Duration::from_secs(2)));
+        }
+        Ok(json!({ "to": to, "transfer": n }))
+    }
+
+    /// The user presses Stop while the call waits out a retry-after (its first attempt did
+    /// nothing): after `notifications/cancelled` no further attempt starts, and the key is
+    /// free, so a repeat runs the transfer once. Before, the retry ran 2 s after the cancel.
+    #[tokio::test]
+    async fn a_cancelled_call_starts_no_further_attempt() {
+        use std::sync::atomic::Ordering;
+        let idem = Idem::in_memory();
+        let set = ToolSet::new().with(TransferTool).unwrap();
+        let mut c = Client::connect(set, &idem).await;
+        let call = |id: i64| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "transfer", "arguments": {"to": "bob"},
+                "_meta": {"idem/run": "conv-1"}}})
+        };
+        c.send(call(1)).await;
+        while TRANSFERS.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        c.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 1, "reason": "the user pressed Stop"}}))
+            .await;
+        // Past the 2 s retry-after.
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1, "no attempt after the cancel");
+        c.send(call(2)).await;
+        let answer = c.next().await;
+        assert_eq!(answer["id"], 2, "{answer}");
+        assert_eq!(answer["result"]["_meta"]["idem/outcome"], "executed", "{answer}");
+        assert_eq!(answer["result"]["structuredContent"]["transfer"], 1, "{answer}");
+        assert_eq!(TRANSFERS.load(Ordering::SeqCst), 2);
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
 use idem_core::toolset::{Arguments, ErrorKind, McpCall, MissingRun, ToolDefinition, ToolResult};
-use idem_core::{Idem, Run, ToolSet, WaitHook};
+use idem_core::{Idem, Run, StopSignal, ToolSet, WaitHook};
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ProgressNotificationParam};
@@ -289,6 +289,10 @@ impl IdemTools {
             );
             (token, rx)
         });
+        // A cancelled request starts nothing more: its attempt in progress finishes and is
+        // stored, but no retry (or first attempt after a wait) runs after the client has gone.
+        let stop = StopSignal::new();
+        let session = session.with_stop(stop.clone());
         let tools = Arc::clone(&self.tools);
         let missing_run = if sessionless(&context) { MissingRun::Refuse } else { self.missing_run };
         let name = name.to_owned();
@@ -313,7 +317,7 @@ impl IdemTools {
         let joined = match waits {
             None => tokio::select! {
                 done = &mut task => done,
-                () = cancelled.cancelled() => return Err(cancelled_error()),
+                () = cancelled.cancelled() => return Err(stopped(&stop)),
             },
             Some((token, mut rx)) => {
                 // One clock: a notification when the call starts waiting, then one per interval
@@ -330,7 +334,7 @@ impl IdemTools {
                 loop {
                     tokio::select! {
                         done = &mut task => break done,
-                        () = cancelled.cancelled() => return Err(cancelled_error()),
+                        () = cancelled.cancelled() => return Err(stopped(&stop)),
                         changed = rx.changed(), if state != Waiting::Owner => {
                             if changed.is_err() {
                                 // The hook is gone with the call: only the result is left.
@@ -395,10 +399,13 @@ enum Waiting {
 }
 
 /// The answer of a request the client cancelled: rmcp drops it (MCP: a cancelled request gets no
-/// response). The call's task goes on, so its outcome is stored for a repeat.
-fn cancelled_error() -> ErrorData {
+/// response). The call is told to start nothing more (`stop`): an attempt in progress finishes in
+/// the call's task and its outcome is stored for a repeat; no further attempt starts.
+fn stopped(stop: &StopSignal) -> ErrorData {
+    stop.stop();
     ErrorData::internal_error(
-        "the request was cancelled; the call goes on and a repeat gets its outcome",
+        "the request was cancelled; an attempt in progress finishes and a repeat gets its \
+         outcome, and no further attempt starts",
         None,
     )
 }

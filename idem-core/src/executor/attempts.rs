@@ -124,6 +124,10 @@ impl<T: Tool> Call<'_, T> {
         // ambiguous attempt did not happen (at most once per call).
         let mut allowed = self.policy.attempts;
         loop {
+            // A stop is heard between steps only: never in the middle of an attempt.
+            if self.stop_requested() {
+                return Err(self.stopped(fence, attempt).await);
+            }
             attempt += 1;
             if !self.span.is_disabled() {
                 self.span.record("idem.attempt", attempt);
@@ -241,8 +245,10 @@ impl<T: Tool> Call<'_, T> {
                     budget.on_failure();
                     let stop = match self.next(attempt, &failure) {
                         Next::Retry { pause } => {
-                            self.pause(fence, pause).await;
-                            continue;
+                            if self.pause(fence, pause).await {
+                                continue;
+                            }
+                            return Err(self.stopped(fence, attempt).await);
                         }
                         Next::Stop(stop) => stop,
                     };

@@ -39,6 +39,8 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) span: tracing::Span,
     pub(super) served: ServedSlot,
     pub(super) on_wait: Option<&'a WaitHook>,
+    /// The caller's request to start nothing more ([`super::Run::with_stop`]).
+    pub(super) stop: Option<&'a super::stop::StopSignal>,
     /// This call has waited for another owner ([`Call::waiting`]): its wait hook hears when it
     /// becomes the owner.
     pub(super) waited: AtomicBool,
@@ -176,6 +178,12 @@ impl<T: Tool> Call<'_, T> {
                         Ok(output) => {
                             leader.finish(|| share_ok::<T>(name, key, &output));
                             Ok(output)
+                        }
+                        // Stopped by this caller, not by the joiners: they start over, as
+                        // after a leader that went away, and one of them runs the call.
+                        Err(e @ Error::Cancelled { .. }) => {
+                            drop(leader);
+                            Err(e)
                         }
                         Err(e) => {
                             // Taken apart so joiners get the tool's error as JSON, then rebuilt.

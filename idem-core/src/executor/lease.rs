@@ -249,7 +249,23 @@ impl<T: Tool> Call<'_, T> {
 
     /// Sleeps `pause` before a retry, still renewing the lease (a provider's retry-after may be
     /// longer than the lease).
-    pub(super) async fn pause(&self, fence: Option<Fence>, pause: Duration) {
+    /// Sleeps `pause` before the next attempt, renewing the lease of `fence` meanwhile; `false`
+    /// when the caller stopped the call ([`super::Run::with_stop`]) before it ended.
+    pub(super) async fn pause(&self, fence: Option<Fence>, pause: Duration) -> bool {
+        let paused = self.pause_renewing(fence, pause);
+        match self.stop {
+            None => {
+                paused.await;
+                true
+            }
+            Some(stop) => tokio::select! {
+                () = paused => true,
+                () = stop.stopped() => false,
+            },
+        }
+    }
+
+    async fn pause_renewing(&self, fence: Option<Fence>, pause: Duration) {
         let until = later(Instant::now(), pause);
         let Some(fence) = fence else {
             tokio::time::sleep_until(until).await;
@@ -265,6 +281,24 @@ impl<T: Tool> Call<'_, T> {
             tokio::time::sleep_until(next).await;
             self.renew(fence).await;
         }
+    }
+
+    /// Whether the caller stopped the call ([`super::Run::with_stop`]).
+    pub(super) fn stop_requested(&self) -> bool {
+        self.stop.is_some_and(|s| s.is_stopped())
+    }
+
+    /// Ends a call its caller stopped after `attempts` attempts: the key it holds is released
+    /// (nothing more will run under it), except a dead owner's record it took over and ran
+    /// nothing under, which is left to its lease so that the dead owner's attempt is not erased.
+    pub(super) async fn stopped(&self, fence: Option<Fence>, attempts: u32) -> Error<T::Error> {
+        if let Some(fence) = fence {
+            let took_over = self.served.get() == Some(Served::TakenOver);
+            if attempts > 0 || !took_over {
+                self.release(fence).await;
+            }
+        }
+        Error::Cancelled { tool: self.name(), attempts }
     }
 
     /// Stores `outcome` under `fence`: moved into the record of the in-memory store, lent to

@@ -14,6 +14,7 @@ mod lease;
 mod reconcile;
 mod report;
 mod run;
+mod stop;
 mod storable;
 mod store_later;
 
@@ -24,6 +25,7 @@ use rand::rngs::SmallRng;
 
 pub use report::{CallReport, Served, WaitHook};
 pub use run::Run;
+pub use stop::StopSignal;
 
 pub(crate) use caught::panic_message;
 pub(crate) use storable::storable;

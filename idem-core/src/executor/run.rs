@@ -12,6 +12,7 @@ use tracing::field::Empty;
 use super::Idem;
 use super::call::Call;
 use super::report::{CallReport, Served, ServedSlot, WaitHook};
+use super::stop::StopSignal;
 use crate::clock::later;
 use crate::error::Error;
 use crate::key::{self, Fingerprint, KeyError, Scope};
@@ -32,11 +33,19 @@ pub struct Run {
     caller_key: Option<Arc<str>>,
     call_id: Option<Arc<str>>,
     on_wait: Option<WaitHook>,
+    stop: Option<StopSignal>,
 }
 
 impl Run {
     pub(super) fn new(idem: Idem, scope: Scope) -> Run {
-        Run { idem, scope: Arc::new(scope), caller_key: None, call_id: None, on_wait: None }
+        Run {
+            idem,
+            scope: Arc::new(scope),
+            caller_key: None,
+            call_id: None,
+            on_wait: None,
+            stop: None,
+        }
     }
     /// The scope of this run's keys.
     pub fn scope(&self) -> &Scope {
@@ -68,6 +77,14 @@ impl Run {
     /// [`WaitHook::on_owner`] also hears when a call that waited runs the tool itself).
     pub fn with_wait_hook(&self, hook: WaitHook) -> Run {
         Run { on_wait: Some(hook), ..self.clone() }
+    }
+    /// The same run, whose calls start nothing more once `stop` is stopped (see [`StopSignal`]):
+    /// an attempt already running finishes and its outcome is stored; no further attempt starts
+    /// (not a retry, nor the first one of a call that waited for another owner); a key claimed
+    /// with nothing run under it is released. Such a call ends with [`Error::Cancelled`].
+    /// Duplicates that joined it in this process are not stopped: one of them runs the call.
+    pub fn with_stop(&self, stop: StopSignal) -> Run {
+        Run { stop: Some(stop), ..self.clone() }
     }
     /// The caller-supplied idempotency key, if any.
     pub fn caller_key(&self) -> Option<&str> {
@@ -183,6 +200,7 @@ impl Run {
             span: span.clone(),
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),
+            stop: self.stop.as_ref(),
             waited: AtomicBool::new(false),
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved

@@ -1,0 +1,172 @@
+//! A caller that stops a call (`Run::with_stop`: the user pressed Stop, the MCP client sent
+//! `notifications/cancelled`) starts nothing more: an attempt in progress finishes and its outcome
+//! is stored, no retry and no first attempt after a wait starts, and the key is released for a
+//! repeat. Duplicates that joined the stopped call in this process are not stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::store::{MemoryStore, Store};
+use idem_core::{Classify, Error, Failure, Idem, StopSignal, tool};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("rate limited")]
+struct RateLimited;
+
+impl Classify for RateLimited {
+    fn classify(&self) -> Failure {
+        Failure::transient().retry_after(Duration::from_secs(2))
+    }
+}
+
+static TRANSFERS: AtomicU32 = AtomicU32::new(0);
+
+/// Refused with a 2 s retry-after on its first run (nothing happened), done after.
+#[tool(retry = "keyed", attempts = 3)]
+async fn transfer(to: String) -> Result<String, RateLimited> {
+    if TRANSFERS.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(RateLimited);
+    }
+    Ok(format!("tr_{to}"))
+}
+
+/// Stopped while it waits to retry: no second attempt, `Cancelled` at once, and the key is free:
+/// a repeat runs at once (no lease to wait out).
+#[tokio::test(start_paused = true)]
+async fn a_call_stopped_before_its_retry_starts_no_retry_and_frees_its_key() {
+    let run = Idem::in_memory().run("r1");
+    let stop = StopSignal::new();
+    let call = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { transfer(&run, "acct_1".into()).await }
+    });
+    while TRANSFERS.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.stop();
+    let before = Instant::now();
+    match call.await.unwrap() {
+        Err(Error::Cancelled { tool, attempts }) => assert_eq!((tool, attempts), ("transfer", 1)),
+        other => panic!("expected Cancelled, got {other:?}"),
+    }
+    assert!(before.elapsed() < Duration::from_secs(2), "it did not wait out the retry pause");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1, "no attempt after the stop");
+    let before = Instant::now();
+    assert_eq!(transfer(&run, "acct_1".into()).await.unwrap(), "tr_acct_1");
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was released");
+    assert_eq!(TRANSFERS.load(Ordering::SeqCst), 2);
+}
+
+static SHIPMENTS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "never")]
+async fn ship(order: String) -> Result<String, RateLimited> {
+    SHIPMENTS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(format!("sh_{order}"))
+}
+
+/// Stopped in the middle of an attempt: the attempt finishes, its outcome is the call's and is
+/// stored, and a repeat replays it.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_in_progress_finishes_and_is_stored() {
+    let run = Idem::in_memory().run("r1");
+    let stop = StopSignal::new();
+    let call = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { ship(&run, "o1".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(SHIPMENTS.load(Ordering::SeqCst), 1, "the attempt is running");
+    stop.stop();
+    assert_eq!(call.await.unwrap().unwrap(), "sh_o1");
+    assert_eq!(ship(&run, "o1".into()).await.unwrap(), "sh_o1", "replayed");
+    assert_eq!(SHIPMENTS.load(Ordering::SeqCst), 1);
+}
+
+static REFUNDS: AtomicU32 = AtomicU32::new(0);
+static GATE: Semaphore = Semaphore::const_new(0);
+
+/// The first run waits for the gate, then fails (transient, no retry allowed): the key is
+/// released with nothing done.
+#[tool(retry = "keyed", attempts = 1)]
+async fn refund(charge: String) -> Result<String, RateLimited> {
+    if REFUNDS.fetch_add(1, Ordering::SeqCst) == 0 {
+        GATE.acquire().await.expect("gate").forget();
+        return Err(RateLimited);
+    }
+    Ok(format!("re_{charge}"))
+}
+
+/// A call that waits for another process's owner (two runtimes on one store) and is stopped
+/// meanwhile does not run the tool when the key comes free: `Cancelled` with no attempt, and the
+/// key is free for the next caller.
+#[tokio::test(start_paused = true)]
+async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (Idem::builder_shared(store.clone()).build(), Idem::builder_shared(store).build());
+    let owner = tokio::spawn({
+        let run = a.run("r1");
+        async move { refund(&run, "ch_1".into()).await }
+    });
+    while REFUNDS.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stop = StopSignal::new();
+    let waiter = tokio::spawn({
+        let run = b.run("r1").with_stop(stop.clone());
+        async move { refund(&run, "ch_1".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.stop();
+    GATE.add_permits(1);
+    assert!(owner.await.unwrap().is_err(), "the owner's attempt failed and let go");
+    match waiter.await.unwrap() {
+        Err(Error::Cancelled { attempts: 0, .. }) => {}
+        other => panic!("expected Cancelled with no attempt, got {other:?}"),
+    }
+    assert_eq!(REFUNDS.load(Ordering::SeqCst), 1, "the stopped waiter ran nothing");
+    let before = Instant::now();
+    assert_eq!(refund(&a.run("r1"), "ch_1".into()).await.unwrap(), "re_ch_1");
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key is free");
+}
+
+static QUOTES: AtomicU32 = AtomicU32::new(0);
+
+/// Refused with a 2 s retry-after on its first run, done after.
+#[tool(retry = "keyed", attempts = 3)]
+async fn quote(item: String) -> Result<String, RateLimited> {
+    if QUOTES.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(RateLimited);
+    }
+    Ok(format!("q_{item}"))
+}
+
+/// A duplicate that joined a call in this process is not stopped with it: the stopped leader
+/// ends with `Cancelled`, and the joiner runs the call itself and gets its output.
+#[tokio::test(start_paused = true)]
+async fn a_joiner_of_a_stopped_call_runs_the_call_itself() {
+    let run = Idem::in_memory().run("r1");
+    let stop = StopSignal::new();
+    let leader = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { quote(&run, "i1".into()).await }
+    });
+    while QUOTES.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let joiner = tokio::spawn({
+        let run = run.clone();
+        async move { quote(&run, "i1".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.stop();
+    assert!(matches!(leader.await.unwrap(), Err(Error::Cancelled { .. })));
+    assert_eq!(joiner.await.unwrap().unwrap(), "q_i1");
+    assert_eq!(QUOTES.load(Ordering::SeqCst), 2, "the joiner ran the second attempt");
+}
