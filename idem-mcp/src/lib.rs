@@ -496,4 +496,48 @@ mod tests {
         assert_eq!(answer["result"]["structuredContent"]["transfer"], 1, "{answer}");
         assert_eq!(TRANSFERS.load(Ordering::SeqCst), 2);
     }
+
+    static PAYOUTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// Pay out; the provider refuses the first try with a 2 s retry-after (nothing happened).
+    #[tool(retry = "keyed", attempts = 3)]
+    async fn payout(to: String) -> Result<serde_json::Value, idem_core::ToolFailure> {
+        let n = PAYOUTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n == 0 {
+            let refused = idem_core::ToolFailure::transient("429 rate limited");
+            return Err(refused.retry_after(std::time::Duration::from_secs(2)));
+        }
+        Ok(json!({ "to": to, "payout": n }))
+    }
+
+    /// A shutdown (`IdemTools::stop_calls`, as `serve_stdio` does on SIGTERM) ends a call that
+    /// waits to retry at once: it answers `cancelled`, starts no further attempt, and its key is
+    /// free, so the repeat after a restart runs at once instead of waiting out a lease.
+    #[tokio::test]
+    async fn a_shutdown_ends_the_calls_waiting_to_retry_and_frees_their_keys() {
+        use std::sync::atomic::Ordering;
+        let idem = Idem::in_memory();
+        let set = ToolSet::new().with(PayoutTool).unwrap();
+        let server = IdemServer::new(set, &idem);
+        let tools = server.tools().clone();
+        let mut c = Client::serving(server).await;
+        c.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "payout", "arguments": {"to": "bob"}, "_meta": {"idem/run": "conv-s"}}}))
+            .await;
+        while PAYOUTS.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tools.stop_calls();
+        let answer = c.next().await;
+        assert_eq!(answer["id"], 1, "{answer}");
+        assert_eq!(answer["result"]["isError"], true, "{answer}");
+        assert!(answer["result"]["content"][0]["text"].as_str().unwrap().contains("stopped"));
+        tools.calls_finished().await;
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert_eq!(PAYOUTS.load(Ordering::SeqCst), 1, "no attempt after the shutdown");
+        let set = ToolSet::new().with(PayoutTool).unwrap();
+        let again = set.call(&idem.run("conv-s"), "payout", &json!({"to": "bob"})).await;
+        assert!(!again.is_error, "{}", again.text);
+        assert_eq!(PAYOUTS.load(Ordering::SeqCst), 2, "the key was free: the repeat ran");
+    }
 }

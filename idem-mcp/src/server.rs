@@ -86,8 +86,10 @@ impl IdemServer {
     /// SIGTERM, SIGINT and SIGHUP (Ctrl-C off Unix) end the session as EOF does: hosts stop a
     /// stdio server by closing stdin, then SIGTERM, then SIGKILL, about 2 s apart (the MCP
     /// TypeScript SDK, VS Code), so a call still running when SIGTERM comes gets until the
-    /// SIGKILL to finish and be stored instead of being cut off at once. A second signal stops
-    /// the wait: the calls still running are left to their leases. The handlers are installed
+    /// SIGKILL to finish and be stored instead of being cut off at once; a call that is waiting
+    /// to retry, or waiting for another owner, starts nothing more and releases its key
+    /// ([`IdemTools::stop_calls`]). A second signal stops the wait: the calls still running are
+    /// left to their leases. The handlers are installed
     /// for the whole process when this is called.
     ///
     /// Errors: [`ServeError`].
@@ -109,6 +111,9 @@ impl IdemServer {
             served = session => served,
             signal = signals.next() => {
                 tracing::info!(signal, "ending the MCP session");
+                // The SIGKILL that follows comes soon: calls that wait to retry (or for another
+                // owner) end now and release their keys rather than be cut off in an attempt.
+                tools.stop_calls();
                 Ok(())
             }
         };

@@ -60,6 +60,8 @@ pub struct IdemTools {
     missing_run: MissingRun,
     /// The calls' tasks, shared by clones, so a server can let them finish before it exits.
     calls: TaskTracker,
+    /// Every call's stop signal is a child of this one ([`IdemTools::stop_calls`]).
+    shutdown: StopSignal,
     #[cfg(feature = "http")]
     principal: Option<crate::http::PrincipalFn>,
 }
@@ -89,6 +91,7 @@ impl IdemTools {
             session,
             missing_run: MissingRun::Warn,
             calls: TaskTracker::new(),
+            shutdown: StopSignal::new(),
             #[cfg(feature = "http")]
             principal: None,
         }
@@ -117,6 +120,16 @@ impl IdemTools {
                  until their leases end"
             );
         }
+    }
+
+    /// Tells every call started through these tools (or a clone of them) to start nothing more,
+    /// as a cancelled request does ([`idem_core::StopSignal`]): attempts in progress finish and
+    /// are stored; calls waiting to retry, or waiting for another owner, end and release their
+    /// keys at once. For a shutdown that must end soon (a host sends SIGKILL about 2 s after
+    /// SIGTERM): a call still pausing before a retry would otherwise be cut off in the middle
+    /// of its next attempt. New calls after this start nothing either.
+    pub fn stop_calls(&self) {
+        self.shutdown.stop();
     }
 
     /// How many calls started through these tools are still running.
@@ -291,7 +304,7 @@ impl IdemTools {
         });
         // A cancelled request starts nothing more: its attempt in progress finishes and is
         // stored, but no retry (or first attempt after a wait) runs after the client has gone.
-        let stop = StopSignal::new();
+        let stop = self.shutdown.child();
         let session = session.with_stop(stop.clone());
         let tools = Arc::clone(&self.tools);
         let missing_run = if sessionless(&context) { MissingRun::Refuse } else { self.missing_run };
