@@ -201,7 +201,11 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
         Resolution::NotHappened => "remove (the next call runs)",
     };
     confirm(
-        &format!("{what} {} record {key} of {}", render::state_name(&info.state), origin(&info)),
+        &format!(
+            "{what} {} record {key} of {}",
+            render::state_in_words(&info.state),
+            origin(&info)
+        ),
         args.yes,
     )?;
     match store.resolve(&key, info.fence, &resolution).await {
@@ -232,7 +236,7 @@ async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(
     // would run the effect again).
     let (what, seen) = match store.inspect(key).await {
         Ok(Some(info)) => (
-            format!("{} record {key} of {}", render::state_name(&info.state), origin(&info)),
+            format!("{} record {key} of {}", render::state_in_words(&info.state), origin(&info)),
             Some((info.fence, info.state.is_done())),
         ),
         Ok(None) => return Err(Failure::new(Exit::NotFound, format!("no record of key {key}"))),

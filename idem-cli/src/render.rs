@@ -32,6 +32,17 @@ pub fn state_name(state: &RecordState) -> &'static str {
     }
 }
 
+/// The state as a question names it: an in-flight record whose owner's lease ended is said to be
+/// one (a dead owner), so an operator does not take it for a call still running.
+pub fn state_in_words(state: &RecordState) -> &'static str {
+    match state {
+        RecordState::InFlight { lease_remaining } if lease_remaining.is_zero() => {
+            "lease-ended (in flight, its owner's lease over)"
+        }
+        other => state_name(other),
+    }
+}
+
 /// Whole seconds (or ms below one second), as humantime writes them.
 pub fn duration(d: Duration) -> String {
     let d = if d >= Duration::from_secs(1) {
@@ -427,5 +438,16 @@ mod tests {
         assert!(detail(&info).contains("error        line 1\\nline 2\\u{1b}[2J\n"));
         info.state = RecordState::Done(Outcome::NotStorable("big\r".into()));
         assert!(detail(&info).contains("reason       big\\r\n"));
+    }
+
+    #[test]
+    fn a_question_says_when_an_owners_lease_ended() {
+        let ended = RecordState::InFlight { lease_remaining: Duration::ZERO };
+        let live = RecordState::InFlight { lease_remaining: Duration::from_secs(5) };
+        assert!(state_in_words(&ended).starts_with("lease-ended"));
+        assert_eq!(state_in_words(&live), "in-flight");
+        assert_eq!(state_in_words(&RecordState::Done(Outcome::Unknown)), "unknown");
+        // The listing's state names stay as they are.
+        assert_eq!(state_name(&ended), "in-flight");
     }
 }
