@@ -326,6 +326,27 @@ async fn an_upper_case_postgres_scheme_opens_the_store() {
     }
 }
 
+/// A page that holds the last records of a listing says no more follow: two records listed two
+/// at a time are one page without a cursor (it said "more records follow", and the next page was
+/// empty), and one at a time two pages, the second without a cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_page_of_a_listing_has_no_cursor() {
+    let (_dir, url, store) = sqlite_store("idem-cli-last-page").await;
+    let run = "last-page";
+    for tool in ["a", "b"] {
+        let origin = idem_core::store::Origin { tool, tenant: "", run };
+        record_of(&*store, origin, idem_core::store::Outcome::Success("1".into())).await;
+    }
+    let whole = json(&url, &["list", "--run", run, "--limit", "2"]);
+    assert_eq!(whole["records"].as_array().map(Vec::len), Some(2), "{whole}");
+    assert!(whole["next"].is_null(), "no page follows the last: {whole}");
+    let first = json(&url, &["list", "--run", run, "--limit", "1"]);
+    let cursor = first["next"].as_str().expect("a second page follows the first").to_owned();
+    let second = json(&url, &["list", "--run", run, "--limit", "1", "--cursor", &cursor]);
+    assert_eq!(second["records"].as_array().map(Vec::len), Some(1), "{second}");
+    assert!(second["next"].is_null(), "{second}");
+}
+
 /// A negative number is a result `--happened` takes (`--happened -5`), not an unknown option.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_negative_result_is_a_value_of_happened() {

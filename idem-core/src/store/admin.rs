@@ -292,6 +292,13 @@ pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
     None
 }
 
+/// The SQL `LIMIT` of a page of `size` rows: one row more, which says whether another page
+/// follows (a page that ends the listing has no cursor). Saturates for a size past `i64`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn page_limit(size: usize) -> i64 {
+    i64::try_from(size).unwrap_or(i64::MAX).saturating_add(1)
+}
+
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod tests {
     use super::prefix_end;

@@ -161,11 +161,21 @@ impl PostgresStore {
             );
         }
         let size = q.page_size();
-        arg(&mut sql, " ORDER BY key LIMIT ?", Box::new(size as i64), Type::INT8);
+        // One row past the page: whether another page follows.
+        arg(
+            &mut sql,
+            " ORDER BY key LIMIT ?",
+            Box::new(crate::store::admin::page_limit(size)),
+            Type::INT8,
+        );
         let params: Vec<(&(dyn ToSql + Sync), Type)> =
             args.iter().map(|(a, t)| (&**a as &(dyn ToSql + Sync), t.clone())).collect();
         let conn = self.conn().await?;
-        let rows = conn.client.query_typed(&sql, &params).await.map_err(pg)?;
+        let mut rows = conn.client.query_typed(&sql, &params).await.map_err(pg)?;
+        // A row past the page: the next page starts after the page's last row, readable or not.
+        // A page that ends the listing has no cursor.
+        let more = rows.len() > size;
+        rows.truncate(size);
         let mut page = ListPage { scanned: rows.len() as u64, ..ListPage::default() };
         for r in &rows {
             match read(r)? {
@@ -173,11 +183,7 @@ impl PostgresStore {
                 Err(unreadable) => page.unreadable.push(unreadable),
             }
         }
-        // The statement's LIMIT is the page size: the page goes on after its last row, readable
-        // or not.
-        if rows.len() == size
-            && let Some(last) = rows.last()
-        {
+        if more && let Some(last) = rows.last() {
             page.next = Some(KeyCursor::Text(stored_key(last)?.into_bytes()).encode());
         }
         Ok(page)

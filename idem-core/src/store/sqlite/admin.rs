@@ -8,7 +8,7 @@ use rusqlite::{Connection, params, params_from_iter};
 
 use super::{SqlError, decode, fence_of};
 use crate::key::{Fingerprint, Key};
-use crate::store::admin::prefix_end;
+use crate::store::admin::{page_limit, prefix_end};
 use crate::store::codec::{self, KeyCursor, Selected, encode, fence_param, ms};
 use crate::store::{
     ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin, UnreadableRecord,
@@ -186,7 +186,8 @@ fn statement(q: &ListQuery, now: i64) -> Result<(String, Vec<Value>), SqlError> 
     if let Some(older) = q.older_than {
         arg(&mut sql, " AND since <= ?", Value::Integer(now.saturating_sub(ms(older))));
     }
-    arg(&mut sql, " ORDER BY key LIMIT ?", Value::Integer(q.page_size() as i64));
+    // One row past the page: whether another page follows.
+    arg(&mut sql, " ORDER BY key LIMIT ?", Value::Integer(page_limit(q.page_size())));
     Ok((sql, args))
 }
 
@@ -196,15 +197,21 @@ pub(super) fn list(conn: &Connection, q: &ListQuery, now: i64) -> Result<ListPag
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(params_from_iter(args))?;
     let mut page = ListPage::default();
+    let mut last = None;
     while let Some(r) = rows.next()? {
+        if page.scanned as usize == size {
+            // A row past the page: the next page starts after the page's last row, readable or
+            // not. A page that ends the listing has no cursor.
+            page.next = last.take();
+            break;
+        }
         page.scanned += 1;
         match read(r, now)? {
             Ok(info) => page.records.push(info),
             Err(unreadable) => page.unreadable.push(unreadable),
         }
-        // The statement's LIMIT is the page size: the page's last row, readable or not.
         if page.scanned as usize == size {
-            page.next = Some(cursor_after(r)?);
+            last = Some(cursor_after(r)?);
         }
     }
     Ok(page)
