@@ -284,6 +284,7 @@ impl SqliteStore {
         if tables == 0 {
             return Err(missing("the file has no idem_records table"));
         }
+        schema::check_existing(&conn)?;
         Self::with_connection(conn, Some(path))
     }
 
@@ -865,6 +866,31 @@ mod tests {
             StoreError::InvalidConfig(m) => assert!(m.contains("/srv/idem/store.db"), "{m}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A file with a table named `idem_records` that is not idem's (no schema version) is refused
+    /// by `open_existing` and left exactly as it was: its journal mode is not switched to WAL.
+    #[test]
+    fn a_foreign_idem_records_table_is_refused_and_its_file_left_as_it_was() {
+        let dir = std::env::temp_dir().join(format!("idem-foreign-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("other.db");
+        let other = Connection::open(&path).unwrap();
+        other
+            .execute_batch("CREATE TABLE idem_records (id INTEGER PRIMARY KEY, note TEXT)")
+            .unwrap();
+        drop(other);
+        match SqliteStore::open_existing(&path) {
+            Err(StoreError::Incompatible(m)) => {
+                assert!(m.contains("without a schema version"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let other = Connection::open(&path).unwrap();
+        let mode: String = other.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+        assert_eq!(mode, "delete", "the file's journal mode was changed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A damaged file (cut short by a full disk or a bad copy) is not "unavailable", which tells

@@ -69,6 +69,26 @@ fn is_current(conn: &Connection) -> bool {
         && meta("schema_revision").is_some_and(|r| r >= SCHEMA_REVISION)
 }
 
+/// For a store that must exist: refuses a database whose `idem_records` table is not idem's of
+/// this version, by reading alone, before anything (the journal mode included) is written to a
+/// file that may be another application's.
+pub(super) fn check_existing(conn: &Connection) -> Result<(), StoreError> {
+    // No `idem_meta` table reads as no version.
+    let version: Option<i64> = conn
+        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_version'", [], |r| r.get(0))
+        .ok();
+    match version {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(v) => Err(StoreError::Incompatible(format!(
+            "the SQLite database has idem schema version {v}; this idem reads version \
+             {SCHEMA_VERSION}"
+        ))),
+        None => Err(StoreError::Incompatible(
+            "the SQLite database has an idem_records table without a schema version".into(),
+        )),
+    }
+}
+
 pub(super) fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
     if is_current(conn) {
         return Ok(());
