@@ -387,3 +387,46 @@ async fn a_tool_set_answers_a_panic_around_the_call_with_an_error_result() {
     let ok = set.call(&run, "reserve", &serde_json::json!({"sku": "a1"})).await;
     assert!(!ok.is_error, "{}", ok.text);
 }
+
+/// An argument whose `Clone` panics (the user's code: the executor copies the arguments before
+/// each attempt but the last).
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Manifest(u32);
+
+impl Clone for Manifest {
+    fn clone(&self) -> Self {
+        panic!("manifest {} cannot be copied", self.0)
+    }
+}
+
+static LAUNCHES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed", attempts = 3, lease = "10s")]
+async fn launch(manifest: Manifest) -> Result<u32, Declined> {
+    LAUNCHES.fetch_add(1, Ordering::SeqCst);
+    Ok(manifest.0)
+}
+
+/// A panic in the arguments' `Clone`, before an attempt runs: `Panicked` naming it, not an
+/// unwind, and the key is released (nothing ran), so a repeat does not wait out the lease.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_arguments_clone_is_an_error_and_frees_the_key() {
+    let run = Idem::in_memory().run("r1");
+    for _ in 0..2 {
+        let before = Instant::now();
+        let call = tokio::spawn({
+            let run = run.clone();
+            async move { launch(&run, Manifest(7)).await }
+        })
+        .await
+        .expect("the call did not unwind");
+        match call {
+            Err(Error::Panicked { message, .. }) => {
+                assert!(message.contains("`Clone` panicked: manifest 7"), "{message}")
+            }
+            other => panic!("expected Panicked, got {other:?}"),
+        }
+        assert_eq!(before.elapsed(), Duration::ZERO, "the key was free");
+    }
+    assert_eq!(LAUNCHES.load(Ordering::SeqCst), 0, "no attempt ran");
+}

@@ -170,3 +170,82 @@ async fn a_joiner_of_a_stopped_call_runs_the_call_itself() {
     assert_eq!(joiner.await.unwrap().unwrap(), "q_i1");
     assert_eq!(QUOTES.load(Ordering::SeqCst), 2, "the joiner ran the second attempt");
 }
+
+static PAYS: AtomicU32 = AtomicU32::new(0);
+
+/// Hangs on its first run (its caller then goes away), instant after.
+#[tool(retry = "keyed", lease = "10s")]
+async fn pay(to: String) -> Result<String, RateLimited> {
+    if PAYS.fetch_add(1, Ordering::SeqCst) == 0 {
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("p_{to}"))
+}
+
+/// A call stopped while it waits for a dead owner's lease to end answers at once, and does not
+/// take the record over afterwards (which would hold the key up for one more lease): the next
+/// caller runs when the dead owner's lease ends.
+#[tokio::test(start_paused = true)]
+async fn a_call_stopped_while_it_waits_answers_at_once_and_takes_nothing_over() {
+    let run = Idem::in_memory().run("r1");
+    let dead = tokio::spawn({
+        let run = run.clone();
+        async move { pay(&run, "bob".into()).await }
+    });
+    while PAYS.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    dead.abort();
+    let _ = dead.await;
+    let claimed = Instant::now();
+    let stop = StopSignal::new();
+    let waiter = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { pay(&run, "bob".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.stop();
+    let stopped = waiter.await.unwrap();
+    assert!(matches!(stopped, Err(Error::Cancelled { attempts: 0, .. })), "{stopped:?}");
+    assert!(claimed.elapsed() < Duration::from_secs(1), "the stop was heard during the wait");
+    assert_eq!(pay(&run, "bob".into()).await.unwrap(), "p_bob");
+    assert!(claimed.elapsed() < Duration::from_secs(11), "only the dead owner's lease was waited");
+    assert_eq!(PAYS.load(Ordering::SeqCst), 2);
+}
+
+static LAUNCHES: AtomicU32 = AtomicU32::new(0);
+static JOINED: Semaphore = Semaphore::const_new(0);
+
+/// Waits for the gate, then done.
+#[tool(retry = "keyed")]
+async fn launch(site: String) -> Result<String, RateLimited> {
+    LAUNCHES.fetch_add(1, Ordering::SeqCst);
+    JOINED.acquire().await.expect("gate").forget();
+    Ok(format!("l_{site}"))
+}
+
+/// A duplicate in this process that joined a running call and is stopped answers at once; the
+/// call it joined goes on and its outcome is stored.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_joiner_answers_at_once_and_the_call_goes_on() {
+    let run = Idem::in_memory().run("r1");
+    let leader = tokio::spawn({
+        let run = run.clone();
+        async move { launch(&run, "s1".into()).await }
+    });
+    while LAUNCHES.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stop = StopSignal::new();
+    let joiner = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { launch(&run, "s1".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.stop();
+    assert!(matches!(joiner.await.unwrap(), Err(Error::Cancelled { attempts: 0, .. })));
+    JOINED.add_permits(1);
+    assert_eq!(leader.await.unwrap().unwrap(), "l_s1");
+    assert_eq!(launch(&run, "s1".into()).await.unwrap(), "l_s1", "replayed");
+    assert_eq!(LAUNCHES.load(Ordering::SeqCst), 1);
+}

@@ -147,7 +147,21 @@ impl<T: Tool> Call<'_, T> {
             // The last allowed attempt takes the arguments; earlier ones need a copy for a retry
             // (copied where they are, not moved out and back).
             let this_args = match args.as_ref() {
-                Some(a) if attempt < allowed || reconciles => a.clone(),
+                // The arguments' `Clone` is the user's code, as the body is.
+                Some(a) if attempt < allowed || reconciles => match caught(|| a.clone()) {
+                    Ok(copy) => copy,
+                    // Before the attempt ran: nothing happened in it, so the key is released
+                    // (a never tool's too: it reaches a further attempt only when nothing
+                    // happened before).
+                    Err(message) => {
+                        let message = format!("the arguments' `Clone` panicked: {message}");
+                        tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
+                        if let Some(fence) = fence {
+                            self.release(fence).await;
+                        }
+                        return Err(Error::Panicked { tool: self.name(), attempt, message });
+                    }
+                },
                 _ => match args.take() {
                     Some(a) => a,
                     None => return Err(self.internal("arguments used up before the last attempt")),

@@ -146,7 +146,18 @@ impl<T: Tool> Call<'_, T> {
                 }
                 Enter::Join(slot) => {
                     self.waiting();
-                    let shared = match tokio::time::timeout_at(self.deadline, slot.wait()).await {
+                    let joined = tokio::time::timeout_at(self.deadline, slot.wait());
+                    let joined = match self.stop {
+                        None => joined.await,
+                        // A stopped joiner waits no more; the call it joined goes on.
+                        Some(stop) => tokio::select! {
+                            joined = joined => joined,
+                            () = stop.stopped() => {
+                                return Err(Error::Cancelled { tool: self.name(), attempts: 0 });
+                            }
+                        },
+                    };
+                    let shared = match joined {
                         Err(_) => {
                             return Err(self.deadline_passed());
                         }

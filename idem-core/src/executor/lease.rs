@@ -108,17 +108,31 @@ impl<T: Tool> Call<'_, T> {
         mut lease_remaining: Duration,
     ) -> Result<Owned<T>, StoreError> {
         let store = &self.inner.store;
+        // A stopped call waits no more: it holds nothing, and taking the key over afterwards
+        // only to let it go would hold it up for a lease.
+        let stopped =
+            || Ok(Owned::Answer(Err(Error::Cancelled { tool: self.name(), attempts: 0 })));
         loop {
             let now = Instant::now();
             if now >= self.deadline {
                 return Ok(Owned::Answer(Err(self.deadline_passed())));
+            }
+            if self.stop_requested() {
+                return stopped();
             }
             // Saturating: a store may report a lease of `Duration::MAX` ("no end").
             let max =
                 (self.deadline - now).min(lease_remaining.saturating_add(Duration::from_millis(1)));
             self.waiting();
             // A store that stops answering is caught by the next claim's timeout.
-            let woken = tokio::time::timeout(max, store.wait(&self.key, fence, max)).await;
+            let wait = tokio::time::timeout(max, store.wait(&self.key, fence, max));
+            let woken = match self.stop {
+                None => wait.await,
+                Some(stop) => tokio::select! {
+                    woken = wait => woken,
+                    () = stop.stopped() => return stopped(),
+                },
+            };
             if let Ok(Err(e)) = woken {
                 return Err(e);
             }

@@ -176,19 +176,23 @@ impl Idem {
     /// work that is one intent wherever it comes from, and logged as a warning; the MCP and rig
     /// front doors refuse an empty run id.
     pub fn run(&self, run_id: impl Into<String>) -> Run {
-        let run_id = run_id.into();
-        if run_id.trim().is_empty() {
+        self.scope(Scope::run(run_id))
+    }
+    /// The handle for a full scope (tenant and run). An empty or blank run id is logged as
+    /// [`Idem::run`] says.
+    pub fn scope(&self, scope: Scope) -> Run {
+        // Blank: nothing but white space and invisible format characters (a zero-width space).
+        let blank = |c: char| {
+            c.is_whitespace() || matches!(c, '\u{200B}'..='\u{200D}' | '\u{2060}' | '\u{FEFF}')
+        };
+        if scope.run_id().chars().all(blank) {
             tracing::warn!(
-                run_id = %run_id.escape_debug(),
+                run_id = %scope.run_id().escape_debug(),
                 "a run with an empty id: every caller that passes one shares it, so the same \
                  call from two conversations is replayed instead of run; pass the \
                  conversation's id"
             );
         }
-        self.scope(Scope::run(run_id))
-    }
-    /// The handle for a full scope (tenant and run).
-    pub fn scope(&self, scope: Scope) -> Run {
         Run::new(self.clone(), scope)
     }
     /// The store.
