@@ -231,9 +231,10 @@ async fn a_run_with_an_empty_id_is_a_warning() {
     let spans = spans::Spans::default();
     let _guard = spans.install();
     let idem = Idem::in_memory();
-    for id in ["", "  ", "conversation-7"] {
+    for id in ["", "  ", "\u{200B}", "conversation-7"] {
         let _ = idem.run(id);
     }
+    let _ = idem.scope(idem_core::Scope::run("").with_tenant("acme"));
     let warnings: Vec<String> = spans
         .1
         .lock()
@@ -242,6 +243,6 @@ async fn a_run_with_an_empty_id_is_a_warning() {
         .filter(|(level, _)| *level == tracing::Level::WARN)
         .map(|(_, fields)| format!("{fields:?}"))
         .collect();
-    assert_eq!(warnings.len(), 2, "one for each empty or blank id: {warnings:?}");
+    assert_eq!(warnings.len(), 4, "one for each empty or blank id: {warnings:?}");
     assert!(warnings.iter().all(|w| w.contains("empty id")), "{warnings:?}");
 }

@@ -304,6 +304,11 @@ fn a_password_in_the_store_url_is_never_printed() {
         "host=127.0.0.1 password=s3cretPW dbname",
         "host=127.0.0.1 password='s3cretPW dbname=test",
         "memory://u:s3cretPW@x",
+        "app:s3cretPW@db/x",
+        "//app:s3cretPW@db/x",
+        "host=127.0.0.1 password = s3cretPW dbname=test bogus",
+        "host=127.0.0.1 password=s3cret\\PW dbname=test bogus",
+        "sqlite:///tmp/a.db?password=s3cretPW",
     ] {
         let why = exits(url, &["stats"], 2);
         assert!(!why.contains("s3cretPW"), "{url}: {why}");

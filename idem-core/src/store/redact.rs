@@ -8,9 +8,11 @@ use std::borrow::Cow;
 const MASK: &str = "***";
 
 /// `url` with its password masked: the part of a URL's user info after `:` (`postgres://app:***@db`,
-/// also in a URL whose scheme is mistyped or cut short, as `redis:/:***@host`), and the value of
-/// every `password=` pair (a libpq key=value string, a URL query), quoted or not, to its end
-/// (a space, `&`, or the closing quote; the rest of the text when a quote is not closed).
+/// also in a URL whose scheme is mistyped, cut short or missing, as `redis:/:***@host` or
+/// `app:***@db`), and the value of every `password` pair (a libpq key=value string, spaces around
+/// `=` allowed; a URL query), quoted or not, backslash escapes included, to its end (a space,
+/// `&`, or the closing quote; the rest of the text when a quote is not closed). Errs on the side
+/// of masking: an `@` later in the text (a query) masks more than the password.
 pub(crate) fn redacted(url: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(url);
     if let Some(masked) = user_info_masked(&out) {
@@ -22,53 +24,71 @@ pub(crate) fn redacted(url: &str) -> Cow<'_, str> {
     out
 }
 
-/// The user info `user:password@` before the last `@` of the authority, its password masked.
+/// The user info `user:password@` before the last `@`, its password masked. Without `://` the
+/// text from its start (or from a leading `//`) is taken for the user info, so a scheme that is
+/// cut short or missing does not hide a password.
 fn user_info_masked(url: &str) -> Option<String> {
-    // The authority starts after the scheme: after `://`, or after the first `:` of a URL
-    // written with fewer slashes.
-    let start = url.find("://").map(|i| i + 3).or_else(|| url.find(':').map(|i| i + 1))?;
+    let start = url.find("://").map(|i| i + 3).unwrap_or_else(|| {
+        let trimmed = url.trim_start();
+        let lead = url.len() - trimmed.len();
+        lead + if trimmed.starts_with("//") { 2 } else { 0 }
+    });
     let at = start + url[start..].rfind('@')?;
     let colon = start + url[start..at].find(':')?;
     Some(format!("{}{MASK}{}", &url[..=colon], &url[at..]))
 }
 
-/// The values of `password=` pairs masked.
+/// The values of `password` pairs (`password=`, `password = `, any case) masked.
 fn password_pairs_masked(text: &str) -> Option<String> {
-    const NAME: &str = "password=";
+    const NAME: &str = "password";
     let lower = text.to_ascii_lowercase();
-    if !lower.contains(NAME) {
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let (mut copied, mut from) = (0, 0);
+    while let Some(found) = lower[from..].find(NAME) {
+        let mut i = from + found + NAME.len();
+        from = i;
+        while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        if bytes.get(i) != Some(&b'=') {
+            continue;
+        }
+        i += 1;
+        while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        let value = i;
+        let end = if bytes.get(i) == Some(&b'\'') {
+            i += 1;
+            loop {
+                match bytes.get(i) {
+                    None => break text.len(),
+                    Some(b'\\') => i += 2,
+                    Some(b'\'') => break i + 1,
+                    Some(_) => i += 1,
+                }
+            }
+        } else {
+            loop {
+                match bytes.get(i) {
+                    None => break text.len(),
+                    Some(b'\\') => i += 2,
+                    Some(b) if b.is_ascii_whitespace() || *b == b'&' => break i,
+                    Some(_) => i += 1,
+                }
+            }
+        }
+        .min(text.len());
+        out.push_str(&text[copied..value]);
+        out.push_str(MASK);
+        copied = end;
+        from = end.max(from);
+    }
+    if copied == 0 && out.is_empty() {
         return None;
     }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = 0;
-    let mut from = 0;
-    while let Some(found) = lower[from..].find(NAME) {
-        let value = from + found + NAME.len();
-        let bytes = text.as_bytes();
-        let end = match bytes.get(value) {
-            Some(b'\'') => {
-                // To the closing quote (a backslash escapes the next character), else the end.
-                let mut i = value + 1;
-                loop {
-                    match bytes.get(i) {
-                        None => break text.len(),
-                        Some(b'\\') => i += 2,
-                        Some(b'\'') => break i + 1,
-                        Some(_) => i += 1,
-                    }
-                }
-                .min(text.len())
-            }
-            _ => text[value..]
-                .find(|c: char| c.is_whitespace() || c == '&')
-                .map_or(text.len(), |i| value + i),
-        };
-        out.push_str(&text[rest..value]);
-        out.push_str(MASK);
-        rest = end;
-        from = end.max(value);
-    }
-    out.push_str(&text[rest..]);
+    out.push_str(&text[copied..]);
     Some(out)
 }
 
@@ -80,7 +100,7 @@ mod tests {
     fn passwords_are_masked_wherever_a_url_or_connection_string_holds_one() {
         let cases = [
             ("postgress://app:s3cretPW@db.example/app", "postgress://app:***@db.example/app"),
-            ("redis:/:s3cretPW@127.0.0.1:6379/", "redis:/:***@127.0.0.1:6379/"),
+            ("redis:/:s3cretPW@127.0.0.1:6379/", "redis:***@127.0.0.1:6379/"),
             ("memory://u:s3cretPW@x", "memory://u:***@x"),
             ("rediss://:p@ss@host:6380/0", "rediss://:***@host:6380/0"),
             ("host=127.0.0.1 password=s3cretPW dbname", "host=127.0.0.1 password=*** dbname"),
@@ -92,13 +112,23 @@ mod tests {
                 "postgres://db/app?user=a&password=***&sslmode=require",
             ),
             ("password=", "password=***"),
+            ("app:s3cretPW@db/x", "app:***@db/x"),
+            ("//app:s3cretPW@db/x", "//app:***@db/x"),
+            ("redis:s3cretPW@host", "redis:***@host"),
+            ("host=h password = s3cretPW dbname=test", "host=h password = *** dbname=test"),
+            ("host=h password\t=\ts3cretPW", "host=h password\t=\t***"),
+            ("host=h password=s3cret\\ PW dbname=test", "host=h password=*** dbname=test"),
+            ("host=h password='s3cret\\' PW' x=y", "host=h password=*** x=y"),
+            ("sslpassword=s3cretPW", "sslpassword=***"),
         ];
         for (url, shown) in cases {
             assert_eq!(redacted(url), shown, "{url}");
             assert!(!redacted(url).contains("s3cret"), "{url}");
         }
         // Nothing to mask: the text as it is.
-        for url in ["sqlite:///home/me@work/a.db", "redis://host:6379/", "host=h dbname=d", ""] {
+        for url in
+            ["sqlite:///home/me@work/a.db", "redis://host:6379/", "host=h dbname=d", "", "password"]
+        {
             assert_eq!(redacted(url), url);
         }
     }

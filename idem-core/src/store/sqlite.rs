@@ -131,6 +131,7 @@ pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreErro
         return Err(invalid("sqlite URL without a path"));
     }
     if let Some((_, query)) = path.split_once('?') {
+        let query = super::redact::redacted(query);
         return Err(StoreError::InvalidConfig(format!(
             "a sqlite URL takes no options, and {query:?} is not part of the file name; name \
              the file alone (sqlite:///abs/path.db), or open a path with `?` in it with \
@@ -231,6 +232,12 @@ impl SqliteStore {
                  that no other process or store shares; name the database file"
                     .into(),
             ));
+        }
+        if path.is_dir() {
+            return Err(StoreError::InvalidConfig(format!(
+                "{} is a directory: name the database file in it",
+                std::path::absolute(path).unwrap_or_else(|_| path.to_owned()).display()
+            )));
         }
         // No `SQLITE_OPEN_URI`: a path is a file name.
         let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -891,6 +898,16 @@ mod tests {
         let mode: String = other.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "delete", "the file's journal mode was changed");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A directory named as the database is a configuration error, not an outage.
+    #[test]
+    fn a_directory_is_not_a_database() {
+        let dir = std::env::temp_dir();
+        match SqliteStore::open(&dir) {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains("is a directory"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A damaged file (cut short by a full disk or a bad copy) is not "unavailable", which tells

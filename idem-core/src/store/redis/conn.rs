@@ -90,8 +90,10 @@ impl ClusterNodes {
             .set_connection_timeout(Some(connect))
             .set_response_timeout(Some(connect));
         let err = client.get_multiplexed_async_connection_with_config(&config).await.err()?;
-        tls_refused(&err)
-            .map(|why| StoreError::unavailable(format!("{why} (cluster node {node}): {err}")))
+        tls_refused(&err).map(|why| {
+            let node = crate::store::redact::redacted(node);
+            StoreError::unavailable(format!("{why} (cluster node {node}): {err}"))
+        })
     }
 
     #[cfg(not(feature = "redis-tls"))]
