@@ -45,8 +45,9 @@ and each unreadable one is named).";
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// List records (SQLite and PostgreSQL in key order; Redis in its scan's order, each record
-    /// once while no slot migrates). A record that cannot be read is named on stderr, with how
+    /// List records (SQLite and PostgreSQL in key order; Redis in its scan's order: a record may
+    /// be listed twice when the server resizes its key table, or a cluster slot migrates, during
+    /// the listing). A record that cannot be read is named on stderr, with how
     /// to remove it (with --json, under "unreadable"), the others are listed, and the exit code
     /// is 6.
     List(ListArgs),
