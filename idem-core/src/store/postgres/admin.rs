@@ -14,7 +14,7 @@ use super::error::pg;
 use super::text::{run_text, text};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::prefix_end;
-use crate::store::codec::{self, KeyCursor, Selected, encode, fence_param, ms};
+use crate::store::codec::{self, KeyCursor, READABLE_PG, Selected, encode, fence_param, ms};
 use crate::store::{
     Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoreError,
     StoredOrigin, UnreadableRecord,
@@ -258,9 +258,10 @@ impl PostgresStore {
     }
 
     pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
+        // An in-flight record without a lease end lists with no time left: counted as ended.
         let sql = format!(
-            "SELECT state, kind, state = 0 AND lease_until <= now(), count(*) FROM idem_records \
-             WHERE {LIVE} GROUP BY 1, 2, 3"
+            "SELECT state, kind, state = 0 AND (lease_until IS NULL OR lease_until <= now()), \
+             {READABLE_PG}, count(*) FROM idem_records WHERE {LIVE} GROUP BY 1, 2, 3, 4"
         );
         let conn = self.conn().await?;
         let rows = conn.client.query_typed(&sql, &[]).await.map_err(pg)?;
@@ -270,9 +271,11 @@ impl PostgresStore {
             let state: i16 = r.try_get(0).map_err(get)?;
             let kind: Option<i16> = r.try_get(1).map_err(get)?;
             let ended: Option<bool> = r.try_get(2).map_err(get)?;
-            let n: i64 = r.try_get(3).map_err(get)?;
+            let readable: bool = r.try_get(3).map_err(get)?;
+            let n: i64 = r.try_get(4).map_err(get)?;
             let n = u64::try_from(n).unwrap_or(0);
-            codec::count_row(&mut stats, state.into(), kind.map(i64::from), ended == Some(true), n);
+            let (kind, ended) = (kind.map(i64::from), ended == Some(true));
+            codec::count_row(&mut stats, state.into(), kind, ended, readable, n);
         }
         Ok(stats)
     }

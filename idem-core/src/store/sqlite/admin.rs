@@ -9,7 +9,7 @@ use rusqlite::{Connection, params, params_from_iter};
 use super::{SqlError, decode, fence_of};
 use crate::key::{Fingerprint, Key};
 use crate::store::admin::{page_limit, prefix_end};
-use crate::store::codec::{self, KeyCursor, Selected, encode, fence_param, ms};
+use crate::store::codec::{self, KeyCursor, READABLE_SQLITE, Selected, encode, fence_param, ms};
 use crate::store::{
     ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoredOrigin, UnreadableRecord,
 };
@@ -253,8 +253,8 @@ pub(super) fn resolve(
 
 pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
     let sql = format!(
-        "SELECT state, kind, lease_until IS NULL, lease_until <= ?1, count(*) FROM idem_records \
-         WHERE {LIVE} GROUP BY 1, 2, 3, 4"
+        "SELECT state, kind, lease_until IS NULL, lease_until <= ?1, {READABLE_SQLITE}, count(*) \
+         FROM idem_records WHERE {LIVE} GROUP BY 1, 2, 3, 4, 5"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(params![now])?;
@@ -269,7 +269,8 @@ pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
                 _ => None,
             })
         };
-        let (state, kind, no_lease, ended, n) = (int(0)?, int(1)?, int(2)?, int(3)?, int(4)?);
+        let (state, kind, no_lease, ended) = (int(0)?, int(1)?, int(2)?, int(3)?);
+        let (readable, n) = (int(4)? == Some(1), int(5)?);
         // A record in flight without a lease is one the listing cannot read either.
         let state = match state {
             Some(0) if no_lease != Some(0) => -1,
@@ -277,7 +278,7 @@ pub(super) fn stats(conn: &Connection, now: i64) -> Result<Stats, SqlError> {
         };
         let ended = ended.is_some_and(|e| e != 0);
         let n = n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
-        codec::count_row(&mut stats, state, kind, ended, n);
+        codec::count_row(&mut stats, state, kind, ended, readable, n);
     }
     Ok(stats)
 }
