@@ -230,8 +230,8 @@ impl PostgresStore {
     }
 
     /// Removes the record of `key` if its fence and state are as seen: `Some(true)`; it is
-    /// there but changed: `Some(false)`; there is none: `None`. One statement (the row read
-    /// beside the delete is the snapshot before it).
+    /// there but changed: `Some(false)`; there is none: `None`. One statement, and a second
+    /// only when the first saw a row it did not remove.
     pub(super) async fn forget_seen_record(
         &self,
         key: &Key,
@@ -250,11 +250,15 @@ impl PostgresStore {
         let row = conn.client.query_typed_one(sql, &params).await.map_err(pg)?;
         let (removed, present): (bool, bool) =
             (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
-        Ok(match (removed, present) {
-            (true, _) => Some(true),
-            (false, true) => Some(false),
-            (false, false) => None,
-        })
+        if removed || !present {
+            return Ok(removed.then_some(true));
+        }
+        // The statement's snapshot still shows a row that another session removed meanwhile
+        // (a release, a forget): a new statement sees whether it is there now.
+        let now = "SELECT EXISTS (SELECT 1 FROM idem_records WHERE key = $1)";
+        let row = conn.client.query_typed_one(now, &[(&k, Type::TEXT)]).await.map_err(pg)?;
+        let present: bool = row.try_get(0).map_err(pg)?;
+        Ok(present.then_some(false))
     }
 
     pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {
