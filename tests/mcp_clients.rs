@@ -102,6 +102,34 @@ fn a_call_in_flight_when_sigterm_comes_is_stored_and_replayed_after_a_restart() 
     assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
 }
 
+/// The hosts' whole order (the MCP SDKs, VS Code): stdin closed, then SIGTERM 2 s later, then
+/// SIGKILL. SIGTERM after EOF is the first signal, not a second: the charge still running (2.5 s)
+/// finishes and is stored, and its repeat on a restarted server is replayed.
+#[cfg(unix)]
+#[test]
+fn stdin_closed_then_sigterm_still_lets_a_call_in_flight_finish() {
+    let binary = payments_mcp();
+    let db = fresh_db("mcp-clients-ladder");
+    let args = [OsStr::new("--sqlite"), db.as_os_str()];
+    let mut first = Server::start_with(&binary, &args, &[("PAYMENTS_DELAY_MS", "2500")]);
+    first.initialize();
+    first.write(&charge(1, "conversation-ladder"));
+    std::thread::sleep(Duration::from_millis(300));
+    drop(first.stdin.take());
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(&first.child, "-TERM");
+    let status = first.child.wait().unwrap();
+    assert!(status.success(), "the server exits cleanly: {status}");
+    assert_eq!(ledger(&db)["charge_requests"], 1, "the charge in flight finished before the exit");
+
+    let mut second = Server::start_with(&binary, &args, &[]);
+    second.initialize();
+    second.write(&charge(2, "conversation-ladder"));
+    let answer = second.read().expect("an answer");
+    assert_eq!(answer["result"]["_meta"]["idem/outcome"], "replayed", "{answer}");
+    assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
+}
+
 /// A second signal ends the wait for the calls still running: an operator's second Ctrl-C
 /// stops the process (the charge, a minute long here, is left to its lease).
 #[cfg(unix)]
