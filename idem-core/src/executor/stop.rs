@@ -8,23 +8,13 @@
 //! running finishes and its outcome is stored, no new attempt starts (not the first, after a wait
 //! for another owner, nor a retry), and a claim with nothing run under it is released.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 /// Asks the calls made with it ([`Run::with_stop`](super::Run::with_stop)) to start nothing more.
-/// Cheap to clone; clones are one signal. Once stopped, it stays stopped.
+/// Cheap to clone; clones are one signal. Once stopped, it stays stopped. (tokio-util's
+/// `CancellationToken` underneath, kept out of idem's API.)
 #[derive(Clone, Debug, Default)]
-pub struct StopSignal(Arc<Inner>);
-
-#[derive(Debug, Default)]
-struct Inner {
-    stopped: AtomicBool,
-    notify: Notify,
-    /// Stopping the parent stops this one too ([`StopSignal::child`]).
-    parent: Option<StopSignal>,
-}
+pub struct StopSignal(CancellationToken);
 
 impl StopSignal {
     /// A signal not stopped yet.
@@ -32,49 +22,26 @@ impl StopSignal {
         StopSignal::default()
     }
 
-    /// A signal of its own that is also stopped when this one is: one per call, under one for a
-    /// whole server (its shutdown stops every call; a call's own stop stops only it).
+    /// A signal of its own that is also stopped when this one is (also when it already was):
+    /// one per call, under one for a whole server (its shutdown stops every call; a call's own
+    /// stop stops only it).
     pub fn child(&self) -> StopSignal {
-        StopSignal(Arc::new(Inner { parent: Some(self.clone()), ..Inner::default() }))
+        StopSignal(self.0.child_token())
     }
 
     /// Stops every call made with this signal at its next step.
     pub fn stop(&self) {
-        self.0.stopped.store(true, Ordering::SeqCst);
-        self.0.notify.notify_waiters();
+        self.0.cancel();
     }
 
     /// Whether [`stop`](Self::stop) was called on it or on a signal it is a child of.
     pub fn is_stopped(&self) -> bool {
-        self.0.stopped.load(Ordering::SeqCst)
-            || self.0.parent.as_ref().is_some_and(Self::is_stopped)
+        self.0.is_cancelled()
     }
 
     /// Resolves once the signal (or a signal it is a child of) is stopped.
     pub async fn stopped(&self) {
-        let own = async {
-            loop {
-                let notified = self.0.notify.notified();
-                let mut notified = std::pin::pin!(notified);
-                // Registered before the check, so a stop in between is not missed.
-                notified.as_mut().enable();
-                if self.0.stopped.load(Ordering::SeqCst) {
-                    return;
-                }
-                notified.await;
-            }
-        };
-        match &self.0.parent {
-            None => own.await,
-            Some(parent) => {
-                // Boxed: a chain of children would otherwise nest futures without bound.
-                let parent = Box::pin(parent.stopped());
-                tokio::select! {
-                    () = own => {}
-                    () = parent => {}
-                }
-            }
-        }
+        self.0.cancelled().await;
     }
 }
 
