@@ -155,11 +155,7 @@ impl<T: Tool> Call<'_, T> {
                     // happened before).
                     Err(message) => {
                         let message = format!("the arguments' `Clone` panicked: {message}");
-                        tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
-                        if let Some(fence) = fence {
-                            self.release(fence).await;
-                        }
-                        return Err(Error::Panicked { tool: self.name(), attempt, message });
+                        return Err(self.panicked_releasing(fence, attempt, message).await);
                     }
                 },
                 _ => match args.take() {
@@ -354,10 +350,22 @@ impl<T: Tool> Call<'_, T> {
         attempt: u32,
         message: String,
     ) -> Error<T::Error> {
-        tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
         if self.class() == RetryClass::Never {
+            tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
             return self.unknown(fence).await;
         }
+        self.panicked_releasing(fence, attempt, message).await
+    }
+
+    /// A panic after which nothing may have happened that a repeat must not repeat: the key is
+    /// released and the caller gets `Panicked`.
+    async fn panicked_releasing(
+        &self,
+        fence: Option<Fence>,
+        attempt: u32,
+        message: String,
+    ) -> Error<T::Error> {
+        tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
         if let Some(fence) = fence {
             self.release(fence).await;
         }

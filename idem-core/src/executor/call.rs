@@ -147,15 +147,9 @@ impl<T: Tool> Call<'_, T> {
                 Enter::Join(slot) => {
                     self.waiting();
                     let joined = tokio::time::timeout_at(self.deadline, slot.wait());
-                    let joined = match self.stop {
-                        None => joined.await,
-                        // A stopped joiner waits no more; the call it joined goes on.
-                        Some(stop) => tokio::select! {
-                            joined = joined => joined,
-                            () = stop.stopped() => {
-                                return Err(Error::Cancelled { tool: self.name(), attempts: 0 });
-                            }
-                        },
+                    // A stopped joiner waits no more; the call it joined goes on.
+                    let Some(joined) = self.unless_stopped(joined).await else {
+                        return Err(self.cancelled(0));
                     };
                     let shared = match joined {
                         Err(_) => {

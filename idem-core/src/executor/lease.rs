@@ -110,8 +110,7 @@ impl<T: Tool> Call<'_, T> {
         let store = &self.inner.store;
         // A stopped call waits no more: it holds nothing, and taking the key over afterwards
         // only to let it go would hold it up for a lease.
-        let stopped =
-            || Ok(Owned::Answer(Err(Error::Cancelled { tool: self.name(), attempts: 0 })));
+        let stopped = || Ok(Owned::Answer(Err(self.cancelled(0))));
         loop {
             let now = Instant::now();
             if now >= self.deadline {
@@ -126,13 +125,7 @@ impl<T: Tool> Call<'_, T> {
             self.waiting();
             // A store that stops answering is caught by the next claim's timeout.
             let wait = tokio::time::timeout(max, store.wait(&self.key, fence, max));
-            let woken = match self.stop {
-                None => wait.await,
-                Some(stop) => tokio::select! {
-                    woken = wait => woken,
-                    () = stop.stopped() => return stopped(),
-                },
-            };
+            let Some(woken) = self.unless_stopped(wait).await else { return stopped() };
             if let Ok(Err(e)) = woken {
                 return Err(e);
             }
@@ -261,24 +254,14 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    /// Sleeps `pause` before a retry, still renewing the lease (a provider's retry-after may be
-    /// longer than the lease).
-    /// Sleeps `pause` before the next attempt, renewing the lease of `fence` meanwhile; `false`
-    /// when the caller stopped the call ([`super::Run::with_stop`]) before it ended.
+    /// Sleeps `pause` before the next attempt; `false` when the caller stopped the call
+    /// ([`super::Run::with_stop`]) before it ended.
     pub(super) async fn pause(&self, fence: Option<Fence>, pause: Duration) -> bool {
-        let paused = self.pause_renewing(fence, pause);
-        match self.stop {
-            None => {
-                paused.await;
-                true
-            }
-            Some(stop) => tokio::select! {
-                () = paused => true,
-                () = stop.stopped() => false,
-            },
-        }
+        self.unless_stopped(self.pause_renewing(fence, pause)).await.is_some()
     }
 
+    /// Sleeps `pause`, still renewing the lease (a provider's retry-after may be longer than the
+    /// lease).
     async fn pause_renewing(&self, fence: Option<Fence>, pause: Duration) {
         let until = later(Instant::now(), pause);
         let Some(fence) = fence else {
@@ -302,6 +285,26 @@ impl<T: Tool> Call<'_, T> {
         self.stop.is_some_and(|s| s.is_stopped())
     }
 
+    /// `work`'s output, or `None` when the caller stops the call first: the one place a wait
+    /// hears a stop (a pause before a retry, a wait for another owner, a joiner's wait).
+    pub(super) async fn unless_stopped<F: std::future::Future>(
+        &self,
+        work: F,
+    ) -> Option<F::Output> {
+        match self.stop {
+            None => Some(work.await),
+            Some(stop) => tokio::select! {
+                out = work => Some(out),
+                () = stop.stopped() => None,
+            },
+        }
+    }
+
+    /// The error of a call its caller stopped after `attempts` attempts.
+    pub(super) fn cancelled(&self, attempts: u32) -> Error<T::Error> {
+        Error::Cancelled { tool: self.name(), attempts }
+    }
+
     /// Ends a call its caller stopped after `attempts` attempts: the key it holds is released
     /// (nothing more will run under it), except a dead owner's record it took over and ran
     /// nothing under, which is left to its lease so that the dead owner's attempt is not erased.
@@ -312,7 +315,7 @@ impl<T: Tool> Call<'_, T> {
                 self.release(fence).await;
             }
         }
-        Error::Cancelled { tool: self.name(), attempts }
+        self.cancelled(attempts)
     }
 
     /// Stores `outcome` under `fence`: moved into the record of the in-memory store, lent to
