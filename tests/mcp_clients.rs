@@ -33,6 +33,24 @@ fn fresh_db(name: &str) -> std::path::PathBuf {
     work.join("idem.db")
 }
 
+/// After the first server (now exited) took `run`'s charge: the charge reached the provider once;
+/// a new server process over the same SQLite store replays it (not taken over: the record was
+/// completed before the first server exited, so the repeat did not wait out an abandoned lease
+/// and charge again), and the provider is not asked again.
+fn replayed_after_a_restart(binary: &Path, args: &[&OsStr], db: &Path, run: &str) {
+    assert_eq!(ledger(db)["charge_requests"], 1, "the charge in flight finished before the exit");
+    let mut second = Server::start_with(binary, args, &[]);
+    second.initialize();
+    second.write(&charge(2, run));
+    let answer = second.read().expect("an answer");
+    assert_eq!(answer["id"], 2, "{answer}");
+    let result = &answer["result"];
+    assert_eq!(result["isError"], false, "{answer}");
+    assert_eq!(result["_meta"]["idem/outcome"], "replayed", "{answer}");
+    assert_eq!(result["structuredContent"]["charge_id"], "ch_0001", "{answer}");
+    assert_eq!(ledger(db)["charge_requests"], 1, "the provider was not asked again");
+}
+
 /// A client that closes stdin while its charge is in flight (it gave up, or its host is
 /// restarting the server) and calls again on a new server process over the same SQLite store:
 /// the charge finished and was stored before the first process exited, so the repeat is replayed
@@ -51,20 +69,7 @@ fn a_call_in_flight_when_stdin_closes_is_stored_and_replayed_after_a_restart() {
     drop(first.stdin.take());
     let status = first.child.wait().unwrap();
     assert!(status.success(), "the server exits cleanly after EOF: {status}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the charge in flight finished before the exit");
-
-    let mut second = Server::start_with(&binary, &args, &[]);
-    second.initialize();
-    second.write(&charge(2, "conversation-eof"));
-    let answer = second.read().expect("an answer");
-    assert_eq!(answer["id"], 2, "{answer}");
-    let result = &answer["result"];
-    assert_eq!(result["isError"], false, "{answer}");
-    // Replayed, not taken over: the record was completed before the first server exited, so the
-    // resend did not wait out an abandoned lease and run the charge again.
-    assert_eq!(result["_meta"]["idem/outcome"], "replayed", "{answer}");
-    assert_eq!(result["structuredContent"]["charge_id"], "ch_0001", "{answer}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
+    replayed_after_a_restart(&binary, &args, &db, "conversation-eof");
 }
 
 fn signal(child: &std::process::Child, name: &str) {
@@ -91,15 +96,7 @@ fn a_call_in_flight_when_sigterm_comes_is_stored_and_replayed_after_a_restart() 
     signal(&first.child, "-TERM");
     let status = first.child.wait().unwrap();
     assert!(status.success(), "the server exits cleanly after SIGTERM: {status}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the charge in flight finished before the exit");
-
-    let mut second = Server::start_with(&binary, &args, &[]);
-    second.initialize();
-    second.write(&charge(2, "conversation-sigterm"));
-    let answer = second.read().expect("an answer");
-    assert_eq!(answer["result"]["_meta"]["idem/outcome"], "replayed", "{answer}");
-    assert_eq!(answer["result"]["structuredContent"]["charge_id"], "ch_0001", "{answer}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
+    replayed_after_a_restart(&binary, &args, &db, "conversation-sigterm");
 }
 
 /// The hosts' whole order (the MCP SDKs, VS Code): stdin closed, then SIGTERM 2 s later, then
@@ -120,14 +117,7 @@ fn stdin_closed_then_sigterm_still_lets_a_call_in_flight_finish() {
     signal(&first.child, "-TERM");
     let status = first.child.wait().unwrap();
     assert!(status.success(), "the server exits cleanly: {status}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the charge in flight finished before the exit");
-
-    let mut second = Server::start_with(&binary, &args, &[]);
-    second.initialize();
-    second.write(&charge(2, "conversation-ladder"));
-    let answer = second.read().expect("an answer");
-    assert_eq!(answer["result"]["_meta"]["idem/outcome"], "replayed", "{answer}");
-    assert_eq!(ledger(&db)["charge_requests"], 1, "the provider was not asked again");
+    replayed_after_a_restart(&binary, &args, &db, "conversation-ladder");
 }
 
 /// A second signal ends the wait for the calls still running: an operator's second Ctrl-C
