@@ -292,6 +292,28 @@ pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
     None
 }
 
+/// What a store's [`Store::forget_seen`](super::Store::forget_seen) step found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Forgot {
+    /// The record as seen: removed.
+    Removed,
+    /// A record, but no longer as seen: left as it is.
+    Changed,
+    /// No record.
+    Absent,
+}
+
+impl Forgot {
+    /// The answer of `forget_seen`.
+    pub(crate) fn answer(self) -> Result<bool, super::StoreError> {
+        match self {
+            Forgot::Removed => Ok(true),
+            Forgot::Changed => Err(super::StoreError::LeaseLost),
+            Forgot::Absent => Ok(false),
+        }
+    }
+}
+
 /// The SQL `LIMIT` of a page of `size` rows: one row more, which says whether another page
 /// follows (a page that ends the listing has no cursor). Saturates for a size past `i64`.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

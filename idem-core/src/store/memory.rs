@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::admin::{self, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats};
+use super::admin::{self, Forgot, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats};
 use super::{
     Claim, ClaimRequest, Fence, OnExpired, Origin, Outcome, Record, Store, StoreError, StoredOrigin,
 };
@@ -364,19 +364,19 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         let digest = Digest::of(key);
         let seen = match map.entries.get(&digest) {
-            None => return Ok(false),
+            None => return Forgot::Absent.answer(),
             Some(e) => match e.state {
                 State::InFlight { fence: held, .. } => !done && held == fence,
                 State::Done { fence: held, .. } => done && held == fence,
             },
         };
         if !seen {
-            return Err(StoreError::LeaseLost);
+            return Forgot::Changed.answer();
         }
         if let Some(mut e) = map.entries.remove(&digest) {
             e.wake();
         }
-        Ok(true)
+        Forgot::Removed.answer()
     }
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {

@@ -46,6 +46,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::Config;
 use tokio_postgres::types::ToSql;
 
+use super::admin::Forgot;
 use super::codec::{encode, fence_param, ms, now_ms};
 use super::resend::{self, GiveUp, Owner};
 use super::sweep::SweepClock;
@@ -387,14 +388,10 @@ impl Store for PostgresStore {
 
     async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
         let found = self.forget_seen_record(key, fence, done).await?;
-        if found == Some(true) {
+        if found == Forgot::Removed {
             self.inner.waiters.wake(key);
         }
-        match found {
-            Some(true) => Ok(true),
-            Some(false) => Err(StoreError::LeaseLost),
-            None => Ok(false),
-        }
+        found.answer()
     }
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {

@@ -31,6 +31,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::Notify;
 
+use super::admin::Forgot;
 use super::codec::{self, encode, fence_param, ms, now_ms};
 use super::sweep::SweepClock;
 use super::wait;
@@ -723,23 +724,19 @@ impl Store for SqliteStore {
         let key = *key;
         let found = self
             .call(move |conn| {
-                let state = i64::from(done);
-                let seen = params![key.as_str(), fence_param(fence), state];
+                let seen = params![key.as_str(), fence_param(fence), i64::from(done)];
                 if conn.prepare_cached(FORGET_SEEN)?.execute(seen)? > 0 {
-                    return Ok(Some(true));
+                    return Ok(Forgot::Removed);
                 }
                 // Not as seen: changed meanwhile, or gone.
-                Ok(conn.prepare_cached(EXISTS)?.exists(params![key.as_str()])?.then_some(false))
+                let there = conn.prepare_cached(EXISTS)?.exists(params![key.as_str()])?;
+                Ok(if there { Forgot::Changed } else { Forgot::Absent })
             })
             .await?;
-        match found {
-            Some(true) => {
-                self.inner.changed.notify_waiters();
-                Ok(true)
-            }
-            Some(false) => Err(StoreError::LeaseLost),
-            None => Ok(false),
+        if found == Forgot::Removed {
+            self.inner.changed.notify_waiters();
         }
+        found.answer()
     }
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {

@@ -13,7 +13,7 @@ use super::PostgresStore;
 use super::error::pg;
 use super::text::{run_text, text};
 use crate::key::{Fingerprint, Key};
-use crate::store::admin::prefix_end;
+use crate::store::admin::{Forgot, prefix_end};
 use crate::store::codec::{self, KeyCursor, READABLE_PG, Selected, encode, fence_param, ms};
 use crate::store::{
     Fence, ListPage, ListQuery, RecordInfo, RecordState, Resolution, Stats, StoreError,
@@ -229,15 +229,14 @@ impl PostgresStore {
         Ok(rows.map_err(pg)?.len())
     }
 
-    /// Removes the record of `key` if its fence and state are as seen: `Some(true)`; it is
-    /// there but changed: `Some(false)`; there is none: `None`. One statement, and a second
-    /// only when the first saw a row it did not remove.
+    /// Removes the record of `key` if its fence and state are as seen. One statement, and a
+    /// second only when the first saw a row it did not remove.
     pub(super) async fn forget_seen_record(
         &self,
         key: &Key,
         fence: Fence,
         done: bool,
-    ) -> Result<Option<bool>, StoreError> {
+    ) -> Result<Forgot, StoreError> {
         let (k, f, st) = (key.as_str(), fence_param(fence), i16::from(done));
         let sql = "WITH d AS (DELETE FROM idem_records WHERE key = $1 AND fence = $2 AND state = $3 \
                    RETURNING key, waited), \
@@ -250,15 +249,17 @@ impl PostgresStore {
         let row = conn.client.query_typed_one(sql, &params).await.map_err(pg)?;
         let (removed, present): (bool, bool) =
             (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
-        if removed || !present {
-            return Ok(removed.then_some(true));
+        match (removed, present) {
+            (true, _) => return Ok(Forgot::Removed),
+            (false, false) => return Ok(Forgot::Absent),
+            (false, true) => {}
         }
         // The statement's snapshot still shows a row that another session removed meanwhile
         // (a release, a forget): a new statement sees whether it is there now.
         let now = "SELECT EXISTS (SELECT 1 FROM idem_records WHERE key = $1)";
         let row = conn.client.query_typed_one(now, &[(&k, Type::TEXT)]).await.map_err(pg)?;
         let present: bool = row.try_get(0).map_err(pg)?;
-        Ok(present.then_some(false))
+        Ok(if present { Forgot::Changed } else { Forgot::Absent })
     }
 
     pub(super) async fn count_records(&self) -> Result<Stats, StoreError> {

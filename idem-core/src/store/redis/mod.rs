@@ -146,6 +146,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::admin::Forgot;
 use super::resend::{self, Failed, GiveUp, Owner};
 use super::wait::{self, WaiterMap};
 use super::{
@@ -608,14 +609,15 @@ impl Store for RedisStore {
             .arg(ms(FENCE_COUNTER_GRACE))
             .arg(fence.0)
             .arg(if done { "d" } else { "f" });
-        match self.run(inv).await?.int()? {
-            1 => {
-                self.inner.recent.drop_key(key);
-                Ok(true)
-            }
-            0 => Ok(false),
-            _ => Err(StoreError::LeaseLost),
+        let found = match self.run(inv).await?.int()? {
+            1 => Forgot::Removed,
+            0 => Forgot::Absent,
+            _ => Forgot::Changed,
+        };
+        if found == Forgot::Removed {
+            self.inner.recent.drop_key(key);
         }
+        found.answer()
     }
 
     /// Lists by `SCAN`, on a Redis Cluster every master in turn; each record is read on the node
