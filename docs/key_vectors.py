@@ -203,19 +203,31 @@ SHAPES = {
 def params(decl: str):
     """The arguments of a `#[tool]` fn, declared as its parameter list `(a: String, b: u64)`: a
     JSON object with one member per parameter. A parameter marked `#[idem(skip)]` must be sent
-    but is not part of the intent, so it is left out of the canonical text."""
+    but is not part of the intent, so it is left out of the canonical text; one marked
+    `#[idem(skip_if_none)]` (an `Option`) is left out when it is missing or `null`. A missing
+    `Option` that is not marked is `null`."""
     types = {"String": string, "u64": u64, "i64": i64}
-    fields, skipped = {}, set()
+    fields, skipped, if_none = {}, set(), set()
     for part in filter(None, (p.strip() for p in decl.strip("()").split(","))):
-        skip = part.startswith("#[idem(skip)]")
-        name, ty = part.removeprefix("#[idem(skip)]").strip().split(": ")
-        fields[name] = types[ty]
-        if skip:
+        marker = next((m for m in ("skip", "skip_if_none") if part.startswith(f"#[idem({m})]")), None)
+        name, ty = part.removeprefix(f"#[idem({marker})]").strip().split(": ")
+        if ty.startswith("Option<"):
+            inner = types[ty.removeprefix("Option<").removesuffix(">")]
+            fields[name] = (lambda v, inner=inner: None if v is None else inner(v), None)
+        else:
+            fields[name] = types[ty]
+        if marker == "skip":
             skipped.add(name)
+        elif marker == "skip_if_none":
+            if_none.add(name)
     read = struct_of(**fields)
 
     def conv(obj):
-        return {k: v for k, v in read(obj).items() if k not in skipped}
+        return {
+            k: v
+            for k, v in read(obj).items()
+            if k not in skipped and not (k in if_none and v is None)
+        }
 
     return conv
 
@@ -324,6 +336,26 @@ TOOLS = [
      '#[tool(retry = "keyed")] async fn send_email(to: String, body: String, #[idem(skip)] trace_id: String)',
      "run-1", "(to: String, body: String, #[idem(skip)] trace_id: String)",
      '{"to":"a@example.com","body":"hi","trace_id":"t-1"}'),
+    ("an optional parameter skipped when none: absent, the key of the tool without it",
+     "open_ticket", None,
+     '#[tool(retry = "keyed")] async fn open_ticket(title: String, #[idem(skip_if_none)] memo: Option<String>)',
+     "run-1", "(title: String, #[idem(skip_if_none)] memo: Option<String>)", '{"title":"printer"}'),
+    ("an optional parameter skipped when none: null, the same key", "open_ticket", None,
+     '#[tool(retry = "keyed")] async fn open_ticket(title: String, #[idem(skip_if_none)] memo: Option<String>)',
+     "run-1", "(title: String, #[idem(skip_if_none)] memo: Option<String>)",
+     '{"title":"printer","memo":null}'),
+    ("an optional parameter skipped when none: given, part of the key", "open_ticket", None,
+     '#[tool(retry = "keyed")] async fn open_ticket(title: String, #[idem(skip_if_none)] memo: Option<String>)',
+     "run-1", "(title: String, #[idem(skip_if_none)] memo: Option<String>)",
+     '{"title":"printer","memo":"urgent"}'),
+    ("the same tool before the optional parameter was added: the key of the first two",
+     "open_ticket_v1", "open_ticket",
+     '#[tool(retry = "keyed", name = "open_ticket")] async fn open_ticket_v1(title: String)',
+     "run-1", "(title: String)", '{"title":"printer"}'),
+    ("an optional parameter not marked: a missing one is null, another key", "open_ticket_unmarked",
+     "open_ticket",
+     '#[tool(retry = "keyed", name = "open_ticket")] async fn open_ticket_unmarked(title: String, memo: Option<String>)',
+     "run-1", "(title: String, memo: Option<String>)", '{"title":"printer"}'),
     ("no parameters", "ping", None, '#[tool(retry = "safe")] async fn ping()', "run-1", "()", "{}"),
 ]
 

@@ -175,6 +175,82 @@ async fn skip_in_the_attribute_works_like_the_parameter_marker() {
     assert_eq!(NOTES.load(Ordering::SeqCst), 1);
 }
 
+/// Two deployments of one tool: the second added an optional `memo`, marked so that the calls
+/// without one keep their keys, and an unmarked `priority`, which changes every key.
+mod ticket_v1 {
+    use super::*;
+
+    pub static OPENED: AtomicU32 = AtomicU32::new(0);
+
+    #[tool(retry = "keyed", name = "open_ticket")]
+    pub async fn open_ticket(cx: &Ctx, title: String) -> Result<String, PayError> {
+        OPENED.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("v1 {title} {}", cx.key()))
+    }
+}
+
+mod ticket_v2 {
+    use super::*;
+
+    #[tool(retry = "keyed", name = "open_ticket")]
+    pub async fn open_ticket(
+        cx: &Ctx,
+        title: String,
+        /// A note for the support team.
+        #[idem(skip_if_none)]
+        memo: Option<String>,
+    ) -> Result<String, PayError> {
+        ticket_v1::OPENED.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("v2 {title} {memo:?} {}", cx.key()))
+    }
+
+    #[tool(retry = "keyed", name = "open_ticket")]
+    pub async fn open_ticket_unmarked(
+        title: String,
+        priority: Option<u8>,
+    ) -> Result<String, PayError> {
+        ticket_v1::OPENED.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("v2 unmarked {title} {priority:?}"))
+    }
+}
+
+#[tokio::test]
+async fn an_optional_parameter_skipped_when_none_keeps_the_keys_of_calls_without_it() {
+    use serde_json::json;
+    use ticket_v1::OPENED;
+    let idem = Idem::in_memory();
+    let run = idem.run("r-deploy");
+    let before = ticket_v1::open_ticket(&run, "printer".into()).await.unwrap();
+    assert_eq!(OPENED.load(Ordering::SeqCst), 1);
+
+    // The retry after the deploy, with the memo absent, null or `None`: the first outcome.
+    let v2 = ticket_v2::OpenTicketTool;
+    for json in [json!({"title": "printer"}), json!({"title": "printer", "memo": null})] {
+        let after = call_json(&run, &v2, json).await.unwrap();
+        assert_eq!(after, before, "replayed, not opened again");
+    }
+    let typed = ticket_v2::open_ticket(&run, "printer".into(), None).await.unwrap();
+    assert_eq!(typed, before);
+    assert_eq!(OPENED.load(Ordering::SeqCst), 1, "one ticket across the deploy");
+
+    // With a memo it is another intent.
+    let with_memo =
+        ticket_v2::open_ticket(&run, "printer".into(), Some("urgent".into())).await.unwrap();
+    assert!(with_memo.starts_with("v2 printer Some(\"urgent\")"), "{with_memo}");
+    assert_eq!(OPENED.load(Ordering::SeqCst), 2);
+
+    // The parameter is still an optional argument the model sees, with its description.
+    let schema = serde_json::to_value(schemars::schema_for!(ticket_v2::OpenTicketArgs)).unwrap();
+    assert_eq!(schema["required"], json!(["title"]));
+    assert_eq!(schema["properties"]["memo"]["description"], "A note for the support team.");
+
+    // Without the marker a new optional parameter is `null` in the key: the same retry after
+    // the deploy runs the tool again. This is what the marker is for.
+    let again = ticket_v2::open_ticket_unmarked(&run, "printer".into(), None).await.unwrap();
+    assert!(again.starts_with("v2 unmarked"), "{again}");
+    assert_eq!(OPENED.load(Ordering::SeqCst), 3);
+}
+
 /// A provider client: the state a method tool holds.
 #[derive(Default)]
 struct Bank {

@@ -50,6 +50,32 @@ async fn send_email(
     Ok(cx.key().to_owned())
 }
 
+#[tool(retry = "keyed")]
+async fn open_ticket(
+    cx: &Ctx,
+    title: String,
+    #[idem(skip_if_none)] memo: Option<String>,
+) -> Result<String, Never> {
+    let _ = (title, memo);
+    Ok(cx.key().to_owned())
+}
+
+#[tool(retry = "keyed", name = "open_ticket")]
+async fn open_ticket_v1(cx: &Ctx, title: String) -> Result<String, Never> {
+    let _ = title;
+    Ok(cx.key().to_owned())
+}
+
+#[tool(retry = "keyed", name = "open_ticket")]
+async fn open_ticket_unmarked(
+    cx: &Ctx,
+    title: String,
+    memo: Option<String>,
+) -> Result<String, Never> {
+    let _ = (title, memo);
+    Ok(cx.key().to_owned())
+}
+
 #[tool(retry = "safe")]
 async fn ping(cx: &Ctx) -> Result<String, Never> {
     Ok(cx.key().to_owned())
@@ -122,6 +148,9 @@ async fn seen(v: &ToolVector) -> Result<Seen, String> {
         "refund" => through(&RefundTool, v).await,
         "r#move" => through(&MoveTool, v).await,
         "send_email" => through(&SendEmailTool, v).await,
+        "open_ticket" => through(&OpenTicketTool, v).await,
+        "open_ticket_v1" => through(&OpenTicketV1Tool, v).await,
+        "open_ticket_unmarked" => through(&OpenTicketUnmarkedTool, v).await,
         "ping" => through(&PingTool, v).await,
         "post_entry" => through(&Ledger::post_entry_tool(&ledger), v).await,
         "balance" => through(&Ledger::balance_tool(&ledger), v).await,

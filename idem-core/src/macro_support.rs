@@ -20,6 +20,7 @@ use crate::reconcile::Reconciled;
 use crate::tool::{Tool, ToolDef};
 
 mod args;
+mod none_probe;
 
 pub use args::*;
 

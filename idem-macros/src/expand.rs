@@ -236,6 +236,13 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
         .filter(|(_, p)| p.skip)
         .fold(0, |bits, (i, _)| bits | (1 << i));
     let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
+    let if_none: u16 = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.skip_if_none)
+        .fold(0, |bits, (i, _)| bits | (1 << i));
+    let if_none = (if_none != 0).then(|| quote!(const SKIP_IF_NONE: u16 = #if_none;));
     let optional: u16 = model
         .params
         .iter()
@@ -252,6 +259,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
             const NAME: &'static ::core::primitive::str = #args_name;
             const NAMES: &'static [&'static ::core::primitive::str] = &[#(#names),*];
             #skip
+            #if_none
             #optional
             #docs
         }
@@ -293,7 +301,7 @@ fn is_std_data(ty: &Type) -> bool {
 }
 
 /// `Option<T>` as written (also `std::option::Option<T>`): not `required` in the schema.
-fn is_option(ty: &Type) -> bool {
+pub(crate) fn is_option(ty: &Type) -> bool {
     match ty {
         Type::Path(tp) if tp.qself.is_none() => {
             let names: Vec<String> = tp.path.segments.iter().map(|s| s.ident.to_string()).collect();

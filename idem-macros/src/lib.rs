@@ -69,6 +69,11 @@ mod validate;
 ///   `timeout`, `lease` and `ttl` keep their meaning (a timeout then ends in "outcome unknown").
 /// - `skip(a, b)`, or `#[idem(skip)]` on a parameter: an argument that is not part of the intent
 ///   (trace ids, nonces the model invents). It is still passed to the body but not in the key.
+/// - `#[idem(skip_if_none)]` on an `Option<..>` parameter: part of the intent when it holds a
+///   value, left out when it is `None` (as if the parameter did not exist). Mark an optional
+///   parameter so when you add it to a tool that is already deployed: every other parameter
+///   counts in the key, a missing `Option` as `null`, so a new one would change the key of every
+///   call, and a retry that crosses the deploy would run the tool again.
 /// - `reconcile = check` (`keyed` and `never` tools): the check idem asks before it answers
 ///   "outcome unknown": `async fn check(key: &Key, <the tool's parameters by value, in order>) ->
 ///   Reconciled<T>` (the context left out). On a method tool, `reconcile = name` names a method

@@ -340,6 +340,8 @@ fn nonzero(d: Duration) -> Result<Duration, String> {
 pub struct ParamAttr {
     /// `#[idem(skip)]`, with the span of `skip`.
     pub skip: Option<Span>,
+    /// `#[idem(skip_if_none)]`: left out of the key when `None`.
+    pub skip_if_none: Option<Span>,
     /// `#[idem(ctx)]`: this parameter is the context, whatever its type is spelled.
     pub ctx: Option<Span>,
     /// `#[idem(flatten)]`: a struct whose fields are the tool's arguments.
@@ -352,7 +354,8 @@ pub struct ParamAttr {
 }
 
 /// The markers a parameter accepts, for the "unknown" message.
-const PARAM_MARKERS: &str = "`#[idem(skip)]`, `#[idem(ctx)]` or `#[idem(flatten)]`";
+const PARAM_MARKERS: &str =
+    "`#[idem(skip)]`, `#[idem(skip_if_none)]`, `#[idem(ctx)]` or `#[idem(flatten)]`";
 
 impl ParamAttr {
     /// Parses and removes the parameter's `#[idem(..)]` attributes and doc comments (rustc
@@ -393,6 +396,8 @@ impl ParamAttr {
                 let span = syn::spanned::Spanned::span(&meta.path);
                 let slot = if meta.path.is_ident("skip") {
                     &mut out.skip
+                } else if meta.path.is_ident("skip_if_none") {
+                    &mut out.skip_if_none
                 } else if meta.path.is_ident("ctx") {
                     &mut out.ctx
                 } else if meta.path.is_ident("flatten") {

@@ -22,6 +22,8 @@ pub struct Param {
     pub ty: Type,
     /// Marked `#[idem(skip)]` (or named in `skip(..)`): an argument, not part of the key.
     pub skip: bool,
+    /// Marked `#[idem(skip_if_none)]`: part of the key unless it is `None`.
+    pub skip_if_none: bool,
     /// Marked `#[idem(flatten)]`: a struct whose fields are the tool's arguments.
     pub flatten: bool,
     /// The parameter's `///` lines: its JSON Schema `description`.
@@ -233,7 +235,8 @@ pub fn validate(
     for (index, (arg, pattr)) in sig.inputs.iter().zip(&param_attrs).enumerate() {
         match arg {
             FnArg::Receiver(r) => {
-                for span in [pattr.skip, pattr.ctx, pattr.flatten].into_iter().flatten() {
+                let markers = [pattr.skip, pattr.skip_if_none, pattr.ctx, pattr.flatten];
+                for span in markers.into_iter().flatten() {
                     errors.spanned(span, "the receiver is not an argument; remove this marker");
                 }
                 let by_mut_ref = matches!(r.kind, syn::ReceiverKind::Reference(_, _, Some(_)));
@@ -291,13 +294,17 @@ pub fn validate(
                             );
                         }
                         let first = index == usize::from(method);
-                        if let Some(span) = pattr.skip {
-                            errors.spanned(
-                                span,
-                                format!(
-                                    "the context parameter `{ident}` is never part of the key; remove `#[idem(skip)]`"
-                                ),
-                            );
+                        for (span, marker) in
+                            [(pattr.skip, "skip"), (pattr.skip_if_none, "skip_if_none")]
+                        {
+                            if let Some(span) = span {
+                                errors.spanned(
+                                    span,
+                                    format!(
+                                        "the context parameter `{ident}` is never part of the key; remove `#[idem({marker})]`"
+                                    ),
+                                );
+                            }
                         }
                         if ctx.is_some() {
                             errors.at(pt, "only one context parameter is allowed");
@@ -340,10 +347,33 @@ pub fn validate(
                         "a method tool's parameter types cannot mention `Self`: name the type",
                     );
                 }
+                if let Some(span) = pattr.skip_if_none {
+                    if pattr.skip.is_some() {
+                        errors.spanned(
+                            span,
+                            format!(
+                                "`{ident}` is already left out of the key by `#[idem(skip)]`; keep one of the two"
+                            ),
+                        );
+                    } else if pattr.flatten.is_some() {
+                        errors.spanned(
+                            span,
+                            "a flattened parameter is the tool's whole intent; mark its optional fields `#[serde(skip_serializing_if = \"Option::is_none\")]` instead",
+                        );
+                    } else if !crate::expand::is_option(&pt.ty) {
+                        errors.at(
+                            &pt.ty,
+                            format!(
+                                "`#[idem(skip_if_none)]` leaves `{ident}` out of the key when it is `None`, so its type must be written `Option<..>`"
+                            ),
+                        );
+                    }
+                }
                 params.push(Param {
                     ident,
                     ty: (*pt.ty).clone(),
                     skip: pattr.skip.is_some(),
+                    skip_if_none: pattr.skip_if_none.is_some(),
                     flatten: pattr.flatten.is_some(),
                     docs: pattr.docs.clone(),
                 });
@@ -412,6 +442,13 @@ pub fn validate(
         } else if let Some(p) = params.iter_mut().find(|p| p.ident == *skipped) {
             if p.skip {
                 errors.spanned(skipped.span(), format!("`{skipped}` is skipped twice; keep one"));
+            } else if p.skip_if_none {
+                errors.spanned(
+                    skipped.span(),
+                    format!(
+                        "`{skipped}` is marked `#[idem(skip_if_none)]` and named in `skip(..)`; keep one of the two"
+                    ),
+                );
             }
             p.skip = true;
         } else {

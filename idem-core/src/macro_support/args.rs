@@ -11,6 +11,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visi
 use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
+use super::none_probe::is_none;
 use super::{Intent, ToolArg};
 use crate::canonical::KeyError;
 use crate::tool::Tool;
@@ -34,6 +35,10 @@ pub trait Fields: 'static {
     const NAMES: &'static [&'static str];
     /// Bit `i` set: parameter `i` is marked `#[idem(skip)]` and left out of the intent.
     const SKIP: u16 = 0;
+    /// Bit `i` set: parameter `i` is marked `#[idem(skip_if_none)]` and left out of the intent
+    /// when it is `None`, so that an optional parameter added to a tool keeps the keys of the
+    /// calls that do not use it.
+    const SKIP_IF_NONE: u16 = 0;
     /// Bit `i` set: parameter `i` is written `Option<..>`, so it is not `required` in the schema
     /// (schemars' derive makes the same choice; a missing field then reads as `None`).
     const OPTIONAL: u16 = 0;
@@ -82,11 +87,13 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
         seq: &mut A,
         expected: &dyn de::Expected,
     ) -> Result<Self, A::Error>;
-    /// Serializes the elements whose bit in `skip` is not set, named by `names`.
+    /// Serializes the elements whose bit in `skip` is not set, named by `names`; an element
+    /// whose bit in `if_none` is set is left out when it is `None`.
     fn serialize_fields<S: SerializeStruct>(
         &self,
         names: &'static [&'static str],
         skip: u16,
+        if_none: u16,
         out: &mut S,
     ) -> Result<(), S::Error>;
     /// Adds one JSON Schema property per element to `schema`, named and described by `F`, and
@@ -210,11 +217,17 @@ macro_rules! arg_tuples {
                 &self,
                 names: &'static [&'static str],
                 skip: u16,
+                if_none: u16,
                 out: &mut S,
             ) -> Result<(), S::Error> {
                 $(
-                    if skip & (1 << $idx) == 0 {
-                        out.serialize_field(field_name(names, $idx), &self.$idx)?;
+                    let name = field_name(names, $idx);
+                    if skip & (1 << $idx) != 0 {
+                        // Left out of the intent.
+                    } else if if_none & (1 << $idx) != 0 && is_none(&self.$idx) {
+                        out.skip_field(name)?;
+                    } else {
+                        out.serialize_field(name, &self.$idx)?;
                     }
                 )*
                 Ok(())
@@ -289,29 +302,33 @@ impl<T: Clone, F> Clone for Args<T, F> {
 impl<T: ArgTuple, F: Fields> Serialize for Args<T, F> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut out = serializer.serialize_struct(F::NAME, T::LEN)?;
-        self.0.serialize_fields(F::NAMES, 0, &mut out)?;
+        self.0.serialize_fields(F::NAMES, 0, 0, &mut out)?;
         out.end()
     }
 }
 
-/// The arguments that make up the intent: all but the skipped ones.
+/// The arguments that make up the intent: all but the skipped ones, and those skipped when
+/// `None` that are.
 struct IntentFields<'a, T, F>(&'a Args<T, F>);
 
 impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let kept = T::LEN - (F::SKIP.count_ones() as usize).min(T::LEN);
         let mut out = serializer.serialize_struct(F::NAME, kept)?;
-        self.0.0.serialize_fields(F::NAMES, F::SKIP, &mut out)?;
+        self.0.0.serialize_fields(F::NAMES, F::SKIP, F::SKIP_IF_NONE, &mut out)?;
         out.end()
     }
 }
 
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        if F::SKIP == 0 {
+        if F::SKIP == 0 && F::SKIP_IF_NONE == 0 {
             return crate::canonical::canonicalize(self, out);
         }
         crate::canonical::canonicalize(&IntentFields(self), out)?;
+        if F::SKIP == 0 {
+            return Ok(());
+        }
         // The skipped parameters are not part of the key, but the tool still receives (and a
         // retry clones) them: they are held to the same depth limit. Only depth is checked;
         // anything else about them is the tool's business.

@@ -22,4 +22,31 @@ async fn send_mail(
     Ok(())
 }
 
-fn main() {}
+struct Desk;
+
+impl Desk {
+    #[tool(retry = "keyed")]
+    async fn open_ticket(
+        &self,
+        title: String,
+        #[idem(skip_if_none)] memo: Option<String>,
+        #[idem(skip_if_none)] tags: std::option::Option<Vec<String>>,
+    ) -> Result<String, Failed> {
+        Ok(format!("{title} {memo:?} {tags:?}"))
+    }
+}
+
+#[tool(retry = "never")]
+async fn refund(charge: String, #[idem(skip_if_none)] reason: Option<String>) -> Result<(), Failed> {
+    let _ = (charge, reason);
+    Ok(())
+}
+
+async fn call_sites(run: &idem_core::Run) {
+    let _ = refund(run, "ch_1".into(), None).await;
+    let _ = std::sync::Arc::new(Desk).open_ticket(run, "printer".into(), Some("urgent".into()), None).await;
+}
+
+fn main() {
+    let _ = call_sites;
+}
