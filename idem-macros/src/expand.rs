@@ -229,27 +229,20 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
     let krate = &model.krate;
     let args_name = format!("{}Args", camel(&model.item.sig.ident));
     let names = model.params.iter().map(|p| p.ident.unraw().to_string());
-    let skip: u16 = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.skip)
-        .fold(0, |bits, (i, _)| bits | (1 << i));
-    let skip = (skip != 0).then(|| quote!(const SKIP: u16 = #skip;));
-    let if_none: u16 = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.skip_if_none)
-        .fold(0, |bits, (i, _)| bits | (1 << i));
-    let if_none = (if_none != 0).then(|| quote!(const SKIP_IF_NONE: u16 = #if_none;));
-    let optional: u16 = model
-        .params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| is_option(&p.ty))
-        .fold(0, |bits, (i, _)| bits | (1 << i));
-    let optional = (optional != 0).then(|| quote!(const OPTIONAL: u16 = #optional;));
+    // One bit per parameter that has the property; the constant is left out when none has it.
+    let bits = |name: &str, has: &dyn Fn(&crate::validate::Param) -> bool| {
+        let bits: u16 = model
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| has(p))
+            .fold(0, |bits, (i, _)| bits | (1 << i));
+        let name = format_ident!("{name}");
+        (bits != 0).then(|| quote!(const #name: u16 = #bits;))
+    };
+    let skip = bits("SKIP", &|p| p.skip);
+    let if_none = bits("SKIP_IF_NONE", &|p| p.skip_if_none);
+    let optional = bits("OPTIONAL", &|p| is_option(&p.ty));
     let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
         quote!(const DOCS: &'static [&'static ::core::primitive::str] = &[#(#texts),*];)
