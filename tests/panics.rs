@@ -430,3 +430,83 @@ async fn a_panic_in_the_arguments_clone_is_an_error_and_frees_the_key() {
     }
     assert_eq!(LAUNCHES.load(Ordering::SeqCst), 0, "no attempt ran");
 }
+
+// A tool written by hand (not `#[tool]`) whose `run` does some of its work before the future it
+// returns: a panic there is the tool's code too, and must end the attempt as a panic in the
+// future's body does, not unwind out of the call with the key claimed until its lease ends.
+
+static PROVISIONS: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+struct Region {
+    name: String,
+}
+
+struct Provision {
+    def: &'static idem_core::ToolDef,
+}
+
+const fn provision_def(class: idem_core::RetryClass) -> idem_core::ToolDef {
+    idem_core::ToolDef {
+        name: "provision",
+        description: "",
+        class,
+        options: idem_core::ToolOptions::NONE,
+    }
+}
+static PROVISION_KEYED: idem_core::ToolDef = provision_def(idem_core::RetryClass::Keyed);
+static PROVISION_NEVER: idem_core::ToolDef = provision_def(idem_core::RetryClass::Never);
+
+impl idem_core::Tool for Provision {
+    type Args = Region;
+    type Output = String;
+    type Error = Declined;
+    fn def(&self) -> &'static idem_core::ToolDef {
+        self.def
+    }
+    fn run(
+        &self,
+        _cx: &idem_core::Ctx,
+        args: Region,
+    ) -> impl std::future::Future<Output = Result<String, Declined>> + Send {
+        // Before the future: the effect may have begun here.
+        let n = PROVISIONS.fetch_add(1, Ordering::SeqCst);
+        if n == 0 || self.def.class == idem_core::RetryClass::Never {
+            panic!("no quota left in {}", args.name);
+        }
+        async move { Ok(format!("vm_{}", args.name)) }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_hand_written_run_before_its_future_is_an_error_and_settles_the_key() {
+    let run = Idem::in_memory().run("r1");
+    let keyed = Provision { def: &PROVISION_KEYED };
+    let region = || Region { name: "eu-1".into() };
+    let first = tokio::spawn({
+        let run = run.clone();
+        async move { run.call(&Provision { def: &PROVISION_KEYED }, region()).await }
+    })
+    .await
+    .expect("the panic did not unwind out of the call");
+    assert!(matches!(first, Err(Error::Panicked { attempt: 1, .. })), "{first:?}");
+    let before = Instant::now();
+    assert_eq!(run.call(&keyed, region()).await.unwrap(), "vm_eu-1");
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was released, not left to its lease");
+    assert_eq!(PROVISIONS.load(Ordering::SeqCst), 2);
+
+    // A never tool: outcome unknown at once, for every repeat, and run once.
+    let run = Idem::in_memory().run("r2");
+    for _ in 0..3 {
+        let before = Instant::now();
+        let result = tokio::spawn({
+            let run = run.clone();
+            async move { run.call(&Provision { def: &PROVISION_NEVER }, region()).await }
+        })
+        .await
+        .expect("the panic did not unwind out of the call");
+        assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+        assert_eq!(before.elapsed(), Duration::ZERO, "no lease to wait out");
+    }
+    assert_eq!(PROVISIONS.load(Ordering::SeqCst), 3, "the never tool ran once");
+}

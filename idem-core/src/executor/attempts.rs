@@ -163,19 +163,26 @@ impl<T: Tool> Call<'_, T> {
                     None => return Err(self.internal("arguments used up before the last attempt")),
                 },
             };
-            let ended = {
-                // A panicking body is caught at each poll and ends its attempt (the caller gets
-                // an error, the key is settled), instead of unwinding through the call and
-                // leaving the key claimed until its lease ends. The body is not touched after.
-                let work = FutureExt::catch_unwind(AssertUnwindSafe(self.tool.run(&cx, this_args)));
-                let mut work = std::pin::pin!(work);
-                // Most attempts of a fast tool finish on their first poll: no timer is armed for
-                // them, and the future that times and renews an attempt is built (boxed, so the
-                // call's own future stays small) only for those that wait.
-                match std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await {
-                    Poll::Ready(caught) => Attempt::from_caught(caught),
-                    Poll::Pending => {
-                        Box::pin(self.attempt_pending(work.as_mut(), fence, attempt_deadline)).await
+            // A `run` written by hand may do part of its work before it returns its future: a
+            // panic there is the attempt's, as one in the future's body is.
+            let ended = match caught(|| self.tool.run(&cx, this_args)) {
+                Err(message) => Attempt::Panicked(message),
+                Ok(work) => {
+                    // A panicking body is caught at each poll and ends its attempt (the caller
+                    // gets an error, the key is settled), instead of unwinding through the call
+                    // and leaving the key claimed until its lease ends. The body is not touched
+                    // after.
+                    let work = FutureExt::catch_unwind(AssertUnwindSafe(work));
+                    let mut work = std::pin::pin!(work);
+                    // Most attempts of a fast tool finish on their first poll: no timer is armed
+                    // for them, and the future that times and renews an attempt is built (boxed,
+                    // so the call's own future stays small) only for those that wait.
+                    match std::future::poll_fn(|c| Poll::Ready(work.as_mut().poll(c))).await {
+                        Poll::Ready(caught) => Attempt::from_caught(caught),
+                        Poll::Pending => {
+                            Box::pin(self.attempt_pending(work.as_mut(), fence, attempt_deadline))
+                                .await
+                        }
                     }
                 }
             };
