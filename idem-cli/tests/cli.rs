@@ -309,6 +309,11 @@ fn a_password_in_the_store_url_is_never_printed() {
         "host=127.0.0.1 password = s3cretPW dbname=test bogus",
         "host=127.0.0.1 password=s3cret\\PW dbname=test bogus",
         "sqlite:///tmp/a.db?password=s3cretPW",
+        // A mistyped Redis socket URL: its password is the `pass` option.
+        "redis+unx:///run/redis.sock?db=0&pass=s3cretPW",
+        "unix:/run/redis.sock?pass=s3cretPW&bogus=1",
+        // No scheme, and a `://` later in the text (a query naming a file URL).
+        "app:s3cretPW@db/x?sslrootcert=file:///etc/ca.pem",
     ] {
         let why = exits(url, &["stats"], 2);
         assert!(!why.contains("s3cretPW"), "{url}: {why}");

@@ -28,7 +28,13 @@ pub(crate) fn redacted(url: &str) -> Cow<'_, str> {
 /// text from its start (or from a leading `//`) is taken for the user info, so a scheme that is
 /// cut short or missing does not hide a password.
 fn user_info_masked(url: &str) -> Option<String> {
-    let start = url.find("://").map(|i| i + 3).unwrap_or_else(|| {
+    // A `://` counts only after a scheme: one later in the text (a query naming a file URL, in
+    // a URL whose scheme is missing) is not where the user info starts.
+    let scheme = |i: usize| {
+        let s = url[..i].trim_start();
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+    };
+    let start = url.find("://").filter(|&i| scheme(i)).map(|i| i + 3).unwrap_or_else(|| {
         let trimmed = url.trim_start();
         let lead = url.len() - trimmed.len();
         lead + if trimmed.starts_with("//") { 2 } else { 0 }
@@ -38,15 +44,19 @@ fn user_info_masked(url: &str) -> Option<String> {
     Some(format!("{}{MASK}{}", &url[..=colon], &url[at..]))
 }
 
-/// The values of `password` pairs (`password=`, `password = `, any case) masked.
+/// The values of `password` pairs (`password=`, `password = `, any case) masked, and of `pass`
+/// pairs (the password option of a Redis socket URL, `redis+unix:///s.sock?pass=`).
 fn password_pairs_masked(text: &str) -> Option<String> {
-    const NAME: &str = "password";
+    const NAME: &str = "pass";
     let lower = text.to_ascii_lowercase();
     let bytes = text.as_bytes();
     let mut out = String::new();
     let (mut copied, mut from) = (0, 0);
     while let Some(found) = lower[from..].find(NAME) {
         let mut i = from + found + NAME.len();
+        if lower[i..].starts_with("word") {
+            i += "word".len();
+        }
         from = i;
         while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
@@ -120,15 +130,23 @@ mod tests {
             ("host=h password=s3cret\\ PW dbname=test", "host=h password=*** dbname=test"),
             ("host=h password='s3cret\\' PW' x=y", "host=h password=*** x=y"),
             ("sslpassword=s3cretPW", "sslpassword=***"),
+            ("redis+unx:///run/r.sock?db=0&pass=s3cretPW", "redis+unx:///run/r.sock?db=0&pass=***"),
+            ("unix:/r.sock?pass=s3cretPW&x=1", "unix:/r.sock?pass=***&x=1"),
+            ("app:s3cretPW@db/x?ca=file:///ca.pem", "app:***@db/x?ca=file:///ca.pem"),
         ];
         for (url, shown) in cases {
             assert_eq!(redacted(url), shown, "{url}");
             assert!(!redacted(url).contains("s3cret"), "{url}");
         }
         // Nothing to mask: the text as it is.
-        for url in
-            ["sqlite:///home/me@work/a.db", "redis://host:6379/", "host=h dbname=d", "", "password"]
-        {
+        for url in [
+            "sqlite:///home/me@work/a.db",
+            "redis://host:6379/",
+            "host=h dbname=d",
+            "",
+            "password",
+            "host=h passfile=/home/me/.pgpass",
+        ] {
             assert_eq!(redacted(url), url);
         }
     }
