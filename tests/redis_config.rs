@@ -164,3 +164,21 @@ async fn info_lost_on_the_way_is_an_outage_not_a_refusal() {
     }
     assert_eq!(proxy.lost(), 1, "the INFO reply was the one lost");
 }
+
+/// The builders a program logs with `{:?}` (its configuration at startup, an `.expect()` on a
+/// failed open) never print the password of the URL or connection string they were given.
+#[test]
+fn a_builders_debug_never_prints_the_password() {
+    let builder = RedisStore::builder("redis://app:s3cretPW@cache.internal:6379/0").prefix("p");
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("s3cretPW"), "{shown}");
+    assert!(shown.contains("cache.internal"), "still says where: {shown}");
+    #[cfg(feature = "postgres")]
+    {
+        let options = idem_core::store::postgres::PoolOptions::new()
+            .listen("host=db.internal user=app password='s3cretPW' dbname=app");
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cretPW"), "{shown}");
+        assert!(shown.contains("db.internal"), "still says where: {shown}");
+    }
+}

@@ -25,10 +25,21 @@ use crate::store::StoreError;
 /// let options = PoolOptions::new().pgbouncer(true).listen("host=db.internal user=app dbname=app");
 /// # let _ = options;
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct PoolOptions {
     listen: Option<String>,
     pgbouncer: bool,
+}
+
+/// The listen connection string with its password masked (`redact.rs`).
+impl std::fmt::Debug for PoolOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let listen = self.listen.as_deref().map(crate::store::redact::redacted);
+        f.debug_struct("PoolOptions")
+            .field("listen", &listen)
+            .field("pgbouncer", &self.pgbouncer)
+            .finish()
+    }
 }
 
 impl PoolOptions {
