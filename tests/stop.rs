@@ -249,3 +249,75 @@ async fn a_stopped_joiner_answers_at_once_and_the_call_goes_on() {
     assert_eq!(launch(&run, "s1".into()).await.unwrap(), "l_s1", "replayed");
     assert_eq!(LAUNCHES.load(Ordering::SeqCst), 1);
 }
+
+static SETTLES: AtomicU32 = AtomicU32::new(0);
+static SETTLE_FIRST: Semaphore = Semaphore::const_new(0);
+static SETTLE_SECOND: Semaphore = Semaphore::const_new(0);
+
+/// The first run waits for its gate and answers "first"; the second waits for its own.
+#[tool(retry = "keyed", attempts = 1, lease = "3s")]
+async fn settle(invoice: String) -> Result<String, RateLimited> {
+    if SETTLES.fetch_add(1, Ordering::SeqCst) == 0 {
+        SETTLE_FIRST.acquire().await.expect("gate").forget();
+        return Ok(format!("first_{invoice}"));
+    }
+    SETTLE_SECOND.acquire().await.expect("gate").forget();
+    Ok(format!("second_{invoice}"))
+}
+
+/// Every lease renewal fails (a store that cannot be reached for them).
+struct NoRenewals;
+
+#[async_trait::async_trait]
+impl idem_tests::wrapped::Hook for NoRenewals {
+    async fn before(&self, op: idem_tests::wrapped::Op<'_>) -> Result<(), idem_core::StoreError> {
+        match op {
+            idem_tests::wrapped::Op::Renew => {
+                Err(idem_core::StoreError::unavailable("renewals are down"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A call whose attempt ran, but whose lease another process took over meanwhile, waits for the
+/// new owner's outcome; stopped during that wait, it must not say that it ran nothing
+/// (`Cancelled { attempts: 0 }`): its tool did run, and the key is the other owner's.
+#[tokio::test(start_paused = true)]
+async fn a_call_stopped_after_its_attempt_ran_does_not_say_it_ran_nothing() {
+    let memory = Arc::new(MemoryStore::new());
+    let a = Idem::new(idem_tests::wrapped::Wrapped::over(memory.clone(), NoRenewals));
+    let b = Idem::builder_shared(memory).build();
+    let stop = StopSignal::new();
+    let first = tokio::spawn({
+        let run = a.run("r1").with_stop(stop.clone());
+        async move { settle(&run, "inv_1".into()).await }
+    });
+    while SETTLES.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first owner's lease ends unrenewed; another process takes the key over.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let second = tokio::spawn({
+        let run = b.run("r1");
+        async move { settle(&run, "inv_1".into()).await }
+    });
+    while SETTLES.load(Ordering::SeqCst) == 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first attempt ends: its outcome is refused (lease lost), and it waits for the new owner.
+    SETTLE_FIRST.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.stop();
+    let first = tokio::time::timeout(Duration::from_secs(1), first)
+        .await
+        .expect("the stop was heard")
+        .unwrap();
+    assert!(
+        matches!(first, Err(Error::LeaseLost { .. })),
+        "its tool ran once, and the key is another owner's: {first:?}"
+    );
+    SETTLE_SECOND.add_permits(1);
+    assert_eq!(second.await.unwrap().unwrap(), "second_inv_1");
+    assert_eq!(SETTLES.load(Ordering::SeqCst), 2);
+}

@@ -605,7 +605,12 @@ impl<T: Tool> Call<'_, T> {
                 if let Some(ran) = ran {
                     self.label(ran);
                 }
-                answer
+                match answer {
+                    // Stopped while it waited for the new owner: this call's tool ran, so it is
+                    // not `Cancelled` with nothing run; the key is the new owner's.
+                    Err(Error::Cancelled { .. }) => Err(lost()),
+                    answer => answer,
+                }
             }
             Ok(Owned::Fence { fence, .. }) => {
                 self.store(fence, outcome, self.policy.ttl).await.map(|()| output)
