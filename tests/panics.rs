@@ -510,3 +510,61 @@ async fn a_panic_in_a_hand_written_run_before_its_future_is_an_error_and_settles
     }
     assert_eq!(PROVISIONS.load(Ordering::SeqCst), 3, "the never tool ran once");
 }
+
+static POSTS: AtomicU32 = AtomicU32::new(0);
+static POST_GATE: Semaphore = Semaphore::const_new(0);
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("busy")]
+struct Busy;
+
+impl Classify for Busy {
+    fn classify(&self) -> Failure {
+        Failure::transient()
+    }
+}
+
+/// The first run waits for the gate and fails with nothing done; the next ones post.
+#[tool(retry = "never", attempts = 1, lease = "30s")]
+async fn post_ledger(entry: String) -> Result<String, Busy> {
+    if POSTS.fetch_add(1, Ordering::SeqCst) == 0 {
+        POST_GATE.acquire().await.unwrap().forget();
+        return Err(Busy);
+    }
+    Ok(format!("posted_{entry}"))
+}
+
+/// A wait hook is the caller's code too: one that panics when its call becomes the owner (after
+/// the claim) must not unwind out of the call with the key claimed, which for a never tool would
+/// read as "outcome unknown" to every later caller though nothing ran.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_wait_hook_does_not_leave_the_key_claimed() {
+    let store: std::sync::Arc<dyn idem_core::store::Store> =
+        std::sync::Arc::new(idem_core::store::MemoryStore::new());
+    let a = Idem::builder_shared(store.clone()).build();
+    let b = Idem::builder_shared(store).build();
+    let owner = tokio::spawn({
+        let run = a.run("r1");
+        async move { post_ledger(&run, "e1".into()).await }
+    });
+    while POSTS.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let hook = idem_core::WaitHook::new(|_| {}).on_owner(|_| panic!("progress channel closed"));
+    let waiter = tokio::spawn({
+        let run = b.run("r1").with_wait_hook(hook);
+        async move { post_ledger(&run, "e1".into()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    POST_GATE.add_permits(1);
+    assert!(owner.await.unwrap().is_err(), "the first attempt failed with nothing done");
+    let waited = waiter.await;
+    let before = Instant::now();
+    let again = post_ledger(&b.run("r1"), "e1".into()).await;
+    assert_eq!(before.elapsed(), Duration::ZERO, "the key was not left claimed");
+    match waited {
+        Ok(result) => assert_eq!(result.unwrap(), "posted_e1"),
+        Err(e) => panic!("the hook's panic unwound out of the call: {e:?}"),
+    }
+    assert_eq!(again.unwrap(), "posted_e1", "replayed");
+}

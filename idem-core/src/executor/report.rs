@@ -118,13 +118,22 @@ impl WaitHook {
     }
 
     pub(super) fn waiting(&self, key: &Key) {
-        (self.waiting)(key)
+        hear(&self.waiting, key);
     }
 
     pub(super) fn owner(&self, key: &Key) {
         if let Some(f) = &self.owner {
-            f(key)
+            hear(f, key);
         }
+    }
+}
+
+/// Calls a hook (the caller's code): its panic is logged, not unwound through the call, which
+/// may hold the key's claim at that point (it would stay claimed until its lease ends, and a
+/// `never` tool's later callers would read "outcome unknown" for a call that ran nothing).
+fn hear(f: &KeyFn, key: &Key) {
+    if let Err(message) = super::caught::caught(|| f(key)) {
+        tracing::error!(panic = %message, "the wait hook panicked; the call goes on");
     }
 }
 
