@@ -1138,3 +1138,24 @@ async fn a_run_is_selected_by_its_whole_id_and_a_prefix_only_when_asked() {
     let both = exits(&url, &["list", "--run", "conv-1", "--run-prefix", "conv"], 2);
     assert!(both.contains("cannot be used with"), "{both}");
 }
+
+/// A SQLite file whose idem tables are damaged (the schema page intact, the pages after it
+/// overwritten: a bad copy, a disk error) is named damaged (exit 6, restore from a backup), not
+/// "an idem_records table without a schema version; upgrade idem, or migrate the store", which
+/// sends the operator after an upgrade that cannot help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_file_damaged_past_its_schema_page_is_named_damaged() {
+    let (dir, url, store) = sqlite_store("damaged-tables").await;
+    drop(store);
+    let path = dir.join("idem.db");
+    let mut bytes = std::fs::read(&path).expect("the store's file");
+    assert!(bytes.len() > 4096, "more than the schema page");
+    for b in &mut bytes[4096..] {
+        *b = 0x41;
+    }
+    std::fs::write(&path, &bytes).expect("damage");
+    let why = tokio::task::spawn_blocking(move || exits(&url, &["stats"], 6)).await.unwrap();
+    assert!(why.contains("damaged"), "{why}");
+    assert!(!why.contains("upgrade idem"), "{why}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -182,8 +182,9 @@ fn is_corrupt(e: &rusqlite::Error) -> bool {
 fn corrupt(at: Option<&Path>, e: &rusqlite::Error) -> StoreError {
     let at = at.map(|p| format!(" at {}", p.display())).unwrap_or_default();
     StoreError::Incompatible(format!(
-        "the SQLite database{at} is damaged ({e}); restore it from a backup (`PRAGMA \
-         integrity_check` lists what is damaged)"
+        "the SQLite database{at} is damaged ({e}); {} (`PRAGMA integrity_check` lists what is \
+         damaged)",
+        super::RESTORE_FROM_BACKUP
     ))
 }
 

@@ -73,10 +73,16 @@ fn is_current(conn: &Connection) -> bool {
 /// this version, by reading alone, before anything (the journal mode included) is written to a
 /// file that may be another application's.
 pub(super) fn check_existing(conn: &Connection) -> Result<(), StoreError> {
-    // No `idem_meta` table reads as no version.
-    let version: Option<i64> = conn
-        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_version'", [], |r| r.get(0))
-        .ok();
+    // No `idem_meta` table reads as no version; a damaged file is said to be damaged, not to
+    // need another idem.
+    let version: Option<i64> =
+        match conn.query_row("SELECT value FROM idem_meta WHERE name = 'schema_version'", [], |r| {
+            r.get(0)
+        }) {
+            Ok(version) => Some(version),
+            Err(e) if super::is_corrupt(&e) => return Err(super::corrupt(None, &e)),
+            Err(_) => None,
+        };
     match version {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(v) => Err(StoreError::Incompatible(format!(
