@@ -321,3 +321,41 @@ async fn a_call_stopped_after_its_attempt_ran_does_not_say_it_ran_nothing() {
     assert_eq!(second.await.unwrap().unwrap(), "second_inv_1");
     assert_eq!(SETTLES.load(Ordering::SeqCst), 2);
 }
+
+static RENEWS: AtomicU32 = AtomicU32::new(0);
+
+/// Hangs on its first run (its caller then goes away), instant after.
+#[tool(retry = "keyed", lease = "10s")]
+async fn renew_plan(plan: String) -> Result<String, RateLimited> {
+    if RENEWS.fetch_add(1, Ordering::SeqCst) == 0 {
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("rp_{plan}"))
+}
+
+/// A call whose signal was stopped before it started (a signal reused after a stop, a server
+/// shutting down) finds a dead owner's expired lease: it runs nothing, and it does not take the
+/// record over either, which would hold the key up for one more lease with nothing running.
+#[tokio::test(start_paused = true)]
+async fn a_call_stopped_before_it_starts_takes_no_dead_owners_record_over() {
+    let run = Idem::in_memory().run("r1");
+    let dead = tokio::spawn({
+        let run = run.clone();
+        async move { renew_plan(&run, "pro".into()).await }
+    });
+    while RENEWS.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    dead.abort();
+    let _ = dead.await;
+    // The dead owner's lease ends.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let stop = StopSignal::new();
+    stop.stop();
+    let stopped = renew_plan(&run.with_stop(stop), "pro".into()).await;
+    assert!(matches!(stopped, Err(Error::Cancelled { attempts: 0, .. })), "{stopped:?}");
+    let before = Instant::now();
+    assert_eq!(renew_plan(&run, "pro".into()).await.unwrap(), "rp_pro");
+    assert_eq!(before.elapsed(), Duration::ZERO, "no lease taken by the stopped call to wait out");
+    assert_eq!(RENEWS.load(Ordering::SeqCst), 2);
+}

@@ -227,6 +227,11 @@ impl<T: Tool> Call<'_, T> {
             self.outcome(Served::Executed);
             return self.attempts(args, None, None).await;
         }
+        // Stopped before it claims (as before each claim after a wait): a claim would only take
+        // a dead owner's expired record over to leave it to a new lease with nothing running.
+        if self.stop_requested() {
+            return Err(self.cancelled(0));
+        }
         // A never tool with a check takes a dead owner's expired lease over, to ask the check
         // under its own fence; without one, the record stays as it is and reads as unknown.
         let on_expired = match self.class() {
