@@ -57,17 +57,19 @@ pub(crate) fn now_ms() -> i64 {
 /// What the SQL stores' count queries select besides state and kind: whether the record's key
 /// and fingerprint are 64 lowercase hex digits and a completed record's payload is present
 /// exactly when its kind has one (a listing cannot read it otherwise). SQLite's form; PostgreSQL
-/// uses [`READABLE_PG`].
+/// uses `READABLE_PG`.
+#[cfg(feature = "sqlite")]
 pub(crate) const READABLE_SQLITE: &str = "(typeof(key) = 'text' AND length(key) = 64 \
      AND key NOT GLOB '*[^0-9a-f]*' AND typeof(fingerprint) = 'text' AND length(fingerprint) = 64 \
      AND fingerprint NOT GLOB '*[^0-9a-f]*' AND (state <> 1 OR (kind = 3) = (payload IS NULL)))";
 
-/// [`READABLE_SQLITE`] for PostgreSQL (a NULL answer counts as not readable).
+/// `READABLE_SQLITE` for PostgreSQL (a NULL answer counts as not readable).
+#[cfg(feature = "postgres")]
 pub(crate) const READABLE_PG: &str = "coalesce(key ~ '^[0-9a-f]{64}$' \
      AND fingerprint ~ '^[0-9a-f]{64}$' AND (state <> 1 OR (kind = 3) = (payload IS NULL)), false)";
 
 /// Adds one row of the SQL stores' count query (`state`, outcome `kind`, whether an in-flight
-/// lease has ended, whether the rows are readable ([`READABLE_SQLITE`]), count) to `stats`. A
+/// lease has ended, whether the rows are readable (`READABLE_SQLITE`), count) to `stats`. A
 /// record the listing cannot read, a pair this version does not write included, is counted as
 /// unreadable, not refused: one odd record must not hide the others' counts.
 pub(crate) fn count_row(
