@@ -568,3 +568,36 @@ async fn a_panic_in_a_wait_hook_does_not_leave_the_key_claimed() {
     }
     assert_eq!(again.unwrap(), "posted_e1", "replayed");
 }
+
+static DISPATCHES: AtomicU32 = AtomicU32::new(0);
+static DISPATCH_CHECKS: AtomicU32 = AtomicU32::new(0);
+
+/// The carrier's own record: whether the dispatch was made.
+async fn dispatch_made(_key: &idem_core::Key, order: String) -> idem_core::Reconciled<String> {
+    DISPATCH_CHECKS.fetch_add(1, Ordering::SeqCst);
+    match DISPATCHES.load(Ordering::SeqCst) {
+        0 => idem_core::Reconciled::NotHappened,
+        _ => idem_core::Reconciled::Happened(format!("dispatched_{order}")),
+    }
+}
+
+/// Dispatches, then panics while reading the carrier's answer.
+#[tool(retry = "never", reconcile = dispatch_made)]
+async fn dispatch(order: String) -> Result<String, Declined> {
+    DISPATCHES.fetch_add(1, Ordering::SeqCst);
+    let answer: Option<&str> = None;
+    Ok(format!("{}_{order}", answer.expect("the carrier's answer")))
+}
+
+/// A never tool with a reconciliation check is answered by its check before "outcome unknown"
+/// (`Tool::reconciles`): after a panic in its body too, as after any other attempt whose outcome
+/// is not known. Without asking, the record says "unknown" for good though the check knows.
+#[tokio::test(start_paused = true)]
+async fn a_never_tool_that_panics_asks_its_check_before_answering_outcome_unknown() {
+    let run = Idem::in_memory().run("r1");
+    let first = dispatch(&run, "o1".into()).await;
+    assert_eq!(DISPATCH_CHECKS.load(Ordering::SeqCst), 1, "the check was asked: {first:?}");
+    assert_eq!(first.unwrap(), "dispatched_o1");
+    assert_eq!(dispatch(&run, "o1".into()).await.unwrap(), "dispatched_o1", "replayed");
+    assert_eq!(DISPATCHES.load(Ordering::SeqCst), 1, "a never tool runs once");
+}

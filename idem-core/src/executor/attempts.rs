@@ -201,13 +201,15 @@ impl<T: Tool> Call<'_, T> {
                     Err(message) => {
                         budget.on_failure();
                         let message = format!("`Classify::classify` panicked: {message}");
-                        return Err(self.panicked(fence, attempt, message).await);
+                        let kept = if reconciles { args.as_ref() } else { None };
+                        return self.after_panic(fence, attempt, message, kept).await;
                     }
                 },
                 Attempt::TimedOut => (Failure::ambiguous(), None),
                 Attempt::Panicked(message) => {
                     budget.on_failure();
-                    return Err(self.panicked(fence, attempt, message).await);
+                    let kept = if reconciles { args.as_ref() } else { None };
+                    return self.after_panic(fence, attempt, message, kept).await;
                 }
             };
             let error = match error {
@@ -346,6 +348,36 @@ impl<T: Tool> Call<'_, T> {
             }
         }
         err
+    }
+
+    /// An attempt that panicked, with the arguments `kept` for the tool's check when it has
+    /// one: a never tool's outcome is not known, and its check is asked before "outcome unknown"
+    /// is answered (as after an ambiguous failure; only the fence's holder asks): happened, its
+    /// output is the call's; not happened, the key is released and the caller gets `Panicked`.
+    async fn after_panic(
+        &self,
+        fence: Option<Fence>,
+        attempt: u32,
+        message: String,
+        kept: Option<&T::Args>,
+    ) -> Result<T::Output, Error<T::Error>> {
+        if let (RetryClass::Never, Some(fence), Some(kept)) = (self.class(), fence, kept) {
+            if let Holds::Lost = self.still_holds(fence).await {
+                tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
+                return Err(self.lease_lost());
+            }
+            match self.ask_check(fence, kept).await {
+                Reconciled::Happened(output) => {
+                    tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
+                    return self.happened(fence, output).await;
+                }
+                Reconciled::NotHappened => {
+                    return Err(self.panicked_releasing(Some(fence), attempt, message).await);
+                }
+                Reconciled::Unknown => {}
+            }
+        }
+        Err(self.panicked(fence, attempt, message).await)
     }
 
     /// An attempt whose body panicked: no further attempt (a panic is a bug, and its effect may
