@@ -24,16 +24,24 @@ impl Signals {
                 ("SIGINT", SignalKind::interrupt()),
                 ("SIGHUP", SignalKind::hangup()),
             ];
-            let streams = kinds
-                .into_iter()
-                .filter_map(|(name, kind)| match signal(kind) {
-                    Ok(stream) => Some((name, stream)),
-                    Err(e) => {
+            let mut streams = Vec::new();
+            for (name, kind) in kinds {
+                // tokio panics, rather than erring, on a runtime built without its IO driver
+                // (`enable_time` alone, which the stdio transport otherwise needs no more than).
+                match std::panic::catch_unwind(|| signal(kind)) {
+                    Ok(Ok(stream)) => streams.push((name, stream)),
+                    Ok(Err(e)) => {
                         tracing::warn!(signal = name, error = %e, "cannot handle the signal");
-                        None
                     }
-                })
-                .collect();
+                    Err(_) => {
+                        tracing::warn!(
+                            "cannot handle SIGTERM, SIGINT or SIGHUP: the tokio runtime has no IO \
+                             driver (Builder::enable_io); they keep their default action"
+                        );
+                        break;
+                    }
+                }
+            }
             Signals { streams }
         }
         #[cfg(not(unix))]
@@ -65,5 +73,22 @@ impl Signals {
                 Err(_) => std::future::pending().await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Signals;
+
+    /// A runtime built without its IO driver (`enable_time` alone: the stdio transport needs no
+    /// more) cannot handle signals: the session goes on without handlers instead of panicking.
+    #[test]
+    fn a_runtime_without_io_gets_no_handlers_and_no_panic() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let handled = runtime.block_on(async {
+            let signals = std::panic::AssertUnwindSafe(Signals::new);
+            std::panic::catch_unwind(signals).map(|_| ())
+        });
+        assert!(handled.is_ok(), "Signals::new panicked on a runtime without IO");
     }
 }
