@@ -431,6 +431,51 @@ async fn a_panic_in_the_arguments_clone_is_an_error_and_frees_the_key() {
     assert_eq!(LAUNCHES.load(Ordering::SeqCst), 0, "no attempt ran");
 }
 
+/// An argument whose `Serialize` panics on one value (the user's code: the key is derived from
+/// the arguments' canonical form before anything is claimed).
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+struct Parcel(u32);
+
+impl Serialize for Parcel {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if self.0 == 13 {
+            panic!("parcel 13 has no wire form");
+        }
+        serializer.serialize_u32(self.0)
+    }
+}
+
+static SHIPMENTS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn ship(parcel: Parcel) -> Result<u32, Declined> {
+    SHIPMENTS.fetch_add(1, Ordering::SeqCst);
+    Ok(parcel.0)
+}
+
+/// A panic in the arguments' `Serialize` refuses the call with an error naming it, instead of
+/// unwinding out of `Run::call`; nothing ran and nothing was claimed, so other calls go on.
+#[tokio::test]
+async fn a_panic_in_the_arguments_serialize_refuses_the_call() {
+    let run = Idem::in_memory().run("r1");
+    let call = tokio::spawn({
+        let run = run.clone();
+        async move { ship(&run, Parcel(13)).await }
+    })
+    .await
+    .expect("the call did not unwind");
+    match call {
+        Err(Error::InvalidArguments { source, .. }) => {
+            let text = source.to_string();
+            assert!(text.contains("`Serialize` panicked: parcel 13 has no wire form"), "{text}");
+        }
+        other => panic!("expected InvalidArguments, got {other:?}"),
+    }
+    assert_eq!(SHIPMENTS.load(Ordering::SeqCst), 0, "nothing ran");
+    assert_eq!(ship(&run, Parcel(14)).await.unwrap(), 14);
+    assert_eq!(SHIPMENTS.load(Ordering::SeqCst), 1);
+}
+
 // A tool written by hand (not `#[tool]`) whose `run` does some of its work before the future it
 // returns: a panic there is the tool's code too, and must end the attempt as a panic in the
 // future's body does, not unwind out of the call with the key claimed until its lease ends.

@@ -144,7 +144,13 @@ impl Run {
             }
         };
         let mut canonical = Vec::with_capacity(256);
-        if let Err(source) = T::write_intent(&args, &mut canonical) {
+        // The arguments' `Serialize` is the caller's code: its panic refuses the call (nothing
+        // is claimed yet) as any other failure to write the intent does.
+        let written = super::caught::caught(|| T::write_intent(&args, &mut canonical))
+            .unwrap_or_else(|message| {
+                Err(KeyError::Custom(format!("their `Serialize` panicked: {message}")))
+            });
+        if let Err(source) = written {
             if matches!(source, KeyError::TooDeep { .. }) {
                 std::mem::forget(args);
             }
