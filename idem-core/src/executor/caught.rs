@@ -1,8 +1,8 @@
-//! The user's code that runs around a tool's body: the arguments' `Serialize` (the key), the
-//! `Serialize` and `Deserialize` of its
-//! output and error, `Classify`, the reconciliation check. A panic there ends in an error that
-//! names it, as a panic in the body does, instead of unwinding out of the call after the effect
-//! happened (with the outcome unstored, so a `never` tool's repeat would wait out the lease).
+//! The user's code that runs around a tool's body: the arguments' `Serialize` (for the key),
+//! the `Serialize` and `Deserialize` of its output and error, `Classify`, the reconciliation
+//! check. A panic there ends in an error that names it, as a panic in the body does, instead of
+//! unwinding out of the call after the effect happened (with the outcome unstored, so a `never`
+//! tool's repeat would wait out the lease).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
