@@ -472,7 +472,9 @@ pub fn validate(
                 Some((at, what)) => {
                     errors.at(at, format!(
                         "{what} cannot be a tool error: a tool's error is stored as JSON and replayed to every repeat, and says whether a failure may be retried (`idem_core::Classify`). Return `Result<T, idem_core::ToolFailure>` (`?` converts any `std::error::Error` into an ambiguous failure{}), or an error type of your own that derives `serde::Serialize` and `serde::Deserialize` and implements `Classify`{}",
-                        if CATCH_ALL_ERRORS.iter().any(|(k, _)| what.starts_with(&format!("`{k}::"))) {
+                        if what.starts_with("`String`") || what.starts_with("`&str`") {
+                            "; a string says nothing about whether the failure may be retried, and `Classify` cannot be implemented for it outside idem: `.map_err(idem_core::ToolFailure::permanent)` (or `transient`, `ambiguous`, as the failure is), or `Err(ToolFailure::permanent(\"..\"))`"
+                        } else if CATCH_ALL_ERRORS.iter().any(|(k, _)| what.starts_with(&format!("`{k}::"))) {
                             "; this one is not a `std::error::Error`: `.map_err(idem_core::ToolFailure::ambiguous)`"
                         } else {
                             ""
@@ -665,8 +667,22 @@ fn unstorable_error(ty: &Type) -> Option<String> {
         Type::TraitObject(object) if names_error_trait(object.bounds.iter()) => {
             Some("a trait object of `std::error::Error`".into())
         }
+        Type::Reference(r) if matches!(&*r.elem, Type::Path(p) if p.path.is_ident("str")) => {
+            Some("`&str`".into())
+        }
         Type::Path(tp) if tp.qself.is_none() => {
             let segments: Vec<_> = tp.path.segments.iter().collect();
+            // The standard `String` (a type of that name elsewhere may be the application's own,
+            // which can implement `Classify`).
+            let names: Vec<String> = segments.iter().map(|s| s.ident.to_string()).collect();
+            if segments.iter().all(|s| s.arguments.is_none())
+                && matches!(
+                    names.iter().map(String::as_str).collect::<Vec<_>>()[..],
+                    ["String"] | ["std" | "alloc", "string", "String"]
+                )
+            {
+                return Some("`String`".into());
+            }
             // Exactly `anyhow::Error` (or `::anyhow::Error`): a type of that name elsewhere may
             // be the application's own.
             if let [krate, last] = &segments[..]
