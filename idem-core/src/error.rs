@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::key::{Key, KeyError};
@@ -106,13 +107,18 @@ pub enum Error<E> {
     /// (IETF draft-ietf-httpapi-idempotency-key-header §2.6: 422). Nothing ran; use a new key for
     /// a new intent.
     #[error(
-        "tool `{tool}` was not called: idempotency key {key} was already used with other arguments; use a new key for a new intent"
+        "tool `{tool}` was not called: {} was already used with other arguments; use a new key for a new intent",
+        reused_key(caller_key.as_deref(), key)
     )]
     KeyReuseMismatch {
         /// The tool's stable name.
         tool: &'static str,
-        /// The idempotency key.
+        /// The idempotency key (derived from the caller's key, the scope and the tool).
         key: Key,
+        /// The caller's own key as it was given
+        /// ([`Run::with_idempotency_key`](crate::Run::with_idempotency_key)), which the message
+        /// names: the caller never saw `key`.
+        caller_key: Option<Arc<str>>,
     },
 
     /// A `never` tool's earlier attempt may have taken effect and its result is not known (an
@@ -241,6 +247,14 @@ pub enum Error<E> {
 
 /// The message of [`Error::BudgetExhausted`]: the tool's last error if there is one, and why no
 /// retry was made.
+/// The key a [`Error::KeyReuseMismatch`] names: the caller's own when there is one.
+fn reused_key(caller_key: Option<&str>, key: &Key) -> String {
+    match caller_key {
+        Some(own) => format!("idempotency key {own:?} (stored as {key})"),
+        None => format!("idempotency key {key}"),
+    }
+}
+
 fn budget_message<E: std::fmt::Display>(
     tool: &str,
     budget: &BudgetKind,
@@ -302,7 +316,9 @@ impl<E> Error<E> {
             Error::StoreUnavailable { tool, source } => Error::StoreUnavailable { tool, source },
             Error::Incompatible { tool, key, reason } => Error::Incompatible { tool, key, reason },
             Error::LeaseLost { tool, key } => Error::LeaseLost { tool, key },
-            Error::KeyReuseMismatch { tool, key } => Error::KeyReuseMismatch { tool, key },
+            Error::KeyReuseMismatch { tool, key, caller_key } => {
+                Error::KeyReuseMismatch { tool, key, caller_key }
+            }
             Error::OutcomeUnknown { tool, key } => Error::OutcomeUnknown { tool, key },
             Error::Timeout { tool, timeout, attempt } => Error::Timeout { tool, timeout, attempt },
             Error::ReplayFailed { tool, key, reason } => Error::ReplayFailed { tool, key, reason },

@@ -41,6 +41,8 @@ pub(super) struct Call<'a, T: Tool> {
     pub(super) on_wait: Option<&'a WaitHook>,
     /// The caller's request to start nothing more ([`super::Run::with_stop`]).
     pub(super) stop: Option<&'a super::stop::StopSignal>,
+    /// The caller's own idempotency key, which a reuse with other arguments names.
+    pub(super) caller_key: Option<&'a Arc<str>>,
     /// This call has waited for another owner ([`Call::waiting`]): its wait hook hears when it
     /// becomes the owner.
     pub(super) waited: AtomicBool,
@@ -141,9 +143,7 @@ impl<T: Tool> Call<'_, T> {
         // failure instead, as for every other store.
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
-                Enter::Mismatch => {
-                    return Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key });
-                }
+                Enter::Mismatch => return Err(self.reuse_mismatch()),
                 Enter::Join(slot) => {
                     self.waiting();
                     let joined = tokio::time::timeout_at(self.deadline, slot.wait());
@@ -300,6 +300,15 @@ impl<T: Tool> Call<'_, T> {
             Outcome::NotStorable(reason) => {
                 Err(Error::OutputNotStorable { tool: self.name(), key: self.key, reason })
             }
+        }
+    }
+
+    /// The key was used before with other arguments (IETF Idempotency-Key draft: 422).
+    pub(super) fn reuse_mismatch(&self) -> Error<T::Error> {
+        Error::KeyReuseMismatch {
+            tool: self.name(),
+            key: self.key,
+            caller_key: self.caller_key.cloned(),
         }
     }
 

@@ -93,9 +93,7 @@ impl<T: Tool> Call<'_, T> {
                 self.outcome(Served::Unknown);
                 answer(Err(Error::OutcomeUnknown { tool: self.name(), key: self.key }))
             }
-            Claim::Mismatch => {
-                answer(Err(Error::KeyReuseMismatch { tool: self.name(), key: self.key }))
-            }
+            Claim::Mismatch => answer(Err(self.reuse_mismatch())),
         }
     }
 

@@ -207,6 +207,7 @@ impl Run {
             served: ServedSlot::default(),
             on_wait: self.on_wait.as_ref(),
             stop: self.stop.as_ref(),
+            caller_key: self.caller_key.as_ref(),
             waited: AtomicBool::new(false),
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
