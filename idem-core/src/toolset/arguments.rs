@@ -282,7 +282,8 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
         let _ = write!(msg, "field `{path}`: ");
     }
     let inner = e.inner().to_string();
-    match out_of_range(&inner) {
+    let inner = without_position(&inner);
+    match out_of_range(inner) {
         Some(said) => msg.push_str(&said),
         // serde_json's words for a float its parameter's type cannot hold (1e300 for an `f32`),
         // before the position it appends.
@@ -299,6 +300,17 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
     }
     msg.push_str("; nothing was executed, fix the arguments and call again");
     msg
+}
+
+/// serde_json's message without the position it appends when it read from text (" at line 1
+/// column 33"): the field is named already, and the position counts in the arguments' text,
+/// which the client did not write as such (it sent an object inside a request).
+fn without_position(said: &str) -> &str {
+    let Some((before, at)) = said.rsplit_once(" at line ") else { return said };
+    let position = at.split_once(" column ").filter(|(line, column)| {
+        [line, column].iter().all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if position.is_some() { before } else { said }
 }
 
 /// The integer types serde names in its errors: name, signed, bits.
@@ -328,9 +340,7 @@ const INTEGER_TYPES: [(&str, bool, u32); 12] = [
 /// digits are not repeated: the double is not what the client wrote); a fraction keeps serde's
 /// message. The forms matched are serde's and serde_json's (`invalid type: floating point `x`,
 /// expected T`, `invalid value: integer `n`, expected T`); the unit tests pin them.
-fn out_of_range(serde_said: &str) -> Option<String> {
-    // serde_json appends the position when it read from text.
-    let said = serde_said.split(" at line ").next().unwrap_or(serde_said);
+fn out_of_range(said: &str) -> Option<String> {
     let (found, expected) = said.split_once("`, expected ")?;
     let nonzero = expected.strip_prefix("a nonzero ");
     let ty = nonzero.unwrap_or(expected);
@@ -374,7 +384,23 @@ fn out_of_range(serde_said: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::integer_text;
+    use super::{integer_text, without_position};
+
+    #[test]
+    fn serde_jsons_position_is_left_out_and_nothing_else() {
+        for (said, shown) in [
+            (
+                "invalid type: string \"2\", expected u8 at line 1 column 33",
+                "invalid type: string \"2\", expected u8",
+            ),
+            ("missing field `a` at line 3 column 1", "missing field `a`"),
+            ("invalid value: \"at line 2 column 3\"", "invalid value: \"at line 2 column 3\""),
+            ("unknown variant `at line 1 column x`", "unknown variant `at line 1 column x`"),
+            ("expected u8", "expected u8"),
+        ] {
+            assert_eq!(without_position(said), shown);
+        }
+    }
 
     #[test]
     fn a_number_token_is_an_integer_only_when_its_digits_say_so() {
