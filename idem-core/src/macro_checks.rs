@@ -66,7 +66,7 @@ requirement!(
     ArgJsonSchema, CheckArgJsonSchema, __idem_arg_json_schema, [JsonSchema],
     "`{T}` cannot be a tool argument: it does not implement `schemars::JsonSchema`",
     "the model is shown each argument's JSON Schema",
-    "derive `schemars::JsonSchema` for `{T}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
+    "derive `schemars::JsonSchema` for `{T}` with schemars 1 (`schemars = \"1\"` in Cargo.toml: the derive of schemars 0.8 implements another trait); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
 );
 requirement!(
     /// A tool argument is part of the call's intent, serialized into its idempotency key.
