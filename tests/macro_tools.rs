@@ -889,3 +889,141 @@ fn a_free_form_json_parameter_has_an_object_schema_as_mcp_clients_require() {
     let extra = &set.definition("tag_order").unwrap().input_schema["properties"]["extra"];
     assert_eq!(extra, &serde_json::json!({}), "any JSON, written as an object");
 }
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone)]
+struct Filter {
+    column: String,
+    /// Compared as text when absent.
+    cast: Option<String>,
+    /// Any JSON.
+    value: serde_json::Value,
+    /// Each a label, or `null` for none.
+    labels: Vec<Option<String>>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone)]
+enum Order {
+    Asc,
+    Desc,
+}
+
+/// List the rows of some tables.
+#[tool(retry = "safe")]
+async fn list_rows(
+    order: Option<Order>,
+    /// Every table when absent.
+    tables: Option<Vec<String>>,
+    /// At most this many.
+    limit: Option<u32>,
+    filter: Option<Filter>,
+    payload: Vec<serde_json::Value>,
+) -> Result<u32, PayError> {
+    let _ = (order, tables, limit, filter, payload);
+    Ok(0)
+}
+
+/// Every JSON Schema in `schema`, with where it is, depth first.
+fn subschemas<'a>(
+    at: String,
+    schema: &'a serde_json::Value,
+    out: &mut Vec<(String, &'a serde_json::Value)>,
+) {
+    out.push((at.clone(), schema));
+    let Some(object) = schema.as_object() else { return };
+    for keyword in ["properties", "$defs"] {
+        if let Some(serde_json::Value::Object(members)) = object.get(keyword) {
+            for (name, sub) in members {
+                subschemas(format!("{at}.{keyword}.{name}"), sub, out);
+            }
+        }
+    }
+    for keyword in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(serde_json::Value::Array(items)) = object.get(keyword) {
+            for (i, sub) in items.iter().enumerate() {
+                subschemas(format!("{at}.{keyword}[{i}]"), sub, out);
+            }
+        }
+    }
+    for keyword in ["items", "not"] {
+        if let Some(sub) = object.get(keyword) {
+            subschemas(format!("{at}.{keyword}"), sub, out);
+        }
+    }
+}
+
+/// Gemini's function declarations take one `type` per schema (OpenAPI 3.0's subset): a
+/// `"type": ["array", "null"]` anywhere in a tool's parameters, which schemars writes for an
+/// `Option`, fails the whole request with 400 ("Proto field is not repeating, cannot start
+/// list"), for every tool of the server; hosts that convert schemas for it split such a type
+/// into an `anyOf` whose array branch has lost its `items`, refused too. The published schema
+/// writes a value that may be `null` as an `anyOf` of one type each, which Gemini reads, with
+/// the assertions (`items`, `minimum`) in the branch of their type and the description outside:
+/// `null` stays allowed, so a host that makes every property required (OpenAI's strict mode)
+/// still lets the model say `None`. A boolean schema (`true` for any JSON) nested anywhere is an
+/// object as well.
+#[tokio::test]
+async fn a_published_schema_has_one_type_per_schema_and_no_boolean_schemas() {
+    let set = idem_core::ToolSet::new().with(ListRowsTool).unwrap();
+    let schema =
+        serde_json::Value::Object(set.definition("list_rows").unwrap().input_schema.clone());
+    let mut all = Vec::new();
+    subschemas("$".into(), &schema, &mut all);
+    for (at, sub) in &all {
+        assert!(sub.is_object(), "{at} is {sub}, in {schema}");
+        assert!(!sub["type"].is_array(), "{at} has the type {}, in {schema}", sub["type"]);
+        if sub["type"] == "array" {
+            assert!(sub["items"].is_object(), "{at} is an array without items, in {schema}");
+        }
+    }
+    let nothing = serde_json::json!({"type": "null"});
+    let properties = &schema["properties"];
+    assert_eq!(
+        properties["tables"],
+        serde_json::json!({"description": "Every table when absent.", "anyOf": [
+            {"type": "array", "items": {"type": "string"}}, nothing]}),
+        "{schema}"
+    );
+    assert_eq!(
+        properties["limit"],
+        serde_json::json!({"description": "At most this many.", "anyOf": [
+            {"type": "integer", "format": "uint32", "minimum": 0}, nothing]}),
+        "{schema}"
+    );
+    let filter = &properties["filter"]["anyOf"];
+    assert_eq!(filter[1], nothing, "{schema}");
+    assert_eq!(filter[0]["type"], "object", "{schema}");
+    let filter = &filter[0]["properties"];
+    assert_eq!(
+        filter["cast"],
+        serde_json::json!({"description": "Compared as text when absent.",
+            "anyOf": [{"type": "string"}, nothing]}),
+        "{schema}"
+    );
+    assert_eq!(filter["note"]["anyOf"], serde_json::json!([{"type": "string"}, nothing]));
+    assert_eq!(filter["value"], serde_json::json!({"description": "Any JSON."}), "{schema}");
+    assert_eq!(
+        filter["labels"]["items"],
+        serde_json::json!({"anyOf": [{"type": "string"}, nothing]}),
+        "{schema}"
+    );
+    assert_eq!(
+        properties["order"]["anyOf"],
+        serde_json::json!([{"type": "string", "enum": ["Asc", "Desc"]}, nothing]),
+        "{schema}"
+    );
+    assert_eq!(schema["required"], serde_json::json!(["payload"]), "{schema}");
+    assert_eq!(properties["payload"]["items"], serde_json::json!({}), "{schema}");
+    // What the model may send is as before: absent, `null` and a value.
+    let run = Idem::in_memory().run("r");
+    for args in [
+        serde_json::json!({"payload": []}),
+        serde_json::json!({"payload": [], "tables": null, "limit": null, "filter": null}),
+        serde_json::json!({"payload": [1], "tables": ["a"], "limit": 3, "filter": {
+            "column": "c", "value": true, "labels": ["x", null]}}),
+    ] {
+        let r = set.call(&run, "list_rows", &args).await;
+        assert!(!r.is_error, "{args}: {}", r.text);
+    }
+}

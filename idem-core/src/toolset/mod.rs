@@ -108,19 +108,104 @@ pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
     schema
 }
 
-/// Writes each property's schema as an object: schemars writes `true` for a parameter of any
-/// JSON (`serde_json::Value`) and `false` for one nothing satisfies, which JSON Schema allows, but
-/// MCP's schema types each member of `inputSchema.properties` as an object and the TypeScript
-/// SDK refuses a whole `tools/list` with one boolean there. `{}` and `{"not": {}}` mean the same.
-fn properties_as_objects(schema: &mut serde_json::Map<String, Value>) {
-    let Some(Value::Object(properties)) = schema.get_mut("properties") else { return };
-    for property in properties.values_mut() {
-        match property {
-            Value::Bool(true) => *property = Value::Object(serde_json::Map::new()),
-            Value::Bool(false) => *property = serde_json::json!({ "not": {} }),
-            _ => {}
+/// Rewrites a tool's argument schema into the forms every host reads, with the same meaning:
+///
+/// - Every subschema is an object: schemars writes `true` for a value of any JSON
+///   (`serde_json::Value`) and `false` for one nothing satisfies, which JSON Schema allows, but
+///   MCP's schema types each member of `inputSchema.properties` as an object (the TypeScript SDK
+///   refuses a whole `tools/list` with one boolean there), and Gemini's function declarations
+///   have no boolean schemas at any depth. `{}` and `{"not": {}}` mean the same.
+///   (`additionalProperties: false` is a keyword's value, read by every host, and stays.)
+/// - Every subschema has at most one `type`: Gemini's function declarations (OpenAPI 3.0's
+///   subset) take one, and a `"type": ["array", "null"]` anywhere, which schemars writes for
+///   `Option`s, fails every request that declares the tool with HTTP 400; hosts that convert it
+///   for Gemini split it into an `anyOf` whose array branch has lost its `items`. A type list is
+///   written as the `anyOf` of one type each, which Gemini, OpenAI's strict mode and every JSON
+///   Schema reader take: `null` stays allowed, so a host that makes every property required
+///   (strict mode) still lets the model send `null` for `None`.
+fn host_readable(schema: &mut serde_json::Map<String, Value>) {
+    host_readable_object(schema);
+}
+
+/// [`host_readable`] of one subschema.
+fn host_readable_value(schema: &mut Value) {
+    match schema {
+        Value::Bool(true) => *schema = Value::Object(serde_json::Map::new()),
+        Value::Bool(false) => *schema = serde_json::json!({ "not": {} }),
+        Value::Object(object) => host_readable_object(object),
+        _ => {}
+    }
+}
+
+fn host_readable_object(schema: &mut serde_json::Map<String, Value>) {
+    one_type_each(schema);
+    for keyword in ["properties", "$defs", "definitions", "patternProperties", "dependentSchemas"] {
+        if let Some(Value::Object(members)) = schema.get_mut(keyword) {
+            members.values_mut().for_each(host_readable_value);
         }
     }
+    for keyword in ["anyOf", "oneOf", "allOf", "prefixItems", "items"] {
+        if let Some(Value::Array(items)) = schema.get_mut(keyword) {
+            items.iter_mut().for_each(host_readable_value);
+        }
+    }
+    for keyword in ["items", "contains", "not", "if", "then", "else", "propertyNames"] {
+        if let Some(sub) = schema.get_mut(keyword).filter(|s| !s.is_array()) {
+            host_readable_value(sub);
+        }
+    }
+    if let Some(sub @ Value::Object(_)) = schema.get_mut("additionalProperties") {
+        host_readable_value(sub);
+    }
+}
+
+/// A type list (`"type": ["string", "null"]`) as an `anyOf` with one type per branch, each with
+/// the schema's other assertions (JSON Schema applies a type's keywords to that type's values
+/// only, so the meaning is the same); annotations stay outside. A one-element list is its type.
+fn one_type_each(schema: &mut serde_json::Map<String, Value>) {
+    let Some(Value::Array(types)) = schema.get("type") else { return };
+    if types.len() == 1 {
+        let only = types[0].clone();
+        schema.insert("type".into(), only);
+        return;
+    }
+    if ["anyOf", "oneOf"].iter().any(|k| schema.contains_key(*k)) {
+        // Another combination at the same level: left as written rather than nested.
+        return;
+    }
+    let types = types.clone();
+    const ANNOTATIONS: [&str; 8] = [
+        "description",
+        "title",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+    ];
+    let mut assertions = std::mem::take(schema);
+    assertions.remove("type");
+    for annotation in ANNOTATIONS {
+        if let Some(value) = assertions.remove(annotation) {
+            schema.insert(annotation.into(), value);
+        }
+    }
+    let branches = types
+        .into_iter()
+        .map(|t| {
+            if t == "null" {
+                return serde_json::json!({ "type": "null" });
+            }
+            let mut branch = assertions.clone();
+            if let Some(Value::Array(values)) = branch.get_mut("enum") {
+                values.retain(|v| !v.is_null());
+            }
+            branch.insert("type".into(), t);
+            Value::Object(branch)
+        })
+        .collect();
+    schema.insert("anyOf".into(), Value::Array(branches));
 }
 
 impl<T: Tool> DynTool for T {
@@ -335,7 +420,7 @@ impl ToolSet {
             let property = crate::printable(name).into_owned();
             return Err(ToolSetError::InvalidArgumentName { tool: def.name, property });
         }
-        properties_as_objects(&mut input_schema);
+        host_readable(&mut input_schema);
         let definition = ToolDefinition {
             name: def.name,
             description: def.description,
