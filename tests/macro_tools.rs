@@ -1027,3 +1027,45 @@ async fn a_published_schema_has_one_type_per_schema_and_no_boolean_schemas() {
         assert!(!r.is_error, "{args}: {}", r.text);
     }
 }
+
+/// A crate linted with clippy's pedantic group and some restriction lints. `#[tool]` requires an
+/// `async fn` and passes every parameter on, so a body that awaits nothing and a parameter named
+/// `_note` (taken, not used) are the user's to write: the expansion's own use of them must not
+/// be reported, nor the items it adds (its calling the body once, the arguments' names as an
+/// empty `pub enum`). `cargo clippy --all-targets -- -D warnings` checks this module.
+#[warn(
+    clippy::used_underscore_binding,
+    clippy::unused_async,
+    clippy::exhaustive_enums,
+    clippy::single_call_fn
+)]
+pub mod pedantic_user {
+    use idem_core::{ToolFailure, tool};
+
+    /// Echo a number.
+    #[tool(retry = "safe")]
+    pub async fn echo(n: u32, _note: Option<String>) -> Result<u32, ToolFailure> {
+        Ok(n)
+    }
+
+    /// A service whose tools await nothing.
+    #[derive(Default)]
+    pub struct Counter;
+
+    #[idem_core::tool_set]
+    impl Counter {
+        /// Count.
+        #[tool(retry = "keyed")]
+        pub async fn count(&self, n: u32, _note: Option<String>) -> Result<u32, ToolFailure> {
+            Ok(n)
+        }
+    }
+}
+
+#[tokio::test]
+async fn tools_that_await_nothing_and_take_unused_parameters_are_called_like_others() {
+    let run = Idem::in_memory().run("r");
+    assert_eq!(pedantic_user::echo(&run, 3, None).await.unwrap(), 3);
+    let counter = Arc::new(pedantic_user::Counter);
+    assert_eq!(counter.count(&run, 4, Some("n".into())).await.unwrap(), 4);
+}

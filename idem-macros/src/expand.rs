@@ -33,6 +33,13 @@ fn is_lint_attr(attr: &Attribute) -> bool {
     ["allow", "warn", "deny", "forbid", "expect"].iter().any(|l| attr.path().is_ident(l))
 }
 
+/// For the body's fn: `#[tool]` requires an `async fn` (the tool's future is awaited), so a body
+/// that awaits nothing is not one clippy's `unused_async` may ask to make synchronous; and the
+/// expansion is what calls it, once (`single_call_fn`).
+fn body_allows() -> Attribute {
+    syn::parse_quote!(#[allow(clippy::unused_async, clippy::single_call_fn)])
+}
+
 fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
     let mut out = Attrs {
         cfg: Vec::new(),
@@ -422,6 +429,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
     inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    inner.attrs.push(body_allows());
     let cx_arg = match &model.ctx {
         Some(_) => quote!(cx,),
         None => quote!(),
@@ -454,6 +462,8 @@ fn expand_free(model: &Model) -> TokenStream {
 
                 #(#cfg)*
                 #[doc(hidden)]
+                // Never a value: a name for the parameters, not an enum to add variants to.
+                #[allow(clippy::exhaustive_enums)]
                 #vis enum #fields_ty {}
 
                 #(#cfg)*
@@ -474,8 +484,9 @@ fn expand_free(model: &Model) -> TokenStream {
         #[doc = #call_doc]
         #(#deprecated)*
         // The body's fn has the same name and parameters, with the user's lint levels: the
-        // style lints speak there, once.
-        #[allow(clippy::too_many_arguments, non_snake_case)]
+        // style lints speak there, once. A parameter named `_note` is passed on here, which
+        // is not the user's use of it.
+        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding, non_snake_case)]
         #vis fn #ident<'__idem>(
             #run: &'__idem #krate::Run,
             #(#idents: #tys),*
@@ -539,6 +550,7 @@ fn expand_method(model: &Model) -> TokenStream {
     inner.vis = syn::Visibility::Inherited;
     inner.sig.ident = hidden.clone();
     inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    inner.attrs.push(body_allows());
     let cx_arg = match &model.ctx {
         Some(_) => quote!(cx,),
         None => quote!(),
@@ -610,7 +622,8 @@ fn expand_method(model: &Model) -> TokenStream {
         #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
         #(#deprecated)*
         #(#lints)*
-        #[allow(clippy::too_many_arguments)]
+        // A parameter named `_note` is passed on here, which is not the user's use of it.
+        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
         #vis fn #ident<'__idem>(
             self: &::std::sync::Arc<Self>,
             #run: &'__idem #krate::Run,
