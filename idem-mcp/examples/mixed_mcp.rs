@@ -74,6 +74,8 @@ struct Ticket {
     title: String,
 }
 
+// The idem tools' own type, not the server's `#[tool_router]` block: rmcp's macro would read
+// their `#[tool]` as its own. With rmcp's `tool` imported, idem's is written by its path.
 impl Tickets {
     /// Open a ticket titled `title`. A repeat with the same title in the same run returns the
     /// first ticket.

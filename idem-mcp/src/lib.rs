@@ -74,6 +74,10 @@ pub use idem_core::toolset::{
     MAX_META_ID_BYTES, MCP_META_IDEMPOTENCY_KEY, MCP_META_KEY, MCP_META_OUTCOME, MCP_META_RUN,
     MissingRun,
 };
+/// The rmcp that idem-mcp is built with: [`IdemTools::mount`] takes this version's
+/// `ToolRouter`, so a server of yours that mounts idem tools uses the same (another major version
+/// is another type).
+pub use rmcp;
 pub use server::IdemServer;
 pub use tools::{
     IdemTools, LATE_COMPLETIONS_AT_EXIT, NameCollision, PROGRESS_INTERVAL, RUN_ID_INSTRUCTIONS,

@@ -283,7 +283,7 @@ impl ToolSet {
                 MissingRun::Warn => tracing::warn!(
                     tool = call.name,
                     run = session.scope().run_id(),
-                    "a {} MCP call without _meta[\"{MCP_META_RUN}\"]: it is scoped to this session, so a repeat after a reconnect or a restart runs again",
+                    "a {} MCP call without _meta[\"{MCP_META_RUN}\"]: it is scoped to this session, so a repeat after a reconnect or a restart runs again. The host should send one stable id per conversation there (the server's instructions ask for it); to refuse such calls instead, use with_missing_run(MissingRun::Refuse)",
                     def.class.as_str(),
                 ),
                 MissingRun::Refuse => {
