@@ -295,7 +295,7 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
                      magnitudes up to about 3.4e38, an f64 up to about 1.8e308){rest}"
                 );
             }
-            None => msg.push_str(&inner),
+            None => msg.push_str(inner),
         },
     }
     msg.push_str("; nothing was executed, fix the arguments and call again");
