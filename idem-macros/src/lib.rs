@@ -141,7 +141,7 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
             return out.into();
         }
     };
-    tool_item(attr.into(), item, None).tokens.into()
+    tool_item(attr.into(), item, None, None).tokens.into()
 }
 
 /// Collects the `#[tool]` methods of an `impl` block into one tool set.
@@ -184,14 +184,16 @@ pub(crate) struct Expanded {
 }
 
 /// parse -> validate -> expand (or the fallback) for one fn; `default_krate` is the enclosing
-/// `#[tool_set(crate = ..)]`.
+/// `#[tool_set(crate = ..)]`, `attr_span` the method's `#[tool]` inside one.
 pub(crate) fn tool_item(
     attr: proc_macro2::TokenStream,
     mut item: syn::ItemFn,
     default_krate: Option<&syn::Path>,
+    attr_span: Option<proc_macro2::Span>,
 ) -> Expanded {
     let mut errors = parse::Errors::default();
     let mut attr = parse::Attr::parse(attr, &mut errors);
+    attr.span = attr_span;
     if attr.krate.is_none() {
         attr.krate = default_krate.cloned();
     }

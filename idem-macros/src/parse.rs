@@ -32,6 +32,10 @@ pub struct DurationOpt {
 /// `#[tool(..)]` as written.
 #[derive(Default)]
 pub struct Attr {
+    /// Where the `#[tool]` attribute is, for errors about what it lacks: the macro's call site
+    /// for a free fn, the method's own attribute inside a `#[tool_set]` block (whose call site
+    /// is the block's attribute).
+    pub span: Option<Span>,
     pub retry: Option<(Class, LitStr)>,
     /// `retry = ..` was written, valid or not (so a bad class is not also reported as missing).
     pub retry_written: bool,

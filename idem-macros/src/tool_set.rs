@@ -179,7 +179,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         if vis.as_ref().is_none_or(|v| reach(&item.vis) > reach(v)) {
             vis = Some(item.vis.clone());
         }
-        let expanded = crate::tool_item(args, item, default_krate.as_ref());
+        // The attribute's name: a span over the whole attribute shows only its `#` on stable.
+        let attr_span = tool_attr.path().segments.last().map(|s| s.ident.span());
+        let expanded = crate::tool_item(args, item, default_krate.as_ref(), attr_span);
         items.push(expanded.tokens);
         if let Some((name, span)) = expanded.tool {
             let conditions = cfg_conditions(&cfg);

@@ -109,7 +109,7 @@ pub fn validate(
         None if attr.retry_written => Class::Safe,
         None => {
             errors.spanned(
-                Span::call_site(),
+                attr.span.unwrap_or_else(Span::call_site),
                 format!(
                     "tool `{fn_name}` must declare how it may be retried: #[tool(retry = \"safe\" | \"keyed\" | \"never\")]"
                 ),
@@ -672,8 +672,8 @@ fn unstorable_error(ty: &Type) -> Option<String> {
         }
         Type::Path(tp) if tp.qself.is_none() => {
             let segments: Vec<_> = tp.path.segments.iter().collect();
-            // The standard `String` (a type of that name elsewhere may be the application's own,
-            // which can implement `Classify`).
+            // `String` as it is written (bare or by its std path): a string says nothing about
+            // the failure, and no crate but idem may implement `Classify` for it.
             let names: Vec<String> = segments.iter().map(|s| s.ident.to_string()).collect();
             if segments.iter().all(|s| s.arguments.is_none())
                 && matches!(
