@@ -359,3 +359,64 @@ async fn a_call_stopped_before_it_starts_takes_no_dead_owners_record_over() {
     assert_eq!(before.elapsed(), Duration::ZERO, "no lease taken by the stopped call to wait out");
     assert_eq!(RENEWS.load(Ordering::SeqCst), 2);
 }
+
+static INVOICES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn invoice(order: String) -> Result<String, RateLimited> {
+    INVOICES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("inv_{order}"))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("the bank's answer was lost")]
+struct AnswerLost;
+
+impl Classify for AnswerLost {
+    fn classify(&self) -> Failure {
+        Failure::ambiguous()
+    }
+}
+
+static WIRES: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "never")]
+async fn wire(to: String) -> Result<String, AnswerLost> {
+    WIRES.fetch_add(1, Ordering::SeqCst);
+    let _ = to;
+    Err(AnswerLost)
+}
+
+/// A call whose signal was stopped before it started (a signal reused after a stop, a server
+/// shutting down) for a key whose outcome is stored starts nothing by answering it: it gets the
+/// stored output, the stored "outcome unknown", the refusal of a caller's key reused with other
+/// arguments, as any other repeat does. `Cancelled` there would say that nothing is stored and a
+/// repeat runs the tool, which is false (and a never tool's caller would read it as "not done").
+#[tokio::test]
+async fn a_call_stopped_before_it_starts_answers_what_is_stored_for_its_key() {
+    let run = Idem::in_memory().run("r1");
+    let stop = StopSignal::new();
+    stop.stop();
+    let stopped = run.with_stop(stop.clone());
+
+    assert_eq!(invoice(&run, "o1".into()).await.unwrap(), "inv_o1");
+    assert_eq!(invoice(&stopped, "o1".into()).await.unwrap(), "inv_o1", "replayed");
+    assert_eq!(INVOICES.load(Ordering::SeqCst), 1);
+
+    let first = wire(&run, "acct".into()).await;
+    assert!(matches!(first, Err(Error::OutcomeUnknown { .. })), "{first:?}");
+    let again = wire(&stopped, "acct".into()).await;
+    assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
+    assert_eq!(WIRES.load(Ordering::SeqCst), 1);
+
+    let keyed = run.with_idempotency_key("inv-7");
+    assert_eq!(invoice(&keyed, "o7".into()).await.unwrap(), "inv_o7");
+    let other = invoice(&keyed.with_stop(stop.clone()), "o8".into()).await;
+    assert!(matches!(other, Err(Error::KeyReuseMismatch { .. })), "{other:?}");
+
+    // Nothing stored for the key: nothing run, nothing claimed.
+    let fresh = invoice(&stopped, "o9".into()).await;
+    assert!(matches!(fresh, Err(Error::Cancelled { attempts: 0, .. })), "{fresh:?}");
+    assert_eq!(invoice(&run, "o9".into()).await.unwrap(), "inv_o9");
+    assert_eq!(INVOICES.load(Ordering::SeqCst), 3);
+}

@@ -230,7 +230,7 @@ impl<T: Tool> Call<'_, T> {
         // Stopped before it claims (as before each claim after a wait): a claim would only take
         // a dead owner's expired record over to leave it to a new lease with nothing running.
         if self.stop_requested() {
-            return Err(self.cancelled(0));
+            return self.stopped_before_claim().await;
         }
         // A never tool with a check takes a dead owner's expired lease over, to ask the check
         // under its own fence; without one, the record stays as it is and reads as unknown.

@@ -15,8 +15,9 @@ use crate::error::Chain;
 use crate::error::Error;
 use crate::key::Scope;
 use crate::metrics::StepTimer;
+use crate::store::admin::RecordState;
 use crate::store::{
-    Claim, ClaimRequest, Fence, MemoryStore, OnExpired, Origin, Outcome, StoreError,
+    Claim, ClaimRequest, Fence, MemoryStore, OnExpired, Origin, Outcome, Record, StoreError,
 };
 use crate::tool::Tool;
 
@@ -296,6 +297,25 @@ impl<T: Tool> Call<'_, T> {
                 () = stop.stopped() => None,
             },
         }
+    }
+
+    /// A call stopped before its first claim: it claims nothing, but an outcome already stored
+    /// for its key starts nothing and is what the caller asked for, so it is replayed (and a
+    /// reuse of the key with other arguments refused) as a claim would have; `Cancelled`, which
+    /// tells the caller that nothing is stored and a repeat runs the tool, would be false there.
+    /// Anything else (no record, an owner's lease, a store that cannot be read this way) is
+    /// `Cancelled` with nothing run.
+    pub(super) async fn stopped_before_claim(&self) -> Result<T::Output, Error<T::Error>> {
+        if let Ok(Some(info)) = self.inner.store.inspect(&self.key).await {
+            if info.fingerprint != self.fingerprint {
+                return Err(self.reuse_mismatch());
+            }
+            if let RecordState::Done(outcome) = info.state {
+                self.outcome(Served::Replayed);
+                return self.replay(Record { fingerprint: info.fingerprint, outcome });
+            }
+        }
+        Err(self.cancelled(0))
     }
 
     /// The error of a call its caller stopped after `attempts` attempts.
