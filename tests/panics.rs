@@ -645,3 +645,65 @@ async fn a_never_tool_that_panics_asks_its_check_before_answering_outcome_unknow
     assert_eq!(dispatch(&run, "o1".into()).await.unwrap(), "dispatched_o1", "replayed");
     assert_eq!(DISPATCHES.load(Ordering::SeqCst), 1, "a never tool runs once");
 }
+
+// The same for a hand-written `reconcile`: the check is the tool's code, and asked while the
+// call holds the key's fence (after a never tool's panic or ambiguous failure, on taking a dead
+// owner's record over). A panic before its future is its verdict "unknown", as one inside it.
+
+static SHIPS: AtomicU32 = AtomicU32::new(0);
+static SHIP_CHECKS: AtomicU32 = AtomicU32::new(0);
+
+struct Ship;
+
+static SHIP_DEF: idem_core::ToolDef = idem_core::ToolDef {
+    name: "ship_crate",
+    description: "",
+    class: idem_core::RetryClass::Never,
+    options: idem_core::ToolOptions::NONE,
+};
+
+impl idem_core::Tool for Ship {
+    type Args = Region;
+    type Output = String;
+    type Error = Declined;
+    fn def(&self) -> &'static idem_core::ToolDef {
+        &SHIP_DEF
+    }
+    async fn run(&self, _cx: &idem_core::Ctx, args: Region) -> Result<String, Declined> {
+        SHIPS.fetch_add(1, Ordering::SeqCst);
+        panic!("the carrier's answer for {} was lost", args.name);
+    }
+    fn reconciles(&self) -> bool {
+        true
+    }
+    fn reconcile(
+        &self,
+        _key: &idem_core::Key,
+        args: &Region,
+    ) -> impl std::future::Future<Output = idem_core::Reconciled<String>> + Send {
+        SHIP_CHECKS.fetch_add(1, Ordering::SeqCst);
+        // Before the future: a lookup that panics on what it reads.
+        panic!("the carrier's index has no {}", args.name);
+        #[allow(unreachable_code)]
+        std::future::ready(idem_core::Reconciled::Unknown)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_hand_written_check_before_its_future_is_the_verdict_unknown() {
+    let run = Idem::in_memory().run("r1");
+    let region = || Region { name: "eu-1".into() };
+    for _ in 0..2 {
+        let before = Instant::now();
+        let result = tokio::spawn({
+            let run = run.clone();
+            async move { run.call(&Ship, region()).await }
+        })
+        .await
+        .expect("the check's panic did not unwind out of the call");
+        assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+        assert_eq!(before.elapsed(), Duration::ZERO, "settled at once, not left to its lease");
+    }
+    assert_eq!(SHIPS.load(Ordering::SeqCst), 1, "a never tool runs once");
+    assert_eq!(SHIP_CHECKS.load(Ordering::SeqCst), 1);
+}

@@ -30,13 +30,19 @@ impl<T: Tool> Call<'_, T> {
     /// that does not answer in time, or panics, is "unknown".
     pub(super) async fn ask_check(&self, fence: Fence, args: &T::Args) -> Reconciled<T::Output> {
         // The user's code, as the body is: a panic is caught, and its verdict is "unknown".
+        let unknown = |message: String| {
+            tracing::error!(panic = %message, "the reconciliation check panicked; outcome unknown");
+            Reconciled::Unknown
+        };
         let check = async {
-            let asked = AssertUnwindSafe(self.tool.reconcile(&self.key, args));
-            FutureExt::catch_unwind(asked).await.unwrap_or_else(|payload| {
-                let message = super::caught::panic_message(payload.as_ref());
-                tracing::error!(panic = %message, "the reconciliation check panicked; outcome unknown");
-                Reconciled::Unknown
-            })
+            // A `reconcile` written by hand may panic before it returns its future: that panic
+            // is the check's too, not one to unwind through the call that holds the fence.
+            match super::caught::caught(|| self.tool.reconcile(&self.key, args)) {
+                Ok(asked) => FutureExt::catch_unwind(AssertUnwindSafe(asked)).await.unwrap_or_else(
+                    |payload| unknown(super::caught::panic_message(payload.as_ref())),
+                ),
+                Err(message) => unknown(message),
+            }
         };
         let mut check = std::pin::pin!(check);
         let verdict = match std::future::poll_fn(|c| Poll::Ready(check.as_mut().poll(c))).await {
