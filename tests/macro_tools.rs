@@ -1069,3 +1069,35 @@ async fn tools_that_await_nothing_and_take_unused_parameters_are_called_like_oth
     let counter = Arc::new(pedantic_user::Counter);
     assert_eq!(counter.count(&run, 4, Some("n".into())).await.unwrap(), 4);
 }
+
+/// Tag an order with free-form metadata.
+#[tool(retry = "keyed")]
+async fn annotate_order(
+    order: String,
+    metadata: std::collections::BTreeMap<String, serde_json::Value>,
+    extra: Option<std::collections::HashMap<String, serde_json::Value>>,
+) -> Result<u32, PayError> {
+    let _ = (order, metadata, extra);
+    Ok(1)
+}
+
+/// A map of any JSON (free-form metadata, a common parameter) is where schemars writes
+/// `"additionalProperties": true`: a boolean schema like the `true` of a `Value` parameter, which
+/// the published schema writes as `{}` (the same meaning) for hosts that take no boolean schema.
+/// Only `additionalProperties: false`, which forbids members, stays as it is.
+#[test]
+fn a_map_of_any_json_has_no_boolean_schema_for_its_values() {
+    let set = idem_core::ToolSet::new().with(AnnotateOrderTool).unwrap();
+    let schema = &set.definition("annotate_order").unwrap().input_schema;
+    assert_eq!(schema["additionalProperties"], serde_json::json!(false), "{schema:?}");
+    assert_eq!(
+        schema["properties"]["metadata"],
+        serde_json::json!({"type": "object", "additionalProperties": {}}),
+        "{schema:?}"
+    );
+    assert_eq!(
+        schema["properties"]["extra"]["anyOf"][0],
+        serde_json::json!({"type": "object", "additionalProperties": {}}),
+        "{schema:?}"
+    );
+}

@@ -115,7 +115,8 @@ pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
 ///   MCP's schema types each member of `inputSchema.properties` as an object (the TypeScript SDK
 ///   refuses a whole `tools/list` with one boolean there), and Gemini's function declarations
 ///   have no boolean schemas at any depth. `{}` and `{"not": {}}` mean the same.
-///   (`additionalProperties: false` is a keyword's value, read by every host, and stays.)
+///   (`additionalProperties: false` is a keyword's value, read by every host, and stays;
+///   `additionalProperties: true`, a map of any JSON, is `{}`.)
 /// - Every subschema has at most one `type`: Gemini's function declarations (OpenAPI 3.0's
 ///   subset) take one, and a `"type": ["array", "null"]` anywhere, which schemars writes for
 ///   `Option`s, fails every request that declares the tool with HTTP 400; hosts that convert it
@@ -154,7 +155,11 @@ fn host_readable_object(schema: &mut serde_json::Map<String, Value>) {
             host_readable_value(sub);
         }
     }
-    if let Some(sub @ Value::Object(_)) = schema.get_mut("additionalProperties") {
+    // `false` forbids members and stays; `true` (schemars' for a map of any JSON) is a boolean
+    // schema like any other, written `{}`.
+    if let Some(sub @ (Value::Object(_) | Value::Bool(true))) =
+        schema.get_mut("additionalProperties")
+    {
         host_readable_value(sub);
     }
 }
