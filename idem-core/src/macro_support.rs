@@ -123,7 +123,8 @@ impl<T: ToolArg> ToolArgs for crate::flat_args::Flat<T> {}
 /// parameters left out), required by the generic tools [`FnTool`] and [`MethodTool`].
 pub trait Intent {
     /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
-    /// arguments that make up the intent (the ones not marked `#[idem(skip)]`).
+    /// arguments that make up the intent (the ones not marked `#[idem(skip)]`, and not those
+    /// marked `#[idem(skip_if_none)]` that are `None`).
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError>;
 }
 

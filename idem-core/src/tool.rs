@@ -42,8 +42,9 @@ pub trait Tool: Send + Sync + 'static {
     fn def(&self) -> &'static ToolDef;
 
     /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
-    /// arguments that make up the intent (all but the skipped ones) into `out`. See [`crate::canonicalize`]. By default all of `args` are the
-    /// intent; `#[tool]` overrides it when a parameter is `#[idem(skip)]`.
+    /// arguments that make up the intent into `out`. See [`crate::canonicalize`]. By default all
+    /// of `args` are the intent; `#[tool]` leaves out the parameters marked `#[idem(skip)]`, and
+    /// those marked `#[idem(skip_if_none)]` that are `None`.
     fn write_intent(args: &Self::Args, out: &mut Vec<u8>) -> Result<(), KeyError> {
         crate::canonical::canonicalize(args, out)
     }
