@@ -155,12 +155,12 @@ fn host_readable_object(schema: &mut serde_json::Map<String, Value>) {
             host_readable_value(sub);
         }
     }
-    // `false` forbids members and stays; `true` (schemars' for a map of any JSON) is a boolean
-    // schema like any other, written `{}`.
-    if let Some(sub @ (Value::Object(_) | Value::Bool(true))) =
-        schema.get_mut("additionalProperties")
-    {
-        host_readable_value(sub);
+    // `false` forbids members and stays (every host reads it, and strict modes require it);
+    // `true` (schemars' for a map of any JSON) is a boolean schema like any other, written `{}`.
+    for keyword in ["additionalProperties", "unevaluatedProperties"] {
+        if let Some(sub @ (Value::Object(_) | Value::Bool(true))) = schema.get_mut(keyword) {
+            host_readable_value(sub);
+        }
     }
 }
 

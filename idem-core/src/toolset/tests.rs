@@ -1219,3 +1219,40 @@ fn an_argument_name_model_apis_refuse_is_refused_when_the_set_is_built() {
     }
     assert!(ToolSet::new().with(fake("find", RetryClass::Safe, any::<Dotted>)).is_ok());
 }
+
+#[test]
+fn host_readable_rewrites_every_boolean_subschema_but_a_forbidding_keyword() {
+    let Value::Object(mut schema) = json!({
+        "type": "object",
+        "properties": {
+            "any": true,
+            "none": false,
+            "list": {"type": ["array", "null"], "items": true, "description": "d"},
+            "open": {"type": "object", "additionalProperties": true},
+            "rest": {"type": "object", "unevaluatedProperties": true},
+            "closed": {"type": "object", "additionalProperties": false, "unevaluatedProperties": false}
+        },
+        "additionalProperties": false
+    }) else {
+        unreachable!()
+    };
+    host_readable(&mut schema);
+    assert_eq!(
+        Value::Object(schema),
+        json!({
+            "type": "object",
+            "properties": {
+                "any": {},
+                "none": {"not": {}},
+                "list": {
+                    "description": "d",
+                    "anyOf": [{"type": "array", "items": {}}, {"type": "null"}]
+                },
+                "open": {"type": "object", "additionalProperties": {}},
+                "rest": {"type": "object", "unevaluatedProperties": {}},
+                "closed": {"type": "object", "additionalProperties": false, "unevaluatedProperties": false}
+            },
+            "additionalProperties": false
+        })
+    );
+}
