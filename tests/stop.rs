@@ -23,6 +23,26 @@ impl Classify for RateLimited {
     }
 }
 
+/// Waits (on the paused clock) until `runs` counts a first run of its tool.
+async fn until_started(runs: &AtomicU32) {
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Starts `call` and drops it once its tool runs: the key's owner is then dead, and its record
+/// stays in flight until the lease ends.
+async fn leave_a_dead_owner<F>(runs: &AtomicU32, call: F)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let dead = tokio::spawn(call);
+    until_started(runs).await;
+    dead.abort();
+    let _ = dead.await;
+}
+
 static TRANSFERS: AtomicU32 = AtomicU32::new(0);
 
 /// Refused with a 2 s retry-after on its first run (nothing happened), done after.
@@ -44,9 +64,7 @@ async fn a_call_stopped_before_its_retry_starts_no_retry_and_frees_its_key() {
         let run = run.with_stop(stop.clone());
         async move { transfer(&run, "acct_1".into()).await }
     });
-    while TRANSFERS.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_started(&TRANSFERS).await;
     stop.stop();
     let before = Instant::now();
     match call.await.unwrap() {
@@ -114,9 +132,7 @@ async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
         let run = a.run("r1");
         async move { refund(&run, "ch_1".into()).await }
     });
-    while REFUNDS.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_started(&REFUNDS).await;
     let stop = StopSignal::new();
     let waiter = tokio::spawn({
         let run = b.run("r1").with_stop(stop.clone());
@@ -157,9 +173,7 @@ async fn a_joiner_of_a_stopped_call_runs_the_call_itself() {
         let run = run.with_stop(stop.clone());
         async move { quote(&run, "i1".into()).await }
     });
-    while QUOTES.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_started(&QUOTES).await;
     let joiner = tokio::spawn({
         let run = run.clone();
         async move { quote(&run, "i1".into()).await }
@@ -188,15 +202,11 @@ async fn pay(to: String) -> Result<String, RateLimited> {
 #[tokio::test(start_paused = true)]
 async fn a_call_stopped_while_it_waits_answers_at_once_and_takes_nothing_over() {
     let run = Idem::in_memory().run("r1");
-    let dead = tokio::spawn({
+    leave_a_dead_owner(&PAYS, {
         let run = run.clone();
         async move { pay(&run, "bob".into()).await }
-    });
-    while PAYS.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    dead.abort();
-    let _ = dead.await;
+    })
+    .await;
     let claimed = Instant::now();
     let stop = StopSignal::new();
     let waiter = tokio::spawn({
@@ -233,9 +243,7 @@ async fn a_stopped_joiner_answers_at_once_and_the_call_goes_on() {
         let run = run.clone();
         async move { launch(&run, "s1".into()).await }
     });
-    while LAUNCHES.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_started(&LAUNCHES).await;
     let stop = StopSignal::new();
     let joiner = tokio::spawn({
         let run = run.with_stop(stop.clone());
@@ -293,9 +301,7 @@ async fn a_call_stopped_after_its_attempt_ran_does_not_say_it_ran_nothing() {
         let run = a.run("r1").with_stop(stop.clone());
         async move { settle(&run, "inv_1".into()).await }
     });
-    while SETTLES.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_started(&SETTLES).await;
     // The first owner's lease ends unrenewed; another process takes the key over.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let second = tokio::spawn({
@@ -339,15 +345,11 @@ async fn renew_plan(plan: String) -> Result<String, RateLimited> {
 #[tokio::test(start_paused = true)]
 async fn a_call_stopped_before_it_starts_takes_no_dead_owners_record_over() {
     let run = Idem::in_memory().run("r1");
-    let dead = tokio::spawn({
+    leave_a_dead_owner(&RENEWS, {
         let run = run.clone();
         async move { renew_plan(&run, "pro".into()).await }
-    });
-    while RENEWS.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    dead.abort();
-    let _ = dead.await;
+    })
+    .await;
     // The dead owner's lease ends.
     tokio::time::sleep(Duration::from_secs(11)).await;
     let stop = StopSignal::new();
