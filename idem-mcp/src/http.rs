@@ -124,8 +124,9 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     let config =
         if config.allowed_origins.is_empty() { config.enforce_origin_validation() } else { config };
     let sessions = config.legacy_session_mode;
-    let inner = StreamableHttpService::new(move || Ok(make()), Arc::new(manager), config);
-    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners, sessions }
+    let manager = Arc::new(manager);
+    let inner = StreamableHttpService::new(move || Ok(make()), Arc::clone(&manager), config);
+    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners, sessions, manager }
 }
 
 /// Which principal opened each session ([`Checked`] answers a request from another as rmcp
@@ -254,6 +255,19 @@ impl Owners {
         sessions.insert(session.to_owned(), (who, Instant::now()));
     }
 
+    /// Whether `session` is open here or, with a session store, stored for another instance to
+    /// restore. A failure to look counts as known: rmcp's answer stands.
+    async fn knows(&self, manager: &LocalSessionManager, session: &str) -> bool {
+        use rmcp::transport::streamable_http_server::session::SessionManager;
+        if manager.has_session(&session.into()).await.unwrap_or(true) {
+            return true;
+        }
+        match &self.store {
+            Some(store) => !matches!(store.load(session).await, Ok(None)),
+            None => false,
+        }
+    }
+
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
@@ -292,6 +306,8 @@ pub struct Checked<S> {
     owners: Owners,
     /// `legacy_session_mode` of rmcp's config: whether any request is served in a session.
     sessions: bool,
+    /// rmcp's sessions on this instance: whether a `DELETE` names one (see [`Owners::knows`]).
+    manager: Arc<LocalSessionManager>,
 }
 
 /// Put in a request's head by [`Checked`]: whether rmcp serves the request in a session (a
@@ -415,6 +431,7 @@ where
         let in_flight = Arc::clone(&self.in_flight);
         let owners = self.owners.clone();
         let sessions = self.sessions;
+        let manager = Arc::clone(&self.manager);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             match owners.allows(&parts).await {
@@ -498,11 +515,22 @@ where
                 return Ok(reply(status, own));
             }
             let delete = (parts.method == http::Method::DELETE).then(|| parts.clone());
+            // MCP 2025-11-25 "Transports" (Session Management): a request naming a terminated
+            // session MUST get 404, a DELETE too; rmcp answers 202 to a DELETE of any id. Looked
+            // up before rmcp closes it; rmcp's own refusals (`Host`, `Origin`, no session id, a
+            // protocol version without sessions) come first, as its answer is kept for them.
+            let unknown = match delete.as_ref().and_then(session_id) {
+                Some(session) if sessions => !owners.knows(&manager, session).await,
+                _ => false,
+            };
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             if let Some(head) = delete
                 && answer.status().is_success()
             {
                 owners.closed(&head);
+                if unknown {
+                    return Ok(unknown_session());
+                }
             }
             Ok(answer)
         })
@@ -915,6 +943,52 @@ mod tests {
         let new_meta =
             call(serde_json::json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"}));
         assert!(!in_session(true, &parts(&old_header), &new_meta), "the body's version first");
+    }
+
+    async fn delete<H: rmcp::ServerHandler + Send + 'static>(
+        server: &mut Checked<StreamableHttpService<H, LocalSessionManager>>,
+        session: &str,
+    ) -> http::StatusCode {
+        let request = http::Request::delete("http://localhost/mcp")
+            .header("host", "localhost")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("x-user", "alice")
+            .header(SESSION_HEADER, session)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        std::future::poll_fn(|cx| {
+            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(server, cx)
+        })
+        .await
+        .unwrap();
+        tower_service::Service::call(server, request).await.unwrap().status()
+    }
+
+    /// MCP 2025-11-25 "Transports" (Session Management): once a session is terminated the server
+    /// MUST answer requests naming it with 404, and a DELETE is such a request. rmcp answers 202
+    /// to a DELETE of any session id, so a client that closes a session twice, or one the server
+    /// already closed for silence, is told it closed something.
+    #[tokio::test]
+    async fn a_delete_naming_an_unknown_or_closed_session_is_404() {
+        let store = Arc::new(SharedSessions::default());
+        let (mut a, mut b) = (instance(&store), instance(&store));
+        let opened = post(&mut a, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        assert_eq!(delete(&mut a, "no-such-session").await, http::StatusCode::NOT_FOUND);
+        // A session stored by another instance is known here, and closed.
+        assert!(delete(&mut b, &session).await.is_success(), "closing alice's session on b");
+        assert_eq!(delete(&mut b, &session).await, http::StatusCode::NOT_FOUND, "closed twice");
+        let mut plain = service(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            StreamableHttpServerConfig::default(),
+        );
+        let opened = post(&mut plain, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        assert!(delete(&mut plain, &session).await.is_success(), "closing a live session");
+        assert_eq!(delete(&mut plain, &session).await, http::StatusCode::NOT_FOUND);
+        assert_eq!(delete(&mut plain, "no-such-session").await, http::StatusCode::NOT_FOUND);
+        let after = post(&mut plain, "alice", Some(&session), list()).await;
+        assert_eq!(after.status(), http::StatusCode::NOT_FOUND, "a request after DELETE");
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.
