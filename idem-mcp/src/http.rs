@@ -296,7 +296,9 @@ fn unknown_session() -> Response {
 /// body, a missing one 400, as rmcp answers them. A body longer than the config's
 /// `max_request_body_bytes` is refused with 413, as rmcp refuses it, without keeping more than
 /// that of it or reading any of it as JSON. A request that reuses the id of a request still in
-/// flight in its session is -32600 and does not run (see `claim_id`).
+/// flight in its session is -32600 and does not run (see `claim_id`); an `initialize` naming a
+/// live session is 400 with -32600 (MCP 2025-11-25 "Lifecycle": once per session), and a `DELETE`
+/// naming a session this service does not know is 404, as any other request naming it.
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
@@ -489,9 +491,32 @@ where
                         if let Some(text) = arguments_text(&message) {
                             parts.extensions.insert(text);
                         }
-                        parts.extensions.insert(InSession(in_session(sessions, &parts, &message)));
-                        match claim_id(&in_flight, &parts, &message) {
-                            Err(reused) => (http::StatusCode::OK, reused.to_string().into()),
+                        let routed = in_session(sessions, &parts, &message);
+                        parts.extensions.insert(InSession(routed));
+                        // MCP 2025-11-25 "Lifecycle": initialization is a session's first
+                        // interaction, once; rmcp would negotiate again inside the open
+                        // session. One naming a session rmcp does not know gets its 404.
+                        let reinitialize = match (&*message, session_id(&parts)) {
+                            (ClientJsonRpcMessage::Request(r), Some(session))
+                                if routed
+                                    && matches!(r.request, ClientRequest::InitializeRequest(_))
+                                    && owners.knows(&manager, session).await =>
+                            {
+                                Some(error_reply(
+                                    Some(&r.id),
+                                    ErrorCode::INVALID_REQUEST,
+                                    "Invalid request: this session is already initialized; to start a new one, send `initialize` without `Mcp-Session-Id`",
+                                ))
+                            }
+                            _ => None,
+                        };
+                        let claimed = match reinitialize {
+                            Some(refused) => Err((http::StatusCode::BAD_REQUEST, refused)),
+                            None => claim_id(&in_flight, &parts, &message)
+                                .map_err(|reused| (http::StatusCode::OK, reused)),
+                        };
+                        match claimed {
+                            Err((status, answer)) => (status, answer.to_string().into()),
                             Ok(id) => {
                                 let head = opens.then(|| parts.clone());
                                 let request = http::Request::from_parts(parts, Full::new(bytes));
@@ -989,6 +1014,33 @@ mod tests {
         assert_eq!(delete(&mut plain, "no-such-session").await, http::StatusCode::NOT_FOUND);
         let after = post(&mut plain, "alice", Some(&session), list()).await;
         assert_eq!(after.status(), http::StatusCode::NOT_FOUND, "a request after DELETE");
+    }
+
+    /// MCP 2025-11-25 "Lifecycle": initialization is the first interaction of a session, once. An
+    /// `initialize` naming a live session is refused (400, -32600 with its id) and leaves the
+    /// session as it was; rmcp answered it 200 and negotiated again inside the open session. One
+    /// naming an unknown session is still 404, and one without a session opens a new one.
+    #[tokio::test]
+    async fn an_initialize_in_a_live_session_is_refused() {
+        let mut server = service(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            StreamableHttpServerConfig::default(),
+        );
+        let opened = post(&mut server, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let again = post(&mut server, "alice", Some(&session), initialize()).await;
+        assert_eq!(again.status(), http::StatusCode::BAD_REQUEST);
+        assert!(again.headers().get(SESSION_HEADER).is_none(), "no new session");
+        let answer: serde_json::Value = serde_json::from_str(&text(again).await).unwrap();
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert_eq!(answer["id"], 1, "{answer}");
+        let alive = text(post(&mut server, "alice", Some(&session), list()).await).await;
+        assert!(alive.contains(r#""tools":[]"#), "the session still serves: {alive}");
+        let unknown = post(&mut server, "alice", Some("no-such-session"), initialize()).await;
+        assert_eq!(unknown.status(), http::StatusCode::NOT_FOUND);
+        let fresh = post(&mut server, "alice", None, initialize()).await;
+        assert_eq!(fresh.status(), http::StatusCode::OK);
+        assert_ne!(fresh.headers()[SESSION_HEADER].to_str().unwrap(), session);
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.
