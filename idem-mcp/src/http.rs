@@ -298,7 +298,8 @@ fn unknown_session() -> Response {
 /// that of it or reading any of it as JSON. A request that reuses the id of a request still in
 /// flight in its session is -32600 and does not run (see `claim_id`); an `initialize` naming a
 /// live session is 400 with -32600 (MCP 2025-11-25 "Lifecycle": once per session), and a `DELETE`
-/// naming a session this service does not know is 404, as any other request naming it.
+/// naming a session this service does not know is 404, as any other request naming it. `Accept`
+/// ranges (`*/*`, `application/*`, `text/*`) cover the types they name (see `widen_accept`).
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
@@ -444,6 +445,7 @@ where
                     return Ok(reply(http::StatusCode::SERVICE_UNAVAILABLE, text.into()));
                 }
             }
+            widen_accept(&mut parts.headers);
             let bytes = match collect_at_most(body, max_body_bytes).await {
                 Ok(bytes) => bytes,
                 Err(refused) => return Ok(refused),
@@ -697,6 +699,42 @@ where
         return Err(reply(http::StatusCode::PAYLOAD_TOO_LARGE, text.into()));
     }
     Ok(collected.freeze())
+}
+
+/// The types the MCP transport answers with, which a media range in `Accept` may cover.
+const ANSWER_TYPES: [&str; 2] = ["application/json", "text/event-stream"];
+
+/// Names in `Accept` each of [`ANSWER_TYPES`] that a range there covers (`*/*`, `application/*`,
+/// `text/*`; RFC 9110 §12.5.1) and that it does not list itself: rmcp matches the two types
+/// literally and answers 406 to `Accept: */*`, which curl, httpx and Postman send by default. A
+/// range weighted `q=0` covers nothing, and a type listed by name keeps its own weight.
+fn widen_accept(headers: &mut http::HeaderMap) {
+    let mut listed = Vec::new();
+    let mut ranges = Vec::new();
+    for value in headers.get_all(http::header::ACCEPT).iter().filter_map(|v| v.to_str().ok()) {
+        for entry in value.split(',') {
+            let mut parts = entry.split(';');
+            let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let refused = parts.any(|p| {
+                p.split_once('=').is_some_and(|(name, q)| {
+                    name.trim().eq_ignore_ascii_case("q")
+                        && q.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
+                })
+            });
+            if ANSWER_TYPES.contains(&essence.as_str()) {
+                listed.push(essence);
+            } else if !refused && essence.ends_with("/*") {
+                ranges.push(essence);
+            }
+        }
+    }
+    for kind in ANSWER_TYPES {
+        let top = kind.split('/').next().unwrap_or(kind);
+        let covered = ranges.iter().any(|r| r == "*/*" || r.strip_suffix("/*") == Some(top));
+        if covered && !listed.iter().any(|l| l == kind) {
+            headers.append(http::header::ACCEPT, http::HeaderValue::from_static(kind));
+        }
+    }
 }
 
 /// Whether the request says its body is JSON (rmcp answers any other type itself).
@@ -1041,6 +1079,59 @@ mod tests {
         let fresh = post(&mut server, "alice", None, initialize()).await;
         assert_eq!(fresh.status(), http::StatusCode::OK);
         assert_ne!(fresh.headers()[SESSION_HEADER].to_str().unwrap(), session);
+    }
+
+    /// RFC 9110 §12.5.1: `*/*`, `application/*` and `text/*` in `Accept` cover the types the MCP
+    /// transport answers with; curl, httpx and Postman send `*/*` by default. rmcp matched the
+    /// two types literally and answered 406; a range weighted `q=0` still excludes them.
+    #[tokio::test]
+    async fn wildcard_accept_ranges_cover_json_and_event_streams() {
+        let mut server = service(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            StreamableHttpServerConfig::default(),
+        );
+        let mut send = async |method: http::Method, accept: &str, session: Option<&str>| {
+            let mut request = http::Request::builder()
+                .method(method.clone())
+                .uri("http://localhost/mcp")
+                .header("host", "localhost")
+                .header("content-type", "application/json")
+                .header("accept", accept);
+            if let Some(session) = session {
+                request = request.header(SESSION_HEADER, session);
+            }
+            let body =
+                if method == http::Method::POST { initialize().to_string() } else { String::new() };
+            let request = request.body(Full::new(Bytes::from(body))).unwrap();
+            std::future::poll_fn(|cx| {
+                tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
+            })
+            .await
+            .unwrap();
+            tower_service::Service::call(&mut server, request).await.unwrap()
+        };
+        let mut session = None;
+        for accept in
+            ["*/*", "application/*, text/*", "application/json, text/*;q=0.5", "*/*;q=0.8"]
+        {
+            let answer = send(http::Method::POST, accept, None).await;
+            assert_eq!(answer.status(), http::StatusCode::OK, "POST, Accept: {accept}");
+            session = Some(answer.headers()[SESSION_HEADER].to_str().unwrap().to_owned());
+        }
+        for accept in
+            ["application/*", "text/*", "text/html", "*/*;q=0", "application/json;q=0, */*"]
+        {
+            let answer = send(http::Method::POST, accept, None).await;
+            assert_eq!(answer.status(), http::StatusCode::NOT_ACCEPTABLE, "POST, Accept: {accept}");
+        }
+        let stream = send(http::Method::GET, "*/*", session.as_deref()).await;
+        assert_eq!(stream.status(), http::StatusCode::OK, "GET, Accept: */*");
+        let refused = send(http::Method::GET, "application/*", session.as_deref()).await;
+        assert_eq!(
+            refused.status(),
+            http::StatusCode::NOT_ACCEPTABLE,
+            "GET, Accept: application/*"
+        );
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.
