@@ -455,6 +455,10 @@ where
                 Ok(text) => Some(text),
                 // JSON text is UTF-8 (RFC 8259 §8.1): a parse error, as over stdio, not a 415.
                 Err(_) if is_json(&parts.headers) => {
+                    // What rmcp refuses by the head alone (`Host`, `Origin`, `Accept`) first.
+                    if let Some(refused) = refused_by_transport(&mut inner, &parts, "").await {
+                        return Ok(refused);
+                    }
                     let answer = error_reply(
                         None,
                         ErrorCode::PARSE_ERROR,
@@ -737,12 +741,13 @@ fn widen_accept(headers: &mut http::HeaderMap) {
     }
 }
 
-/// Whether the request says its body is JSON (rmcp answers any other type itself).
+/// Whether the request says its body is JSON, by its media type as rmcp reads it (rmcp answers
+/// any other type itself, `application/jsonx` too).
 fn is_json(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+    headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let essence = v.split_once(';').map_or(v, |(essence, _)| essence);
+        essence.trim().eq_ignore_ascii_case("application/json")
+    })
 }
 
 /// The arguments' text [`check_message`] kept for a `tools/call` request.
@@ -1132,6 +1137,53 @@ mod tests {
             http::StatusCode::NOT_ACCEPTABLE,
             "GET, Accept: application/*"
         );
+    }
+
+    /// `Content-Type` is compared by its media type, as rmcp compares it: `application/jsonx` is
+    /// another type (415), whatever the body, and `Application/JSON; charset=utf-8` is JSON (a
+    /// body that is not UTF-8 is then a JSON-RPC parse error, not rmcp's 415).
+    #[tokio::test]
+    async fn content_type_is_matched_by_media_type_not_prefix() {
+        let mut server = service(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            StreamableHttpServerConfig::default(),
+        );
+        for (kind, want) in [
+            ("application/jsonx", http::StatusCode::UNSUPPORTED_MEDIA_TYPE),
+            ("application/json-seq", http::StatusCode::UNSUPPORTED_MEDIA_TYPE),
+            ("Application/JSON; charset=utf-8", http::StatusCode::OK),
+        ] {
+            let request = http::Request::post("http://localhost/mcp")
+                .header("host", "localhost")
+                .header("content-type", kind)
+                .header("accept", "application/json, text/event-stream")
+                .body(Full::new(Bytes::from_static(
+                    b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}",
+                )))
+                .unwrap();
+            std::future::poll_fn(|cx| {
+                tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
+            })
+            .await
+            .unwrap();
+            let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+            let status = answer.status();
+            let body = text(answer).await;
+            assert_eq!(status, want, "{kind}: {body}");
+            if want == http::StatusCode::OK {
+                assert!(body.contains("-32700"), "{kind}: {body}");
+            }
+        }
+        // A forbidden `Origin` is refused before the body is read as JSON, as rmcp refuses it.
+        let request = http::Request::post("http://localhost/mcp")
+            .header("host", "localhost")
+            .header("origin", "http://evil.example")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(Full::new(Bytes::from_static(b"{\"id\":\"\xff\"}")))
+            .unwrap();
+        let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+        assert_eq!(answer.status(), http::StatusCode::FORBIDDEN);
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.
