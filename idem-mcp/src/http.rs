@@ -518,7 +518,7 @@ where
                         };
                         let claimed = match reinitialize {
                             Some(refused) => Err((http::StatusCode::BAD_REQUEST, refused)),
-                            None => claim_id(&in_flight, &parts, &message)
+                            None => claim_id(&in_flight, &parts, &message, routed)
                                 .map_err(|reused| (http::StatusCode::OK, reused)),
                         };
                         match claimed {
@@ -571,14 +571,20 @@ where
 /// Notes a request's id as in flight in its session, or refuses the request when a request of
 /// that id is already in flight there: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be
 /// reused in a session, and rmcp would run both and send only one response, leaving the other
-/// request's stream open with nothing to come (the client waits for ever). Messages without a
-/// session (`initialize`, a stateless server) and notifications are not tracked.
+/// request's stream open with nothing to come (the client waits for ever). Messages rmcp does not
+/// serve in the session they name (`routed` false: `initialize`, a stateless server, a
+/// 2026-07-28 request, whose `Mcp-Session-Id` may be stale or made up and shared by strangers)
+/// and notifications are not tracked.
 fn claim_id(
     ids: &InFlightIds,
     parts: &http::request::Parts,
     message: &rmcp::model::ClientJsonRpcMessage,
+    routed: bool,
 ) -> Result<Option<IdInFlight>, serde_json::Value> {
     let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(None) };
+    if !routed {
+        return Ok(None);
+    }
     let Some(session) = session_id(parts) else { return Ok(None) };
     let entry = (session.to_owned(), request.id.clone());
     if !ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(entry.clone()) {
@@ -1184,6 +1190,25 @@ mod tests {
             .unwrap();
         let answer = tower_service::Service::call(&mut server, request).await.unwrap();
         assert_eq!(answer.status(), http::StatusCode::FORBIDDEN);
+    }
+
+    /// Request ids are unique within a session (MCP 2025-11-25 "Basic"). A request rmcp serves
+    /// without one (sessions off; a stale or made-up `Mcp-Session-Id` it does not route by) shares
+    /// no session with another that carries the same header, so the same id in both is no reuse.
+    #[tokio::test]
+    async fn request_ids_are_claimed_only_in_a_session() {
+        let mut config = StreamableHttpServerConfig::default();
+        config.legacy_session_mode = false;
+        let mut server = service(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            config,
+        );
+        // The first answer's body is held open: its request is still in flight.
+        let first = post(&mut server, "alice", Some("stale"), list()).await;
+        assert_eq!(first.status(), http::StatusCode::OK);
+        let second = text(post(&mut server, "bob", Some("stale"), list()).await).await;
+        assert!(second.contains(r#""tools":[]"#), "{second}");
+        drop(first);
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.
