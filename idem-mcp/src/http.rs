@@ -543,7 +543,13 @@ where
                 if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await {
                     return Ok(refused);
                 }
-                return Ok(reply(status, own));
+                // A JSON-RPC answer, also with an HTTP error status (400).
+                let mut answer = reply(status, own);
+                answer.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                return Ok(answer);
             }
             let delete = (parts.method == http::Method::DELETE).then(|| parts.clone());
             // MCP 2025-11-25 "Transports" (Session Management): a request naming a terminated
@@ -1080,6 +1086,8 @@ mod tests {
         let again = post(&mut server, "alice", Some(&session), initialize()).await;
         assert_eq!(again.status(), http::StatusCode::BAD_REQUEST);
         assert!(again.headers().get(SESSION_HEADER).is_none(), "no new session");
+        // A JSON-RPC answer says it is JSON, whatever its status.
+        assert_eq!(again.headers()[http::header::CONTENT_TYPE], "application/json");
         let answer: serde_json::Value = serde_json::from_str(&text(again).await).unwrap();
         assert_eq!(answer["error"]["code"], -32600, "{answer}");
         assert_eq!(answer["id"], 1, "{answer}");
