@@ -824,6 +824,16 @@ mod tests {
         service(make, config)
     }
 
+    /// The service's answer to `request`, once it is ready.
+    async fn serve<S>(server: &mut S, request: http::Request<Full<Bytes>>) -> Response
+    where
+        S: tower_service::Service<http::Request<Full<Bytes>>, Response = Response>,
+        S::Error: std::fmt::Debug,
+    {
+        std::future::poll_fn(|cx| server.poll_ready(cx)).await.unwrap();
+        server.call(request).await.unwrap()
+    }
+
     async fn post<H: rmcp::ServerHandler + Send + 'static>(
         server: &mut Checked<StreamableHttpService<H, LocalSessionManager>>,
         user: &str,
@@ -840,12 +850,7 @@ mod tests {
             request = request.header(SESSION_HEADER, session);
         }
         let request = request.body(Full::new(Bytes::from(body.to_string()))).unwrap();
-        std::future::poll_fn(|cx| {
-            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(server, cx)
-        })
-        .await
-        .unwrap();
-        tower_service::Service::call(server, request).await.unwrap()
+        serve(server, request).await
     }
 
     fn initialize() -> serde_json::Value {
@@ -983,12 +988,7 @@ mod tests {
             .header("mcp-name", "send_message")
             .body(Full::new(Bytes::from(body)))
             .unwrap();
-        std::future::poll_fn(|cx| {
-            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
-        })
-        .await
-        .unwrap();
-        let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+        let answer = serve(&mut server, request).await;
         let status = answer.status();
         let text = text(answer).await;
         assert_eq!(status, http::StatusCode::OK, "{text}");
@@ -1036,12 +1036,7 @@ mod tests {
             .header(SESSION_HEADER, session)
             .body(Full::new(Bytes::new()))
             .unwrap();
-        std::future::poll_fn(|cx| {
-            tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(server, cx)
-        })
-        .await
-        .unwrap();
-        tower_service::Service::call(server, request).await.unwrap().status()
+        serve(server, request).await.status()
     }
 
     /// MCP 2025-11-25 "Transports" (Session Management): once a session is terminated the server
@@ -1122,12 +1117,7 @@ mod tests {
             let body =
                 if method == http::Method::POST { initialize().to_string() } else { String::new() };
             let request = request.body(Full::new(Bytes::from(body))).unwrap();
-            std::future::poll_fn(|cx| {
-                tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
-            })
-            .await
-            .unwrap();
-            tower_service::Service::call(&mut server, request).await.unwrap()
+            serve(&mut server, request).await
         };
         let mut session = None;
         for accept in
@@ -1175,12 +1165,7 @@ mod tests {
                     b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}",
                 )))
                 .unwrap();
-            std::future::poll_fn(|cx| {
-                tower_service::Service::<http::Request<Full<Bytes>>>::poll_ready(&mut server, cx)
-            })
-            .await
-            .unwrap();
-            let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+            let answer = serve(&mut server, request).await;
             let status = answer.status();
             let body = text(answer).await;
             assert_eq!(status, want, "{kind}: {body}");
@@ -1196,7 +1181,7 @@ mod tests {
             .header("accept", "application/json, text/event-stream")
             .body(Full::new(Bytes::from_static(b"{\"id\":\"\xff\"}")))
             .unwrap();
-        let answer = tower_service::Service::call(&mut server, request).await.unwrap();
+        let answer = serve(&mut server, request).await;
         assert_eq!(answer.status(), http::StatusCode::FORBIDDEN);
     }
 
