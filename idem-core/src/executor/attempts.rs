@@ -201,15 +201,13 @@ impl<T: Tool> Call<'_, T> {
                     Err(message) => {
                         budget.on_failure();
                         let message = format!("`Classify::classify` panicked: {message}");
-                        let kept = if reconciles { args.as_ref() } else { None };
-                        return self.after_panic(fence, attempt, message, kept).await;
+                        return self.after_panic(fence, attempt, message, args.as_ref()).await;
                     }
                 },
                 Attempt::TimedOut => (Failure::ambiguous(), None),
                 Attempt::Panicked(message) => {
                     budget.on_failure();
-                    let kept = if reconciles { args.as_ref() } else { None };
-                    return self.after_panic(fence, attempt, message, kept).await;
+                    return self.after_panic(fence, attempt, message, args.as_ref()).await;
                 }
             };
             let error = match error {
@@ -350,8 +348,8 @@ impl<T: Tool> Call<'_, T> {
         err
     }
 
-    /// An attempt that panicked, with the arguments `kept` for the tool's check when it has
-    /// one: a never tool's outcome is not known, and its check is asked before "outcome unknown"
+    /// An attempt that panicked, with the arguments `kept` (a tool with a check keeps a copy for
+    /// it): a never tool's outcome is not known, and its check is asked before "outcome unknown"
     /// is answered (as after an ambiguous failure; only the fence's holder asks): happened, its
     /// output is the call's; not happened, the key is released and the caller gets `Panicked`.
     async fn after_panic(
@@ -361,7 +359,9 @@ impl<T: Tool> Call<'_, T> {
         message: String,
         kept: Option<&T::Args>,
     ) -> Result<T::Output, Error<T::Error>> {
-        if let (RetryClass::Never, Some(fence), Some(kept)) = (self.class(), fence, kept) {
+        if let (RetryClass::Never, true, Some(fence), Some(kept)) =
+            (self.class(), self.tool.reconciles(), fence, kept)
+        {
             if let Holds::Lost = self.still_holds(fence).await {
                 tracing::error!(tool = self.name(), attempt, panic = %message, "the tool panicked");
                 return Err(self.lease_lost());
