@@ -125,20 +125,6 @@ pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
 ///   Schema reader take: `null` stays allowed, so a host that makes every property required
 ///   (strict mode) still lets the model send `null` for `None`.
 fn host_readable(schema: &mut serde_json::Map<String, Value>) {
-    host_readable_object(schema);
-}
-
-/// [`host_readable`] of one subschema.
-fn host_readable_value(schema: &mut Value) {
-    match schema {
-        Value::Bool(true) => *schema = Value::Object(serde_json::Map::new()),
-        Value::Bool(false) => *schema = serde_json::json!({ "not": {} }),
-        Value::Object(object) => host_readable_object(object),
-        _ => {}
-    }
-}
-
-fn host_readable_object(schema: &mut serde_json::Map<String, Value>) {
     one_type_each(schema);
     for keyword in ["properties", "$defs", "definitions", "patternProperties", "dependentSchemas"] {
         if let Some(Value::Object(members)) = schema.get_mut(keyword) {
@@ -161,6 +147,16 @@ fn host_readable_object(schema: &mut serde_json::Map<String, Value>) {
         if let Some(sub @ (Value::Object(_) | Value::Bool(true))) = schema.get_mut(keyword) {
             host_readable_value(sub);
         }
+    }
+}
+
+/// [`host_readable`] of one subschema, which may be a boolean.
+fn host_readable_value(schema: &mut Value) {
+    match schema {
+        Value::Bool(true) => *schema = Value::Object(serde_json::Map::new()),
+        Value::Bool(false) => *schema = serde_json::json!({ "not": {} }),
+        Value::Object(object) => host_readable(object),
+        _ => {}
     }
 }
 
