@@ -137,6 +137,7 @@ mod fail;
 mod leaves;
 mod map_keys;
 mod plain;
+pub(crate) mod refuse;
 mod serializer;
 #[cfg(test)]
 mod tests;

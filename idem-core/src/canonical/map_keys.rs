@@ -100,45 +100,5 @@ impl ser::Serializer for KeySer<'_> {
     ) -> Result<(), Fail> {
         non_string_key()
     }
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Fail> {
-        non_string_key()
-    }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Fail> {
-        non_string_key()
-    }
-    fn serialize_tuple_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleStruct, Fail> {
-        non_string_key()
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Fail> {
-        non_string_key()
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Fail> {
-        non_string_key()
-    }
-    fn serialize_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStruct, Fail> {
-        non_string_key()
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Fail> {
-        non_string_key()
-    }
+    crate::canonical::refuse::refuse_compounds!(Fail, non_string_key());
 }

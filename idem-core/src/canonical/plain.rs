@@ -541,47 +541,7 @@ impl ser::Serializer for KeyW<'_, '_> {
     ) -> Result<(), Stop> {
         Err(Stop)
     }
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Stop> {
-        Err(Stop)
-    }
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Stop> {
-        Err(Stop)
-    }
-    fn serialize_tuple_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleStruct, Stop> {
-        Err(Stop)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, Stop> {
-        Err(Stop)
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Stop> {
-        Err(Stop)
-    }
-    fn serialize_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStruct, Stop> {
-        Err(Stop)
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, Stop> {
-        Err(Stop)
-    }
+    crate::canonical::refuse::refuse_compounds!(Stop, Err(Stop));
     fn collect_str<T: fmt::Display + ?Sized>(self, value: &T) -> Result<(), Stop> {
         self.0.out.push(b'"');
         write!(Escaping(self.0.out), "{value}").map_err(|_| Stop)?;

@@ -101,53 +101,7 @@ impl Serializer for NoneProbe {
     }
 
     // A compound value is not none: refusing it here ends the probe before any element.
-    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_tuple_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleStruct, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeTupleVariant, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_struct(
-        self,
-        _name: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStruct, NotNone> {
-        Err(NotNone)
-    }
-
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _len: usize,
-    ) -> Result<Self::SerializeStructVariant, NotNone> {
-        Err(NotNone)
-    }
+    crate::canonical::refuse::refuse_compounds!(NotNone, Err(NotNone));
 }
 
 #[cfg(test)]
