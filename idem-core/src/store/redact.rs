@@ -7,6 +7,34 @@ use std::borrow::Cow;
 /// What replaces a password.
 const MASK: &str = "***";
 
+/// A store URL or connection string kept for later use, whose `Debug` is [`redacted`]: a type
+/// holding one derives `Debug` and prints no password, whatever fields it gains.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+#[derive(Clone)]
+pub(crate) struct SecretUrl(String);
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+impl SecretUrl {
+    pub(crate) fn new(url: impl Into<String>) -> SecretUrl {
+        SecretUrl(url.into())
+    }
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+impl std::ops::Deref for SecretUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+impl std::fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&redacted(&self.0), f)
+    }
+}
+
 /// `url` with its password masked: the part of a URL's user info after `:` (`postgres://app:***@db`,
 /// also in a URL whose scheme is mistyped, cut short or missing, as `redis:/:***@host` or
 /// `app:***@db`), and the value of every `password` pair (a libpq key=value string, spaces around

@@ -15,6 +15,7 @@ use super::schema::{Schema, ensure_schema};
 use super::tls::Target;
 use super::{CONNECT_TIMEOUT, PostgresStore};
 use crate::store::StoreError;
+use crate::store::redact::SecretUrl;
 
 /// How [`PostgresStore::from_pool_with`] uses the application's pool.
 ///
@@ -25,21 +26,11 @@ use crate::store::StoreError;
 /// let options = PoolOptions::new().pgbouncer(true).listen("host=db.internal user=app dbname=app");
 /// # let _ = options;
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct PoolOptions {
-    listen: Option<String>,
+    /// Printed without its password (`redact.rs`).
+    listen: Option<SecretUrl>,
     pgbouncer: bool,
-}
-
-/// The listen connection string with its password masked (`redact.rs`).
-impl std::fmt::Debug for PoolOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let listen = self.listen.as_deref().map(crate::store::redact::redacted);
-        f.debug_struct("PoolOptions")
-            .field("listen", &listen)
-            .field("pgbouncer", &self.pgbouncer)
-            .finish()
-    }
 }
 
 impl PoolOptions {
@@ -56,7 +47,7 @@ impl PoolOptions {
     /// probe notification does not arrive (PgBouncer in transaction mode) is detected, and
     /// waiters poll.
     pub fn listen(mut self, conninfo: impl Into<String>) -> Self {
-        self.listen = Some(conninfo.into());
+        self.listen = Some(SecretUrl::new(conninfo));
         self
     }
 
@@ -201,7 +192,7 @@ impl PostgresStore {
     /// another version.
     pub async fn from_pool(pool: Pool, listen: Option<&str>) -> Result<Self, StoreError> {
         let mut options = PoolOptions::new();
-        options.listen = listen.map(str::to_owned);
+        options.listen = listen.map(SecretUrl::new);
         Self::from_pool_with(pool, options).await
     }
 

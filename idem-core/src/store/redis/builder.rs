@@ -15,13 +15,15 @@ use super::route::{Conn, Replicas};
 use super::scripts::Scripts;
 use super::{Inner, RedisStore, conn};
 use crate::store::StoreError;
+use crate::store::redact::SecretUrl;
 use crate::store::wait::WaiterMap;
 
 /// Builds a [`RedisStore`]: the URL, a key prefix, timeouts and the replica wait.
 #[must_use = "a builder does nothing until `open` or `open_lazy` is called"]
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RedisStoreBuilder {
-    pub(super) url: String,
+    /// Printed without its password (`redact.rs`): a builder is printed in logs.
+    pub(super) url: SecretUrl,
     /// Set by [`prefix`](Self::prefix); else the URL's, else `idem`.
     pub(super) prefix: Option<String>,
     pub(super) response_timeout: Duration,
@@ -31,22 +33,6 @@ pub struct RedisStoreBuilder {
     pub(super) replay_reads: bool,
     /// Set by [`allow_eviction`](Self::allow_eviction); else the URL's, else refused.
     pub(super) allow_eviction: Option<bool>,
-}
-
-/// The URL with its password masked (`redact.rs`): a builder is printed in logs.
-impl std::fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("url", &crate::store::redact::redacted(&self.url))
-            .field("prefix", &self.prefix)
-            .field("response_timeout", &self.response_timeout)
-            .field("connection_timeout", &self.connection_timeout)
-            .field("wait", &self.wait)
-            .field("native_claims", &self.native_claims)
-            .field("replay_reads", &self.replay_reads)
-            .field("allow_eviction", &self.allow_eviction)
-            .finish()
-    }
 }
 
 impl RedisStoreBuilder {

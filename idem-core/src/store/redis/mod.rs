@@ -252,7 +252,7 @@ impl RedisStore {
     /// and connection timeouts.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            url: crate::store::redact::SecretUrl::new(url),
             prefix: None,
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
