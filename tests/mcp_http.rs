@@ -8,11 +8,13 @@
 //! - cancelling a joiner (`notifications/cancelled`) leaves the shared run alone;
 //! - a restart on SQLite replays a charge and keeps an unknown refund unknown;
 //! - a body over the server's limit is 413, also when the server would answer it itself;
-//! - a request reusing the id of one in flight in its session is -32600 and runs nothing;
+//! - a request reusing the id of one in flight in its session is 400, -32600 and runs nothing;
 //! - a session DELETEd mid-call: the call is stored once and replayed in a new session, 404
 //!   after; a dropped response stream resumes with GET and `Last-Event-ID`;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
-//! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is;
+//! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is, with
+//!   400, as is a body that is not JSON or a batch (MCP "Transports": input the server cannot
+//!   accept is an HTTP error);
 //! - a message answered before rmcp reads it (bad arguments) still gets 404 for an unknown
 //!   session and 400 for none, and 403 for a forbidden `Host` or `Origin`, as rmcp answers any
 //!   message there; a notification the server cannot accept, or an empty body, is 400;

@@ -282,6 +282,32 @@ fn session_id(parts: &http::request::Parts) -> Option<&str> {
     parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
 }
 
+/// The HTTP status of a JSON-RPC answer [`Checked`] gives itself: 400 for a message it refuses
+/// (a parse error, an invalid request), as MCP 2025-11-25 "Transports" requires for input the
+/// server cannot accept and as the official Python and TypeScript SDKs answer; 200 for an answer
+/// to a request it accepted (an `isError` tool result for bad arguments).
+fn status_of(answer: &serde_json::Value) -> http::StatusCode {
+    let refused = [ErrorCode::PARSE_ERROR.0, ErrorCode::INVALID_REQUEST.0];
+    match answer.pointer("/error/code").and_then(serde_json::Value::as_i64) {
+        Some(code) if refused.iter().any(|&c| i64::from(c) == code) => {
+            http::StatusCode::BAD_REQUEST
+        }
+        _ => http::StatusCode::OK,
+    }
+}
+
+/// A JSON-RPC answer with this status, typed `application/json`.
+fn json_reply(status: http::StatusCode, answer: &serde_json::Value) -> Response {
+    with_json_type(reply(status, answer.to_string().into()))
+}
+
+fn with_json_type(mut answer: Response) -> Response {
+    answer
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    answer
+}
+
 /// rmcp's answer for a session it does not know.
 fn unknown_session() -> Response {
     reply(http::StatusCode::NOT_FOUND, Bytes::from_static(b"Not Found: Session not found"))
@@ -295,8 +321,10 @@ fn unknown_session() -> Response {
 /// refuse for the request's head comes first: an unknown `Mcp-Session-Id` is 404 whatever the
 /// body, a missing one 400, as rmcp answers them. A body longer than the config's
 /// `max_request_body_bytes` is refused with 413, as rmcp refuses it, without keeping more than
-/// that of it or reading any of it as JSON. A request that reuses the id of a request still in
-/// flight in its session is -32600 and does not run (see `claim_id`); an `initialize` naming a
+/// that of it or reading any of it as JSON. A message refused here (a parse error, an invalid
+/// request) is answered with 400 and its JSON-RPC error (see `status_of`). A request that reuses
+/// the id of a request still in flight in its session is -32600 and does not run (see
+/// `claim_id`); an `initialize` naming a
 /// live session is 400 with -32600 (MCP 2025-11-25 "Lifecycle": once per session), and a `DELETE`
 /// naming a session this service does not know is 404, as any other request naming it. `Accept`
 /// ranges (`*/*`, `application/*`, `text/*`) cover the types they name (see `widen_accept`).
@@ -464,7 +492,7 @@ where
                         ErrorCode::PARSE_ERROR,
                         "Parse error: the body is not UTF-8, which JSON text must be",
                     );
-                    return Ok(reply(http::StatusCode::OK, answer.to_string().into()));
+                    return Ok(json_reply(http::StatusCode::BAD_REQUEST, &answer));
                 }
                 Err(_) => None,
             };
@@ -472,7 +500,7 @@ where
                 // What Checked answers itself: a JSON-RPC answer (or 202 for a bad
                 // notification), after rmcp's answer for the request's head, if any.
                 let (status, own) = match check_message(text) {
-                    Inbound::Reply(answer) => (http::StatusCode::OK, answer.to_string().into()),
+                    Inbound::Reply(answer) => (status_of(&answer), answer.to_string().into()),
                     // MCP 2025-11-25 "Transports": input the server cannot accept MUST get an
                     // HTTP error (202 is for accepted notifications and responses).
                     Inbound::Ignore => {
@@ -519,7 +547,7 @@ where
                         let claimed = match reinitialize {
                             Some(refused) => Err((http::StatusCode::BAD_REQUEST, refused)),
                             None => claim_id(&in_flight, &parts, &message, routed)
-                                .map_err(|reused| (http::StatusCode::OK, reused)),
+                                .map_err(|reused| (http::StatusCode::BAD_REQUEST, reused)),
                         };
                         match claimed {
                             Err((status, answer)) => (status, answer.to_string().into()),
@@ -544,12 +572,7 @@ where
                     return Ok(refused);
                 }
                 // A JSON-RPC answer, also with an HTTP error status (400).
-                let mut answer = reply(status, own);
-                answer.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                return Ok(answer);
+                return Ok(with_json_type(reply(status, own)));
             }
             let delete = (parts.method == http::Method::DELETE).then(|| parts.clone());
             // MCP 2025-11-25 "Transports" (Session Management): a request naming a terminated
@@ -1155,7 +1178,7 @@ mod tests {
         for (kind, want) in [
             ("application/jsonx", http::StatusCode::UNSUPPORTED_MEDIA_TYPE),
             ("application/json-seq", http::StatusCode::UNSUPPORTED_MEDIA_TYPE),
-            ("Application/JSON; charset=utf-8", http::StatusCode::OK),
+            ("Application/JSON; charset=utf-8", http::StatusCode::BAD_REQUEST),
         ] {
             let request = http::Request::post("http://localhost/mcp")
                 .header("host", "localhost")
@@ -1169,7 +1192,7 @@ mod tests {
             let status = answer.status();
             let body = text(answer).await;
             assert_eq!(status, want, "{kind}: {body}");
-            if want == http::StatusCode::OK {
+            if want == http::StatusCode::BAD_REQUEST {
                 assert!(body.contains("-32700"), "{kind}: {body}");
             }
         }

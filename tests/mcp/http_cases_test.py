@@ -349,7 +349,7 @@ async def not_utf8(binary, work):
         }
         async with httpx2.AsyncClient(headers=headers) as c:
             r = await c.post(url, content=b'{"jsonrpc":"2.0","id":7,"method":"ping","params":{"x":"\xff\xfe"}}')
-            check(r.status_code == 200, f"status {r.status_code}: {r.text}")
+            check(r.status_code == 400, f"status {r.status_code}: {r.text}")
             body = r.json()
             check(body.get("error", {}).get("code") == -32700, f"{body}")
             check(body.get("id", 0) is None, f"{body}")
@@ -403,7 +403,15 @@ async def sessions(binary, work):
             check(result.get("isError") is True, f"bad arguments, live: {r.text}")
             check("invalid_arguments" in result["content"][0]["text"], r.text)
             r = await c.post(url, headers={"Mcp-Session-Id": live}, content=repeated)
-            check(r.status_code == 200 and r.json()["error"]["code"] == -32600, r.text)
+            check(r.status_code == 400 and r.json()["error"]["code"] == -32600, r.text)
+            # Input the server cannot accept is an HTTP error with its JSON-RPC error (MCP
+            # "Transports"; the Python and TypeScript SDKs answer the same): not JSON, a batch.
+            for body, code in [("charge the card please", -32700), ('{"jsonrpc":"2.0","id":9,', -32700),
+                               ('[{"jsonrpc":"2.0","id":9,"method":"ping"}]', -32600)]:
+                r = await c.post(url, headers={"Mcp-Session-Id": live}, content=body)
+                check(r.status_code == 400, f"{body!r}: {r.status_code} {r.text}")
+                check(r.headers.get("content-type", "").startswith("application/json"), f"{r.headers}")
+                check(r.json()["error"]["code"] == code, f"{body!r}: {r.text}")
             # A notification the server cannot accept is an HTTP error (MCP "Transports"), and
             # so is an empty body; 202 is for what it accepts.
             for body in [bad_note, ""]:
@@ -580,7 +588,7 @@ async def duplicate_ids(binary, work):
             async with asyncio.timeout(HANG_GUARD):
                 again = await c.post(url, headers=head,
                                      json=raw_call(7, {"customer": "cus_e", "amount_cents": 6}, "conv-D"))
-            check(again.status_code == 200, f"reused id: {again.status_code} {again.text}")
+            check(again.status_code == 400, f"reused id: {again.status_code} {again.text}")
             refusal = again.json()
             check(refusal["id"] == 7 and refusal["error"]["code"] == -32600, f"reused id: {again.text}")
             check("already used" in refusal["error"]["message"], again.text)
