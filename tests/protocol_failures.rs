@@ -36,6 +36,8 @@ enum Fault {
     SlowClaims(Duration),
     /// The server goes down after the claim: `complete` fails.
     CompleteFails,
+    /// The store's data is damaged: every operation fails, and waiting does not mend it.
+    Damaged,
 }
 
 /// The in-memory store with `fault` injected.
@@ -58,6 +60,11 @@ impl Hook for Fault {
                 Ok(())
             }
             (Fault::CompleteFails, Op::Complete { .. }) => Err(down()),
+            (Fault::Damaged, _) => Err(StoreError::Damaged(
+                "the SQLite database at /var/idem.db is damaged (database disk image is \
+                 malformed); restore it from a backup"
+                    .into(),
+            )),
             _ => Ok(()),
         }
     }
@@ -90,6 +97,22 @@ async fn when_the_store_is_down_keyed_and_never_tools_do_not_run() {
         .build();
     assert!(open.run("r").call(&*tool, args("c", 1)).await.is_ok());
     assert_eq!(tool.runs(), 2);
+}
+
+/// A damaged store fails closed, and the caller is told to restore it, not to upgrade idem: no
+/// version reads a damaged file, and a record-level "incompatible" would send the operator after
+/// an upgrade that cannot help.
+#[tokio::test(start_paused = true)]
+async fn a_damaged_store_fails_closed_and_says_restore_not_upgrade() {
+    for class in [RetryClass::Keyed, RetryClass::Never] {
+        let tool = PayTool::new(class, ToolOptions::default(), &[], Step::Succeed);
+        let got = Idem::new(faulty(Fault::Damaged)).run("r").call(&*tool, args("cus_1", 49)).await;
+        let Err(e @ Error::StoreUnavailable { .. }) = got else { panic!("{class}: {got:?}") };
+        let told = idem_core::ErrorChain(&e).to_string();
+        assert!(told.contains("restore it from a backup"), "{class}: {told}");
+        assert!(!told.to_lowercase().contains("upgrade"), "{class}: {told}");
+        assert_eq!(tool.runs(), 0, "{class}: fail closed");
+    }
 }
 
 /// An empty caller key (an absent `Idempotency-Key` header passed on as `""`) is refused before

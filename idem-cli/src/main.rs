@@ -215,7 +215,7 @@ impl From<idem_core::StoreError> for Failure {
         use idem_core::StoreError as E;
         let exit = match &e {
             E::Unavailable(_) => Exit::Unavailable,
-            E::Incompatible(_) => Exit::Incompatible,
+            E::Incompatible(_) | E::Damaged(_) => Exit::Incompatible,
             E::InvalidConfig(_) | E::InvalidCursor(_) => Exit::Usage,
             E::LeaseLost => Exit::Refused,
             _ => Exit::Failed,

@@ -167,8 +167,14 @@ pub enum StoreError {
     LeaseLost,
     /// A record or schema was written by another version of idem and is not understood. Nothing is
     /// replayed from it.
-    #[error("incompatible record or schema: {0}{remedy}", remedy = incompatible_remedy(.0))]
+    #[error("incompatible record or schema: {0}; upgrade idem, or migrate the store")]
     Incompatible(String),
+    /// The store's own data is damaged (a SQLite file cut short by a full disk, overwritten by a
+    /// bad copy): neither this version of idem nor another can read it, and waiting does not
+    /// mend it. Nothing was attempted; restore the store from a backup. The reason names what
+    /// is damaged and how to list it.
+    #[error("damaged store: {0}")]
+    Damaged(String),
     /// The store does not implement this operation (a store written outside idem that only
     /// implements the claim protocol). Nothing was attempted.
     #[error("this store does not support {0}")]
@@ -186,15 +192,6 @@ pub enum StoreError {
         "not a cursor of this store: {0:?} (a cursor of another store, or of its servers before they changed); list from the first page, or give the `next` cursor of an earlier page"
     )]
     InvalidCursor(String),
-}
-
-/// The remedy of a damaged store, which its [`StoreError::Incompatible`] reason names itself.
-pub(crate) const RESTORE_FROM_BACKUP: &str = "restore it from a backup";
-
-/// What [`StoreError::Incompatible`] advises after its reason: nothing more when the reason
-/// names its own remedy (a damaged file, which no upgrade or migration reads).
-fn incompatible_remedy(reason: &str) -> &'static str {
-    if reason.contains(RESTORE_FROM_BACKUP) { "" } else { "; upgrade idem, or migrate the store" }
 }
 
 impl StoreError {

@@ -181,10 +181,9 @@ fn is_corrupt(e: &rusqlite::Error) -> bool {
 /// mend it, so not "unavailable" (which says: try again later).
 fn corrupt(at: Option<&Path>, e: &rusqlite::Error) -> StoreError {
     let at = at.map(|p| format!(" at {}", p.display())).unwrap_or_default();
-    StoreError::Incompatible(format!(
-        "the SQLite database{at} is damaged ({e}); {} (`PRAGMA integrity_check` lists what is \
-         damaged)",
-        super::RESTORE_FROM_BACKUP
+    StoreError::Damaged(format!(
+        "the SQLite database{at} is damaged ({e}); restore it from a backup (`PRAGMA \
+         integrity_check` lists what is damaged)"
     ))
 }
 
@@ -924,7 +923,7 @@ mod tests {
         std::fs::write(&cut, &bytes[..bytes.len().min(100)]).unwrap();
         for opened in [SqliteStore::open_existing(&cut), SqliteStore::open(&cut)] {
             match opened {
-                Err(StoreError::Incompatible(m)) => assert!(m.contains("damaged"), "{m}"),
+                Err(StoreError::Damaged(m)) => assert!(m.contains("damaged"), "{m}"),
                 Err(StoreError::InvalidConfig(_)) => {}
                 other => panic!("a damaged file must not be unavailable: {other:?}"),
             }
