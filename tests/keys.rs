@@ -168,6 +168,32 @@ fn raw_json_arguments_are_canonicalised_like_typed_ones() {
     assert_eq!(canon(&raw), canon(&typed));
 }
 
+/// RFC 8785 §3.1: no object may name a member twice. serde_json's `Value` keeps the last of
+/// two, so `{"to":"A","to":"B"}` and `{"to":"B"}` would share a key while the tool, reading the
+/// raw text with its own parser, may act on `A`.
+#[test]
+fn raw_json_that_names_a_member_twice_is_refused() {
+    #[derive(Serialize)]
+    struct Args {
+        extra: Box<serde_json::value::RawValue>,
+    }
+    for (text, path) in [
+        (r#"{"to":"acct-A","to":"acct-B"}"#, "extra.to"),
+        (r#"{"a":[{"to":1,"x":0,"to":1}]}"#, "extra.a[0].to"),
+        (r#"{"to":"acct-A","\u0074o":"acct-B"}"#, "extra.to"),
+    ] {
+        let extra: Box<serde_json::value::RawValue> = parse(text);
+        assert_eq!(
+            to_canonical_string(&Args { extra }),
+            Err(KeyError::DuplicateKey { path: path.into() }),
+            "{text}"
+        );
+    }
+    // Without a repeat, the same text is canonicalised as before.
+    let extra: Box<serde_json::value::RawValue> = parse(r#"{"to":"acct-B","amount":1.0}"#);
+    assert_eq!(canon(&Args { extra }), r#"{"extra":{"amount":1,"to":"acct-B"}}"#);
+}
+
 #[test]
 fn scope_run_tenant_and_tool_are_part_of_the_key() {
     let args = parse::<Charge>(r#"{"customer":"cus_1","amount":4900,"currency":"eur"}"#);

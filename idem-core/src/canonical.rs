@@ -108,8 +108,8 @@ pub(crate) fn describe(path: &str) -> String {
 ///
 /// Errors: [`KeyError::NonFinite`] for NaN and infinities, [`KeyError::NonStringKey`] for map keys
 /// that are not strings or integers, [`KeyError::DuplicateKey`] when two map keys become the same
-/// string, [`KeyError::Custom`] when the value's `Serialize` fails. On error `out` is left as it
-/// was.
+/// string or a `RawValue`'s text names a member twice, [`KeyError::Custom`] when the value's
+/// `Serialize` fails. On error `out` is left as it was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {
     let mark = out.len();
     let mut canon = Canon { out, bufs: Buffers::take(), depth: 0, nest: 0, wrappers: 0 };
@@ -137,6 +137,7 @@ mod fail;
 mod leaves;
 mod map_keys;
 mod plain;
+mod raw;
 pub(crate) mod refuse;
 mod serializer;
 #[cfg(test)]

@@ -25,6 +25,25 @@ fn raw_value_is_written_as_the_data_it_holds() {
     let raw = serde_json::value::RawValue::from_string(r#"{ "b": 1.50, "a": [1e2] }"#.into());
     let raw = raw.unwrap();
     assert_eq!(idem_core::to_canonical_string(&raw).unwrap(), r#"{"a":[100],"b":1.5}"#);
+    // Numbers arrive as text here too, and a repeated member is refused as without the features.
+    let raw = serde_json::value::RawValue::from_string(
+        r#"[18446744073709551616, -0, 1.0e0, -9223372036854775809, 7]"#.into(),
+    );
+    assert_eq!(
+        idem_core::to_canonical_string(&raw.unwrap()).unwrap(),
+        "[18446744073709552000,0,1,-9223372036854776000,7]"
+    );
+    // An object named like serde_json's private number is that number here, as for a `Value`.
+    let text = r#"{"$serde_json::private::Number":"1.50"}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    let raw = serde_json::value::RawValue::from_string(text.into()).unwrap();
+    assert_eq!(idem_core::to_canonical_string(&raw).unwrap(), "1.5");
+    assert_eq!(idem_core::to_canonical_string(&value).unwrap(), "1.5");
+    let raw = serde_json::value::RawValue::from_string(r#"{"a":1.5,"a":2}"#.into());
+    assert_eq!(
+        idem_core::to_canonical_string(&raw.unwrap()),
+        Err(idem_core::KeyError::DuplicateKey { path: "a".into() })
+    );
 }
 
 #[test]

@@ -531,9 +531,10 @@ impl ser::SerializeStruct for Struct<'_, '_> {
         match self {
             Struct::Obj(obj) => obj.field(key, value),
             Struct::Raw(ser) => {
-                // Parsed like any JSON arguments, then canonicalised like a serde_json::Value.
+                // Parsed like any JSON arguments, then canonicalised like a serde_json::Value,
+                // but with every member kept, so that a name given twice is refused.
                 let text = json_text(value)?;
-                let parsed: serde_json::Value = serde_json::from_str(&text)
+                let parsed: raw::Json = serde_json::from_str(&text)
                     .map_err(|e| ser::Error::custom(format_args!("invalid raw JSON: {e}")))?;
                 parsed.serialize(&mut **ser)
             }

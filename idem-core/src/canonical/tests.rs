@@ -316,6 +316,12 @@ fn serde_json_private_structs_carry_json_text() {
         to_canonical_string(&Private(RAW_VALUE_TOKEN, "{")),
         Err(KeyError::Custom(_))
     ));
+    // Raw text is read as a `Value` reads it: without `arbitrary_precision` (this build) an
+    // object named like serde_json's private number is an object.
+    let text = r#"{"$serde_json::private::Number":"5x"}"#;
+    let value: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert_eq!(raw(text), canon(&value));
+    assert_eq!(raw(text), text);
 }
 
 #[test]
