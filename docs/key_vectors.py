@@ -371,9 +371,28 @@ CALLER = [
 ]
 
 
+def read_json(text):
+    """JSON text as idem reads arguments: Python's json module would take NaN and Infinity, keep
+    the last of two members with one name, and pass a lone surrogate escape on; idem refuses
+    all three (docs/key-spec.md), so the reference does too."""
+
+    def unique(pairs):
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ValueError("an object names a member twice (RFC 8785 §3.1)")
+        return dict(pairs)
+
+    def no_constant(name):
+        raise ValueError(f"JSON has no {name}")
+
+    value = json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+    canonical(value).encode("utf-8")  # a lone surrogate cannot be encoded
+    return value
+
+
 def build():
     def common(shape, args_json):
-        canon = canonical(SHAPES[shape](json.loads(args_json)))
+        canon = canonical(SHAPES[shape](read_json(args_json)))
         return canon, fingerprint(canon.encode())
 
     keyed = []
@@ -394,7 +413,7 @@ def build():
         })
     tools = []
     for name, fn, name_attr, declaration, run, decl, args in TOOLS:
-        canon = canonical(params(decl)(json.loads(args)))
+        canon = canonical(params(decl)(read_json(args)))
         tool = tool_name(fn, name_attr)
         tools.append({
             "name": name, "declaration": declaration, "fn": fn, "tool": tool, "tenant": "",
@@ -412,6 +431,8 @@ def build():
 
 
 def main():
+    if sys.argv[1:] not in ([], ["--check"]):
+        sys.exit(__doc__)
     path = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "keys.json"
     text = json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
     if "--check" in sys.argv:
