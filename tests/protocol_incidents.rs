@@ -133,6 +133,49 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
     assert_eq!((fast.runs(), slow.runs()), (1, 1));
 }
 
+/// A worker paused between two attempts past its lease (a stalled process, a long retry-after
+/// whose renewals could not run) must not start its next attempt beside the owner that took the
+/// key over: a lease-based lock whose holder went on acting after it expired is the fault that
+/// fencing exists to stop. It waits for the new owner's outcome instead.
+#[tokio::test(start_paused = true)]
+async fn a_worker_paused_between_attempts_past_its_lease_does_not_retry_beside_the_new_owner() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    // A's first attempt fails before sending; its retry would succeed.
+    let flaky =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let slow = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    );
+    let run_a = a.run("r");
+    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    // Poll A until its first attempt ran (it is now in its backoff), then stop polling it.
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+
+    // B takes the expired lease over and starts its slow attempt.
+    let run_b = b.run("r");
+    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = slow.started.notified() => {}
+    }
+    // A resumes while B runs.
+    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    assert_eq!(b_result.unwrap(), "ch_1");
+    assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
+    assert_eq!(a_result.unwrap(), "ch_1", "A's caller gets the outcome of the new owner");
+    assert_eq!(slow.runs(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_long_call_renews_its_lease_so_nobody_takes_over() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());

@@ -112,10 +112,14 @@ impl<T: Tool> Call<'_, T> {
     pub(super) async fn attempts(
         &self,
         args: T::Args,
-        fence: Option<Fence>,
+        mut fence: Option<Fence>,
         mut started: Option<Instant>,
     ) -> Result<T::Output, Error<T::Error>> {
         let budget = &self.inner.budget;
+        if fence.is_some() {
+            // Just claimed (or confirmed by the check a takeover asked).
+            self.confirmed_at(started.unwrap_or_else(Instant::now));
+        }
         // A reconciling tool keeps the arguments for its check, after the last attempt too.
         let reconciles = self.tool.reconciles() && fence.is_some();
         let mut args = Some(args);
@@ -262,10 +266,23 @@ impl<T: Tool> Call<'_, T> {
                     budget.on_failure();
                     let stop = match self.next(attempt, &failure) {
                         Next::Retry { pause } => {
-                            if self.pause(fence, pause).await {
-                                continue;
+                            if !self.pause(fence, pause).await {
+                                return Err(self.stopped(fence, attempt).await);
                             }
-                            return Err(self.stopped(fence, attempt).await);
+                            // A call that paused past its lease (its process stalled, its
+                            // renewals failed) may have lost the key to another caller, who
+                            // runs the tool now: the next attempt starts only under a fence the
+                            // store still accepts. Asked only when the lease may have lapsed.
+                            if let Some(held) = fence
+                                && self.lease_may_have_lapsed()
+                                && let Holds::Lost = self.still_holds(held).await
+                            {
+                                match self.rejoin(attempt).await {
+                                    Ok(owned) => fence = Some(owned),
+                                    Err(answer) => return answer,
+                                }
+                            }
+                            continue;
                         }
                         Next::Stop(stop) => stop,
                     };
@@ -600,9 +617,13 @@ impl<T: Tool> Call<'_, T> {
     /// Whether this call still holds the key under `fence`, asked of the store (a fenced lease
     /// renewal, which also extends it).
     async fn still_holds(&self, fence: Fence) -> Holds {
+        let sent = Instant::now();
         let renewed = self.inner.store.renew(&self.key, fence, self.policy.lease);
         match self.bounded("renew", renewed).await {
-            Ok(()) => Holds::Yes,
+            Ok(()) => {
+                self.confirmed_at(sent);
+                Holds::Yes
+            }
             Err(StoreError::LeaseLost) => Holds::Lost,
             Err(e) => {
                 tracing::warn!(error = %Chain(&e), "cannot confirm the lease");
@@ -648,6 +669,31 @@ impl<T: Tool> Call<'_, T> {
                 self.store(fence, outcome, self.policy.ttl).await.map(|()| output)
             }
             Err(_) => Err(lost()),
+        }
+    }
+
+    /// This call's lease was taken over while it paused before a retry, after `attempts`
+    /// attempts: the key is the new owner's, and so is the answer. Waits for it, as a call whose
+    /// completion found its lease lost does ([`Call::after_lease_lost`]); if the new owner let
+    /// the key go, the call owns it again under the fence it is given (`Ok`).
+    async fn rejoin(&self, attempts: u32) -> Result<Fence, Result<T::Output, Error<T::Error>>> {
+        let ran = self.served.get();
+        match self.acquire(OnExpired::TakeOver, false).await {
+            Ok(Owned::Fence { fence, .. }) => {
+                self.confirmed_at(Instant::now());
+                Ok(fence)
+            }
+            Ok(Owned::Answer(answer)) => {
+                // This call ran its tool: it did not replay or join, whatever the claim says.
+                if let Some(ran) = ran {
+                    self.label(ran);
+                }
+                Err(match answer {
+                    Err(Error::Cancelled { .. }) => Err(self.cancelled(attempts)),
+                    answer => answer,
+                })
+            }
+            Err(e) => Err(Err(self.store_error(e))),
         }
     }
 

@@ -2,7 +2,8 @@
 //! running with or without the store, and replay of a stored or shared outcome.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -46,6 +47,10 @@ pub(super) struct Call<'a, T: Tool> {
     /// This call has waited for another owner ([`Call::waiting`]): its wait hook hears when it
     /// becomes the owner.
     pub(super) waited: AtomicBool,
+    /// When this call last knew its lease to run a full lease from (a claim or a renewal it
+    /// sent that the store accepted), in nanoseconds after `started`: a retry after a pause
+    /// longer than that confirms the fence first ([`Call::confirmed_at`]).
+    pub(super) confirmed: AtomicU64,
 }
 
 /// What the leader hands to joiners when its call succeeded, built only when someone joined: the
@@ -216,6 +221,25 @@ impl<T: Tool> Call<'_, T> {
                 .try_map_tool(|json| decode::<T::Error, T::Error>(self.name(), self.key, &json))
                 .unwrap_or_else(|e| e)),
         }
+    }
+
+    /// Notes that the lease ran a full lease from `at` (a claim or a renewal sent then, which the
+    /// store accepted).
+    pub(super) fn confirmed_at(&self, at: Instant) {
+        let nanos = u64::try_from(at.saturating_duration_since(self.started).as_nanos())
+            .unwrap_or(u64::MAX);
+        self.confirmed.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// Whether three quarters of a lease passed since this call last knew its lease to run: it
+    /// may have paused past it (a stalled process, renewals that failed or did not answer), and
+    /// another caller may have taken the key over. Not all of it: a store may measure the lease
+    /// on a clock that drifts from this one.
+    pub(super) fn lease_may_have_lapsed(&self) -> bool {
+        let confirmed = Duration::from_nanos(self.confirmed.load(Ordering::Relaxed));
+        let since =
+            Instant::now().saturating_duration_since(self.started).saturating_sub(confirmed);
+        since >= self.policy.lease.saturating_mul(3) / 4
     }
 
     pub(super) fn uses_store(&self) -> bool {

@@ -244,9 +244,14 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) async fn renew(&self, fence: Fence) {
-        if let Err(e) =
-            self.bounded("renew", self.inner.store.renew(&self.key, fence, self.policy.lease)).await
-        {
+        let sent = Instant::now();
+        let renewed = self
+            .bounded("renew", self.inner.store.renew(&self.key, fence, self.policy.lease))
+            .await;
+        if renewed.is_ok() {
+            self.confirmed_at(sent);
+        }
+        if let Err(e) = renewed {
             // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
             // LeaseLost when the outcome is stored.
             tracing::warn!(error = %Chain(&e), "lease renewal failed");

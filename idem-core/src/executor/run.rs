@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -210,6 +210,7 @@ impl Run {
             stop: self.stop.as_ref(),
             caller_key: self.caller_key.as_ref(),
             waited: AtomicBool::new(false),
+            confirmed: AtomicU64::new(0),
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
         // into the wrapper) for it.
