@@ -149,3 +149,31 @@ async fn a_slow_renewal_does_not_hold_up_the_work_it_renews() {
     assert_eq!(charged, "ch_1");
     assert!(took < Duration::from_secs(3), "answered {took:?} after the start, not at 2.5 s");
 }
+
+static LIMITED_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Rate limited on its first attempt ("retry after 1.5 s"), then charges; its lease of 3 s is
+/// renewed every second, so one renewal falls inside the pause.
+#[tool(retry = "keyed", lease = "3s")]
+async fn limited_charge(tag: String) -> Result<String, idem_core::ToolFailure> {
+    if LIMITED_RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(idem_core::ToolFailure::transient("rate limited")
+            .retry_after(Duration::from_millis(1500)));
+    }
+    Ok(format!("ch_{tag}"))
+}
+
+/// A renewal slow to answer runs beside the pause before a retry too, as beside an attempt: the
+/// retry starts when the provider's retry-after ends (1.5 s), not when the renewal in progress
+/// then answers (5 s), which could also push it past the call's deadline.
+#[tokio::test(start_paused = true)]
+async fn a_slow_renewal_does_not_stretch_the_pause_before_a_retry() {
+    let store = Arc::new(Wrapped::new(SlowRenewals));
+    let idem = Idem::builder_shared(store).build();
+    let started = tokio::time::Instant::now();
+    let charged = limited_charge(&idem.run("slow-renewals-pause"), "1".into()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(charged, "ch_1");
+    assert_eq!(LIMITED_RUNS.load(Ordering::SeqCst), 2, "one retry");
+    assert!(took < Duration::from_secs(2), "answered {took:?} after the start, not at 1.5 s");
+}

@@ -265,22 +265,20 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// Sleeps `pause`, still renewing the lease (a provider's retry-after may be longer than the
-    /// lease).
+    /// lease). The renewals run beside the pause, not in it, as beside an attempt: a store slow
+    /// to answer a renewal (up to the store timeout) must not make the pause longer than asked,
+    /// which would start the retry late, or past the call's deadline.
     async fn pause_renewing(&self, fence: Option<Fence>, pause: Duration) {
-        let until = later(Instant::now(), pause);
+        let until = tokio::time::sleep_until(later(Instant::now(), pause));
         let Some(fence) = fence else {
-            tokio::time::sleep_until(until).await;
+            until.await;
             return;
         };
-        let period = self.policy.lease / 3;
-        loop {
-            let next = later(Instant::now(), period);
-            if next >= until {
-                tokio::time::sleep_until(until).await;
-                return;
-            }
-            tokio::time::sleep_until(next).await;
-            self.renew(fence).await;
+        let mut renewals = std::pin::pin!(self.renewals(fence));
+        tokio::select! {
+            biased;
+            () = until => {}
+            never = &mut renewals => match never {},
         }
     }
 
