@@ -46,6 +46,9 @@ enum Step {
     TimeoutNoEffect,
     /// The refund is made and the reply arrives.
     Ok,
+    /// The refund is made, then the reply never comes (the caller gives up on the call, or its
+    /// process dies).
+    EffectThenHang,
     /// While the request is out, another caller takes the key over (this caller's renewals
     /// failed for a whole lease, or its worker was blocked); then the caller sees a timeout.
     TakenOverThenTimeout,
@@ -124,6 +127,10 @@ impl Provider {
                 Err(RefundError::TimedOut)
             }
             Step::Ok => Ok(self.make(cx.key(), cents)),
+            Step::EffectThenHang => {
+                self.make(cx.key(), cents);
+                std::future::pending().await
+            }
         }
     }
 
@@ -597,4 +604,28 @@ async fn a_check_that_panics_answers_unknown() {
     let (again, _) = refund(&p, &run).await;
     assert!(matches!(again, Err(Error::OutcomeUnknown { .. })), "{again:?}");
     assert_eq!((p.runs(), p.checks()), (1, 1), "one run, one check; the repeat replays unknown");
+}
+
+/// A never tool with a check claims so that a dead owner's expired lease can be taken over (and
+/// the check asked under the new fence); the in-memory store's sweep must not take such a record
+/// for one that any caller may re-run and drop it: the next caller would then acquire a fresh
+/// key and run the refund a second time without asking the check.
+#[tokio::test(start_paused = true)]
+async fn a_swept_store_still_asks_the_check_for_a_dead_owners_never_tool() {
+    let store = Arc::new(idem_core::MemoryStore::with_sweep_interval(Duration::from_secs(1)));
+    let idem = Idem::builder_shared(store).build();
+    let p = Provider::with_script(&[Step::EffectThenHang]);
+    let run = idem.run("swept-dead-owner");
+    // The first caller's refund reaches the provider, then the caller gives up on the call
+    // before anything is stored: its claim stays until its 10 s lease ends.
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), refund(&p, &run)).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    let made = p.refunds.lock().unwrap().values().next().cloned().expect("the refund was made");
+    // Past the lease and the sweep interval: the next claim sweeps first.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let (result, served) = refund(&p, &run).await;
+    assert_eq!(result.unwrap(), made);
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (1, 1), "the check answered; the refund did not run again");
 }

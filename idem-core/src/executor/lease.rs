@@ -71,7 +71,9 @@ impl<T: Tool> Call<'_, T> {
         // The call's first claim follows its start with nothing awaited between: that clock
         // reading serves.
         let timer = StepTimer::start();
-        let claim = memory.claim_at(self.claim_request(on_expired), &self.digest, self.started);
+        let asks = self.tool.reconciles();
+        let claim =
+            memory.claim_at(self.claim_request(on_expired), &self.digest, self.started, asks);
         timer.done("claim");
         self.settle(claim, false, true)
     }
@@ -151,7 +153,8 @@ impl<T: Tool> Call<'_, T> {
             // claim follows its start with nothing awaited between: that clock reading serves.
             Some(memory) => {
                 let now = if at_start { self.started } else { Instant::now() };
-                Ok(memory.claim_at(self.claim_request(on_expired), &self.digest, now))
+                let asks = self.tool.reconciles();
+                Ok(memory.claim_at(self.claim_request(on_expired), &self.digest, now, asks))
             }
             None => self.claim_once(on_expired).await,
         };

@@ -20,12 +20,16 @@ use crate::key::{Fingerprint, Key};
 
 #[derive(Debug)]
 enum State {
-    /// `on_expired` of the claim: an expired lease that may be taken over can also be swept
-    /// (the next claim would re-run it anyway); one that would answer `Unknown` must stay.
+    /// `sweepable`: once the lease ends, a sweep may drop the record, since the next claim
+    /// would re-run the tool anyway with nothing asked first. Not so for a claim that answers
+    /// `Unknown` on an expired lease, nor for one whose caller asks a check before it re-runs a
+    /// dead owner's attempt (a `never` tool with one claims to take the lease over, and runs
+    /// again only when its check says the effect did not happen): dropped, the record would
+    /// come back as a fresh key, and the tool would run again unasked.
     InFlight {
         fence: Fence,
         lease_until: Instant,
-        on_expired: OnExpired,
+        sweepable: bool,
     },
     Done {
         fence: Fence,
@@ -83,7 +87,7 @@ impl Entry {
     /// tool may be re-run.
     fn sweepable(&self, now: Instant) -> bool {
         self.expired(now)
-            || matches!(self.state, State::InFlight { lease_until, on_expired: OnExpired::TakeOver, .. }
+            || matches!(self.state, State::InFlight { lease_until, sweepable: true, .. }
                 if lease_until <= now)
     }
 }
@@ -189,18 +193,22 @@ impl MemoryStore {
 
 impl MemoryStore {
     /// [`Store::claim`] at `now`, without a future: the executor calls it directly. `digest`:
-    /// the digest `req.key` spells.
-    pub(crate) fn claim_at(&self, req: ClaimRequest<'_>, digest: &[u8; 32], now: Instant) -> Claim {
+    /// the digest `req.key` spells. `asks`: the caller asks a check before it re-runs a dead
+    /// owner's attempt, so its record is kept until a claim takes it over (never swept).
+    pub(crate) fn claim_at(
+        &self,
+        req: ClaimRequest<'_>,
+        digest: &[u8; 32],
+        now: Instant,
+        asks: bool,
+    ) -> Claim {
+        let sweepable = req.on_expired == OnExpired::TakeOver && !asks;
         let mut map = self.lock();
         self.maybe_sweep(&mut map, now);
         let Map { entries, last_origin, .. } = &mut *map;
         let mut acquire = |fence| Entry {
             fingerprint: StoredFingerprint::new(req.key, req.fingerprint),
-            state: State::InFlight {
-                fence,
-                lease_until: later(now, req.lease),
-                on_expired: req.on_expired,
-            },
+            state: State::InFlight { fence, lease_until: later(now, req.lease), sweepable },
             origin: shared_origin(last_origin, &req.origin),
             since: now,
             waiters: None,
@@ -234,11 +242,8 @@ impl MemoryStore {
                 OnExpired::TakeOver => {
                     let fence = self.next_fence();
                     entry.wake();
-                    entry.state = State::InFlight {
-                        fence,
-                        lease_until: later(now, req.lease),
-                        on_expired: req.on_expired,
-                    };
+                    entry.state =
+                        State::InFlight { fence, lease_until: later(now, req.lease), sweepable };
                     entry.since = now;
                     Claim::Acquired { fence, takeover: true }
                 }
@@ -273,7 +278,7 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let digest = req.key.digest();
-        Ok(self.claim_at(req, &digest, Instant::now()))
+        Ok(self.claim_at(req, &digest, Instant::now(), false))
     }
 
     async fn complete(
