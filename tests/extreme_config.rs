@@ -177,3 +177,37 @@ async fn a_slow_renewal_does_not_stretch_the_pause_before_a_retry() {
     assert_eq!(LIMITED_RUNS.load(Ordering::SeqCst), 2, "one retry");
     assert!(took < Duration::from_secs(2), "answered {took:?} after the start, not at 1.5 s");
 }
+
+/// A store that answers every lease renewal "lease lost" (the record was taken over under a
+/// higher fence), counting them.
+#[derive(Default)]
+struct RenewalsLost(AtomicU32);
+
+#[async_trait::async_trait]
+impl Hook for RenewalsLost {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        if matches!(op, Op::Renew) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::LeaseLost);
+        }
+        Ok(())
+    }
+}
+
+/// Works for 30 s under a lease of 3 s, renewed every second.
+#[tool(retry = "keyed", lease = "3s", timeout = "1m")]
+async fn long_charge(tag: String) -> Result<String, Never> {
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A fence the store refused as taken over never becomes current again (fences only increase):
+/// the call stops renewing it, instead of asking the store the same question every third of a
+/// lease (and logging a warning each time) for as long as its work goes on.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_refused_as_lease_lost_is_not_sent_again() {
+    let store = Arc::new(Wrapped::new(RenewalsLost::default()));
+    let idem = Idem::builder_shared(store.clone()).build();
+    let _ = long_charge(&idem.run("renewals-lost"), "1".into()).await;
+    assert_eq!(store.hook.0.load(Ordering::SeqCst), 1, "one renewal refused, none after it");
+}

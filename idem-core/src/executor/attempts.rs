@@ -274,7 +274,7 @@ impl<T: Tool> Call<'_, T> {
                             // runs the tool now: the next attempt starts only under a fence the
                             // store still accepts. Asked only when the lease may have lapsed.
                             if let Some(held) = fence
-                                && self.lease_may_have_lapsed()
+                                && self.lease_may_have_lapsed(held)
                                 && let Holds::Lost = self.still_holds(held).await
                             {
                                 match self.rejoin(attempt).await {
@@ -732,7 +732,13 @@ impl<T: Tool> Call<'_, T> {
         let period = self.policy.lease / 3;
         loop {
             tokio::time::sleep(period).await;
-            self.renew(fence).await;
+            if !self.renew(fence).await {
+                break;
+            }
         }
+        // Taken over: asking again would only get the same answer, every third of a lease for
+        // as long as the work goes on. The work is not stopped (stopping mid-effect is itself
+        // ambiguous); its completion finds the lease lost, and no retry starts under the fence.
+        std::future::pending().await
     }
 }

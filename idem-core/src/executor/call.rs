@@ -20,7 +20,7 @@ use crate::key::{Fingerprint, Key, Scope};
 use super::storable::storable;
 use crate::policy::Policy;
 use crate::reconcile::Reconciled;
-use crate::store::{OnExpired, Outcome, Record, StoreError};
+use crate::store::{Fence, OnExpired, Outcome, Record, StoreError};
 use crate::tool::Tool;
 
 /// One call in progress.
@@ -51,6 +51,8 @@ pub(super) struct Call<'a, T: Tool> {
     /// sent that the store accepted), in nanoseconds after `started`: a retry after a pause
     /// longer than that confirms the fence first ([`Call::confirmed_at`]).
     pub(super) confirmed: AtomicU64,
+    /// The fence a renewal found taken over (0: none). It never becomes current again.
+    pub(super) lost: AtomicU64,
 }
 
 /// What the leader hands to joiners when its call succeeded, built only when someone joined: the
@@ -231,11 +233,15 @@ impl<T: Tool> Call<'_, T> {
         self.confirmed.fetch_max(nanos, Ordering::Relaxed);
     }
 
-    /// Whether three quarters of a lease passed since this call last knew its lease to run: it
-    /// may have paused past it (a stalled process, renewals that failed or did not answer), and
-    /// another caller may have taken the key over. Not all of it: a store may measure the lease
-    /// on a clock that drifts from this one.
-    pub(super) fn lease_may_have_lapsed(&self) -> bool {
+    /// Whether the lease under `fence` may have lapsed: a renewal found it taken over, or three
+    /// quarters of a lease passed since this call last knew its lease to run (it may have paused
+    /// past it: a stalled process, renewals that failed or did not answer), and another caller
+    /// may have taken the key over. Not all of it: a store may measure the lease on a clock that
+    /// drifts from this one.
+    pub(super) fn lease_may_have_lapsed(&self, fence: Fence) -> bool {
+        if self.lost.load(Ordering::Relaxed) == fence.0 {
+            return true;
+        }
         let confirmed = Duration::from_nanos(self.confirmed.load(Ordering::Relaxed));
         let since =
             Instant::now().saturating_duration_since(self.started).saturating_sub(confirmed);

@@ -246,18 +246,28 @@ impl<T: Tool> Call<'_, T> {
         let _ = self.bounded("release", self.inner.store.release(&self.key, fence)).await;
     }
 
-    pub(super) async fn renew(&self, fence: Fence) {
+    /// Renews the lease under `fence`; `false` once the store refused it as taken over (the
+    /// fence never becomes current again: fences only increase).
+    pub(super) async fn renew(&self, fence: Fence) -> bool {
         let sent = Instant::now();
         let renewed = self
             .bounded("renew", self.inner.store.renew(&self.key, fence, self.policy.lease))
             .await;
-        if renewed.is_ok() {
-            self.confirmed_at(sent);
-        }
-        if let Err(e) = renewed {
-            // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
-            // LeaseLost when the outcome is stored.
-            tracing::warn!(error = %Chain(&e), "lease renewal failed");
+        match renewed {
+            Ok(()) => {
+                self.confirmed_at(sent);
+                true
+            }
+            Err(e) => {
+                // Keep running: stopping mid-effect is itself ambiguous. A lost lease surfaces as
+                // LeaseLost when the outcome is stored.
+                tracing::warn!(error = %Chain(&e), "lease renewal failed");
+                if let StoreError::LeaseLost = e {
+                    self.lost.store(fence.0, std::sync::atomic::Ordering::Relaxed);
+                    return false;
+                }
+                true
+            }
         }
     }
 

@@ -211,6 +211,7 @@ impl Run {
             caller_key: self.caller_key.as_ref(),
             waited: AtomicBool::new(false),
             confirmed: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
         };
         // Without a subscriber the span does nothing: the call's future is not wrapped (nor moved
         // into the wrapper) for it.
