@@ -211,3 +211,33 @@ async fn a_renewal_refused_as_lease_lost_is_not_sent_again() {
     let _ = long_charge(&idem.run("renewals-lost"), "1".into()).await;
     assert_eq!(store.hook.0.load(Ordering::SeqCst), 1, "one renewal refused, none after it");
 }
+
+/// Rate limited for 2.5 s of its 3 s deadline; a 3 s lease.
+#[tool(retry = "keyed", lease = "3s", deadline = "3s")]
+async fn deadline_charge(tag: String) -> Result<String, idem_core::ToolFailure> {
+    let _ = tag;
+    Err(idem_core::ToolFailure::transient("rate limited").retry_after(Duration::from_millis(2500)))
+}
+
+/// A retry whose pause ended at the deadline or just past it (a timer fires on the next
+/// millisecond; the lease had to be confirmed first, and the store was slow to answer) makes no
+/// attempt, and the caller hears why as when the pause would have ended past the deadline: the
+/// deadline, with the tool's last error and its retry-after hint. Not a bare "deadline passed"
+/// with no error, which also reads to in-process duplicates as a call that failed at nothing.
+#[tokio::test(start_paused = true)]
+async fn a_pause_that_ends_past_the_deadline_still_reports_the_tools_last_error() {
+    let store = Arc::new(Wrapped::new(SlowRenewals));
+    let idem = Idem::builder_shared(store).build();
+    match deadline_charge(&idem.run("pause-past-deadline"), "1".into()).await {
+        Err(idem_core::Error::BudgetExhausted {
+            budget: idem_core::BudgetKind::Deadline,
+            error: Some(error),
+            retry_after: Some(after),
+            ..
+        }) => {
+            assert_eq!(error.message(), "rate limited");
+            assert_eq!(after, Duration::from_millis(2500));
+        }
+        other => panic!("the deadline, with the tool's error and hint: {other:?}"),
+    }
+}

@@ -282,7 +282,17 @@ impl<T: Tool> Call<'_, T> {
                                     Err(answer) => return answer,
                                 }
                             }
-                            continue;
+                            if Instant::now() < self.deadline {
+                                continue;
+                            }
+                            // The pause ended at the deadline or past it (a timer fires on the
+                            // next millisecond; confirming the lease took the store's time): no
+                            // attempt, and the caller hears why with the tool's last error, as
+                            // when the pause would have ended past the deadline.
+                            Stop::Exhausted {
+                                budget: BudgetKind::Deadline,
+                                retry_after: failure.retry_after,
+                            }
                         }
                         Next::Stop(stop) => stop,
                     };
