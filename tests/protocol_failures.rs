@@ -416,6 +416,97 @@ async fn records_abandoned_by_cancelled_callers_are_swept() {
     assert_eq!(store.len(), 1, "expired leases of re-runnable tools are swept");
 }
 
+/// The store refuses one `complete`, the `nth` (from 0), as unavailable (a failover, a lock held
+/// past the busy timeout), and takes every other.
+struct OneCompleteFails {
+    nth: usize,
+    seen: AtomicUsize,
+}
+
+impl OneCompleteFails {
+    fn store(nth: usize) -> Arc<Wrapped<OneCompleteFails>> {
+        Arc::new(Wrapped::new(OneCompleteFails { nth, seen: AtomicUsize::new(0) }))
+    }
+}
+
+#[async_trait::async_trait]
+impl Hook for OneCompleteFails {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match op {
+            Op::Complete { .. } if self.seen.fetch_add(1, Ordering::SeqCst) == self.nth => {
+                Err(down())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A `never` tool's "unknown" outcome the store refused is sent again in the background, as a
+/// result is: once it lands the record reads as unknown for an operator (`idem list`, a
+/// reconciliation pass), not as a claim still in flight, and a repeat answers unknown at once
+/// instead of waiting out the lease.
+#[tokio::test(start_paused = true)]
+async fn an_unknown_outcome_the_store_refused_is_stored_later() {
+    let store = OneCompleteFails::store(0);
+    let idem = executor_on(store.clone(), Policy { lease: Duration::from_secs(3600), ..policy() });
+    let run = idem.run("r");
+    let never = PayTool::new(RetryClass::Never, ToolOptions::default(), &[], Step::ChargeThenReset);
+    let got = run.call(&*never, args("cus_1", 1)).await;
+    assert!(matches!(got, Err(Error::OutcomeUnknown { .. })), "{got:?}");
+    assert_eq!(idem.late_completions_settled(Duration::from_secs(60)).await, 0);
+    let key = match run.call(&*never, args("cus_1", 1)).await {
+        Err(Error::OutcomeUnknown { key, .. }) => key,
+        other => panic!("a repeat within the lease answers unknown: {other:?}"),
+    };
+    let record = store.inner.inspect(&key).await.unwrap().expect("the record");
+    assert!(
+        matches!(record.state, idem_core::store::RecordState::Done(Outcome::Unknown)),
+        "{record:?}"
+    );
+    assert_eq!(never.runs(), 1, "the never tool ran once");
+}
+
+/// A worker whose lease was taken over while its charge ran finds, at completion, that the new
+/// owner gave the key up (its attempts failed before sending): the key is the worker's again and
+/// its result becomes the intent's. When the store then refuses that completion as unavailable,
+/// the caller still gets the charge that happened, and the outcome is stored later: "the store is
+/// unavailable; nothing was executed" would send the caller to charge again.
+#[tokio::test(start_paused = true)]
+async fn a_result_stored_after_taking_the_key_back_is_not_reported_as_not_executed() {
+    // The first completion is the worker's under its lost fence (refused by the store itself as
+    // taken over); the second, after it took the key back, is refused as unavailable.
+    let store = OneCompleteFails::store(1);
+    let shared: Arc<dyn Store> = store.clone();
+    let (a, b) = (executor_on(shared.clone(), policy()), executor_on(shared, policy()));
+    let slow = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    );
+    let failing = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Transient);
+    let run_a = a.run("r");
+    let worker_a = run_a.call(&*slow, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    // Poll A until its charge started, then stop polling it: A is paused (no renewals).
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = slow.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    // B takes the expired lease over, fails before sending on every attempt, and lets go.
+    let b_result = b.run("r").call(&*failing, args("cus_1", 4900)).await;
+    assert!(matches!(b_result, Err(Error::Tool { .. })), "{b_result:?}");
+    // A resumes: its charge happened.
+    let a_result = worker_a.await;
+    assert_eq!(a_result.expect("A's caller gets its charge"), "ch_1");
+    assert_eq!(a.late_completions_settled(Duration::from_secs(60)).await, 0);
+    // The outcome landed: a repeat replays the charge and charges nothing.
+    let again = a.run("r").call(&*slow, args("cus_1", 4900)).await;
+    assert_eq!(again.unwrap(), "ch_1");
+    assert_eq!((slow.charges(), slow.runs()), (1, 1));
+}
+
 #[tokio::test(start_paused = true)]
 async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
     let idem = executor_on(Arc::new(faulty(Fault::CompleteFails)), policy());

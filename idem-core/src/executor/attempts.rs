@@ -442,11 +442,12 @@ impl<T: Tool> Call<'_, T> {
     pub(super) async fn unknown(&self, fence: Option<Fence>) -> Error<T::Error> {
         if let Some(fence) = fence {
             // Kept until someone reconciles it, not for the retention of a result: expiring it
-            // would let the tool run a second time. If the store cannot take it, the claim stays
-            // in flight and reads as unknown once its lease ends: either way the honest answer is
-            // "unknown", never "not executed".
-            if let Err(e) = self.store(fence, Outcome::Unknown, FOREVER).await {
-                tracing::warn!(error = %Chain(&e), "unknown outcome not stored");
+            // would let the tool run a second time. If the store cannot take it, it is sent again
+            // in the background as any outcome is (`store_later.rs`); until it lands the claim
+            // stays in flight and reads as unknown once its lease ends: either way the honest
+            // answer is "unknown", never "not executed".
+            if let Err((e, outcome)) = self.store_outcome(fence, Outcome::Unknown, FOREVER).await {
+                self.store_later(fence, outcome, FOREVER, &e);
             }
         }
         self.outcome(Served::Unknown);
@@ -676,7 +677,17 @@ impl<T: Tool> Call<'_, T> {
                 }
             }
             Ok(Owned::Fence { fence, .. }) => {
-                self.store(fence, outcome, self.policy.ttl).await.map(|()| output)
+                match self.store_outcome(fence, outcome, self.policy.ttl).await {
+                    Ok(()) => Ok(output),
+                    Err((Error::LeaseLost { .. }, _)) => Err(lost()),
+                    // The tool ran and the key is this call's again: as after any completion
+                    // the store refused, the caller gets the result and the outcome is sent
+                    // again in the background; "not executed" would be false.
+                    Err((e, outcome)) => {
+                        self.store_later(fence, outcome, self.policy.ttl, &e);
+                        Ok(output)
+                    }
+                }
             }
             Err(_) => Err(lost()),
         }
