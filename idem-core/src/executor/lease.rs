@@ -374,16 +374,6 @@ impl<T: Tool> Call<'_, T> {
             Err(e) => Err((self.store_error(e), outcome)),
         }
     }
-
-    /// [`Call::store_outcome`] for a caller that has no use for the outcome after a failure.
-    pub(super) async fn store(
-        &self,
-        fence: Fence,
-        outcome: Outcome,
-        ttl: Duration,
-    ) -> Result<(), Error<T::Error>> {
-        self.store_outcome(fence, outcome, ttl).await.map_err(|(e, _)| e)
-    }
 }
 
 /// A claim sent to the store, which the call may stop waiting for. Dropped before its answer
