@@ -507,6 +507,65 @@ async fn a_result_stored_after_taking_the_key_back_is_not_reported_as_not_execut
     assert_eq!((slow.charges(), slow.runs()), (1, 1));
 }
 
+/// Claims after the first fail as the store going down; everything else goes through.
+struct LaterClaimsFail(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Hook for LaterClaimsFail {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match op {
+            Op::Claim(_) if self.0.fetch_add(1, Ordering::SeqCst) > 0 => Err(down()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A worker paused past its lease between two attempts finds the key taken over, and the store
+/// goes down before it can wait for the new owner: its caller hears that the lease was lost (the
+/// new owner's result stands), not "unavailable, nothing was executed", after an attempt ran.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_lost_its_lease_while_the_store_went_down_says_lease_lost() {
+    let memory = Arc::new(MemoryStore::new());
+    let a = executor_on(
+        Arc::new(Wrapped::over(memory.clone(), LaterClaimsFail(AtomicUsize::new(0)))),
+        policy(),
+    );
+    let b = executor_on(Arc::new(Wrapped::over(memory, Pass)), policy());
+    // A's first attempt fails ambiguously (it may have charged); a retry would be allowed.
+    let flaky = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions::default(),
+        &[Step::ChargeThenReset],
+        Step::Succeed,
+    );
+    let slow = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    );
+    let run_a = a.run("r");
+    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    let run_b = b.run("r");
+    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = slow.started.notified() => {}
+    }
+    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    assert!(matches!(a_result, Err(Error::LeaseLost { .. })), "{a_result:?}");
+    assert_eq!(flaky.runs(), 1, "A did not retry beside B");
+    assert!(b_result.is_ok(), "{b_result:?}");
+    assert_eq!(slow.runs(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn when_the_store_fails_after_the_work_the_caller_hears_what_happened() {
     let idem = executor_on(Arc::new(faulty(Fault::CompleteFails)), policy());

@@ -714,7 +714,13 @@ impl<T: Tool> Call<'_, T> {
                     answer => answer,
                 })
             }
-            Err(e) => Err(Err(self.store_error(e))),
+            // The key was taken over (the renewal said so) and the store cannot be asked for the
+            // new owner's answer: "unavailable, nothing was executed" would be false after this
+            // call's attempts; the new owner's result stands, and a repeat receives it.
+            Err(e) => {
+                tracing::warn!(error = %Chain(&e), "cannot wait for the owner that took over");
+                Err(Err(self.lease_lost()))
+            }
         }
     }
 
