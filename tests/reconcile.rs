@@ -629,3 +629,24 @@ async fn a_swept_store_still_asks_the_check_for_a_dead_owners_never_tool() {
     assert_eq!(served, Some(Served::Reconciled));
     assert_eq!((p.runs(), p.checks()), (1, 1), "the check answered; the refund did not run again");
 }
+
+/// The same as above, with the in-memory store behind a store of the user's own (a wrapper that
+/// counts or logs its steps): the executor cannot see through it and claims through `Store`. The
+/// record of a dead owner of a never tool with a check must still survive the sweep.
+#[tokio::test(start_paused = true)]
+async fn a_swept_store_behind_a_wrapper_still_asks_the_check_for_a_dead_owners_never_tool() {
+    let inner = Arc::new(idem_core::MemoryStore::with_sweep_interval(Duration::from_secs(1)));
+    let store = idem_tests::wrapped::Wrapped::over(inner, idem_tests::wrapped::Pass);
+    let idem = Idem::builder_shared(Arc::new(store)).build();
+    let p = Provider::with_script(&[Step::EffectThenHang]);
+    let run = idem.run("swept-dead-owner-wrapped");
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), refund(&p, &run)).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    let made = p.refunds.lock().unwrap().values().next().cloned().expect("the refund was made");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let (result, served) = refund(&p, &run).await;
+    assert_eq!(result.unwrap(), made);
+    assert_eq!(served, Some(Served::Reconciled));
+    assert_eq!((p.runs(), p.checks()), (1, 1), "the check answered; the refund did not run again");
+}
