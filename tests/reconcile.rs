@@ -650,3 +650,103 @@ async fn a_swept_store_behind_a_wrapper_still_asks_the_check_for_a_dead_owners_n
     assert_eq!(served, Some(Served::Reconciled));
     assert_eq!((p.runs(), p.checks()), (1, 1), "the check answered; the refund did not run again");
 }
+
+/// A payout with no provider-side deduplication, and a lookup by key whose first answer is slow
+/// to arrive (the provider answered "not made", then the reply took 10 s).
+#[derive(Default)]
+struct Payouts {
+    runs: AtomicUsize,
+    checks: AtomicUsize,
+    made: Mutex<Vec<String>>,
+}
+
+#[idem_core::tool_set]
+impl Payouts {
+    /// Pay out. The first caller's process dies before its request leaves.
+    #[tool(retry = "never", reconcile = payout_made, lease = "3s", timeout = "1m")]
+    async fn payout(&self, cx: &Ctx, payee: String) -> Result<String, RefundError> {
+        let _ = payee;
+        if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        let mut made = self.made.lock().unwrap();
+        made.push(cx.key().to_owned());
+        Ok(format!("po_{}", made.len()))
+    }
+
+    async fn payout_made(&self, key: &Key, payee: String) -> Reconciled<String> {
+        let _ = payee;
+        let found = self.made.lock().unwrap().iter().position(|k| k == key.as_str());
+        if self.checks.fetch_add(1, Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        match found {
+            Some(i) => Reconciled::Happened(format!("po_{}", i + 1)),
+            None => Reconciled::NotHappened,
+        }
+    }
+}
+
+/// Renewals fail as a store that is down while `down` is set; everything else passes.
+#[derive(Default)]
+struct RenewalsDown {
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl idem_tests::wrapped::Hook for RenewalsDown {
+    async fn before(&self, op: idem_tests::wrapped::Op<'_>) -> Result<(), StoreError> {
+        if matches!(op, idem_tests::wrapped::Op::Renew) && self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("the store is down"));
+        }
+        Ok(())
+    }
+}
+
+/// A caller that took a dead owner's lease over asks the check under its fence; while the check
+/// is slow, its renewals fail and its lease ends, and a third caller takes the key over, asks,
+/// and pays out. The slow check then answers "not made" (true when the lookup ran): the caller
+/// must confirm its fence before it runs the payout, as after its own ambiguous attempt, and not
+/// pay out a second time beside the new owner.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_whose_slow_check_outlived_its_lease_does_not_run_beside_the_new_owner() {
+    let inner = Arc::new(idem_core::MemoryStore::new());
+    let hook = Arc::new(RenewalsDown::default());
+    struct Shared(Arc<RenewalsDown>);
+    #[async_trait::async_trait]
+    impl idem_tests::wrapped::Hook for Shared {
+        async fn before(&self, op: idem_tests::wrapped::Op<'_>) -> Result<(), StoreError> {
+            self.0.before(op).await
+        }
+    }
+    let a = Idem::builder_shared(inner.clone()).build();
+    let b = Idem::builder_shared(Arc::new(idem_tests::wrapped::Wrapped::over(
+        inner.clone(),
+        Shared(hook.clone()),
+    )))
+    .build();
+    let c = Idem::builder_shared(inner).build();
+    let p = Arc::new(Payouts::default());
+    let call = |idem: &Idem| {
+        let (p, run) = (p.clone(), idem.run("payout-takeover"));
+        async move {
+            let tool = p.payout_tool();
+            let args = idem_core::__private::make_args(&tool, ("acct_1".to_owned(),));
+            run.call(&tool, args).await
+        }
+    };
+    // A dies with its claim in flight.
+    assert!(tokio::time::timeout(Duration::from_millis(50), call(&a)).await.is_err());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // B takes over and asks; its renewals fail while the lookup is out.
+    hook.down.store(true, Ordering::SeqCst);
+    let b_call = tokio::spawn(call(&b));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // B's lease ended: C takes over, asks (not made), pays out.
+    let c_result = call(&c).await;
+    assert_eq!(c_result.unwrap(), "po_1");
+    hook.down.store(false, Ordering::SeqCst);
+    let b_result = b_call.await.unwrap();
+    assert_eq!(p.made.lock().unwrap().len(), 1, "one payout; B got {b_result:?}");
+    assert!(matches!(b_result, Err(Error::LeaseLost { .. })), "{b_result:?}");
+}

@@ -64,7 +64,7 @@ enum Attempt<O, E> {
 }
 
 /// What the store says of a fence this call held.
-enum Holds {
+pub(super) enum Holds {
     /// Still current.
     Yes,
     /// Another caller took the key over.
@@ -627,7 +627,7 @@ impl<T: Tool> Call<'_, T> {
 
     /// Whether this call still holds the key under `fence`, asked of the store (a fenced lease
     /// renewal, which also extends it).
-    async fn still_holds(&self, fence: Fence) -> Holds {
+    pub(super) async fn still_holds(&self, fence: Fence) -> Holds {
         let sent = Instant::now();
         let renewed = self.inner.store.renew(&self.key, fence, self.policy.lease);
         match self.bounded("renew", renewed).await {
@@ -643,7 +643,7 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    fn lease_lost(&self) -> Error<T::Error> {
+    pub(super) fn lease_lost(&self) -> Error<T::Error> {
         Error::LeaseLost { tool: self.name(), key: self.key }
     }
 

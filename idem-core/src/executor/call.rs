@@ -17,6 +17,7 @@ use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
 use crate::key::{Fingerprint, Key, Scope};
 
+use super::attempts::Holds;
 use super::storable::storable;
 use crate::policy::Policy;
 use crate::reconcile::Reconciled;
@@ -296,6 +297,25 @@ impl<T: Tool> Call<'_, T> {
                             return Err(self.unknown(Some(fence)).await);
                         }
                         Reconciled::Unknown => {}
+                    }
+                    // The check may have outlived the lease (its renewals failed while it ran,
+                    // or were refused as taken over), and another caller may have taken the key
+                    // over, asked in turn and run the tool: the attempt runs only under a fence
+                    // the store still accepts, as after the call's own ambiguous attempt. A
+                    // never tool is not run without that confirmation; the record is left to
+                    // its lease, and the next caller takes it over and asks the check.
+                    let never = self.class() == RetryClass::Never;
+                    if never || self.lease_may_have_lapsed(fence) {
+                        match self.still_holds(fence).await {
+                            Holds::Yes => {}
+                            Holds::Lost => return Err(self.lease_lost()),
+                            Holds::Unconfirmed if never => {
+                                return Err(self.store_error(StoreError::unavailable(
+                                    "the lease could not be confirmed after the check",
+                                )));
+                            }
+                            Holds::Unconfirmed => {}
+                        }
                     }
                 }
                 self.attempts(args, Some(fence), started).await
