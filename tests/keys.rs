@@ -481,3 +481,89 @@ proptest! {
         prop_assert_ne!(canon(&neg), canon(&(neg - 1)));
     }
 }
+
+/// A `RawValue` that names a member twice is refused wherever it sits in the arguments: in a
+/// list, as a map's value, in a flattened struct, in an enum's variant, in an `Option`, or as
+/// the whole arguments; without a repeat it is canonicalised as a `Value` of its text.
+#[test]
+fn raw_json_that_names_a_member_twice_is_refused_wherever_it_is_nested() {
+    type Raw = Box<serde_json::value::RawValue>;
+    #[derive(Serialize)]
+    struct InList {
+        items: Vec<Raw>,
+    }
+    #[derive(Serialize)]
+    struct InMap {
+        by_name: BTreeMap<String, Raw>,
+    }
+    #[derive(Serialize)]
+    struct Inner {
+        extra: Raw,
+    }
+    #[derive(Serialize)]
+    struct Flat {
+        id: u32,
+        #[serde(flatten)]
+        inner: Inner,
+    }
+    #[derive(Serialize)]
+    enum Pick {
+        Newtype(Raw),
+        Struct { extra: Raw },
+    }
+    #[derive(Serialize)]
+    struct InEnum {
+        pick: Pick,
+    }
+    #[derive(Serialize)]
+    #[serde(tag = "kind")]
+    enum Tagged {
+        One { extra: Raw },
+    }
+    #[derive(Serialize)]
+    struct InOption {
+        extra: Option<Raw>,
+    }
+    let dup = r#"{"to":"acct-A","to":"acct-B"}"#;
+    let ok = r#"{"to":"acct-B","n":1.0}"#;
+    let raw = |t: &str| -> Raw { parse(t) };
+    let cases: Vec<(Box<dyn Fn(&str) -> Result<String, idem_core::KeyError>>, &str)> = vec![
+        (
+            Box::new(|t| to_canonical_string(&InList { items: vec![raw(ok), raw(t)] })),
+            "items[1].to",
+        ),
+        (
+            Box::new(|t| {
+                to_canonical_string(&InMap { by_name: BTreeMap::from([("x".into(), raw(t))]) })
+            }),
+            "by_name.x.to",
+        ),
+        (
+            Box::new(|t| to_canonical_string(&Flat { id: 1, inner: Inner { extra: raw(t) } })),
+            "extra.to",
+        ),
+        (
+            Box::new(|t| to_canonical_string(&InEnum { pick: Pick::Newtype(raw(t)) })),
+            "pick.Newtype.to",
+        ),
+        (
+            Box::new(|t| to_canonical_string(&InEnum { pick: Pick::Struct { extra: raw(t) } })),
+            "pick.Struct.extra.to",
+        ),
+        (Box::new(|t| to_canonical_string(&Tagged::One { extra: raw(t) })), "extra.to"),
+        (Box::new(|t| to_canonical_string(&InOption { extra: Some(raw(t)) })), "extra.to"),
+        (Box::new(|t| to_canonical_string(&raw(t))), "to"),
+    ];
+    for (i, (case, path)) in cases.iter().enumerate() {
+        let got = case(dup);
+        assert!(
+            matches!(&got, Err(KeyError::DuplicateKey { path: p }) if p == path),
+            "case {i}: {got:?}, expected the repeat at {path}"
+        );
+        let fine = case(ok);
+        assert!(
+            fine.as_ref().is_ok_and(|s| s.contains(r#"{"n":1,"to":"acct-B"}"#)),
+            "case {i}: {fine:?}"
+        );
+    }
+}

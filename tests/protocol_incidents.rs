@@ -237,3 +237,60 @@ async fn duplicates_in_memory_share_a_transient_failure_instead_of_running_in_tu
         assert_eq!(tool.runs(), 4);
     }
 }
+
+/// A worker paused between attempts past its lease rejoins the key as a waiter (its wait hook
+/// hears it: an MCP server sends "waiting for another call" progress). When the new owner then
+/// lets the key go (its one attempt timed out, nothing stored), the worker owns the key again and
+/// runs its retry: its hook must hear that it owns the key, as any waiter that becomes the owner,
+/// or the client keeps being told the call waits for another one while it runs its tool.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let flaky =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    // B's one attempt hangs past its 5 s timeout: ambiguous, and with no attempt left the key is
+    // released with nothing stored.
+    let giving_up = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions {
+            attempts: Some(1),
+            attempt_timeout: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+        &[],
+        Step::Slow(Duration::from_secs(3600)),
+    );
+    let (waits, owns) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let hook = {
+        let (waits, owns) = (waits.clone(), owns.clone());
+        idem_core::WaitHook::new(move |_| {
+            waits.fetch_add(1, Ordering::SeqCst);
+        })
+        .on_owner(move |_| {
+            owns.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let run_a = a.run("r").with_wait_hook(hook);
+    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    let run_b = b.run("r");
+    let worker_b = run_b.call(&*giving_up, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = giving_up.started.notified() => {}
+    }
+    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    assert!(b_result.is_err(), "{b_result:?}");
+    assert_eq!(a_result.unwrap(), "ch_1", "A ran its retry once B let go");
+    assert_eq!(flaky.runs(), 2);
+    assert!(waits.load(Ordering::SeqCst) >= 1, "A waited for B");
+    assert_eq!(owns.load(Ordering::SeqCst), 1, "A's hook heard that it owns the key again");
+}

@@ -702,6 +702,9 @@ impl<T: Tool> Call<'_, T> {
         match self.acquire(OnExpired::TakeOver, false).await {
             Ok(Owned::Fence { fence, .. }) => {
                 self.confirmed_at(Instant::now());
+                // It waited and runs its tool again: its wait hook hears it, as any waiter's
+                // that becomes the owner (an MCP server stops sending "waiting" progress).
+                self.owns_after_waiting();
                 Ok(fence)
             }
             Ok(Owned::Answer(answer)) => {

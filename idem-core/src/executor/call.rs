@@ -119,8 +119,15 @@ impl<T: Tool> Call<'_, T> {
     pub(super) fn outcome(&self, served: Served) {
         self.label(served);
         // Every call passes here: without a wait hook (the common case) one test, nothing more.
+        if matches!(served, Served::Executed | Served::TakenOver) {
+            self.owns_after_waiting();
+        }
+    }
+
+    /// Tells the wait hook that this call, which waited for another owner, owns the key and
+    /// runs its tool.
+    pub(super) fn owns_after_waiting(&self) {
         if let Some(hook) = self.on_wait
-            && matches!(served, Served::Executed | Served::TakenOver)
             && self.waited.load(Ordering::Relaxed)
         {
             hook.owner(&self.key);
