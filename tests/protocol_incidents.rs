@@ -294,3 +294,119 @@ async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
     assert!(waits.load(Ordering::SeqCst) >= 1, "A waited for B");
     assert_eq!(owns.load(Ordering::SeqCst), 1, "A's hook heard that it owns the key again");
 }
+
+/// The worker paused between attempts past its lease, on each durable store the features enable,
+/// in real time: the fenced renewal before the retry is the store's own code. A resumes while B,
+/// which took the key over, still runs: A does not retry beside it, and answers with B's charge.
+async fn paused_worker_does_not_retry_beside_the_new_owner_on(store: Arc<dyn Store>, run: &str) {
+    let lease = Policy { lease: Duration::from_millis(300), ..policy() };
+    let (a, b) = (executor_on(store.clone(), lease.clone()), executor_on(store, lease));
+    let flaky =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let slow = PayTool::with_provider(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(30)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_millis(1500)),
+        flaky.provider.clone(),
+    );
+    let run_a = a.run(run);
+    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    // A is not polled for well over its lease (its renewals cannot run).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let run_b = b.run(run);
+    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = slow.started.notified() => {}
+    }
+    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    assert_eq!(b_result.unwrap(), "ch_1");
+    assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
+    assert_eq!(a_result.unwrap(), "ch_1", "A's caller gets the outcome of the new owner");
+    assert_eq!(flaky.charges(), 1);
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn a_paused_worker_does_not_retry_beside_the_new_owner_on_sqlite() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-paused-worker-{}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let store = Arc::new(idem_core::SqliteStore::open(&path).expect("open the SQLite file"));
+    paused_worker_does_not_retry_beside_the_new_owner_on(store, "paused-worker").await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_paused_worker_does_not_retry_beside_the_new_owner_on_postgres() {
+    let store = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
+    let Some(store) = idem_tests::or_skip("PostgreSQL", store) else { return };
+    let run = format!("paused-worker-{}", idem_tests::process_tag());
+    paused_worker_does_not_retry_beside_the_new_owner_on(Arc::new(store), &run).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_paused_worker_does_not_retry_beside_the_new_owner_on_redis() {
+    let store = idem_core::RedisStore::builder(idem_tests::redis_url())
+        .prefix(idem_tests::redis_prefix())
+        .open()
+        .await;
+    let Some(store) = idem_tests::or_skip("Redis", store) else { return };
+    let run = format!("paused-worker-{}", idem_tests::process_tag());
+    paused_worker_does_not_retry_beside_the_new_owner_on(Arc::new(store), &run).await;
+}
+
+/// A worker paused past its lease rejoins the key and waits for the new owner; its deadline ends
+/// first. Its caller hears the deadline with the tool's last error (as when its pause before a
+/// retry ends at the deadline), not a bare "deadline passed" with no error, which also reads to
+/// its in-process duplicates as a call that failed at nothing.
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_deadline_ends_while_it_rejoins_reports_the_tools_last_error() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let short = Policy { deadline: Duration::from_secs(20), ..policy() };
+    let (a, b) = (executor_on(store.clone(), short), executor_on(store, policy()));
+    let flaky =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let slow = PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    );
+    let run_a = a.run("r");
+    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    let run_b = b.run("r");
+    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = slow.started.notified() => {}
+    }
+    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    assert_eq!(b_result.unwrap(), "ch_1");
+    assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
+    match a_result {
+        Err(idem_core::Error::BudgetExhausted {
+            budget: idem_core::BudgetKind::Deadline,
+            error: Some(rig::PayError::Unavailable),
+            ..
+        }) => {}
+        other => panic!("the deadline, with the tool's last error: {other:?}"),
+    }
+}

@@ -279,6 +279,32 @@ impl<T: Tool> Call<'_, T> {
                             {
                                 match self.rejoin(attempt).await {
                                     Ok(owned) => fence = Some(owned),
+                                    // The wait for the new owner ran to the deadline: as a pause
+                                    // that ends there, the caller hears the tool's last error
+                                    // and its hint. The key is the new owner's: nothing to
+                                    // release.
+                                    Err(Err(Error::BudgetExhausted {
+                                        budget: BudgetKind::Deadline,
+                                        error: None,
+                                        ..
+                                    })) => {
+                                        let (budget, retry_after) =
+                                            (BudgetKind::Deadline, failure.retry_after);
+                                        return Err(match error {
+                                            Error::Tool { tool, error } => Error::BudgetExhausted {
+                                                tool,
+                                                budget,
+                                                error: Some(error),
+                                                retry_after,
+                                            },
+                                            _ => Error::BudgetExhausted {
+                                                tool: self.name(),
+                                                budget,
+                                                error: None,
+                                                retry_after,
+                                            },
+                                        });
+                                    }
                                     Err(answer) => return answer,
                                 }
                             }
