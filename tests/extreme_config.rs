@@ -241,3 +241,31 @@ async fn a_pause_that_ends_past_the_deadline_still_reports_the_tools_last_error(
         other => panic!("the deadline, with the tool's error and hint: {other:?}"),
     }
 }
+
+static LOST_THEN_LIMITED_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Works for 1.5 s under a lease of 3 s (one renewal falls inside), then is rate limited for
+/// 2 s (another would fall inside the pause); its retry charges.
+#[tool(retry = "keyed", lease = "3s", timeout = "1m")]
+async fn lost_then_limited(tag: String) -> Result<String, idem_core::ToolFailure> {
+    if LOST_THEN_LIMITED_RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        return Err(
+            idem_core::ToolFailure::transient("rate limited").retry_after(Duration::from_secs(2))
+        );
+    }
+    Ok(format!("ch_{tag}"))
+}
+
+/// A fence the store refused as taken over during an attempt is not renewed again during the
+/// pause that follows, nor "confirmed" again before the retry: the store's answer cannot change
+/// (fences only increase). The call goes straight to the new owner's key.
+#[tokio::test(start_paused = true)]
+async fn a_fence_refused_during_an_attempt_is_not_renewed_in_the_pause_after_it() {
+    let store = Arc::new(Wrapped::new(RenewalsLost::default()));
+    let idem = Idem::builder_shared(store.clone()).build();
+    let got = lost_then_limited(&idem.run("lost-then-limited"), "1".into()).await;
+    assert_eq!(got.unwrap(), "ch_1");
+    assert_eq!(LOST_THEN_LIMITED_RUNS.load(Ordering::SeqCst), 2);
+    assert_eq!(store.hook.0.load(Ordering::SeqCst), 1, "one renewal refused, none after it");
+}

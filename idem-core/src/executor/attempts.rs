@@ -273,9 +273,12 @@ impl<T: Tool> Call<'_, T> {
                             // renewals failed) may have lost the key to another caller, who
                             // runs the tool now: the next attempt starts only under a fence the
                             // store still accepts. Asked only when the lease may have lapsed.
+                            // A fence a renewal found taken over is not asked about again:
+                            // the store's answer cannot change.
                             if let Some(held) = fence
                                 && self.lease_may_have_lapsed(held)
-                                && let Holds::Lost = self.still_holds(held).await
+                                && (self.refused(held)
+                                    || matches!(self.still_holds(held).await, Holds::Lost))
                             {
                                 match self.rejoin(attempt).await {
                                     Ok(owned) => fence = Some(owned),
@@ -786,7 +789,8 @@ impl<T: Tool> Call<'_, T> {
     /// Renews the lease under `fence` every third of it, for as long as it is polled.
     pub(super) async fn renewals(&self, fence: Fence) -> std::convert::Infallible {
         let period = self.policy.lease / 3;
-        loop {
+        // Refused during an earlier attempt or pause of this call: not sent again.
+        while !self.refused(fence) {
             tokio::time::sleep(period).await;
             if !self.renew(fence).await {
                 break;

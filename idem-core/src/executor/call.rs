@@ -247,13 +247,18 @@ impl<T: Tool> Call<'_, T> {
     /// may have taken the key over. Not all of it: a store may measure the lease on a clock that
     /// drifts from this one.
     pub(super) fn lease_may_have_lapsed(&self, fence: Fence) -> bool {
-        if self.lost.load(Ordering::Relaxed) == fence.0 {
+        if self.refused(fence) {
             return true;
         }
         let confirmed = Duration::from_nanos(self.confirmed.load(Ordering::Relaxed));
         let since =
             Instant::now().saturating_duration_since(self.started).saturating_sub(confirmed);
         since >= self.policy.lease.saturating_mul(3) / 4
+    }
+
+    /// Whether a renewal of this call found `fence` taken over (it never becomes current again).
+    pub(super) fn refused(&self, fence: Fence) -> bool {
+        self.lost.load(Ordering::Relaxed) == fence.0
     }
 
     pub(super) fn uses_store(&self) -> bool {
