@@ -410,3 +410,57 @@ async fn a_worker_whose_deadline_ends_while_it_rejoins_reports_the_tools_last_er
         other => panic!("the deadline, with the tool's last error: {other:?}"),
     }
 }
+
+/// A worker paused past its lease rejoins the key (B took it over) with a duplicate of its own
+/// process joined to it; its caller stops it while it waits for B. It answers `Cancelled` after
+/// its one attempt, runs nothing more; the duplicate starts over, waits for B and gets B's charge.
+#[tokio::test(start_paused = true)]
+async fn a_worker_stopped_while_it_rejoins_leaves_its_joiner_to_the_new_owner() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let flaky =
+        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let slow = PayTool::with_provider(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+        flaky.provider.clone(),
+    );
+    let stop = idem_core::StopSignal::new();
+    let run_a = a.run("r");
+    let stopped_run = run_a.with_stop(stop.clone());
+    let worker_a = stopped_run.call(&*flaky, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    tokio::select! {
+        _ = &mut worker_a => panic!("A finished early"),
+        () = flaky.started.notified() => {}
+    }
+    let joiner = run_a.call(&*flaky, args("cus_1", 4900));
+    let mut joiner = std::pin::pin!(joiner);
+    tokio::select! {
+        _ = &mut joiner => panic!("the joiner finished early"),
+        () = tokio::task::yield_now() => {}
+    }
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    let run_b = b.run("r");
+    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    tokio::select! {
+        _ = &mut worker_b => panic!("B finished early"),
+        () = slow.started.notified() => {}
+    }
+    let stopping = async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.stop();
+    };
+    let (a_result, j_result, b_result, ()) = tokio::join!(worker_a, joiner, worker_b, stopping);
+    assert!(
+        matches!(a_result, Err(idem_core::Error::Cancelled { attempts: 1, .. })),
+        "{a_result:?}"
+    );
+    assert_eq!(b_result.unwrap(), "ch_1");
+    assert_eq!(j_result.unwrap(), "ch_1", "the joiner gets the new owner's charge");
+    assert_eq!(flaky.runs(), 1, "neither A nor its joiner ran beside B");
+    assert_eq!((slow.runs(), flaky.charges()), (1, 1));
+}
