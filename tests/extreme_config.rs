@@ -270,18 +270,15 @@ async fn a_fence_refused_during_an_attempt_is_not_renewed_in_the_pause_after_it(
     assert_eq!(store.hook.0.load(Ordering::SeqCst), 1, "one renewal refused, none after it");
 }
 
-/// The store's file is found damaged when the outcome is stored (after the claim succeeded).
-struct DamagedOnComplete;
+/// The store refuses the outcome (after the claim succeeded) with a refusal waiting does not
+/// mend: its file found damaged, or its configuration refused (a privilege revoked mid-run).
+struct FinalOnComplete(fn() -> StoreError);
 
 #[async_trait::async_trait]
-impl Hook for DamagedOnComplete {
+impl Hook for FinalOnComplete {
     async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
         if matches!(op, Op::Complete { .. }) {
-            return Err(StoreError::Damaged(
-                "the SQLite database is damaged (database disk image is malformed); restore it \
-                 from a backup"
-                    .into(),
-            ));
+            return Err((self.0)());
         }
         Ok(())
     }
@@ -295,15 +292,28 @@ async fn damaged_charge(tag: String) -> Result<String, Never> {
     Ok(format!("ch_{tag}"))
 }
 
-/// A store found damaged mid-call: the charge ran, and its caller gets it. Waiting does not mend
-/// a damaged store, so the outcome is not queued to be sent again in the background "while the
-/// store is away" (which a process about to exit would then wait for).
+/// A store found damaged mid-call (or refusing its configuration): the charge ran, and its
+/// caller gets it. Waiting does not mend either, so the outcome is not queued to be sent again
+/// in the background "while the store is away" (which a process about to exit would then wait
+/// for).
 #[tokio::test(start_paused = true)]
 async fn a_store_found_damaged_after_the_claim_is_not_sent_the_outcome_again() {
-    let store = Arc::new(Wrapped::new(DamagedOnComplete));
-    let idem = Idem::builder_shared(store).build();
-    let charged = damaged_charge(&idem.run("damaged-mid-call"), "1".into()).await;
-    assert_eq!(charged.unwrap(), "ch_1", "the effect happened: the caller gets it");
-    assert_eq!(DAMAGED_RUNS.load(Ordering::SeqCst), 1);
-    assert_eq!(idem.late_completions(), 0, "nothing queued for a store that cannot heal");
+    let refusals: [fn() -> StoreError; 2] = [
+        || {
+            StoreError::Damaged(
+                "the SQLite database is damaged (database disk image is malformed); restore it \
+                 from a backup"
+                    .into(),
+            )
+        },
+        || StoreError::InvalidConfig("permission denied for table idem_records".into()),
+    ];
+    for (i, refusal) in refusals.into_iter().enumerate() {
+        let store = Arc::new(Wrapped::new(FinalOnComplete(refusal)));
+        let idem = Idem::builder_shared(store).build();
+        let charged = damaged_charge(&idem.run("damaged-mid-call"), i.to_string()).await;
+        assert_eq!(charged.unwrap(), format!("ch_{i}"), "the effect happened: the caller gets it");
+        assert_eq!(idem.late_completions(), 0, "{i}: nothing queued for a store that cannot heal");
+    }
+    assert_eq!(DAMAGED_RUNS.load(Ordering::SeqCst), 2);
 }

@@ -626,18 +626,14 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// Sends a completion the store refused again in the background, when the store was
-    /// unavailable; any other refusal (a lost lease, an incompatible store) is final.
+    /// unavailable (an outage, which may pass); any other refusal is final: a lost lease, an
+    /// incompatible record, and what the caller also hears as "unavailable" but waiting does not
+    /// mend (a damaged store, a configuration the store refuses). The lease settles the record.
     fn store_later(&self, fence: Fence, outcome: Outcome, ttl: Duration, e: &Error<T::Error>) {
-        // A damaged store (reported as unavailable) is not mended by waiting: the lease settles
-        // the record, as for any other final refusal.
-        let Error::StoreUnavailable { source, .. } = e else {
+        let Error::StoreUnavailable { source: source @ StoreError::Unavailable(_), .. } = e else {
             tracing::warn!(error = %Chain(e), "outcome not stored");
             return;
         };
-        if let StoreError::Damaged(_) = source {
-            tracing::warn!(error = %Chain(e), "outcome not stored");
-            return;
-        }
         super::store_later::Later {
             late: Arc::clone(&self.inner.late),
             store: Arc::clone(&self.inner.store),
