@@ -1,6 +1,10 @@
 //! The in-memory store: the default, for one process. Records live in a mutex-guarded map; leases
 //! and retention use tokio's clock (so tests can pause it); expired records are swept as the map
-//! grows and at least every sweep interval, so memory stays bounded by the live records.
+//! grows and at least every sweep interval, so memory stays bounded by the live records. A record
+//! whose owner's lease ended without a result is swept only when the executor claims this store
+//! directly and says its tool re-runs unasked (no reconciliation check, not `never`); claimed
+//! through the `Store` trait (behind a wrapper), such a record stays until its key is claimed
+//! again, since the claim cannot say whether a check must be asked first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
