@@ -527,7 +527,8 @@ fn raw_json_that_names_a_member_twice_is_refused_wherever_it_is_nested() {
     let dup = r#"{"to":"acct-A","to":"acct-B"}"#;
     let ok = r#"{"to":"acct-B","n":1.0}"#;
     let raw = |t: &str| -> Raw { parse(t) };
-    let cases: Vec<(Box<dyn Fn(&str) -> Result<String, idem_core::KeyError>>, &str)> = vec![
+    type Canonical<'a> = Box<dyn Fn(&str) -> Result<String, idem_core::KeyError> + 'a>;
+    let cases: Vec<(Canonical<'_>, &str)> = vec![
         (
             Box::new(|t| to_canonical_string(&InList { items: vec![raw(ok), raw(t)] })),
             "items[1].to",

@@ -478,21 +478,13 @@ async fn a_result_stored_after_taking_the_key_back_is_not_reported_as_not_execut
     let store = OneCompleteFails::store(1);
     let shared: Arc<dyn Store> = store.clone();
     let (a, b) = (executor_on(shared.clone(), policy()), executor_on(shared, policy()));
-    let slow = PayTool::new(
-        RetryClass::Keyed,
-        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
-        &[],
-        Step::Slow(Duration::from_secs(30)),
-    );
+    let slow = slow_charge();
     let failing = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Transient);
     let run_a = a.run("r");
     let worker_a = run_a.call(&*slow, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
     // Poll A until its charge started, then stop polling it: A is paused (no renewals).
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = slow.started.notified() => {}
-    }
+    until_started(&mut worker_a, &slow.started, "A").await;
     tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
     // B takes the expired lease over, fails before sending on every attempt, and lets go.
     let b_result = b.run("r").call(&*failing, args("cus_1", 4900)).await;
@@ -538,28 +530,10 @@ async fn a_worker_that_lost_its_lease_while_the_store_went_down_says_lease_lost(
         &[Step::ChargeThenReset],
         Step::Succeed,
     );
-    let slow = PayTool::new(
-        RetryClass::Keyed,
-        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
-        &[],
-        Step::Slow(Duration::from_secs(30)),
-    );
-    let run_a = a.run("r");
-    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
-    let mut worker_a = std::pin::pin!(worker_a);
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
-    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
-    let run_b = b.run("r");
-    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
-    let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = slow.started.notified() => {}
-    }
-    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    let slow = slow_charge();
+    // A runs until its first attempt failed, pauses past its lease; B takes the key over with
+    // a slow charge; A resumes while B runs.
+    let (a_result, b_result) = paused_worker_and_new_owner(&a, &b, &flaky, &slow).await;
     assert!(matches!(a_result, Err(Error::LeaseLost { .. })), "{a_result:?}");
     assert_eq!(flaky.runs(), 1, "A did not retry beside B");
     assert!(b_result.is_ok(), "{b_result:?}");

@@ -87,12 +87,7 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
     // Worker A's first attempt charges slowly; worker B's succeeds at once.
-    let slow = PayTool::new(
-        RetryClass::Keyed,
-        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
-        &[],
-        Step::Slow(Duration::from_secs(30)),
-    );
+    let slow = slow_charge();
     let fast = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
     // A's provider already has a charge, so A's own charge is "ch_2", B's is "ch_1".
     slow.provider.charge(None);
@@ -101,10 +96,7 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
     let worker_a = run_a.call_reported(&*slow, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
     // Poll A until its tool body started, then stop polling it: A is "paused" (no renewals).
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = slow.started.notified() => {}
-    }
+    until_started(&mut worker_a, &slow.started, "A").await;
     tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
 
     let b_result = b.run("r").call(&*fast, args("cus_1", 4900)).await;
@@ -144,32 +136,10 @@ async fn a_worker_paused_between_attempts_past_its_lease_does_not_retry_beside_t
     // A's first attempt fails before sending; its retry would succeed.
     let flaky =
         PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
-    let slow = PayTool::new(
-        RetryClass::Keyed,
-        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
-        &[],
-        Step::Slow(Duration::from_secs(30)),
-    );
-    let run_a = a.run("r");
-    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
-    let mut worker_a = std::pin::pin!(worker_a);
-    // Poll A until its first attempt ran (it is now in its backoff), then stop polling it.
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
-    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
-
-    // B takes the expired lease over and starts its slow attempt.
-    let run_b = b.run("r");
-    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
-    let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = slow.started.notified() => {}
-    }
-    // A resumes while B runs.
-    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    let slow = slow_charge();
+    // A runs until its first attempt failed, pauses past its lease; B takes the key over with
+    // a slow charge; A resumes while B runs.
+    let (a_result, b_result) = paused_worker_and_new_owner(&a, &b, &flaky, &slow).await;
     assert_eq!(b_result.unwrap(), "ch_1");
     assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
     assert_eq!(a_result.unwrap(), "ch_1", "A's caller gets the outcome of the new owner");
@@ -275,18 +245,12 @@ async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
     let run_a = a.run("r").with_wait_hook(hook);
     let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
+    until_started(&mut worker_a, &flaky.started, "A").await;
     tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
     let run_b = b.run("r");
     let worker_b = run_b.call(&*giving_up, args("cus_1", 4900));
     let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = giving_up.started.notified() => {}
-    }
+    until_started(&mut worker_b, &giving_up.started, "B").await;
     let (a_result, b_result) = tokio::join!(worker_a, worker_b);
     assert!(b_result.is_err(), "{b_result:?}");
     assert_eq!(a_result.unwrap(), "ch_1", "A ran its retry once B let go");
@@ -300,7 +264,7 @@ async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
 /// which took the key over, still runs: A does not retry beside it, and answers with B's charge.
 async fn paused_worker_does_not_retry_beside_the_new_owner_on(store: Arc<dyn Store>, run: &str) {
     let lease = Policy { lease: Duration::from_millis(300), ..policy() };
-    let (a, b) = (executor_on(store.clone(), lease.clone()), executor_on(store, lease));
+    let (a, b) = (executor_on(store.clone(), lease), executor_on(store, lease));
     let flaky =
         PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
     let slow = PayTool::with_provider(
@@ -313,19 +277,13 @@ async fn paused_worker_does_not_retry_beside_the_new_owner_on(store: Arc<dyn Sto
     let run_a = a.run(run);
     let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
+    until_started(&mut worker_a, &flaky.started, "A").await;
     // A is not polled for well over its lease (its renewals cannot run).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let run_b = b.run(run);
     let worker_b = run_b.call(&*slow, args("cus_1", 4900));
     let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = slow.started.notified() => {}
-    }
+    until_started(&mut worker_b, &slow.started, "B").await;
     let (a_result, b_result) = tokio::join!(worker_a, worker_b);
     assert_eq!(b_result.unwrap(), "ch_1");
     assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
@@ -377,28 +335,10 @@ async fn a_worker_whose_deadline_ends_while_it_rejoins_reports_the_tools_last_er
     let (a, b) = (executor_on(store.clone(), short), executor_on(store, policy()));
     let flaky =
         PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
-    let slow = PayTool::new(
-        RetryClass::Keyed,
-        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
-        &[],
-        Step::Slow(Duration::from_secs(30)),
-    );
-    let run_a = a.run("r");
-    let worker_a = run_a.call(&*flaky, args("cus_1", 4900));
-    let mut worker_a = std::pin::pin!(worker_a);
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
-    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
-    let run_b = b.run("r");
-    let worker_b = run_b.call(&*slow, args("cus_1", 4900));
-    let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = slow.started.notified() => {}
-    }
-    let (a_result, b_result) = tokio::join!(worker_a, worker_b);
+    let slow = slow_charge();
+    // A runs until its first attempt failed, pauses past its lease; B takes the key over with
+    // a slow charge; A resumes while B runs.
+    let (a_result, b_result) = paused_worker_and_new_owner(&a, &b, &flaky, &slow).await;
     assert_eq!(b_result.unwrap(), "ch_1");
     assert_eq!(flaky.runs(), 1, "A did not run a second attempt beside B");
     match a_result {
@@ -432,10 +372,7 @@ async fn a_worker_stopped_while_it_rejoins_leaves_its_joiner_to_the_new_owner() 
     let stopped_run = run_a.with_stop(stop.clone());
     let worker_a = stopped_run.call(&*flaky, args("cus_1", 4900));
     let mut worker_a = std::pin::pin!(worker_a);
-    tokio::select! {
-        _ = &mut worker_a => panic!("A finished early"),
-        () = flaky.started.notified() => {}
-    }
+    until_started(&mut worker_a, &flaky.started, "A").await;
     let joiner = run_a.call(&*flaky, args("cus_1", 4900));
     let mut joiner = std::pin::pin!(joiner);
     tokio::select! {
@@ -446,10 +383,7 @@ async fn a_worker_stopped_while_it_rejoins_leaves_its_joiner_to_the_new_owner() 
     let run_b = b.run("r");
     let worker_b = run_b.call(&*slow, args("cus_1", 4900));
     let mut worker_b = std::pin::pin!(worker_b);
-    tokio::select! {
-        _ = &mut worker_b => panic!("B finished early"),
-        () = slow.started.notified() => {}
-    }
+    until_started(&mut worker_b, &slow.started, "B").await;
     let stopping = async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         stop.stop();

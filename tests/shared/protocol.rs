@@ -280,3 +280,49 @@ impl Tool for RateLimitedTool {
         async move { answer }
     }
 }
+
+/// Polls `worker` until its tool's body started (`started`), then leaves it unpolled: a worker
+/// paused mid-call, which renews nothing until it is polled again. `who` names it if it finishes
+/// instead.
+pub(crate) async fn until_started<F: std::future::Future + Unpin>(
+    worker: &mut F,
+    started: &tokio::sync::Notify,
+    who: &str,
+) {
+    tokio::select! {
+        _ = worker => panic!("{who} finished early"),
+        () = started.notified() => {}
+    }
+}
+
+/// A keyed charge whose one attempt takes 30 s, under an attempt timeout long enough for it: the
+/// owner that takes a paused worker's key over.
+pub(crate) fn slow_charge() -> Arc<PayTool> {
+    PayTool::new(
+        RetryClass::Keyed,
+        ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },
+        &[],
+        Step::Slow(Duration::from_secs(30)),
+    )
+}
+
+/// Worker A (on `a`) calls `tool` and is left unpolled once its body started (a paused worker)
+/// for longer than the lease; worker B (on `b`) then takes the key over with `slow` (see
+/// [`slow_charge`]), and both run to their ends, A resuming while B runs. Their answers, A's
+/// first.
+pub(crate) async fn paused_worker_and_new_owner(
+    a: &Idem,
+    b: &Idem,
+    tool: &PayTool,
+    slow: &PayTool,
+) -> (Result<String, idem_core::Error<PayError>>, Result<String, idem_core::Error<PayError>>) {
+    let (run_a, run_b) = (a.run("r"), b.run("r"));
+    let worker_a = run_a.call(tool, args("cus_1", 4900));
+    let mut worker_a = std::pin::pin!(worker_a);
+    until_started(&mut worker_a, &tool.started, "A").await;
+    tokio::time::sleep(policy().lease + Duration::from_secs(1)).await;
+    let worker_b = run_b.call(slow, args("cus_1", 4900));
+    let mut worker_b = std::pin::pin!(worker_b);
+    until_started(&mut worker_b, &slow.started, "B").await;
+    tokio::join!(worker_a, worker_b)
+}
