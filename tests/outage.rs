@@ -424,6 +424,55 @@ mod redis {
     }
 }
 
+#[cfg(feature = "redis")]
+mod redis_failover {
+    use super::*;
+
+    /// A failover behind one address (Sentinel, or a managed Redis whose primary endpoint moves
+    /// to the promoted replica): the old master is demoted to a replica and keeps the store's
+    /// connection open, refusing every write with `READONLY`, while new connections to the
+    /// address reach the new master. The connection manager reconnects only when a connection
+    /// drops, so the store must connect again by itself; a refused write ran nothing, so the
+    /// call goes on on the new master instead of failing until the process restarts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_master_demoted_behind_its_address_is_left_for_the_new_one() {
+        let Some(old) = Server::start() else { return };
+        let Some(new) = Server::start() else { return };
+        let proxy = idem_tests::proxy::Proxy::start(format!("127.0.0.1:{}", old.port())).await;
+        let ledger = Arc::new(Ledger::default());
+        let (charge, wire) = (Charge(ledger.clone()), Wire(ledger.clone()));
+        let url = format!("redis://127.0.0.1:{}/", proxy.port());
+        let store = idem_core::RedisStore::builder(url).open().await.expect("store");
+        let idem = idem_on(Arc::new(store));
+        let run = idem.run(fresh_run("outage-failover"));
+        assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+
+        let client = ::redis::Client::open(old.url()).unwrap();
+        let mut demote = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = ::redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(new.port())
+            .query_async(&mut demote)
+            .await
+            .expect("REPLICAOF");
+        proxy.retarget(format!("127.0.0.1:{}", new.port()));
+
+        for (i, intent) in (1..4).enumerate() {
+            match bounded(run.call(&charge, intent)).await {
+                Ok(out) => assert_eq!(out, format!("charge-{intent}-attempt-1")),
+                Err(e) => panic!("call {i} after the failover: {e}"),
+            }
+            match bounded(run.call(&wire, intent)).await {
+                Ok(out) => assert_eq!(out, format!("wire-{intent}-attempt-1")),
+                Err(e) => panic!("never call {i} after the failover: {e}"),
+            }
+        }
+        // A replay is served by the new master too.
+        assert_eq!(run.call(&charge, 1).await.unwrap(), "charge-1-attempt-1");
+        assert_eq!(ledger.bodies("charge", 1), 1);
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use super::*;

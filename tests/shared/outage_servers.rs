@@ -44,6 +44,9 @@ impl Server {
     pub(super) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
+    pub(super) fn port(&self) -> u16 {
+        self.port
+    }
     pub(super) fn crash(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

@@ -17,7 +17,8 @@ pub struct Proxy {
 }
 
 struct Shared {
-    target: String,
+    /// Where new connections go (see [`Proxy::retarget`]).
+    target: Mutex<String>,
     up: AtomicBool,
     /// Armed: the next request whose bytes contain this needle loses its reply (and with
     /// `true`, the proxy is cut right after).
@@ -32,7 +33,7 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
         let port = listener.local_addr().expect("proxy addr").port();
         let shared = Arc::new(Shared {
-            target: target.into(),
+            target: Mutex::new(target.into()),
             up: AtomicBool::new(true),
             armed: Mutex::new(None),
             lost: AtomicUsize::new(0),
@@ -61,6 +62,12 @@ impl Proxy {
     /// Drops every open connection and closes new ones at once, until [`Proxy::restore`].
     pub fn cut(&self) {
         self.shared.cut();
+    }
+
+    /// New connections go to `target` from now on; open ones stay where they are, as when a
+    /// failover moves a DNS name or a virtual IP to another server.
+    pub fn retarget(&self, target: impl Into<String>) {
+        *self.shared.target.lock().unwrap() = target.into();
     }
 
     /// Accepts connections again.
@@ -109,7 +116,8 @@ impl Drop for Proxy {
 
 /// Forwards one connection both ways; see [`Proxy::lose_reply_to`].
 async fn pump(shared: Arc<Shared>, client: TcpStream) {
-    let Ok(server) = TcpStream::connect(&shared.target).await else { return };
+    let target = shared.target.lock().unwrap().clone();
+    let Ok(server) = TcpStream::connect(&target).await else { return };
     let (mut client_rx, mut client_tx) = client.into_split();
     let (mut server_rx, mut server_tx) = server.into_split();
     // Set when a request whose reply must be lost went to the server: 1 lose, 2 lose and cut.

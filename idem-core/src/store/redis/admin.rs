@@ -208,7 +208,7 @@ impl RedisStore {
         count: usize,
     ) -> Result<Result<Vec<Value>, RedisError>, StoreError> {
         Ok(match &self.inner.conn {
-            Conn::One(conn) => conn.clone().req_packed_commands(pipe, 0, count).await,
+            Conn::One(conn) => conn.manager().1.req_packed_commands(pipe, 0, count).await,
             Conn::Cluster(conn) => {
                 let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
                 let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterConfig;
 
 use super::pubsub::{cluster_pubsub, pubsub_connection};
 use super::reply::unavailable;
-use super::route::{Conn, Replicas};
+use super::route::{Conn, One, Replicas};
 use super::scripts::Scripts;
 use super::{Inner, RedisStore, conn};
 use crate::store::StoreError;
@@ -214,10 +214,9 @@ impl RedisStoreBuilder {
                     // One attempt per call: a call on a stopped server fails within the timeouts
                     // instead of waiting out a backoff; the next call tries again.
                     .set_number_of_retries(0);
-                let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                    .map_err(unavailable)?;
+                let conn = One::new(client.clone(), config.clone()).map_err(unavailable)?;
                 let config = config.set_response_timeout(Some(self.response_timeout));
-                (Conn::One(conn), pubsub_connection(&client, config, &waiters))
+                (Conn::One(Arc::new(conn)), pubsub_connection(&client, config, &waiters))
             }
             conn::Servers::Cluster(nodes) => {
                 // No retries in the client: the store follows redirections and resends itself

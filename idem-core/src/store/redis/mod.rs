@@ -124,7 +124,10 @@
 //! A server that cannot be reached or does not answer within the response timeout (default 1 s;
 //! plus the replica wait's timeout when set) gives [`StoreError::Unavailable`] with the cause.
 //! The connection manager (or the cluster client) reconnects by itself: calls work again once the
-//! server is back, on a cluster once a replica has been promoted in place of a failed master. A script whose reply was lost (the connection reset
+//! server is back, on a cluster once a replica has been promoted in place of a failed master. On
+//! one server, a write refused with `READONLY` (a master demoted to a replica behind the same
+//! address, which keeps the connection open) makes the store connect again and send it again,
+//! for up to 5 s (`route.rs`). A script whose reply was lost (the connection reset
 //! after the command, a response timeout on a hung server that resumes) may have run: every step
 //! is sent again with backoff (see `store/resend.rs`). A claim carries an owner token unique to
 //! the call, so its resend finds its own record and acquires it with the same fence (a takeover

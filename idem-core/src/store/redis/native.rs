@@ -267,7 +267,9 @@ impl super::RedisStore {
         let pipe = pipeline(record, counter, req, owner, fence, lease_end_ms);
         Some(
             crate::store::resend::resend(|_| async {
-                let mut conn = conn.clone();
+                // The current connection: the claim script replaces one that reached a
+                // replica (`route.rs`), and native claims follow.
+                let mut conn = conn.manager().1;
                 let replies = pipe.query_async(&mut conn).await;
                 read(&self.inner.native, owner, fence, replies)
             })
@@ -282,7 +284,7 @@ impl super::RedisStore {
         if !self.inner.clock.start_sampling() {
             return;
         }
-        let (inner, mut conn) = (std::sync::Arc::clone(&self.inner), conn.clone());
+        let (inner, mut conn) = (std::sync::Arc::clone(&self.inner), conn.manager().1);
         rt.spawn(async move {
             let sent = Instant::now();
             let reply: redis::RedisResult<Vec<String>> =

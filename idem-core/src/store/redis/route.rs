@@ -37,7 +37,7 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
@@ -122,8 +122,78 @@ impl Invocation<'_> {
 /// The store's connection for commands: one server, or a cluster.
 #[derive(Clone)]
 pub(super) enum Conn {
-    One(ConnectionManager),
+    One(std::sync::Arc<One>),
     Cluster(ClusterConnection),
+}
+
+/// One server's connection manager, replaced by a new connection when the server it reached
+/// answers `READONLY`: a master demoted to a replica in a failover (Sentinel, a managed Redis
+/// whose primary endpoint now names another node). The manager reconnects only when its
+/// connection drops, and a demoted master keeps it open, so without this every write would be
+/// refused until the process restarted, while the address already leads to the new master.
+pub(super) struct One {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The current manager and how many times it was replaced.
+    current: std::sync::Mutex<(u64, ConnectionManager)>,
+}
+
+impl One {
+    /// A manager that connects on first use (needs a tokio runtime).
+    pub(super) fn new(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<One> {
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        Ok(One { client, config, current: std::sync::Mutex::new((0, manager)) })
+    }
+
+    /// The current manager (a clone shares its connection) and its generation.
+    pub(super) fn manager(&self) -> (u64, ConnectionManager) {
+        crate::sync::lock(&self.current).clone()
+    }
+
+    /// The manager of `generation` reached a server that refuses writes: the next command
+    /// connects again (once per generation, however many commands saw the refusal).
+    fn reconnect(&self, generation: u64) {
+        let mut current = crate::sync::lock(&self.current);
+        if current.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(manager) => {
+                tracing::warn!(
+                    "the Redis server refused a write as a read-only replica (a failover?); \
+                     connecting again"
+                );
+                *current = (generation + 1, manager);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot replace the Redis connection"),
+        }
+    }
+
+    /// Sends `pipe` (`count` commands); while the first reply is `READONLY` (nothing ran),
+    /// connects again and sends it again after a full-jitter pause, for [`REFUSED_FOR`] at
+    /// most; then the refusal is the answer.
+    async fn send(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        let started = tokio::time::Instant::now();
+        let mut pause = REFUSED_PAUSE.0;
+        loop {
+            let (generation, mut conn) = self.manager();
+            let sent = conn.req_packed_commands(pipe, 0, count).await;
+            let refused = match &sent {
+                Ok(replies) => matches!(replies.first(), Some(Value::ServerError(e))
+                    if e.kind() == Some(ServerErrorKind::ReadOnly)),
+                Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly),
+            };
+            if !refused {
+                return sent;
+            }
+            self.reconnect(generation);
+            if started.elapsed() >= REFUSED_FOR {
+                return sent;
+            }
+            tokio::time::sleep(crate::store::full_jitter(pause)).await;
+            pause = (pause * 2).min(REFUSED_PAUSE.1);
+        }
+    }
 }
 
 impl Conn {
@@ -166,7 +236,7 @@ impl Conn {
     pub(super) async fn ping(&self) -> RedisResult<()> {
         let ping = redis::cmd("PING");
         let reply = match self {
-            Conn::One(c) => c.clone().req_packed_command(&ping).await,
+            Conn::One(c) => c.manager().1.req_packed_command(&ping).await,
             Conn::Cluster(c) => {
                 c.clone()
                     .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
@@ -180,7 +250,7 @@ impl Conn {
     /// client routes it.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Conn::One(c) => c.clone().req_packed_command(cmd).await,
+            Conn::One(c) => c.manager().1.req_packed_command(cmd).await,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
         }
     }
@@ -195,7 +265,7 @@ impl Conn {
         key: &[u8],
     ) -> RedisResult<Vec<Value>> {
         match self {
-            Conn::One(c) => c.clone().req_packed_commands(pipe, 0, count).await,
+            Conn::One(c) => c.send(pipe, count).await,
             Conn::Cluster(c) => cluster_send(c, pipe, count, key).await,
         }
     }
