@@ -279,3 +279,39 @@ async fn a_server_that_never_answers_is_named_as_such() {
     }
     held.abort();
 }
+
+/// A connection whose server turned read-only (a primary demoted by a failover behind one
+/// address: a managed database's writer endpoint, a virtual IP, a DNS name cached while it
+/// moved) refuses every write with SQLSTATE 25006 for as long as it lasts, and the pool's
+/// recycling keeps it since it is still open: every claim would fail until the process
+/// restarted, while a new connection reaches the writable server. Here the application's pool
+/// holds two connections made read-only as a demoted primary's are; connections opened later
+/// are writable. The store leaves the read-only ones and goes on on new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_server_turned_read_only_are_replaced() {
+    let pool = app_pool(2);
+    let Some(store) = or_skip("PostgreSQL", PostgresStore::from_pool(pool.clone(), None).await)
+    else {
+        return;
+    };
+    let (first, second) = (pool.get().await.expect("a"), pool.get().await.expect("b"));
+    for conn in [&first, &second] {
+        conn.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            .await
+            .expect("read-only session");
+    }
+    drop((first, second));
+    for i in 0..3 {
+        let (key, fp) = fresh_key("pg_read_only", &format!("{{\"i\":{i}}}"));
+        let fence = match store.claim(claim_req(&key, &fp)).await {
+            Ok(Claim::Acquired { fence, .. }) => fence,
+            other => panic!("claim {i} after the server turned read-only: {other:?}"),
+        };
+        let ok = Outcome::Success(i.to_string());
+        store.complete(&key, fence, &ok, Duration::from_secs(60)).await.expect("complete");
+        match store.claim(claim_req(&key, &fp)).await {
+            Ok(Claim::Completed(record)) => assert_eq!(record.outcome, ok),
+            other => panic!("replay {i}: {other:?}"),
+        }
+    }
+}

@@ -181,15 +181,66 @@ impl Sql {
 
 /// A pooled connection for one store step, given back to the pool when dropped.
 pub(super) struct Conn {
+    /// Dropped before `retire` (fields drop in order): back in the pool when `retire` runs.
     pub(super) client: Object,
     /// Send every statement unnamed (PgBouncer in transaction mode): parsed at each call, since
     /// a prepared statement stays on the server connection that prepared it.
     unnamed: bool,
+    retire: Retire,
+}
+
+/// Takes a connection that reached a read-only server out of the pool once it is back there,
+/// with every idle connection opened before it (see [`Conn::read_only`]).
+struct Retire {
+    pool: Option<deadpool_postgres::Pool>,
+    created: std::time::Instant,
+    read_only: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        if !self.read_only.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        if let Some(pool) = &self.pool {
+            let created = self.created;
+            let retired = pool.retain(|_, metrics| metrics.created > created).removed.len();
+            tracing::warn!(
+                retired,
+                "PostgreSQL refused a write as read-only (a standby, or a primary demoted in a \
+                 failover); its connections are closed, and new ones are opened"
+            );
+        }
+    }
 }
 
 impl Conn {
     pub(super) fn new(client: Object, unnamed: bool) -> Conn {
-        Conn { client, unnamed }
+        let retire = Retire {
+            pool: Object::pool(&client),
+            created: Object::metrics(&client).created,
+            read_only: std::sync::atomic::AtomicBool::new(false),
+        };
+        Conn { client, unnamed, retire }
+    }
+
+    /// Notes an error of a statement on this connection: a server that refused a write as
+    /// read-only (SQLSTATE 25006: a hot standby, or a primary demoted by a failover behind the
+    /// same address, as a managed database's writer endpoint or a virtual IP) answers so for
+    /// as long as the connection lasts, and the pool's recycling keeps a connection that is
+    /// still open. So the connection leaves the pool when this step gives it back, with the
+    /// idle ones opened before it (likely to the same server), and the next step connects to
+    /// what the address names now.
+    pub(super) fn saw<T>(
+        &self,
+        answer: Result<T, tokio_postgres::Error>,
+    ) -> Result<T, tokio_postgres::Error> {
+        if let Err(e) = &answer
+            && read_only(e)
+        {
+            self.retire.read_only.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        answer
     }
 
     /// Prepares every statement of the store on this connection (kept in its statement cache),
@@ -219,7 +270,7 @@ impl Conn {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        again_if_rolled_back(|| self.query_once(sql, params)).await
+        self.saw(again_if_rolled_back(|| self.query_once(sql, params)).await)
     }
 
     async fn query_once(
@@ -255,7 +306,7 @@ impl Conn {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
-        again_if_rolled_back(|| self.execute_once(sql, params)).await
+        self.saw(again_if_rolled_back(|| self.execute_once(sql, params)).await)
     }
 
     async fn execute_once(
@@ -287,6 +338,12 @@ impl Conn {
         }
         forgot
     }
+}
+
+/// Whether the server refused the statement as read-only (SQLSTATE 25006,
+/// `read_only_sql_transaction`): nothing it would write was written.
+pub(super) fn read_only(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION)
 }
 
 /// How many times a statement PostgreSQL rolled back is sent in all.
