@@ -471,6 +471,39 @@ mod redis_failover {
         assert_eq!(run.call(&charge, 1).await.unwrap(), "charge-1-attempt-1");
         assert_eq!(ledger.bodies("charge", 1), 1);
     }
+
+    /// A connection that went silent: a NAT or load balancer forgot the idle flow, or the
+    /// server's address vanished in a failover, so nothing comes back and nothing closes it (the
+    /// kernel gives up only after its retransmissions, about 15 minutes on Linux), while a new
+    /// connection works. The connection manager reconnects only when a connection drops, so
+    /// every command would wait out the response timeout until then. A timed-out step is sent
+    /// again anyway (its reply may have been lost): it goes on a new connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_gone_silent_is_replaced() {
+        let Some(server) = Server::start() else { return };
+        let proxy = idem_tests::proxy::Proxy::start(format!("127.0.0.1:{}", server.port())).await;
+        let ledger = Arc::new(Ledger::default());
+        let (charge, wire) = (Charge(ledger.clone()), Wire(ledger.clone()));
+        let url = format!("redis://127.0.0.1:{}/", proxy.port());
+        let store = idem_core::RedisStore::builder(url).open().await.expect("store");
+        let idem = idem_on(Arc::new(store));
+        let run = idem.run(fresh_run("outage-silent"));
+        assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+
+        proxy.stall();
+        for intent in 1..4 {
+            match bounded(run.call(&charge, intent)).await {
+                Ok(out) => assert_eq!(out, format!("charge-{intent}-attempt-1")),
+                Err(e) => panic!("charge {intent} after the connection went silent: {e}"),
+            }
+            match bounded(run.call(&wire, intent)).await {
+                Ok(out) => assert_eq!(out, format!("wire-{intent}-attempt-1")),
+                Err(e) => panic!("wire {intent} after the connection went silent: {e}"),
+            }
+        }
+        assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+        assert_eq!(ledger.bodies("charge", 0), 1);
+    }
 }
 
 #[cfg(feature = "postgres")]

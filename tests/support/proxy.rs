@@ -25,6 +25,8 @@ struct Shared {
     armed: Mutex<Option<(Vec<u8>, bool)>>,
     lost: AtomicUsize,
     pumps: Mutex<Vec<JoinHandle<()>>>,
+    /// Connections opened before this many stalls are black holes (see [`Proxy::stall`]).
+    stalls: AtomicUsize,
 }
 
 impl Proxy {
@@ -38,6 +40,7 @@ impl Proxy {
             armed: Mutex::new(None),
             lost: AtomicUsize::new(0),
             pumps: Mutex::new(Vec::new()),
+            stalls: AtomicUsize::new(0),
         });
         let accept = tokio::spawn({
             let shared = Arc::clone(&shared);
@@ -62,6 +65,13 @@ impl Proxy {
     /// Drops every open connection and closes new ones at once, until [`Proxy::restore`].
     pub fn cut(&self) {
         self.shared.cut();
+    }
+
+    /// Every open connection becomes a black hole: it stays open, and nothing sent either way
+    /// arrives (no reset, no close), as when a NAT or load balancer forgets an idle flow, or a
+    /// server's address vanishes in a failover. New connections are forwarded as before.
+    pub fn stall(&self) {
+        self.shared.stalls.fetch_add(1, Ordering::SeqCst);
     }
 
     /// New connections go to `target` from now on; open ones stay where they are, as when a
@@ -118,6 +128,12 @@ impl Drop for Proxy {
 async fn pump(shared: Arc<Shared>, client: TcpStream) {
     let target = shared.target.lock().unwrap().clone();
     let Ok(server) = TcpStream::connect(&target).await else { return };
+    let epoch = shared.stalls.load(Ordering::SeqCst);
+    let stalled = {
+        let shared = Arc::clone(&shared);
+        move || shared.stalls.load(Ordering::SeqCst) > epoch
+    };
+    let stalled_down = stalled.clone();
     let (mut client_rx, mut client_tx) = client.into_split();
     let (mut server_rx, mut server_tx) = server.into_split();
     // Set when a request whose reply must be lost went to the server: 1 lose, 2 lose and cut.
@@ -132,6 +148,9 @@ async fn pump(shared: Arc<Shared>, client: TcpStream) {
                     Ok(n) => n,
                 };
                 let chunk = &buf[..n];
+                if stalled() {
+                    continue;
+                }
                 {
                     let mut armed = shared.armed.lock().unwrap();
                     let hit = armed.as_ref().and_then(|(needle, cut)| {
@@ -155,6 +174,9 @@ async fn pump(shared: Arc<Shared>, client: TcpStream) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            if stalled_down() {
+                continue;
+            }
             let lose = losing.load(Ordering::SeqCst);
             if lose > 0 {
                 // The server answered, so it carried the request out: drop the answer and the

@@ -127,7 +127,9 @@
 //! server is back, on a cluster once a replica has been promoted in place of a failed master. On
 //! one server, a write refused with `READONLY` (a master demoted to a replica behind the same
 //! address, which keeps the connection open) makes the store connect again and send it again,
-//! for up to 5 s (`route.rs`). A script whose reply was lost (the connection reset
+//! for up to 5 s (`route.rs`); so does a response timeout, since a connection that went silent
+//! (a NAT or load balancer that forgot the flow) is otherwise closed only by the kernel, after
+//! about 15 minutes. A script whose reply was lost (the connection reset
 //! after the command, a response timeout on a hung server that resumes) may have run: every step
 //! is sent again with backoff (see `store/resend.rs`). A claim carries an owner token unique to
 //! the call, so its resend finds its own record and acquires it with the same fence (a takeover

@@ -267,10 +267,10 @@ impl super::RedisStore {
         let pipe = pipeline(record, counter, req, owner, fence, lease_end_ms);
         Some(
             crate::store::resend::resend(|_| async {
-                // The current connection: the claim script replaces one that reached a
-                // replica (`route.rs`), and native claims follow.
-                let mut conn = conn.manager().1;
-                let replies = pipe.query_async(&mut conn).await;
+                // The current connection: one that reached a replica or went silent is
+                // replaced (`route.rs`), and native claims follow.
+                let (generation, mut manager) = conn.manager();
+                let replies = conn.saw(generation, pipe.query_async(&mut manager).await);
                 read(&self.inner.native, owner, fence, replies)
             })
             .await,

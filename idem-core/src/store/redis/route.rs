@@ -127,10 +127,11 @@ pub(super) enum Conn {
 }
 
 /// One server's connection manager, replaced by a new connection when the server it reached
-/// answers `READONLY`: a master demoted to a replica in a failover (Sentinel, a managed Redis
-/// whose primary endpoint now names another node). The manager reconnects only when its
-/// connection drops, and a demoted master keeps it open, so without this every write would be
-/// refused until the process restarted, while the address already leads to the new master.
+/// answers `READONLY` (a master demoted to a replica in a failover: Sentinel, a managed Redis
+/// whose primary endpoint now names another node), or does not answer within the response
+/// timeout (see [`One::saw`]). The manager reconnects only when its connection drops, and a
+/// demoted master keeps it open, so without this every write would be refused until the process
+/// restarted, while the address already leads to the new master.
 pub(super) struct One {
     client: redis::Client,
     config: ConnectionManagerConfig,
@@ -150,23 +151,36 @@ impl One {
         crate::sync::lock(&self.current).clone()
     }
 
-    /// The manager of `generation` reached a server that refuses writes: the next command
-    /// connects again (once per generation, however many commands saw the refusal).
-    fn reconnect(&self, generation: u64) {
+    /// The manager of `generation` reached a server that refuses writes, or its connection
+    /// went silent (`why`): the next command connects again (once per generation, however many
+    /// commands saw it).
+    fn reconnect(&self, generation: u64, why: &str) {
         let mut current = crate::sync::lock(&self.current);
         if current.0 != generation {
             return;
         }
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(manager) => {
-                tracing::warn!(
-                    "the Redis server refused a write as a read-only replica (a failover?); \
-                     connecting again"
-                );
+                tracing::warn!("{why}; connecting to Redis again");
                 *current = (generation + 1, manager);
             }
             Err(e) => tracing::warn!(error = %e, "cannot replace the Redis connection"),
         }
+    }
+
+    /// Notes the answer of a command sent on the manager of `generation`. A response timeout
+    /// replaces the connection: one that went silent (a NAT or load balancer that forgot the
+    /// flow, a server address gone in a failover) is not closed by anything but the kernel's
+    /// retransmission limit, about 15 minutes, and the manager reconnects only when a connection
+    /// drops, so every command would time out until then. The timed-out command is sent again by
+    /// its caller (`store/resend.rs`), on the new connection.
+    pub(super) fn saw<T>(&self, generation: u64, answer: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &answer
+            && e.is_timeout()
+        {
+            self.reconnect(generation, "Redis did not answer within the response timeout");
+        }
+        answer
     }
 
     /// Sends `pipe` (`count` commands); while the first reply is `READONLY` (nothing ran),
@@ -177,7 +191,7 @@ impl One {
         let mut pause = REFUSED_PAUSE.0;
         loop {
             let (generation, mut conn) = self.manager();
-            let sent = conn.req_packed_commands(pipe, 0, count).await;
+            let sent = self.saw(generation, conn.req_packed_commands(pipe, 0, count).await);
             let refused = match &sent {
                 Ok(replies) => matches!(replies.first(), Some(Value::ServerError(e))
                     if e.kind() == Some(ServerErrorKind::ReadOnly)),
@@ -186,7 +200,10 @@ impl One {
             if !refused {
                 return sent;
             }
-            self.reconnect(generation);
+            self.reconnect(
+                generation,
+                "the Redis server refused a write as a read-only replica (a failover?)",
+            );
             if started.elapsed() >= REFUSED_FOR {
                 return sent;
             }
@@ -236,7 +253,10 @@ impl Conn {
     pub(super) async fn ping(&self) -> RedisResult<()> {
         let ping = redis::cmd("PING");
         let reply = match self {
-            Conn::One(c) => c.manager().1.req_packed_command(&ping).await,
+            Conn::One(c) => {
+                let (generation, mut conn) = c.manager();
+                c.saw(generation, conn.req_packed_command(&ping).await)
+            }
             Conn::Cluster(c) => {
                 c.clone()
                     .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
@@ -250,7 +270,10 @@ impl Conn {
     /// client routes it.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Conn::One(c) => c.manager().1.req_packed_command(cmd).await,
+            Conn::One(c) => {
+                let (generation, mut conn) = c.manager();
+                c.saw(generation, conn.req_packed_command(cmd).await)
+            }
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
         }
     }
