@@ -522,6 +522,52 @@ mod postgres {
         outage_during_a_call_runs_nothing_twice(Backend::Postgres(Box::new(proxy))).await;
     }
 
+    /// A pooled connection that went silent: a NAT or load balancer forgot the flow, or the
+    /// server's address vanished in a failover, so the statement gets no answer and nothing
+    /// closes the connection (the kernel gives up only after its retransmissions, about 15
+    /// minutes on Linux), while a new connection works. The step that waited on it fails closed
+    /// at its bound; the connection must not go back to the pool, whose recycling keeps an open
+    /// connection: with one connection in the pool, every later call would be given it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_gone_silent_leaves_the_pool() {
+        let Some(proxy) = Proxy::start().await else { return };
+        let config: tokio_postgres::Config = proxy.conninfo().parse().expect("conninfo");
+        let store = idem_core::PostgresStore::connect_with(config, 1).await.expect("store");
+        let ledger = Arc::new(Ledger::default());
+        let charge = Charge(ledger.clone());
+        let policy = Policy {
+            lease: Duration::from_millis(1500),
+            store_timeout: Duration::from_secs(1),
+            ..Policy::default()
+        };
+        let idem = Idem::builder(store).policy(policy).build();
+        let run = idem.run(fresh_run("outage-pg-silent"));
+        assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
+
+        proxy.stall();
+        // The first calls meet the silent connection and fail closed; within a few store
+        // timeouts it is gone and calls go through on a new one.
+        let started = std::time::Instant::now();
+        let mut intent = 1;
+        while run.call(&charge, intent).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "calls still fail {:?} after the connection went silent",
+                started.elapsed()
+            );
+            intent += 1;
+        }
+        for next in intent + 1..intent + 6 {
+            match bounded(run.call(&charge, next)).await {
+                Ok(out) => assert_eq!(out, format!("charge-{next}-attempt-1")),
+                Err(e) => panic!("charge {next} after the silent connection left: {e}"),
+            }
+        }
+        for i in 1..intent {
+            assert_eq!(ledger.bodies("charge", i), 0, "a call that failed closed ran its tool");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_under_worker_processes() {
         let Some(proxy) = Proxy::start().await else { return };

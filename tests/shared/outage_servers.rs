@@ -97,4 +97,9 @@ impl Proxy {
     pub(super) fn restore(&self) {
         self.0.restore();
     }
+
+    /// Open connections go silent (see `idem_tests::proxy::Proxy::stall`); new ones pass.
+    pub(super) fn stall(&self) {
+        self.0.stall();
+    }
 }

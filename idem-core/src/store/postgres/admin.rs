@@ -216,14 +216,15 @@ impl PostgresStore {
                     (&payload, Type::TEXT),
                     (&ms(*ttl), Type::INT8),
                 ];
-                conn.saw(conn.client.query_typed(&sql, &params).await)
+                conn.watch(conn.client.query_typed(&sql, &params)).await
             }
             Resolution::NotHappened => {
                 let sql = format!(
                     "WITH d AS (DELETE FROM idem_records WHERE {RESOLVABLE} RETURNING key, waited) \
                      SELECT CASE WHEN waited THEN pg_notify('idem_wake', key) END FROM d"
                 );
-                conn.saw(conn.client.query_typed(&sql, &[(&k, Type::TEXT), (&f, Type::INT8)]).await)
+                conn.watch(conn.client.query_typed(&sql, &[(&k, Type::TEXT), (&f, Type::INT8)]))
+                    .await
             }
         };
         Ok(rows.map_err(pg)?.len())
@@ -246,7 +247,7 @@ impl PostgresStore {
         let params: [(&(dyn ToSql + Sync), Type); 3] =
             [(&k, Type::TEXT), (&f, Type::INT8), (&st, Type::INT2)];
         let conn = self.conn().await?;
-        let row = conn.saw(conn.client.query_typed_one(sql, &params).await).map_err(pg)?;
+        let row = conn.watch(conn.client.query_typed_one(sql, &params)).await.map_err(pg)?;
         let (removed, present): (bool, bool) =
             (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
         match (removed, present) {

@@ -7,6 +7,8 @@
 //! the only condition that narrows the scan, so each step read every in-flight entry of that
 //! index, and every entry a completed record leaves behind until the next vacuum.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -189,27 +191,40 @@ pub(super) struct Conn {
     retire: Retire,
 }
 
-/// Takes a connection that reached a read-only server out of the pool once it is back there,
-/// with every idle connection opened before it (see [`Conn::read_only`]).
+/// Takes the connection out of the pool once it is back there, with every idle connection opened
+/// before it, when it is not to be trusted: it reached a read-only server (see [`Conn::watch`]),
+/// or its step was dropped while a statement was on the way (no answer came in time).
 struct Retire {
     pool: Option<deadpool_postgres::Pool>,
     created: std::time::Instant,
-    read_only: std::sync::atomic::AtomicBool,
+    read_only: AtomicBool,
+    /// When the statement whose answer has not come (yet) was sent.
+    in_flight: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long a statement dropped without its answer must have waited for its connection to be
+/// given up: the store's statements answer in milliseconds, and a wait ended by its own bound
+/// (`Store::wait`) drops a poll on the way at any moment, which says nothing about the
+/// connection.
+const SILENT_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for Retire {
     fn drop(&mut self) {
-        if !self.read_only.load(std::sync::atomic::Ordering::Relaxed) {
+        let silent =
+            crate::sync::lock(&self.in_flight).is_some_and(|t| t.elapsed() >= SILENT_AFTER);
+        let why = if self.read_only.load(Ordering::Relaxed) {
+            "PostgreSQL refused a write as read-only (a standby, or a primary demoted in a \
+             failover)"
+        } else if silent {
+            "a PostgreSQL statement got no answer before its step gave up (a connection gone \
+             silent, or a server that stopped answering)"
+        } else {
             return;
-        }
+        };
         if let Some(pool) = &self.pool {
             let created = self.created;
             let retired = pool.retain(|_, metrics| metrics.created > created).removed.len();
-            tracing::warn!(
-                retired,
-                "PostgreSQL refused a write as read-only (a standby, or a primary demoted in a \
-                 failover); its connections are closed, and new ones are opened"
-            );
+            tracing::warn!(retired, "{why}; its connections are closed, and new ones opened");
         }
     }
 }
@@ -219,26 +234,37 @@ impl Conn {
         let retire = Retire {
             pool: Object::pool(&client),
             created: Object::metrics(&client).created,
-            read_only: std::sync::atomic::AtomicBool::new(false),
+            read_only: AtomicBool::new(false),
+            in_flight: std::sync::Mutex::new(None),
         };
         Conn { client, unnamed, retire }
     }
 
-    /// Notes an error of a statement on this connection: a server that refused a write as
-    /// read-only (SQLSTATE 25006: a hot standby, or a primary demoted by a failover behind the
-    /// same address, as a managed database's writer endpoint or a virtual IP) answers so for
-    /// as long as the connection lasts, and the pool's recycling keeps a connection that is
-    /// still open. So the connection leaves the pool when this step gives it back, with the
-    /// idle ones opened before it (likely to the same server), and the next step connects to
-    /// what the address names now.
-    pub(super) fn saw<T>(
+    /// Runs `sent`, a statement on this connection, and notes what the connection is worth
+    /// after it:
+    /// - dropped before the answer, after [`SILENT_AFTER`] (the step's bound ran out): the
+    ///   connection may have gone
+    ///   silent (a NAT or load balancer that forgot the flow, a server address gone in a
+    ///   failover), which nothing but the kernel's retransmission limit closes, after about 15
+    ///   minutes; the pool's recycling keeps it since it is open, and every step given it would
+    ///   wait out its bound. It leaves the pool instead of going back to it.
+    /// - refused as read-only (SQLSTATE 25006: a hot standby, or a primary demoted by a failover
+    ///   behind the same address, as a managed database's writer endpoint or a virtual IP): it
+    ///   answers so for as long as it lasts. It leaves the pool when the step gives it back.
+    ///
+    /// Either way the idle connections opened before it (likely in the same state) leave with
+    /// it, and the next step connects to what the address names now.
+    pub(super) async fn watch<T>(
         &self,
-        answer: Result<T, tokio_postgres::Error>,
+        sent: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, tokio_postgres::Error> {
+        *crate::sync::lock(&self.retire.in_flight) = Some(std::time::Instant::now());
+        let answer = sent.await;
+        *crate::sync::lock(&self.retire.in_flight) = None;
         if let Err(e) = &answer
             && read_only(e)
         {
-            self.retire.read_only.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.retire.read_only.store(true, Ordering::Relaxed);
         }
         answer
     }
@@ -270,7 +296,7 @@ impl Conn {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        self.saw(again_if_rolled_back(|| self.query_once(sql, params)).await)
+        self.watch(again_if_rolled_back(|| self.query_once(sql, params))).await
     }
 
     async fn query_once(
@@ -306,7 +332,7 @@ impl Conn {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
-        self.saw(again_if_rolled_back(|| self.execute_once(sql, params)).await)
+        self.watch(again_if_rolled_back(|| self.execute_once(sql, params))).await
     }
 
     async fn execute_once(

@@ -92,7 +92,7 @@ pub(super) fn sent(e: tokio_postgres::Error) -> Failed {
     let ended = e
         .as_db_error()
         .is_some_and(|db| matches!(db.parsed_severity(), Some(Severity::Fatal | Severity::Panic)));
-    // Refused as read-only: nothing ran, and the connection leaves the pool (`Conn::saw`), so
+    // Refused as read-only: nothing ran, and the connection leaves the pool (`Conn::watch`), so
     // the step is sent again, on a connection opened now, to what the address names now.
     let read_only = super::conn::read_only(&e);
     if ended || read_only || (e.as_db_error().is_none() && (e.is_closed() || io)) {
