@@ -618,3 +618,71 @@ async fn redirections_in_a_circle_wait_for_the_new_owner() {
     settle.await.unwrap();
     assert_answer!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::InFlight { .. }));
 }
+
+/// A node connection that went silent: a NAT or load balancer forgot the flow, or the node's
+/// address vanished, so nothing comes back and nothing closes the connection (the kernel gives up
+/// only after its retransmissions, about 15 minutes on Linux), while a new connection works. The
+/// cluster client reconnects to a node only when its connection drops, so every step routed there
+/// would time out until then. Each node here is reached through a proxy whose port it announces;
+/// the proxies turn every open connection into a black hole, and new ones pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connection_gone_silent_is_replaced() {
+    let started = tokio::task::spawn_blocking(|| {
+        cluster::available().and_then(|()| Cluster::start_masters("redis-cluster-silent"))
+    })
+    .await
+    .expect("cluster start");
+    let Some(cluster) = or_skip("Redis Cluster (redis-server, redis-cli)", started) else {
+        return;
+    };
+    let mut proxies = Vec::new();
+    for &port in &cluster.ports {
+        proxies.push(idem_tests::proxy::Proxy::start(format!("127.0.0.1:{port}")).await);
+    }
+    let announced: Vec<String> = proxies.iter().map(|p| p.port().to_string()).collect();
+    for (&port, proxy) in cluster.ports.iter().zip(&announced) {
+        cluster.cli(port, &["CONFIG", "SET", "cluster-announce-port", proxy]).expect("announce");
+    }
+    // Every node names the proxies (and no node's own port) as where its slots are served.
+    let mut agreed = false;
+    for _ in 0..200 {
+        agreed = cluster.ports.iter().all(|&port| {
+            let slots = cluster.cli(port, &["CLUSTER", "SLOTS"]).unwrap_or_default();
+            let lines: Vec<&str> = slots.lines().map(str::trim).collect();
+            announced.iter().all(|p| lines.contains(&p.as_str()))
+                && cluster.ports.iter().all(|n| !lines.contains(&n.to_string().as_str()))
+        });
+        if agreed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(agreed, "the nodes never announced the proxies");
+    let store = store_on(&format!("redis+cluster://127.0.0.1:{}/", proxies[0].port())).await;
+    let ok = Outcome::Success("1".into());
+    let cycle = |tag: &'static str, i: usize| {
+        let store = &store;
+        let ok = ok.clone();
+        async move {
+            let (key, fp) = fresh_key(tag, &format!("{{\"i\":{i}}}"));
+            let fence = match store.claim(claim_req(&key, &fp)).await {
+                Ok(Claim::Acquired { fence, .. }) => fence,
+                other => panic!("{tag} claim {i}: {other:?}"),
+            };
+            store.complete(&key, fence, &ok, LONG).await.unwrap_or_else(|e| {
+                panic!("{tag} completion {i}: {e}");
+            });
+        }
+    };
+    // Keys on every master.
+    for i in 0..12 {
+        cycle("silent_before", i).await;
+    }
+    for proxy in &proxies {
+        proxy.stall();
+    }
+    for i in 0..12 {
+        let bounded = tokio::time::timeout(Duration::from_secs(20), cycle("silent_after", i));
+        bounded.await.expect("a step hung");
+    }
+}

@@ -112,6 +112,11 @@ impl Cluster {
         Self::start_with(tag, 1, false)
     }
 
+    /// Starts 3 masters without replicas (plain TCP).
+    pub fn start_masters(tag: &str) -> Result<Cluster, String> {
+        Self::start_with(tag, 0, false)
+    }
+
     /// Starts 3 masters without replicas that serve only TLS (the cluster bus too), with
     /// certificates made in the cluster's directory.
     pub fn start_tls(tag: &str) -> Result<Cluster, String> {

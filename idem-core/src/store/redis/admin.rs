@@ -182,7 +182,7 @@ impl RedisStore {
     /// `CLUSTER SLOTS` names them), or one empty name for one server.
     async fn scan_nodes(&self) -> Result<Vec<String>, StoreError> {
         let Conn::Cluster(conn) = &self.inner.conn else { return Ok(vec![String::new()]) };
-        let slots = cluster_slots(conn).await?;
+        let slots = cluster_slots(&conn.connection().1).await?;
         let bad = || StoreError::Incompatible(format!("unexpected CLUSTER SLOTS reply {slots:?}"));
         let Value::Array(ranges) = &slots else { return Err(bad()) };
         let mut masters = Vec::new();
@@ -214,7 +214,7 @@ impl RedisStore {
                 let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
                 let port = port.parse().map_err(|_| bad())?;
                 let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
-                conn.clone().route_pipeline(pipe.clone(), 0, count, to).await
+                conn.connection().1.route_pipeline(pipe.clone(), 0, count, to).await
             }
         })
     }

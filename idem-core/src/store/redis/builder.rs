@@ -11,7 +11,7 @@ use redis::cluster::ClusterConfig;
 
 use super::pubsub::{cluster_pubsub, pubsub_connection};
 use super::reply::unavailable;
-use super::route::{Conn, One, Replicas};
+use super::route::{Cluster, Conn, One, Replicas};
 use super::scripts::Scripts;
 use super::{Inner, RedisStore, conn};
 use crate::store::StoreError;
@@ -153,7 +153,7 @@ impl RedisStoreBuilder {
         }
         if let super::route::Conn::Cluster(conn) = &store.inner.conn {
             // Before anything is routed by slot: a single server names itself plainly.
-            super::admin::cluster_slots(conn).await?;
+            super::admin::cluster_slots(&conn.connection().1).await?;
         }
         let at = cluster.addresses();
         super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
@@ -231,7 +231,7 @@ impl RedisStoreBuilder {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(self.connection_timeout)
                     .set_response_timeout(response_timeout);
-                let conn = Conn::Cluster(client.get_pending_async_connection_with_config(config));
+                let conn = Conn::Cluster(Arc::new(Cluster::new(client, config)));
                 let (connect, respond) = (self.connection_timeout, self.response_timeout);
                 (conn, cluster_pubsub(&nodes, connect, respond, &waiters))
             }

@@ -123,7 +123,56 @@ impl Invocation<'_> {
 #[derive(Clone)]
 pub(super) enum Conn {
     One(std::sync::Arc<One>),
-    Cluster(ClusterConnection),
+    Cluster(std::sync::Arc<Cluster>),
+}
+
+/// A cluster's connection, replaced by a new one (every node connected again from the nodes
+/// first listed) when a node does not answer within the response timeout: the cluster client
+/// reconnects to a node only when its connection drops, and one that went silent (a NAT or load
+/// balancer that forgot the flow, a node's address gone) is closed only by the kernel's
+/// retransmission limit, about 15 minutes, while every step routed to it times out.
+pub(super) struct Cluster {
+    client: redis::cluster::ClusterClient,
+    config: redis::cluster::ClusterConfig,
+    /// The current connection and how many times it was replaced.
+    current: std::sync::Mutex<(u64, ClusterConnection)>,
+}
+
+impl Cluster {
+    /// A connection that connects to the nodes in the background.
+    pub(super) fn new(
+        client: redis::cluster::ClusterClient,
+        config: redis::cluster::ClusterConfig,
+    ) -> Cluster {
+        let conn = client.get_pending_async_connection_with_config(config.clone());
+        Cluster { client, config, current: std::sync::Mutex::new((0, conn)) }
+    }
+
+    /// The current connection (a clone shares it) and its generation.
+    pub(super) fn connection(&self) -> (u64, ClusterConnection) {
+        crate::sync::lock(&self.current).clone()
+    }
+
+    /// Notes the answer of a command sent on the connection of `generation`: after a response
+    /// timeout, the next command goes on a new connection (once per generation). The timed-out
+    /// command is sent again by its caller (`store/resend.rs`).
+    pub(super) fn saw<T>(&self, generation: u64, answer: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &answer
+            && e.is_timeout()
+        {
+            let mut current = crate::sync::lock(&self.current);
+            if current.0 == generation {
+                tracing::warn!(
+                    "a Redis Cluster node did not answer within the response timeout; \
+                     connecting to the cluster again"
+                );
+                let conn =
+                    self.client.get_pending_async_connection_with_config(self.config.clone());
+                *current = (generation + 1, conn);
+            }
+        }
+        answer
+    }
 }
 
 /// One server's connection manager, replaced by a new connection when the server it reached
@@ -258,9 +307,9 @@ impl Conn {
                 c.saw(generation, conn.req_packed_command(&ping).await)
             }
             Conn::Cluster(c) => {
-                c.clone()
-                    .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
-                    .await
+                let (generation, mut conn) = c.connection();
+                let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                c.saw(generation, conn.route_command(ping, random).await)
             }
         };
         reply?.extract_error().map(drop)
@@ -274,7 +323,10 @@ impl Conn {
                 let (generation, mut conn) = c.manager();
                 c.saw(generation, conn.req_packed_command(cmd).await)
             }
-            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Cluster(c) => {
+                let (generation, mut conn) = c.connection();
+                c.saw(generation, conn.req_packed_command(cmd).await)
+            }
         }
     }
 
@@ -296,7 +348,7 @@ impl Conn {
 
 /// Sends `pipe` to the master of `key`'s slot, following redirections (see the module docs).
 async fn cluster_send(
-    conn: &ClusterConnection,
+    cluster: &Cluster,
     pipe: &Pipeline,
     count: usize,
     key: &[u8],
@@ -307,7 +359,7 @@ async fn cluster_send(
     let started = tokio::time::Instant::now();
     let mut pause = REFUSED_PAUSE.0;
     loop {
-        let mut conn = conn.clone();
+        let (generation, mut conn) = cluster.connection();
         let sent = match &to {
             None => {
                 let route = Route::with_key(key, SlotAddr::Master);
@@ -333,7 +385,7 @@ async fn cluster_send(
                 }
             }
         };
-        let err = match sent {
+        let err = match cluster.saw(generation, sent) {
             Ok(replies) => return Ok(replies),
             Err(err) => err,
         };
