@@ -568,6 +568,34 @@ mod postgres {
         }
     }
 
+    /// The listening connection going silent: it only receives, so nothing sent on it fails
+    /// and nothing closes it for hours (TCP keepalives start after 2 hours by default), while no
+    /// notification arrives. The store must stop counting on it (waiters then poll at the
+    /// faster pace) and listen again on a new connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listener_gone_silent_is_replaced() {
+        let Some(proxy) = Proxy::start().await else { return };
+        let store = idem_core::PostgresStore::connect(&proxy.conninfo()).await.expect("store");
+        let until = |listening: bool, within: Duration| {
+            let store = store.clone();
+            async move {
+                let started = std::time::Instant::now();
+                while store.listening() != listening {
+                    assert!(
+                        started.elapsed() < within,
+                        "listening() stayed {} for {within:?}",
+                        !listening
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        until(true, Duration::from_secs(10)).await;
+        proxy.stall();
+        until(false, Duration::from_secs(20)).await;
+        until(true, Duration::from_secs(10)).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_under_worker_processes() {
         let Some(proxy) = Proxy::start().await else { return };

@@ -23,6 +23,14 @@ const PROBE_WAIT: Duration = Duration::from_secs(2);
 /// meanwhile.
 const PROBE_RETRY: Duration = Duration::from_secs(60);
 
+/// How often the listening connection is asked a trivial query, answered within
+/// [`PROBE_WAIT`] or the connection is given up: it only ever receives, so when it goes silent
+/// (a NAT or load balancer that forgot the flow, a server address gone in a failover) nothing
+/// is sent that could fail, and TCP keepalives (after 2 hours by default) are the only other
+/// way to notice. Meanwhile it would count as listening while no notification arrives, and
+/// waiters would wait for the slower polling meant only for a lost notification.
+const PING_EVERY: Duration = Duration::from_secs(10);
+
 /// The listener: one connection that `LISTEN`s on [`CHANNEL`] and wakes waiters by key;
 /// reconnects after a failure (waking everyone, since notifications may have been lost).
 ///
@@ -71,8 +79,19 @@ pub(super) async fn listen(
                 if let Ok(Ok(())) = tokio::time::timeout(PROBE_WAIT, heard_rx).await {
                     listening.store(true, Ordering::Relaxed);
                     waiters.wake_all();
-                    // Keeps the client (and so the connection) alive while the driver runs.
-                    std::future::pending::<()>().await
+                    // Keeps the client (and so the connection) alive while the driver runs, and
+                    // gives the connection up once it stops answering.
+                    loop {
+                        tokio::time::sleep(PING_EVERY).await;
+                        let ping = tokio::time::timeout(PROBE_WAIT, client.simple_query("")).await;
+                        if !matches!(ping, Ok(Ok(_))) {
+                            tracing::warn!(
+                                "the PostgreSQL listener's connection stopped answering; \
+                                 connecting again (waiters poll meanwhile)"
+                            );
+                            return false;
+                        }
+                    }
                 }
                 tracing::warn!(
                     "PostgreSQL notifications do not reach the store's listener (PgBouncer in \
