@@ -504,6 +504,51 @@ mod redis_failover {
         assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
         assert_eq!(ledger.bodies("charge", 0), 1);
     }
+
+    /// The pub/sub connection going silent: each wait subscribes to its record's channel first,
+    /// and a subscription that gets no answer waits out the response timeout (under one lock,
+    /// so waits queue behind each other) before the wait falls back to polling. The connection
+    /// must be replaced, so that later waits are woken by the owner's completion again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pubsub_connection_gone_silent_is_replaced() {
+        use idem_core::conformance::{LONG, fresh_key};
+        use idem_core::store::{Outcome, RedisStore};
+        let Some(server) = Server::start() else { return };
+        let proxy = idem_tests::proxy::Proxy::start(format!("127.0.0.1:{}", server.port())).await;
+        let url = format!("redis://127.0.0.1:{}/", proxy.port());
+        let store = RedisStore::builder(url).open().await.expect("store");
+        let owner = Arc::new(RedisStore::builder(server.url()).open().await.expect("owner"));
+        let held = |tag: &str| {
+            let (owner, (key, fp)) = (Arc::clone(&owner), fresh_key(tag, "{}"));
+            async move {
+                let fence = idem_tests::acquire(&*owner, &key, &fp).await;
+                (key, fence)
+            }
+        };
+        let (key, fence) = held("pubsub_warm").await;
+        store.wait(&key, fence, Duration::from_millis(300)).await.expect("warm-up wait");
+
+        proxy.stall();
+        // This wait meets the silent connections (pub/sub and commands) and replaces them.
+        let (key, fence) = held("pubsub_stalled").await;
+        let _ = store.wait(&key, fence, Duration::from_secs(4)).await;
+        for i in 0..3 {
+            let (key, fence) = held("pubsub_after").await;
+            let completer = Arc::clone(&owner);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let ok = Outcome::Success("1".into());
+                completer.complete(&key, fence, &ok, LONG).await.expect("complete");
+            });
+            let started = std::time::Instant::now();
+            store.wait(&key, fence, Duration::from_secs(5)).await.expect("wait");
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_millis(800),
+                "wait {i} took {took:?} for a completion 150 ms in"
+            );
+        }
+    }
 }
 
 #[cfg(feature = "postgres")]

@@ -17,24 +17,82 @@ use crate::store::wait::WaiterMap;
 
 /// The connection that subscribes: to one server, or to a cluster.
 #[derive(Clone)]
-pub(super) enum PubSub {
+enum Subscriber {
     One(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
-impl PubSub {
+impl Subscriber {
     async fn subscribe(&mut self, channel: &[u8]) -> Result<(), RedisError> {
         match self {
-            PubSub::One(c) => c.subscribe(channel).await,
-            PubSub::Cluster(c) => c.subscribe(channel).await,
+            Subscriber::One(c) => c.subscribe(channel).await,
+            Subscriber::Cluster(c) => c.subscribe(channel).await,
         }
     }
 
     async fn unsubscribe(&mut self, channel: &[u8]) -> Result<(), RedisError> {
         match self {
-            PubSub::One(c) => c.unsubscribe(channel).await,
-            PubSub::Cluster(c) => c.unsubscribe(channel).await,
+            Subscriber::One(c) => c.unsubscribe(channel).await,
+            Subscriber::Cluster(c) => c.unsubscribe(channel).await,
         }
+    }
+}
+
+/// What a new [`Subscriber`] is made from.
+enum Make {
+    One(Client, ConnectionManagerConfig),
+    Cluster(redis::cluster::ClusterClient, ClusterConfig),
+}
+
+impl Make {
+    fn subscriber(&self) -> Option<Subscriber> {
+        Some(match self {
+            Make::One(client, config) => Subscriber::One(
+                ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).ok()?,
+            ),
+            Make::Cluster(client, config) => {
+                Subscriber::Cluster(client.get_pending_async_connection_with_config(config.clone()))
+            }
+        })
+    }
+}
+
+/// The pub/sub connection, replaced by a new one when a subscription gets no answer within the
+/// response timeout: a connection that went silent (a NAT or load balancer that forgot the
+/// flow, a server address gone in a failover) is closed only by the kernel's retransmission
+/// limit, about 15 minutes, and the clients reconnect only when a connection drops, so every
+/// wait would spend the timeout subscribing (one after the other: subscriptions are made under
+/// one lock) and then poll.
+pub(super) struct PubSub {
+    make: Make,
+    /// The current connection and how many times it was replaced.
+    current: std::sync::Mutex<(u64, Subscriber)>,
+}
+
+impl PubSub {
+    fn new(make: Make) -> Option<PubSub> {
+        let first = make.subscriber()?;
+        Some(PubSub { make, current: std::sync::Mutex::new((0, first)) })
+    }
+
+    fn current(&self) -> (u64, Subscriber) {
+        crate::sync::lock(&self.current).clone()
+    }
+
+    /// The connection of `generation` did not answer: the next subscription goes on a new one
+    /// (once per generation). Whether it was replaced now.
+    fn replace(&self, generation: u64) -> bool {
+        let mut current = crate::sync::lock(&self.current);
+        if current.0 != generation {
+            return false;
+        }
+        let Some(next) = self.make.subscriber() else { return false };
+        tracing::warn!(
+            "the Redis pub/sub connection did not answer within the response timeout; \
+             connecting again"
+        );
+        *current = (generation + 1, next);
+        true
     }
 }
 
@@ -79,7 +137,7 @@ pub(super) fn cluster_pubsub(
         .set_connection_timeout(connection_timeout)
         .set_response_timeout(response_timeout)
         .set_push_sender(on_push(waiters));
-    Some(PubSub::Cluster(client.get_pending_async_connection_with_config(config)))
+    PubSub::new(Make::Cluster(client, config))
 }
 
 /// The dedicated pub/sub connection: RESP3 with a push handler that wakes the waiters of a
@@ -93,7 +151,7 @@ pub(super) fn pubsub_connection(
     let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
     let client = Client::open(info.set_redis_settings(settings)).ok()?;
     let config = config.set_push_sender(on_push(waiters)).set_automatic_resubscription();
-    ConnectionManager::new_lazy_with_config(client, config).ok().map(PubSub::One)
+    PubSub::new(Make::One(client, config))
 }
 
 /// One waiter's interest in a channel; dropping it unsubscribes when it was the last.
@@ -124,14 +182,19 @@ impl Inner {
         }
         let mut subscribed = self.subscribed.lock().await;
         let wanted = self.waiters.wanted(channel);
-        let mut conn = pubsub.clone();
+        let (generation, mut conn) = pubsub.current();
         match (wanted, subscribed.contains(channel)) {
             (true, false) => match conn.subscribe(channel).await {
                 Ok(()) => {
                     subscribed.insert(channel.to_vec());
                 }
                 Err(e) => {
-                    if !e.is_io_error() && !e.is_timeout() {
+                    if e.is_timeout() && pubsub.replace(generation) {
+                        // The subscriptions were the old connection's: each waiter re-checks
+                        // its record now, and new waits subscribe on the new connection.
+                        subscribed.clear();
+                        self.waiters.wake_all();
+                    } else if !e.is_io_error() && !e.is_timeout() {
                         tracing::warn!(error = %e, "redis pub/sub unavailable; waiting by polling");
                         self.pubsub_broken.store(true, Ordering::Relaxed);
                     }
