@@ -505,6 +505,62 @@ mod redis_failover {
         assert_eq!(ledger.bodies("charge", 0), 1);
     }
 
+    /// A connection set up while the server runs another client's long script: past the busy
+    /// threshold (5 s) Redis answers `BUSY` to the `SELECT` of the store's database, the
+    /// connection manager keeps that failed setup as its connection (it reconnects only after
+    /// an I/O error) and would answer every later step with it, long after the script ended.
+    /// The store replaces the manager, so calls work again once the script is over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_setup_refused_while_a_script_ran_is_tried_again() {
+        use idem_core::conformance::{LONG, fresh_key};
+        use idem_core::store::{Claim, Outcome, RedisStore};
+        let Some(server) = Server::start() else { return };
+        // Database 1: the connection's setup sends SELECT.
+        let store = RedisStore::builder(format!("{}1", server.url())).open().await.expect("store");
+        let cycle = |i: u32| {
+            let store = &store;
+            async move {
+                let (key, fp) = fresh_key("busy_setup", &format!("{{\"i\":{i}}}"));
+                let Claim::Acquired { fence, .. } =
+                    store.claim(idem_tests::claim_req(&key, &fp)).await?
+                else {
+                    panic!("a fresh key must be acquired");
+                };
+                store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await
+            }
+        };
+        cycle(0).await.expect("before the script");
+        let url = server.url();
+        let script = std::thread::spawn(move || {
+            let mut conn = ::redis::Client::open(url).unwrap().get_connection().unwrap();
+            let busy = "local s = tonumber(redis.call('TIME')[1]) \
+                        while tonumber(redis.call('TIME')[1]) - s < 7 do end return 1";
+            let _: ::redis::RedisResult<i64> =
+                ::redis::cmd("EVAL").arg(busy).arg(0).query(&mut conn);
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Steps during the script fail closed; some set up a connection while it runs.
+        let mut i = 1;
+        while !script.is_finished() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), cycle(i)).await;
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let ended = std::time::Instant::now();
+        loop {
+            i += 1;
+            match tokio::time::timeout(Duration::from_secs(5), cycle(i)).await {
+                Ok(Ok(())) => break,
+                other => assert!(
+                    ended.elapsed() < Duration::from_secs(5),
+                    "steps still fail {:?} after the script ended: {other:?}",
+                    ended.elapsed()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// The pub/sub connection going silent: each wait subscribes to its record's channel first,
     /// and a subscription that gets no answer waits out the response timeout (under one lock,
     /// so waits queue behind each other) before the wait falls back to polling. The connection

@@ -223,11 +223,20 @@ impl One {
     /// retransmission limit, about 15 minutes, and the manager reconnects only when a connection
     /// drops, so every command would time out until then. The timed-out command is sent again by
     /// its caller (`store/resend.rs`), on the new connection.
+    ///
+    /// Any other error that is not an I/O error also replaces the manager: the server's replies
+    /// to commands come back as values, so such an error is the manager's own, and the one it
+    /// keeps for good is a connection whose setup the server refused (a `SELECT` answered
+    /// `BUSY` while another client's script ran, a password refused while it was being
+    /// rotated): the manager reconnects only after an I/O error, and would answer every later
+    /// command with that refusal until the process restarted.
     pub(super) fn saw<T>(&self, generation: u64, answer: RedisResult<T>) -> RedisResult<T> {
-        if let Err(e) = &answer
-            && e.is_timeout()
-        {
-            self.reconnect(generation, "Redis did not answer within the response timeout");
+        if let Err(e) = &answer {
+            if e.is_timeout() {
+                self.reconnect(generation, "Redis did not answer within the response timeout");
+            } else if !e.is_io_error() {
+                self.reconnect(generation, "the Redis connection failed outside any command");
+            }
         }
         answer
     }
