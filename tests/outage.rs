@@ -561,6 +561,76 @@ mod redis_failover {
         }
     }
 
+    /// The same for the pub/sub connection: its setup refused during another client's long
+    /// script (`BUSY`) must not leave waits polling for the life of the store (a server without
+    /// pub/sub does); once the script is over, a wait subscribes again, which shows in its record
+    /// being flagged as waited on (only a subscribed waiter flags it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pubsub_setup_refused_while_a_script_ran_is_tried_again() {
+        use idem_core::conformance::fresh_key;
+        use idem_core::store::{Fence, RedisStore};
+        let Some(server) = Server::start() else { return };
+        let url = format!("{}1", server.url());
+        let store = Arc::new(RedisStore::builder(url.as_str()).open().await.expect("store"));
+        let (key, fp) = fresh_key("busy_pubsub_warm", "{}");
+        let fence = idem_tests::acquire(&*store, &key, &fp).await;
+        store.wait(&key, fence, Duration::from_millis(200)).await.expect("warm-up wait");
+        let script_url = server.url();
+        let script = std::thread::spawn(move || {
+            let mut conn = ::redis::Client::open(script_url).unwrap().get_connection().unwrap();
+            let busy = "local s = tonumber(redis.call('TIME')[1]) \
+                        while tonumber(redis.call('TIME')[1]) - s < 7 do end return 1";
+            let _: ::redis::RedisResult<i64> =
+                ::redis::cmd("EVAL").arg(busy).arg(0).query(&mut conn);
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut i = 0;
+        while !script.is_finished() {
+            let (other, _) = fresh_key("busy_pubsub_during", &format!("{{\"i\":{i}}}"));
+            let _ = store.wait(&other, Fence(1), Duration::from_secs(1)).await;
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Steps work again (the command connection recovers as above).
+        let mut acquired = None;
+        for j in 0..25 {
+            let (key, fp) = fresh_key("busy_pubsub_after", &format!("{{\"j\":{j}}}"));
+            match store.claim(idem_tests::claim_req(&key, &fp)).await {
+                Ok(idem_core::store::Claim::Acquired { fence, .. }) => {
+                    acquired = Some((key, fence));
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        let (key, fence) = acquired.expect("claims work again after the script");
+        let waiting = tokio::spawn({
+            let (store, key) = (Arc::clone(&store), key);
+            async move { store.wait(&key, fence, Duration::from_secs(3)).await }
+        });
+        let mut raw = ::redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let mut flagged = false;
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let record: String = ::redis::cmd("GET")
+                .arg(store.record_key(&key))
+                .query_async(&mut raw)
+                .await
+                .expect("record");
+            if record.split('|').nth(3) == Some("1") {
+                flagged = true;
+                break;
+            }
+        }
+        store.release(&key, fence).await.expect("release");
+        waiting.await.unwrap().expect("wait");
+        assert!(flagged, "the wait after the script never subscribed: waits poll for good");
+    }
+
     /// The pub/sub connection going silent: each wait subscribes to its record's channel first,
     /// and a subscription that gets no answer waits out the response timeout (under one lock,
     /// so waits queue behind each other) before the wait falls back to polling. The connection

@@ -189,14 +189,17 @@ impl Inner {
                     subscribed.insert(channel.to_vec());
                 }
                 Err(e) => {
-                    if e.is_timeout() && pubsub.replace(generation) {
-                        // The subscriptions were the old connection's: each waiter re-checks
-                        // its record now, and new waits subscribe on the new connection.
-                        subscribed.clear();
-                        self.waiters.wake_all();
-                    } else if !e.is_io_error() && !e.is_timeout() {
+                    if lasting(&e) {
                         tracing::warn!(error = %e, "redis pub/sub unavailable; waiting by polling");
                         self.pubsub_broken.store(true, Ordering::Relaxed);
+                    } else if (e.is_timeout() || !e.is_io_error()) && pubsub.replace(generation) {
+                        // Silent, or a setup the server refused for the moment (a `SELECT` or
+                        // `HELLO` answered `BUSY` during another client's script), which the
+                        // connection manager would keep for good. The subscriptions were the old
+                        // connection's: each waiter re-checks its record now, and new waits
+                        // subscribe on the new connection.
+                        subscribed.clear();
+                        self.waiters.wake_all();
                     }
                 }
             },
@@ -210,6 +213,15 @@ impl Inner {
         }
         subscribed.contains(channel)
     }
+}
+
+/// Whether a subscription's failure will not pass by waiting: a server without RESP3, or one
+/// that refuses the store's user the command or does not know it (an ACL without `+subscribe`,
+/// a proxy without pub/sub). Waits then poll for the life of the store.
+fn lasting(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::RESP3NotSupported
+        || super::reply::refused_access(e)
+        || e.to_string().contains("unknown command")
 }
 
 impl RedisStore {
