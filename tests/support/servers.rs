@@ -161,6 +161,16 @@ fn pg_bin(tool: &str) -> PathBuf {
     }
 }
 
+/// Where `program` is installed: in one of `dirs`, or else on the PATH.
+fn installed(program: &str, dirs: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    dirs.iter()
+        .map(PathBuf::from)
+        .chain(std::env::split_paths(&path))
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -330,10 +340,11 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// Starts PgBouncer in front of the PostgreSQL at `host:port`, database `dbname`, as `user`.
     pub fn start(host: &str, port: u16, dbname: &str, user: &str) -> Result<PgBouncer, String> {
-        let bin = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .map_or_else(|| PathBuf::from("pgbouncer"), PathBuf::from);
+        // Found here, not by `runuser`: as root it searches root's PATH as the postgres user, and
+        // a directory in it that user cannot enter (`/root/.cargo/bin`) turns "not installed"
+        // into "Permission denied".
+        let bin = installed("pgbouncer", &["/usr/sbin", "/usr/bin"])
+            .ok_or("pgbouncer is not installed (install the pgbouncer package; .ci/run does)")?;
         let dir = temp_dir("pgbouncer");
         let listen = free_port()?;
         let ini = dir.join("pgbouncer.ini");
