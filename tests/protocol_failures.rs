@@ -111,6 +111,8 @@ async fn a_damaged_store_fails_closed_and_says_restore_not_upgrade() {
         let told = idem_core::ErrorChain(&e).to_string();
         assert!(told.contains("restore it from a backup"), "{class}: {told}");
         assert!(!told.to_lowercase().contains("upgrade"), "{class}: {told}");
+        assert!(!told.contains("retry when the store is back"), "{class}: {told}");
+        assert!(e.to_string().contains("nothing was executed"), "{class}: {e}");
         assert_eq!(tool.runs(), 0, "{class}: fail closed");
     }
 }

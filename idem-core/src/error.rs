@@ -64,9 +64,12 @@ pub enum Error<E> {
     },
 
     /// The store could not be reached or answered with an error. Keyed and never tools did not run
-    /// (fail closed). Retry later; nothing happened.
+    /// (fail closed); nothing happened. `source` says whether waiting helps: an outage
+    /// ([`StoreError::Unavailable`]: retry later) or not (a configuration the store refuses, a
+    /// damaged store: an operator must fix it first), and the message says which.
     #[error(
-        "tool `{tool}` was not called: the idempotency store is unavailable; nothing was executed, retry when the store is back"
+        "tool `{tool}` was not called: the idempotency store is unavailable; nothing was executed, {then}",
+        then = after_store_error(source)
     )]
     StoreUnavailable {
         /// The tool's stable name.
@@ -243,6 +246,20 @@ pub enum Error<E> {
         /// What went wrong.
         what: String,
     },
+}
+
+/// What the caller of a tool the store refused can do: wait for an outage to pass, or not.
+fn after_store_error(source: &StoreError) -> &'static str {
+    match source {
+        StoreError::Unavailable(_) => "retry when the store is back",
+        StoreError::Damaged(_) => {
+            "and retrying will not help until an operator restores the store from a backup"
+        }
+        StoreError::InvalidConfig(_) | StoreError::Unsupported(_) => {
+            "and retrying will not help until an operator fixes the store's configuration"
+        }
+        _ => "retry later",
+    }
 }
 
 /// The message of [`Error::BudgetExhausted`]: the tool's last error if there is one, and why no
