@@ -247,15 +247,16 @@ async fn main() {
     let again = dispatch(&run, &tools, "charge_card", intent).await;
     let reached = provider.requests.load(Ordering::SeqCst) - before;
     println!(
-        "     ({reached} request(s) reached the provider: the result was replayed from idem's store)"
+        "     ({} reached the provider: the result was replayed from idem's store)",
+        counted(reached, "request")
     );
 
     let charges = provider.charges_for("cus_42");
     println!(
-        "   => the executor's retry and the model's repeat {} ({}); cus_42 was charged {} time(s): {}",
+        "   => the executor's retry and the model's repeat {} ({}); cus_42 was charged {}: {}",
         if first == again { "received the same charge" } else { "received DIFFERENT answers" },
         charges.first().map(String::as_str).unwrap_or("none"),
-        charges.len(),
+        counted(charges.len(), "time"),
         charges.join(", ")
     );
 
@@ -280,8 +281,9 @@ async fn main() {
     ids.dedup();
     let reached = provider.requests.load(Ordering::SeqCst) - before;
     println!(
-        "   <- {received} answers, all {}; {reached} request(s) reached the provider",
-        ids.join(" / ")
+        "   <- {received} answers, all {}; {} reached the provider",
+        ids.join(" / "),
+        counted(reached, "request")
     );
     println!();
 
@@ -294,7 +296,8 @@ async fn main() {
     dispatch(&run, &tools, "refund", refund).await;
     let refunds = provider.refunds.lock().unwrap().len();
     println!(
-        "   => the provider received {refunds} refund request(s); the model was told to check, not to retry"
+        "   => the provider received {}; the model was told to check, not to retry",
+        counted(refunds, "refund request")
     );
 
     // The typed call gives a matchable error, for code that reconciles.
@@ -302,4 +305,10 @@ async fn main() {
     if let Err(Error::OutcomeUnknown { key, .. }) = typed {
         println!("   (typed call: Error::OutcomeUnknown for key {})", short(key.as_str()));
     }
+}
+
+/// `n` and `what`, plural unless one: "1 request", "2 requests".
+fn counted(n: impl std::fmt::Display, what: &str) -> String {
+    let n = n.to_string();
+    if n == "1" { format!("1 {what}") } else { format!("{n} {what}s") }
 }
