@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool};
 use idem_core::store::StoreError;
-use idem_core::{Idem, PostgresStore, tool};
+use idem_core::{Idem, PostgresStore, Store, tool};
 use idem_tests::{Never, or_skip, pg_url};
 
 fn run_id(tag: &str) -> String {
@@ -223,4 +223,76 @@ async fn until_count(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("{sql} never counted {want}");
+}
+
+/// A caller gives up on a completion (its future dropped by `tokio::time::timeout`) after 1.5 s
+/// spent waiting on a row lock another session holds: the server was answering all along. The
+/// store may give up the connection whose statement it abandoned, but the application's other
+/// idle connections in the shared pool are healthy and stay in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_giving_up_on_a_lock_wait_keeps_the_other_connections() {
+    let url = pg_url();
+    let Some((admin, conn)) =
+        or_skip("PostgreSQL", tokio_postgres::connect(&url, tokio_postgres::NoTls).await)
+    else {
+        return;
+    };
+    tokio::spawn(conn);
+    let schema = format!("idem_attack_gave_up_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
+    config.options(format!("-c search_path={schema}"));
+    let pool =
+        Pool::builder(Manager::new(config, tokio_postgres::NoTls)).max_size(4).build().unwrap();
+    let store = PostgresStore::from_pool(pool.clone(), None).await.expect("store");
+    let key = idem_core::conformance::fresh_key("gave_up", "{}");
+    let fence = idem_tests::acquire(&store, &key.0, &key.1).await;
+
+    // Another session holds the record's row.
+    admin.batch_execute("BEGIN").await.unwrap();
+    admin
+        .execute(
+            &format!("SELECT 1 FROM {schema}.idem_records WHERE key = $1 FOR UPDATE"),
+            &[&key.0.as_str()],
+        )
+        .await
+        .unwrap();
+    // The application holds three connections, so the completion opens the newest.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(pool.get().await.expect("the application's connection"));
+    }
+    let mut pids = Vec::new();
+    for c in &held {
+        pids.push(c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get::<_, i32>(0));
+    }
+    let gave_up = tokio::spawn({
+        let store = store.clone();
+        let key = key.0;
+        async move {
+            let outcome = idem_core::store::Outcome::Success("1".into());
+            let complete = store.complete(&key, fence, &outcome, Duration::from_secs(60));
+            tokio::time::timeout(Duration::from_millis(1500), complete).await.is_err()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The application is done with its connections: idle in the pool, and healthy.
+    drop(held);
+    assert!(gave_up.await.unwrap(), "the completion waited on the lock until its caller gave up");
+    admin.batch_execute("ROLLBACK").await.unwrap();
+
+    let mut after = Vec::new();
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        let c = pool.get().await.expect("a connection");
+        after.push(c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get::<_, i32>(0));
+        again.push(c);
+    }
+    let kept = pids.iter().filter(|p| after.contains(p)).count();
+    assert_eq!(kept, 3, "the application's idle connections {pids:?} were closed: now {after:?}");
+    drop(again);
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
 }
