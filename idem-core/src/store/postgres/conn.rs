@@ -191,9 +191,10 @@ pub(super) struct Conn {
     retire: Retire,
 }
 
-/// Takes the connection out of the pool once it is back there, with every idle connection opened
-/// before it, when it is not to be trusted: it reached a read-only server (see [`Conn::watch`]),
-/// or its step was dropped while a statement was on the way (no answer came in time).
+/// Takes the connection out of the pool once it is back there when it is not to be trusted: it
+/// reached a read-only server (see [`Conn::watch`]), and then every idle connection opened
+/// before it leaves too, or its step was dropped while a statement was on the way (no answer
+/// came in time), and then it alone leaves.
 struct Retire {
     pool: Option<deadpool_postgres::Pool>,
     created: std::time::Instant,
@@ -223,8 +224,20 @@ impl Drop for Retire {
         };
         if let Some(pool) = &self.pool {
             let created = self.created;
-            let retired = pool.retain(|_, metrics| metrics.created > created).removed.len();
-            tracing::warn!(retired, "{why}; its connections are closed, and new ones opened");
+            let read_only = self.read_only.load(Ordering::Relaxed);
+            // A refusal as read-only speaks for the server the address names, and so for every
+            // connection opened to it before. A statement left unanswered speaks only for its
+            // own connection: the server may be answering all along (a row lock held by another
+            // session, a slow plan, a busy server) while a caller gave up on it, and the pool's
+            // other connections, the application's among them, are then healthy. (Connections
+            // are told apart by their opening instant, which the monotonic clock keeps distinct.)
+            let retired = pool
+                .retain(|_, metrics| {
+                    if read_only { metrics.created > created } else { metrics.created != created }
+                })
+                .removed
+                .len();
+            tracing::warn!(retired, "{why}; closed, and new connections opened");
         }
     }
 }
@@ -252,8 +265,11 @@ impl Conn {
     ///   behind the same address, as a managed database's writer endpoint or a virtual IP): it
     ///   answers so for as long as it lasts. It leaves the pool when the step gives it back.
     ///
-    /// Either way the idle connections opened before it (likely in the same state) leave with
-    /// it, and the next step connects to what the address names now.
+    /// After a refusal as read-only the idle connections opened before it (in the same state)
+    /// leave with it, and the next step connects to what the address names now. After a dropped
+    /// statement it leaves alone: a statement may wait that long on a server that answers (a
+    /// row lock another session holds), and the other connections are then healthy; one that
+    /// went silent with it leaves when a step given it gives up in turn.
     pub(super) async fn watch<T>(
         &self,
         sent: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
