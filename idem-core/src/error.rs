@@ -262,8 +262,6 @@ fn after_store_error(source: &StoreError) -> &'static str {
     }
 }
 
-/// The message of [`Error::BudgetExhausted`]: the tool's last error if there is one, and why no
-/// retry was made.
 /// The key a [`Error::KeyReuseMismatch`] names: the caller's own when there is one.
 fn reused_key(caller_key: Option<&str>, key: &Key) -> String {
     match caller_key {
@@ -272,6 +270,8 @@ fn reused_key(caller_key: Option<&str>, key: &Key) -> String {
     }
 }
 
+/// The message of [`Error::BudgetExhausted`]: the tool's last error if there is one, and why no
+/// retry was made.
 fn budget_message<E: std::fmt::Display>(
     tool: &str,
     budget: &BudgetKind,
