@@ -137,7 +137,6 @@ mod fail;
 mod leaves;
 mod map_keys;
 mod plain;
-mod raw;
 pub(crate) mod refuse;
 mod serializer;
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub(super) enum Kind {
 pub(super) enum Seg {
     Key(String),
     Index(usize),
+    /// A path inside a `RawValue`'s text, as [`crate::json_text`] writes it (`a[0].b`).
+    Text(String),
 }
 
 impl Fail {
@@ -50,6 +52,7 @@ impl Fail {
             match seg {
                 Seg::Index(i) => path.index(*i),
                 Seg::Key(k) => path.key(k),
+                Seg::Text(t) => path.text(t),
             }
         }
         path.finish()
@@ -105,6 +108,16 @@ impl PathText {
             write_str(&mut quoted, k.as_bytes());
             let _ = write!(self.out, "[{}]", String::from_utf8_lossy(&quoted));
         }
+    }
+    /// A path already written (`a[0].b`), below what the path holds so far.
+    pub(crate) fn text(&mut self, t: &str) {
+        if self.full() {
+            return;
+        }
+        if !self.out.is_empty() && !t.starts_with('[') {
+            self.out.push('.');
+        }
+        self.out.push_str(t);
     }
     pub(crate) fn finish(mut self) -> String {
         if self.omitted > 0 {

@@ -531,11 +531,19 @@ impl ser::SerializeStruct for Struct<'_, '_> {
         match self {
             Struct::Obj(obj) => obj.field(key, value),
             Struct::Raw(ser) => {
-                // Parsed like any JSON arguments, then canonicalised like a serde_json::Value,
-                // but with every member kept, so that a name given twice is refused.
+                // Parsed like any JSON arguments (a name given twice is refused: a `Value`
+                // would keep the last, and the key would not be the text's), then
+                // canonicalised like a serde_json::Value.
                 let text = json_text(value)?;
-                let parsed: raw::Json = serde_json::from_str(&text)
-                    .map_err(|e| ser::Error::custom(format_args!("invalid raw JSON: {e}")))?;
+                let parsed = crate::json_text::parse_unique(&text).map_err(|e| match e {
+                    crate::json_text::JsonTextError::DuplicateMember { path, member } => {
+                        let fail = Fail::new(Kind::DuplicateKey).at(Seg::Key(member));
+                        if path == "." { fail } else { fail.at(Seg::Text(path)) }
+                    }
+                    crate::json_text::JsonTextError::Syntax(e) => {
+                        ser::Error::custom(format_args!("invalid raw JSON: {e}"))
+                    }
+                })?;
                 parsed.serialize(&mut **ser)
             }
             Struct::Number(ser) => ser.number_text(&json_text(value)?),
