@@ -116,10 +116,6 @@ impl<T: Tool> Call<'_, T> {
         mut started: Option<Instant>,
     ) -> Result<T::Output, Error<T::Error>> {
         let budget = &self.inner.budget;
-        if fence.is_some() {
-            // Just claimed (or confirmed by the check a takeover asked).
-            self.confirmed_at(started.unwrap_or_else(Instant::now));
-        }
         // A reconciling tool keeps the arguments for its check, after the last attempt too.
         let reconciles = self.tool.reconciles() && fence.is_some();
         let mut args = Some(args);
@@ -732,7 +728,6 @@ impl<T: Tool> Call<'_, T> {
         let ran = self.served.get();
         match self.acquire(OnExpired::TakeOver, false).await {
             Ok(Owned::Fence { fence, .. }) => {
-                self.confirmed_at(Instant::now());
                 // It waited and runs its tool again: its wait hook hears it, as any waiter's
                 // that becomes the owner (an MCP server stops sending "waiting" progress).
                 self.owns_after_waiting();

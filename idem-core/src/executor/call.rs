@@ -49,8 +49,9 @@ pub(super) struct Call<'a, T: Tool> {
     /// becomes the owner.
     pub(super) waited: AtomicBool,
     /// When this call last knew its lease to run a full lease from (a claim or a renewal it
-    /// sent that the store accepted), in nanoseconds after `started`: a retry after a pause
-    /// longer than that confirms the fence first ([`Call::confirmed_at`]).
+    /// sent that the store accepted), in nanoseconds after `started`; 0 for the first claim,
+    /// sent at the start (nothing to store on the common path). A retry after a pause longer
+    /// than that confirms the fence first ([`Call::confirmed_at`]).
     pub(super) confirmed: AtomicU64,
     /// The fence a renewal found taken over (0: none). It never becomes current again.
     pub(super) lost: AtomicU64,

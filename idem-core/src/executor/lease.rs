@@ -51,8 +51,15 @@ impl<T: Tool> Call<'_, T> {
         on_expired: OnExpired,
         at_start: bool,
     ) -> Result<Owned<T>, StoreError> {
+        // A claim right after the call's start is confirmed as of that start (the default).
+        let sent = (!at_start).then(Instant::now);
         match self.settle(self.claim(on_expired, at_start).await?, false, at_start) {
-            Settled::Owned(owned) => Ok(owned),
+            Settled::Owned(owned) => {
+                if let (Some(sent), Owned::Fence { .. }) = (sent, &owned) {
+                    self.confirmed_at(sent);
+                }
+                Ok(owned)
+            }
             // Boxed: the wait's timers would make every call's future larger, and a call that
             // waits for another owner is not in a hurry.
             Settled::Wait { fence, lease_remaining } => {
@@ -130,8 +137,14 @@ impl<T: Tool> Call<'_, T> {
             if let Ok(Err(e)) = woken {
                 return Err(e);
             }
+            let sent = Instant::now();
             match self.settle(self.claim(on_expired, false).await?, true, false) {
-                Settled::Owned(owned) => return Ok(owned),
+                Settled::Owned(owned) => {
+                    if let Owned::Fence { .. } = owned {
+                        self.confirmed_at(sent);
+                    }
+                    return Ok(owned);
+                }
                 Settled::Wait { fence: f, lease_remaining: l } => {
                     (fence, lease_remaining) = (f, l);
                 }
