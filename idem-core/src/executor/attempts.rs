@@ -287,22 +287,10 @@ impl<T: Tool> Call<'_, T> {
                                         error: None,
                                         ..
                                     })) => {
-                                        let (budget, retry_after) =
-                                            (BudgetKind::Deadline, failure.retry_after);
-                                        return Err(match error {
-                                            Error::Tool { tool, error } => Error::BudgetExhausted {
-                                                tool,
-                                                budget,
-                                                error: Some(error),
-                                                retry_after,
-                                            },
-                                            _ => Error::BudgetExhausted {
-                                                tool: self.name(),
-                                                budget,
-                                                error: None,
-                                                retry_after,
-                                            },
-                                        });
+                                        let budget = BudgetKind::Deadline;
+                                        let retry_after = failure.retry_after;
+                                        let stop = Stop::Exhausted { budget, retry_after };
+                                        return Err(self.stop_error(stop, error));
                                     }
                                     Err(answer) => return answer,
                                 }
@@ -334,20 +322,22 @@ impl<T: Tool> Call<'_, T> {
                         // re-runs with the same key so the provider deduplicates.
                         self.release(fence).await;
                     }
-                    return Err(match (stop, error) {
-                        (Stop::AttemptsUsed, error) => error,
-                        // The tool's last error and its hint go to the caller, with the reason.
-                        (Stop::Exhausted { budget, retry_after }, Error::Tool { tool, error }) => {
-                            Error::BudgetExhausted { tool, budget, error: Some(error), retry_after }
-                        }
-                        (Stop::Exhausted { budget, retry_after }, _) => Error::BudgetExhausted {
-                            tool: self.name(),
-                            budget,
-                            error: None,
-                            retry_after,
-                        },
-                    });
+                    return Err(self.stop_error(stop, error));
                 }
+            }
+        }
+    }
+
+    /// The caller's error when the retries stop for `stop` after the tool's last `error`.
+    fn stop_error(&self, stop: Stop, error: Error<T::Error>) -> Error<T::Error> {
+        match (stop, error) {
+            (Stop::AttemptsUsed, error) => error,
+            // The tool's last error and its hint go to the caller, with the reason.
+            (Stop::Exhausted { budget, retry_after }, Error::Tool { tool, error }) => {
+                Error::BudgetExhausted { tool, budget, error: Some(error), retry_after }
+            }
+            (Stop::Exhausted { budget, retry_after }, _) => {
+                Error::BudgetExhausted { tool: self.name(), budget, error: None, retry_after }
             }
         }
     }
