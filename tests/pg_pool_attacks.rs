@@ -162,21 +162,9 @@ async fn completes_late(n: u32) -> Result<u32, Never> {
 /// which the test locks without touching anyone else's tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_ended_while_its_completion_waits() {
-    let url = pg_url();
-    let Some((admin, conn)) =
-        or_skip("PostgreSQL", tokio_postgres::connect(&url, tokio_postgres::NoTls).await)
-    else {
-        return;
-    };
-    tokio::spawn(conn);
-    let schema = format!("idem_attack_{}", std::process::id());
+    let Some((admin, schema, mut config)) = own_schema("idem_attack").await else { return };
     let name = format!("idem-attack-{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-    let mut config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
-    config.options(format!("-c search_path={schema}")).application_name(&name);
+    config.application_name(&name);
     let store = PostgresStore::connect_with(config, 4).await.expect("store");
     let run = Idem::builder(store).build().run(run_id("ended"));
 
@@ -208,6 +196,26 @@ async fn connection_ended_while_its_completion_waits() {
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
 }
 
+/// An admin connection, a schema of the test's own named `prefix` and the process id (dropped
+/// first if a run left it), and a config whose connections use that schema; `None` when
+/// PostgreSQL is away (the caller returns: a skip, or a failure under CI).
+async fn own_schema(
+    prefix: &str,
+) -> Option<(tokio_postgres::Client, String, tokio_postgres::Config)> {
+    let url = pg_url();
+    let (admin, conn) =
+        or_skip("PostgreSQL", tokio_postgres::connect(&url, tokio_postgres::NoTls).await)?;
+    tokio::spawn(conn);
+    let schema = format!("{prefix}_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
+    config.options(format!("-c search_path={schema}"));
+    Some((admin, schema, config))
+}
+
 /// Polls `sql` (a count, with `args`) until it is `want`; gives up after 2,000 polls.
 async fn until_count(
     admin: &tokio_postgres::Client,
@@ -231,20 +239,7 @@ async fn until_count(
 /// idle connections in the shared pool are healthy and stay in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_giving_up_on_a_lock_wait_keeps_the_other_connections() {
-    let url = pg_url();
-    let Some((admin, conn)) =
-        or_skip("PostgreSQL", tokio_postgres::connect(&url, tokio_postgres::NoTls).await)
-    else {
-        return;
-    };
-    tokio::spawn(conn);
-    let schema = format!("idem_attack_gave_up_{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
-        .await
-        .unwrap();
-    let mut config = tokio_postgres::Config::from_str(&url).expect("IDEM_PG_URL");
-    config.options(format!("-c search_path={schema}"));
+    let Some((admin, schema, config)) = own_schema("idem_attack_gave_up").await else { return };
     let pool =
         Pool::builder(Manager::new(config, tokio_postgres::NoTls)).max_size(4).build().unwrap();
     let store = PostgresStore::from_pool(pool.clone(), None).await.expect("store");
