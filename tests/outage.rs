@@ -428,6 +428,21 @@ mod redis {
 mod redis_failover {
     use super::*;
 
+    /// Three new intents of a keyed and of a never tool, each answered by its first attempt
+    /// within the bound: the store serves them `when` (after what the test did to it).
+    async fn new_intents_run_once(run: &idem_core::Run, charge: &Charge, wire: &Wire, when: &str) {
+        for intent in 1..4 {
+            match bounded(run.call(charge, intent)).await {
+                Ok(out) => assert_eq!(out, format!("charge-{intent}-attempt-1")),
+                Err(e) => panic!("charge {intent} {when}: {e}"),
+            }
+            match bounded(run.call(wire, intent)).await {
+                Ok(out) => assert_eq!(out, format!("wire-{intent}-attempt-1")),
+                Err(e) => panic!("wire {intent} {when}: {e}"),
+            }
+        }
+    }
+
     /// A failover behind one address (Sentinel, or a managed Redis whose primary endpoint moves
     /// to the promoted replica): the old master is demoted to a replica and keeps the store's
     /// connection open, refusing every write with `READONLY`, while new connections to the
@@ -457,16 +472,7 @@ mod redis_failover {
             .expect("REPLICAOF");
         proxy.retarget(format!("127.0.0.1:{}", new.port()));
 
-        for (i, intent) in (1..4).enumerate() {
-            match bounded(run.call(&charge, intent)).await {
-                Ok(out) => assert_eq!(out, format!("charge-{intent}-attempt-1")),
-                Err(e) => panic!("call {i} after the failover: {e}"),
-            }
-            match bounded(run.call(&wire, intent)).await {
-                Ok(out) => assert_eq!(out, format!("wire-{intent}-attempt-1")),
-                Err(e) => panic!("never call {i} after the failover: {e}"),
-            }
-        }
+        new_intents_run_once(&run, &charge, &wire, "after the failover").await;
         // A replay is served by the new master too.
         assert_eq!(run.call(&charge, 1).await.unwrap(), "charge-1-attempt-1");
         assert_eq!(ledger.bodies("charge", 1), 1);
@@ -491,16 +497,7 @@ mod redis_failover {
         assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
 
         proxy.stall();
-        for intent in 1..4 {
-            match bounded(run.call(&charge, intent)).await {
-                Ok(out) => assert_eq!(out, format!("charge-{intent}-attempt-1")),
-                Err(e) => panic!("charge {intent} after the connection went silent: {e}"),
-            }
-            match bounded(run.call(&wire, intent)).await {
-                Ok(out) => assert_eq!(out, format!("wire-{intent}-attempt-1")),
-                Err(e) => panic!("wire {intent} after the connection went silent: {e}"),
-            }
-        }
+        new_intents_run_once(&run, &charge, &wire, "after the connection went silent").await;
         assert_eq!(run.call(&charge, 0).await.unwrap(), "charge-0-attempt-1");
         assert_eq!(ledger.bodies("charge", 0), 1);
     }
