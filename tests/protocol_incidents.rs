@@ -59,8 +59,7 @@ async fn the_double_charge_incident_ends_with_one_charge_for_every_kind_of_retry
 
 #[tokio::test(start_paused = true)]
 async fn a_thousand_duplicates_across_two_executors_give_one_charge() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let (a, b) = two_workers();
     let tool = PayTool::new(
         RetryClass::Keyed,
         ToolOptions::default(),
@@ -84,8 +83,7 @@ async fn a_thousand_duplicates_across_two_executors_give_one_charge() {
 #[tokio::test(start_paused = true)]
 async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stands() {
     // (The store-level refusal, LeaseLost for a stale fence, is in the conformance suite.)
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let (a, b) = two_workers();
     // Worker A's first attempt charges slowly; worker B's succeeds at once.
     let slow = slow_charge();
     let fast = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
@@ -131,11 +129,9 @@ async fn a_paused_worker_cannot_overwrite_the_new_owner_and_the_new_result_stand
 /// fencing exists to stop. It waits for the new owner's outcome instead.
 #[tokio::test(start_paused = true)]
 async fn a_worker_paused_between_attempts_past_its_lease_does_not_retry_beside_the_new_owner() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let (a, b) = two_workers();
     // A's first attempt fails before sending; its retry would succeed.
-    let flaky =
-        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let flaky = flaky_charge();
     let slow = slow_charge();
     // A runs until its first attempt failed, pauses past its lease; B takes the key over with
     // a slow charge; A resumes while B runs.
@@ -216,10 +212,8 @@ async fn duplicates_in_memory_share_a_transient_failure_instead_of_running_in_tu
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
-    let flaky =
-        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let (a, b) = two_workers();
+    let flaky = flaky_charge();
     // B's one attempt hangs past its 5 s timeout: ambiguous, and with no attempt left the key is
     // released with nothing stored.
     let giving_up = PayTool::new(
@@ -265,8 +259,7 @@ async fn a_worker_that_rejoined_and_owns_the_key_again_tells_its_wait_hook() {
 async fn paused_worker_does_not_retry_beside_the_new_owner_on(store: Arc<dyn Store>, run: &str) {
     let lease = Policy { lease: Duration::from_millis(300), ..policy() };
     let (a, b) = (executor_on(store.clone(), lease), executor_on(store, lease));
-    let flaky =
-        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let flaky = flaky_charge();
     let slow = PayTool::with_provider(
         RetryClass::Keyed,
         ToolOptions { attempt_timeout: Some(Duration::from_secs(30)), ..Default::default() },
@@ -333,8 +326,7 @@ async fn a_worker_whose_deadline_ends_while_it_rejoins_reports_the_tools_last_er
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let short = Policy { deadline: Duration::from_secs(20), ..policy() };
     let (a, b) = (executor_on(store.clone(), short), executor_on(store, policy()));
-    let flaky =
-        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let flaky = flaky_charge();
     let slow = slow_charge();
     // A runs until its first attempt failed, pauses past its lease; B takes the key over with
     // a slow charge; A resumes while B runs.
@@ -356,10 +348,8 @@ async fn a_worker_whose_deadline_ends_while_it_rejoins_reports_the_tools_last_er
 /// its one attempt, runs nothing more; the duplicate starts over, waits for B and gets B's charge.
 #[tokio::test(start_paused = true)]
 async fn a_worker_stopped_while_it_rejoins_leaves_its_joiner_to_the_new_owner() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let (a, b) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
-    let flaky =
-        PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed);
+    let (a, b) = two_workers();
+    let flaky = flaky_charge();
     let slow = PayTool::with_provider(
         RetryClass::Keyed,
         ToolOptions { attempt_timeout: Some(Duration::from_secs(3600)), ..Default::default() },

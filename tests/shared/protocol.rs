@@ -326,3 +326,14 @@ pub(crate) async fn paused_worker_and_new_owner(
     until_started(&mut worker_b, &slow.started, "B").await;
     tokio::join!(worker_a, worker_b)
 }
+
+/// Two executors (two workers) on one in-memory store, under [`policy`].
+pub(crate) fn two_workers() -> (Idem, Idem) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    (executor_on(store.clone(), policy()), executor_on(store, policy()))
+}
+
+/// A keyed charge whose first attempt fails before sending and whose retry would succeed.
+pub(crate) fn flaky_charge() -> Arc<PayTool> {
+    PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[Step::Transient], Step::Succeed)
+}
