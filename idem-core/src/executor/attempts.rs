@@ -673,30 +673,19 @@ impl<T: Tool> Call<'_, T> {
         output: T::Output,
         outcome: Outcome,
     ) -> Result<T::Output, Error<T::Error>> {
-        let lost = || Error::LeaseLost { tool: self.name(), key: self.key };
         if self.class() == RetryClass::Never {
             // Only an operator's `forget` takes a never tool's lease: do not guess.
-            return Err(lost());
+            return Err(self.lease_lost());
         }
-        let ran = self.served.get();
-        match self.acquire(OnExpired::TakeOver, false).await {
-            Ok(Owned::Answer(answer)) => {
-                // The answer is the outcome that stands, but this call ran its tool: it did not
-                // replay or join, whatever the claim that found the outcome says.
-                if let Some(ran) = ran {
-                    self.label(ran);
-                }
-                match answer {
-                    // Stopped while it waited for the new owner: this call's tool ran, so it is
-                    // not `Cancelled` with nothing run; the key is the new owner's.
-                    Err(Error::Cancelled { .. }) => Err(lost()),
-                    answer => answer,
-                }
-            }
-            Ok(Owned::Fence { fence, .. }) => {
+        match self.take_back().await {
+            // Stopped while it waited for the new owner: this call's tool ran, so it is not
+            // `Cancelled` with nothing run; the key is the new owner's.
+            Err(Some(Err(Error::Cancelled { .. }))) | Err(None) => Err(self.lease_lost()),
+            Err(Some(answer)) => answer,
+            Ok(fence) => {
                 match self.store_outcome(fence, outcome, self.policy.ttl).await {
                     Ok(()) => Ok(output),
-                    Err((Error::LeaseLost { .. }, _)) => Err(lost()),
+                    Err((Error::LeaseLost { .. }, _)) => Err(self.lease_lost()),
                     // The tool ran and the key is this call's again: as after any completion
                     // the store refused, the caller gets the result and the outcome is sent
                     // again in the background; "not executed" would be false.
@@ -706,7 +695,6 @@ impl<T: Tool> Call<'_, T> {
                     }
                 }
             }
-            Err(_) => Err(lost()),
         }
     }
 
@@ -715,30 +703,39 @@ impl<T: Tool> Call<'_, T> {
     /// completion found its lease lost does ([`Call::after_lease_lost`]); if the new owner let
     /// the key go, the call owns it again under the fence it is given (`Ok`).
     async fn rejoin(&self, attempts: u32) -> Result<Fence, Result<T::Output, Error<T::Error>>> {
-        let ran = self.served.get();
-        match self.acquire(OnExpired::TakeOver, false).await {
-            Ok(Owned::Fence { fence, .. }) => {
+        match self.take_back().await {
+            Ok(fence) => {
                 // It waited and runs its tool again: its wait hook hears it, as any waiter's
                 // that becomes the owner (an MCP server stops sending "waiting" progress).
                 self.owns_after_waiting();
                 Ok(fence)
             }
+            Err(Some(Err(Error::Cancelled { .. }))) => Err(Err(self.cancelled(attempts))),
+            Err(Some(answer)) => Err(answer),
+            // The store cannot be asked for the new owner's answer: "unavailable, nothing was
+            // executed" would be false after this call's attempts; the new owner's result
+            // stands, and a repeat receives it.
+            Err(None) => Err(Err(self.lease_lost())),
+        }
+    }
+
+    /// After this call's lease was taken over, with its tool run: claims the key again, which
+    /// waits for the new owner's answer (`Err(Some)`, labelled as served by this call's run: it
+    /// did not replay or join, whatever the claim says) or, if that owner let the key go, owns it
+    /// again (`Ok`). `Err(None)`: the store could not be asked.
+    async fn take_back(&self) -> Result<Fence, Option<Result<T::Output, Error<T::Error>>>> {
+        let ran = self.served.get();
+        match self.acquire(OnExpired::TakeOver, false).await {
+            Ok(Owned::Fence { fence, .. }) => Ok(fence),
             Ok(Owned::Answer(answer)) => {
-                // This call ran its tool: it did not replay or join, whatever the claim says.
                 if let Some(ran) = ran {
                     self.label(ran);
                 }
-                Err(match answer {
-                    Err(Error::Cancelled { .. }) => Err(self.cancelled(attempts)),
-                    answer => answer,
-                })
+                Err(Some(answer))
             }
-            // The key was taken over (the renewal said so) and the store cannot be asked for the
-            // new owner's answer: "unavailable, nothing was executed" would be false after this
-            // call's attempts; the new owner's result stands, and a repeat receives it.
             Err(e) => {
                 tracing::warn!(error = %Chain(&e), "cannot wait for the owner that took over");
-                Err(Err(self.lease_lost()))
+                Err(None)
             }
         }
     }
