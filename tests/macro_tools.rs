@@ -586,6 +586,10 @@ async fn a_tool_set_keeps_why_a_tool_was_left_out_and_says_it_on_a_call() {
     let refusals: Vec<String> = set.refusals().map(ToString::to_string).collect();
     assert_eq!(refusals.len(), 1, "{refusals:?}");
     assert!(refusals[0].contains("`payout`") && refusals[0].contains("oneOf"), "{refusals:?}");
+    // Printable as it is, for the message of a start-up check.
+    assert_eq!(set.refusals().len(), 1);
+    let listed = format!("{:?}", set.refusals());
+    assert!(listed.contains("payout") && listed.contains("oneOf"), "{listed}");
     let run = Idem::in_memory().run("r1");
     let args = serde_json::json!({"amount": 5, "kind": "card", "number": "4242"});
     let r = set.call(&run, "payout", &args).await;

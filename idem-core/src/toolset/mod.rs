@@ -454,7 +454,9 @@ impl ToolSet {
     /// The tools a `#[tool_set]` block could not add, with why (a name or an arguments schema
     /// that model APIs refuse: [`ToolSetError`]). Empty when every tool is in the set; check it
     /// when the server starts, or in a test.
-    pub fn refusals(&self) -> impl Iterator<Item = &ToolSetError> {
+    pub fn refusals(
+        &self,
+    ) -> impl ExactSizeIterator<Item = &ToolSetError> + Clone + std::fmt::Debug {
         self.refused.values()
     }
 
