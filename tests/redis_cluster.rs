@@ -15,7 +15,7 @@ use idem_core::conformance::{LONG, fresh_key};
 use idem_core::store::{Claim, ClaimRequest, OnExpired, Outcome, RedisStore, Store};
 use idem_core::{Fingerprint, Key, StoreError};
 use idem_tests::cluster::{self, Cluster, NodeInfo};
-use idem_tests::{assert_answer, claim_req, or_skip};
+use idem_tests::{acquire, assert_answer, claim_req, or_skip};
 
 /// The cluster most tests share (migrations and worker runs do not disturb the others); the
 /// failover tests start their own.
@@ -94,6 +94,42 @@ async fn open_names_the_cluster_form() {
         Err(StoreError::InvalidConfig(m)) => assert!(m.contains("wait_replica"), "{m}"),
         other => panic!("an unknown option must be InvalidConfig, got {:?}", other.map(drop)),
     }
+}
+
+/// A store kept in a `static` and used by one `#[tokio::test]` runtime after another: the
+/// cluster client drives its connection in a task on the runtime it was made on, and once that
+/// runtime ended every step failed with `StoreUnavailable` ("broken pipe") for good, claims
+/// included (the client reconnects only after a response timeout). The store now connects again
+/// on the runtime it runs on, and a waiter there is woken by the holder's completion.
+#[test]
+fn a_store_works_on_the_next_runtime() {
+    let Some(cluster) = shared() else { return };
+    let runtime =
+        || tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let first = runtime();
+    let store = first.block_on(store_on(&cluster.url("")));
+    let (done, fp) = fresh_key("next_runtime", "done");
+    first.block_on(async {
+        let fence = acquire(&store, &done, &fp).await;
+        store.complete(&done, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+    });
+    drop(first);
+
+    runtime().block_on(async {
+        let (key, fp) = fresh_key("next_runtime", "{}");
+        assert_answer!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. }));
+        assert_answer!(store.forget(&done).await, Ok(true));
+        let holder = store_on(&cluster.url("")).await;
+        let (held, fp) = fresh_key("next_runtime", "held");
+        let fence = acquire(&holder, &held, &fp).await;
+        let waiting = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait(&held, fence, LONG).await }
+        });
+        holder.complete(&held, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+        assert_answer!(waiting.await.expect("waiter"), Ok(()));
+        assert_answer!(store.claim(claim_req(&held, &fp)).await, Ok(Claim::Completed(_)));
+    });
 }
 
 /// Keys whose records all live in `slot`, found by trying random keys.

@@ -126,6 +126,36 @@ pub(super) enum Conn {
     Cluster(std::sync::Arc<Cluster>),
 }
 
+/// The runtime a connection was made on, watched. The redis crate drives a connection (and
+/// delivers its pub/sub messages) in tasks on that runtime, which end with it: a store kept in a
+/// `static` and used by one `#[tokio::test]` runtime after another would find its connections
+/// dead on the next one (each first command failing with "broken pipe", no pub/sub message
+/// delivered), so a connection whose runtime ended is made again on the current one.
+pub(super) struct MadeOn {
+    /// A task on that runtime, alive until the connection is dropped (`_keep` with it): it has
+    /// finished before then only if its runtime ended.
+    watch: Option<tokio::task::JoinHandle<()>>,
+    _keep: tokio::sync::oneshot::Sender<()>,
+}
+
+impl MadeOn {
+    /// The current runtime (a connection is made on one).
+    pub(super) fn here() -> MadeOn {
+        let (keep, kept) = tokio::sync::oneshot::channel::<()>();
+        let watch = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            rt.spawn(async move {
+                let _ = kept.await;
+            })
+        });
+        MadeOn { watch, _keep: keep }
+    }
+
+    /// Whether that runtime has ended, and the connection's tasks with it.
+    pub(super) fn ended(&self) -> bool {
+        self.watch.as_ref().is_some_and(tokio::task::JoinHandle::is_finished)
+    }
+}
+
 /// A cluster's connection, replaced by a new one (every node connected again from the nodes
 /// first listed) when a node does not answer within the response timeout: the cluster client
 /// reconnects to a node only when its connection drops, and one that went silent (a NAT or load
@@ -134,8 +164,8 @@ pub(super) enum Conn {
 pub(super) struct Cluster {
     client: redis::cluster::ClusterClient,
     config: redis::cluster::ClusterConfig,
-    /// The current connection and how many times it was replaced.
-    current: std::sync::Mutex<(u64, ClusterConnection)>,
+    /// The current connection, how many times it was replaced, and its runtime.
+    current: std::sync::Mutex<(u64, ClusterConnection, MadeOn)>,
 }
 
 impl Cluster {
@@ -145,12 +175,18 @@ impl Cluster {
         config: redis::cluster::ClusterConfig,
     ) -> Cluster {
         let conn = client.get_pending_async_connection_with_config(config.clone());
-        Cluster { client, config, current: std::sync::Mutex::new((0, conn)) }
+        Cluster { client, config, current: std::sync::Mutex::new((0, conn, MadeOn::here())) }
     }
 
-    /// The current connection (a clone shares it) and its generation.
+    /// The current connection (a clone shares it) and its generation; a new one first if the
+    /// runtime it was made on has ended.
     pub(super) fn connection(&self) -> (u64, ClusterConnection) {
-        crate::sync::lock(&self.current).clone()
+        let mut current = crate::sync::lock(&self.current);
+        if current.2.ended() {
+            let conn = self.client.get_pending_async_connection_with_config(self.config.clone());
+            *current = (current.0 + 1, conn, MadeOn::here());
+        }
+        (current.0, current.1.clone())
     }
 
     /// Notes the answer of a command sent on the connection of `generation`: after a response
@@ -168,7 +204,7 @@ impl Cluster {
                 );
                 let conn =
                     self.client.get_pending_async_connection_with_config(self.config.clone());
-                *current = (generation + 1, conn);
+                *current = (generation + 1, conn, MadeOn::here());
             }
         }
         answer
@@ -184,20 +220,28 @@ impl Cluster {
 pub(super) struct One {
     client: redis::Client,
     config: ConnectionManagerConfig,
-    /// The current manager and how many times it was replaced.
-    current: std::sync::Mutex<(u64, ConnectionManager)>,
+    /// The current manager, how many times it was replaced, and its runtime.
+    current: std::sync::Mutex<(u64, ConnectionManager, MadeOn)>,
 }
 
 impl One {
     /// A manager that connects on first use (needs a tokio runtime).
     pub(super) fn new(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<One> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        Ok(One { client, config, current: std::sync::Mutex::new((0, manager)) })
+        Ok(One { client, config, current: std::sync::Mutex::new((0, manager, MadeOn::here())) })
     }
 
-    /// The current manager (a clone shares its connection) and its generation.
+    /// The current manager (a clone shares its connection) and its generation; a new one first
+    /// if the runtime it was made on has ended.
     pub(super) fn manager(&self) -> (u64, ConnectionManager) {
-        crate::sync::lock(&self.current).clone()
+        let mut current = crate::sync::lock(&self.current);
+        if current.2.ended()
+            && let Ok(manager) =
+                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+        {
+            *current = (current.0 + 1, manager, MadeOn::here());
+        }
+        (current.0, current.1.clone())
     }
 
     /// The manager of `generation` reached a server that refuses writes, or its connection
@@ -211,7 +255,7 @@ impl One {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(manager) => {
                 tracing::warn!("{why}; connecting to Redis again");
-                *current = (generation + 1, manager);
+                *current = (generation + 1, manager, MadeOn::here());
             }
             Err(e) => tracing::warn!(error = %e, "cannot replace the Redis connection"),
         }
