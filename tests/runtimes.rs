@@ -8,6 +8,10 @@
 
 use tokio::runtime::Runtime;
 
+#[cfg(feature = "redis")]
+#[path = "shared/redis_records.rs"]
+mod redis_records;
+
 /// A runtime as `#[tokio::test]` makes one (current thread, timers and I/O).
 fn test_runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
@@ -21,10 +25,12 @@ mod redis {
     use std::time::Duration;
 
     use idem_core::conformance::{LONG, fresh_key};
-    use idem_core::store::{Outcome, RedisStore, Store};
-    use idem_tests::{acquire, or_skip, redis_prefix, redis_url};
+    use idem_core::store::{Claim, Outcome, RedisStore, Store};
+    use idem_tests::{acquire, claim_req, or_skip, redis_prefix, redis_url};
 
     use super::test_runtime;
+
+    use super::redis_records as records;
 
     async fn open() -> Option<RedisStore> {
         let opened = RedisStore::builder(redis_url()).prefix(redis_prefix()).open().await;
@@ -55,6 +61,58 @@ mod redis {
             );
             idem_tests::assert_answer!(store.forget(&key).await, Ok(true));
             idem_tests::assert_answer!(store.forget(&held).await, Ok(true));
+        });
+    }
+
+    /// A waiter whose store was opened on an earlier runtime is woken by the completion's
+    /// message. The clock is frozen while it waits (a blocking task holds Tokio's paused clock
+    /// still), so its periodic re-check never comes: only the message can end the wait. Before,
+    /// the messages went to a task of the ended runtime and were lost, and every wait lasted
+    /// until a re-check (up to 1 s).
+    #[test]
+    fn a_waiter_is_woken_by_pub_sub_on_the_next_runtime() {
+        let first = test_runtime();
+        let Some(waiter) = first.block_on(open()) else { return };
+        drop(first);
+
+        test_runtime().block_on(async {
+            let holder = open().await.expect("Redis");
+            // An earlier test's wait on this runtime (the store's first, which finds the
+            // subscriber's old connection gone).
+            let (key, fp) = fresh_key("woken_next_runtime", "earlier");
+            let fence = acquire(&holder, &key, &fp).await;
+            waiter.wait(&key, fence, Duration::from_millis(100)).await.expect("wait");
+            holder.release(&key, fence).await.expect("release");
+
+            let (key, fp) = fresh_key("woken_next_runtime", "{}");
+            let fence = acquire(&holder, &key, &fp).await;
+            let waiting = tokio::spawn({
+                let waiter = waiter.clone();
+                async move { waiter.wait(&key, fence, Duration::from_secs(3600)).await }
+            });
+            // Subscribed and flagged: the holder's completion publishes.
+            let mut raw = records::raw().await;
+            let rec = holder.record_key(&key);
+            while records::field(&records::stored(&mut raw, &rec).await, 3) != "1" {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // From here the clock stands still until the blocking task ends (after 30 s at most).
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            let frozen = tokio::task::spawn_blocking(move || {
+                stopped.recv_timeout(Duration::from_secs(30)).is_ok()
+            });
+            tokio::time::pause();
+            holder.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+            let waited = waiting.await.expect("waiter");
+            let _ = stop.send(());
+            assert!(
+                frozen.await.expect("blocking task"),
+                "the waiter must be woken by the completion's message, not by a re-check"
+            );
+            tokio::time::resume();
+            waited.expect("wait");
+            let replay = waiter.claim(claim_req(&key, &fp)).await.expect("claim");
+            assert!(matches!(replay, Claim::Completed(_)), "{replay:?}");
         });
     }
 }

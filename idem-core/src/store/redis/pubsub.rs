@@ -12,6 +12,7 @@ use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::Notify;
 
 use super::conn::ClusterNodes;
+use super::route::MadeOn;
 use super::{Inner, RedisStore};
 use crate::store::wait::WaiterMap;
 
@@ -65,18 +66,25 @@ impl Make {
 /// one lock) and then poll.
 pub(super) struct PubSub {
     make: Make,
-    /// The current connection and how many times it was replaced.
-    current: std::sync::Mutex<(u64, Subscriber)>,
+    /// The current connection, how many times it was replaced, and its runtime.
+    current: std::sync::Mutex<(u64, Subscriber, MadeOn)>,
 }
 
 impl PubSub {
     fn new(make: Make) -> Option<PubSub> {
         let first = make.subscriber()?;
-        Some(PubSub { make, current: std::sync::Mutex::new((0, first)) })
+        Some(PubSub { make, current: std::sync::Mutex::new((0, first, MadeOn::here())) })
     }
 
-    fn current(&self) -> (u64, Subscriber) {
-        crate::sync::lock(&self.current).clone()
+    /// The current connection and its generation; a new one first if the runtime it was made on
+    /// has ended (its messages went to a task of that runtime), and then `true`.
+    fn current(&self) -> (u64, Subscriber, bool) {
+        let mut current = crate::sync::lock(&self.current);
+        let ended = current.2.ended();
+        if ended && let Some(next) = self.make.subscriber() {
+            *current = (current.0 + 1, next, MadeOn::here());
+        }
+        (current.0, current.1.clone(), ended)
     }
 
     /// The connection of `generation` did not answer: the next subscription goes on a new one
@@ -91,7 +99,7 @@ impl PubSub {
             "the Redis pub/sub connection did not answer within the response timeout; \
              connecting again"
         );
-        *current = (generation + 1, next);
+        *current = (generation + 1, next, MadeOn::here());
         true
     }
 }
@@ -182,7 +190,11 @@ impl Inner {
         }
         let mut subscribed = self.subscribed.lock().await;
         let wanted = self.waiters.wanted(channel);
-        let (generation, mut conn) = pubsub.current();
+        let (generation, mut conn, replaced) = pubsub.current();
+        if replaced {
+            // The subscriptions were the old connection's.
+            subscribed.clear();
+        }
         match (wanted, subscribed.contains(channel)) {
             (true, false) => match conn.subscribe(channel).await {
                 Ok(()) => {
