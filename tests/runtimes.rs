@@ -115,4 +115,38 @@ mod redis {
             assert!(matches!(replay, Claim::Completed(_)), "{replay:?}");
         });
     }
+
+    /// The first claim has the store sample the server's clock in a task. Dropped with its
+    /// runtime before the answer came (a test that ends right after its claim), the task kept
+    /// the job of sampling for good: no later claim sampled, and every claim ran the script
+    /// instead of the native command. Now the next claim samples again.
+    #[test]
+    fn native_claims_resume_on_the_next_runtime() {
+        let first = test_runtime();
+        let Some(store) = first.block_on(open()) else { return };
+        let (key, fp) = fresh_key("native_next_runtime", "first");
+        first.block_on(async {
+            // Polled once: the claim has started the sampling task, which has not run yet.
+            let mut claim = std::pin::pin!(store.claim(claim_req(&key, &fp)));
+            std::future::poll_fn(|cx| {
+                let _ = claim.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
+        });
+        drop(first);
+
+        test_runtime().block_on(async {
+            for i in 0..200 {
+                let (key, fp) = fresh_key("native_next_runtime", &i.to_string());
+                let fence = acquire(&store, &key, &fp).await;
+                store.release(&key, fence).await.expect("release");
+                if store.native_ready() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("the store never sampled the server's clock again: every claim runs a script");
+        });
+    }
 }

@@ -285,15 +285,41 @@ impl super::RedisStore {
             return;
         }
         let (inner, mut conn) = (std::sync::Arc::clone(&self.inner), conn.manager().1);
+        // Given back when the task ends, also unanswered (its runtime ended first, as a
+        // `#[tokio::test]`'s does): else no claim would ever sample again, and each would take
+        // the script.
+        let mut sampling = Sampling { inner, answer: None };
         rt.spawn(async move {
             let sent = Instant::now();
             let reply: redis::RedisResult<Vec<String>> =
                 redis::cmd("TIME").query_async(&mut conn).await;
             let answered = Instant::now();
-            match reply.ok().as_deref().and_then(time_reply) {
-                Some((secs, micros)) => inner.clock.record(sent, answered, secs, micros),
-                None => inner.clock.failed(),
-            }
+            let time = reply.ok().as_deref().and_then(time_reply);
+            sampling.answered(time.map(|(secs, micros)| (sent, answered, secs, micros)));
         });
+    }
+}
+
+/// A sampling task's job: records its answer when dropped, or gives the job back without one.
+struct Sampling {
+    inner: std::sync::Arc<super::Inner>,
+    /// When the `TIME` was sent and answered, and its answer (seconds, microseconds).
+    answer: Option<(Instant, Instant, u64, u64)>,
+}
+
+impl Sampling {
+    fn answered(&mut self, answer: Option<(Instant, Instant, u64, u64)>) {
+        self.answer = answer;
+    }
+}
+
+impl Drop for Sampling {
+    fn drop(&mut self) {
+        match self.answer {
+            Some((sent, answered, secs, micros)) => {
+                self.inner.clock.record(sent, answered, secs, micros);
+            }
+            None => self.inner.clock.failed(),
+        }
     }
 }
