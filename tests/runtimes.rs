@@ -17,6 +17,56 @@ fn test_runtime() -> Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
 
+/// PostgreSQL wakes waiters with `LISTEN/NOTIFY` on a connection of its own, driven by a task.
+#[cfg(feature = "postgres")]
+mod postgres {
+    use std::time::Duration;
+
+    use idem_core::conformance::fresh_key;
+    use idem_core::{PostgresStore, Store};
+    use idem_tests::{acquire, or_skip, pg_url};
+
+    use super::test_runtime;
+
+    /// Until the store listens, at most 20 s (a hang guard: the listener connects and hears its
+    /// probe at once on a local server).
+    async fn listening(store: &PostgresStore) -> bool {
+        for _ in 0..400 {
+            if store.listening() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// The listener runs on the runtime the store was connected on. Once that runtime ended, the
+    /// store said it listened while nobody did (waiters polled at the slow pace meant for a lost
+    /// notification) and never listened again; now it says so, and its next wait starts the
+    /// listener on the runtime it runs on.
+    #[test]
+    fn a_store_listens_again_on_the_next_runtime() {
+        let first = test_runtime();
+        let Some(store) = first.block_on(async {
+            let store = or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await)?;
+            assert!(listening(&store).await, "the store listens on its first runtime");
+            Some(store)
+        }) else {
+            return;
+        };
+        drop(first);
+        assert!(!store.listening(), "the listener ended with its runtime: nobody listens");
+
+        test_runtime().block_on(async {
+            let (key, fp) = fresh_key("listens_again", "{}");
+            let fence = acquire(&store, &key, &fp).await;
+            store.wait(&key, fence, Duration::from_millis(10)).await.expect("wait");
+            assert!(listening(&store).await, "a wait on the next runtime starts the listener");
+            store.release(&key, fence).await.expect("release");
+        });
+    }
+}
+
 /// Redis wakes waiters by pub/sub on a connection of its own, whose messages the redis crate
 /// delivers in a task on the runtime it was made on; native claims need a sample of the
 /// server's clock, taken in a task.

@@ -98,6 +98,8 @@ struct Inner {
     source: Source,
     waiters: Arc<WaiterMap<Key>>,
     listening: Arc<AtomicBool>,
+    /// Where the listener connects, to start it again (`None`: no listener).
+    listen_to: Option<Target>,
     listener: Mutex<Option<JoinHandle<()>>>,
     sweeps: SweepClock,
 }
@@ -201,20 +203,33 @@ impl PostgresStore {
     /// The store around its connection source; the listener, on its own connection to `listen_to`,
     /// starts when there is one.
     fn assemble(source: Source, listen_to: Option<Target>) -> Self {
-        let waiters = Arc::new(WaiterMap::default());
-        let listening = Arc::new(AtomicBool::new(false));
-        let listener = listen_to.map(|target| {
-            tokio::spawn(listen(target, Arc::clone(&waiters), Arc::clone(&listening)))
-        });
-        PostgresStore {
+        let store = PostgresStore {
             inner: Arc::new(Inner {
                 source,
-                waiters,
-                listening,
-                listener: Mutex::new(listener),
+                waiters: Arc::new(WaiterMap::default()),
+                listening: Arc::new(AtomicBool::new(false)),
+                listen_to,
+                listener: Mutex::new(None),
                 sweeps: SweepClock::new(),
             }),
+        };
+        store.keep_listening();
+        store
+    }
+
+    /// Starts the listener on the current runtime unless it runs: the first time, and again when
+    /// the runtime it ran on has ended (a store kept in a `static` and used by one `#[tokio::test]`
+    /// runtime after another), since nothing else would start it and waiters would poll for good.
+    fn keep_listening(&self) {
+        let Some(target) = &self.inner.listen_to else { return };
+        let mut listener = crate::sync::lock(&self.inner.listener);
+        if listener.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (waiters, listening) = (&self.inner.waiters, &self.inner.listening);
+        let task = listen(target.clone(), Arc::clone(waiters), Arc::clone(listening));
+        *listener = Some(runtime.spawn(task));
     }
 
     /// Whether waiters are woken by `LISTEN/NOTIFY` now: the listener is connected and its probe
@@ -371,6 +386,7 @@ impl Store for PostgresStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        self.keep_listening();
         let notify = self.inner.waiters.register(*key);
         // The deadline bounds everything, a reconnect or a slow server included.
         let r = tokio::time::timeout(max, self.wait_inner(key, fence, &notify)).await;

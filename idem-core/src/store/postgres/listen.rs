@@ -43,6 +43,8 @@ pub(super) async fn listen(
     waiters: Arc<WaiterMap<Key>>,
     listening: Arc<AtomicBool>,
 ) {
+    // Dropped with the task (its runtime ended): no longer listening, and waiters poll.
+    let _deaf = Deaf(Arc::clone(&listening), Arc::clone(&waiters));
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut deaf = false;
@@ -109,6 +111,16 @@ pub(super) async fn listen(
         }
         tokio::time::sleep(if deaf { PROBE_RETRY } else { backoff }).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Marks the store as not listening when the listener ends, and wakes its waiters.
+struct Deaf(Arc<AtomicBool>, Arc<WaiterMap<Key>>);
+
+impl Drop for Deaf {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+        self.1.wake_all();
     }
 }
 
