@@ -200,3 +200,70 @@ mod redis {
         });
     }
 }
+
+/// Tokio's paused test clock (`#[tokio::test(start_paused = true)]`) skips ahead to the next
+/// timer whenever the runtime only waits on I/O, so the bounds on a remote store's steps run
+/// out at once, however fast the server answers (a local PostgreSQL's connect often does).
+/// The error said the server was not answering; it now says the clock is paused. A server that
+/// accepts connections and never answers makes every such timeout run out here.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod paused_clock {
+    use idem_core::StoreError;
+
+    /// The port of a server that accepts connections and never answers.
+    async fn silent_server() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        port
+    }
+
+    /// An error and its causes, as a report prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        text
+    }
+
+    fn says_paused(what: &str, e: Option<StoreError>) {
+        let e = e.unwrap_or_else(|| panic!("{what}: a silent server cannot be opened"));
+        let text = chain(&e);
+        assert!(text.contains("clock is paused"), "{what}: {text}");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test(start_paused = true)]
+    async fn a_postgresql_timeout_on_a_paused_clock_says_so() {
+        let port = silent_server().await;
+        let url = format!("host=127.0.0.1 port={port} user=postgres dbname=test sslmode=disable");
+        says_paused("connect", idem_core::PostgresStore::connect(&url).await.err());
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test(start_paused = true)]
+    async fn a_redis_timeout_on_a_paused_clock_says_so() {
+        let port = silent_server().await;
+        let url = format!("redis://127.0.0.1:{port}/");
+        says_paused("open", idem_core::store::RedisStore::open(&url).await.err());
+        // A store that connects on first use: the call's claim runs out instead.
+        let lazy = idem_core::store::RedisStore::builder(url).open_lazy().expect("lazy");
+        let idem = idem_core::Idem::builder_shared(std::sync::Arc::new(lazy)).build();
+        let failed = charge(&idem.run("paused"), "cus_1".into()).await.expect_err("no store");
+        assert!(chain(&failed).contains("clock is paused"), "{}", chain(&failed));
+    }
+
+    #[cfg(feature = "redis")]
+    #[idem_core::tool(retry = "keyed")]
+    async fn charge(customer: String) -> Result<String, idem_core::NoError> {
+        Ok(customer)
+    }
+}

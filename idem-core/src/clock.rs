@@ -42,6 +42,24 @@ fn later_with(
     add(now, d).or_else(|| FAR.iter().find_map(|far| add(now, d.min(*far)))).unwrap_or(now)
 }
 
+/// What to add to the message of a timeout that ran out on a clock that does not follow real
+/// time: Tokio's paused test clock (`#[tokio::test(start_paused = true)]`,
+/// `tokio::time::pause`) jumps to the next timer whenever the runtime only waits on I/O, so a
+/// bound on a network step runs out at once however fast the server answers, and the message
+/// alone would send the reader after a server that is fine. Empty on a clock that follows real
+/// time (the runtime's clock is then the system's).
+pub(crate) fn paused_clock_note() -> &'static str {
+    let (tokio_now, real_now) = (Instant::now().into_std(), std::time::Instant::now());
+    let apart = tokio_now.max(real_now).duration_since(tokio_now.min(real_now));
+    if apart > Duration::from_millis(100) {
+        "; the runtime's clock is paused or was advanced (`start_paused = true`, \
+         `tokio::time::pause`), and a paused clock skips ahead to a timeout while the store's \
+         network I/O is pending: use a real clock with a remote store"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

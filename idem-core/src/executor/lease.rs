@@ -223,8 +223,9 @@ impl<T: Tool> Call<'_, T> {
                     "the call's deadline"
                 };
                 Err(StoreError::unavailable(format!(
-                    "the store did not answer the claim within {:?} ({limit})",
-                    bound.saturating_duration_since(now)
+                    "the store did not answer the claim within {:?} ({limit}){}",
+                    bound.saturating_duration_since(now),
+                    crate::clock::paused_clock_note()
                 )))
             }
         }
@@ -246,7 +247,8 @@ impl<T: Tool> Call<'_, T> {
             match tokio::time::timeout(timeout, step).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::unavailable(format!(
-                    "the store did not answer within {timeout:?} (Policy::store_timeout)"
+                    "the store did not answer within {timeout:?} (Policy::store_timeout){}",
+                    crate::clock::paused_clock_note()
                 ))),
             }
         };

@@ -114,9 +114,10 @@ impl Source {
                     "no connection of the PostgreSQL pool became free (every one is in use)"
                 };
                 return Err(StoreError::unavailable(format!(
-                    "{why} within {} ms ({in_use} of {} in use)",
+                    "{why} within {} ms ({in_use} of {} in use){}",
                     self.wait.as_millis(),
-                    status.max_size
+                    status.max_size,
+                    crate::clock::paused_clock_note()
                 )));
             }
         };

@@ -135,9 +135,10 @@ impl RedisStoreBuilder {
                 // that ran out, so a hung server is not mistaken for a refused one.
                 return Err(StoreError::unavailable(format!(
                     "Redis did not answer within {} ms (connection timeout) or {} ms (response \
-                     timeout): the server is not answering, or is out of reach: {e}",
+                     timeout): the server is not answering, or is out of reach: {e}{}",
                     connect.as_millis(),
-                    response.as_millis()
+                    response.as_millis(),
+                    crate::clock::paused_clock_note()
                 )));
             }
             // Say where: an operator's first question, which the redis crate's text leaves out.

@@ -218,7 +218,8 @@ pub(super) fn unavailable(e: RedisError) -> StoreError {
     if e.is_timeout() {
         return StoreError::unavailable(format!(
             "Redis did not answer within the store's timeouts (the server is busy, not \
-             answering, or out of reach): {e}"
+             answering, or out of reach): {e}{}",
+            crate::clock::paused_clock_note()
         ));
     }
     StoreError::unavailable(e)
