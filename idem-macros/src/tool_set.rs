@@ -88,6 +88,14 @@ fn looks_like_tool(attr: &Attribute) -> bool {
     )
 }
 
+/// Whether the header is a trait impl's (`impl Describe for Desk`). Read as syn reads an `impl`
+/// (with an empty body), not by looking for `for`: a bound of the inherent block may be
+/// higher-ranked (`where F: for<'a> Fn(&'a str)`). A header that is not an `impl` is left to
+/// the parse of the body.
+fn is_trait_impl(header: &TokenStream) -> bool {
+    syn::parse2::<syn::ItemImpl>(quote!(#header {})).is_ok_and(|i| i.trait_.is_some())
+}
+
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let default_krate = parse_attr(attr, &mut errors);
@@ -103,7 +111,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let header: TokenStream = header.into_iter().collect();
-    if header.clone().into_iter().any(|t| matches!(&t, TokenTree::Ident(i) if i == "for")) {
+    if is_trait_impl(&header) {
         errors.at(
             &header,
             "`#[tool_set]` goes on an inherent `impl` block (`impl Payments { .. }`), not a trait impl",

@@ -47,6 +47,7 @@ fn main() {
     assert_eq!(set.len(), 2);
     let _ = Payments.currency();
     versions::check();
+    let _ = Arc::new(bounded::Shout { f: |s: &str| s.to_uppercase() }).tool_set();
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -100,5 +101,25 @@ mod versions {
         let set = std::sync::Arc::new(Lookup).tool_set();
         assert_eq!(set.len(), 1);
         assert!(set.definition("lookup").is_some());
+    }
+}
+
+/// An inherent block whose bound is higher-ranked: its `for<'a>` does not make it a trait impl.
+mod bounded {
+    use super::Failed;
+
+    pub struct Shout<F> {
+        pub f: F,
+    }
+
+    #[idem_core::tool_set]
+    impl<F> Shout<F>
+    where
+        F: for<'a> Fn(&'a str) -> String + Send + Sync + 'static,
+    {
+        #[tool(retry = "safe")]
+        pub async fn shout(&self, text: String) -> Result<String, Failed> {
+            Ok((self.f)(&text))
+        }
     }
 }
