@@ -603,7 +603,7 @@ fn expand_method(model: &Model) -> TokenStream {
             #def
             __idem_checked.#wrap(
                 #krate::__private::MethodTool::new(
-                    ::std::sync::Arc::clone(self),
+                    <::std::sync::Arc<Self> as ::core::clone::Clone>::clone(self),
                     &__IDEM_DEF,
                     |recv, cx, args: #args_ty| {
                         let _ = cx;
