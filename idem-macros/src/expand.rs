@@ -245,7 +245,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
             .filter(|(_, p)| has(p))
             .fold(0, |bits, (i, _)| bits | (1 << i));
         let name = format_ident!("{name}");
-        (bits != 0).then(|| quote!(const #name: u16 = #bits;))
+        (bits != 0).then(|| quote!(const #name: ::core::primitive::u16 = #bits;))
     };
     let skip = bits("SKIP", &|p| p.skip);
     let if_none = bits("SKIP_IF_NONE", &|p| p.skip_if_none);

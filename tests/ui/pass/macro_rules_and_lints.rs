@@ -83,18 +83,23 @@ pub async fn hello(name: String) -> Result<String, Failed> {
     Ok(name)
 }
 
-/// A local type named `str` does not change what the expansion means by `str`.
+/// Local types named `str` and `u16` do not change what the expansion means by them.
 mod shadowing {
     #[allow(non_camel_case_types, dead_code)]
     pub struct str;
+
+    #[allow(non_camel_case_types, dead_code)]
+    pub struct u16;
 
     /// Described.
     #[idem_core::tool(retry = "safe")]
     pub async fn shadowed(
         /// A number.
         n: u32,
+        #[idem(skip)] trace: u32,
+        #[idem(skip_if_none)] memo: Option<u32>,
     ) -> Result<u32, super::Failed> {
-        Ok(n)
+        Ok(n + trace + memo.unwrap_or(0))
     }
 }
 
