@@ -33,6 +33,20 @@ fn is_lint_attr(attr: &Attribute) -> bool {
     ["allow", "warn", "deny", "forbid", "expect"].iter().any(|l| attr.path().is_ident(l))
 }
 
+/// A lint attribute of the user's for the typed call of a method, which repeats the user's
+/// names: `expect` becomes `allow`. The typed call need not raise the lint the body raises (a
+/// parameter the body leaves unused is used there), and an expectation unfulfilled on the copy
+/// would be reported although the body fulfils it.
+fn copied_lint(attr: &Attribute) -> Attribute {
+    let mut attr = attr.clone();
+    if let syn::Meta::List(list) = &mut attr.meta
+        && list.path.is_ident("expect")
+    {
+        list.path = Ident::new("allow", list.path.span()).into();
+    }
+    attr
+}
+
 /// For the body's fn: `#[tool]` requires an `async fn` (the tool's future is awaited), so a body
 /// that awaits nothing is not one clippy's `unused_async` may ask to make synchronous; and the
 /// expansion is what calls it, once (`single_call_fn`).
@@ -81,7 +95,7 @@ fn typed_params(model: &Model) -> Vec<TokenStream> {
         .filter_map(|pt| {
             let syn::Pat::Ident(pi) = &*pt.pat else { return None };
             let param = model.params.iter().find(|p| p.ident == pi.ident)?;
-            let lints = pt.attrs.iter().filter(|a| is_lint_attr(a));
+            let lints = pt.attrs.iter().filter(|a| is_lint_attr(a)).map(copied_lint);
             let (ident, ty) = (&param.ident, &param.ty);
             Some(quote!(#(#lints)* #ident: #ty))
         })
@@ -576,7 +590,8 @@ fn expand_method(model: &Model) -> TokenStream {
     };
     let reconcile = reconcile_call(model, &args_ty);
 
-    let (deprecated, lints) = (&attrs.deprecated, &attrs.lints);
+    let deprecated = &attrs.deprecated;
+    let lints = attrs.lints.iter().map(|a| copied_lint(a));
     let params = typed_params(model);
     quote! {
         #(#cfg)*

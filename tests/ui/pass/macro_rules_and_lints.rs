@@ -83,6 +83,27 @@ pub async fn hello(name: String) -> Result<String, Failed> {
     Ok(name)
 }
 
+/// `#[expect]` on a method tool and on its parameter: fulfilled by the body, and not reported
+/// unfulfilled on the typed call, which repeats the names and uses every parameter.
+pub struct Desk;
+
+impl Desk {
+    #[tool(retry = "safe")]
+    pub async fn file(
+        &self,
+        n: u32,
+        #[expect(unused_variables)] note: String,
+    ) -> Result<u32, Failed> {
+        Ok(n)
+    }
+
+    #[expect(unused_variables)]
+    #[tool(retry = "safe")]
+    pub async fn shelve(&self, n: u32, note: String) -> Result<u32, Failed> {
+        Ok(n)
+    }
+}
+
 /// Local types named `str` and `u16` do not change what the expansion means by them.
 mod shadowing {
     #[allow(non_camel_case_types, dead_code)]
@@ -109,6 +130,8 @@ fn main() {
     let ledger = Arc::new(Ledger);
     let _ = ledger.post(&run, 1);
     let _ = ledger.tool_set();
+    let desk = Arc::new(Desk);
+    let _ = (desk.file(&run, 1, "n".into()), desk.shelve(&run, 1, "n".into()));
     let _ = post_free(&run, 1);
     let _ = greet(&run, Cow::Borrowed("a"), None);
     let _ = lookup(&run, "u".into());
