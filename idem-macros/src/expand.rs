@@ -19,18 +19,23 @@ pub fn expand(model: &Model) -> TokenStream {
 /// The attributes of the user's fn, sorted: `cfg`s go on every generated item, docs and
 /// `deprecated` on the typed call (what callers call: a deprecation warns at their call, not at
 /// the definition), lint levels on the body and, for a method, the typed call too (both repeat
-/// the user's names), the rest (`tracing::instrument`, ...) on the body.
-struct Attrs<'a> {
-    cfg: Vec<&'a Attribute>,
-    doc: Vec<&'a Attribute>,
-    deprecated: Vec<&'a Attribute>,
-    lints: Vec<&'a Attribute>,
-    body: Vec<&'a Attribute>,
+/// the user's names), the rest (`tracing::instrument`, ...) on the body. A `cfg_attr` goes where
+/// the attributes it applies go (see `split_cfg_attr`).
+struct Attrs {
+    cfg: Vec<Attribute>,
+    doc: Vec<Attribute>,
+    deprecated: Vec<Attribute>,
+    lints: Vec<Attribute>,
+    body: Vec<Attribute>,
 }
 
 /// `allow`, `warn`, `deny`, `forbid`, `expect`.
 fn is_lint_attr(attr: &Attribute) -> bool {
-    ["allow", "warn", "deny", "forbid", "expect"].iter().any(|l| attr.path().is_ident(l))
+    is_lint_path(attr.path())
+}
+
+fn is_lint_path(path: &syn::Path) -> bool {
+    ["allow", "warn", "deny", "forbid", "expect"].iter().any(|l| path.is_ident(l))
 }
 
 /// A lint attribute of the user's for the typed call of a method, which repeats the user's
@@ -39,12 +44,32 @@ fn is_lint_attr(attr: &Attribute) -> bool {
 /// would be reported although the body fulfils it.
 fn copied_lint(attr: &Attribute) -> Attribute {
     let mut attr = attr.clone();
-    if let syn::Meta::List(list) = &mut attr.meta
-        && list.path.is_ident("expect")
-    {
-        list.path = Ident::new("allow", list.path.span()).into();
+    if let syn::Meta::List(list) = &mut attr.meta {
+        if list.path.is_ident("expect") {
+            list.path = Ident::new("allow", list.path.span()).into();
+        } else if list.path.is_ident("cfg_attr")
+            && let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args)
+            && let [meta] = &applied.into_iter().collect::<Vec<_>>()[..]
+        {
+            // One lint after `split_cfg_attr`: `#[cfg_attr(test, expect(..))]`.
+            let mut inner = attr.clone();
+            inner.meta = meta.clone();
+            let applies = copied_lint(&inner).meta;
+            if let syn::Meta::List(list) = &mut attr.meta {
+                list.tokens = quote!(#predicate, #applies);
+            }
+        }
     }
     attr
+}
+
+/// The arguments of `cfg_attr`: the predicate and the attributes it applies.
+fn cfg_attr_args(
+    input: syn::parse::ParseStream<'_>,
+) -> syn::Result<(syn::Meta, syn::punctuated::Punctuated<syn::Meta, syn::Token![,]>)> {
+    let predicate: syn::Meta = input.parse()?;
+    input.parse::<syn::Token![,]>()?;
+    Ok((predicate, syn::punctuated::Punctuated::parse_terminated(input)?))
 }
 
 /// For the body's fn: `#[tool]` requires an `async fn` (the tool's future is awaited), so a body
@@ -54,7 +79,7 @@ fn body_allows() -> Attribute {
     syn::parse_quote!(#[allow(clippy::unused_async, clippy::single_call_fn)])
 }
 
-fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
+fn sort_attrs(attrs: &[Attribute]) -> Attrs {
     let mut out = Attrs {
         cfg: Vec::new(),
         doc: Vec::new(),
@@ -62,19 +87,50 @@ fn sort_attrs(attrs: &[Attribute]) -> Attrs<'_> {
         lints: Vec::new(),
         body: Vec::new(),
     };
-    for attr in attrs {
-        let path = attr.path();
-        if path.is_ident("cfg") || path.is_ident("cfg_attr") {
+    for (attr, path) in attrs.iter().flat_map(split_cfg_attr) {
+        if path.is_ident("cfg") {
             out.cfg.push(attr);
         } else if path.is_ident("doc") {
             out.doc.push(attr);
         } else if path.is_ident("deprecated") {
             out.deprecated.push(attr);
         } else {
-            if is_lint_attr(attr) {
-                out.lints.push(attr);
+            if is_lint_path(&path) {
+                out.lints.push(attr.clone());
             }
             out.body.push(attr);
+        }
+    }
+    out
+}
+
+/// `#[cfg_attr(pred, a, b)]` as one attribute per attribute it applies (`#[cfg_attr(pred, a)]`,
+/// `#[cfg_attr(pred, b)]`), each with the path of that attribute (through nested `cfg_attr`s),
+/// so that it goes where the attribute would: `#[cfg_attr(feature = "otel",
+/// tracing::instrument(err))]` on the body only, not on the typed call, the tool value and, in a
+/// `#[tool_set]`, the statement adding the tool to the set. (Outside a `#[tool_set]`, rustc
+/// applies a `cfg_attr` written after `#[tool]` before the macro sees the fn.) Any other
+/// attribute, or one rustc will refuse, comes back as it is.
+pub(crate) fn split_cfg_attr(attr: &Attribute) -> Vec<(Attribute, syn::Path)> {
+    let as_is = || vec![(attr.clone(), attr.path().clone())];
+    let syn::Meta::List(list) = &attr.meta else { return as_is() };
+    if !list.path.is_ident("cfg_attr") {
+        return as_is();
+    }
+    let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args) else { return as_is() };
+    let mut out = Vec::new();
+    for meta in applied {
+        let mut inner = attr.clone();
+        inner.meta = meta;
+        for (one, path) in split_cfg_attr(&inner) {
+            let mut wrapped = attr.clone();
+            let applies = one.meta;
+            wrapped.meta = syn::Meta::List(syn::MetaList {
+                path: list.path.clone(),
+                delimiter: list.delimiter.clone(),
+                tokens: quote!(#predicate, #applies),
+            });
+            out.push((wrapped, path));
         }
     }
     out
@@ -442,7 +498,7 @@ fn expand_free(model: &Model) -> TokenStream {
 
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
-    inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    inner.attrs = body_attrs.clone();
     inner.attrs.push(body_allows());
     let cx_arg = match &model.ctx {
         Some(_) => quote!(cx,),
@@ -563,7 +619,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
     inner.sig.ident = hidden.clone();
-    inner.attrs = body_attrs.iter().map(|a| (*a).clone()).collect();
+    inner.attrs = body_attrs.clone();
     inner.attrs.push(body_allows());
     let cx_arg = match &model.ctx {
         Some(_) => quote!(cx,),
@@ -591,7 +647,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let reconcile = reconcile_call(model, &args_ty);
 
     let deprecated = &attrs.deprecated;
-    let lints = attrs.lints.iter().map(|a| copied_lint(a));
+    let lints = attrs.lints.iter().map(copied_lint);
     let params = typed_params(model);
     quote! {
         #(#cfg)*

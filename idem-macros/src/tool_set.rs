@@ -177,11 +177,15 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             syn::Meta::List(list) => list.tokens.clone(),
             _ => TokenStream::new(),
         };
+        // The attributes that decide whether the tool exists: `cfg`, and a `cfg_attr` applying
+        // one (a `cfg_attr` applying anything else, such as `tracing::instrument`, has no place
+        // on the statement that adds the tool to the set).
         let cfg: Vec<Attribute> = item
             .attrs
             .iter()
-            .filter(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
-            .cloned()
+            .flat_map(crate::expand::split_cfg_attr)
+            .filter(|(_, path)| path.is_ident("cfg"))
+            .map(|(attr, _)| attr)
             .collect();
         let ident = item.sig.ident.clone();
         if vis.as_ref().is_none_or(|v| reach(&item.vis) > reach(v)) {

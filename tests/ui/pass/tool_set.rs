@@ -48,6 +48,7 @@ fn main() {
     let _ = Payments.currency();
     versions::check();
     let _ = Arc::new(bounded::Shout { f: |s: &str| s.to_uppercase() }).tool_set();
+    assert_eq!(Arc::new(conditional::Traced).tool_set().len(), 2);
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -120,6 +121,36 @@ mod bounded {
         #[tool(retry = "safe")]
         pub async fn shout(&self, text: String) -> Result<String, Failed> {
             Ok((self.f)(&text))
+        }
+    }
+}
+
+/// A method's `cfg_attr` goes where the attribute it applies goes: an `instrument` on the body
+/// only (not on the typed call, the tool value or the statement adding it to the set), and a
+/// `cfg` it applies on all of them.
+mod conditional {
+    use super::Failed;
+
+    pub struct Traced;
+
+    #[idem_core::tool_set]
+    impl Traced {
+        #[tool(retry = "safe")]
+        #[cfg_attr(all(), tracing::instrument(skip(self), err))]
+        pub async fn traced(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
+        }
+
+        #[tool(retry = "safe")]
+        #[cfg_attr(all(), cfg_attr(all(), expect(unused_variables)), doc = "Described.")]
+        pub async fn noted(&self, n: u32, note: String) -> Result<u32, Failed> {
+            Ok(n)
+        }
+
+        #[tool(retry = "safe")]
+        #[cfg_attr(all(), cfg(any()))]
+        pub async fn gone(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
         }
     }
 }
