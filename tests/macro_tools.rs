@@ -1105,3 +1105,54 @@ fn a_map_of_any_json_has_no_boolean_schema_for_its_values() {
         "{schema:?}"
     );
 }
+
+/// A client whose tool methods are instrumented with `tracing`.
+struct Traced;
+
+impl Traced {
+    #[tool(retry = "safe")]
+    #[tracing::instrument(skip(self))]
+    async fn lookup_order(&self, order: String) -> Result<String, PayError> {
+        Ok(order)
+    }
+
+    #[tool(retry = "safe")]
+    #[tracing::instrument(name = "orders.cancel", skip_all)]
+    async fn cancel_order(&self, order: String) -> Result<String, PayError> {
+        Ok(order)
+    }
+}
+
+/// `#[tracing::instrument]` names its span after the fn it is on; a method tool's body is a
+/// hidden method of another name, so the span is named as the user's method unless the
+/// attribute names it.
+#[tokio::test]
+async fn an_instrumented_method_tool_has_its_span_named_as_the_method() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[derive(Clone, Default)]
+    struct Names(Arc<Mutex<Vec<String>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Names {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.lock().unwrap().push(attrs.metadata().name().to_owned());
+        }
+    }
+
+    let names = Names::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(names.clone()));
+    tracing::callsite::rebuild_interest_cache();
+    let run = Idem::in_memory().run("r");
+    let traced = Arc::new(Traced);
+    traced.lookup_order(&run, "o_1".into()).await.unwrap();
+    traced.cancel_order(&run, "o_1".into()).await.unwrap();
+    let names = names.0.lock().unwrap().clone();
+    assert!(names.iter().any(|n| n == "lookup_order"), "{names:?}");
+    assert!(names.iter().any(|n| n == "orders.cancel"), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("__idem")), "{names:?}");
+}

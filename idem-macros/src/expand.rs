@@ -63,6 +63,49 @@ fn copied_lint(attr: &Attribute) -> Attribute {
     attr
 }
 
+/// A `#[tracing::instrument]` on a method tool's body, which is the hidden
+/// `__idem_tool_<name>`: given `name = "<the method's name>"` unless it names its span, so the
+/// span is named as the user's method (instrument names it after the fn it is on). Through a
+/// `cfg_attr` too; any other attribute comes back as it is.
+fn instrument_named(attr: &Attribute, fn_name: &str) -> Attribute {
+    let mut attr = attr.clone();
+    let is_instrument =
+        |path: &syn::Path| path.segments.last().is_some_and(|s| s.ident == "instrument");
+    match &mut attr.meta {
+        syn::Meta::Path(path) if is_instrument(path) => {
+            let path = path.clone();
+            attr.meta = syn::parse_quote!(#path(name = #fn_name));
+        }
+        syn::Meta::List(list) if is_instrument(&list.path) => {
+            let named = list.tokens.clone().into_iter().collect::<Vec<_>>().windows(2).any(|w| {
+                matches!(
+                    (&w[0], &w[1]),
+                    (proc_macro2::TokenTree::Ident(i), proc_macro2::TokenTree::Punct(p))
+                        if i == "name" && p.as_char() == '='
+                )
+            });
+            if !named {
+                let tokens = &list.tokens;
+                list.tokens = quote!(name = #fn_name, #tokens);
+            }
+        }
+        syn::Meta::List(list) if list.path.is_ident("cfg_attr") => {
+            if let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args)
+                && let [meta] = &applied.into_iter().collect::<Vec<_>>()[..]
+            {
+                let mut inner = attr.clone();
+                inner.meta = meta.clone();
+                let applies = instrument_named(&inner, fn_name).meta;
+                if let syn::Meta::List(list) = &mut attr.meta {
+                    list.tokens = quote!(#predicate, #applies);
+                }
+            }
+        }
+        _ => {}
+    }
+    attr
+}
+
 /// The arguments of `cfg_attr`: the predicate and the attributes it applies.
 fn cfg_attr_args(
     input: syn::parse::ParseStream<'_>,
@@ -619,7 +662,8 @@ fn expand_method(model: &Model) -> TokenStream {
     let mut inner = item.clone();
     inner.vis = syn::Visibility::Inherited;
     inner.sig.ident = hidden.clone();
-    inner.attrs = body_attrs.clone();
+    let fn_name = ident.unraw().to_string();
+    inner.attrs = body_attrs.iter().map(|a| instrument_named(a, &fn_name)).collect();
     inner.attrs.push(body_allows());
     let cx_arg = match &model.ctx {
         Some(_) => quote!(cx,),
