@@ -50,11 +50,14 @@ fn parse_entries(input: ParseStream<'_>) -> syn::Result<(Vec<Attribute>, Vec<Ent
 }
 
 /// How far a visibility reaches, to give `tool_set` that of the most visible tool: `pub`, then
-/// any restricted `pub(..)`, then private. (Two restricted ones are not compared: the first is
-/// kept.)
+/// `pub(crate)`, then any other restricted `pub(..)`, then private (`pub(self)` is private too).
+/// (Two restricted to modules, `pub(super)` and `pub(in crate::a)`, are not compared: the first
+/// is kept.)
 fn reach(vis: &syn::Visibility) -> u8 {
     match vis {
-        syn::Visibility::Public(_) => 2,
+        syn::Visibility::Public(_) => 3,
+        syn::Visibility::Restricted(r) if r.path.is_ident("crate") => 2,
+        syn::Visibility::Restricted(r) if r.path.is_ident("self") => 0,
         syn::Visibility::Restricted(_) => 1,
         syn::Visibility::Inherited => 0,
     }

@@ -70,10 +70,47 @@ mod ordered {
             Ok(0)
         }
     }
+
+    /// `pub(super)` or `pub(self)` first reaches less than `pub(crate)` after it.
+    pub mod nested {
+        use super::Failed;
+
+        pub struct Refunds;
+
+        #[idem_core::tool_set]
+        impl Refunds {
+            #[tool(retry = "safe")]
+            pub(super) async fn parent_visible(&self) -> Result<u64, Failed> {
+                Ok(0)
+            }
+
+            #[tool(retry = "safe")]
+            pub(crate) async fn crate_visible(&self) -> Result<u64, Failed> {
+                Ok(0)
+            }
+        }
+
+        pub struct Notes;
+
+        #[idem_core::tool_set]
+        impl Notes {
+            #[tool(retry = "safe")]
+            pub(self) async fn private(&self) -> Result<u64, Failed> {
+                Ok(0)
+            }
+
+            #[tool(retry = "safe")]
+            pub(crate) async fn crate_visible(&self) -> Result<u64, Failed> {
+                Ok(0)
+            }
+        }
+    }
 }
 
 pub fn from_outside() -> idem_core::ToolSet {
-    Arc::new(ordered::Orders).tool_set()
+    Arc::new(ordered::Orders).tool_set();
+    Arc::new(ordered::nested::Refunds).tool_set();
+    Arc::new(ordered::nested::Notes).tool_set()
 }
 
 /// Two versions of one tool under exclusive `#[cfg]`s share its name: only one is compiled, so
