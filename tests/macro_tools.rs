@@ -175,6 +175,25 @@ async fn skip_in_the_attribute_works_like_the_parameter_marker() {
     assert_eq!(NOTES.load(Ordering::SeqCst), 1);
 }
 
+static LABELS: AtomicU32 = AtomicU32::new(0);
+
+/// A parameter named by a keyword (the JSON field `type`), skipped by its JSON name.
+#[tool(retry = "keyed", skip(type))]
+async fn label(text: String, r#type: String) -> Result<u32, PayError> {
+    let _ = (text, r#type);
+    Ok(LABELS.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn skip_names_a_raw_identifier_parameter_by_its_json_name() {
+    let run = Idem::in_memory().run("r1");
+    label(&run, "n".into(), "a".into()).await.unwrap();
+    label(&run, "n".into(), "b".into()).await.unwrap();
+    assert_eq!(LABELS.load(Ordering::SeqCst), 1);
+    let schema = schemars::schema_for!(LabelArgs);
+    assert!(schema.as_value()["properties"]["type"].is_object(), "{schema:?}");
+}
+
 /// Two deployments of one tool: the second added an optional `memo`, marked so that the calls
 /// without one keep their keys, and an unmarked `priority`, which changes every key.
 mod ticket_v1 {

@@ -432,14 +432,17 @@ pub fn validate(
 
     shape_errors += errors.len() - before_params;
     for skipped in &attr.skip {
-        if ctx.as_ref().is_some_and(|c| c == skipped) {
+        // `skip(type)` or `skip(r#type)` for a parameter `r#type`: the name without `r#` is the
+        // argument's JSON name, which is what is skipped.
+        let named = |ident: &Ident| ident.unraw() == skipped.unraw();
+        if ctx.as_ref().is_some_and(named) {
             errors.spanned(
                 skipped.span(),
                 format!(
                     "the context parameter `{skipped}` is never part of the key; remove it from `skip(..)`"
                 ),
             );
-        } else if let Some(p) = params.iter_mut().find(|p| p.ident == *skipped) {
+        } else if let Some(p) = params.iter_mut().find(|p| named(&p.ident)) {
             if p.skip {
                 errors.spanned(skipped.span(), format!("`{skipped}` is skipped twice; keep one"));
             } else if p.skip_if_none {
