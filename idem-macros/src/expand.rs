@@ -202,7 +202,7 @@ fn typed_params(model: &Model) -> Vec<TokenStream> {
 }
 
 pub(crate) fn camel(ident: &Ident) -> String {
-    ident
+    let camel: String = ident
         .unraw()
         .to_string()
         .split('_')
@@ -214,7 +214,10 @@ pub(crate) fn camel(ident: &Ident) -> String {
                 None => String::new(),
             }
         })
-        .collect()
+        .collect();
+    // `_2fa_verify` → `_2faVerify`: a name cannot start with a digit, and `format_ident!` would
+    // panic on `2faVerifyTool`.
+    if camel.starts_with(|c: char| !c.is_alphabetic()) { format!("_{camel}") } else { camel }
 }
 
 fn duration(d: Option<Duration>) -> Option<TokenStream> {

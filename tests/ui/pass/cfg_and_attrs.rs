@@ -24,7 +24,14 @@ async fn kept(r#type: String) -> Result<String, Failed> {
     return Ok(r#type);
 }
 
+// A name whose words start with a digit once the leading `_` is gone: its items keep the `_`.
+#[tool(retry = "safe", name = "verify_2fa")]
+async fn _2fa_verify(code: u32) -> Result<u32, Failed> {
+    Ok(code)
+}
+
 fn main() {
     let _ = KeptTool;
     let _ = KeptArgs::new(String::new());
+    let _ = (_2faVerifyTool, _2faVerifyArgs::new(1));
 }
