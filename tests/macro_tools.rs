@@ -760,6 +760,25 @@ fn parameter_doc_comments_describe_the_parameters_and_options_are_not_required()
     assert_eq!(schema["required"], serde_json::json!(["charge_id", "amount_cents"]));
 }
 
+/// An optional parameter whose type is an alias of `Option`.
+type Memo = Option<String>;
+
+/// Open a ticket.
+#[tool(retry = "keyed")]
+async fn open_case(title: String, memo: Memo) -> Result<String, PayError> {
+    Ok(format!("{title}{}", memo.unwrap_or_default()))
+}
+
+/// The schema says what the arguments read: a parameter the model may leave out (an `Option`,
+/// through an alias too) is not `required`, as schemars' derive decides from the type.
+#[test]
+fn an_option_through_an_alias_is_not_required_as_the_arguments_read_it_missing() {
+    let schema = serde_json::to_value(schemars::schema_for!(OpenCaseArgs)).unwrap();
+    assert_eq!(schema["required"], serde_json::json!(["title"]), "{schema}");
+    let args: OpenCaseArgs = serde_json::from_value(serde_json::json!({"title": "t"})).unwrap();
+    assert_eq!(args.0, ("t".to_owned(), None));
+}
+
 /**
  * Void a charge.
  *

@@ -365,7 +365,6 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
     };
     let skip = bits("SKIP", &|p| p.skip);
     let if_none = bits("SKIP_IF_NONE", &|p| p.skip_if_none);
-    let optional = bits("OPTIONAL", &|p| is_option(&p.ty));
     let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
         quote!(const DOCS: &'static [&'static ::core::primitive::str] = &[#(#texts),*];)
@@ -376,7 +375,6 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
             const NAMES: &'static [&'static ::core::primitive::str] = &[#(#names),*];
             #skip
             #if_none
-            #optional
             #docs
         }
     }
@@ -416,7 +414,8 @@ fn is_std_data(ty: &Type) -> bool {
     }
 }
 
-/// `Option<T>` as written (also `std::option::Option<T>`): not `required` in the schema.
+/// `Option<T>` as written (also `std::option::Option<T>`), for `#[idem(skip_if_none)]`. (Whether
+/// a parameter is `required` in the schema is asked of its type, in idem-core.)
 pub(crate) fn is_option(ty: &Type) -> bool {
     match ty {
         Type::Path(tp) if tp.qself.is_none() => {

@@ -39,9 +39,6 @@ pub trait Fields: 'static {
     /// when it is `None`, so that an optional parameter added to a tool keeps the keys of the
     /// calls that do not use it.
     const SKIP_IF_NONE: u16 = 0;
-    /// Bit `i` set: parameter `i` is written `Option<..>`, so it is not `required` in the schema
-    /// (schemars' derive makes the same choice; a missing field then reads as `None`).
-    const OPTIONAL: u16 = 0;
     /// The parameters' doc comments, in declaration order, for their JSON Schema `description`;
     /// empty for none (and shorter than `NAMES` when the last have none).
     const DOCS: &'static [&'static str] = &[];
@@ -52,7 +49,7 @@ pub trait Fields: 'static {
 /// as `#[derive(Serialize, Deserialize)]` with `deny_unknown_fields` would: fields in any order,
 /// a missing `Option` field is `None`, a missing, unknown or repeated field is an error naming
 /// it. Its JSON Schema is an object with one property per parameter, `required` for all but
-/// `Option`s, and `additionalProperties: false`: a field the model invents would otherwise be
+/// `Option`s (however written), and `additionalProperties: false`: a field the model invents would otherwise be
 /// dropped silently while the model believes it was applied.
 pub struct Args<T, F>(pub T, PhantomData<fn() -> F>);
 
@@ -97,7 +94,7 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
         out: &mut S,
     ) -> Result<(), S::Error>;
     /// Adds one JSON Schema property per element to `schema`, named and described by `F`, and
-    /// to `required` unless `F` marks it optional.
+    /// to `required` unless a missing value of it is read (an `Option`).
     fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema);
 }
 
@@ -127,13 +124,22 @@ fn missing<T: DeserializeOwned, E: de::Error>(name: &'static str) -> Result<T, E
     T::deserialize(MissingField(name, PhantomData))
 }
 
-fn add_property<T: JsonSchema, F: Fields>(
+/// Whether a missing field of type `T` is read (as `None`): an `Option` however it is written
+/// (`Option<String>`, a path to it, an alias such as `type Memo = Option<String>`), or a type
+/// whose `Deserialize` reads an absent value as one does. Such a field is not `required` in the
+/// schema, so that the schema says what the arguments' `Deserialize` accepts (schemars' derive
+/// also asks the type, not how it is written).
+fn absence_reads<T: DeserializeOwned>() -> bool {
+    missing::<T, de::value::Error>("").is_ok()
+}
+
+fn add_property<T: JsonSchema + DeserializeOwned, F: Fields>(
     index: usize,
     generator: &mut SchemaGenerator,
     schema: &mut Schema,
 ) {
     let name = field_name(F::NAMES, index);
-    let optional = generator.contract().is_deserialize() && F::OPTIONAL & (1 << index) != 0;
+    let optional = generator.contract().is_deserialize() && absence_reads::<T>();
     let mut property = generator.subschema_for::<T>();
     if let Some(doc) = F::DOCS.get(index).filter(|d| !d.is_empty()) {
         property.insert("description".into(), (*doc).into());
