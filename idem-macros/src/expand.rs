@@ -545,8 +545,10 @@ fn expand_free(model: &Model) -> TokenStream {
     inner.vis = syn::Visibility::Inherited;
     inner.attrs = body_attrs.clone();
     inner.attrs.push(body_allows());
+    // The body's fn is an item of the closure's block, where it shadows the closure's
+    // parameters: named `__idem_..`, they cannot be a tool's name (`async fn args(..)`).
     let cx_arg = match &model.ctx {
-        Some(_) => quote!(cx,),
+        Some(_) => quote!(__idem_cx,),
         None => quote!(),
     };
     let flat = model.params.first().filter(|p| p.flatten);
@@ -558,7 +560,7 @@ fn expand_free(model: &Model) -> TokenStream {
             (
                 quote!(#tool_ty.call(#run, #krate::__private::Flat(#pi))),
                 quote!(tool_flat),
-                quote!(args.0),
+                quote!(__idem_args.0),
                 quote!(#krate::__private::Flat<#pty>),
                 quote!(),
             )
@@ -566,7 +568,7 @@ fn expand_free(model: &Model) -> TokenStream {
         None => (
             quote!(#tool_ty.call(#run, #args_ty::new(#(#idents),*))),
             quote!(tool),
-            quote!(#(args.0.#indices),*),
+            quote!(#(__idem_args.0.#indices),*),
             quote!(#args_ty),
             quote! {
                 #(#cfg)*
@@ -622,8 +624,8 @@ fn expand_free(model: &Model) -> TokenStream {
             #checks
             __idem_checked.#ctor(
                 #def,
-                |cx, args: #tool_args| {
-                    let _ = cx;
+                |__idem_cx, __idem_args: #tool_args| {
+                    let _ = __idem_cx;
                     #inner
                     #send_check
                 },

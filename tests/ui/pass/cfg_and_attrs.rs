@@ -30,7 +30,21 @@ async fn _2fa_verify(code: u32) -> Result<u32, Failed> {
     Ok(code)
 }
 
+// Tools named like the expansion's closure parameters: the body's fn, declared in the closure's
+// block, would shadow them.
+#[tool(retry = "safe")]
+async fn args(list: Vec<String>) -> Result<usize, Failed> {
+    Ok(list.len())
+}
+
+#[tool(retry = "keyed")]
+async fn cx(cx: &idem_core::Ctx, n: u32) -> Result<u32, Failed> {
+    let _ = cx.key();
+    Ok(n)
+}
+
 fn main() {
+    let _ = (ArgsTool, CxTool);
     let _ = KeptTool;
     let _ = KeptArgs::new(String::new());
     let _ = (_2faVerifyTool, _2faVerifyArgs::new(1));
