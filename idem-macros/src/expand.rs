@@ -594,11 +594,13 @@ fn expand_free(model: &Model) -> TokenStream {
     let reconcile = reconcile_call(model, &tool_args);
 
     let deprecated = &attrs.deprecated;
+    // After the user's doc comment only: an undocumented tool stays undocumented, so that
+    // `missing_docs` reports it (its doc comment is also the description the model reads).
+    let call_doc = (!doc.is_empty()).then(|| quote!(#[doc = ""] #[doc = #call_doc]));
     quote! {
         #(#cfg)*
         #(#doc)*
-        #[doc = ""]
-        #[doc = #call_doc]
+        #call_doc
         #(#deprecated)*
         // The body's fn has the same name and parameters, with the user's lint levels: the
         // style lints speak there, once. A parameter named `_note` is passed on here, which
@@ -696,6 +698,15 @@ fn expand_method(model: &Model) -> TokenStream {
 
     let deprecated = &attrs.deprecated;
     let lints = attrs.lints.iter().map(copied_lint);
+    // After the user's doc comment only, as for a free fn.
+    let call_doc = (!doc.is_empty()).then(|| {
+        quote! {
+            #[doc = ""]
+            #[doc = #call_doc]
+            #[doc = ""]
+            #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
+        }
+    });
     let params = typed_params(model);
     quote! {
         #(#cfg)*
@@ -735,10 +746,7 @@ fn expand_method(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #(#doc)*
-        #[doc = ""]
-        #[doc = #call_doc]
-        #[doc = ""]
-        #[doc = " The receiver is an `Arc<Self>`: the tool holds it for retries and for duplicates that join."]
+        #call_doc
         #(#deprecated)*
         #(#lints)*
         // A parameter named `_note` is passed on here, which is not the user's use of it.
