@@ -107,7 +107,7 @@ fn instrument_named(attr: &Attribute, fn_name: &str) -> Attribute {
 }
 
 /// The arguments of `cfg_attr`: the predicate and the attributes it applies.
-fn cfg_attr_args(
+pub(crate) fn cfg_attr_args(
     input: syn::parse::ParseStream<'_>,
 ) -> syn::Result<(syn::Meta, syn::punctuated::Punctuated<syn::Meta, syn::Token![,]>)> {
     let predicate: syn::Meta = input.parse()?;

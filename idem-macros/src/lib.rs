@@ -170,7 +170,8 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// `Send + Sync + 'static`. Options: `crate = ".."` (see
 /// `#[tool]`), applied to every tool of the block that does not give its own. The block's
 /// `#[tool]` attributes are read here, so they need no import (an imported `tool` used only
-/// inside the block is reported unused).
+/// inside the block is reported unused); one applied by `#[cfg_attr(cond, tool(..))]` makes
+/// the method a tool of the set where `cond` holds, and a plain method elsewhere.
 #[proc_macro_attribute]
 pub fn tool_set(attr: TokenStream, item: TokenStream) -> TokenStream {
     tool_set::expand(attr.into(), item.into()).into()

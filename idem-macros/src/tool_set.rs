@@ -80,6 +80,46 @@ fn is_tool_attr(attr: &Attribute) -> bool {
     attr.path().segments.last().is_some_and(|s| s.ident == "tool")
 }
 
+/// A `#[tool(..)]` applied by a `cfg_attr` (nested ones too): the predicates it is under, the
+/// `tool` attribute, and the `cfg_attr` without it (`None` when it applied nothing else).
+fn conditional_tool(attr: &Attribute) -> Option<(Vec<syn::Meta>, Attribute, Option<Attribute>)> {
+    let syn::Meta::List(list) = &attr.meta else { return None };
+    if !list.path.is_ident("cfg_attr") {
+        return None;
+    }
+    let (predicate, applied) = list.parse_args_with(crate::expand::cfg_attr_args).ok()?;
+    let mut found = None;
+    let mut rest = Vec::new();
+    for meta in applied {
+        if found.is_none() {
+            let mut inner = attr.clone();
+            inner.meta = meta.clone();
+            if is_tool_attr(&inner) {
+                found = Some((vec![predicate.clone()], inner));
+                continue;
+            }
+            if let Some((mut conditions, tool, inner_rest)) = conditional_tool(&inner) {
+                conditions.insert(0, predicate.clone());
+                found = Some((conditions, tool));
+                rest.extend(inner_rest.map(|r| r.meta));
+                continue;
+            }
+        }
+        rest.push(meta);
+    }
+    let (conditions, tool) = found?;
+    let rest = (!rest.is_empty()).then(|| {
+        let mut without = attr.clone();
+        without.meta = syn::Meta::List(syn::MetaList {
+            path: list.path.clone(),
+            delimiter: list.delimiter.clone(),
+            tokens: quote!(#predicate, #(#rest),*),
+        });
+        without
+    });
+    Some((conditions, tool, rest))
+}
+
 /// An attribute with a path not ending in `tool` whose arguments start with `retry = ..`, as only
 /// `#[tool]`'s do.
 fn looks_like_tool(attr: &Attribute) -> bool {
@@ -152,7 +192,32 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
             Entry::Fn(item) => *item,
         };
-        let Some(index) = item.attrs.iter().position(is_tool_attr) else {
+        let conditional =
+            || item.attrs.iter().enumerate().find_map(|(i, a)| conditional_tool(a).map(|c| (i, c)));
+        let index = match item.attrs.iter().position(is_tool_attr) {
+            Some(index) => Some(index),
+            // `#[cfg_attr(feature = "x", tool(..))]`: rustc would apply the `tool` after this
+            // block is read, as a tool outside the set. Expanded here: the tool under the
+            // conditions (in the set under them too), the method as written without it under
+            // their negation.
+            None => conditional().map(|(i, (conditions, tool, rest))| {
+                let mut plain = item.clone();
+                match &rest {
+                    Some(rest) => plain.attrs[i] = rest.clone(),
+                    None => drop(plain.attrs.remove(i)),
+                }
+                plain.attrs.insert(0, syn::parse_quote!(#[cfg(not(all(#(#conditions),*)))]));
+                items.push(quote!(#plain));
+                match rest {
+                    Some(rest) => item.attrs[i] = rest,
+                    None => drop(item.attrs.remove(i)),
+                }
+                item.attrs.insert(0, syn::parse_quote!(#[cfg(all(#(#conditions),*))]));
+                item.attrs.push(tool);
+                item.attrs.len() - 1
+            }),
+        };
+        let Some(index) = index else {
             // The block finds its tools by the attribute's name, so `#[tool]` imported under
             // another one (`use idem_core::tool as idem_tool;`) would still expand, outside the
             // set: a tool silently missing from `tool_set()`.

@@ -49,6 +49,11 @@ fn main() {
     versions::check();
     let _ = Arc::new(bounded::Shout { f: |s: &str| s.to_uppercase() }).tool_set();
     assert_eq!(Arc::new(conditional::Traced).tool_set().len(), 2);
+    let flagged = Arc::new(conditional::Flagged);
+    let set = flagged.tool_set();
+    assert_eq!(set.len(), 2);
+    assert!(set.definition("on").is_some() && set.definition("nested").is_some());
+    let _ = (flagged.on_tool(), flagged.off(1));
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -187,6 +192,28 @@ mod conditional {
         #[tool(retry = "safe")]
         #[cfg_attr(all(), cfg(any()))]
         pub async fn gone(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
+        }
+    }
+
+    /// A `#[tool]` applied by a `cfg_attr` is in the set under its condition (rustc would apply
+    /// it after the block is read, outside the set), and the method a plain one otherwise.
+    pub struct Flagged;
+
+    #[idem_core::tool_set]
+    impl Flagged {
+        #[cfg_attr(all(), tool(retry = "safe"))]
+        pub async fn on(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
+        }
+
+        #[cfg_attr(any(), tool(retry = "safe"))]
+        pub async fn off(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
+        }
+
+        #[cfg_attr(all(), cfg_attr(all(), tool(retry = "keyed", name = "nested")), doc = "Nested.")]
+        pub async fn nested_one(&self, n: u32) -> Result<u32, Failed> {
             Ok(n)
         }
     }
