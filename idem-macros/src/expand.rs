@@ -179,6 +179,22 @@ pub(crate) fn split_cfg_attr(attr: &Attribute) -> Vec<(Attribute, syn::Path)> {
     out
 }
 
+/// The typed call's own doc lines: the user's doc comment, or else the text of
+/// `description = ".."` (which documents the tool as the comment would); none for a tool with
+/// neither, so that `missing_docs` reports it.
+fn user_doc(doc: &[Attribute], model: &Model) -> Vec<Attribute> {
+    if !doc.is_empty() {
+        return doc.to_vec();
+    }
+    match syn::parse2::<syn::LitStr>(model.description.clone()) {
+        Ok(text) if !text.value().trim().is_empty() => {
+            let line = format!(" {}", text.value());
+            vec![syn::parse_quote!(#[doc = #line])]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// `name: Type` of each parameter for the typed call of a method, with the parameter's lint
 /// attributes (`#[allow(non_snake_case)] userId: String`).
 fn typed_params(model: &Model) -> Vec<TokenStream> {
@@ -499,7 +515,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let ident = &item.sig.ident;
     let attrs = sort_attrs(&item.attrs);
     let cfg = &attrs.cfg;
-    let doc = &attrs.doc;
+    let doc = &user_doc(&attrs.doc, model);
     let body_attrs = &attrs.body;
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
@@ -644,7 +660,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let ident = &item.sig.ident;
     let attrs = sort_attrs(&item.attrs);
     let cfg = &attrs.cfg;
-    let doc = &attrs.doc;
+    let doc = &user_doc(&attrs.doc, model);
     let body_attrs = &attrs.body;
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());

@@ -86,7 +86,7 @@ mod validate;
 ///
 /// # Descriptions
 /// The doc comment is the tool's description; `#[doc = include_str!("..")]` lines are part of
-/// it. A tool without one is left undocumented, so that `missing_docs` reports it. Rustdoc link markup is removed from the text the model reads (`[`Charge`]` → `` `Charge` ``,
+/// it. A tool with neither a doc comment nor `description = ".."` is left undocumented, so that `missing_docs` reports it. Rustdoc link markup is removed from the text the model reads (`[`Charge`]` → `` `Charge` ``,
 /// `[text](crate::path)` → `text`, `[ref]: crate::path` lines dropped; web links stay, and so
 /// do reference links to the web (`[text][ref]` or `[ref]` with `[ref]: https://..`) with their
 /// definitions; footnotes, fenced and indented code blocks are kept as written). A `///` comment on a parameter becomes that argument's JSON Schema

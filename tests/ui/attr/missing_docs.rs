@@ -1,6 +1,7 @@
 //! A tool's doc comment is the description the model reads: in a crate that denies
 //! `missing_docs`, an undocumented tool is reported like any undocumented fn (the expansion's
-//! own text about the typed call does not document it), and a documented one is not.
+//! own text about the typed call does not document it), and a documented one is not, nor one
+//! whose `description = ".."` gives the text.
 #![deny(missing_docs)]
 
 use idem_core::tool;
@@ -40,6 +41,18 @@ impl Desk {
     #[tool(retry = "safe")]
     pub async fn count(&self) -> Result<u64, Failed> {
         Ok(0)
+    }
+}
+
+#[tool(retry = "safe", description = "Look up an order.")]
+pub async fn order(id: u64) -> Result<u64, Failed> {
+    Ok(id)
+}
+
+impl Desk {
+    #[tool(retry = "safe", description = "Look up a desk.")]
+    pub async fn desk(&self, id: u64) -> Result<u64, Failed> {
+        Ok(id)
     }
 }
 
