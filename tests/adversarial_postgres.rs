@@ -92,6 +92,31 @@ async fn many_stores_create_a_fresh_schema_at_once() {
     }
 }
 
+/// A database or role whose default isolation is REPEATABLE READ or SERIALIZABLE: the stores
+/// that waited for the schema lock while the first created the schema must see it, not the
+/// snapshot taken before they waited (an `idem_records` without a version, a sequence that
+/// already exists, a serialization failure).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_stores_create_a_fresh_schema_at_once_under_snapshot_isolation() {
+    let Some(_) = store().await else { return };
+    for isolation in ["repeatable\\ read", "serializable"] {
+        for round in 0..3 {
+            let (schema, admin, mut config) = private_schema(&format!("freshiso{round}")).await;
+            config.options(format!(
+                "-c search_path={schema} -c default_transaction_isolation={isolation}"
+            ));
+            let got = connect_many(&config, 12).await;
+            let errors: Vec<String> =
+                got.iter().filter_map(|r| r.as_ref().err().map(|e| format!("{e:?}"))).collect();
+            let state = schema_state(&admin, &schema).await;
+            drop(got);
+            drop_schema(&admin, &schema).await;
+            assert!(errors.is_empty(), "{isolation}, round {round}: {errors:#?}");
+            assert_eq!(state, (2, idem_core::store::postgres::SCHEMA_REVISION, 3));
+        }
+    }
+}
+
 /// Version 1 simulated: create the current schema, then take back what came after version 1.
 async fn downgrade(admin: &tokio_postgres::Client, schema: &str) {
     pg::to_version_1(admin, schema).await;

@@ -247,7 +247,16 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
             )));
         }
     }
-    let tx = client.transaction().await.map_err(pg)?;
+    // READ COMMITTED whatever the database's or role's default: each statement after the lock
+    // must see what the store that held it before committed, where REPEATABLE READ or
+    // SERIALIZABLE would keep the snapshot taken when the lock was asked for (a schema without
+    // its version, a sequence that already exists, a serialization failure).
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(pg)?;
     let found = async {
         tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&SCHEMA_LOCK, Type::INT8)]).await?;
         tx.batch_execute(
