@@ -809,6 +809,68 @@ async fn a_refused_role_or_database_is_a_configuration_error() {
     admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
 }
 
+/// Managed databases split roles: one creates and migrates idem's tables, the application's
+/// role only uses them. That role is told what to grant when the tables are missing, what to do
+/// when they are of an older revision, and that a `search_path` names no schema, rather than
+/// "permission denied for schema"; given the grants the message names, it works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_create_the_schema_is_told_what_to_do() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("split_roles").await;
+    let role = format!("idem_test_app_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA {schema} TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut as_app = config.clone();
+    as_app.user(&role);
+    let refused = async |config: &Config| match PostgresStore::connect_with(config.clone(), 1).await
+    {
+        Err(StoreError::InvalidConfig(m)) => m,
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    };
+
+    let m = refused(&as_app).await;
+    let grants = [
+        format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idem_records TO {role}"),
+        format!("GRANT SELECT ON {schema}.idem_meta TO {role}"),
+        format!("GRANT USAGE ON SEQUENCE {schema}.idem_fence TO {role}"),
+        format!("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}"),
+    ];
+    for grant in &grants {
+        assert!(m.contains(grant.as_str()), "{grant:?} in {m}");
+    }
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("the owner creates"));
+    // Hardened databases revoke execution of new functions from PUBLIC.
+    admin
+        .batch_execute(&format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC"))
+        .await
+        .unwrap();
+    admin.batch_execute(&grants.join("; ")).await.unwrap();
+    let app = PostgresStore::connect_with(as_app.clone(), 1).await.expect("the granted role");
+    let (key, fp) = fresh_key("split_roles", "{}");
+    let fence = acquire(&app, &key, &fp).await;
+    app.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.expect("completes");
+    drop(app);
+
+    pg::to_revision_0(&admin, &schema).await;
+    let m = refused(&as_app).await;
+    assert!(m.contains("revision 0") && m.contains("the role that owns the tables"), "{m}");
+
+    let mut nowhere = as_app.clone();
+    nowhere.options(format!("-c search_path={schema}_missing"));
+    let m = refused(&nowhere).await;
+    assert!(m.contains("no schema of search_path"), "{m}");
+
+    drop_schema(&admin, &schema).await;
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // A call cancelled while its claim waits
 // ---------------------------------------------------------------------------------------------

@@ -203,6 +203,63 @@ fn incompatible_version(v: i64) -> StoreError {
     ))
 }
 
+/// Why creating or migrating the schema failed. When the role may not (42501) or `search_path`
+/// names no schema to create in (3F000), says what the database holds and what to do: managed
+/// databases often let one role create and migrate the tables and the application's role only
+/// use them, and the server's own refusal ("permission denied for schema") says neither.
+/// `before`: the version and revision found, `None` when there were no tables.
+async fn setup_refused(
+    client: &Client,
+    e: tokio_postgres::Error,
+    before: Option<(i64, i64)>,
+) -> StoreError {
+    let code = e.code();
+    if code != Some(&SqlState::INSUFFICIENT_PRIVILEGE)
+        && code != Some(&SqlState::INVALID_SCHEMA_NAME)
+    {
+        return pg(e);
+    }
+    let names = "SELECT current_database(), current_setting('search_path'), \
+                 quote_ident(current_schema()), quote_ident(current_user)";
+    let Ok(row) = client.query_typed_one(names, &[]).await else { return pg(e) };
+    let (Ok(db), Ok(path), Ok(schema), Ok(user)) = (
+        row.try_get::<_, String>(0),
+        row.try_get::<_, String>(1),
+        row.try_get::<_, Option<String>>(2),
+        row.try_get::<_, String>(3),
+    ) else {
+        return pg(e);
+    };
+    let refused = super::error::PgError(e);
+    let Some(schema) = schema else {
+        return StoreError::InvalidConfig(format!(
+            "no schema of search_path {path:?} exists in PostgreSQL database {db:?} (or role \
+             {user} may not use it), so idem's tables cannot be created there: set search_path \
+             to the schema that holds them, or create that schema ({refused})"
+        ));
+    };
+    StoreError::InvalidConfig(match before {
+        None => format!(
+            "idem's tables are not in schema {schema} of PostgreSQL database {db:?} (search_path \
+             {path:?}), and role {user} may not create them ({refused}). Create them once with a \
+             role that may (open the store as that role, which then owns them), and grant this \
+             one what it uses: GRANT USAGE ON SCHEMA {schema} TO {user}; GRANT SELECT, INSERT, \
+             UPDATE, DELETE ON {schema}.idem_records TO {user}; GRANT SELECT ON \
+             {schema}.idem_meta TO {user}; GRANT USAGE ON SEQUENCE {schema}.idem_fence TO \
+             {user}; GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {user} (functions \
+             run for anyone unless execution was revoked from PUBLIC). Or GRANT CREATE ON SCHEMA \
+             {schema} TO {user}"
+        ),
+        Some((version, revision)) => format!(
+            "idem's tables in schema {schema} of PostgreSQL database {db:?} are of schema \
+             version {version}, revision {revision}; this idem brings them to version \
+             {SCHEMA_VERSION}, revision {SCHEMA_REVISION} when it opens them, which role {user} \
+             may not do ({refused}). Open the store once as the role that owns the tables (it \
+             migrates them, and this role's grants stay)"
+        ),
+    })
+}
+
 /// The schema version and revision recorded in `idem_meta` (version `None` when not recorded).
 async fn version_of(
     client: &impl tokio_postgres::GenericClient,
@@ -222,13 +279,14 @@ pub(crate) enum Schema {
 
 pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result<(), StoreError> {
     // The common case, one round trip: the schema exists at our version and revision.
-    match version_of(client).await {
+    let before = match version_of(client).await {
         Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => return Ok(()),
-        Ok((Some(1 | SCHEMA_VERSION) | None, _)) => {}
+        Ok((Some(v @ (1 | SCHEMA_VERSION)), r)) => Some((v, r)),
+        Ok((None, _)) => None,
         Ok((Some(v), _)) => return Err(incompatible_version(v)),
-        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => {}
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => None,
         Err(e) => return Err(pg(e)),
-    }
+    };
     if schema == Schema::Existing {
         let row = client
             .query_typed_one(
@@ -301,8 +359,15 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
         .await?;
         Ok::<_, tokio_postgres::Error>(None)
     }
-    .await
-    .map_err(pg)?;
+    .await;
+    let found = match found {
+        Ok(found) => found,
+        Err(e) => {
+            // Rolled back before the next statement on this connection.
+            drop(tx);
+            return Err(setup_refused(client, e, before).await);
+        }
+    };
     match found {
         None => tx.commit().await.map_err(pg),
         Some(0) => Err(StoreError::Incompatible(
