@@ -182,3 +182,78 @@ fn a_builders_debug_never_prints_the_password() {
         assert!(shown.contains("db.internal"), "still says where: {shown}");
     }
 }
+
+/// A script cache emptied while the store runs (`SCRIPT FLUSH` by an operator or another
+/// application, a restart or failover onto a server that never saw the scripts): every step
+/// still runs, even when the cache is emptied again between the store's reload and its retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_run_while_the_script_cache_is_flushed() {
+    let Some(redis) = server("redis-flush", &[]) else { return };
+    let store = std::sync::Arc::new(
+        RedisStore::builder(redis.url(""))
+            .native_claims(false)
+            .replay_reads(false)
+            .open()
+            .await
+            .expect("opens"),
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (url, stop) = (redis.url(""), std::sync::Arc::clone(&stop));
+        tokio::spawn(async move {
+            let admin = redis::Client::open(url).unwrap();
+            let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: () =
+                    redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
+            }
+        })
+    };
+    let callers: Vec<_> = (0..8)
+        .map(|caller| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut failed = Vec::new();
+                for i in 0..150 {
+                    let (key, fp) = fresh_key("script_flush", &format!("{caller}-{i}"));
+                    let step = match store.claim(claim_req(&key, &fp)).await {
+                        Ok(Claim::Acquired { fence, .. }) => {
+                            let done = idem_core::store::Outcome::Success("1".into());
+                            store.complete(&key, fence, &done, LONG).await
+                        }
+                        Ok(other) => panic!("a fresh key: {other:?}"),
+                        Err(e) => Err(e),
+                    };
+                    failed.extend(step.err().map(|e| e.to_string()));
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for caller in callers {
+        failed.extend(caller.await.unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of 2400 steps failed: {:?}",
+        failed.len(),
+        &failed[..3.min(failed.len())]
+    );
+}
+
+/// A user whose ACL allows `SCRIPT LOAD` and `EVALSHA` but not `EVAL` still runs its steps after
+/// the script cache was emptied.
+#[tokio::test(flavor = "current_thread")]
+async fn a_user_without_eval_runs_its_steps_after_a_script_flush() {
+    let Some(redis) = server("redis-noeval", &[]) else { return };
+    let url = user(&redis, "noeval", "-eval").await;
+    let store = RedisStore::builder(url).native_claims(false).open().await.expect("opens");
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
+    let (key, fp) = fresh_key("noeval", "{}");
+    assert!(matches!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. })));
+}

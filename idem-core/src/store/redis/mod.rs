@@ -7,8 +7,8 @@
 //! claim script before anyone sees it). Every other step (complete, release, renew, forget, the
 //! re-check of a wait, and the claims the native command cannot answer: a record in flight, a
 //! takeover, a version 1 record) is one Lua script, so Redis runs it atomically; nothing is read
-//! and then written from the client. Scripts are sent with EVALSHA and loaded on the first
-//! `NOSCRIPT` answer. Redis runs one script at a time and each command a script makes costs it
+//! and then written from the client. Scripts are sent with EVALSHA, and with EVAL (which
+//! caches them) on a `NOSCRIPT` answer. Redis runs one script at a time and each command a script makes costs it
 //! microseconds, so the scripts make few: a claim `GET`, `TIME`, `GET`, `SET`; a complete `GET`,
 //! `TIME`, `SET`, `SET`, its common case (the owner's record in flight) answered before the
 //! script's shared helpers are even set up. Claims are scripts only on a Redis Cluster (each

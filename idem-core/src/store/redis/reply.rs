@@ -205,8 +205,8 @@ pub(super) fn error_text(e: &redis::ServerError) -> String {
 pub(super) fn refused(why: impl std::fmt::Display) -> StoreError {
     StoreError::InvalidConfig(format!(
         "Redis refused the store's user or database (check the URL's user, password and \
-         database, and the user's ACL: the store runs GET, SET, DEL, EVALSHA, SCRIPT LOAD, TIME, \
-         PUBLISH, SUBSCRIBE, SCAN, INFO and CLUSTER SLOTS, on its prefix's keys): {why}"
+         database, and the user's ACL: the store runs GET, SET, DEL, EVALSHA, EVAL (or SCRIPT LOAD), \
+         TIME, PUBLISH, SUBSCRIBE, SCAN, INFO and CLUSTER SLOTS, on its prefix's keys): {why}"
     ))
 }
 

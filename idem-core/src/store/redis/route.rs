@@ -1,8 +1,11 @@
 //! How the Redis store sends a script: to one server through a connection manager, or to a Redis
 //! Cluster through the redis crate's async cluster client (`redis::cluster_async`).
 //!
-//! Scripts go as `EVALSHA`; a `NOSCRIPT` answer loads the script (`SCRIPT LOAD`, on a cluster to
-//! every master) and sends it once more: the server ran nothing.
+//! Scripts go as `EVALSHA`; a `NOSCRIPT` answer (the server ran nothing) sends the script's text
+//! with `EVAL`, which runs it and caches it for the next `EVALSHA`. Not `SCRIPT LOAD` then
+//! `EVALSHA` again: a cache emptied between the two (`SCRIPT FLUSH`, a failover onto a server
+//! that never saw the script) would fail the step. (A user whose ACL refuses `EVAL` gets
+//! `SCRIPT LOAD` and `EVALSHA` again.)
 //!
 //! # Redirections
 //! The cluster client is built with no retries of its own: it would send a step again after an
@@ -68,7 +71,7 @@ pub struct Replicas {
     pub timeout: Duration,
 }
 
-/// A Lua script with its text (for `SCRIPT LOAD`) and SHA-1 (for `EVALSHA`).
+/// A Lua script with its text (for `EVAL`) and SHA-1 (for `EVALSHA`).
 pub(super) struct Script {
     script: redis::Script,
     code: String,
@@ -103,12 +106,15 @@ impl Invocation<'_> {
         self
     }
 
-    fn evalsha(&self) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.script.get_hash())
-            .arg(self.keys.len())
-            .arg(&*self.keys)
-            .arg(&*self.args);
+    /// By the script's SHA-1 (`EVALSHA`), or with its text (`EVAL`, when the server's cache
+    /// lacks it).
+    fn command(&self, by_hash: bool) -> Cmd {
+        let mut cmd = if by_hash {
+            redis::cmd("EVALSHA").arg(self.script.script.get_hash()).to_owned()
+        } else {
+            redis::cmd("EVAL").arg(&self.script.code).to_owned()
+        };
+        cmd.arg(self.keys.len()).arg(&*self.keys).arg(&*self.args);
         cmd
     }
 
@@ -324,20 +330,28 @@ impl Conn {
         inv: &Invocation<'_>,
         wait: Option<Replicas>,
     ) -> RedisResult<(Value, Option<i64>)> {
-        let mut pipe = redis::pipe();
-        pipe.add_command(inv.evalsha());
-        if let Some(w) = wait {
-            // At least 1 ms: `WAIT n 0` would wait for ever (a zero timeout is refused when the
-            // store opens; one under a millisecond would round to 0).
-            pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout).max(1));
-        }
+        let pipe = |by_hash: bool| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(inv.command(by_hash));
+            if let Some(w) = wait {
+                // At least 1 ms: `WAIT n 0` would wait for ever (a zero timeout is refused when
+                // the store opens; one under a millisecond would round to 0).
+                pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout).max(1));
+            }
+            pipe
+        };
         let count = if wait.is_some() { 2 } else { 1 };
         let key = inv.keys.first().map(Vec::as_slice).unwrap_or_default();
-        let mut replies = self.pipeline(&pipe, count, key).await?;
+        let mut replies = self.pipeline(&pipe(true), count, key).await?;
         if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
         {
-            self.command(&inv.load()).await?.extract_error()?;
-            replies = self.pipeline(&pipe, count, key).await?;
+            replies = self.pipeline(&pipe(false), count, key).await?;
+            // An ACL user allowed `SCRIPT LOAD` and `EVALSHA` but not `EVAL`.
+            if matches!(replies.first(), Some(Value::ServerError(e)) if super::reply::server_refused(e))
+            {
+                self.command(&inv.load()).await?.extract_error()?;
+                replies = self.pipeline(&pipe(true), count, key).await?;
+            }
         }
         let mut replies = replies.into_iter();
         let reply = replies.next().unwrap_or(Value::Nil).extract_error()?;
@@ -368,8 +382,7 @@ impl Conn {
         reply?.extract_error().map(drop)
     }
 
-    /// Runs one command without a key (`PING`, `SCRIPT LOAD`): on a cluster where the cluster
-    /// client routes it.
+    /// Runs one command without a key (`PING`): on a cluster where the cluster client routes it.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::One(c) => {
