@@ -502,3 +502,27 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
         "the owner's lease is live: {duplicate:?}"
     );
 }
+
+/// SQLite says only "unable to open database file" when it cannot create the file; the error
+/// says why, naming the directory: one that does not exist, or one in which this process may not
+/// create files (a configuration error: waiting does not change permissions).
+#[test]
+fn a_file_that_cannot_be_created_says_why() {
+    let missing = fresh_file("no-dir").with_extension("d").join("sub");
+    match SqliteStore::open(missing.join("store.db")) {
+        Err(StoreError::Unavailable(e)) => {
+            let m = e.to_string();
+            assert!(m.contains(&format!("{} does not exist", missing.display())), "{m}");
+        }
+        other => panic!("a missing directory: {:?}", other.map(drop)),
+    }
+    // sysfs: no process creates files there, root included.
+    if std::path::Path::new("/sys/kernel").is_dir() {
+        match SqliteStore::open("/sys/idem-test.db") {
+            Err(StoreError::InvalidConfig(m)) => {
+                assert!(m.contains("may not create files in /sys"), "{m}");
+            }
+            other => panic!("a directory refusing new files: {:?}", other.map(drop)),
+        }
+    }
+}

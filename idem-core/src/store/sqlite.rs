@@ -160,11 +160,58 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
         rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
             read_only(Some(&shown), &e)
         }
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.code == rusqlite::ErrorCode::CannotOpen && !shown.exists() =>
+        {
+            not_created(&shown, e)
+        }
         e if is_corrupt(&e) => corrupt(Some(&shown), &e),
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
             shown.display()
         )),
+    }
+}
+
+/// Why the file at `path` (absolute) could not be created, which SQLite says only as "unable to
+/// open database file": its directory is missing (the store creates the file, not directories),
+/// or this process may not create files there (a configuration error).
+fn not_created(path: &Path, e: rusqlite::Error) -> StoreError {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let cannot = format!("cannot open the SQLite database at {}", path.display());
+    match std::fs::metadata(dir) {
+        Err(why) if why.kind() == std::io::ErrorKind::NotFound => {
+            return StoreError::unavailable(format!(
+                "{cannot}: the directory {} does not exist (the store creates the file, not its \
+                 directories)",
+                dir.display()
+            ));
+        }
+        Ok(meta) if !meta.is_dir() => {
+            return StoreError::InvalidConfig(format!(
+                "{cannot}: {} is not a directory",
+                dir.display()
+            ));
+        }
+        _ => {}
+    }
+    // Ask the system why, as SQLite did. Should it succeed now, the empty file is a new database
+    // to SQLite, and is left: another process may have opened it meanwhile.
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Err(why)
+            if matches!(
+                why.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            StoreError::InvalidConfig(format!(
+                "{cannot}: this process may not create files in {} ({why}); create the database \
+                 there as a user who may (and let this one write it and its directory), or name \
+                 a file in a directory it may write",
+                dir.display()
+            ))
+        }
+        _ => StoreError::unavailable(format!("{cannot}: {e}")),
     }
 }
 
@@ -223,8 +270,9 @@ impl SqliteStore {
     /// Errors: [`StoreError::InvalidConfig`] for an empty path (SQLite would open a private
     /// temporary database that no other connection shares: a repeat in another process, or
     /// through another store value, would run again) and for a file that is not an SQLite
-    /// database (left as it is); [`StoreError::Unavailable`] naming the path when the file cannot
-    /// be opened or created (a missing directory, no permission).
+    /// database (left as it is) or one in a directory where this process may not create it;
+    /// [`StoreError::Unavailable`] naming the path when the file cannot be opened or created
+    /// otherwise (a missing directory, which the message names, I/O).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref();
         if path.as_os_str().is_empty() {
