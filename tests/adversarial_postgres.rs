@@ -188,6 +188,41 @@ async fn many_stores_migrate_version_1_at_once() {
     }
 }
 
+/// A migration's `ALTER TABLE` waits for every open transaction on `idem_records`, and every
+/// statement after it waits behind it: a session left idle in a transaction (an operator's
+/// `psql`) would stop every running store's claims for as long as the new store's opening
+/// waited. The opener gives way instead, and migrates once the session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_behind_an_open_transaction_does_not_stop_the_running_stores() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("lockqueue").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
+    pg::to_revision_0(&admin, &schema).await;
+    let idle = raw(&config).await;
+    idle.batch_execute("BEGIN; SELECT count(*) FROM idem_records").await.unwrap();
+    let opener = tokio::spawn(PostgresStore::connect_with(config.clone(), 1));
+    // Until the opener asks for its lock on the table.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks WHERE relation = '{schema}.idem_records'::regclass \
+         AND mode = 'AccessExclusiveLock' AND NOT granted"
+    );
+    while admin.query_one(&waiting, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A running store's read; bounded so that the test ends when it is stopped.
+    let reader = raw(&config).await;
+    reader.batch_execute("SET statement_timeout = '20s'").await.unwrap();
+    let read = reader.query_one("SELECT count(*) FROM idem_records", &[]).await.map(drop);
+    idle.batch_execute("COMMIT").await.unwrap();
+    let opened = opener.await.unwrap();
+    let state = schema_state(&admin, &schema).await;
+    drop(opened.as_ref().map(drop));
+    drop_schema(&admin, &schema).await;
+    read.expect("a read while the opener waits for the idle session");
+    opened.expect("opens once the session ended");
+    assert_eq!(state, (2, idem_core::store::postgres::SCHEMA_REVISION, 3));
+}
+
 /// Stores on a fresh schema and on a v1 schema at once, with a claim running on the v1 schema from
 /// a store that connected before the downgrade (its prepared statement calls a function that is
 /// dropped and re-created under it).

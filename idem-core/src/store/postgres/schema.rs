@@ -35,6 +35,13 @@ pub const SCHEMA_REVISION: i64 = 4;
 /// Serializes schema creation across processes (`pg_advisory_xact_lock`).
 const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
 
+/// How long a migration waits for a table lock before it gives way to the statements queued
+/// behind it, how long it pauses at most before trying again, and how many times it tries: about
+/// half a minute in all, while a claim waits at most `LOCK_WAIT` for each try.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+const LOCK_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+const LOCK_TRIES: u32 = 50;
+
 const SCHEMA: &str = "
 CREATE SEQUENCE idem_fence AS bigint;
 CREATE TABLE idem_records (
@@ -260,6 +267,26 @@ async fn setup_refused(
     })
 }
 
+/// The error of a migration that never got its table lock: which sessions keep it, and what to
+/// do. Unavailable: the store opens once they end their transactions.
+async fn lock_kept(client: &Client, e: tokio_postgres::Error) -> StoreError {
+    let holders = "SELECT coalesce(string_agg(DISTINCT pid::text, ', '), '?') FROM pg_locks \
+                   WHERE relation = to_regclass('idem_records') AND granted \
+                   AND pid <> pg_backend_pid()";
+    let pids = match client.query_typed_one(holders, &[]).await {
+        Ok(row) => row.try_get::<_, String>(0).unwrap_or_else(|_| "?".into()),
+        Err(_) => "?".into(),
+    };
+    StoreError::unavailable(format!(
+        "migrating idem's PostgreSQL schema to revision {SCHEMA_REVISION} needs a moment's \
+         exclusive lock on idem_records, which an open transaction of session {pids} kept through \
+         {LOCK_TRIES} tries (each gave way after {} ms, so that running stores went on): end \
+         that transaction (SELECT pg_terminate_backend(pid)) and open the store again ({})",
+        LOCK_WAIT.as_millis(),
+        super::error::PgError(e)
+    ))
+}
+
 /// The schema version and revision recorded in `idem_meta` (version `None` when not recorded).
 async fn version_of(
     client: &impl tokio_postgres::GenericClient,
@@ -309,70 +336,88 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
     // must see what the store that held it before committed, where REPEATABLE READ or
     // SERIALIZABLE would keep the snapshot taken when the lock was asked for (a schema without
     // its version, a sequence that already exists, a serialization failure).
-    let tx = client
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
-        .start()
-        .await
-        .map_err(pg)?;
-    let found = async {
-        tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&SCHEMA_LOCK, Type::INT8)]).await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS idem_meta (name text PRIMARY KEY, value bigint NOT NULL)",
-        )
-        .await?;
-        let fresh = match version_of(&tx).await? {
-            (Some(SCHEMA_VERSION), r) if r >= SCHEMA_REVISION => return Ok(None),
-            (Some(1 | SCHEMA_VERSION), _) => false,
-            (Some(v), _) => return Ok(Some(v)),
-            (None, _) => {
-                let records: bool = tx
-                    .query_typed_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
-                    .await?
-                    .try_get(0)?;
-                if records {
-                    return Ok(Some(0));
+    let mut tries = 1;
+    loop {
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+            .start()
+            .await
+            .map_err(pg)?;
+        let found = async {
+            tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&SCHEMA_LOCK, Type::INT8)])
+                .await?;
+            // A migration's ALTER TABLE waits for every open transaction on idem_records, and
+            // every running store's statements queue behind it: with a session left idle in a
+            // transaction they would all stop. So it waits a moment, and gives way (tried again).
+            tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis()))
+                .await?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS idem_meta \
+                 (name text PRIMARY KEY, value bigint NOT NULL)",
+            )
+            .await?;
+            let fresh = match version_of(&tx).await? {
+                (Some(SCHEMA_VERSION), r) if r >= SCHEMA_REVISION => return Ok(None),
+                (Some(1 | SCHEMA_VERSION), _) => false,
+                (Some(v), _) => return Ok(Some(v)),
+                (None, _) => {
+                    let records: bool = tx
+                        .query_typed_one("SELECT to_regclass('idem_records') IS NOT NULL", &[])
+                        .await?
+                        .try_get(0)?;
+                    if records {
+                        return Ok(Some(0));
+                    }
+                    true
                 }
-                true
+            };
+            if fresh {
+                tx.batch_execute(SCHEMA).await?;
+            } else {
+                // 1 -> 2 added the claim function; revision 1 the owner column. Stores of version 2
+                // that are still running keep working (their claim function now clears owner
+                // tokens). Stores of version 1 must stop first: their own upsert would keep a
+                // previous owner's token on a row it takes over.
+                tx.batch_execute("ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS owner text")
+                    .await?;
+            }
+            tx.batch_execute(REVISION_3).await?;
+            tx.batch_execute(CLAIM_FUNCTION).await?;
+            tx.batch_execute(CLAIM_FUNCTION_REV1).await?;
+            tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
+            tx.batch_execute(CLAIM_FRESH_FUNCTION).await?;
+            tx.execute_typed(
+                "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \
+                 ('schema_revision', $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+                &[(&SCHEMA_VERSION, Type::INT8), (&SCHEMA_REVISION, Type::INT8)],
+            )
+            .await?;
+            Ok::<_, tokio_postgres::Error>(None)
+        }
+        .await;
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                // Rolled back before the next statement on this connection.
+                drop(tx);
+                if e.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                    return Err(setup_refused(client, e, before).await);
+                }
+                if tries == LOCK_TRIES {
+                    return Err(lock_kept(client, e).await);
+                }
+                tries += 1;
+                tokio::time::sleep(crate::store::full_jitter(LOCK_PAUSE)).await;
+                continue;
             }
         };
-        if fresh {
-            tx.batch_execute(SCHEMA).await?;
-        } else {
-            // 1 -> 2 added the claim function; revision 1 the owner column. Stores of version 2
-            // that are still running keep working (their claim function now clears owner
-            // tokens). Stores of version 1 must stop first: their own upsert would keep a
-            // previous owner's token on a row it takes over.
-            tx.batch_execute("ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS owner text")
-                .await?;
-        }
-        tx.batch_execute(REVISION_3).await?;
-        tx.batch_execute(CLAIM_FUNCTION).await?;
-        tx.batch_execute(CLAIM_FUNCTION_REV1).await?;
-        tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
-        tx.batch_execute(CLAIM_FRESH_FUNCTION).await?;
-        tx.execute_typed(
-            "INSERT INTO idem_meta (name, value) VALUES ('schema_version', $1), \
-             ('schema_revision', $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-            &[(&SCHEMA_VERSION, Type::INT8), (&SCHEMA_REVISION, Type::INT8)],
-        )
-        .await?;
-        Ok::<_, tokio_postgres::Error>(None)
-    }
-    .await;
-    let found = match found {
-        Ok(found) => found,
-        Err(e) => {
-            // Rolled back before the next statement on this connection.
-            drop(tx);
-            return Err(setup_refused(client, e, before).await);
-        }
-    };
-    match found {
-        None => tx.commit().await.map_err(pg),
-        Some(0) => Err(StoreError::Incompatible(
-            "the PostgreSQL database has an idem_records table without a schema version".into(),
-        )),
-        Some(v) => Err(incompatible_version(v)),
+        return match found {
+            None => tx.commit().await.map_err(pg),
+            Some(0) => Err(StoreError::Incompatible(
+                "the PostgreSQL database has an idem_records table without a schema version".into(),
+            )),
+            Some(v) => Err(incompatible_version(v)),
+        };
     }
 }
