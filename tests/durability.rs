@@ -3,6 +3,8 @@
 //! `fsync = off` (a crash loses the last commits; `idem-core/src/store/postgres/pool.rs`), a Redis
 //! without an append-only file (a restart loses what was written since the last snapshot;
 //! `idem-core/src/store/redis/persistence.rs`). Opening the store on one logs a warning saying so.
+//! So does opening a PostgreSQL store that creates its tables while other schemas of the database
+//! hold some: records left there by a changed `search_path` would be run again.
 //! Its own test binary: the warning is caught by a subscriber installed for this thread.
 //! Run: cargo test --features postgres,redis --test durability
 
@@ -15,6 +17,9 @@ use idem_tests::servers::RedisPrivate;
 use idem_tests::{or_skip, pg_url};
 use tokio_postgres::Config;
 use tracing_subscriber::layer::SubscriberExt;
+
+#[path = "shared/pg.rs"]
+mod pg;
 
 /// Collects the messages of warnings.
 #[derive(Clone, Default)]
@@ -92,4 +97,29 @@ async fn a_redis_that_a_restart_empties_is_named_at_open() {
         return;
     };
     assert!(!durable.iter().any(|w| w.contains("appendonly")), "{durable:?}");
+}
+
+/// An application whose `search_path` changed (a new connection string, a role whose own schema
+/// now comes first) would start on a new, empty store, and every call recorded in the old one
+/// would run its tool again when repeated: opening names the schemas that already hold idem's
+/// tables. Opening a store that exists says nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn new_tables_beside_existing_ones_are_named_at_open() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (old, admin, config) = pg::private_schema("schema_before").await;
+    drop(PostgresStore::connect_with(config, 1).await.expect("the first store"));
+    let (new, _, moved) = pg::private_schema("schema_after").await;
+    let created = warnings_of("PostgreSQL", PostgresStore::connect_with(moved.clone(), 1)).await;
+    let reopened = warnings_of("PostgreSQL", PostgresStore::connect_with(moved, 1)).await;
+    pg::drop_schema(&admin, &old).await;
+    pg::drop_schema(&admin, &new).await;
+    let created = created.expect("opens");
+    assert!(
+        created.iter().any(|w| w.contains(&new) && w.contains(&old) && w.contains("search_path")),
+        "{created:?}"
+    );
+    let reopened = reopened.expect("opens");
+    assert!(!reopened.iter().any(|w| w.contains("search_path")), "{reopened:?}");
 }

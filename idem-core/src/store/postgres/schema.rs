@@ -267,6 +267,35 @@ async fn setup_refused(
     })
 }
 
+/// The schemas other than the current one that hold an `idem_records` table (NULL: none).
+const ELSEWHERE: &str = "
+SELECT string_agg(quote_ident(n.nspname), ', ' ORDER BY n.nspname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'idem_records' AND c.relkind IN ('r', 'p') AND n.nspname <> current_schema()";
+
+/// Logs a warning when this opening created idem's tables while other schemas of the database
+/// hold some: an application whose `search_path` changed (a new connection string, a role whose
+/// own schema now comes first) starts on an empty store, and every call recorded in the old one
+/// runs its tool again when repeated. Not refused: separate stores (one schema per tenant or per
+/// test) are made this way on purpose.
+async fn warn_elsewhere(client: &Client, elsewhere: &str) {
+    let here = "SELECT current_database(), quote_ident(current_schema())";
+    let Ok(row) = client.query_typed_one(here, &[]).await else { return };
+    let (Ok(db), Ok(schema)) = (row.try_get::<_, String>(0), row.try_get::<_, String>(1)) else {
+        return;
+    };
+    tracing::warn!(
+        database = %db,
+        created_in = %schema,
+        found_in = %elsewhere,
+        "created idem's tables in a new schema while other schemas of the database already hold \
+         them: if the application used one of those before (its search_path changed), its \
+         records are there, and every call recorded there runs its tool again when repeated; set \
+         search_path to that schema. Ignore this for separate stores made on purpose (a schema \
+         per tenant or per test)"
+    );
+}
+
 /// The error of a migration that never got its table lock: which sessions keep it, and what to
 /// do. Unavailable: the store opens once they end their transactions.
 async fn lock_kept(client: &Client, e: tokio_postgres::Error) -> StoreError {
@@ -344,6 +373,8 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
             .start()
             .await
             .map_err(pg)?;
+        // Other schemas of the database holding idem's tables, when this opening creates them.
+        let mut elsewhere: Option<String> = None;
         let found = async {
             tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&SCHEMA_LOCK, Type::INT8)])
                 .await?;
@@ -374,6 +405,7 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
             };
             if fresh {
                 tx.batch_execute(SCHEMA).await?;
+                elsewhere = tx.query_typed_one(ELSEWHERE, &[]).await?.try_get(0)?;
             } else {
                 // 1 -> 2 added the claim function; revision 1 the owner column. Stores of version 2
                 // that are still running keep working (their claim function now clears owner
@@ -413,7 +445,13 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
             }
         };
         return match found {
-            None => tx.commit().await.map_err(pg),
+            None => {
+                tx.commit().await.map_err(pg)?;
+                if let Some(elsewhere) = elsewhere {
+                    warn_elsewhere(client, &elsewhere).await;
+                }
+                Ok(())
+            }
             Some(0) => Err(StoreError::Incompatible(
                 "the PostgreSQL database has an idem_records table without a schema version".into(),
             )),
