@@ -223,6 +223,46 @@ async fn a_migration_behind_an_open_transaction_does_not_stop_the_running_stores
     assert_eq!(state, (2, idem_core::store::postgres::SCHEMA_REVISION, 3));
 }
 
+/// A search_path whose first schema is empty (a role's own schema, made after idem's tables in
+/// the next one): the store's statements reach the tables of the next schema, and a migration
+/// brings those up to date, rather than calling them a table without a schema version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_later_in_search_path_are_migrated_where_they_are() {
+    let Some(_) = store().await else { return };
+    let (held, admin, config) = private_schema("path_held").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create"));
+    pg::to_revision_0(&admin, &held).await;
+    let (first, _, mut both) = private_schema("path_first").await;
+    both.options(format!("-c search_path={first},{held}"));
+    let opened = PostgresStore::connect_with(both, 1).await;
+    let claimed = match &opened {
+        Ok(store) => {
+            let (key, fp) = fresh_key("path_held", "{}");
+            store.claim(claim_req(&key, &fp)).await.map(drop)
+        }
+        Err(e) => Err(e.clone()),
+    };
+    let state = match claimed {
+        Ok(()) => Some(schema_state(&admin, &held).await),
+        Err(_) => None,
+    };
+    let created_first: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1",
+            &[&first],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    drop(opened);
+    drop_schema(&admin, &first).await;
+    drop_schema(&admin, &held).await;
+    claimed.expect("opens and claims");
+    assert_eq!(state, Some((2, idem_core::store::postgres::SCHEMA_REVISION, 3)));
+    assert_eq!(created_first, 0, "nothing is created in the empty first schema");
+}
+
 /// Stores on a fresh schema and on a v1 schema at once, with a claim running on the v1 schema from
 /// a store that connected before the downgrade (its prepared statement calls a function that is
 /// dropped and re-created under it).

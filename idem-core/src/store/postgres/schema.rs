@@ -267,6 +267,11 @@ async fn setup_refused(
     })
 }
 
+/// The schema (quoted) of the `idem_records` table that search_path reaches (NULL: none).
+const HOLDER: &str = "
+SELECT (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = to_regclass('idem_records'))";
+
 /// The schemas other than the current one that hold an `idem_records` table (NULL: none).
 const ELSEWHERE: &str = "
 SELECT string_agg(quote_ident(n.nspname), ', ' ORDER BY n.nspname)
@@ -383,6 +388,13 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
             // transaction they would all stop. So it waits a moment, and gives way (tried again).
             tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", LOCK_WAIT.as_millis()))
                 .await?;
+            // Tables found in a later schema of search_path are the store's (its statements reach
+            // them): migrate them there, not beside an empty first schema, where CREATE .. IF
+            // NOT EXISTS would look.
+            let holder: Option<String> = tx.query_typed_one(HOLDER, &[]).await?.try_get(0)?;
+            if let Some(schema) = holder {
+                tx.batch_execute(&format!("SET LOCAL search_path = {schema}")).await?;
+            }
             tx.batch_execute(
                 "CREATE TABLE IF NOT EXISTS idem_meta \
                  (name text PRIMARY KEY, value bigint NOT NULL)",
