@@ -263,6 +263,38 @@ async fn tables_later_in_search_path_are_migrated_where_they_are() {
     assert_eq!(created_first, 0, "nothing is created in the empty first schema");
 }
 
+/// Dropping idem's two tables, the way a store is emptied by hand, leaves the fence sequence and
+/// the functions behind: the next opening creates the tables again, and fences go on above the
+/// sequence's last one rather than the opening failing on a sequence that already exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_tables_were_dropped_by_hand_opens_again() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("dropped").await;
+    let (key, fp) = fresh_key("dropped", "{}");
+    let before = {
+        let first = PostgresStore::connect_with(config.clone(), 1).await.expect("create");
+        acquire(&first, &key, &fp).await
+    };
+    admin
+        .batch_execute(&format!("DROP TABLE {schema}.idem_records, {schema}.idem_meta"))
+        .await
+        .unwrap();
+    let again = match PostgresStore::connect_with(config.clone(), 1).await {
+        Ok(store) => store.claim(claim_req(&key, &fp)).await,
+        Err(e) => Err(e),
+    };
+    let state = match again {
+        Ok(_) => Some(schema_state(&admin, &schema).await),
+        Err(_) => None,
+    };
+    drop_schema(&admin, &schema).await;
+    match again.expect("opens again and claims") {
+        Claim::Acquired { fence, .. } => assert!(fence > before, "{fence:?} after {before:?}"),
+        other => panic!("the key was dropped with its table: {other:?}"),
+    }
+    assert_eq!(state, Some((2, idem_core::store::postgres::SCHEMA_REVISION, 3)));
+}
+
 /// Stores on a fresh schema and on a v1 schema at once, with a claim running on the v1 schema from
 /// a store that connected before the downgrade (its prepared statement calls a function that is
 /// dropped and re-created under it).

@@ -43,7 +43,8 @@ const LOCK_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 const LOCK_TRIES: u32 = 50;
 
 const SCHEMA: &str = "
-CREATE SEQUENCE idem_fence AS bigint;
+-- Left behind when the tables were dropped by hand: fences go on above its last one.
+CREATE SEQUENCE IF NOT EXISTS idem_fence AS bigint;
 CREATE TABLE idem_records (
     key         text PRIMARY KEY,
     fingerprint text NOT NULL,
