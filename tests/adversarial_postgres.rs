@@ -978,6 +978,60 @@ async fn a_role_that_may_not_create_the_schema_is_told_what_to_do() {
     admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
 }
 
+/// A role that may read idem's tables but not write them (one made for looking at the store, or
+/// grants on the tables that forgot the fence sequence) is refused when the application's store
+/// opens, naming the grants missing, rather than opening and failing every call; a tool that
+/// only looks at the store opens with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_only_read_is_refused_at_open_with_the_grants_missing() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("read_only_role").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("the owner creates"));
+    let role = format!("idem_test_viewer_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA {schema} TO {role}; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut as_viewer = config.clone();
+    as_viewer.user(&role);
+    let reader = PostgresStore::connect_with(as_viewer.clone(), 1).await.map(drop);
+    let target = pg::target();
+    let (host, port) = target.rsplit_once(':').unwrap();
+    let mut url = format!("host={host} port={port} user={role} options='-c search_path={schema}'");
+    if let Some(db) = config.get_dbname() {
+        url.push_str(&format!(" dbname={db}"));
+    }
+    let looker = PostgresStore::connect_existing(&url).await.map(drop);
+    admin
+        .batch_execute(&format!("GRANT INSERT, UPDATE, DELETE ON {schema}.idem_records TO {role}"))
+        .await
+        .unwrap();
+    let no_sequence = PostgresStore::connect_with(as_viewer.clone(), 1).await.map(drop);
+    drop_schema(&admin, &schema).await;
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+    match reader {
+        Err(StoreError::InvalidConfig(m)) => assert!(
+            m.contains(&format!("GRANT INSERT, UPDATE, DELETE ON {schema}.idem_records TO {role}"))
+                && m.contains(&format!("GRANT USAGE ON SEQUENCE {schema}.idem_fence TO {role}")),
+            "{m}"
+        ),
+        other => panic!("a role that may only read: {other:?}"),
+    }
+    looker.expect("a tool that only looks at the store opens");
+    match no_sequence {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(m.contains("idem_fence") && !m.contains("idem_records TO"), "{m}");
+        }
+        other => panic!("grants without the sequence: {other:?}"),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A call cancelled while its claim waits
 // ---------------------------------------------------------------------------------------------

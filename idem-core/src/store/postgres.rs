@@ -162,8 +162,9 @@ impl PostgresStore {
     /// exactly-once either way: every step is one statement, and so one transaction.
     ///
     /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
-    /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, or a TLS mode without
-    /// the `postgres-tls` feature;
+    /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, a TLS mode without
+    /// the `postgres-tls` feature, or a role that may not create idem's tables, migrate them, or
+    /// write them (the message names what to grant or do);
     /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
     /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
     /// [`StoreError::Incompatible`] when the schema is from another version.

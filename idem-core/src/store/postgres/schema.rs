@@ -322,6 +322,50 @@ async fn lock_kept(client: &Client, e: tokio_postgres::Error) -> StoreError {
     ))
 }
 
+/// What the store's statements need on tables that exist, and whether the role has it: each
+/// missing privilege as the GRANT that gives it (NULL when nothing is missing).
+const PRIVILEGES: &str = "
+SELECT quote_ident(current_user), current_database(),
+    (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = to_regclass('idem_records')),
+    array_to_string(ARRAY(SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) p
+                          WHERE NOT has_table_privilege('idem_records', p)), ', '),
+    has_sequence_privilege('idem_fence', 'USAGE') OR has_sequence_privilege('idem_fence', 'UPDATE'),
+    has_function_privilege('idem_claim(text, text, bigint, boolean, text, text, text, text)',
+                           'EXECUTE')
+    AND has_function_privilege('idem_claim_fresh(text, text, bigint, text, text, text, text)',
+                               'EXECUTE')";
+
+/// Refuses, at open, an application's store whose role may read idem's tables but not do what
+/// claims and completions do (a read-only role, grants on the tables but not on the fence
+/// sequence): otherwise it opens, and every call fails. Names the grants missing.
+async fn may_use(client: &Client) -> Result<(), StoreError> {
+    let row = client.query_typed_one(PRIVILEGES, &[]).await.map_err(pg)?;
+    let (user, db, schema): (String, String, Option<String>) =
+        (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?, row.try_get(2).map_err(pg)?);
+    let (tables, sequence, functions): (String, bool, bool) =
+        (row.try_get(3).map_err(pg)?, row.try_get(4).map_err(pg)?, row.try_get(5).map_err(pg)?);
+    let schema = schema.unwrap_or_default();
+    let mut grants = Vec::new();
+    if !tables.is_empty() {
+        grants.push(format!("GRANT {tables} ON {schema}.idem_records TO {user}"));
+    }
+    if !sequence {
+        grants.push(format!("GRANT USAGE ON SEQUENCE {schema}.idem_fence TO {user}"));
+    }
+    if !functions {
+        grants.push(format!("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {user}"));
+    }
+    if grants.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::InvalidConfig(format!(
+        "role {user} may read idem's tables in schema {schema} of PostgreSQL database {db:?} but \
+         not claim and complete records there: {}",
+        grants.join("; ")
+    )))
+}
+
 /// The schema version and revision recorded in `idem_meta` (version `None` when not recorded).
 async fn version_of(
     client: &impl tokio_postgres::GenericClient,
@@ -340,9 +384,15 @@ pub(crate) enum Schema {
 }
 
 pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result<(), StoreError> {
-    // The common case, one round trip: the schema exists at our version and revision.
+    // The common case: the schema exists at our version and revision (for an application's
+    // store, then whether its role may use it).
     let before = match version_of(client).await {
-        Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => return Ok(()),
+        Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => {
+            return match schema {
+                Schema::Create => may_use(client).await,
+                Schema::Existing => Ok(()),
+            };
+        }
         Ok((Some(v @ (1 | SCHEMA_VERSION)), r)) => Some((v, r)),
         Ok((None, _)) => None,
         Ok((Some(v), _)) => return Err(incompatible_version(v)),
