@@ -503,6 +503,43 @@ async fn a_claim_that_waited_for_the_write_lock_gets_its_whole_lease() {
     );
 }
 
+/// An existing database in a directory where this process may not create files (a read-only
+/// volume, a container's read-only root): SQLite's write-ahead log needs to make files beside
+/// it even to read, and SQLite says only "unable to open database file". The error says so, as
+/// a configuration error, for the application's store and for a tool that only looks at it.
+#[test]
+fn a_database_in_a_directory_that_refuses_new_files_says_why() {
+    /// Takes the directory's immutable attribute back, whatever the test does.
+    struct Immutable(PathBuf);
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+    let dir = fresh_file("fixed-dir").with_extension("d");
+    let _ = std::process::Command::new("chattr").arg("-i").arg(&dir).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store.db");
+    drop(SqliteStore::open(&path).expect("creates"));
+    // `chattr +i`: no new files in it, root included; skipped where it is not available.
+    let fixed = std::process::Command::new("chattr").arg("+i").arg(&dir).status();
+    if !fixed.is_ok_and(|s| s.success()) {
+        eprintln!("SKIP: chattr +i (an immutable directory) is not available here");
+        return;
+    }
+    let _undo = Immutable(dir.clone());
+    for opened in [SqliteStore::open(&path).map(drop), SqliteStore::open_existing(&path).map(drop)]
+    {
+        match opened {
+            Err(StoreError::InvalidConfig(m)) => {
+                assert!(m.contains("store.db cannot be written by this process"), "{m}");
+            }
+            other => panic!("a directory refusing new files: {other:?}"),
+        }
+    }
+}
+
 /// SQLite says only "unable to open database file" when it cannot create the file; the error
 /// says why, naming the directory: one that does not exist, or one in which this process may not
 /// create files (a configuration error: waiting does not change permissions).

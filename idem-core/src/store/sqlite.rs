@@ -165,6 +165,11 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
         {
             not_created(&shown, e)
         }
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.code == rusqlite::ErrorCode::CannotOpen && not_writable(&shown) =>
+        {
+            read_only(Some(&shown), &e)
+        }
         e if is_corrupt(&e) => corrupt(Some(&shown), &e),
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
@@ -212,6 +217,24 @@ fn not_created(path: &Path, e: rusqlite::Error) -> StoreError {
             ))
         }
         _ => StoreError::unavailable(format!("{cannot}: {e}")),
+    }
+}
+
+/// Whether SQLite's "unable to open database file" for the file at `path`, which exists, is
+/// because it cannot be written (a read-only file system, permissions), or because its `-shm`
+/// file, which the write-ahead log needs even to read, is missing and could not be made beside it
+/// (a directory this process may not write). Opening the file for writing writes nothing.
+fn not_writable(path: &Path) -> bool {
+    match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+        ),
+        Ok(_) => {
+            let mut shm = path.as_os_str().to_owned();
+            shm.push("-shm");
+            !Path::new(&shm).exists()
+        }
     }
 }
 
