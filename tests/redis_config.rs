@@ -257,3 +257,24 @@ async fn a_user_without_eval_runs_its_steps_after_a_script_flush() {
     let (key, fp) = fresh_key("noeval", "{}");
     assert!(matches!(store.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. })));
 }
+
+/// A Redis server holds no schema: a tool that only looks at a store (the `idem` command line)
+/// given a URL without the application's `prefix` would list an empty store while the records
+/// are under another prefix. A prefix with no key there is refused, naming the one found.
+#[tokio::test(flavor = "current_thread")]
+async fn a_prefix_without_keys_is_not_an_existing_store() {
+    let Some(redis) = server("redis-prefix", &[]) else { return };
+    let app = RedisStore::open(&redis.url("?prefix=app")).await.expect("opens");
+    let (key, fp) = fresh_key("prefix", "{}");
+    assert!(matches!(app.claim(claim_req(&key, &fp)).await, Ok(Claim::Acquired { .. })));
+    match idem_core::store::open_existing(&redis.url("")).await {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(
+                m.contains("\"idem\"") && m.contains("\"app\"") && m.contains("?prefix="),
+                "{m}"
+            )
+        }
+        other => panic!("the default prefix, with no key: {:?}", other.map(drop)),
+    }
+    idem_core::store::open_existing(&redis.url("?prefix=app")).await.expect("the app's prefix");
+}

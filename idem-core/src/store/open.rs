@@ -45,7 +45,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// that does not exist or has no idem tables, and a PostgreSQL database (and `search_path`)
 /// without them, are refused with [`StoreError::InvalidConfig`] instead of becoming a new, empty
 /// store; so is `memory:` (and `sqlite::memory:`), which is always a new one. A Redis server
-/// holds no schema: it opens as with [`open`]. For tools that only look at a store, such as the
+/// holds no schema: a key prefix with no key there (no record, no fence counter) is refused the
+/// same way, naming the prefixes of idem records found. For tools that only look at a store, such as the
 /// `idem` command line, where a mistyped path or connection string must not show an empty store
 /// (nothing stuck) while the application's records are elsewhere.
 ///
@@ -86,7 +87,7 @@ async fn open_as(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError
         // `postgres://` and `postgresql://` as written.
         lower @ ("postgres" | "postgresql") => postgres(&format!("{lower}:{rest}"), create).await,
         "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
-            redis(url).await
+            redis(url, create).await
         }
         other => Err(StoreError::InvalidConfig(format!(
             "unknown store URL scheme {other:?} in {shown:?}; expected one of {FORMS}"
@@ -166,12 +167,16 @@ async fn postgres(_: &str, _: Create) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 #[cfg(feature = "redis")]
-async fn redis(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(super::RedisStore::open(url).await?))
+async fn redis(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
+    let store = super::RedisStore::open(url).await?;
+    if create == Create::No {
+        store.check_in_use().await?;
+    }
+    Ok(Arc::new(store))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis(_: &str) -> Result<Arc<dyn Store>, StoreError> {
+async fn redis(_: &str, _: Create) -> Result<Arc<dyn Store>, StoreError> {
     Err(not_compiled("Redis", "redis"))
 }
 

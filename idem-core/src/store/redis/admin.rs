@@ -46,6 +46,8 @@ use crate::store::{
 /// selective filter on a large store answers a page with fewer records, and a cursor, rather
 /// than scan for long.
 const SCAN_PER_RECORD: u64 = 10;
+/// How many keys [`RedisStore::prefix_in_use`] looks at, at most, for other stores' prefixes.
+const OTHER_PREFIXES_SCANNED: u64 = 100_000;
 
 /// Records read at once, each on its own node, when a batch's keys are no longer all on the
 /// node that was scanned.
@@ -176,6 +178,74 @@ impl RedisStore {
         let name = std::str::from_utf8(name).ok()?;
         let rest = name.strip_prefix(self.inner.prefix.as_str())?.strip_prefix(":{")?;
         Key::parse(rest.strip_suffix("}:rec")?)
+    }
+
+    /// Refuses, for [`open_existing`](crate::store::open_existing), a prefix with no key on the
+    /// server (no record, no fence counter): a Redis server holds no schema, and a URL without
+    /// the application's `prefix` would list nothing while its records are under another. Names
+    /// the prefixes of idem records found among the first keys scanned (at most five).
+    pub(crate) async fn check_in_use(&self) -> Result<(), StoreError> {
+        let mine = format!("{}:{{*", glob_escape(&self.inner.prefix));
+        if !self.scan_for(&mine, u64::MAX, |_| Some(String::new())).await?.is_empty() {
+            return Ok(());
+        }
+        let mut others = self
+            .scan_for("*:{*}:rec", OTHER_PREFIXES_SCANNED, |name| {
+                name.split_once(":{").map(|(prefix, _)| format!("{prefix:?}"))
+            })
+            .await?;
+        others.sort();
+        others.dedup();
+        others.truncate(5);
+        let found = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (idem records are under {})", others.join(", "))
+        };
+        Err(StoreError::InvalidConfig(format!(
+            "no idem store under the key prefix {:?} on this Redis: no key of it there{found}. \
+             Name the prefix the application uses (`?prefix=...` in the URL), and its database \
+             number",
+            self.inner.prefix
+        )))
+    }
+
+    /// What `keep` makes of the names matching `pattern` on every node, scanning until one is
+    /// kept or `budget` names were looked at.
+    async fn scan_for(
+        &self,
+        pattern: &str,
+        budget: u64,
+        keep: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut kept = Vec::new();
+        let mut scanned = 0u64;
+        for node in self.scan_nodes().await? {
+            let mut pos = 0u64;
+            loop {
+                let mut scan = redis::pipe();
+                scan.cmd("SCAN").arg(pos).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+                let reply = self.on_node(&node, &scan, 1).await?.map_err(unavailable)?;
+                let reply = reply.into_iter().next().unwrap_or(Value::Nil);
+                if let Value::ServerError(e) = &reply
+                    && super::reply::server_refused(e)
+                {
+                    return Err(super::reply::refused(error_text(e)));
+                }
+                let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
+                    .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
+                scanned = scanned.saturating_add(1000);
+                kept.extend(names.iter().filter_map(|n| keep(&String::from_utf8_lossy(n))));
+                if next == 0 || scanned >= budget || (budget == u64::MAX && !kept.is_empty()) {
+                    break;
+                }
+                pos = next;
+            }
+            if scanned >= budget || (budget == u64::MAX && !kept.is_empty()) {
+                break;
+            }
+        }
+        Ok(kept)
     }
 
     /// The nodes a listing scans, in order: `host:port` of each master of a cluster (sorted, as
