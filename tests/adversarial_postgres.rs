@@ -968,6 +968,14 @@ async fn a_role_that_may_not_create_the_schema_is_told_what_to_do() {
     pg::to_revision_0(&admin, &schema).await;
     let m = refused(&as_app).await;
     assert!(m.contains("revision 0") && m.contains("the role that owns the tables"), "{m}");
+    // The role's own schema first in search_path: the tables are still named where they are.
+    let own = format!("{schema}_own");
+    admin.batch_execute(&format!("CREATE SCHEMA {own} AUTHORIZATION {role}")).await.unwrap();
+    let mut own_first = as_app.clone();
+    own_first.options(format!("-c search_path={own},{schema}"));
+    let m = refused(&own_first).await;
+    assert!(m.contains(&format!("idem's tables in schema {schema} ")), "{m}");
+    admin.batch_execute(&format!("DROP SCHEMA {own} CASCADE")).await.unwrap();
 
     let mut nowhere = as_app.clone();
     nowhere.options(format!("-c search_path={schema}_missing"));

@@ -227,9 +227,12 @@ async fn setup_refused(
     {
         return pg(e);
     }
-    let names = "SELECT current_database(), current_setting('search_path'), \
-                 quote_ident(current_schema()), quote_ident(current_user)";
-    let Ok(row) = client.query_typed_one(names, &[]).await else { return pg(e) };
+    // The schema of the tables search_path reaches, else the one new tables would go to.
+    let names = format!(
+        "SELECT current_database(), current_setting('search_path'), \
+         coalesce(({HOLDER}), quote_ident(current_schema())), quote_ident(current_user)"
+    );
+    let Ok(row) = client.query_typed_one(&names, &[]).await else { return pg(e) };
     let (Ok(db), Ok(path), Ok(schema), Ok(user)) = (
         row.try_get::<_, String>(0),
         row.try_get::<_, String>(1),
