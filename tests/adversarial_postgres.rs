@@ -1040,6 +1040,32 @@ async fn a_role_that_may_only_read_is_refused_at_open_with_the_grants_missing() 
     }
 }
 
+/// Tables that lack one of idem's functions (dropped by hand, a partial restore) are refused as
+/// incompatible with what to do, by the check that every statement the store uses is there, not
+/// by the check of the role's privileges failing on the function's name first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_without_a_function_are_incompatible_not_a_failed_privilege_check() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("missing_function").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("creates"));
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.idem_claim_fresh(text, text, bigint, text, text, text, text)"
+        ))
+        .await
+        .unwrap();
+    let opened = PostgresStore::connect_with(config, 1).await.map(drop);
+    drop_schema(&admin, &schema).await;
+    match opened {
+        Err(StoreError::Incompatible(m)) => {
+            assert!(m.contains("lacks a function") && m.contains("re-create the schema"), "{m}");
+        }
+        other => panic!("tables without a function: {other:?}"),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A call cancelled while its claim waits
 // ---------------------------------------------------------------------------------------------

@@ -326,18 +326,24 @@ async fn lock_kept(client: &Client, e: tokio_postgres::Error) -> StoreError {
 }
 
 /// What the store's statements need on tables that exist, and whether the role has it: each
-/// missing privilege as the GRANT that gives it (NULL when nothing is missing).
+/// missing privilege as the GRANT that gives it (NULL when nothing is missing). The sequence and
+/// functions are looked up by name (`to_regclass`, `to_regprocedure`), and one not found counts
+/// as granted: tables of a later revision, which a newer idem made while this one still runs
+/// (a rolling deploy), may name them otherwise, and an open must not fail on its own check.
 const PRIVILEGES: &str = "
 SELECT quote_ident(current_user), current_database(),
     (SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = to_regclass('idem_records')),
     array_to_string(ARRAY(SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) p
                           WHERE NOT has_table_privilege('idem_records', p)), ', '),
-    has_sequence_privilege('idem_fence', 'USAGE') OR has_sequence_privilege('idem_fence', 'UPDATE'),
-    has_function_privilege('idem_claim(text, text, bigint, boolean, text, text, text, text)',
-                           'EXECUTE')
-    AND has_function_privilege('idem_claim_fresh(text, text, bigint, text, text, text, text)',
-                               'EXECUTE')";
+    coalesce(has_sequence_privilege(to_regclass('idem_fence')::oid, 'USAGE')
+             OR has_sequence_privilege(to_regclass('idem_fence')::oid, 'UPDATE'), true),
+    coalesce(has_function_privilege(
+        to_regprocedure('idem_claim(text, text, bigint, boolean, text, text, text, text)')::oid,
+        'EXECUTE'), true)
+    AND coalesce(has_function_privilege(
+        to_regprocedure('idem_claim_fresh(text, text, bigint, text, text, text, text)')::oid,
+        'EXECUTE'), true)";
 
 /// Refuses, at open, an application's store whose role may read idem's tables but not do what
 /// claims and completions do (a read-only role, grants on the tables but not on the fence

@@ -382,7 +382,8 @@ impl Conn {
         reply?.extract_error().map(drop)
     }
 
-    /// Runs one command without a key (`PING`): on a cluster where the cluster client routes it.
+    /// Runs one command without a key (`PING`, `SCRIPT LOAD`): on a cluster where the cluster
+    /// client routes it.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::One(c) => {
