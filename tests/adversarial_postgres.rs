@@ -216,7 +216,6 @@ async fn a_migration_behind_an_open_transaction_does_not_stop_the_running_stores
     idle.batch_execute("COMMIT").await.unwrap();
     let opened = opener.await.unwrap();
     let state = schema_state(&admin, &schema).await;
-    drop(opened.as_ref().map(drop));
     drop_schema(&admin, &schema).await;
     read.expect("a read while the opener waits for the idle session");
     opened.expect("opens once the session ended");
