@@ -223,17 +223,7 @@ impl RedisStore {
         for node in self.scan_nodes().await? {
             let mut pos = 0u64;
             loop {
-                let mut scan = redis::pipe();
-                scan.cmd("SCAN").arg(pos).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
-                let reply = self.on_node(&node, &scan, 1).await?.map_err(unavailable)?;
-                let reply = reply.into_iter().next().unwrap_or(Value::Nil);
-                if let Value::ServerError(e) = &reply
-                    && super::reply::server_refused(e)
-                {
-                    return Err(super::reply::refused(error_text(e)));
-                }
-                let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
-                    .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
+                let (next, names) = self.scan_step(&node, pos, pattern, 1000).await?;
                 scanned = scanned.saturating_add(1000);
                 kept.extend(names.iter().filter_map(|n| keep(&String::from_utf8_lossy(n))));
                 if next == 0 || scanned >= budget || (budget == u64::MAX && !kept.is_empty()) {
@@ -246,6 +236,27 @@ impl RedisStore {
             }
         }
         Ok(kept)
+    }
+
+    /// One `SCAN` step on `node` from cursor `pos`: the next cursor (0 at the end) and the names.
+    async fn scan_step(
+        &self,
+        node: &str,
+        pos: u64,
+        pattern: &str,
+        count: u64,
+    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let mut scan = redis::pipe();
+        scan.cmd("SCAN").arg(pos).arg("MATCH").arg(pattern).arg("COUNT").arg(count);
+        let reply = self.on_node(node, &scan, 1).await?.map_err(unavailable)?;
+        let reply = reply.into_iter().next().unwrap_or(Value::Nil);
+        if let Value::ServerError(e) = &reply
+            && super::reply::server_refused(e)
+        {
+            return Err(super::reply::refused(error_text(e)));
+        }
+        redis::from_redis_value(reply)
+            .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))
     }
 
     /// The nodes a listing scans, in order: `host:port` of each master of a cluster (sorted, as
@@ -397,17 +408,7 @@ impl RedisStore {
             } else if let Some(pos) = cur.scan {
                 let room = size.saturating_sub(page.records.len() + page.unreadable.len());
                 let room = room.clamp(10, 1000);
-                let mut scan = redis::pipe();
-                scan.cmd("SCAN").arg(pos).arg("MATCH").arg(&pattern).arg("COUNT").arg(room);
-                let reply = self.on_node(&cur.node, &scan, 1).await?.map_err(unavailable)?;
-                let reply = reply.into_iter().next().unwrap_or(Value::Nil);
-                if let Value::ServerError(e) = &reply
-                    && super::reply::server_refused(e)
-                {
-                    return Err(super::reply::refused(error_text(e)));
-                }
-                let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(reply)
-                    .map_err(|e| StoreError::Incompatible(format!("SCAN reply: {e}")))?;
+                let (next, names) = self.scan_step(&cur.node, pos, &pattern, room as u64).await?;
                 page.scanned += names.len() as u64;
                 cur.scan = (next != 0).then_some(next);
                 names.iter().filter_map(|n| self.key_of(n)).collect()
