@@ -114,6 +114,28 @@ mod redis {
         });
     }
 
+    /// A store opened with `open_lazy` connects on its first use, on the runtime of that use,
+    /// which need not be the one it was opened on: a store opened on a runtime that lives on
+    /// (the process's) and first used by a test's. Once that test's runtime ended, the store's
+    /// next forget on the living runtime failed with `StoreUnavailable` ("broken pipe") while
+    /// the server was up, as the store watched the runtime it was opened on.
+    #[test]
+    fn a_lazy_store_first_used_on_another_runtime_is_answered_after_it_ended() {
+        let living =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+        let living = living.expect("runtime");
+        let lazy = || RedisStore::builder(redis_url()).prefix(redis_prefix()).open_lazy();
+        let Some(store) = living.block_on(async { or_skip("Redis", lazy()) }) else { return };
+        let (key, fp) = fresh_key("lazy_first_used_elsewhere", "{}");
+        test_runtime().block_on(async {
+            let fence = acquire(&store, &key, &fp).await;
+            store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+        });
+        living.block_on(async {
+            idem_tests::assert_answer!(store.forget(&key).await, Ok(true));
+        });
+    }
+
     /// A waiter whose store was opened on an earlier runtime is woken by the completion's
     /// message. The clock is frozen while it waits (a blocking task holds Tokio's paused clock
     /// still), so its periodic re-check never comes: only the message can end the wait. Before,

@@ -138,27 +138,42 @@ pub(super) enum Conn {
 /// dead on the next one (each first command failing with "broken pipe", no pub/sub message
 /// delivered), so a connection whose runtime ended is made again on the current one.
 pub(super) struct MadeOn {
-    /// A task on that runtime, alive until the connection is dropped (`_keep` with it): it has
-    /// finished before then only if its runtime ended.
-    watch: Option<tokio::task::JoinHandle<()>>,
-    _keep: tokio::sync::oneshot::Sender<()>,
+    /// A task on that runtime, alive until the connection is dropped (with the sender): it has
+    /// finished before then only if its runtime ended. `None` until the connection is first
+    /// used: a lazy `ConnectionManager` is made on the runtime that first sends on it, which need
+    /// not be the one it was created on (`open_lazy`). A cluster connection starts its task when
+    /// created, so it is watched from then (`here`).
+    watch: Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>,
 }
 
 impl MadeOn {
+    /// A connection not used yet: the runtime of its first use is watched.
+    pub(super) fn unused() -> MadeOn {
+        MadeOn { watch: None }
+    }
+
     /// The current runtime (a connection is made on one).
     pub(super) fn here() -> MadeOn {
         let (keep, kept) = tokio::sync::oneshot::channel::<()>();
         let watch = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            rt.spawn(async move {
+            let task = rt.spawn(async move {
                 let _ = kept.await;
-            })
+            });
+            (task, keep)
         });
-        MadeOn { watch, _keep: keep }
+        MadeOn { watch }
     }
 
-    /// Whether that runtime has ended, and the connection's tasks with it.
-    pub(super) fn ended(&self) -> bool {
-        self.watch.as_ref().is_some_and(tokio::task::JoinHandle::is_finished)
+    /// Whether that runtime has ended, and the connection's tasks with it. Called before each
+    /// use: the first one watches the current runtime, where the connection is then made.
+    pub(super) fn ended(&mut self) -> bool {
+        match &self.watch {
+            Some((task, _)) => task.is_finished(),
+            None => {
+                *self = MadeOn::here();
+                false
+            }
+        }
     }
 }
 
@@ -234,7 +249,7 @@ impl One {
     /// A manager that connects on first use (needs a tokio runtime).
     pub(super) fn new(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<One> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        Ok(One { client, config, current: std::sync::Mutex::new((0, manager, MadeOn::here())) })
+        Ok(One { client, config, current: std::sync::Mutex::new((0, manager, MadeOn::unused())) })
     }
 
     /// The current manager (a clone shares its connection) and its generation; a new one first
@@ -261,7 +276,7 @@ impl One {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(manager) => {
                 tracing::warn!("{why}; connecting to Redis again");
-                *current = (generation + 1, manager, MadeOn::here());
+                *current = (generation + 1, manager, MadeOn::unused());
             }
             Err(e) => tracing::warn!(error = %e, "cannot replace the Redis connection"),
         }
