@@ -1159,6 +1159,13 @@ impl Traced {
     async fn cancel_order(&self, order: String) -> Result<String, PayError> {
         Ok(order)
     }
+
+    // A name given as a bare string: `instrument` refuses a second one.
+    #[tool(retry = "safe")]
+    #[tracing::instrument("orders.refund", skip_all)]
+    async fn refund_order(&self, order: String) -> Result<String, PayError> {
+        Ok(order)
+    }
 }
 
 /// `#[tracing::instrument]` names its span after the fn it is on; a method tool's body is a
@@ -1189,8 +1196,10 @@ async fn an_instrumented_method_tool_has_its_span_named_as_the_method() {
     let traced = Arc::new(Traced);
     traced.lookup_order(&run, "o_1".into()).await.unwrap();
     traced.cancel_order(&run, "o_1".into()).await.unwrap();
+    traced.refund_order(&run, "o_1".into()).await.unwrap();
     let names = names.0.lock().unwrap().clone();
     assert!(names.iter().any(|n| n == "lookup_order"), "{names:?}");
     assert!(names.iter().any(|n| n == "orders.cancel"), "{names:?}");
+    assert!(names.iter().any(|n| n == "orders.refund"), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("__idem")), "{names:?}");
 }

@@ -77,12 +77,19 @@ fn instrument_named(attr: &Attribute, fn_name: &str) -> Attribute {
             attr.meta = syn::parse_quote!(#path(name = #fn_name));
         }
         syn::Meta::List(list) if is_instrument(&list.path) => {
-            let named = list.tokens.clone().into_iter().collect::<Vec<_>>().windows(2).any(|w| {
+            let tokens = list.tokens.clone().into_iter().collect::<Vec<_>>();
+            let named = tokens.windows(2).any(|w| {
                 matches!(
                     (&w[0], &w[1]),
                     (proc_macro2::TokenTree::Ident(i), proc_macro2::TokenTree::Punct(p))
                         if i == "name" && p.as_char() == '='
                 )
+            }) || tokens.iter().enumerate().any(|(i, t)| {
+                // A string literal as an argument of its own names the span too
+                // (`#[instrument("orders.cancel")]`), and a second name is refused.
+                matches!(t, proc_macro2::TokenTree::Literal(_))
+                    && (i == 0
+                        || matches!(&tokens[i - 1], proc_macro2::TokenTree::Punct(p) if p.as_char() == ','))
             });
             if !named {
                 let tokens = &list.tokens;
