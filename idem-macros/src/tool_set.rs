@@ -207,6 +207,14 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                     None => drop(plain.attrs.remove(i)),
                 }
                 plain.attrs.insert(0, syn::parse_quote!(#[cfg(not(all(#(#conditions),*)))]));
+                // A parameter's doc comment and `#[idem(..)]` are the tool's to read; on a plain
+                // method rustc refuses both.
+                for arg in &mut plain.sig.inputs {
+                    if let syn::FnArg::Typed(pt) = arg {
+                        pt.attrs
+                            .retain(|a| !a.path().is_ident("doc") && !a.path().is_ident("idem"));
+                    }
+                }
                 items.push(quote!(#plain));
                 match rest {
                     Some(rest) => item.attrs[i] = rest,

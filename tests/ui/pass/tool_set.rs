@@ -53,7 +53,7 @@ fn main() {
     let set = flagged.tool_set();
     assert_eq!(set.len(), 2);
     assert!(set.definition("on").is_some() && set.definition("nested").is_some());
-    let _ = (flagged.on_tool(), flagged.off(1));
+    let _ = (flagged.on_tool(), flagged.off(1, None));
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -207,9 +207,15 @@ mod conditional {
             Ok(n)
         }
 
+        // Its parameters' docs and `#[idem(..)]` are the tool's, dropped from the plain method.
         #[cfg_attr(any(), tool(retry = "safe"))]
-        pub async fn off(&self, n: u32) -> Result<u32, Failed> {
-            Ok(n)
+        pub async fn off(
+            &self,
+            /// How many.
+            n: u32,
+            #[idem(skip_if_none)] memo: Option<String>,
+        ) -> Result<u32, Failed> {
+            Ok(n + u32::from(memo.is_some()))
         }
 
         #[cfg_attr(all(), cfg_attr(all(), tool(retry = "keyed", name = "nested")), doc = "Nested.")]
