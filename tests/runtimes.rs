@@ -283,6 +283,29 @@ mod paused_clock {
         assert!(chain(&failed).contains("clock is paused"), "{}", chain(&failed));
     }
 
+    /// A test on a real clock that once paused and advanced it (then resumed): its clock runs
+    /// with real time again, ahead of it. A store that really did not answer must not be
+    /// explained by a paused clock, which would send the reader after the test's clock instead
+    /// of the server.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_timeout_on_a_resumed_clock_does_not_say_paused() {
+        use std::time::Duration;
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        tokio::time::resume();
+        let port = silent_server().await;
+        let opened = idem_core::store::RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+            .connection_timeout(Duration::from_millis(200))
+            .response_timeout(Duration::from_millis(200))
+            .open()
+            .await;
+        let Err(e) = opened else { panic!("a silent server cannot be opened") };
+        let text = chain(&e);
+        assert!(text.contains("did not answer"), "{text}");
+        assert!(!text.contains("paused"), "{text}");
+    }
+
     #[cfg(feature = "redis")]
     #[idem_core::tool(retry = "keyed")]
     async fn charge(customer: String) -> Result<String, idem_core::NoError> {

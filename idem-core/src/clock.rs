@@ -42,19 +42,23 @@ fn later_with(
     add(now, d).or_else(|| FAR.iter().find_map(|far| add(now, d.min(*far)))).unwrap_or(now)
 }
 
-/// What to add to the message of a timeout that ran out on a clock that does not follow real
-/// time: Tokio's paused test clock (`#[tokio::test(start_paused = true)]`,
-/// `tokio::time::pause`) jumps to the next timer whenever the runtime only waits on I/O, so a
-/// bound on a network step runs out at once however fast the server answers, and the message
-/// alone would send the reader after a server that is fine. Empty on a clock that follows real
-/// time (the runtime's clock is then the system's).
+/// What to add to the message of a timeout that ran out on a paused clock: Tokio's paused test
+/// clock (`#[tokio::test(start_paused = true)]`, `tokio::time::pause`) jumps to the next timer
+/// whenever the runtime only waits on I/O, so a bound on a network step runs out at once however
+/// fast the server answers, and the message alone would send the reader after a server that is
+/// fine. Empty on a running clock, also one that was paused, advanced and resumed: it is then
+/// ahead of the system's but follows real time again, and its timeouts are real.
 pub(crate) fn paused_clock_note() -> &'static str {
-    let (tokio_now, real_now) = (Instant::now().into_std(), std::time::Instant::now());
-    let apart = tokio_now.max(real_now).duration_since(tokio_now.min(real_now));
-    if apart > Duration::from_millis(100) {
-        "; the runtime's clock is paused or was advanced (`start_paused = true`, \
-         `tokio::time::pause`), and a paused clock skips ahead to a timeout while the store's \
-         network I/O is pending: use a real clock with a remote store"
+    // A paused clock stands still while real time passes (only a parked runtime advances it,
+    // and this runs without parking); a running one moves with it.
+    let (before, real) = (Instant::now(), std::time::Instant::now());
+    while real.elapsed() < Duration::from_micros(100) {
+        std::hint::spin_loop();
+    }
+    if Instant::now() == before {
+        "; the runtime's clock is paused (`start_paused = true`, `tokio::time::pause`), and a \
+         paused clock skips ahead to a timeout while the store's network I/O is pending: use a \
+         real clock with a remote store"
     } else {
         ""
     }
