@@ -184,7 +184,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     // Each tool's name, where it is written, and the conditions of its `#[cfg(..)]`s.
     let mut names: Vec<(String, Span, Vec<TokenStream>)> = Vec::new();
     let mut vis: Option<syn::Visibility> = None;
-    for entry in entries {
+    // With whether the entry is a method left without its `cfg_attr`'s tool (below).
+    let mut entries: std::collections::VecDeque<(Entry, bool)> =
+        entries.into_iter().map(|e| (e, false)).collect();
+    while let Some((entry, untooled)) = entries.pop_front() {
         let mut item = match entry {
             Entry::Other(tokens) => {
                 items.push(tokens);
@@ -207,15 +210,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                     None => drop(plain.attrs.remove(i)),
                 }
                 plain.attrs.insert(0, syn::parse_quote!(#[cfg(not(all(#(#conditions),*)))]));
-                // A parameter's doc comment and `#[idem(..)]` are the tool's to read; on a plain
-                // method rustc refuses both.
-                for arg in &mut plain.sig.inputs {
-                    if let syn::FnArg::Typed(pt) = arg {
-                        pt.attrs
-                            .retain(|a| !a.path().is_ident("doc") && !a.path().is_ident("idem"));
-                    }
-                }
-                items.push(quote!(#plain));
+                // Read again: another `cfg_attr` may apply a `tool` under the negation
+                // (`#[cfg_attr(not(feature = "x"), tool(..))]`), which rustc would apply outside
+                // the set.
+                entries.push_front((Entry::Fn(Box::new(plain)), true));
                 match rest {
                     Some(rest) => item.attrs[i] = rest,
                     None => drop(item.attrs.remove(i)),
@@ -234,6 +232,16 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                     alias.path(),
                     "this looks like idem's `#[tool]` under another name: a `#[tool_set]` block finds its tools by the attribute's last name `tool`; write `#[tool(..)]` or `#[idem_core::tool(..)]` so that it joins the set",
                 );
+            }
+            if untooled {
+                // A parameter's doc comment and `#[idem(..)]` are the tool's to read; on a plain
+                // method rustc refuses both.
+                for arg in &mut item.sig.inputs {
+                    if let syn::FnArg::Typed(pt) = arg {
+                        pt.attrs
+                            .retain(|a| !a.path().is_ident("doc") && !a.path().is_ident("idem"));
+                    }
+                }
             }
             items.push(quote!(#item));
             continue;

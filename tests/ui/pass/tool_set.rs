@@ -54,6 +54,8 @@ fn main() {
     assert_eq!(set.len(), 2);
     assert!(set.definition("on").is_some() && set.definition("nested").is_some());
     let _ = (flagged.on_tool(), flagged.off(1, None));
+    let set = Arc::new(conditional::EitherWay).tool_set();
+    assert!(set.definition("either").is_some());
 }
 
 /// `tool_set` has the visibility of the most visible tool, whatever their order: a private tool
@@ -220,6 +222,19 @@ mod conditional {
 
         #[cfg_attr(all(), cfg_attr(all(), tool(retry = "keyed", name = "nested")), doc = "Nested.")]
         pub async fn nested_one(&self, n: u32) -> Result<u32, Failed> {
+            Ok(n)
+        }
+    }
+
+    /// A tool in either case, with a retry class per case: the second `cfg_attr` holds where
+    /// the first does not, on the method left without the first's tool.
+    pub struct EitherWay;
+
+    #[idem_core::tool_set]
+    impl EitherWay {
+        #[cfg_attr(any(), tool(retry = "never"))]
+        #[cfg_attr(not(any()), tool(retry = "safe"))]
+        pub async fn either(&self, n: u32) -> Result<u32, Failed> {
             Ok(n)
         }
     }
