@@ -3,7 +3,7 @@
 //! Method bodies are kept as tokens, never parsed (see `parse_fn`).
 
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::Attribute;
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
@@ -51,8 +51,8 @@ fn parse_entries(input: ParseStream<'_>) -> syn::Result<(Vec<Attribute>, Vec<Ent
 
 /// How far a visibility reaches, to give `tool_set` that of the most visible tool: `pub`, then
 /// `pub(crate)`, then any other restricted `pub(..)`, then private (`pub(self)` is private too).
-/// (Two restricted to modules, `pub(super)` and `pub(in crate::a)`, are not compared: the first
-/// is kept.)
+/// (Two restricted to modules, `pub(super)` and `pub(in crate::a)`, are not compared here: see
+/// [`wider`].)
 fn reach(vis: &syn::Visibility) -> u8 {
     match vis {
         syn::Visibility::Public(_) => 3,
@@ -60,6 +60,27 @@ fn reach(vis: &syn::Visibility) -> u8 {
         syn::Visibility::Restricted(r) if r.path.is_ident("self") => 0,
         syn::Visibility::Restricted(_) => 1,
         syn::Visibility::Inherited => 0,
+    }
+}
+
+/// The visibility that reaches as far as both. Two restricted to different modules
+/// (`pub(super)`, `pub(in crate::a)`) cannot be compared without the block's module path, which a
+/// macro does not know: `pub(crate)` reaches both, where keeping either could leave `tool_set`
+/// private where the other tool is not.
+fn wider(a: syn::Visibility, b: &syn::Visibility) -> syn::Visibility {
+    match reach(&a).cmp(&reach(b)) {
+        std::cmp::Ordering::Less => b.clone(),
+        std::cmp::Ordering::Greater => a,
+        std::cmp::Ordering::Equal => match (&a, b) {
+            (syn::Visibility::Restricted(x), syn::Visibility::Restricted(y))
+                if reach(b) == 1
+                    && x.path.to_token_stream().to_string()
+                        != y.path.to_token_stream().to_string() =>
+            {
+                syn::parse_quote!(pub(crate))
+            }
+            _ => a,
+        },
     }
 }
 
@@ -272,9 +293,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             .map(|(attr, _)| attr)
             .collect();
         let ident = item.sig.ident.clone();
-        if vis.as_ref().is_none_or(|v| reach(&item.vis) > reach(v)) {
-            vis = Some(item.vis.clone());
-        }
+        vis = Some(match vis.take() {
+            None => item.vis.clone(),
+            Some(v) => wider(v, &item.vis),
+        });
         // The attribute's name: a span over the whole attribute shows only its `#` on stable.
         let attr_span = tool_attr.path().segments.last().map(|s| s.ident.span());
         let expanded = crate::tool_item(args, item, default_krate.as_ref(), attr_span);

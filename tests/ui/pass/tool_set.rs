@@ -78,6 +78,11 @@ mod ordered {
         }
     }
 
+    /// Where `ordered_visible` can be called, so can `tool_set`.
+    pub fn drafts() -> idem_core::ToolSet {
+        std::sync::Arc::new(nested::deeper::Drafts).tool_set()
+    }
+
     /// `pub(super)` or `pub(self)` first reaches less than `pub(crate)` after it.
     pub mod nested {
         use super::Failed;
@@ -94,6 +99,27 @@ mod ordered {
             #[tool(retry = "safe")]
             pub(crate) async fn crate_visible(&self) -> Result<u64, Failed> {
                 Ok(0)
+            }
+        }
+
+        /// Two restricted to different modules: `pub(in crate::ordered)` reaches further than
+        /// `pub(super)` written first here, in `deeper`.
+        pub mod deeper {
+            use super::Failed;
+
+            pub struct Drafts;
+
+            #[idem_core::tool_set]
+            impl Drafts {
+                #[tool(retry = "safe")]
+                pub(super) async fn parent_visible(&self) -> Result<u64, Failed> {
+                    Ok(0)
+                }
+
+                #[tool(retry = "safe")]
+                pub(in crate::ordered) async fn ordered_visible(&self) -> Result<u64, Failed> {
+                    Ok(0)
+                }
             }
         }
 
