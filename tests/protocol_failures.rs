@@ -697,3 +697,37 @@ async fn cancelled_owner_on_either_memory_path() {
         }
     }
 }
+
+/// The store's wait for the owner fails once (its connection dropped while it watched the
+/// record: a runtime that ended under a connection shared by parallel tests, a server restart).
+struct FirstWaitFails(AtomicUsize);
+
+#[async_trait::async_trait]
+impl Hook for FirstWaitFails {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        match op {
+            Op::Wait if self.0.fetch_add(1, Ordering::SeqCst) == 0 => Err(down()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A duplicate whose wait for another process's call failed does not answer `StoreUnavailable`
+/// ("nothing was executed") while that call charges: a wait only tells when to look again, so it
+/// claims again as after any wake-up, and replays the owner's result. One charge.
+#[tokio::test(start_paused = true)]
+async fn a_wait_that_failed_claims_again_and_replays_the_owners_result() {
+    let store: Arc<dyn Store> = Arc::new(Wrapped::new(FirstWaitFails(AtomicUsize::new(0))));
+    let (owner, duplicate) = (executor_on(store.clone(), policy()), executor_on(store, policy()));
+    let slow = slow_charge();
+    let run_owner = owner.run("r");
+    let first = run_owner.call(&*slow, args("cus_1", 4900));
+    let mut first = std::pin::pin!(first);
+    until_started(&mut first, &slow.started, "the owner").await;
+    let run_duplicate = duplicate.run("r");
+    let (first, second) = tokio::join!(first, run_duplicate.call(&*slow, args("cus_1", 4900)));
+    assert_eq!(first.unwrap(), "ch_1");
+    assert_eq!(second.unwrap(), "ch_1", "the duplicate replays the owner's result");
+    assert_eq!(slow.provider.count(), 1);
+    assert_eq!(slow.runs(), 1);
+}

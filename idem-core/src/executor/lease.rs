@@ -42,6 +42,11 @@ pub(super) enum Settled<T: Tool> {
     Wait { fence: Fence, lease_remaining: Duration },
 }
 
+/// The longest pause before claiming again after a wait for another owner failed (full jitter):
+/// short next to a lease, and long enough that a store whose waits fail at once is not asked in
+/// a busy loop.
+const WAIT_FAILED_PAUSE: Duration = Duration::from_millis(250);
+
 impl<T: Tool> Call<'_, T> {
     /// Claims until this call owns the key or has its answer: waits for another owner's
     /// result, replays a stored one, or says why not. Bounded by the deadline. `at_start`: this
@@ -134,8 +139,20 @@ impl<T: Tool> Call<'_, T> {
             // A store that stops answering is caught by the next claim's timeout.
             let wait = tokio::time::timeout(max, store.wait(&self.key, fence, max));
             let Some(woken) = self.unless_stopped(wait).await else { return stopped() };
-            if let Ok(Err(e)) = woken {
-                return Err(e);
+            match woken {
+                // A wait only tells when to look again. One that could not watch the record (a
+                // connection dropped under it, a store that stopped answering) is not the call's
+                // answer while the owner may be charging: after a pause, the claim looks, resent
+                // and bounded as any claim, and answers for the store if it is down.
+                Ok(Err(StoreError::Unavailable(e))) => {
+                    tracing::debug!(error = %e, "the wait for another owner failed; claiming again");
+                    let pause = crate::store::full_jitter(WAIT_FAILED_PAUSE).min(max);
+                    let Some(()) = self.unless_stopped(tokio::time::sleep(pause)).await else {
+                        return stopped();
+                    };
+                }
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(())) | Err(_) => {}
             }
             let sent = Instant::now();
             match self.settle(self.claim(on_expired, false).await?, true, false) {
