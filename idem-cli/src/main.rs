@@ -1,7 +1,8 @@
 //! `idem`: list, inspect and settle the records of an idem store from the command line
 //! (`docs/design.md` §5.1). The store is named by a URL, as for `idem_core::store::open`.
 //!
-//! Exit codes: 0 done; 1 any other failure; 2 bad usage (arguments, key, JSON, store URL);
+//! Exit codes: 0 done; 1 any other failure; 2 bad usage (arguments, key, JSON, store URL) or a
+//! store configuration the store refuses (no such database or file, a role it refuses);
 //! 3 no such record; 4 refused (the record is held by a live owner, already settled, changed
 //! meanwhile, or the operator did not confirm); 5 store unavailable; 6 a record or schema of
 //! another idem version. `list` exits 6 when a record it met cannot be read, after printing
@@ -38,7 +39,8 @@ struct Cli {
     command: Command,
 }
 
-const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage, 3 no such record, \
+const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage or a refused store configuration, \
+3 no such record, \
 4 refused (live owner, already settled, changed meanwhile, not confirmed), 5 store unavailable, \
 6 record or schema this idem cannot read: another idem version, a damaged file (list: the readable records are printed all the same, \
 and each unreadable one is named).";
