@@ -315,6 +315,15 @@ async fn reconnects_after_connections_are_killed() {
         .await
         .expect("complete");
 
+    // The listener connects in the background: wait for it (a hang guard of 20 s), so that both
+    // of the store's connections are there to be killed.
+    for _ in 0..400 {
+        if store.listening() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.listening(), "the store listens before its connections are killed");
     let admin = raw(&Config::from_str(&pg_url()).expect("config")).await;
     let killed = admin
         .execute(
