@@ -229,6 +229,30 @@ impl<A, O, E> Checked<(A,), O, E> {
     }
 }
 
+/// idem's context as the type the body names: a first parameter written `&Ctx` is read as the
+/// context whatever `Ctx` names where the tool is written, and one of the user's own types of
+/// that name gets this one error, saying so, instead of a type mismatch between two `Ctx`s.
+#[diagnostic::on_unimplemented(
+    message = "`&{Self}` as a tool's parameter is read as idem's context (`&idem_core::Ctx`), and this `{Self}` is another type",
+    label = "read as idem's context",
+    note = "a parameter of a type of your own named `Ctx` is an argument when it is owned (`ctx: Ctx`); for idem's context write `&idem_core::Ctx`"
+)]
+pub trait IdemContext {
+    /// The context as this type.
+    fn of(cx: &crate::Ctx) -> &Self;
+}
+
+impl IdemContext for crate::Ctx {
+    fn of(cx: &crate::Ctx) -> &Self {
+        cx
+    }
+}
+
+/// The context passed to a tool's body (see [`IdemContext`]).
+pub fn context<C: IdemContext>(cx: &crate::Ctx) -> &C {
+    C::of(cx)
+}
+
 /// Boxes one attempt of a tool's body.
 pub fn tool_body<'a, F>(body: F) -> BoxFuture<'a, F::Output>
 where

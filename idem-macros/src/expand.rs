@@ -202,6 +202,15 @@ fn user_doc(doc: &[Attribute], model: &Model) -> Vec<Attribute> {
     }
 }
 
+/// The body's context argument, `cx` as the type the body names (a check at the parameter's
+/// name: `&Ctx` of a type of the user's own gets one error saying it is read as the context).
+fn context_arg(model: &Model, cx: &TokenStream) -> TokenStream {
+    let Some(name) = &model.ctx else { return quote!() };
+    let krate = &model.krate;
+    let at = Span::call_site().located_at(name.span());
+    quote_spanned!(at=> #krate::__private::checks::context(#cx),)
+}
+
 /// `name: Type` of each parameter for the typed call of a method, with the parameter's lint
 /// attributes (`#[allow(non_snake_case)] userId: String`).
 fn typed_params(model: &Model) -> Vec<TokenStream> {
@@ -570,10 +579,7 @@ fn expand_free(model: &Model) -> TokenStream {
     inner.attrs.push(body_allows());
     // The body's fn is an item of the closure's block, where it shadows the closure's
     // parameters: named `__idem_..`, they cannot be a tool's name (`async fn args(..)`).
-    let cx_arg = match &model.ctx {
-        Some(_) => quote!(__idem_cx,),
-        None => quote!(),
-    };
+    let cx_arg = context_arg(model, &quote!(__idem_cx));
     let flat = model.params.first().filter(|p| p.flatten);
     let (call, ctor, body_args, tool_args, args_items) = match flat {
         // One arguments struct: its fields are the arguments; no `..Args` type of our own (the
@@ -694,10 +700,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let fn_name = ident.unraw().to_string();
     inner.attrs = body_attrs.iter().map(|a| instrument_named(a, &fn_name)).collect();
     inner.attrs.push(body_allows());
-    let cx_arg = match &model.ctx {
-        Some(_) => quote!(cx,),
-        None => quote!(),
-    };
+    let cx_arg = context_arg(model, &quote!(cx));
     let tuple = quote!((#(#tys,)*));
     let (body_args, args_ty, wrap, fields) = match model.params.first().filter(|p| p.flatten) {
         Some(p) => {
