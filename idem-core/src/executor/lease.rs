@@ -56,15 +56,8 @@ impl<T: Tool> Call<'_, T> {
         on_expired: OnExpired,
         at_start: bool,
     ) -> Result<Owned<T>, StoreError> {
-        // A claim right after the call's start is confirmed as of that start (the default).
-        let sent = (!at_start).then(Instant::now);
         match self.settle(self.claim(on_expired, at_start).await?, false, at_start) {
-            Settled::Owned(owned) => {
-                if let (Some(sent), Owned::Fence { .. }) = (sent, &owned) {
-                    self.confirmed_at(sent);
-                }
-                Ok(owned)
-            }
+            Settled::Owned(owned) => Ok(owned),
             // Boxed: the wait's timers would make every call's future larger, and a call that
             // waits for another owner is not in a hurry.
             Settled::Wait { fence, lease_remaining } => {
@@ -154,14 +147,8 @@ impl<T: Tool> Call<'_, T> {
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(())) | Err(_) => {}
             }
-            let sent = Instant::now();
             match self.settle(self.claim(on_expired, false).await?, true, false) {
-                Settled::Owned(owned) => {
-                    if let Owned::Fence { .. } = owned {
-                        self.confirmed_at(sent);
-                    }
-                    return Ok(owned);
-                }
+                Settled::Owned(owned) => return Ok(owned),
                 Settled::Wait { fence: f, lease_remaining: l } => {
                     (fence, lease_remaining) = (f, l);
                 }
@@ -169,25 +156,30 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    /// One claim, bounded by the call's deadline and the store timeout. A claim that does not
-    /// answer in time is finished in the background and released if it acquired, so a slow store
-    /// leaves no phantom owner behind (for a never tool that would read as an unknown outcome).
     fn origin<'s>(&self, scope: &'s Scope) -> Origin<'s> {
         Origin { tool: self.name(), tenant: scope.tenant(), run: scope.run_id() }
     }
 
+    /// One claim, bounded by the call's deadline and the store timeout (see
+    /// [`Call::claim_once`]). One that acquires the key notes when it was sent, as the instant
+    /// the lease is known to run from ([`Call::confirmed_at`]); the call's first claim, sent at
+    /// its start (`at_start`), is confirmed as of that start, the default, and stores nothing.
     async fn claim(&self, on_expired: OnExpired, at_start: bool) -> Result<Claim, StoreError> {
         let timer = StepTimer::start();
+        let sent = (!at_start).then(Instant::now);
         let answer = match &self.inner.memory {
             // Answers at once: no future, no timeout, nothing left behind. The call's first
             // claim follows its start with nothing awaited between: that clock reading serves.
             Some(memory) => {
-                let now = if at_start { self.started } else { Instant::now() };
+                let now = sent.unwrap_or(self.started);
                 let asks = self.tool.reconciles();
                 Ok(memory.claim_at(self.claim_request(on_expired), &self.digest, now, asks))
             }
             None => self.claim_once(on_expired).await,
         };
+        if let (Some(sent), Ok(Claim::Acquired { .. })) = (sent, &answer) {
+            self.confirmed_at(sent);
+        }
         timer.done("claim");
         answer
     }
@@ -202,6 +194,10 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
+    /// One claim on a store elsewhere, bounded by the call's deadline and the store timeout. A
+    /// claim that does not answer in time is finished in the background and released if it
+    /// acquired, so a slow store leaves no phantom owner behind (for a never tool that would read
+    /// as an unknown outcome).
     async fn claim_once(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
         if self.inner.local_store {
             // Answers without I/O: nothing to bound, nothing left behind.
