@@ -235,10 +235,9 @@ impl<T: Tool> Call<'_, T> {
                 } else {
                     "the call's deadline"
                 };
-                Err(StoreError::unavailable(format!(
-                    "the store did not answer the claim within {:?} ({limit}){}",
-                    bound.saturating_duration_since(now),
-                    crate::clock::paused_clock_note()
+                Err(StoreError::timed_out(format!(
+                    "the store did not answer the claim within {:?} ({limit})",
+                    bound.saturating_duration_since(now)
                 )))
             }
         }
@@ -259,9 +258,8 @@ impl<T: Tool> Call<'_, T> {
             let timeout = self.policy.store_timeout;
             match tokio::time::timeout(timeout, step).await {
                 Ok(result) => result,
-                Err(_) => Err(StoreError::unavailable(format!(
-                    "the store did not answer within {timeout:?} (Policy::store_timeout){}",
-                    crate::clock::paused_clock_note()
+                Err(_) => Err(StoreError::timed_out(format!(
+                    "the store did not answer within {timeout:?} (Policy::store_timeout)"
                 ))),
             }
         };

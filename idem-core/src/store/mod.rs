@@ -199,6 +199,12 @@ impl StoreError {
     pub fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         StoreError::Unavailable(Arc::from(e.into()))
     }
+
+    /// [`StoreError::Unavailable`] for a bound that ran out, `why` saying which; on a paused
+    /// Tokio clock it says that too (`clock::paused_clock_note`).
+    pub(crate) fn timed_out(why: String) -> Self {
+        StoreError::unavailable(why + crate::clock::paused_clock_note())
+    }
 }
 
 /// An idempotency store. Implementations must make each method one atomic step.

@@ -113,11 +113,10 @@ impl Source {
                 } else {
                     "no connection of the PostgreSQL pool became free (every one is in use)"
                 };
-                return Err(StoreError::unavailable(format!(
-                    "{why} within {} ms ({in_use} of {} in use){}",
+                return Err(StoreError::timed_out(format!(
+                    "{why} within {} ms ({in_use} of {} in use)",
                     self.wait.as_millis(),
-                    status.max_size,
-                    crate::clock::paused_clock_note()
+                    status.max_size
                 )));
             }
         };

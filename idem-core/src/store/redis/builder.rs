@@ -133,12 +133,11 @@ impl RedisStoreBuilder {
             if e.is_timeout() {
                 // Connected or not, nothing answered the first command in time: name the bound
                 // that ran out, so a hung server is not mistaken for a refused one.
-                return Err(StoreError::unavailable(format!(
+                return Err(StoreError::timed_out(format!(
                     "Redis did not answer within {} ms (connection timeout) or {} ms (response \
-                     timeout): the server is not answering, or is out of reach: {e}{}",
+                     timeout): the server is not answering, or is out of reach: {e}",
                     connect.as_millis(),
-                    response.as_millis(),
-                    crate::clock::paused_clock_note()
+                    response.as_millis()
                 )));
             }
             // Say where: an operator's first question, which the redis crate's text leaves out.

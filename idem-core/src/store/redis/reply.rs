@@ -216,10 +216,9 @@ pub(super) fn unavailable(e: RedisError) -> StoreError {
     }
     // The redis crate words a timeout as "timed out", which does not say what waited.
     if e.is_timeout() {
-        return StoreError::unavailable(format!(
+        return StoreError::timed_out(format!(
             "Redis did not answer within the store's timeouts (the server is busy, not \
-             answering, or out of reach): {e}{}",
-            crate::clock::paused_clock_note()
+             answering, or out of reach): {e}"
         ));
     }
     StoreError::unavailable(e)
