@@ -12,7 +12,7 @@ use redis::{Client, ProtocolVersion, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::Notify;
 
 use super::conn::ClusterNodes;
-use super::route::MadeOn;
+use super::route::{MadeOn, Replaceable};
 use super::{Inner, RedisStore};
 use crate::store::wait::WaiterMap;
 
@@ -66,41 +66,37 @@ impl Make {
 /// one lock) and then poll.
 pub(super) struct PubSub {
     make: Make,
-    /// The current connection, how many times it was replaced, and its runtime.
-    current: std::sync::Mutex<(u64, Subscriber, MadeOn)>,
+    current: Replaceable<Subscriber>,
 }
 
 impl PubSub {
     fn new(make: Make) -> Option<PubSub> {
         let first = make.subscriber()?;
-        Some(PubSub { make, current: std::sync::Mutex::new((0, first, MadeOn::here())) })
+        Some(PubSub { make, current: Replaceable::new(first, MadeOn::here()) })
+    }
+
+    /// A new connection, whose messages come to a task of the current runtime.
+    fn make(&self) -> Option<(Subscriber, MadeOn)> {
+        Some((self.make.subscriber()?, MadeOn::here()))
     }
 
     /// The current connection and its generation; a new one first if the runtime it was made on
     /// has ended (its messages went to a task of that runtime), and then `true`.
     fn current(&self) -> (u64, Subscriber, bool) {
-        let mut current = crate::sync::lock(&self.current);
-        let ended = current.2.ended();
-        if ended && let Some(next) = self.make.subscriber() {
-            *current = (current.0 + 1, next, MadeOn::here());
-        }
-        (current.0, current.1.clone(), ended)
+        self.current.current(|| self.make())
     }
 
     /// The connection of `generation` did not answer: the next subscription goes on a new one
     /// (once per generation). Whether it was replaced now.
     fn replace(&self, generation: u64) -> bool {
-        let mut current = crate::sync::lock(&self.current);
-        if current.0 != generation {
-            return false;
+        let replaced = self.current.replace(generation, || self.make());
+        if replaced {
+            tracing::warn!(
+                "the Redis pub/sub connection did not answer within the response timeout; \
+                 connecting again"
+            );
         }
-        let Some(next) = self.make.subscriber() else { return false };
-        tracing::warn!(
-            "the Redis pub/sub connection did not answer within the response timeout; \
-             connecting again"
-        );
-        *current = (generation + 1, next, MadeOn::here());
-        true
+        replaced
     }
 }
 

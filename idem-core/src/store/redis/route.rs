@@ -177,6 +177,47 @@ impl MadeOn {
     }
 }
 
+/// A connection that is replaced by a new one rather than repaired, numbered by generation so
+/// that a failure many commands saw replaces it once, with the runtime it runs on, so that one
+/// whose runtime ended is made again before it is used. `make` gives a new connection and where
+/// it is watched (`None`: it could not be made, and the current one is kept).
+pub(super) struct Replaceable<C> {
+    current: std::sync::Mutex<(u64, C, MadeOn)>,
+}
+
+impl<C: Clone> Replaceable<C> {
+    pub(super) fn new(conn: C, made_on: MadeOn) -> Self {
+        Replaceable { current: std::sync::Mutex::new((0, conn, made_on)) }
+    }
+
+    /// The current connection and its generation, made again first if its runtime has ended
+    /// (and then `true`).
+    pub(super) fn current(&self, make: impl FnOnce() -> Option<(C, MadeOn)>) -> (u64, C, bool) {
+        let mut current = crate::sync::lock(&self.current);
+        let ended = current.2.ended();
+        if ended && let Some((conn, made_on)) = make() {
+            *current = (current.0 + 1, conn, made_on);
+        }
+        (current.0, current.1.clone(), ended)
+    }
+
+    /// Replaces the connection of `generation`, unless that was done already; whether it was
+    /// replaced now.
+    pub(super) fn replace(
+        &self,
+        generation: u64,
+        make: impl FnOnce() -> Option<(C, MadeOn)>,
+    ) -> bool {
+        let mut current = crate::sync::lock(&self.current);
+        if current.0 != generation {
+            return false;
+        }
+        let Some((conn, made_on)) = make() else { return false };
+        *current = (generation + 1, conn, made_on);
+        true
+    }
+}
+
 /// A cluster's connection, replaced by a new one (every node connected again from the nodes
 /// first listed) when a node does not answer within the response timeout: the cluster client
 /// reconnects to a node only when its connection drops, and one that went silent (a NAT or load
@@ -185,8 +226,7 @@ impl MadeOn {
 pub(super) struct Cluster {
     client: redis::cluster::ClusterClient,
     config: redis::cluster::ClusterConfig,
-    /// The current connection, how many times it was replaced, and its runtime.
-    current: std::sync::Mutex<(u64, ClusterConnection, MadeOn)>,
+    current: Replaceable<ClusterConnection>,
 }
 
 impl Cluster {
@@ -196,18 +236,20 @@ impl Cluster {
         config: redis::cluster::ClusterConfig,
     ) -> Cluster {
         let conn = client.get_pending_async_connection_with_config(config.clone());
-        Cluster { client, config, current: std::sync::Mutex::new((0, conn, MadeOn::here())) }
+        Cluster { client, config, current: Replaceable::new(conn, MadeOn::here()) }
+    }
+
+    /// A new connection, which starts its tasks on the current runtime at once.
+    fn make(&self) -> Option<(ClusterConnection, MadeOn)> {
+        let conn = self.client.get_pending_async_connection_with_config(self.config.clone());
+        Some((conn, MadeOn::here()))
     }
 
     /// The current connection (a clone shares it) and its generation; a new one first if the
     /// runtime it was made on has ended.
     pub(super) fn connection(&self) -> (u64, ClusterConnection) {
-        let mut current = crate::sync::lock(&self.current);
-        if current.2.ended() {
-            let conn = self.client.get_pending_async_connection_with_config(self.config.clone());
-            *current = (current.0 + 1, conn, MadeOn::here());
-        }
-        (current.0, current.1.clone())
+        let (generation, conn, _) = self.current.current(|| self.make());
+        (generation, conn)
     }
 
     /// Notes the answer of a command sent on the connection of `generation`: after a response
@@ -216,17 +258,12 @@ impl Cluster {
     pub(super) fn saw<T>(&self, generation: u64, answer: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &answer
             && e.is_timeout()
+            && self.current.replace(generation, || self.make())
         {
-            let mut current = crate::sync::lock(&self.current);
-            if current.0 == generation {
-                tracing::warn!(
-                    "a Redis Cluster node did not answer within the response timeout; \
-                     connecting to the cluster again"
-                );
-                let conn =
-                    self.client.get_pending_async_connection_with_config(self.config.clone());
-                *current = (generation + 1, conn, MadeOn::here());
-            }
+            tracing::warn!(
+                "a Redis Cluster node did not answer within the response timeout; connecting to \
+                 the cluster again"
+            );
         }
         answer
     }
@@ -241,44 +278,40 @@ impl Cluster {
 pub(super) struct One {
     client: redis::Client,
     config: ConnectionManagerConfig,
-    /// The current manager, how many times it was replaced, and its runtime.
-    current: std::sync::Mutex<(u64, ConnectionManager, MadeOn)>,
+    current: Replaceable<ConnectionManager>,
 }
 
 impl One {
     /// A manager that connects on first use (needs a tokio runtime).
     pub(super) fn new(client: redis::Client, config: ConnectionManagerConfig) -> RedisResult<One> {
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-        Ok(One { client, config, current: std::sync::Mutex::new((0, manager, MadeOn::unused())) })
+        Ok(One { client, config, current: Replaceable::new(manager, MadeOn::unused()) })
+    }
+
+    /// A new manager, which connects on the runtime of its first use (watched from then).
+    fn make(&self) -> Option<(ConnectionManager, MadeOn)> {
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(manager) => Some((manager, MadeOn::unused())),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot replace the Redis connection");
+                None
+            }
+        }
     }
 
     /// The current manager (a clone shares its connection) and its generation; a new one first
     /// if the runtime it was made on has ended.
     pub(super) fn manager(&self) -> (u64, ConnectionManager) {
-        let mut current = crate::sync::lock(&self.current);
-        if current.2.ended()
-            && let Ok(manager) =
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-        {
-            *current = (current.0 + 1, manager, MadeOn::here());
-        }
-        (current.0, current.1.clone())
+        let (generation, manager, _) = self.current.current(|| self.make());
+        (generation, manager)
     }
 
     /// The manager of `generation` reached a server that refuses writes, or its connection
     /// went silent (`why`): the next command connects again (once per generation, however many
     /// commands saw it).
     fn reconnect(&self, generation: u64, why: &str) {
-        let mut current = crate::sync::lock(&self.current);
-        if current.0 != generation {
-            return;
-        }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(manager) => {
-                tracing::warn!("{why}; connecting to Redis again");
-                *current = (generation + 1, manager, MadeOn::unused());
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot replace the Redis connection"),
+        if self.current.replace(generation, || self.make()) {
+            tracing::warn!("{why}; connecting to Redis again");
         }
     }
 
