@@ -889,30 +889,15 @@ async fn a_refused_role_or_database_is_a_configuration_error() {
 
     let (schema, admin, config) = private_schema("privileges").await;
     drop(PostgresStore::connect_with(config.clone(), 1).await.unwrap());
-    let role = format!("idem_test_reader_{}", std::process::id());
-    admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
-             GRANT USAGE ON SCHEMA {schema} TO {role}"
-        ))
-        .await
-        .unwrap();
-    let mut as_reader = config.clone();
-    as_reader.user(&role);
-    let reader = PostgresStore::connect_with(as_reader, 1).await;
-    let refused = match reader {
-        Ok(store) => {
-            let (key, fp) = fresh_key("privileges", "{}");
-            store.claim(claim_req(&key, &fp)).await.map(drop)
-        }
-        Err(e) => Err(e),
-    };
+    let (role, as_reader) = pg::login_role(&admin, &schema, "reader", &config).await;
+    // Refused when the store opens, not at its first claim.
+    let refused = PostgresStore::connect_with(as_reader, 1).await.map(drop);
+    drop_schema(&admin, &schema).await;
+    pg::drop_role(&admin, &role).await;
     match refused {
         Err(StoreError::InvalidConfig(m)) => assert!(m.contains("42501"), "{m}"),
         other => panic!("a role without privileges: {other:?}"),
     }
-    drop_schema(&admin, &schema).await;
-    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
 }
 
 /// Managed databases split roles: one creates and migrates idem's tables, the application's
@@ -925,16 +910,7 @@ async fn a_role_that_may_not_create_the_schema_is_told_what_to_do() {
         return;
     }
     let (schema, admin, config) = private_schema("split_roles").await;
-    let role = format!("idem_test_app_{}", std::process::id());
-    admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
-             GRANT USAGE ON SCHEMA {schema} TO {role}"
-        ))
-        .await
-        .unwrap();
-    let mut as_app = config.clone();
-    as_app.user(&role);
+    let (role, as_app) = pg::login_role(&admin, &schema, "app", &config).await;
     let refused = async |config: &Config| match PostgresStore::connect_with(config.clone(), 1).await
     {
         Err(StoreError::InvalidConfig(m)) => m,
@@ -982,7 +958,7 @@ async fn a_role_that_may_not_create_the_schema_is_told_what_to_do() {
     assert!(m.contains("no schema of search_path"), "{m}");
 
     drop_schema(&admin, &schema).await;
-    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+    pg::drop_role(&admin, &role).await;
 }
 
 /// A role that may read idem's tables but not write them (one made for looking at the store, or
@@ -996,17 +972,11 @@ async fn a_role_that_may_only_read_is_refused_at_open_with_the_grants_missing() 
     }
     let (schema, admin, config) = private_schema("read_only_role").await;
     drop(PostgresStore::connect_with(config.clone(), 1).await.expect("the owner creates"));
-    let role = format!("idem_test_viewer_{}", std::process::id());
+    let (role, as_viewer) = pg::login_role(&admin, &schema, "viewer", &config).await;
     admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
-             GRANT USAGE ON SCHEMA {schema} TO {role}; \
-             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}"
-        ))
+        .batch_execute(&format!("GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}"))
         .await
         .unwrap();
-    let mut as_viewer = config.clone();
-    as_viewer.user(&role);
     let reader = PostgresStore::connect_with(as_viewer.clone(), 1).await.map(drop);
     let target = pg::target();
     let (host, port) = target.rsplit_once(':').unwrap();
@@ -1021,7 +991,7 @@ async fn a_role_that_may_only_read_is_refused_at_open_with_the_grants_missing() 
         .unwrap();
     let no_sequence = PostgresStore::connect_with(as_viewer.clone(), 1).await.map(drop);
     drop_schema(&admin, &schema).await;
-    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.unwrap();
+    pg::drop_role(&admin, &role).await;
     match reader {
         Err(StoreError::InvalidConfig(m)) => assert!(
             m.contains(&format!("GRANT INSERT, UPDATE, DELETE ON {schema}.idem_records TO {role}"))

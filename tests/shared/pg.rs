@@ -40,6 +40,31 @@ pub async fn drop_schema(admin: &tokio_postgres::Client, schema: &str) {
     admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.expect("drop");
 }
 
+/// A login role `idem_test_<what>_<pid>` (made again if it exists) with `USAGE` on `schema`,
+/// and `config` as that role; drop it with [`drop_role`].
+pub async fn login_role(
+    admin: &tokio_postgres::Client,
+    schema: &str,
+    what: &str,
+    config: &Config,
+) -> (String, Config) {
+    let role = format!("idem_test_{what}_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN; \
+             GRANT USAGE ON SCHEMA {schema} TO {role}"
+        ))
+        .await
+        .expect("create role");
+    let mut as_role = config.clone();
+    as_role.user(&role);
+    (role, as_role)
+}
+
+pub async fn drop_role(admin: &tokio_postgres::Client, role: &str) {
+    admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await.expect("drop role");
+}
+
 /// The `host:port` of the tests' PostgreSQL server (`IDEM_PG_URL`), for a proxy in front of it.
 pub fn target() -> String {
     let config = Config::from_str(&pg_url()).expect("IDEM_PG_URL");
