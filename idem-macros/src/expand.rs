@@ -43,74 +43,75 @@ fn is_lint_path(path: &syn::Path) -> bool {
 /// parameter the body leaves unused is used there), and an expectation unfulfilled on the copy
 /// would be reported although the body fulfils it.
 fn copied_lint(attr: &Attribute) -> Attribute {
-    let mut attr = attr.clone();
-    if let syn::Meta::List(list) = &mut attr.meta {
-        if list.path.is_ident("expect") {
-            list.path = Ident::new("allow", list.path.span()).into();
-        } else if list.path.is_ident("cfg_attr")
-            && let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args)
-            && let [meta] = &applied.into_iter().collect::<Vec<_>>()[..]
+    through_cfg_attr(attr, &|attr| {
+        let mut attr = attr.clone();
+        if let syn::Meta::List(list) = &mut attr.meta
+            && list.path.is_ident("expect")
         {
-            // One lint after `split_cfg_attr`: `#[cfg_attr(test, expect(..))]`.
-            let mut inner = attr.clone();
-            inner.meta = meta.clone();
-            let applies = copied_lint(&inner).meta;
-            if let syn::Meta::List(list) = &mut attr.meta {
-                list.tokens = quote!(#predicate, #applies);
-            }
+            list.path = Ident::new("allow", list.path.span()).into();
         }
-    }
-    attr
+        attr
+    })
 }
 
 /// A `#[tracing::instrument]` on a method tool's body, which is the hidden
 /// `__idem_tool_<name>`: given `name = "<the method's name>"` unless it names its span, so the
-/// span is named as the user's method (instrument names it after the fn it is on). Through a
-/// `cfg_attr` too; any other attribute comes back as it is.
+/// span is named as the user's method (instrument names it after the fn it is on). Any other
+/// attribute comes back as it is.
 fn instrument_named(attr: &Attribute, fn_name: &str) -> Attribute {
-    let mut attr = attr.clone();
     let is_instrument =
         |path: &syn::Path| path.segments.last().is_some_and(|s| s.ident == "instrument");
-    match &mut attr.meta {
-        syn::Meta::Path(path) if is_instrument(path) => {
-            let path = path.clone();
-            attr.meta = syn::parse_quote!(#path(name = #fn_name));
-        }
-        syn::Meta::List(list) if is_instrument(&list.path) => {
-            let tokens = list.tokens.clone().into_iter().collect::<Vec<_>>();
-            let named = tokens.windows(2).any(|w| {
-                matches!(
-                    (&w[0], &w[1]),
-                    (proc_macro2::TokenTree::Ident(i), proc_macro2::TokenTree::Punct(p))
-                        if i == "name" && p.as_char() == '='
-                )
-            }) || tokens.iter().enumerate().any(|(i, t)| {
-                // A string literal as an argument of its own names the span too
-                // (`#[instrument("orders.cancel")]`), and a second name is refused.
-                matches!(t, proc_macro2::TokenTree::Literal(_))
-                    && (i == 0
-                        || matches!(&tokens[i - 1], proc_macro2::TokenTree::Punct(p) if p.as_char() == ','))
-            });
-            if !named {
-                let tokens = &list.tokens;
-                list.tokens = quote!(name = #fn_name, #tokens);
+    through_cfg_attr(attr, &|attr| {
+        let mut attr = attr.clone();
+        match &mut attr.meta {
+            syn::Meta::Path(path) if is_instrument(path) => {
+                let path = path.clone();
+                attr.meta = syn::parse_quote!(#path(name = #fn_name));
             }
-        }
-        syn::Meta::List(list) if list.path.is_ident("cfg_attr") => {
-            if let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args)
-                && let [meta] = &applied.into_iter().collect::<Vec<_>>()[..]
-            {
-                let mut inner = attr.clone();
-                inner.meta = meta.clone();
-                let applies = instrument_named(&inner, fn_name).meta;
-                if let syn::Meta::List(list) = &mut attr.meta {
-                    list.tokens = quote!(#predicate, #applies);
+            syn::Meta::List(list) if is_instrument(&list.path) => {
+                let tokens = list.tokens.clone().into_iter().collect::<Vec<_>>();
+                let named = tokens.windows(2).any(|w| {
+                    matches!(
+                        (&w[0], &w[1]),
+                        (proc_macro2::TokenTree::Ident(i), proc_macro2::TokenTree::Punct(p))
+                            if i == "name" && p.as_char() == '='
+                    )
+                }) || tokens.iter().enumerate().any(|(i, t)| {
+                    // A string literal as an argument of its own names the span too
+                    // (`#[instrument("orders.cancel")]`), and a second name is refused.
+                    matches!(t, proc_macro2::TokenTree::Literal(_))
+                        && (i == 0
+                            || matches!(&tokens[i - 1], proc_macro2::TokenTree::Punct(p) if p.as_char() == ','))
+                });
+                if !named {
+                    let tokens = &list.tokens;
+                    list.tokens = quote!(name = #fn_name, #tokens);
                 }
             }
+            _ => {}
         }
-        _ => {}
+        attr
+    })
+}
+
+/// `change` applied to `attr`, or, for a `#[cfg_attr(pred, a)]` that applies one attribute (as
+/// [`split_cfg_attr`] leaves them), to `a` under the same predicate, through nested ones.
+fn through_cfg_attr(attr: &Attribute, change: &dyn Fn(&Attribute) -> Attribute) -> Attribute {
+    if let syn::Meta::List(list) = &attr.meta
+        && list.path.is_ident("cfg_attr")
+        && let Ok((predicate, applied)) = list.parse_args_with(cfg_attr_args)
+        && let [meta] = &applied.into_iter().collect::<Vec<_>>()[..]
+    {
+        let mut inner = attr.clone();
+        inner.meta = meta.clone();
+        let applies = through_cfg_attr(&inner, change).meta;
+        let mut attr = attr.clone();
+        if let syn::Meta::List(list) = &mut attr.meta {
+            list.tokens = quote!(#predicate, #applies);
+        }
+        return attr;
     }
-    attr
+    change(attr)
 }
 
 /// The arguments of `cfg_attr`: the predicate and the attributes it applies.
