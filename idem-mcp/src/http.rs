@@ -465,13 +465,21 @@ where
         let manager = Arc::clone(&self.manager);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            match owners.allows(&parts).await {
-                Access::Allowed => {}
-                Access::Refused => return Ok(unknown_session()),
+            let refused = match owners.allows(&parts).await {
+                Access::Allowed => None,
+                Access::Refused => Some(unknown_session()),
                 Access::StoreFailed => {
                     let text = "Service Unavailable: the session store could not be read";
-                    return Ok(reply(http::StatusCode::SERVICE_UNAVAILABLE, text.into()));
+                    Some(reply(http::StatusCode::SERVICE_UNAVAILABLE, text.into()))
                 }
+            };
+            if let Some(refused) = refused {
+                // The body is read first (thrown away, and drained past the limit as for a 413):
+                // answered with its body unread, the connection is closed after the answer, and
+                // a client that keeps connections (httpx, undici) sends its next request on it
+                // and hears "disconnected without a response".
+                let _ = collect_at_most(body, max_body_bytes).await;
+                return Ok(refused);
             }
             widen_accept(&mut parts.headers);
             let bytes = match collect_at_most(body, max_body_bytes).await {
