@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, Pool};
 use idem_core::conformance::fresh_key;
+use idem_core::store::postgres::deadpool_postgres::{Manager, Pool};
+use idem_core::store::postgres::tokio_postgres;
 use idem_core::store::{Claim, Outcome, StoreError};
 use idem_core::{Error, Idem, Policy, PostgresStore, Store, tool};
 use idem_tests::{Never, acquire, claim_req, or_skip, pg_url};

@@ -71,6 +71,10 @@ mod verify;
 
 use claim::{Step, decide, decide_common};
 use conn::Sql;
+/// The deadpool-postgres that [`PostgresStore::from_pool`] takes a pool of, re-exported so that an
+/// application builds its pool with the same version idem was built with: a pool of another
+/// major version is another type, and rustc's "expected `Pool`, found `Pool`" does not say why.
+pub use deadpool_postgres;
 use error::{pg, sent, unreached};
 use listen::listen;
 pub use pool::PoolOptions;
@@ -79,6 +83,9 @@ use schema::Schema;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
 use text::{run_text, text};
 use tls::Target;
+/// The tokio-postgres whose `Config` [`PostgresStore::connect_with`] takes, re-exported for the
+/// same reason.
+pub use tokio_postgres;
 
 /// The most connections [`PostgresStore::connect`]'s pool opens at once (they open on demand,
 /// so a process with few concurrent calls opens few): that many store steps run at a time, and
