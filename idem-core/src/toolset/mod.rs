@@ -437,6 +437,30 @@ impl ToolSet {
         Ok(())
     }
 
+    /// This set with every tool of `other` added: the sets of two `#[tool_set]` blocks, or one
+    /// and free tools. `other`'s [`refusals`](Self::refusals) are kept, except for a name the
+    /// merged set holds a tool of. Errors: [`ToolSetError::DuplicateName`] when both sets hold a
+    /// tool of that name; nothing is merged then.
+    pub fn merge(mut self, other: ToolSet) -> Result<Self, ToolSetError> {
+        if let Some(name) = other.tools.keys().find(|name| self.tools.contains_key(*name)) {
+            return Err(ToolSetError::DuplicateName(name));
+        }
+        for (name, entry) in other.tools {
+            if entry.definition.class == RetryClass::Safe {
+                self.cx.read_only.push(name);
+            }
+            self.refused.remove(name);
+            self.tools.insert(name, entry);
+        }
+        self.cx.read_only.sort_unstable();
+        for (name, refusal) in other.refused {
+            if !self.tools.contains_key(name) {
+                self.refused.entry(name).or_insert(refusal);
+            }
+        }
+        Ok(self)
+    }
+
     /// Adds `tool`, or keeps why it cannot be added (`#[tool_set]`'s generated `tool_set()`,
     /// which returns the set itself): the refusal is logged at error level, listed by
     /// [`refusals`](Self::refusals), and a call of that name answers with it instead of

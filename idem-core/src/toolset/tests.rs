@@ -285,6 +285,35 @@ async fn unknown_tool_lists_the_available_ones() {
     assert_eq!(t.charges.load(Ordering::SeqCst), 0);
 }
 
+/// Two sets (two `#[tool_set]` blocks, or one and free tools) become one: each tool dispatches
+/// from the merged set, and a name both hold is refused with nothing merged.
+#[tokio::test]
+async fn sets_merge_and_a_name_in_both_is_refused() {
+    let t = tools();
+    let scale = fake("scale", RetryClass::Safe, |a: &ScaleArgs, _| Ok(json!(a.factor * 2.0)));
+    let other = ToolSet::new().with(scale).unwrap();
+    let merged = t.set.clone().merge(other.clone()).unwrap();
+    let names: Vec<&str> = merged.definitions().map(|d| d.name).collect();
+    assert_eq!(names, ["charge_card", "get_balance", "refund", "scale"]);
+
+    let run = Idem::in_memory().run("r");
+    let args = json!({"customer": "cus_1", "amount_cents": 500});
+    let first = merged.call(&run, "charge_card", &args).await;
+    let again = merged.call(&run, "charge_card", &args).await;
+    assert!(!first.is_error, "{}", first.text);
+    assert_eq!(first.text, again.text);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one charge through the merged set");
+    let scaled = merged.call(&run, "scale", &json!({"factor": 1.5})).await;
+    assert_eq!(scaled.text, "3.0");
+    // An unknown name lists the tools of both sets.
+    let unknown = merged.call(&run, "nope", &json!({})).await;
+    assert!(unknown.text.contains("charge_card, get_balance, refund, scale"), "{}", unknown.text);
+
+    let clash = ToolSet::new().with(fake("refund", RetryClass::Never, refund_times_out)).unwrap();
+    let err = merged.clone().merge(clash).unwrap_err();
+    assert!(matches!(err, ToolSetError::DuplicateName("refund")), "{err:?}");
+}
+
 /// An id or a name of the wrong type is refused before anything runs: a numeric id would come
 /// back as another id (the host could not match the result to its call), and a numeric name is
 /// named as that, not as missing.
