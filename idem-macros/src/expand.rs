@@ -130,6 +130,28 @@ fn body_allows() -> Attribute {
     syn::parse_quote!(#[allow(clippy::unused_async, clippy::single_call_fn)])
 }
 
+/// `#[allow(non_snake_case)]` when the fn's name or a parameter's is not snake case (`userId`,
+/// which the user allowed on their fn): the generated fns repeat those names, and the lint would
+/// speak there again. Only then: a crate that `forbid`s the lint refuses any `allow` of it
+/// (E0453), and its names are snake case anyway.
+fn non_snake_allow(item: &syn::ItemFn) -> Option<Attribute> {
+    // rustc's rule: no upper case letter, and no `__` once leading and trailing `_` are trimmed.
+    let snake = |ident: &Ident| {
+        let name = ident.unraw().to_string();
+        let name = name.trim_matches('_');
+        !name.contains("__") && !name.chars().any(char::is_uppercase)
+    };
+    let params = item.sig.inputs.iter().filter_map(|arg| match arg {
+        syn::FnArg::Typed(pt) => match &*pt.pat {
+            syn::Pat::Ident(pi) => Some(&pi.ident),
+            _ => None,
+        },
+        syn::FnArg::Receiver(_) => None,
+    });
+    let all_snake = snake(&item.sig.ident) && params.into_iter().all(snake);
+    (!all_snake).then(|| syn::parse_quote!(#[allow(non_snake_case)]))
+}
+
 fn sort_attrs(attrs: &[Attribute]) -> Attrs {
     let mut out = Attrs {
         cfg: Vec::new(),
@@ -369,7 +391,6 @@ fn checks(model: &Model) -> TokenStream {
     quote! {
         let __idem_checked = #krate::__private::checks::checked(
             |(__idem_p, __idem_o, __idem_e): ((#(#tys,)*), #ok, #err)| {
-                #[allow(unused_imports)]
                 use #krate::__private::checks::*;
                 (
                     (#(#elems,)*),
@@ -536,6 +557,11 @@ fn expand_free(model: &Model) -> TokenStream {
     let body_attrs = &attrs.body;
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
+    // The tool as a value is a constant named like a type. Named in the expansion's context (at
+    // the user's name's location), `non_upper_case_globals` sees generated code and stays quiet,
+    // so no `allow` is needed, which a crate that `forbid`s the lint would refuse (E0453).
+    let non_snake = non_snake_allow(item);
+    let tool_const = Ident::new(&tool_ty.to_string(), Span::call_site().located_at(ident.span()));
     let args_ty = format_ident!("{}Args", base, span = ident.span());
     let fields_ty = format_ident!("__Idem{}Fields", base);
     let run = run_ident(model);
@@ -635,7 +661,8 @@ fn expand_free(model: &Model) -> TokenStream {
         // The body's fn has the same name and parameters, with the user's lint levels: the
         // style lints speak there, once. A parameter named `_note` is passed on here, which
         // is not the user's use of it.
-        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding, non_snake_case)]
+        #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
+        #non_snake
         #vis fn #ident<'__idem>(
             #run: &'__idem #krate::Run,
             #(#idents: #tys),*
@@ -651,8 +678,7 @@ fn expand_free(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #[allow(non_upper_case_globals)]
-        #vis const #tool_ty: #tool_ty = {
+        #vis const #tool_const: #tool_ty = {
             #checks
             __idem_checked.#ctor(
                 #def,
@@ -677,6 +703,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let doc = &user_doc(&attrs.doc, model);
     let body_attrs = &attrs.body;
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
+    let non_snake = non_snake_allow(item);
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
     let run = run_ident(model);
     let (ok, err) = result_types(model);
@@ -738,9 +765,9 @@ fn expand_method(model: &Model) -> TokenStream {
     quote! {
         #(#cfg)*
         #[doc(hidden)]
-        // Its name is ours and its parameters repeat the typed call's, where the style lints
-        // speak (with the user's lint levels).
-        #[allow(non_snake_case)]
+        // Its parameters repeat the typed call's, where the style lints speak (with the user's
+        // lint levels).
+        #non_snake
         #inner
 
         #(#cfg)*
