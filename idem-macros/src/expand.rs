@@ -209,6 +209,23 @@ pub(crate) fn split_cfg_attr(attr: &Attribute) -> Vec<(Attribute, syn::Path)> {
     out
 }
 
+/// The user's `#[doc(hidden)]` (or `#[cfg_attr(.., doc(hidden))]`), for the items generated
+/// beside the tool: a tool hidden from the crate's docs hides its tool value, arguments type and
+/// factory too, not only the typed call.
+fn doc_hidden(doc: &[Attribute]) -> Vec<&Attribute> {
+    fn hides(meta: &syn::Meta) -> bool {
+        let syn::Meta::List(list) = meta else { return false };
+        if list.path.is_ident("doc") {
+            return list.tokens.to_string() == "hidden";
+        }
+        list.path.is_ident("cfg_attr")
+            && list
+                .parse_args_with(cfg_attr_args)
+                .is_ok_and(|(_, applied)| applied.iter().any(hides))
+    }
+    doc.iter().filter(|attr| hides(&attr.meta)).collect()
+}
+
 /// The typed call's own doc lines: the user's doc comment, or else the text of
 /// `description = ".."` (which documents the tool as the comment would); none for a tool with
 /// neither, so that `missing_docs` reports it.
@@ -561,6 +578,7 @@ fn expand_free(model: &Model) -> TokenStream {
     // the user's name's location), `non_upper_case_globals` sees generated code and stays quiet,
     // so no `allow` is needed, which a crate that `forbid`s the lint would refuse (E0453).
     let non_snake = non_snake_allow(item);
+    let hidden = doc_hidden(&attrs.doc);
     let tool_const = Ident::new(&tool_ty.to_string(), Span::call_site().located_at(ident.span()));
     let args_ty = format_ident!("{}Args", base, span = ident.span());
     let fields_ty = format_ident!("__Idem{}Fields", base);
@@ -631,6 +649,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 #[doc = #args_doc]
                 #[doc = ""]
                 #[doc = #args_new_doc]
+                #(#hidden)*
                 #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
 
                 #(#cfg)*
@@ -674,10 +693,12 @@ fn expand_free(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #[doc = #tool_doc]
+        #(#hidden)*
         #vis type #tool_ty = #krate::__private::FnTool<#tool_args, #ok, #err>;
 
         #(#cfg)*
         #[doc = #tool_doc]
+        #(#hidden)*
         #vis const #tool_const: #tool_ty = {
             #checks
             __idem_checked.#ctor(
@@ -704,6 +725,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let body_attrs = &attrs.body;
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let non_snake = non_snake_allow(item);
+    let hidden_doc = doc_hidden(&attrs.doc);
     let factory = format_ident!("{}_tool", ident.unraw(), span = ident.span());
     let run = run_ident(model);
     let (ok, err) = result_types(model);
@@ -772,6 +794,7 @@ fn expand_method(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #[doc = #factory_doc]
+        #(#hidden_doc)*
         #vis fn #factory(
             self: &::std::sync::Arc<Self>,
         ) -> impl #krate::Tool<
@@ -817,6 +840,77 @@ fn expand_method(model: &Model) -> TokenStream {
             let __idem_tool = Self::#factory(self);
             let __idem_args = #krate::__private::make_args(&__idem_tool, __idem_params);
             #krate::__private::call_owned(#run, __idem_tool, __idem_args)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    /// The expansion's fns, types and constants, each with its attributes as text.
+    fn items(item: syn::ItemFn) -> Vec<(String, Vec<String>)> {
+        let out = crate::tool_item(quote!(retry = "safe"), item, None, None).tokens;
+        let file: syn::File = syn::parse2(out).expect("the expansion parses as items");
+        file.items
+            .iter()
+            .filter_map(|item| {
+                let (name, attrs) = match item {
+                    syn::Item::Fn(f) => (f.sig.ident.to_string(), &f.attrs),
+                    syn::Item::Type(t) => (t.ident.to_string(), &t.attrs),
+                    syn::Item::Const(c) => (format!("const {}", c.ident), &c.attrs),
+                    _ => return None,
+                };
+                Some((name, attrs.iter().map(|a| quote!(#a).to_string()).collect()))
+            })
+            .collect()
+    }
+
+    fn all_have(items: &[(String, Vec<String>)], attr: &str) -> bool {
+        items.iter().all(|(_, attrs)| attrs.iter().any(|a| a == attr))
+    }
+
+    fn any_has(items: &[(String, Vec<String>)], attr: &str) -> bool {
+        items.iter().any(|(_, attrs)| attrs.iter().any(|a| a == attr))
+    }
+
+    #[test]
+    fn a_hidden_tool_hides_its_value_and_arguments_type() {
+        let hidden = items(syn::parse_quote! {
+            #[doc(hidden)]
+            pub async fn charge(customer: String) -> Result<(), Failed> { Ok(()) }
+        });
+        let names: Vec<&str> = hidden.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["charge", "ChargeArgs", "ChargeTool", "const ChargeTool"]);
+        assert!(all_have(&hidden, "# [doc (hidden)]"), "{hidden:?}");
+
+        let cfg_hidden = items(syn::parse_quote! {
+            #[cfg_attr(docsrs, doc(hidden))]
+            pub async fn charge(customer: String) -> Result<(), Failed> { Ok(()) }
+        });
+        assert!(all_have(&cfg_hidden, "# [cfg_attr (docsrs , doc (hidden))]"), "{cfg_hidden:?}");
+
+        let shown = items(syn::parse_quote! {
+            /// Charges.
+            pub async fn charge(customer: String) -> Result<(), Failed> { Ok(()) }
+        });
+        assert!(!any_has(&shown, "# [doc (hidden)]"), "{shown:?}");
+    }
+
+    #[test]
+    fn non_snake_case_is_allowed_only_where_a_name_needs_it() {
+        let allow = "# [allow (non_snake_case)]";
+        let snake = items(syn::parse_quote! {
+            pub async fn charge(customer_id: String, _note: String) -> Result<(), Failed> { Ok(()) }
+        });
+        assert!(!any_has(&snake, allow), "{snake:?}");
+        for item in [
+            syn::parse_quote! { pub async fn charge(customerId: String) -> Result<(), Failed> { Ok(()) } },
+            syn::parse_quote! { pub async fn chargeCard(id: String) -> Result<(), Failed> { Ok(()) } },
+            syn::parse_quote! { pub async fn charge(customer__id: String) -> Result<(), Failed> { Ok(()) } },
+        ] {
+            let camel = items(item);
+            assert!(any_has(&camel, allow), "{camel:?}");
         }
     }
 }
