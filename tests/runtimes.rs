@@ -312,3 +312,76 @@ mod paused_clock {
         Ok(customer)
     }
 }
+
+/// Outside any Tokio runtime (`futures::executor::block_on`, another executor): a call is refused
+/// before anything runs, with a message naming the runtime it needs, instead of Tokio's panic
+/// ("there is no reactor running") from inside idem, which came at the first timer or store step:
+/// for a tool that was not done at its first poll, with its work under way.
+mod no_runtime {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::task::{Context, Poll, Waker};
+
+    use idem_core::{Error, ErrorKind, Idem, NoError, Run, tool};
+
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+
+    /// Not done at its first poll, as any tool that waits on I/O.
+    #[tool(retry = "keyed")]
+    async fn charge(amount: u64) -> Result<u64, NoError> {
+        STARTED.fetch_add(1, Ordering::SeqCst);
+        let mut polled = false;
+        std::future::poll_fn(|cx| {
+            if polled {
+                return Poll::Ready(());
+            }
+            polled = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await;
+        Ok(amount)
+    }
+
+    /// Polls on this thread until ready, as a minimal executor without Tokio does.
+    fn block_on<F: Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn refused(run: &Run) {
+        let before = STARTED.load(Ordering::SeqCst);
+        let err: Error<NoError> = block_on(charge(run, 7)).expect_err("no runtime");
+        assert_eq!(err.kind(), ErrorKind::StoreUnavailable, "{err}");
+        let text = format!("{err}: {:?}", std::error::Error::source(&err));
+        assert!(text.contains("call it from inside a Tokio runtime"), "{text}");
+        assert_eq!(STARTED.load(Ordering::SeqCst), before, "the tool did not start");
+    }
+
+    #[test]
+    fn a_call_outside_a_runtime_is_refused_before_it_runs() {
+        let idem = Idem::in_memory();
+        refused(&idem.run("no-runtime"));
+        // The same call inside a runtime runs once.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let before = STARTED.load(Ordering::SeqCst);
+        assert_eq!(rt.block_on(charge(&idem.run("no-runtime"), 7)).expect("runs"), 7);
+        assert_eq!(STARTED.load(Ordering::SeqCst) - before, 1);
+
+        #[cfg(feature = "sqlite")]
+        {
+            let dir =
+                std::env::temp_dir().join(format!("idem-no-runtime-{}", idem_tests::process_tag()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let store = idem_core::SqliteStore::open(dir.join("idem.db")).expect("open");
+            refused(&Idem::builder(store).build().run("no-runtime"));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
