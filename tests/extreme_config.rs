@@ -115,6 +115,57 @@ async fn a_zero_store_timeout_fails_closed_and_names_the_setting() {
     assert_eq!(LEASED_RUNS.load(Ordering::SeqCst), before, "the tool did not run");
 }
 
+static DUE_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[tool(retry = "keyed")]
+async fn due_charge(tag: String) -> Result<String, Never> {
+    DUE_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A call whose deadline has passed when a claim is due ends as a passed deadline does
+/// everywhere else, `BudgetExhausted` naming the deadline, and the tool does not run: a zero
+/// deadline on a store elsewhere (as on the in-memory store), and a duplicate that waited out its
+/// deadline for another owner. Both answered `StoreUnavailable` ("the store did not answer the
+/// claim within 0ns") after a claim sent with no time left: a dashboard saw a store outage in a
+/// spent budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_due_after_the_deadline_is_a_passed_deadline() {
+    let zero = idem_core::Policy { deadline: Duration::ZERO, ..idem_core::Policy::default() };
+    for store in [Arc::new(Wrapped::new(Slow)) as Arc<dyn Store>, Arc::new(MemoryStore::new())] {
+        let idem = Idem::builder_shared(store).policy(zero).build();
+        let before = DUE_RUNS.load(Ordering::SeqCst);
+        match due_charge(&idem.run("zero-deadline"), "d".into()).await {
+            Err(idem_core::Error::BudgetExhausted {
+                budget: idem_core::BudgetKind::Deadline,
+                ..
+            }) => {}
+            other => panic!("a zero deadline has passed, got {other:?}"),
+        }
+        assert_eq!(DUE_RUNS.load(Ordering::SeqCst), before, "the tool did not run");
+    }
+
+    // Another executor on the same store, as another process: it waits for the owner (300 ms of
+    // work) with a deadline of 100 ms.
+    let store: Arc<dyn Store> = Arc::new(Wrapped::new(Slow));
+    let owner = Idem::builder_shared(store.clone()).build();
+    let hasty =
+        idem_core::Policy { deadline: Duration::from_millis(100), ..idem_core::Policy::default() };
+    let duplicate = Idem::builder_shared(store).policy(hasty).build();
+    let before = DUE_RUNS.load(Ordering::SeqCst);
+    let first = tokio::spawn(async move { due_charge(&owner.run("waited-out"), "w".into()).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    match due_charge(&duplicate.run("waited-out"), "w".into()).await {
+        Err(idem_core::Error::BudgetExhausted {
+            budget: idem_core::BudgetKind::Deadline, ..
+        }) => {}
+        other => panic!("the duplicate's deadline passed while it waited, got {other:?}"),
+    }
+    assert_eq!(first.await.unwrap().unwrap(), "ch_w");
+    assert_eq!(DUE_RUNS.load(Ordering::SeqCst) - before, 1, "the owner ran it once");
+}
+
 /// A store whose lease renewals take 4 s to answer (within the 5 s store timeout): one across a
 /// congested network, or a pool whose connections are all busy.
 struct SlowRenewals;

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::Inner;
+use super::lease::DeadlineSpent;
 use super::lease::{Owned, Settled};
 use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
@@ -342,7 +343,11 @@ impl<T: Tool> Call<'_, T> {
                 self.attempts(args, Some(fence), started).await
             }
             Ok(Owned::Answer(answer)) => answer,
-            Err(e) if self.class() == RetryClass::Safe && self.inner.safe_fail_open => {
+            Err(e)
+                if self.class() == RetryClass::Safe
+                    && self.inner.safe_fail_open
+                    && !DeadlineSpent::is(&e) =>
+            {
                 tracing::warn!(error = %Chain(&e), "store unavailable; running safe tool without it");
                 self.outcome(Served::Executed);
                 self.attempts(args, None, None).await
@@ -353,6 +358,7 @@ impl<T: Tool> Call<'_, T> {
 
     pub(super) fn store_error(&self, e: StoreError) -> Error<T::Error> {
         match e {
+            e if DeadlineSpent::is(&e) => self.deadline_passed(),
             StoreError::LeaseLost => Error::LeaseLost { tool: self.name(), key: self.key },
             StoreError::Incompatible(reason) => {
                 Error::Incompatible { tool: self.name(), key: self.key, reason }

@@ -42,6 +42,23 @@ pub(super) enum Settled<T: Tool> {
     Wait { fence: Fence, lease_remaining: Duration },
 }
 
+/// The call's deadline had passed when a claim was due (a zero deadline, or one spent waiting
+/// for another owner): nothing is sent. Carried as the store error's source so that the call
+/// answers [`Error::BudgetExhausted`] with [`BudgetKind::Deadline`](crate::BudgetKind::Deadline),
+/// as the in-memory store's calls do, not `StoreUnavailable` about a store nobody asked. (A
+/// claim sent with time left that the store does not answer within it is `StoreUnavailable`,
+/// naming the deadline: the store did not answer.)
+#[derive(Debug, thiserror::Error)]
+#[error("the call's deadline had passed before the claim was sent")]
+pub(super) struct DeadlineSpent;
+
+impl DeadlineSpent {
+    /// Whether `e` says so.
+    pub(super) fn is(e: &StoreError) -> bool {
+        matches!(e, StoreError::Unavailable(source) if source.downcast_ref::<Self>().is_some())
+    }
+}
+
 /// The longest pause before claiming again after a wait for another owner failed (full jitter):
 /// short next to a lease, and long enough that a store whose waits fail at once is not asked in
 /// a busy loop.
@@ -204,6 +221,9 @@ impl<T: Tool> Call<'_, T> {
             return self.inner.store.claim(self.claim_request(on_expired)).await;
         }
         let now = Instant::now();
+        if now >= self.deadline {
+            return Err(StoreError::Unavailable(Arc::new(DeadlineSpent)));
+        }
         let bound = later(now, self.policy.store_timeout).min(self.deadline);
         let store = Arc::clone(&self.inner.store);
         let (key, fingerprint, lease) = (self.key, self.fingerprint, self.policy.lease);
