@@ -773,7 +773,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let reconcile = reconcile_call(model, &args_ty);
 
     let deprecated = &attrs.deprecated;
-    let lints = attrs.lints.iter().map(copied_lint);
+    let lints: Vec<Attribute> = attrs.lints.iter().map(copied_lint).collect();
     // After the user's doc comment only, as for a free fn.
     let call_doc = (!doc.is_empty()).then(|| {
         quote! {
@@ -795,6 +795,8 @@ fn expand_method(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #factory_doc]
         #(#hidden_doc)*
+        // Named after the method: the user's lint levels, as on the typed call.
+        #(#lints)*
         #vis fn #factory(
             self: &::std::sync::Arc<Self>,
         ) -> impl #krate::Tool<

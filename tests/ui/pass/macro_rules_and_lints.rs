@@ -104,6 +104,22 @@ impl Desk {
     }
 }
 
+/// A tool named in camelCase (a JSON-facing name kept as written), allowed by the user: no
+/// generated item named after it warns either.
+#[allow(non_snake_case)]
+#[tool(retry = "safe")]
+pub async fn getUser(userId: String) -> Result<String, Failed> {
+    Ok(userId)
+}
+
+impl Desk {
+    #[allow(non_snake_case)]
+    #[tool(retry = "safe")]
+    pub async fn findUser(&self, userId: String) -> Result<String, Failed> {
+        Ok(userId)
+    }
+}
+
 /// Local types named `str` and `u16` do not change what the expansion means by them.
 mod shadowing {
     #[allow(non_camel_case_types, dead_code)]
@@ -136,6 +152,8 @@ fn main() {
     let _ = greet(&run, Cow::Borrowed("a"), None);
     let _ = lookup(&run, "u".into());
     let _ = lookup_param(&run, "c".into());
+    let _ = getUser(&run, "u".into());
+    let _ = (desk.findUser(&run, "u".into()), desk.findUser_tool());
     let _ = unused_context(&run, 1);
     let _ = now_ms(&run);
     #[allow(deprecated)]
