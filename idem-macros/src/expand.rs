@@ -574,11 +574,11 @@ fn expand_free(model: &Model) -> TokenStream {
     let body_attrs = &attrs.body;
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
+    let non_snake = non_snake_allow(item);
+    let hidden = doc_hidden(&attrs.doc);
     // The tool as a value is a constant named like a type. Named in the expansion's context (at
     // the user's name's location), `non_upper_case_globals` sees generated code and stays quiet,
     // so no `allow` is needed, which a crate that `forbid`s the lint would refuse (E0453).
-    let non_snake = non_snake_allow(item);
-    let hidden = doc_hidden(&attrs.doc);
     let tool_const = Ident::new(&tool_ty.to_string(), Span::call_site().located_at(ident.span()));
     let args_ty = format_ident!("{}Args", base, span = ident.span());
     let fields_ty = format_ident!("__Idem{}Fields", base);
