@@ -126,7 +126,16 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     let sessions = config.legacy_session_mode;
     let manager = Arc::new(manager);
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::clone(&manager), config);
-    Checked { inner, max_body_bytes, in_flight: Arc::default(), owners, sessions, manager }
+    let versions = Versions { keep_alive: owners.keep_alive, sessions: Arc::default() };
+    Checked {
+        inner,
+        max_body_bytes,
+        in_flight: Arc::default(),
+        owners,
+        versions,
+        sessions,
+        manager,
+    }
 }
 
 /// Which principal opened each session ([`Checked`] answers a request from another as rmcp
@@ -335,6 +344,8 @@ pub struct Checked<S> {
     /// The requests of each session whose response is still being sent: (session, request id).
     in_flight: InFlightIds,
     owners: Owners,
+    /// Whether each session's client reads priming events, by the version it opened it with.
+    versions: Versions,
     /// `legacy_session_mode` of rmcp's config: whether any request is served in a session.
     sessions: bool,
     /// rmcp's sessions on this instance: whether a `DELETE` names one (see [`Owners::knows`]).
@@ -461,6 +472,7 @@ where
         let max_body_bytes = self.max_body_bytes;
         let in_flight = Arc::clone(&self.in_flight);
         let owners = self.owners.clone();
+        let versions = self.versions.clone();
         let sessions = self.sessions;
         let manager = Arc::clone(&self.manager);
         Box::pin(async move {
@@ -561,11 +573,14 @@ where
                             Err((status, answer)) => (status, answer.to_string().into()),
                             Ok(id) => {
                                 let head = opens.then(|| parts.clone());
+                                let priming = versions.reads_priming(&parts, Some(&*message));
                                 let request = http::Request::from_parts(parts, Full::new(bytes));
                                 let answer = inner.call(request).await?;
                                 if let Some(head) = head {
                                     owners.opened(&head, &answer).await;
+                                    versions.opened(&answer, priming);
                                 }
+                                let answer = if priming { answer } else { without_priming(answer) };
                                 return Ok(match id {
                                     Some(id) => {
                                         answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
@@ -591,11 +606,15 @@ where
                 Some(session) if sessions => !owners.knows(&manager, session).await,
                 _ => false,
             };
+            let priming = versions.reads_priming(&parts, None);
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
+            // The standalone stream of a `GET`.
+            let answer = if priming { answer } else { without_priming(answer) };
             if let Some(head) = delete
                 && answer.status().is_success()
             {
                 owners.closed(&head);
+                versions.closed(&head);
                 if unknown {
                     return Ok(unknown_session());
                 }
@@ -628,6 +647,209 @@ fn claim_id(
         return Err(id_in_use(&request.id));
     }
     Ok(Some(IdInFlight { ids: Arc::clone(ids), entry }))
+}
+
+/// The first protocol version whose clients read an SSE event that carries no data: the
+/// "priming" event (SEP-1699) rmcp starts every stream with, an event id and a `retry` over an
+/// empty `data:`.
+const PRIMING_SINCE: &str = "2025-11-25";
+
+/// Whether each session's client reads priming events ([`PRIMING_SINCE`]), by the protocol
+/// version its `initialize` negotiated: MCP 2025-06-18 "Transports" says to use that for a
+/// request without `MCP-Protocol-Version` before assuming 2025-03-26. Sessions idle for longer
+/// than rmcp keeps them are forgotten, as by [`Owners`].
+#[derive(Clone, Debug)]
+struct Versions {
+    keep_alive: Option<std::time::Duration>,
+    sessions: Arc<std::sync::Mutex<std::collections::HashMap<String, (bool, Instant)>>>,
+}
+
+impl Versions {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (bool, Instant)>> {
+        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the client of this request reads rmcp's priming events, by the protocol version
+    /// it speaks: an `initialize` names it (rmcp answers one it does not know with a later
+    /// version, which does), another request in its `_meta` or the `MCP-Protocol-Version`
+    /// header, else the version its session was opened with; failing all, 2025-03-26 (MCP
+    /// 2025-06-18 "Transports"). Dates compare as text.
+    fn reads_priming(
+        &self,
+        parts: &http::request::Parts,
+        message: Option<&ClientJsonRpcMessage>,
+    ) -> bool {
+        use rmcp::model::ProtocolVersion;
+        let named = match message {
+            Some(ClientJsonRpcMessage::Request(r)) => match &r.request {
+                ClientRequest::InitializeRequest(init) => {
+                    let asked = &init.params.protocol_version;
+                    if !ProtocolVersion::KNOWN_VERSIONS.contains(asked) {
+                        return true;
+                    }
+                    Some(asked.to_string())
+                }
+                other => {
+                    rmcp::model::GetMeta::get_meta(other).protocol_version().map(|v| v.to_string())
+                }
+            },
+            _ => None,
+        };
+        let header = || {
+            parts
+                .headers
+                .get("mcp-protocol-version")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        if let Some(version) = named.or_else(header) {
+            return version.as_str() >= PRIMING_SINCE;
+        }
+        let opened = session_id(parts).and_then(|session| {
+            self.lock().get_mut(session).map(|(reads, seen)| {
+                *seen = Instant::now();
+                *reads
+            })
+        });
+        opened.unwrap_or(ProtocolVersion::V_2025_03_26.as_str() >= PRIMING_SINCE)
+    }
+
+    /// Notes how the client of the session `answer` opened reads priming events.
+    fn opened(&self, answer: &Response, reads: bool) {
+        let Some(session) = answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        let mut sessions = self.lock();
+        if sessions.len() >= OWNERS_SWEEP_AT
+            && let Some(keep) = self.keep_alive
+        {
+            sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
+        }
+        sessions.insert(session.to_owned(), (reads, Instant::now()));
+    }
+
+    /// A session its owner closed (`DELETE`).
+    fn closed(&self, parts: &http::request::Parts) {
+        if let Some(session) = session_id(parts) {
+            self.lock().remove(session);
+        }
+    }
+}
+
+/// `answer` without rmcp's priming events, when it is an event stream: a client of a protocol
+/// version before [`PRIMING_SINCE`] parses every event's data as a JSON-RPC message, and the
+/// empty data of a priming event fails it (the TypeScript SDK before its fix dropped the whole
+/// connection on it: "Unexpected end of JSON input"). Such a client never resumes a stream by
+/// event id, so nothing it uses is lost. Other answers are left as they are.
+fn without_priming(answer: Response) -> Response {
+    let stream = answer
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"));
+    if !stream {
+        return answer;
+    }
+    answer.map(|body| BoxBody::new(NoPriming { body, pending: Vec::new(), ended: false }))
+}
+
+/// An event-stream body with its priming events left out ([`without_priming`]). Events pass
+/// through as soon as they are whole; a partial one waits for the rest.
+struct NoPriming {
+    body: BoxBody<Bytes, Infallible>,
+    /// The bytes of an event not yet whole.
+    pending: Vec<u8>,
+    ended: bool,
+}
+
+impl NoPriming {
+    /// The whole events in `pending` that are not priming events, taken out of it.
+    fn whole_events(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let mut line_start = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i] == b'\n' {
+                let line = &self.pending[line_start..i];
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if line.is_empty() {
+                    // A blank line ends the event.
+                    let event = &self.pending[start..=i];
+                    if !is_priming(event) {
+                        out.extend_from_slice(event);
+                    }
+                    start = i + 1;
+                }
+                line_start = i + 1;
+            }
+            i += 1;
+        }
+        self.pending.drain(..start);
+        out
+    }
+}
+
+/// Whether an SSE event carries `data` fields and every one is empty: rmcp's priming event (or
+/// its bare retry hint), not a message. Comments (keep-alives) carry no data and stay.
+fn is_priming(event: &[u8]) -> bool {
+    let mut data = false;
+    for line in event.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line == b"data" {
+            data = true;
+        } else if let Some(value) = line.strip_prefix(b"data:") {
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            if !value.is_empty() {
+                return false;
+            }
+            data = true;
+        }
+    }
+    data
+}
+
+impl http_body::Body for NoPriming {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        loop {
+            if self.ended {
+                // What is left of a stream that ended mid-event goes out as it came.
+                if self.pending.is_empty() {
+                    return Poll::Ready(None);
+                }
+                let rest = std::mem::take(&mut self.pending);
+                return Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(rest)))));
+            }
+            match std::task::ready!(std::pin::Pin::new(&mut self.body).poll_frame(cx)) {
+                None => self.ended = true,
+                Some(Err(never)) => match never {},
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        self.pending.extend_from_slice(&data);
+                        let events = self.whole_events();
+                        if !events.is_empty() {
+                            return Poll::Ready(Some(Ok(http_body::Frame::data(events.into()))));
+                        }
+                    }
+                    // Trailers: after every event.
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.pending.is_empty()
+    }
 }
 
 /// The method [`refused_by_transport`] asks rmcp with: read-only, and known in every protocol
@@ -938,6 +1160,111 @@ mod tests {
         // The instance that opened it still knows its owner.
         let alice = post(&mut a, "alice", Some(&session), list()).await;
         assert_eq!(alice.status(), http::StatusCode::OK);
+    }
+
+    /// A request of a client speaking `version` (`None`: a 2025-03-26 client, which sends no
+    /// `MCP-Protocol-Version`).
+    fn request_of(
+        version: Option<&str>,
+        method: http::Method,
+        session: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> http::Request<Full<Bytes>> {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri("http://localhost/mcp")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(version) = version {
+            request = request.header("mcp-protocol-version", version);
+        }
+        if let Some(session) = session {
+            request = request.header(SESSION_HEADER, session);
+        }
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        request.body(Full::new(body)).unwrap()
+    }
+
+    /// The first frame of a stream that stays open (a `GET`), or `None` when nothing comes in
+    /// half a second.
+    async fn first_frame(response: Response) -> Option<String> {
+        let mut body = response.into_body();
+        let frame = tokio::time::timeout(std::time::Duration::from_millis(500), body.frame());
+        let data = frame.await.ok()??.ok()?.into_data().ok()?;
+        Some(String::from_utf8_lossy(&data).into_owned())
+    }
+
+    /// SEP-1699's priming event (an event id and `retry` over empty data) goes only to clients
+    /// of 2025-11-25 or later: a client of an earlier version parses every event's data as a
+    /// JSON-RPC message, and the empty one broke it. rmcp sends it on every stream, whatever the
+    /// version the session speaks. A request that names no version is the session's.
+    #[tokio::test]
+    async fn priming_events_go_only_to_clients_that_read_them() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new(), &idem);
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let empty_data = |body: &str| body.contains("data: \n") || body.contains("data:\n");
+        for (version, header, primed) in [
+            ("2024-11-05", None, false),
+            ("2025-03-26", None, false),
+            ("2025-06-18", Some("2025-06-18"), false),
+            // A request without the header: the version its session was opened with.
+            ("2025-06-18", None, false),
+            ("2025-11-25", Some("2025-11-25"), true),
+            ("2025-11-25", None, true),
+            // A version rmcp does not know: it answers with its latest.
+            ("2099-01-01", Some("2025-11-25"), true),
+        ] {
+            let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": version, "capabilities": {},
+                "clientInfo": {"name": "old", "version": "1"}}});
+            let opened =
+                serve(&mut server, request_of(None, http::Method::POST, None, Some(init))).await;
+            assert_eq!(opened.status(), http::StatusCode::OK, "{version}");
+            let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+            let body = text(opened).await;
+            let answered = if version == "2099-01-01" { "2025-11-25" } else { version };
+            assert!(body.contains(&format!(r#""protocolVersion":"{answered}""#)), "{body}");
+            assert_eq!(empty_data(&body), primed, "{version}, initialize: {body:?}");
+
+            let ping = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+            let request = request_of(header, http::Method::POST, Some(&session), Some(ping));
+            let body = text(serve(&mut server, request).await).await;
+            assert!(body.contains(r#""id":2,"result":{}"#), "{version}: {body}");
+            assert_eq!(empty_data(&body), primed, "{version}, ping: {body:?}");
+
+            let stream = request_of(header, http::Method::GET, Some(&session), None);
+            let stream = serve(&mut server, stream).await;
+            assert_eq!(stream.status(), http::StatusCode::OK, "{version}");
+            let first = first_frame(stream).await;
+            assert_eq!(
+                first.as_deref().is_some_and(empty_data),
+                primed,
+                "{version}, GET: {first:?}"
+            );
+        }
+    }
+
+    /// Whole events go through as they come, in order; a priming event is left out wherever it
+    /// falls, also cut across frames; keep-alive comments stay.
+    #[tokio::test]
+    async fn a_stream_loses_its_priming_events_and_nothing_else() {
+        let frames = [
+            "data: \nid: 0\nretry: 3000\n\n:\n\ndata: {\"a\":1}\nid: 1\n\nda",
+            "ta: {\"b\"",
+            ":2}\n\ndata:\r\nretry: 5\r\n\r\ndata: {\"c\":3}\n\n",
+        ];
+        let stream = futures_util::stream::iter(
+            frames.map(|f| Ok::<_, Infallible>(http_body::Frame::data(Bytes::from(f)))),
+        );
+        let mut answer = http::Response::new(BoxBody::new(http_body_util::StreamBody::new(stream)));
+        answer.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        let body = text(without_priming(answer)).await;
+        assert_eq!(body, ":\n\ndata: {\"a\":1}\nid: 1\n\ndata: {\"b\":2}\n\ndata: {\"c\":3}\n\n");
     }
 
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
