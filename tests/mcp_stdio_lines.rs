@@ -309,3 +309,19 @@ fn a_client_that_leaves_before_initialize_ends_the_server_cleanly() {
     let status = s.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// `"params": null`, which clients built on Go's, Java's or C#'s JSON libraries (and editors' MCP
+/// clients) send for a request without params, is no params: `tools/list` lists the tools and
+/// `ping` is answered, instead of -32600 for the `null`.
+#[test]
+fn a_request_with_null_params_is_served_as_one_without() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let listed = answer(&mut s, &list(1, "tools/list", "null"), 1);
+    let tools = listed["result"]["tools"].as_array().map(Vec::len).unwrap_or_default();
+    assert!(tools > 0, "{listed}");
+    let pong = answer(&mut s, &list(2, "ping", "null"), 2);
+    assert_eq!(pong["result"], json!({}), "{pong}");
+    let call = answer(&mut s, &list(3, "tools/call", "null"), 3);
+    assert_eq!(call["error"]["code"], -32602, "a call still needs its name: {call}");
+}

@@ -11,7 +11,7 @@
 //! | input | answer |
 //! |---|---|
 //! | not JSON (grammar) | -32700 parse error, with the `id` when it was read before the error, else `null` |
-//! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` | -32600 invalid request |
+//! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` (`null` is read as no params) | -32600 invalid request |
 //! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object, params that do not fit a standard method (a list method's `cursor` that is not a string or `null`, which rmcp would ignore) | -32602 invalid params |
 //! | `tools/call` whose `arguments` are not one JSON object with unique member names | a `CallToolResult` with `isError: true` and `invalid_arguments`, as on the OpenAI and Anthropic front doors |
 //! | a notification or a response that is bad in any way | nothing (JSON-RPC: never answer a notification) |
@@ -392,6 +392,13 @@ fn request(members: &Members<'_>, method: &str, id: &RequestId) -> Inbound {
     let mut out = Map::new();
     let mut arguments = None;
     for (name, raw) in members {
+        // `"params": null` is how many clients write "no params" (Go's, Java's and C#'s JSON
+        // libraries, editors' MCP clients for a list request): read as omitted, as a `null`
+        // `arguments` is, rather than refusing a `tools/list` or `ping` the client cannot phrase
+        // otherwise. A method that needs params is then refused for lacking them (-32602).
+        if name == "params" && raw.get().trim() == "null" {
+            continue;
+        }
         let value = if name == "params" {
             match params(raw, method, id) {
                 Ok((value, args)) => {
@@ -642,6 +649,27 @@ mod tests {
         ] {
             assert_eq!(id_in_head(head), None, "{}", String::from_utf8_lossy(head));
         }
+    }
+
+    /// `"params": null` is no params: a list or a ping goes on to rmcp as if it had none, and a
+    /// `tools/call`, which needs a name, is refused for lacking it (-32602), not for the `null`.
+    #[test]
+    fn null_params_are_no_params() {
+        for method in ["tools/list", "ping", "prompts/list"] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":null}}"#);
+            let Inbound::Message(message) = check_message(&line) else {
+                panic!("{method} with null params refused: {:?}", check_message(&line))
+            };
+            let ClientJsonRpcMessage::Request(request) = *message else { panic!("{method}") };
+            assert_eq!(request.id, RequestId::Number(1));
+            assert_eq!(request.request.method(), method);
+        }
+        let call = refusal(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":null}"#);
+        assert_eq!(call["id"], 2, "{call}");
+        assert_eq!(call["error"]["code"], -32602, "{call}");
+        // Other scalars stay refused.
+        let scalar = refusal(r#"{"jsonrpc":"2.0","id":3,"method":"ping","params":5}"#);
+        assert_eq!(scalar["error"]["code"], -32600, "{scalar}");
     }
 
     /// An id this server cannot answer with is refused with a `null` id (JSON-RPC 2.0 §5), so
