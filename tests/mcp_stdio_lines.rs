@@ -325,3 +325,30 @@ fn a_request_with_null_params_is_served_as_one_without() {
     let call = answer(&mut s, &list(3, "tools/call", "null"), 3);
     assert_eq!(call["error"]["code"], -32602, "a call still needs its name: {call}");
 }
+
+/// MCP "Lifecycle": `initialize` is a connection's first interaction, once. A second one, with
+/// another version and client, is refused with -32600 and its id, as over HTTP (an `initialize`
+/// naming a live session), and the session goes on as negotiated: calls keep running and a
+/// repeat keeps replaying.
+#[test]
+fn a_second_initialize_on_one_connection_is_refused_and_the_session_goes_on() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[]);
+    s.initialize();
+    let charge = |id: i64| {
+        call(
+            id,
+            r#"{"name":"charge_card","arguments":{"customer":"c","amount_cents":5},"_meta":{"idem/run":"conv-init"}}"#,
+        )
+    };
+    let first = answer(&mut s, &charge(1), 1);
+    assert_eq!(first["result"]["_meta"]["idem/outcome"], "executed", "{first}");
+    let again = json!({"jsonrpc": "2.0", "id": 2, "method": "initialize", "params": {
+        "protocolVersion": "2024-11-05", "capabilities": {},
+        "clientInfo": {"name": "someone-else", "version": "9"}}});
+    let refused = answer(&mut s, &again.to_string(), 2);
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("already initialized"), "{message}");
+    let repeat = answer(&mut s, &charge(3), 3);
+    assert_eq!(repeat["result"]["_meta"]["idem/outcome"], "replayed", "{repeat}");
+}

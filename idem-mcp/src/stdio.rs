@@ -11,6 +11,10 @@
 //! a session, and rmcp would run the second request and drop its response (both share the id's
 //! slot), so the client would never hear of an effect it caused. An id is free again once its
 //! response is written, or once the client cancels the request (`notifications/cancelled`).
+//!
+//! A second `initialize` on one connection is answered here with -32600 and its id (MCP
+//! 2025-11-25 "Lifecycle": initialization happens once), as the HTTP service answers one naming a
+//! live session; the session goes on as it was.
 
 use std::collections::HashSet;
 use std::io;
@@ -197,11 +201,25 @@ impl<R, W> LineTransport<R, W> {
         message: ClientJsonRpcMessage,
     ) -> Result<ClientJsonRpcMessage, serde_json::Value> {
         match &message {
-            JsonRpcMessage::Request(request) if !self.in_flight.insert(request.id.clone()) => {
-                return Err(id_in_use(&request.id));
-            }
             JsonRpcMessage::Request(request) => {
-                if let ClientRequest::InitializeRequest(_) = &request.request {
+                let initialize = matches!(request.request, ClientRequest::InitializeRequest(_));
+                // MCP 2025-11-25 "Lifecycle": initialization is the session's first interaction,
+                // once. rmcp would negotiate again inside the running session, replacing the
+                // client's version and capabilities under the calls in flight; the HTTP service
+                // refuses the same (an `initialize` naming a live session).
+                if initialize && self.initialized {
+                    return Err(error_reply(
+                        Some(&request.id),
+                        rmcp::model::ErrorCode::INVALID_REQUEST,
+                        "Invalid request: this session is already initialized (MCP \"Lifecycle\": \
+                         `initialize` is sent once per connection); to start a new session, start \
+                         a new connection",
+                    ));
+                }
+                if !self.in_flight.insert(request.id.clone()) {
+                    return Err(id_in_use(&request.id));
+                }
+                if initialize {
                     self.initialized = true;
                 }
             }
