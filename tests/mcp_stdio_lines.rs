@@ -352,3 +352,43 @@ fn a_second_initialize_on_one_connection_is_refused_and_the_session_goes_on() {
     let repeat = answer(&mut s, &charge(3), 3);
     assert_eq!(repeat["result"]["_meta"]["idem/outcome"], "replayed", "{repeat}");
 }
+
+/// A request that reuses the id of one the client just cancelled is refused (-32600, its id):
+/// rmcp's handler for the cancelled request still answers, and rmcp files that answer under
+/// whichever request holds the id then, so the new request got "the request was cancelled" and
+/// its own answer was dropped. The cancel and the reuse are written together, as a client that
+/// presses Stop and retries at once does. The id of a request already answered stays reusable.
+#[test]
+fn the_id_of_a_cancelled_request_is_not_given_to_the_next_request() {
+    let mut s = Server::start(&mcp_support::payments_mcp(), &[("PAYMENTS_DELAY_MS", "400")]);
+    s.initialize();
+    let charge = |id: i64, customer: &str| {
+        call(
+            id,
+            &format!(
+                r#"{{"name":"charge_card","arguments":{{"customer":"{customer}","amount_cents":5}},"_meta":{{"idem/run":"conv-cancel"}}}}"#
+            ),
+        )
+    };
+    let balance =
+        |id: i64| call(id, r#"{"name":"get_balance","arguments":{"customer":"cus_reuse"}}"#);
+    s.write(&charge(5, "cus_slow"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5}}"#;
+    s.write(&format!("{cancel}\n{}", balance(5)));
+    let reused = s.read().expect("an answer to the reused id");
+    assert_eq!(reused["id"], 5, "{reused}");
+    assert_eq!(reused["error"]["code"], -32600, "the reuse is refused, not answered: {reused}");
+    let message = reused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("cancelled"), "{message}");
+    // The session goes on: a fresh id is served, and nothing else was answered under 5 (the
+    // cancelled request's answer is dropped).
+    let fresh = answer(&mut s, &balance(6), 6);
+    assert_eq!(fresh["result"]["isError"], false, "{fresh}");
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let done = answer(&mut s, &balance(7), 7);
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    // An answered id is free again.
+    let again = answer(&mut s, &balance(6), 6);
+    assert_eq!(again["result"]["isError"], false, "{again}");
+}

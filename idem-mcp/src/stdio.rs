@@ -10,7 +10,10 @@
 //! that id, and does not run: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be reused in
 //! a session, and rmcp would run the second request and drop its response (both share the id's
 //! slot), so the client would never hear of an effect it caused. An id is free again once its
-//! response is written, or once the client cancels the request (`notifications/cancelled`).
+//! response is written. The id of a request the client cancels (`notifications/cancelled`) stays
+//! taken for the rest of the session: rmcp's handler for it is not stopped, only told, and when
+//! it answers, rmcp files the answer under whichever request holds the id then, so a new request
+//! reusing the id would get the cancelled request's answer and lose its own.
 //!
 //! A second `initialize` on one connection is answered here with -32600 and its id (MCP
 //! 2025-11-25 "Lifecycle": initialization happens once), as the HTTP service answers one naming a
@@ -57,6 +60,9 @@ pub struct LineTransport<R, W> {
     writer: Writer<W>,
     /// The ids of the requests passed on to rmcp and not answered yet.
     in_flight: HashSet<RequestId>,
+    /// The ids of requests the client cancelled while they were in flight, oldest first: never
+    /// given to another request in this session (at most [`MAX_CANCELLED_IDS`] kept).
+    cancelled: Cancelled,
     /// An `initialize` request came: the session's lifecycle has started.
     initialized: bool,
     _role: PhantomData<fn() -> RoleServer>,
@@ -99,6 +105,7 @@ where
             discarding: false,
             writer: Writer::Idle(write),
             in_flight: HashSet::new(),
+            cancelled: Cancelled::default(),
             initialized: false,
             _role: PhantomData,
         }
@@ -216,6 +223,19 @@ impl<R, W> LineTransport<R, W> {
                          a new connection",
                     ));
                 }
+                if self.cancelled.ids.contains(&request.id) {
+                    return Err(error_reply(
+                        Some(&request.id),
+                        rmcp::model::ErrorCode::INVALID_REQUEST,
+                        format!(
+                            "Invalid request: the id {} is that of a request cancelled in this \
+                             session, whose handler may still answer under it (MCP \"Basic\": a \
+                             request id MUST NOT be reused in a session); nothing was run. Send \
+                             this request again with an id of its own",
+                            request.id
+                        ),
+                    ));
+                }
                 if !self.in_flight.insert(request.id.clone()) {
                     return Err(id_in_use(&request.id));
                 }
@@ -227,13 +247,40 @@ impl<R, W> LineTransport<R, W> {
                 if let ClientNotification::CancelledNotification(cancelled) =
                     &notification.notification
                     && let Some(id) = &cancelled.params.request_id
+                    && self.in_flight.remove(id)
                 {
-                    self.in_flight.remove(id);
+                    // Not free: its handler may still answer (see the module's doc). The id of a
+                    // request already answered, or never sent, is left as it is.
+                    self.cancelled.insert(id.clone());
                 }
             }
             _ => {}
         }
         Ok(message)
+    }
+}
+
+/// How many cancelled request ids a session keeps taken; past that the oldest is freed (its
+/// handler has long finished: a cancelled idem call stops at once).
+pub const MAX_CANCELLED_IDS: usize = 4096;
+
+/// The ids of cancelled requests ([`LineTransport`]'s `cancelled`).
+#[derive(Default)]
+struct Cancelled {
+    ids: HashSet<RequestId>,
+    order: std::collections::VecDeque<RequestId>,
+}
+
+impl Cancelled {
+    fn insert(&mut self, id: RequestId) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_CANCELLED_IDS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.ids.remove(&oldest);
+            }
+        }
     }
 }
 
