@@ -54,7 +54,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ConstString, ErrorCode, RequestId};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, ConstString, ErrorCode, RequestId,
+};
 
 use rmcp::transport::streamable_http_server::session::SessionStore;
 pub use rmcp::transport::streamable_http_server::session::local::{
@@ -65,7 +67,9 @@ pub use rmcp::transport::streamable_http_server::{
 };
 
 use crate::IdemServer;
-use crate::jsonrpc::{ArgumentsText, Inbound, check_message, error_reply, id_in_use};
+use crate::jsonrpc::{
+    ArgumentsText, CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_use,
+};
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
 /// none, and `keyed`/`never` calls are refused). It sees the head as the app's middleware left
@@ -386,8 +390,16 @@ fn in_session(
     from_meta.or_else(from_header).is_none_or(|v| v.as_str() < SESSIONLESS_SINCE)
 }
 
-/// (`Mcp-Session-Id`, request id) of every request whose response body has not ended.
-type InFlightIds = Arc<std::sync::Mutex<std::collections::HashSet<(String, RequestId)>>>;
+/// (`Mcp-Session-Id`, request id) of every request whose response body has not ended, and of
+/// every request cancelled while it was (see [`claim_id`]).
+type InFlightIds = Arc<std::sync::Mutex<Ids>>;
+
+/// The request ids [`Checked`] keeps taken, per session.
+#[derive(Debug, Default)]
+struct Ids {
+    live: std::collections::HashSet<(String, RequestId)>,
+    cancelled: CancelledIds<(String, RequestId)>,
+}
 
 /// Frees a request's id in its session when its response body is dropped: sent in full, or the
 /// client went away.
@@ -398,7 +410,7 @@ struct IdInFlight {
 
 impl Drop for IdInFlight {
     fn drop(&mut self) {
-        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.entry);
+        self.ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).live.remove(&self.entry);
     }
 }
 
@@ -630,20 +642,44 @@ where
 /// request's stream open with nothing to come (the client waits for ever). Messages rmcp does not
 /// serve in the session they name (`routed` false: `initialize`, a stateless server, a
 /// 2026-07-28 request, whose `Mcp-Session-Id` may be stale or made up and shared by strangers)
-/// and notifications are not tracked.
+/// are not tracked.
+///
+/// The id of a request the client cancels (`notifications/cancelled`) while it is in flight
+/// stays taken for the session, also once its stream is closed (a client that cancels drops the
+/// stream): rmcp does not stop the cancelled handler, and files its late answer under whichever
+/// request holds the id then, so a new request reusing the id would get the cancelled request's
+/// answer and never its own. Such a request is -32600 ([`id_cancelled`]) and does not run.
 fn claim_id(
     ids: &InFlightIds,
     parts: &http::request::Parts,
     message: &rmcp::model::ClientJsonRpcMessage,
     routed: bool,
 ) -> Result<Option<IdInFlight>, serde_json::Value> {
-    let rmcp::model::JsonRpcMessage::Request(request) = message else { return Ok(None) };
     if !routed {
         return Ok(None);
     }
     let Some(session) = session_id(parts) else { return Ok(None) };
+    let mut taken = ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let request = match message {
+        rmcp::model::JsonRpcMessage::Request(request) => request,
+        rmcp::model::JsonRpcMessage::Notification(notification) => {
+            if let ClientNotification::CancelledNotification(cancelled) = &notification.notification
+                && let Some(id) = &cancelled.params.request_id
+            {
+                let entry = (session.to_owned(), id.clone());
+                if taken.live.contains(&entry) {
+                    taken.cancelled.insert(entry);
+                }
+            }
+            return Ok(None);
+        }
+        _ => return Ok(None),
+    };
     let entry = (session.to_owned(), request.id.clone());
-    if !ids.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(entry.clone()) {
+    if taken.cancelled.contains(&entry) {
+        return Err(id_cancelled(&request.id));
+    }
+    if !taken.live.insert(entry.clone()) {
         return Err(id_in_use(&request.id));
     }
     Ok(Some(IdInFlight { ids: Arc::clone(ids), entry }))
@@ -1265,6 +1301,64 @@ mod tests {
         );
         let body = text(without_priming(answer)).await;
         assert_eq!(body, ":\n\ndata: {\"a\":1}\nid: 1\n\ndata: {\"b\":2}\n\ndata: {\"c\":3}\n\n");
+    }
+
+    /// A new session of a 2025-11-25 client: its id.
+    async fn open_session(
+        server: &mut Checked<StreamableHttpService<IdemServer, LocalSessionManager>>,
+    ) -> String {
+        let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "c", "version": "1"}}});
+        let request = request_of(Some("2025-11-25"), http::Method::POST, None, Some(init));
+        let opened = serve(server, request).await;
+        opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned()
+    }
+
+    /// Look something up, slowly.
+    #[idem_core::tool(retry = "safe")]
+    async fn slow_lookup(what: String) -> Result<String, idem_core::ToolFailure> {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        Ok(what)
+    }
+
+    /// A request reusing the id of one the client cancelled (and whose stream it dropped, as a
+    /// client that cancels does) is refused with -32600 and its id, and does not run: rmcp
+    /// would file the cancelled call's late answer under the new request, which then got the
+    /// wrong answer and lost its own. Another id in the session, and the id in another session,
+    /// are served.
+    #[tokio::test]
+    async fn the_id_of_a_cancelled_request_is_not_given_to_the_next_request() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let post = |session: &str, body: serde_json::Value| {
+            request_of(Some("2025-11-25"), http::Method::POST, Some(session), Some(body))
+        };
+        let session = open_session(&mut server).await;
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "a"}}});
+        let stream = serve(&mut server, post(&session, call)).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        let cancel = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 5, "reason": "the user pressed Stop"}});
+        let cancelled = serve(&mut server, post(&session, cancel)).await;
+        assert_eq!(cancelled.status(), http::StatusCode::ACCEPTED);
+        drop(stream);
+
+        let ping = |id: i64| serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+        let reused = serve(&mut server, post(&session, ping(5))).await;
+        assert_eq!(reused.status(), http::StatusCode::BAD_REQUEST);
+        let reused: serde_json::Value = serde_json::from_str(&text(reused).await).unwrap();
+        assert_eq!((&reused["id"], &reused["error"]["code"]), (&5.into(), &(-32600).into()));
+        let message = reused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("cancelled"), "{message}");
+
+        let fresh = text(serve(&mut server, post(&session, ping(6))).await).await;
+        assert!(fresh.contains(r#""id":6,"result":{}"#), "{fresh}");
+        let other = open_session(&mut server).await;
+        let elsewhere = text(serve(&mut server, post(&other, ping(5))).await).await;
+        assert!(elsewhere.contains(r#""id":5,"result":{}"#), "{elsewhere}");
     }
 
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

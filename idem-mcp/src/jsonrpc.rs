@@ -114,6 +114,57 @@ pub fn id_in_use(id: &RequestId) -> Value {
     )
 }
 
+/// The answer to a request whose `id` is that of a request the client cancelled in its session:
+/// -32600 with that id. rmcp does not stop a cancelled request's handler, it only tells it; when
+/// the handler answers, rmcp files the answer under whichever request holds the id then, so a new
+/// request reusing the id would get the cancelled request's answer and lose its own. Both
+/// transports keep cancelled ids taken for the session and send this instead.
+pub fn id_cancelled(id: &RequestId) -> Value {
+    error_reply(
+        Some(id),
+        ErrorCode::INVALID_REQUEST,
+        format!(
+            "Invalid request: the id {id} is that of a request cancelled in this session, whose handler may still answer under it (MCP 2025-11-25 \"Basic\": a request id MUST NOT be reused in a session); nothing was run. Send this request again with an id of its own"
+        ),
+    )
+}
+
+/// The ids of requests cancelled while in flight, oldest first, kept taken (see
+/// [`id_cancelled`]); past [`MAX_CANCELLED_IDS`] the oldest is freed (its handler has long
+/// finished: a cancelled idem call stops at once).
+#[derive(Debug)]
+pub(crate) struct CancelledIds<K> {
+    ids: std::collections::HashSet<K>,
+    order: std::collections::VecDeque<K>,
+}
+
+impl<K> Default for CancelledIds<K> {
+    fn default() -> Self {
+        CancelledIds { ids: Default::default(), order: Default::default() }
+    }
+}
+
+/// How many cancelled request ids a transport keeps taken (per stdio session; over HTTP, for all
+/// sessions together).
+pub const MAX_CANCELLED_IDS: usize = 4096;
+
+impl<K: std::hash::Hash + Eq + Clone> CancelledIds<K> {
+    pub(crate) fn insert(&mut self, id: K) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_CANCELLED_IDS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.ids.remove(&oldest);
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, id: &K) -> bool {
+        self.ids.contains(id)
+    }
+}
+
 /// A JSON-RPC success response carrying `result`.
 pub fn result_reply(id: &RequestId, result: Value) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "result": result })

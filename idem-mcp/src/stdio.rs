@@ -35,7 +35,9 @@ use tokio::task::JoinHandle;
 
 pub use crate::stdin::Stdin;
 
-use crate::jsonrpc::{Inbound, check_message, error_reply, id_in_head, id_in_use};
+use crate::jsonrpc::{
+    CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_head, id_in_use,
+};
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
 /// is skipped to its end and answered with -32600, with the request's id when its first 64 KiB
@@ -61,8 +63,9 @@ pub struct LineTransport<R, W> {
     /// The ids of the requests passed on to rmcp and not answered yet.
     in_flight: HashSet<RequestId>,
     /// The ids of requests the client cancelled while they were in flight, oldest first: never
-    /// given to another request in this session (at most [`MAX_CANCELLED_IDS`] kept).
-    cancelled: Cancelled,
+    /// given to another request in this session (at most
+    /// [`MAX_CANCELLED_IDS`](crate::jsonrpc::MAX_CANCELLED_IDS) kept).
+    cancelled: CancelledIds<RequestId>,
     /// An `initialize` request came: the session's lifecycle has started.
     initialized: bool,
     _role: PhantomData<fn() -> RoleServer>,
@@ -105,7 +108,7 @@ where
             discarding: false,
             writer: Writer::Idle(write),
             in_flight: HashSet::new(),
-            cancelled: Cancelled::default(),
+            cancelled: CancelledIds::default(),
             initialized: false,
             _role: PhantomData,
         }
@@ -223,18 +226,8 @@ impl<R, W> LineTransport<R, W> {
                          a new connection",
                     ));
                 }
-                if self.cancelled.ids.contains(&request.id) {
-                    return Err(error_reply(
-                        Some(&request.id),
-                        rmcp::model::ErrorCode::INVALID_REQUEST,
-                        format!(
-                            "Invalid request: the id {} is that of a request cancelled in this \
-                             session, whose handler may still answer under it (MCP \"Basic\": a \
-                             request id MUST NOT be reused in a session); nothing was run. Send \
-                             this request again with an id of its own",
-                            request.id
-                        ),
-                    ));
+                if self.cancelled.contains(&request.id) {
+                    return Err(id_cancelled(&request.id));
                 }
                 if !self.in_flight.insert(request.id.clone()) {
                     return Err(id_in_use(&request.id));
@@ -257,30 +250,6 @@ impl<R, W> LineTransport<R, W> {
             _ => {}
         }
         Ok(message)
-    }
-}
-
-/// How many cancelled request ids a session keeps taken; past that the oldest is freed (its
-/// handler has long finished: a cancelled idem call stops at once).
-pub const MAX_CANCELLED_IDS: usize = 4096;
-
-/// The ids of cancelled requests ([`LineTransport`]'s `cancelled`).
-#[derive(Default)]
-struct Cancelled {
-    ids: HashSet<RequestId>,
-    order: std::collections::VecDeque<RequestId>,
-}
-
-impl Cancelled {
-    fn insert(&mut self, id: RequestId) {
-        if self.ids.insert(id.clone()) {
-            self.order.push_back(id);
-        }
-        while self.order.len() > MAX_CANCELLED_IDS {
-            if let Some(oldest) = self.order.pop_front() {
-                self.ids.remove(&oldest);
-            }
-        }
     }
 }
 
