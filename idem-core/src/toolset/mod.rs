@@ -59,7 +59,8 @@ pub struct ToolDefinition {
     pub description: &'static str,
     /// The retry class.
     pub class: RetryClass,
-    /// JSON Schema (2020-12, from schemars) of the arguments; always `"type": "object"`.
+    /// JSON Schema (2020-12, from schemars) of the arguments; always `"type": "object"`, with
+    /// `properties` (`{}` for a tool without arguments).
     pub input_schema: Map<String, Value>,
     /// The MCP annotations derived from the class.
     pub annotations: Annotations,
@@ -422,6 +423,12 @@ impl ToolSet {
             return Err(ToolSetError::InvalidArgumentName { tool: def.name, property });
         }
         host_readable(&mut input_schema);
+        // A tool without arguments (schemars writes `{"type": "object"}` for an empty struct)
+        // still names its properties, as none: OpenAI's function validation refuses an object
+        // schema without `properties` ("object schema missing properties"), failing the whole
+        // request that lists the tool, and MCP hosts that validate strictly (GitHub Copilot, n8n)
+        // refuse the tool. `{}` adds no constraint.
+        input_schema.entry("properties").or_insert_with(|| Value::Object(Map::new()));
         let definition = ToolDefinition {
             name: def.name,
             description: def.description,

@@ -128,6 +128,30 @@ fn tools() -> Tools {
     Tools { set, charges, refunds }
 }
 
+fn now_ok(_: &NoArgs, _: u32) -> Result<Value, PayError> {
+    Ok(json!("12:00"))
+}
+
+/// A tool without arguments lists `"properties": {}` in every format: OpenAI refuses the whole
+/// request over an object schema without `properties` ("Invalid schema for function: object
+/// schema missing properties"), and strict MCP hosts refuse the tool. Calls with no arguments,
+/// `{}` or `null` text still run it.
+#[tokio::test]
+async fn a_tool_without_arguments_lists_empty_properties() {
+    let set = ToolSet::new().with(fake("now", RetryClass::Safe, now_ok)).unwrap();
+    let empty = json!({});
+    assert_eq!(set.definition("now").unwrap().to_mcp()["inputSchema"]["properties"], empty);
+    assert_eq!(set.openai_tools()[0]["function"]["parameters"]["properties"], empty);
+    assert_eq!(set.anthropic_tools()[0]["input_schema"]["properties"], empty);
+    assert_eq!(set.mcp_tools()[0]["inputSchema"]["type"], "object");
+    let run = Idem::in_memory().run("conv-now");
+    for args in [Arguments::Json(&empty), Arguments::Absent, Arguments::Text("null")] {
+        let result = set.call_args(&run, "now", args).await;
+        assert!(!result.is_error, "{args:?}: {}", result.text);
+        assert_eq!(result.text, "12:00");
+    }
+}
+
 #[test]
 fn definitions_carry_schema_and_annotations_from_the_class() {
     let t = tools();
