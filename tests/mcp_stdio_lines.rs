@@ -99,6 +99,8 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
         ("no tool name", call(17, r#"{"arguments":{}}"#), Some(json!(17)), Expect::Error(-32602)),
         ("_meta a number", call(40, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":5}"#), Some(json!(40)), Expect::Error(-32602)),
         ("_meta an array", call(41, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":[]}"#), Some(json!(41)), Expect::Error(-32602)),
+        // `null` is no `_meta` (clients that write an absent field as `null`): the call runs.
+        ("_meta null", call(39, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":null}"#), Some(json!(39)), Expect::ToolOk),
         ("_meta a string on ping", r#"{"jsonrpc":"2.0","id":42,"method":"ping","params":{"_meta":"s"}}"#.into(), Some(json!(42)), Expect::Error(-32602)),
         // A progress token rmcp cannot carry would be dropped, and no progress would come.
         ("progressToken an object", call(43, r#"{"name":"get_balance","arguments":{"customer":"a"},"_meta":{"progressToken":{"a":1}}}"#), Some(json!(43)), Expect::Error(-32602)),

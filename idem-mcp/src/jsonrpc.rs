@@ -12,7 +12,7 @@
 //! |---|---|
 //! | not JSON (grammar) | -32700 parse error, with the `id` when it was read before the error, else `null` |
 //! | not an object, a batch, a bad `jsonrpc`/`id`/`method`, a repeated top-level member, scalar `params` (`null` is read as no params) | -32600 invalid request |
-//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object, params that do not fit a standard method (a list method's `cursor` that is not a string or `null`, which rmcp would ignore) | -32602 invalid params |
+//! | `params` an array, or a value in it that JSON text cannot carry into a value (beyond `f64`, lone surrogate, deeper than 128), a repeated member, `params._meta` not an object (`null` is none), params that do not fit a standard method (a list method's `cursor` that is not a string or `null`, which rmcp would ignore) | -32602 invalid params |
 //! | `tools/call` whose `arguments` are not one JSON object with unique member names | a `CallToolResult` with `isError: true` and `invalid_arguments`, as on the OpenAI and Anthropic front doors |
 //! | a notification or a response that is bad in any way | nothing (JSON-RPC: never answer a notification) |
 
@@ -533,8 +533,12 @@ fn params(
     }
     // Read once: the `_meta` check below is for every request, the envelope's for `tools/call`.
     let (members, _) = members(raw.get());
-    // MCP: `params._meta` is an object of names to values, for every request.
-    if let Ok(Some(meta)) = member(&members, "_meta") {
+    // MCP: `params._meta` is an object of names to values, for every request. `null` is none,
+    // as `"params": null` is no params (clients whose JSON libraries write an absent field as
+    // `null`), and as idem's own MCP mapping reads it (`ToolSet::call_mcp`).
+    let null_meta =
+        matches!(member(&members, "_meta"), Ok(Some(meta)) if meta.get().trim() == "null");
+    if let Ok(Some(meta)) = member(&members, "_meta").map(|m| m.filter(|_| !null_meta)) {
         if first_non_space(meta.get()) != Some(b'{') {
             return Err(reply(
                 ErrorCode::INVALID_PARAMS,
@@ -565,10 +569,13 @@ fn params(
         }
     }
     if method != rmcp::model::CallToolRequestMethod::VALUE {
-        let value = match json_text::parse_unique(raw.get()) {
+        let mut value = match json_text::parse_unique(raw.get()) {
             Ok(v) => v,
             Err(e) => return Err(reply(ErrorCode::INVALID_PARAMS, format!("Invalid params: {e}"))),
         };
+        if let (true, Value::Object(params)) = (null_meta, &mut value) {
+            params.remove("_meta");
+        }
         if is_paginated(method)
             && let Some(cursor) = value.get("cursor")
             && !(cursor.is_string() || cursor.is_null())
@@ -615,6 +622,9 @@ fn params(
     let mut out = Map::new();
     let mut text = None;
     for (member, raw) in &members {
+        if member == "_meta" && null_meta {
+            continue;
+        }
         let value = if member == "arguments" && raw.get() != "null" {
             // Encoded twice (an object's text in a string): that object, as on every front door.
             let inner = json_text::twice_encoded(raw.get());
@@ -704,6 +714,7 @@ mod tests {
 
     /// `"params": null` is no params: a list or a ping goes on to rmcp as if it had none, and a
     /// `tools/call`, which needs a name, is refused for lacking it (-32602), not for the `null`.
+    /// Likewise `"_meta": null` is no `_meta`.
     #[test]
     fn null_params_are_no_params() {
         for method in ["tools/list", "ping", "prompts/list"] {
@@ -718,6 +729,18 @@ mod tests {
         let call = refusal(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":null}"#);
         assert_eq!(call["id"], 2, "{call}");
         assert_eq!(call["error"]["code"], -32602, "{call}");
+        // `_meta: null` is no `_meta`, for a call as for any request.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{},"_meta":null}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"_meta":null}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"ping","params":{"_meta":null}}"#,
+        ] {
+            assert!(
+                matches!(check_message(line), Inbound::Message(_)),
+                "{line}: {:?}",
+                check_message(line)
+            );
+        }
         // Other scalars stay refused.
         let scalar = refusal(r#"{"jsonrpc":"2.0","id":3,"method":"ping","params":5}"#);
         assert_eq!(scalar["error"]["code"], -32600, "{scalar}");
