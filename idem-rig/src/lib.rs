@@ -35,4 +35,9 @@ mod result;
 mod tools;
 
 pub use result::{to_rig, tool_error};
+/// The rig-core that idem-rig is built with: its `DynamicTool`s, `ToolOutput` and
+/// `ToolContext` are this version's types, so an agent that takes them (and a `RunId` put in a
+/// `ToolContext`) uses the same; another version's are other types, and rustc's "expected
+/// `DynamicTool`, found `DynamicTool`" does not say why.
+pub use rig_core;
 pub use tools::{IdemReport, RigToolSet, RunId};

@@ -11,7 +11,8 @@ use std::time::Duration;
 use idem_core::{Classify, Ctx, Failure, Idem, Run, ToolSet, tool};
 use idem_rig::{IdemReport, RigToolSet, RunId};
 use rig_agent::AgentBuilder;
-use rig_core::tool::ToolContext;
+// Through idem-rig's re-export, as an agent crate without its own rig-core line would.
+use idem_rig::rig_core::tool::ToolContext;
 use scripted::{Reply, Seen};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
