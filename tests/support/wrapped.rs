@@ -78,7 +78,8 @@ impl<H: Hook> Wrapped<H> {
     }
 }
 
-#[async_trait::async_trait]
+// Through idem's re-export, as a store of one's own would.
+#[idem_core::store::async_trait]
 impl<H: Hook> Store for Wrapped<H> {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         self.hook.before(Op::Claim(&req)).await?;

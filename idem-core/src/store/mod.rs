@@ -8,8 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::key::{Fingerprint, Key};
 
 pub mod admin;
@@ -206,6 +204,11 @@ impl StoreError {
         StoreError::unavailable(why + crate::clock::paused_clock_note())
     }
 }
+
+/// The `#[async_trait]` attribute [`Store`] is declared with, for a store of one's own:
+/// `#[idem_core::store::async_trait] impl Store for MyStore { .. }`, without a dependency line
+/// that must match idem's.
+pub use async_trait::async_trait;
 
 /// An idempotency store. Implementations must make each method one atomic step.
 ///
