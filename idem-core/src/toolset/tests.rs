@@ -336,6 +336,15 @@ async fn sets_merge_and_a_name_in_both_is_refused() {
     let clash = ToolSet::new().with(fake("refund", RetryClass::Never, refund_times_out)).unwrap();
     let err = merged.clone().merge(clash).unwrap_err();
     assert!(matches!(err, ToolSetError::DuplicateName("refund")), "{err:?}");
+
+    // A tool a `#[tool_set]` block could not add stays refused, with why, in the merged set.
+    let mut block = ToolSet::new();
+    block.add_or_keep_refusal(fake("look up", RetryClass::Safe, balance_ok));
+    let merged = merged.merge(block).unwrap();
+    assert!(matches!(merged.refusal("look up"), Some(ToolSetError::InvalidName("look up"))));
+    assert_eq!(merged.refusals().len(), 1);
+    let refused = merged.call(&run, "look up", &json!({"customer": "cus_1"})).await;
+    assert!(refused.is_error && refused.text.contains("look up"), "{}", refused.text);
 }
 
 /// An id or a name of the wrong type is refused before anything runs: a numeric id would come
