@@ -166,6 +166,43 @@ async fn a_claim_due_after_the_deadline_is_a_passed_deadline() {
     assert_eq!(DUE_RUNS.load(Ordering::SeqCst) - before, 1, "the owner ran it once");
 }
 
+static CUT_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// Works for 40 ms.
+#[tool(retry = "keyed")]
+async fn quick_charge(tag: String) -> Result<String, Never> {
+    CUT_RUNS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    Ok(format!("ch_{tag}"))
+}
+
+/// A duplicate woken by the owner's completion with 15 ms of its deadline left, on a store that
+/// takes 20 ms per step: the claim after the wait runs out of deadline. That is the budget spent
+/// waiting, as when the wait itself reaches the deadline: `BudgetExhausted` naming the deadline,
+/// not `StoreUnavailable` ("the store did not answer the claim within 15ms"), which depended on
+/// whether the wake came a moment before the deadline or at it. On tokio's paused clock, so the
+/// timeline is the program's own: the owner claims at 0-20 ms, works to 60 ms and completes at
+/// 80 ms; the duplicate starts at 5 ms with a 90 ms deadline (95 ms), waits from 25 ms, claims
+/// again at 80 ms.
+#[tokio::test(start_paused = true)]
+async fn a_claim_after_a_wait_that_the_deadline_cuts_short_is_a_passed_deadline() {
+    let store: Arc<dyn Store> = Arc::new(Wrapped::new(Slow));
+    let owner = Idem::builder_shared(store.clone()).build();
+    let hasty =
+        idem_core::Policy { deadline: Duration::from_millis(90), ..idem_core::Policy::default() };
+    let duplicate = Idem::builder_shared(store).policy(hasty).build();
+    let first = tokio::spawn(async move { quick_charge(&owner.run("cut"), "c".into()).await });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    match quick_charge(&duplicate.run("cut"), "c".into()).await {
+        Err(idem_core::Error::BudgetExhausted {
+            budget: idem_core::BudgetKind::Deadline, ..
+        }) => {}
+        other => panic!("the deadline ran out in the claim after the wait, got {other:?}"),
+    }
+    assert_eq!(first.await.unwrap().unwrap(), "ch_c");
+    assert_eq!(CUT_RUNS.load(Ordering::SeqCst), 1, "the owner ran it once");
+}
+
 /// A store whose lease renewals take 4 s to answer (within the 5 s store timeout): one across a
 /// congested network, or a pool whose connections are all busy.
 struct SlowRenewals;

@@ -43,11 +43,12 @@ pub(super) enum Settled<T: Tool> {
 }
 
 /// The call's deadline had passed when a claim was due (a zero deadline, or one spent waiting
-/// for another owner): nothing is sent. Carried as the store error's source so that the call
-/// answers [`Error::BudgetExhausted`] with [`BudgetKind::Deadline`](crate::BudgetKind::Deadline),
-/// as the in-memory store's calls do, not `StoreUnavailable` about a store nobody asked. (A
-/// claim sent with time left that the store does not answer within it is `StoreUnavailable`,
-/// naming the deadline: the store did not answer.)
+/// for another owner: nothing is sent), or ran out in a claim after such a wait. Carried as the
+/// store error's source so that the call answers [`Error::BudgetExhausted`] with
+/// [`BudgetKind::Deadline`](crate::BudgetKind::Deadline), as the in-memory store's calls do, not
+/// `StoreUnavailable` about a store nobody asked. (A call's first claim that the store does not
+/// answer within the whole deadline is `StoreUnavailable`, naming the deadline: the store did
+/// not answer.)
 #[derive(Debug, thiserror::Error)]
 #[error("the call's deadline had passed before the claim was sent")]
 pub(super) struct DeadlineSpent;
@@ -192,7 +193,7 @@ impl<T: Tool> Call<'_, T> {
                 let asks = self.tool.reconciles();
                 Ok(memory.claim_at(self.claim_request(on_expired), &self.digest, now, asks))
             }
-            None => self.claim_once(on_expired).await,
+            None => self.claim_once(on_expired, at_start).await,
         };
         if let (Some(sent), Ok(Claim::Acquired { .. })) = (sent, &answer) {
             self.confirmed_at(sent);
@@ -215,7 +216,7 @@ impl<T: Tool> Call<'_, T> {
     /// claim that does not answer in time is finished in the background and released if it
     /// acquired, so a slow store leaves no phantom owner behind (for a never tool that would read
     /// as an unknown outcome).
-    async fn claim_once(&self, on_expired: OnExpired) -> Result<Claim, StoreError> {
+    async fn claim_once(&self, on_expired: OnExpired, at_start: bool) -> Result<Claim, StoreError> {
         if self.inner.local_store {
             // Answers without I/O: nothing to bound, nothing left behind.
             return self.inner.store.claim(self.claim_request(on_expired)).await;
@@ -248,6 +249,12 @@ impl<T: Tool> Call<'_, T> {
             Ok(answer) => answer,
             Err(_) => {
                 drop(claim);
+                if bound >= self.deadline && !at_start {
+                    // After a wait for another owner (or a pause), the deadline ran out in the
+                    // claim that followed: the budget was spent waiting, as when the wait itself
+                    // reaches the deadline a moment later, not a store that failed to answer.
+                    return Err(StoreError::Unavailable(Arc::new(DeadlineSpent)));
+                }
                 // Name the limit that ran out, so a misconfigured one (a zero store timeout)
                 // is found from the message.
                 let limit = if bound < self.deadline {
