@@ -441,6 +441,9 @@ impl ToolSet {
             self.cx.read_only.sort_unstable();
         }
         self.tools.insert(def.name, Entry { tool, definition });
+        // A `#[tool_set]` block may have left out a tool of this name: the set holds one now, and
+        // calls of the name run it, so the refusal no longer says anything true (as `merge`).
+        self.refused.remove(def.name);
         Ok(())
     }
 

@@ -347,6 +347,31 @@ async fn sets_merge_and_a_name_in_both_is_refused() {
     assert!(refused.is_error && refused.text.contains("look up"), "{}", refused.text);
 }
 
+/// A set whose `#[tool_set]` block left a tool out, and a tool of that name from elsewhere: the
+/// set holds that tool and calls run it, so no refusal names it, whichever way the set is
+/// built. `merge` dropped the refusal but `with` kept it, so a start-up check on `refusals()`
+/// failed or passed by the order the sets were put together in, over a tool that is served.
+#[tokio::test]
+async fn a_refusal_goes_once_a_tool_of_its_name_is_added() {
+    let refusing = || {
+        let mut set = ToolSet::new();
+        // Arguments that are not an object: refused, as a `#[tool_set]` block refuses a tool.
+        set.add_or_keep_refusal(fake::<u32>("now", RetryClass::Safe, |_, _| Ok(json!(0))));
+        assert_eq!(set.refusals().len(), 1, "{:?}", set.refusals());
+        set
+    };
+    let served = || fake("now", RetryClass::Safe, now_ok);
+    let merged = ToolSet::new().with(served()).unwrap().merge(refusing()).unwrap();
+    let added = refusing().with(served()).unwrap();
+    let run = Idem::in_memory().run("r");
+    for (how, set) in [("merged", merged), ("added", added)] {
+        assert_eq!(set.refusals().len(), 0, "{how}: {:?}", set.refusals());
+        assert!(set.refusal("now").is_none(), "{how}");
+        let result = set.call(&run, "now", &json!({})).await;
+        assert_eq!((result.is_error, result.text.as_str()), (false, "12:00"), "{how}");
+    }
+}
+
 /// An id or a name of the wrong type is refused before anything runs: a numeric id would come
 /// back as another id (the host could not match the result to its call), and a numeric name is
 /// named as that, not as missing.
