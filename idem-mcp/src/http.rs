@@ -668,7 +668,7 @@ fn claim_id(
             {
                 let entry = (session.to_owned(), id.clone());
                 if taken.live.contains(&entry) {
-                    taken.cancelled.insert(entry);
+                    taken.cancelled.insert(&entry);
                 }
             }
             return Ok(None);

@@ -132,15 +132,28 @@ pub fn id_cancelled(id: &RequestId) -> Value {
 /// The ids of requests cancelled while in flight, oldest first, kept taken (see
 /// [`id_cancelled`]); past [`MAX_CANCELLED_IDS`] the oldest is freed (its handler has long
 /// finished: a cancelled idem call stops at once).
+///
+/// Each is kept as a 128-bit digest under keys drawn for this set, not as the id: an id is the
+/// client's text, as long as a request body allows (4 MiB by default over HTTP), and 4096 of
+/// them kept as text let a client make the server hold gigabytes for the rest of its life. Two
+/// ids share a digest with a chance of about 2^-128 per pair, which a client cannot steer
+/// without the keys.
 #[derive(Debug)]
 pub(crate) struct CancelledIds<K> {
-    ids: std::collections::HashSet<K>,
-    order: std::collections::VecDeque<K>,
+    ids: std::collections::HashSet<u128>,
+    order: std::collections::VecDeque<u128>,
+    keys: (std::hash::RandomState, std::hash::RandomState),
+    _ids: std::marker::PhantomData<fn(&K)>,
 }
 
 impl<K> Default for CancelledIds<K> {
     fn default() -> Self {
-        CancelledIds { ids: Default::default(), order: Default::default() }
+        CancelledIds {
+            ids: Default::default(),
+            order: Default::default(),
+            keys: Default::default(),
+            _ids: std::marker::PhantomData,
+        }
     }
 }
 
@@ -148,10 +161,16 @@ impl<K> Default for CancelledIds<K> {
 /// sessions together).
 pub const MAX_CANCELLED_IDS: usize = 4096;
 
-impl<K: std::hash::Hash + Eq + Clone> CancelledIds<K> {
-    pub(crate) fn insert(&mut self, id: K) {
-        if self.ids.insert(id.clone()) {
-            self.order.push_back(id);
+impl<K: std::hash::Hash> CancelledIds<K> {
+    fn digest(&self, id: &K) -> u128 {
+        use std::hash::BuildHasher;
+        (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
+    }
+
+    pub(crate) fn insert(&mut self, id: &K) {
+        let digest = self.digest(id);
+        if self.ids.insert(digest) {
+            self.order.push_back(digest);
         }
         while self.order.len() > MAX_CANCELLED_IDS {
             if let Some(oldest) = self.order.pop_front() {
@@ -161,7 +180,7 @@ impl<K: std::hash::Hash + Eq + Clone> CancelledIds<K> {
     }
 
     pub(crate) fn contains(&self, id: &K) -> bool {
-        self.ids.contains(id)
+        self.ids.contains(&self.digest(id))
     }
 }
 
@@ -744,6 +763,26 @@ mod tests {
         // Other scalars stay refused.
         let scalar = refusal(r#"{"jsonrpc":"2.0","id":3,"method":"ping","params":5}"#);
         assert_eq!(scalar["error"]["code"], -32600, "{scalar}");
+    }
+
+    /// A cancelled id stays taken without the server keeping its text: a client chooses its ids'
+    /// length (up to the request body limit), and the 4096 kept were each held whole, so a client
+    /// that sent and cancelled requests with ids of megabytes made the server hold gigabytes.
+    #[test]
+    fn a_cancelled_id_is_kept_without_its_text() {
+        let text: std::sync::Arc<str> = "x".repeat(1 << 20).into();
+        let mut cancelled = CancelledIds::default();
+        cancelled.insert(&RequestId::String(std::sync::Arc::clone(&text)));
+        assert_eq!(std::sync::Arc::strong_count(&text), 1, "the set holds the id's text");
+        assert!(cancelled.contains(&RequestId::String("x".repeat(1 << 20).into())));
+        assert!(!cancelled.contains(&RequestId::String("x".into())));
+        assert!(!cancelled.contains(&RequestId::Number(1)));
+        // Bounded: the oldest is freed past the limit.
+        for n in 0..MAX_CANCELLED_IDS {
+            cancelled.insert(&RequestId::Number(n as i64));
+        }
+        assert!(!cancelled.contains(&RequestId::String(text)));
+        assert!(cancelled.contains(&RequestId::Number(0)));
     }
 
     /// An id this server cannot answer with is refused with a `null` id (JSON-RPC 2.0 §5), so

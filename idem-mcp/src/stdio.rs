@@ -244,7 +244,7 @@ impl<R, W> LineTransport<R, W> {
                 {
                     // Not free: its handler may still answer (see the module's doc). The id of a
                     // request already answered, or never sent, is left as it is.
-                    self.cancelled.insert(id.clone());
+                    self.cancelled.insert(id);
                 }
             }
             _ => {}
