@@ -436,15 +436,21 @@ impl ToolSet {
             input_schema,
             annotations: Annotations::for_class(def.class),
         };
-        if def.class == RetryClass::Safe {
-            self.cx.read_only.push(def.name);
+        self.insert(Entry { tool, definition });
+        Ok(())
+    }
+
+    /// Puts a checked tool of a name not in the set into it (`add_dyn`, `merge`).
+    fn insert(&mut self, entry: Entry) {
+        let name = entry.definition.name;
+        if entry.definition.class == RetryClass::Safe {
+            self.cx.read_only.push(name);
             self.cx.read_only.sort_unstable();
         }
-        self.tools.insert(def.name, Entry { tool, definition });
+        self.tools.insert(name, entry);
         // A `#[tool_set]` block may have left out a tool of this name: the set holds one now, and
-        // calls of the name run it, so the refusal no longer says anything true (as `merge`).
-        self.refused.remove(def.name);
-        Ok(())
+        // calls of the name run it, so the refusal no longer says anything true.
+        self.refused.remove(name);
     }
 
     /// This set with every tool of `other` added: the sets of two `#[tool_set]` blocks, or one
@@ -455,14 +461,9 @@ impl ToolSet {
         if let Some(name) = other.tools.keys().find(|name| self.tools.contains_key(*name)) {
             return Err(ToolSetError::DuplicateName(name));
         }
-        for (name, entry) in other.tools {
-            if entry.definition.class == RetryClass::Safe {
-                self.cx.read_only.push(name);
-            }
-            self.refused.remove(name);
-            self.tools.insert(name, entry);
+        for entry in other.tools.into_values() {
+            self.insert(entry);
         }
-        self.cx.read_only.sort_unstable();
         for (name, refusal) in other.refused {
             if !self.tools.contains_key(name) {
                 self.refused.entry(name).or_insert(refusal);
