@@ -575,7 +575,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
     let non_snake = non_snake_allow(item);
-    let hidden = doc_hidden(&attrs.doc);
+    let hidden_doc = doc_hidden(&attrs.doc);
     // The tool as a value is a constant named like a type. Named in the expansion's context (at
     // the user's name's location), `non_upper_case_globals` sees generated code and stays quiet,
     // so no `allow` is needed, which a crate that `forbid`s the lint would refuse (E0453).
@@ -649,7 +649,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 #[doc = #args_doc]
                 #[doc = ""]
                 #[doc = #args_new_doc]
-                #(#hidden)*
+                #(#hidden_doc)*
                 #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
 
                 #(#cfg)*
@@ -693,12 +693,12 @@ fn expand_free(model: &Model) -> TokenStream {
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #(#hidden)*
+        #(#hidden_doc)*
         #vis type #tool_ty = #krate::__private::FnTool<#tool_args, #ok, #err>;
 
         #(#cfg)*
         #[doc = #tool_doc]
-        #(#hidden)*
+        #(#hidden_doc)*
         #vis const #tool_const: #tool_ty = {
             #checks
             __idem_checked.#ctor(
