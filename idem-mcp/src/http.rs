@@ -190,6 +190,23 @@ impl std::fmt::Debug for Owners {
 /// How many sessions are noted before the idle ones are looked for.
 const OWNERS_SWEEP_AT: usize = 1024;
 
+/// Notes `value` for `session` (now its last use), in a map of what this layer keeps per session
+/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those idle for longer than
+/// rmcp keeps a session are forgotten first.
+fn note_session<V>(
+    sessions: &mut std::collections::HashMap<String, (V, Instant)>,
+    keep_alive: Option<std::time::Duration>,
+    session: &str,
+    value: V,
+) {
+    if sessions.len() >= OWNERS_SWEEP_AT
+        && let Some(keep) = keep_alive
+    {
+        sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
+    }
+    sessions.insert(session.to_owned(), (value, Instant::now()));
+}
+
 impl Owners {
     fn lock(&self) -> std::sync::MutexGuard<'_, SessionOwners> {
         self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -259,13 +276,7 @@ impl Owners {
     }
 
     fn note(&self, session: &str, who: Option<String>) {
-        let mut sessions = self.lock();
-        if sessions.len() >= OWNERS_SWEEP_AT
-            && let Some(keep) = self.keep_alive
-        {
-            sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
-        }
-        sessions.insert(session.to_owned(), (who, Instant::now()));
+        note_session(&mut self.lock(), self.keep_alive, session, who);
     }
 
     /// Whether `session` is open here or, with a session store, stored for another instance to
@@ -758,13 +769,7 @@ impl Versions {
         else {
             return;
         };
-        let mut sessions = self.lock();
-        if sessions.len() >= OWNERS_SWEEP_AT
-            && let Some(keep) = self.keep_alive
-        {
-            sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
-        }
-        sessions.insert(session.to_owned(), (reads, Instant::now()));
+        note_session(&mut self.lock(), self.keep_alive, session, reads);
     }
 
     /// A session its owner closed (`DELETE`).
