@@ -359,7 +359,7 @@ mod no_runtime {
         let before = STARTED.load(Ordering::SeqCst);
         let err: Error<NoError> = block_on(charge(run, 7)).expect_err("no runtime");
         assert_eq!(err.kind(), ErrorKind::StoreUnavailable, "{err}");
-        let text = format!("{err}: {:?}", std::error::Error::source(&err));
+        let text = idem_core::ErrorChain(&err).to_string();
         assert!(text.contains("call it from inside a Tokio runtime"), "{text}");
         assert_eq!(STARTED.load(Ordering::SeqCst), before, "the tool did not start");
     }
