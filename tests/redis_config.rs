@@ -278,3 +278,31 @@ async fn a_prefix_without_keys_is_not_an_existing_store() {
     }
     idem_core::store::open_existing(&redis.url("?prefix=app")).await.expect("the app's prefix");
 }
+
+/// A Redis that closes idle connections (`timeout` in redis.conf, as managed services and
+/// hardened configurations set it): the store's connection is gone when the next call comes.
+/// A repeat after such a pause replays, and a new call runs, instead of failing closed because
+/// the first command went out on the closed connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_the_server_closed_an_idle_connection_are_served() {
+    let Some(redis) = server("redis-idle-timeout", &["--timeout", "1"]) else { return };
+    let store = RedisStore::open(&redis.url("")).await.expect("opens");
+    let (key, fp) = fresh_key("idle_timeout", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    let done = idem_core::store::Outcome::Success("1".into());
+    store.complete(&key, fence, &done, LONG).await.unwrap();
+    for round in 0..2 {
+        // Past the server's idle timeout (it checks idle clients about every 100 ms).
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        match store.claim(claim_req(&key, &fp)).await {
+            Ok(Claim::Completed(_)) => {}
+            other => panic!("round {round}: a repeat after an idle pause must replay: {other:?}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        let (fresh, fresh_fp) = fresh_key("idle_timeout_fresh", &round.to_string());
+        match store.claim(claim_req(&fresh, &fresh_fp)).await {
+            Ok(Claim::Acquired { .. }) => {}
+            other => panic!("round {round}: a new key after an idle pause: {other:?}"),
+        }
+    }
+}

@@ -393,8 +393,21 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(record);
         pipe.ignore_errors();
-        let replies = self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await;
-        let raw = match replies.map_err(unavailable)?.into_iter().next() {
+        // A read: sent again like any step whose reply may have been lost. The first command
+        // after a pause may go out on a connection the server has closed meanwhile (its idle
+        // `timeout`, a proxy's), which the connection manager learns of only from that command;
+        // it then connects again, and a repeat must not fail closed for it.
+        let replies = resend::resend(|_| async {
+            match self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await {
+                Ok(replies) => Ok(replies),
+                Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                    Err(Failed::Lost(unavailable(e)))
+                }
+                Err(e) => Err(Failed::Answered(unavailable(e))),
+            }
+        })
+        .await;
+        let raw = match replies?.into_iter().next() {
             Some(redis::Value::BulkString(raw)) => raw,
             // Absent, or not a string (a version 1 hash: WRONGTYPE): the claim's to handle.
             _ => return Ok(None),
