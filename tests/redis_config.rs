@@ -306,3 +306,47 @@ async fn calls_after_the_server_closed_an_idle_connection_are_served() {
         }
     }
 }
+
+/// Redis 7 gives a new ACL user no pub/sub channel unless it names some (`acl-pubsub-default
+/// resetchannels`): `ACL SETUSER app on >pw ~* +@all` may run every command on every key, but
+/// `PUBLISH` and `SUBSCRIBE` on none of the store's channels. Waiters then poll; and the steps
+/// that publish a wake-up (forget always, the others when someone waits) still do their work
+/// and say so, rather than failing after their writes as if the store were down.
+#[tokio::test(flavor = "current_thread")]
+async fn a_user_without_channel_rights_forgets_and_completes() {
+    let Some(redis) = server("redis-nochannels", &[]) else { return };
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let rules = ["SETUSER", "app", "resetchannels", "on", ">pw", "~*", "+@all"];
+    let _: () = redis::cmd("ACL").arg(&rules[..]).query_async(&mut admin).await.unwrap();
+    let url = format!("redis://app:pw@127.0.0.1:{}/", redis.port);
+    let store = RedisStore::open(&url).await.expect("opens");
+    let done = idem_core::store::Outcome::Success("1".into());
+
+    // The operator's removal: the record goes, and the answer says it went.
+    let (key, fp) = fresh_key("nochannels_forget", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &done, LONG).await.unwrap();
+    assert_eq!(store.forget(&key).await.map_err(|e| e.to_string()), Ok(true));
+    assert!(store.inspect(&key).await.unwrap().is_none(), "forgotten");
+    // The command line's removal of the record as it was shown.
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &done, LONG).await.unwrap();
+    assert_eq!(store.forget_seen(&key, fence, true).await.map_err(|e| e.to_string()), Ok(true));
+    assert!(store.inspect(&key).await.unwrap().is_none(), "forgotten as seen");
+
+    // A waiter of a process whose user may subscribe flags the record: the owner completes.
+    let (key, fp) = fresh_key("nochannels_complete", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    let waiter = RedisStore::open(&redis.url("")).await.expect("opens");
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key);
+        tokio::spawn(
+            async move { waiter.wait(&key, fence, std::time::Duration::from_secs(10)).await },
+        )
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(store.complete(&key, fence, &done, LONG).await.map_err(|e| e.to_string()), Ok(()));
+    waiting.await.unwrap().unwrap();
+    assert!(matches!(waiter.claim(claim_req(&key, &fp)).await, Ok(Claim::Completed(_))));
+}

@@ -12,6 +12,12 @@ use super::SCHEMA_VERSION;
 // release and renew `1`, the re-check of a wait the lease time left. Any other answer is a table
 // whose first item says what happened.
 //
+// A wake-up is published with `redis.pcall`: it is a hint (waiters re-check on a timer), sent
+// after the step's writes, and Redis does not undo a script's writes when a later command fails.
+// A user the ACL gives no pub/sub channel (Redis 7's `acl-pubsub-default resetchannels` makes
+// that every new user's default) would otherwise see every step that publishes fail after it
+// did its work.
+//
 // Every script but forget starts with the version (see `Scripts::new`) and `HEAD`, the record's
 // GET: a key of another type answers WRONGTYPE, caught by `pcall`, so the common path pays no
 // TYPE lookup. Claim then answers a replay, before the prelude has cost anything.
@@ -159,7 +165,7 @@ local f = math.max(tonumber(fence) + 1, now_us)
 redis.call('SET', KEYS[1],
   inflight(format('%d', f), '0', format('%d', now_ms + ARGV[2]), fp, 't' .. ARGV[4],
     format('%d', now_ms), ARGV[5]))
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
+if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'takeover') end
 return {'takeover', f}
 "#;
 
@@ -179,7 +185,7 @@ if type(v) == 'string' and ARGV[4] ~= '0' then
       .. t[1] .. string.format('%03d', math.floor(t[2] / 1000)) .. '|' .. origin .. '|' .. ARGV[3],
       'PX', ARGV[4])
     redis.call('SET', KEYS[2], fence, 'PX', string.format('%d', ARGV[4] + ARGV[5]))
-    if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
+    if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
     return 1
   end
 end
@@ -209,7 +215,7 @@ else
     .. format('%d', now_ms) .. '|' .. origin .. '|' .. ARGV[3], 'PX', ARGV[4])
 end
 redis.call('SET', KEYS[2], fence, 'PX', format('%d', ARGV[4] + ARGV[5]))
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
+if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'complete') end
 return 1
 "#;
 
@@ -224,7 +230,7 @@ if st ~= 'f' or fence ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[2])
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
+if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
 return 1
 "#;
 
@@ -249,7 +255,7 @@ if bad then return bad end
 if st ~= 'f' or o ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[2])
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
+if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'release') end
 return 1
 "#;
 
@@ -265,7 +271,7 @@ if type(f) == 'string' and string.match(f, '^%d+$') then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[1])
 end
 local n = redis.call('DEL', KEYS[1])
-if n > 0 then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget') end
+if n > 0 then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget') end
 return n
 "#;
 
@@ -279,7 +285,7 @@ if not st then return 0 end
 if fence ~= ARGV[2] or st ~= ARGV[3] then return -1 end
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[1])
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget')
+redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget')
 return 1
 "#;
 
@@ -336,7 +342,7 @@ else
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], fence, 'PX', ARGV[6])
 end
-if w == '1' then redis.call('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'resolve') end
+if w == '1' then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'resolve') end
 return 1
 "#;
 
