@@ -1143,3 +1143,51 @@ async fn a_takeover_whose_caller_gave_up_is_not_released_by_owner() {
     );
     drop_schema(&admin, &schema).await;
 }
+
+/// A database whose encoding is not UTF-8 (`LATIN1` here; `WIN1252`, `EUC_JP` and others are
+/// met on older servers): tokio-postgres speaks UTF-8, and the server converts every text value
+/// into the database's encoding, refusing a character it has no equivalent for. Outputs and
+/// errors are JSON with their characters as they are, and models answer in every script: a
+/// completion with a `€` in it could never be stored, and the record would stay in flight (a
+/// `never` tool's repeat answering "outcome unknown"). The store refuses such a database when it
+/// opens, naming the encoding, instead of failing completions later as "unavailable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_cannot_hold_every_character_is_refused_at_open() {
+    if store().await.is_none() {
+        return;
+    }
+    let admin = pg::admin().await;
+    let created = admin
+        .batch_execute(
+            "CREATE DATABASE idem_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0",
+        )
+        .await;
+    let created = match created {
+        // Made by an earlier run, or by a test process running at the same time.
+        Err(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE)
+                || e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
+        {
+            Ok(())
+        }
+        other => other.map_err(|e| format!("CREATE DATABASE idem_latin1: {e}")),
+    };
+    if or_skip("PostgreSQL role that may create a LATIN1 database", created).is_none() {
+        return;
+    }
+    let url = format!("{} dbname=idem_latin1", pg_url());
+    match PostgresStore::connect(&url).await {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(m.contains("LATIN1") && m.contains("UTF8"), "{m}");
+        }
+        Err(other) => panic!("expected InvalidConfig, got {other:?}"),
+        Ok(store) => {
+            // What the store would otherwise do: open, then fail the completion for good.
+            let (key, fp) = fresh_key("latin1_payload", "{}");
+            let fence = acquire(&store, &key, &fp).await;
+            let done = store.complete(&key, fence, &Outcome::Success("\"€\"".into()), LONG).await;
+            panic!("a LATIN1 database was accepted; a completion with a euro sign: {done:?}");
+        }
+    }
+}

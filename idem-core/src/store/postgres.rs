@@ -170,8 +170,10 @@ impl PostgresStore {
     ///
     /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
     /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, a TLS mode without
-    /// the `postgres-tls` feature, or a role that may not create idem's tables, migrate them, or
-    /// write them (the message names what to grant or do);
+    /// the `postgres-tls` feature, a database whose encoding cannot hold every character (neither
+    /// `UTF8` nor `SQL_ASCII`: `LATIN1`, `WIN1252`, ..., where an output with a `€` could not be
+    /// stored), or a role that may not create idem's tables, migrate them, or write them (the
+    /// message names what to grant or do);
     /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
     /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
     /// [`StoreError::Incompatible`] when the schema is from another version.

@@ -128,11 +128,47 @@ impl Source {
     /// when the store is made.
     pub(super) async fn check(&self, schema: Schema) -> Result<(), StoreError> {
         let mut conn = self.checkout().await?;
+        if schema == Schema::Create {
+            refuse_narrow_encoding(&conn).await?;
+        }
         ensure_schema(&mut conn.client, schema).await?;
         conn.prepare_all().await?;
         warn_if_not_durable(&conn).await;
         Ok(())
     }
+}
+
+/// Refuses a database whose encoding cannot hold every character (`LATIN1`, `WIN1252`,
+/// `EUC_JP`, ...): the server converts each text value the store sends (UTF-8, as tokio-postgres
+/// speaks it) into the database's encoding and refuses one with a character it has no
+/// equivalent for (SQLSTATE 22P05). Outputs and errors are JSON written with their characters as
+/// they are, and run ids and tool names are the application's text, so a completion with a `€`
+/// or an emoji in its output could never be stored (a `never` tool's record would stay in
+/// flight, then answer "outcome unknown"), and every call of a run id with such a character
+/// would fail. `UTF8` holds everything, and `SQL_ASCII` stores the bytes unconverted. Checked
+/// before anything is created; the command line (which opens an existing store to look at
+/// it) is not refused.
+async fn refuse_narrow_encoding(conn: &Conn) -> Result<(), StoreError> {
+    // The simple protocol: one round trip, no statement left behind a PgBouncer.
+    let asked = "SELECT current_setting('server_encoding'), current_database()";
+    let messages = conn.client.simple_query(asked).await.map_err(pg)?;
+    let Some(row) = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    }) else {
+        return Ok(());
+    };
+    let (encoding, db) = (row.get(0).unwrap_or_default(), row.get(1).unwrap_or_default());
+    if encoding.eq_ignore_ascii_case("UTF8") || encoding.eq_ignore_ascii_case("SQL_ASCII") {
+        return Ok(());
+    }
+    Err(StoreError::InvalidConfig(format!(
+        "PostgreSQL database {db:?} has encoding {encoding}, which cannot hold every character \
+         of the outputs, errors and run ids idem stores (the server would refuse a completion \
+         with a character outside {encoding}, and the call's record would stay in flight): put \
+         idem's tables in a UTF8 database (CREATE DATABASE idem ENCODING 'UTF8' TEMPLATE \
+         template0)"
+    )))
 }
 
 /// Logs a warning when the server acknowledges commits it can still lose: with
