@@ -722,3 +722,34 @@ async fn a_node_connection_gone_silent_is_replaced() {
         bounded.await.expect("a step hung");
     }
 }
+
+/// A node of a Redis Cluster named by a plain `redis://` URL (a cluster's configuration endpoint
+/// or one node's address given where `redis+cluster://` was meant): the node answers `MOVED`
+/// for every key in another master's slots. Opening says so, as a configuration error naming
+/// the cluster form, instead of opening a store whose calls fail closed as "unavailable" for
+/// most keys and work for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_url_to_a_cluster_node_is_a_configuration_error() {
+    let Some(cluster) = tokio::task::spawn_blocking(shared).await.unwrap() else { return };
+    let url = format!("redis://127.0.0.1:{}/", cluster.ports[0]);
+    match RedisStore::open(&url).await {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(m.contains("Redis Cluster") && m.contains("redis+cluster://"), "{m}");
+        }
+        Err(other) => panic!("expected InvalidConfig, got {other:?}"),
+        Ok(store) => {
+            let mut failed = Vec::new();
+            for i in 0..12 {
+                let (key, fp) = fresh_key("plain_url_to_cluster", &i.to_string());
+                if let Err(e) = store.claim(claim_req(&key, &fp)).await {
+                    failed.push(e.to_string());
+                }
+            }
+            panic!(
+                "a cluster node opened as one server; {} of 12 fresh claims failed: {:?}",
+                failed.len(),
+                failed.first()
+            );
+        }
+    }
+}

@@ -108,7 +108,8 @@ impl RedisStoreBuilder {
     /// Connects now: fails with [`StoreError::Unavailable`] if the server (on a cluster, a node
     /// of it) cannot be reached; when a TLS check refused it, the message says which (the
     /// certificate chain, the host name). Fails with [`StoreError::InvalidConfig`] when the
-    /// server may evict the store's keys, unless [`allow_eviction`](Self::allow_eviction).
+    /// server may evict the store's keys, unless [`allow_eviction`](Self::allow_eviction), and
+    /// when a `redis://` URL names a node of a Redis Cluster (use `redis+cluster://`).
     pub async fn open(self) -> Result<RedisStore, StoreError> {
         let connect = self.connection_timeout;
         let response = self.response_timeout;
@@ -157,6 +158,9 @@ impl RedisStoreBuilder {
         }
         let at = cluster.addresses();
         super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
+        if let conn::Servers::One(_) = &cluster {
+            refuse_cluster_node(&store.inner.conn, &at).await?;
+        }
         super::persistence::warn_if_not_durable(&store.inner.conn, &at).await;
         Ok(store)
     }
@@ -255,6 +259,41 @@ impl RedisStoreBuilder {
             }),
         })
     }
+}
+
+/// Refuses a node of a Redis Cluster named as one server (`redis://`): it answers `MOVED` for
+/// every key in another master's slots, so most calls would fail closed as if the store were
+/// down while the rest worked (and all of them once the cluster is resharded). Asked with `INFO
+/// cluster`; a server that will not say (an ACL without `+info`, a proxy) is let through, as
+/// proxies in front of a cluster answer for every slot themselves.
+async fn refuse_cluster_node(conn: &Conn, at: &str) -> Result<(), StoreError> {
+    let reply = match conn.command(redis::cmd("INFO").arg("cluster")).await {
+        Ok(reply) => reply,
+        Err(e) if super::reply::refused_access(&e) || e.to_string().contains("unknown command") => {
+            return Ok(());
+        }
+        // Not answered (a timeout, a dropped connection): an outage, as for `INFO memory`.
+        Err(e) => return Err(super::reply::unavailable(e)),
+    };
+    let text = match &reply {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => {
+            text.clone()
+        }
+        _ => return Ok(()),
+    };
+    let enabled = text
+        .lines()
+        .find_map(|line| line.strip_prefix("cluster_enabled:"))
+        .is_some_and(|v| v.trim() == "1");
+    if !enabled {
+        return Ok(());
+    }
+    Err(StoreError::InvalidConfig(format!(
+        "Redis at {at} is a node of a Redis Cluster (cluster_enabled:1), which answers MOVED for \
+         the keys of other nodes' slots: name the cluster with redis+cluster://{at}/ \
+         (rediss+cluster:// with TLS), listing one or more of its nodes"
+    )))
 }
 
 #[cfg(test)]
