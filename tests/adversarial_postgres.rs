@@ -1191,3 +1191,25 @@ async fn a_database_that_cannot_hold_every_character_is_refused_at_open() {
         }
     }
 }
+
+/// A role or database whose transactions are read-only by default (`ALTER ROLE app SET
+/// default_transaction_read_only = on`, as a reporting role is set up): the store opened, and
+/// every claim was then refused by the server, taken for a primary demoted behind its address,
+/// sent again on new connections and answered "unavailable", an outage to wait out. Refused when
+/// the store opens, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_whose_transactions_are_read_only_is_refused_at_open() {
+    let Some(_) = store().await else { return };
+    let url = format!("{} options='-c default_transaction_read_only=on'", pg_url());
+    match PostgresStore::connect(&url).await {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(m.contains("default_transaction_read_only"), "{m}");
+        }
+        Err(other) => panic!("expected InvalidConfig, got {other:?}"),
+        Ok(store) => {
+            let (key, fp) = fresh_key("read_only_role", "{}");
+            let claimed = store.claim(claim_req(&key, &fp)).await;
+            panic!("a read-only role's store opened; its claim: {claimed:?}");
+        }
+    }
+}

@@ -172,10 +172,12 @@ impl PostgresStore {
     /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, a TLS mode without
     /// the `postgres-tls` feature, a database whose encoding cannot hold every character (neither
     /// `UTF8` nor `SQL_ASCII`: `LATIN1`, `WIN1252`, ..., where an output with a `€` could not be
-    /// stored), or a role that may not create idem's tables, migrate them, or write them (the
-    /// message names what to grant or do);
+    /// stored), a role or database whose transactions are read-only by default
+    /// (`default_transaction_read_only`), or a role that may not create idem's tables, migrate
+    /// them, or write them (the message names what to grant or do);
     /// [`StoreError::Unavailable`] when the server cannot be reached (5 s connect timeout unless
-    /// the string sets `connect_timeout`) or a TLS check fails (the message says which); and
+    /// the string sets `connect_timeout`), is a read-only standby (a reader endpoint named where
+    /// the primary was meant), or a TLS check fails (the message says which); and
     /// [`StoreError::Incompatible`] when the schema is from another version.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::open_target(Target::parse(url)?, DEFAULT_CONNECTIONS, Schema::Create).await

@@ -129,7 +129,7 @@ impl Source {
     pub(super) async fn check(&self, schema: Schema) -> Result<(), StoreError> {
         let mut conn = self.checkout().await?;
         if schema == Schema::Create {
-            refuse_narrow_encoding(&conn).await?;
+            refuse_unusable_database(&conn).await?;
         }
         ensure_schema(&mut conn.client, schema).await?;
         conn.prepare_all().await?;
@@ -138,19 +138,27 @@ impl Source {
     }
 }
 
-/// Refuses a database whose encoding cannot hold every character (`LATIN1`, `WIN1252`,
-/// `EUC_JP`, ...): the server converts each text value the store sends (UTF-8, as tokio-postgres
-/// speaks it) into the database's encoding and refuses one with a character it has no
-/// equivalent for (SQLSTATE 22P05). Outputs and errors are JSON written with their characters as
-/// they are, and run ids and tool names are the application's text, so a completion with a `€`
-/// or an emoji in its output could never be stored (a `never` tool's record would stay in
-/// flight, then answer "outcome unknown"), and every call of a run id with such a character
-/// would fail. `UTF8` holds everything, and `SQL_ASCII` stores the bytes unconverted. Checked
-/// before anything is created; the command line (which opens an existing store to look at
-/// it) is not refused.
-async fn refuse_narrow_encoding(conn: &Conn) -> Result<(), StoreError> {
+/// Refuses, before anything is created, a database the store could open but never write:
+///
+/// - one whose encoding cannot hold every character (`LATIN1`, `WIN1252`, `EUC_JP`, ...): the
+///   server converts each text value the store sends (UTF-8, as tokio-postgres speaks it) into
+///   the database's encoding and refuses one with a character it has no equivalent for
+///   (SQLSTATE 22P05). Outputs and errors are JSON written with their characters as they are,
+///   and run ids and tool names are the application's text, so a completion with a `€` or an
+///   emoji in its output could never be stored (a `never` tool's record would stay in flight,
+///   then answer "outcome unknown"), and every call of a run id with such a character would
+///   fail. `UTF8` holds everything, and `SQL_ASCII` stores the bytes unconverted.
+/// - one whose transactions are read-only: `default_transaction_read_only` set for the role or
+///   the database (a configuration: [`StoreError::InvalidConfig`]), or a hot standby, a replica
+///   or reader endpoint named where the primary was meant ([`StoreError::Unavailable`], as a
+///   standby met during a failover is). Every claim would be refused (SQLSTATE 25006) and, taken
+///   for a primary demoted behind its address, sent again on new connections.
+///
+/// The command line, which opens an existing store to look at it, is not refused.
+async fn refuse_unusable_database(conn: &Conn) -> Result<(), StoreError> {
     // The simple protocol: one round trip, no statement left behind a PgBouncer.
-    let asked = "SELECT current_setting('server_encoding'), current_database()";
+    let asked = "SELECT current_setting('server_encoding'), current_database(), \
+                 current_setting('transaction_read_only'), pg_is_in_recovery()";
     let messages = conn.client.simple_query(asked).await.map_err(pg)?;
     let Some(row) = messages.iter().find_map(|m| match m {
         tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
@@ -158,7 +166,23 @@ async fn refuse_narrow_encoding(conn: &Conn) -> Result<(), StoreError> {
     }) else {
         return Ok(());
     };
-    let (encoding, db) = (row.get(0).unwrap_or_default(), row.get(1).unwrap_or_default());
+    let field = |i| row.get(i).unwrap_or_default();
+    let (encoding, db, read_only, standby) = (field(0), field(1), field(2), field(3));
+    if standby == "t" {
+        return Err(StoreError::unavailable(format!(
+            "PostgreSQL database {db:?} is on a read-only standby (pg_is_in_recovery), where no \
+             claim can be written: name the primary (a managed database's writer endpoint, not \
+             a reader or replica endpoint), or open the store again once this server is promoted"
+        )));
+    }
+    if read_only == "on" {
+        return Err(StoreError::InvalidConfig(format!(
+            "PostgreSQL makes the store's transactions in database {db:?} read-only \
+             (default_transaction_read_only is on for its role or database), so no claim can be \
+             written: turn it off for idem's role (ALTER ROLE .. SET \
+             default_transaction_read_only = off)"
+        )));
+    }
     if encoding.eq_ignore_ascii_case("UTF8") || encoding.eq_ignore_ascii_case("SQL_ASCII") {
         return Ok(());
     }
