@@ -350,3 +350,62 @@ async fn a_user_without_channel_rights_forgets_and_completes() {
     waiting.await.unwrap().unwrap();
     assert!(matches!(waiter.claim(claim_req(&key, &fp)).await, Ok(Claim::Completed(_))));
 }
+
+/// A replica named where its master was meant (a managed Redis's reader endpoint, a replica's
+/// address): on a read-only replica (the default) every claim is refused with `READONLY` and,
+/// taken for a master demoted behind its address, sent again on new connections until it fails
+/// as "unavailable"; on a writable replica (`replica-read-only no`) a claim is written there
+/// alone, never reaches the master, and a process using the master claims the same key again:
+/// the tool runs twice. Opening refuses a replica, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_refused_at_open() {
+    // Replicas get the master's data at once, not after the default 5 s wait for more of them.
+    let Some(master) = server("redis-replica-master", &["--repl-diskless-sync-delay", "0"]) else {
+        return;
+    };
+    let of = master.port.to_string();
+    let on_master = RedisStore::open(&master.url("")).await.expect("the master");
+    let (done, done_fp) = fresh_key("replica", "done");
+    let fence = idem_tests::acquire(&on_master, &done, &done_fp).await;
+    let outcome = idem_core::store::Outcome::Success("1".into());
+    on_master.complete(&done, fence, &outcome, LONG).await.unwrap();
+    for writable in ["no", "yes"] {
+        let tag = format!("redis-replica-{writable}");
+        let options = ["--replicaof", "127.0.0.1", &of, "--replica-read-only", writable];
+        let Some(replica) = server(&tag, &options) else { return };
+        match RedisStore::open(&replica.url("")).await {
+            Err(e) => {
+                let m = e.to_string() + &format!("{:?}", e);
+                assert!(m.contains("replica"), "replica-read-only {writable}: {m}");
+                // The command line only looks: it may look at a replica, once it has the records.
+                let raw = redis::Client::open(replica.url("")).unwrap();
+                let mut raw = raw.get_multiplexed_async_connection().await.unwrap();
+                for _ in 0..100 {
+                    let n: u64 = redis::cmd("EXISTS")
+                        .arg(on_master.record_key(&done))
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    if n == 1 {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                let looked = idem_core::store::open_existing(&replica.url("")).await;
+                assert!(looked.is_ok(), "the command line on a replica: {:?}", looked.err());
+            }
+            Ok(on_replica) => {
+                let (key, fp) = fresh_key("replica", writable);
+                let started = std::time::Instant::now();
+                let replica_claim = on_replica.claim(claim_req(&key, &fp)).await;
+                let master_claim = on_master.claim(claim_req(&key, &fp)).await;
+                panic!(
+                    "a replica (replica-read-only {writable}) opened as the store; its claim \
+                     after {:?}: {replica_claim:?}; the master's claim of the same key: \
+                     {master_claim:?}",
+                    started.elapsed()
+                );
+            }
+        }
+    }
+}

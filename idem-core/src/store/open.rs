@@ -168,7 +168,10 @@ async fn postgres(_: &str, _: Create) -> Result<Arc<dyn Store>, StoreError> {
 
 #[cfg(feature = "redis")]
 async fn redis(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError> {
-    let store = super::RedisStore::open(url).await?;
+    let builder = super::RedisStore::builder(url);
+    // A tool that only looks at a store may look at a replica.
+    let builder = if create == Create::No { builder.looking_only() } else { builder };
+    let store = builder.open().await?;
     if create == Create::No {
         store.check_in_use().await?;
     }

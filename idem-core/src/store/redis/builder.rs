@@ -33,6 +33,9 @@ pub struct RedisStoreBuilder {
     pub(super) replay_reads: bool,
     /// Set by [`allow_eviction`](Self::allow_eviction); else the URL's, else refused.
     pub(super) allow_eviction: Option<bool>,
+    /// Whether a replica is accepted: the command line looks at a store, and a replica answers
+    /// its reads; an application's store must write.
+    pub(super) replica_ok: bool,
 }
 
 impl RedisStoreBuilder {
@@ -105,14 +108,22 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// For a tool that only looks at a store (the command line): a replica is not refused.
+    pub(crate) fn looking_only(mut self) -> Self {
+        self.replica_ok = true;
+        self
+    }
+
     /// Connects now: fails with [`StoreError::Unavailable`] if the server (on a cluster, a node
     /// of it) cannot be reached; when a TLS check refused it, the message says which (the
     /// certificate chain, the host name). Fails with [`StoreError::InvalidConfig`] when the
     /// server may evict the store's keys, unless [`allow_eviction`](Self::allow_eviction), and
-    /// when a `redis://` URL names a node of a Redis Cluster (use `redis+cluster://`).
+    /// when a `redis://` URL names a node of a Redis Cluster (use `redis+cluster://`); with
+    /// [`StoreError::Unavailable`] when it names a replica (name the master).
     pub async fn open(self) -> Result<RedisStore, StoreError> {
         let connect = self.connection_timeout;
         let response = self.response_timeout;
+        let replica_ok = self.replica_ok;
         let target = conn::target(&self.url)?;
         let allow_eviction = self.allow_eviction.or(target.allow_eviction).unwrap_or(false);
         let cluster = target.servers;
@@ -159,7 +170,7 @@ impl RedisStoreBuilder {
         let at = cluster.addresses();
         super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
         if let conn::Servers::One(_) = &cluster {
-            refuse_cluster_node(&store.inner.conn, &at).await?;
+            refuse_unusable_server(&store.inner.conn, &at, replica_ok).await?;
         }
         super::persistence::warn_if_not_durable(&store.inner.conn, &at).await;
         Ok(store)
@@ -261,39 +272,70 @@ impl RedisStoreBuilder {
     }
 }
 
-/// Refuses a node of a Redis Cluster named as one server (`redis://`): it answers `MOVED` for
-/// every key in another master's slots, so most calls would fail closed as if the store were
-/// down while the rest worked (and all of them once the cluster is resharded). Asked with `INFO
-/// cluster`; a server that will not say (an ACL without `+info`, a proxy) is let through, as
-/// proxies in front of a cluster answer for every slot themselves.
-async fn refuse_cluster_node(conn: &Conn, at: &str) -> Result<(), StoreError> {
-    let reply = match conn.command(redis::cmd("INFO").arg("cluster")).await {
+/// One `INFO` section of the one server, as text; `None` when the server will not say (an ACL
+/// without `+info`, a proxy that does not know the command). Not answered (a timeout, a dropped
+/// connection): an outage, as for `INFO memory`.
+async fn info_section(conn: &Conn, section: &str) -> Result<Option<String>, StoreError> {
+    let reply = match conn.command(redis::cmd("INFO").arg(section)).await {
         Ok(reply) => reply,
         Err(e) if super::reply::refused_access(&e) || e.to_string().contains("unknown command") => {
-            return Ok(());
+            return Ok(None);
         }
-        // Not answered (a timeout, a dropped connection): an outage, as for `INFO memory`.
         Err(e) => return Err(super::reply::unavailable(e)),
     };
-    let text = match &reply {
-        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => {
-            text.clone()
-        }
-        _ => return Ok(()),
-    };
-    let enabled = text
-        .lines()
-        .find_map(|line| line.strip_prefix("cluster_enabled:"))
-        .is_some_and(|v| v.trim() == "1");
-    if !enabled {
+    Ok(match reply {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => Some(text),
+        _ => None,
+    })
+}
+
+/// The value of `name` in an `INFO` text (`name:value` lines).
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+}
+
+/// Refuses a server that a `redis://` URL names but that cannot hold the store's records by
+/// itself (a server that will not say is let through, as proxies in front of a cluster or of a
+/// master answer for it themselves):
+///
+/// - a node of a Redis Cluster: it answers `MOVED` for every key in another master's slots, so
+///   most calls would fail closed as if the store were down while the rest worked (and all of
+///   them once the cluster is resharded);
+/// - a replica, unless `replica_ok` (the command line, which only looks), named where the master
+///   was meant (a managed Redis's reader endpoint, or a replica's address): a read-only one
+///   refuses every claim (`READONLY`, which the store takes for a master demoted behind its
+///   address and sends again for seconds before failing closed), and a writable one
+///   (`replica-read-only no`) keeps a claim to itself: the master never sees it, a process
+///   using the master acquires the same key, and the replica's next full resync erases it.
+async fn refuse_unusable_server(conn: &Conn, at: &str, replica_ok: bool) -> Result<(), StoreError> {
+    if let Some(info) = info_section(conn, "cluster").await?
+        && info_field(&info, "cluster_enabled") == Some("1")
+    {
+        return Err(StoreError::InvalidConfig(format!(
+            "Redis at {at} is a node of a Redis Cluster (cluster_enabled:1), which answers MOVED \
+             for the keys of other nodes' slots: name the cluster with redis+cluster://{at}/ \
+             (rediss+cluster:// with TLS), listing one or more of its nodes"
+        )));
+    }
+    if replica_ok {
         return Ok(());
     }
-    Err(StoreError::InvalidConfig(format!(
-        "Redis at {at} is a node of a Redis Cluster (cluster_enabled:1), which answers MOVED for \
-         the keys of other nodes' slots: name the cluster with redis+cluster://{at}/ \
-         (rediss+cluster:// with TLS), listing one or more of its nodes"
-    )))
+    if let Some(info) = info_section(conn, "replication").await?
+        && matches!(info_field(&info, "role"), Some("slave" | "replica"))
+    {
+        let master = match (info_field(&info, "master_host"), info_field(&info, "master_port")) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            _ => "its master".to_owned(),
+        };
+        return Err(StoreError::unavailable(format!(
+            "Redis at {at} is a replica of {master} (role:slave): claims written there are \
+             refused, or on a writable replica never reach the master, where another process \
+             would claim the same key. Name the master (a managed Redis's primary endpoint, not \
+             a reader endpoint), or open the store again once this server is promoted"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

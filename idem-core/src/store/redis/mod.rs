@@ -265,6 +265,7 @@ impl RedisStore {
             native_claims: true,
             replay_reads: true,
             allow_eviction: None,
+            replica_ok: false,
         }
     }
 
