@@ -409,3 +409,48 @@ async fn a_replica_is_refused_at_open() {
         }
     }
 }
+
+/// A full Redis under `noeviction` refuses every command that would use memory: new claims fail
+/// closed, as documented. What frees memory still works: an operator's `forget` (and the command
+/// line's `forget` of a record as it was shown) removes a record, rather than being refused
+/// because the script wrote the key's fence counter before deleting the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_still_forgets() {
+    let Some(redis) = server("redis-full", &["--maxmemory-policy", "noeviction"]) else {
+        return;
+    };
+    let store = RedisStore::open(&redis.url("")).await.expect("opens");
+    let done = idem_core::store::Outcome::Success(format!("\"{}\"", "x".repeat(64 * 1024)));
+    let mut records = Vec::new();
+    for i in 0..2 {
+        let (key, fp) = fresh_key("full_forget", &i.to_string());
+        let fence = idem_tests::acquire(&store, &key, &fp).await;
+        store.complete(&key, fence, &done, LONG).await.unwrap();
+        records.push((key, fence));
+    }
+    // Full: a memory limit below what the server already holds.
+    let admin = redis::Client::open(redis.url("")).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let (fresh, fresh_fp) = fresh_key("full_forget", "new");
+    let claimed = store.claim(claim_req(&fresh, &fresh_fp)).await;
+    assert!(claimed.is_err(), "a full Redis fails closed: {claimed:?}");
+
+    let (key, _) = records[0];
+    assert_eq!(store.forget(&key).await.map_err(|e| e.to_string()), Ok(true));
+    let (key, fence) = records[1];
+    assert_eq!(store.forget_seen(&key, fence, true).await.map_err(|e| e.to_string()), Ok(true));
+    for (key, fence) in &records {
+        assert!(store.inspect(key).await.unwrap().is_none(), "removed");
+        // The fence went to the counter, so the key's next fence is above it.
+        let counter: Option<u64> =
+            redis::cmd("GET").arg(store.fence_key(key)).query_async(&mut admin).await.unwrap();
+        assert_eq!(counter, Some(fence.0), "the fence counter of a forgotten record");
+    }
+}

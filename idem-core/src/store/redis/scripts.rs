@@ -261,16 +261,19 @@ return 1
 
 // KEYS: rec, fence counter. ARGV: counter grace ms. Removes whatever is there (an
 // operator's reconciliation) and answers how many keys it removed; a record's fence goes to the
-// counter first, from either layout.
+// counter, from either layout. The record is deleted before the counter is written: a full Redis
+// (`noeviction`) refuses a script's first command that uses memory, and a script that has written
+// (here, deleted) is let finish, so removing a record works when the server is full, which is
+// when an operator frees memory. (The order is invisible to other clients: a script is atomic.)
 const FORGET: &str = r#"
 local v = redis.pcall('GET', KEYS[1])
 local f
 if type(v) == 'string' then f = string.match(v, '^[^|]*|[^|]*|(%d+)|')
 elseif type(v) == 'table' then f = redis.pcall('HGET', KEYS[1], 'fence') end
+local n = redis.call('DEL', KEYS[1])
 if type(f) == 'string' and string.match(f, '^%d+$') then
   redis.call('SET', KEYS[2], f, 'PX', ARGV[1])
 end
-local n = redis.call('DEL', KEYS[1])
 if n > 0 then redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget') end
 return n
 "#;
@@ -283,8 +286,9 @@ local bad, st, fence, w = header(record(v))
 if bad then return bad end
 if not st then return 0 end
 if fence ~= ARGV[2] or st ~= ARGV[3] then return -1 end
-redis.call('SET', KEYS[2], fence, 'PX', ARGV[1])
+-- Deleted first, as in FORGET: a full Redis lets a script that has written go on.
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[1])
 redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -4) .. 'ev', 'forget')
 return 1
 "#;
