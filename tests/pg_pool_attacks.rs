@@ -291,3 +291,44 @@ async fn a_caller_giving_up_on_a_lock_wait_keeps_the_other_connections() {
     drop(again);
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
 }
+
+/// A password with a `?` written as it is in a URL (libpq and tokio-postgres read the user info up
+/// to the `@`, so `postgres://app:pa?ss@db/app` is the password `pa?ss`; managed databases
+/// generate such passwords): the URL's own options after the path still apply. idem read its own
+/// options (`sslmode`, `sslrootcert`, `pgbouncer`) from the first `?` on, inside the password,
+/// so it saw none of them: `pgbouncer=true` reached tokio-postgres and was refused as unknown,
+/// and `sslmode=require` was replaced by the default `prefer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_mark_in_a_url_password_keeps_the_urls_options() {
+    let config = tokio_postgres::Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => {
+            eprintln!("SKIP: IDEM_PG_URL names no TCP host");
+            return;
+        }
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let db = config.get_dbname().unwrap_or("postgres");
+    // A server that authenticates by password needs the real one, which has no `?` to test.
+    if config.get_password().is_some() {
+        eprintln!("SKIP: IDEM_PG_URL has a password; this test needs trust authentication");
+        return;
+    }
+    let url = format!("postgres://{user}:pa?ss@{host}:{port}/{db}");
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let store = PostgresStore::connect(&format!("{url}?pgbouncer=true"))
+        .await
+        .expect("a URL whose password has a `?` opens, with its options");
+    // Through PgBouncer in transaction mode: no listener is started.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!store.listening(), "pgbouncer=true was not applied");
+    #[cfg(not(feature = "postgres-tls"))]
+    match PostgresStore::connect(&format!("{url}?sslmode=require")).await {
+        Err(StoreError::InvalidConfig(m)) => assert!(m.contains("sslmode=require"), "{m}"),
+        other => panic!("sslmode=require without TLS compiled in: {:?}", other.map(drop)),
+    }
+}

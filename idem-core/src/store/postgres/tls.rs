@@ -316,10 +316,7 @@ fn take_own_params(url: &str) -> Result<Taken, StoreError> {
         }
         _ => false,
     };
-    let rest = if let Some((base, query)) = url
-        .split_once('?')
-        .filter(|_| url.starts_with("postgres://") || url.starts_with("postgresql://"))
-    {
+    let rest = if let Some((base, query)) = url_query(url) {
         let kept: Vec<&str> = query
             .split('&')
             .filter(|pair| {
@@ -340,6 +337,20 @@ fn take_own_params(url: &str) -> Result<Taken, StoreError> {
         kept.join(" ")
     };
     Ok((rest, mode, root, pgbouncer))
+}
+
+/// A `postgres://` or `postgresql://` URL split at the `?` that starts its query: the first one
+/// after the user info, which ends at the first `@` before any `/` (as libpq reads it, and
+/// tokio-postgres, which parses the rest), so that a `?` in a password written as it is does
+/// not start the query.
+fn url_query(url: &str) -> Option<(&str, &str)> {
+    let start = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|s| url.starts_with(s).then_some(s.len()))?;
+    let authority = url[start..].find('/').map_or(&url[start..], |end| &url[start..start + end]);
+    let after_user = authority.find('@').map_or(start, |at| start + at + 1);
+    let q = after_user + url[after_user..].find('?')?;
+    Some((&url[..q], &url[q + 1..]))
 }
 
 /// The `key=value` pairs of a libpq keyword/value string, each with its text as written: values
@@ -414,6 +425,20 @@ mod tests {
             ("postgres://h/db?application_name=x".into(), Some("require".into()), None)
         );
         assert_eq!(split("postgres://h/db"), ("postgres://h/db".into(), None, None));
+        // A `?` in a password written as it is: the query starts after the user info.
+        assert_eq!(
+            split("postgres://u:pa?ss@h/db?sslmode=require&application_name=x"),
+            ("postgres://u:pa?ss@h/db?application_name=x".into(), Some("require".into()), None)
+        );
+        assert_eq!(
+            split("postgres://u:pa?ss@h/db"),
+            ("postgres://u:pa?ss@h/db".into(), None, None)
+        );
+        // An `@` in the query is not user info.
+        assert_eq!(
+            split("postgres://h/db?sslmode=require&application_name=a@b"),
+            ("postgres://h/db?application_name=a@b".into(), Some("require".into()), None)
+        );
     }
 
     #[test]
