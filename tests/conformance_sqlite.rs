@@ -567,3 +567,31 @@ fn a_file_that_cannot_be_created_says_why() {
         }
     }
 }
+
+/// A name starting with `file:` is a file name (`SqliteStore::open`'s contract), not an SQLite
+/// URI with options: the bundled SQLite reads URIs whatever the open flags say, so
+/// `file:/path/x.db?mode=memory` opened a private in-memory database for each store value, and
+/// two stores "on the same file" both acquired the same key (the tool would run twice). As a
+/// file name it is a relative path under a directory `file:` that does not exist here: refused,
+/// or, were it there, one file both stores share.
+#[tokio::test]
+async fn a_name_starting_with_file_is_not_an_sqlite_uri() {
+    let dir = idem_tests::servers::temp_dir("sqlite-file-uri");
+    let name = format!("file:{}/x.db?mode=memory", dir.display());
+    match (idem_core::SqliteStore::open(&name), idem_core::SqliteStore::open(&name)) {
+        (Ok(a), Ok(b)) => {
+            let (key, fp) = idem_core::conformance::fresh_key("file_uri", "{}");
+            let first = a.claim(idem_tests::claim_req(&key, &fp)).await;
+            let second = b.claim(idem_tests::claim_req(&key, &fp)).await;
+            assert!(
+                matches!(first, Ok(Claim::Acquired { .. }))
+                    && matches!(second, Ok(Claim::InFlight { .. })),
+                "two stores opened with {name:?} do not share their records: {first:?}, {second:?}"
+            );
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            let m = idem_core::ErrorChain(&e).to_string();
+            assert!(m.contains("file:"), "{m}");
+        }
+    }
+}

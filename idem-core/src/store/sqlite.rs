@@ -144,6 +144,19 @@ pub(crate) fn url_path(url: &str) -> Result<std::borrow::Cow<'_, str>, StoreErro
         .map_err(|_| invalid("the sqlite URL's path has %-escapes that are not UTF-8"))
 }
 
+/// `path` as SQLite reads a file name: one starting with `file:` gets `./` first. The bundled
+/// SQLite is built with URIs on (`SQLITE_USE_URI`), so it reads such a name as a URI whatever the
+/// open flags say, options included: `file:idem.db?mode=memory` would be a private in-memory
+/// database that no other process or store value shares (each would run every call again), and
+/// `?nolock=1` would drop the locks that keep two processes from both acquiring a key.
+fn as_file_name(path: &Path) -> std::borrow::Cow<'_, Path> {
+    if path.as_os_str().as_encoded_bytes().starts_with(b"file:") {
+        std::borrow::Cow::Owned(Path::new(".").join(path))
+    } else {
+        std::borrow::Cow::Borrowed(path)
+    }
+}
+
 /// Why the database at `path` could not be opened, naming it: a file that is not an SQLite
 /// database is a configuration error (nothing was written to it), and so is a file or
 /// directory this process may not write (permissions do not change by waiting); anything else
@@ -315,7 +328,8 @@ impl SqliteStore {
         let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
             | rusqlite::OpenFlags::SQLITE_OPEN_CREATE
             | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+        let named = as_file_name(path);
+        let conn = Connection::open_with_flags(&named, flags).map_err(|e| open_failed(path, e))?;
         Self::with_connection(conn, Some(path))
     }
 
@@ -344,7 +358,8 @@ impl SqliteStore {
         // journal mode included).
         let flags =
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| open_failed(path, e))?;
+        let named = as_file_name(path);
+        let conn = Connection::open_with_flags(&named, flags).map_err(|e| open_failed(path, e))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| open_failed(path, e))?;
         let tables = conn
             .query_row(
