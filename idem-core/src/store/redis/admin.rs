@@ -288,16 +288,36 @@ impl RedisStore {
         pipe: &redis::Pipeline,
         count: usize,
     ) -> Result<Result<Vec<Value>, RedisError>, StoreError> {
-        Ok(match &self.inner.conn {
-            Conn::One(conn) => conn.manager().1.req_packed_commands(pipe, 0, count).await,
-            Conn::Cluster(conn) => {
-                let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
-                let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
-                let port = port.parse().map_err(|_| bad())?;
-                let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
-                conn.connection().1.route_pipeline(pipe.clone(), 0, count, to).await
+        // Reads: sent again when the connection failed under them, as any step whose reply may
+        // have been lost. A listing or a count that runs every few minutes (the record gauges)
+        // finds its connection closed by the server's idle `timeout` each time, and the
+        // connection manager reconnects only once a command has failed on it.
+        let mut pauses = crate::store::resend::PAUSES.iter();
+        loop {
+            let answer = match &self.inner.conn {
+                // Through `saw`: a connection that went silent is replaced, as for every step.
+                Conn::One(conn) => {
+                    let (generation, mut manager) = conn.manager();
+                    conn.saw(generation, manager.req_packed_commands(pipe, 0, count).await)
+                }
+                Conn::Cluster(conn) => {
+                    let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
+                    let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
+                    let port = port.parse().map_err(|_| bad())?;
+                    let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
+                    let (generation, mut cluster) = conn.connection();
+                    conn.saw(generation, cluster.route_pipeline(pipe.clone(), 0, count, to).await)
+                }
+            };
+            let lost = answer
+                .as_ref()
+                .err()
+                .is_some_and(|e| e.is_io_error() || e.is_connection_dropped() || e.is_timeout());
+            match pauses.next() {
+                Some(&pause) if lost => tokio::time::sleep(pause).await,
+                _ => return Ok(answer),
             }
-        })
+        }
     }
 
     /// The records of `keys` as found on `node`, read with its clock in one pipeline; or, when
@@ -490,7 +510,7 @@ impl RedisStore {
     pub(super) async fn inspect_record(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
         let mut inv = self.inner.scripts.inspect.prepare_invoke();
         inv.key(self.record_key(key));
-        let items = match self.run(inv).await? {
+        let items = match self.run_read(inv).await? {
             super::Answer::Table(items) => items,
             other => {
                 return Err(StoreError::Incompatible(format!(

@@ -309,6 +309,14 @@ impl RedisStore {
             .map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
     }
 
+    /// A script that changes nothing an answer depends on (inspect, whose migration of a
+    /// version 1 hash writes the same content again), sent again when its reply may have been
+    /// lost, as a step is: a long-lived process's first command after a pause may find its
+    /// connection closed by the server's idle `timeout`.
+    async fn run_read(&self, inv: Invocation<'_>) -> Result<Answer, StoreError> {
+        resend::resend(|_| async { self.send(&inv, false).await.map(|(answer, _)| answer) }).await
+    }
+
     /// One send of a script; [`Failed::Lost`] when its reply may have been lost after the server
     /// ran it (an I/O error, a dropped connection, a response timeout). With `acked` and a
     /// replica wait set, the script is followed by `WAIT`, and the answer comes with how many
