@@ -1176,8 +1176,10 @@ async fn a_database_that_cannot_hold_every_character_is_refused_at_open() {
     if or_skip("PostgreSQL role that may create a LATIN1 database", created).is_none() {
         return;
     }
-    let url = format!("{} dbname=idem_latin1", pg_url());
-    match PostgresStore::connect(&url).await {
+    // Through a parsed `Config`, so that `IDEM_PG_URL` may be a URL or keyword/value pairs.
+    let mut latin1 = Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    latin1.dbname("idem_latin1");
+    match PostgresStore::connect_with(latin1, 2).await {
         Err(StoreError::InvalidConfig(m)) => {
             assert!(m.contains("LATIN1") && m.contains("UTF8"), "{m}");
         }
@@ -1200,8 +1202,9 @@ async fn a_database_that_cannot_hold_every_character_is_refused_at_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_whose_transactions_are_read_only_is_refused_at_open() {
     let Some(_) = store().await else { return };
-    let url = format!("{} options='-c default_transaction_read_only=on'", pg_url());
-    match PostgresStore::connect(&url).await {
+    let mut read_only = Config::from_str(&pg_url()).expect("IDEM_PG_URL");
+    read_only.options("-c default_transaction_read_only=on");
+    match PostgresStore::connect_with(read_only, 2).await {
         Err(StoreError::InvalidConfig(m)) => {
             assert!(m.contains("default_transaction_read_only"), "{m}");
         }
