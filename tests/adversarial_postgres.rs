@@ -442,6 +442,39 @@ async fn extreme_fences_are_lease_lost() {
     store.complete(&key, fence, &Outcome::Unknown, LONG).await.unwrap();
 }
 
+/// The fence sequence restarted below the fences the rows hold: a table restored without its
+/// sequence (`pg_dump -t`), or a logical replica promoted (PostgreSQL does not replicate
+/// sequences). A takeover of a lease that ended, and a claim of a record whose retention ended,
+/// still get a fence above the row's: a downstream that keeps the highest fence it saw accepts
+/// the new owner, and the dead owner's late completion is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_still_rise_per_key_after_the_fence_sequence_restarted_below_them() {
+    if or_skip("PostgreSQL", PostgresStore::connect(&pg_url()).await).is_none() {
+        return;
+    }
+    let (schema, admin, config) = private_schema("fence_restart").await;
+    let store = PostgresStore::connect_with(config, 2).await.expect("create");
+    admin.batch_execute(&format!("SELECT setval('{schema}.idem_fence', 1000)")).await.unwrap();
+    let restart = format!("ALTER SEQUENCE {schema}.idem_fence RESTART WITH 1");
+    let (key, fp) = fresh_key("fence_restart", "{}");
+    let zero = ClaimRequest { lease: Duration::ZERO, ..claim_req(&key, &fp) };
+    let Claim::Acquired { fence: dead, .. } = store.claim(zero).await.unwrap() else { panic!() };
+    admin.batch_execute(&restart).await.unwrap();
+    let got = store.claim(claim_req(&key, &fp)).await.unwrap();
+    let Claim::Acquired { fence: taker, takeover: true } = got else { panic!("{got:?}") };
+    assert!(taker > dead, "the takeover's fence {taker:?} must be above the dead owner's {dead:?}");
+    let late = store.complete(&key, dead, &Outcome::Success("1".into()), LONG).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost)), "the dead owner completed: {late:?}");
+    // Retention that ended: the next owner's fence is above the completed record's too.
+    store.complete(&key, taker, &Outcome::Success("2".into()), Duration::ZERO).await.unwrap();
+    admin.batch_execute(&restart).await.unwrap();
+    let got = store.claim(claim_req(&key, &fp)).await.unwrap();
+    let Claim::Acquired { fence: next, takeover: false } = got else { panic!("{got:?}") };
+    assert!(next > taker, "the fence {next:?} after retention must be above {taker:?}");
+    drop(store);
+    drop_schema(&admin, &schema).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_leases_and_retention() {
     let Some(store) = store().await else { return };

@@ -29,8 +29,11 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// (columns, indexes, functions), so a database of any older revision takes it. 4 adds
 /// `idem_claim_fresh(k, fp, lease_ms, own, tool, tenant, run)`, the fresh acquisition of the
 /// claim's common path (one plain statement; `idem_claim` stays for the rare paths and for
-/// stores of older revisions, and both draw fences under the same per-key lock).
-pub const SCHEMA_REVISION: i64 = 4;
+/// stores of older revisions, and both draw fences under the same per-key lock). 5 makes
+/// `idem_claim` give a row it takes over (a lease or a retention that ended) a fence above the
+/// row's own even when the `idem_fence` sequence is below it (a table restored without its
+/// sequence, a promoted logical replica); the migration only replaces the function.
+pub const SCHEMA_REVISION: i64 = 5;
 
 /// Serializes schema creation across processes (`pg_advisory_xact_lock`).
 const SCHEMA_LOCK: i64 = 0x6964_656d_0001;
@@ -115,7 +118,11 @@ BEGIN
                 own, tool_name, tenant_id, run, now())
         ON CONFLICT (key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint,
-            fence = CASE WHEN x.owner = own THEN x.fence ELSE EXCLUDED.fence END,
+            -- Above the row's own fence whatever the sequence says: a table restored without
+            -- its sequence, or a promoted logical replica (sequences are not replicated),
+            -- restarts it below the fences its rows hold.
+            fence = CASE WHEN x.owner = own THEN x.fence
+                         ELSE greatest(EXCLUDED.fence, x.fence + 1) END,
             takeover = CASE WHEN x.owner = own THEN x.takeover ELSE x.state = 0 END,
             state = 0,
             lease_until = EXCLUDED.lease_until,
