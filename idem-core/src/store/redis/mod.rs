@@ -93,7 +93,8 @@
 //! Leases use the server's clock (`TIME` inside the scripts), so workers on machines with skewed
 //! clocks agree on when a lease ends. A native claim writes a lease end from its estimate of that
 //! clock (a `TIME` sample at most 60 s old, corrected by the sample's round trip), never earlier
-//! than the server's time plus the lease except by the drift of the two clocks since the sample;
+//! than the server's time plus the lease except by the drift of the two clocks since the sample
+//! (a sample is set aside when the machine slept since, or the connection was made again);
 //! whether a lease has ended is still decided by the scripts, on the server's clock. Retention is the expiry of the record, set by the same `SET
 //! .. PX` that completes it: expiry removes the whole record at once. In-flight records have no
 //! expiry: a record whose owner vanished must stay to answer [`Claim::Unknown`] to a `never` tool
@@ -294,7 +295,8 @@ impl RedisStore {
     /// background by the first claims). For tests, not an API.
     #[doc(hidden)]
     pub fn native_ready(&self) -> bool {
-        self.inner.native.usable() && self.inner.clock.now_us().0.is_some()
+        let route::Conn::One(conn) = &self.inner.conn else { return false };
+        self.inner.native.usable() && self.inner.clock.now_us(conn.manager().0).0.is_some()
     }
 
     /// The pub/sub channel of `key`.

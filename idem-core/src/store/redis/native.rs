@@ -13,6 +13,13 @@
 //!   between the two clocks since the sample: samples are renewed every [`RESAMPLE`] and used for
 //!   at most [`MAX_AGE`] (at 100 ppm, 6 ms of a 30 s lease). A sample whose round trip took
 //!   longer than [`MAX_SAMPLE_RTT`] is not used; without a usable sample, claims take the script.
+//!   Nor is a sample used once the monotonic clock and the system clock disagree on its age by
+//!   more than [`MAX_DISAGREEMENT`]: the monotonic clock stands still while the machine sleeps
+//!   (a laptop's suspend, a paused VM), so after a resume the estimate would be behind the
+//!   server by the whole sleep and a claim would write a lease that had already ended, which
+//!   another caller takes over at once while this one runs the tool. Nor is one taken on
+//!   another connection than the claim's: a connection made again after a failover reaches
+//!   another server, with a clock of its own.
 //!   Whether a lease has ended is still decided only by the scripts, on the server's clock.
 //! - **Fence.** A new fence is the estimated server time in µs, as the script's was. It must be
 //!   above every fence the key had before: while a record exists it holds that fence and the
@@ -29,7 +36,7 @@
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use redis::Value;
 
@@ -43,6 +50,10 @@ pub(super) const RESAMPLE: Duration = Duration::from_secs(10);
 pub(super) const MAX_AGE: Duration = Duration::from_secs(60);
 /// A sample whose round trip took longer tells the server's time too loosely: not used.
 pub(super) const MAX_SAMPLE_RTT: Duration = Duration::from_millis(20);
+/// How far the monotonic and the system clock may disagree on a sample's age before the sample
+/// is set aside (a suspend or a clock step between them); NTP's slewing, at most 500 ppm, moves
+/// them 30 ms apart in [`MAX_AGE`].
+pub(super) const MAX_DISAGREEMENT: Duration = Duration::from_millis(50);
 
 /// The server's clock as this process estimates it.
 #[derive(Default)]
@@ -55,20 +66,31 @@ pub(super) struct ServerClock {
 struct Sample {
     /// When the sample's answer arrived, on this process's monotonic clock.
     at: Instant,
+    /// The same moment on the system clock, which goes on while the machine sleeps.
+    wall: SystemTime,
+    /// The generation of the connection the sample was taken on.
+    generation: u64,
     /// The server's time then, in µs since the Unix epoch, at the latest: `TIME`'s answer plus
     /// the sample's round trip.
     server_us: u64,
 }
 
 impl ServerClock {
-    /// The server's time now in µs (an upper estimate, see the module docs), or `None` without a
-    /// usable sample. `stale` is set when a new sample is due.
-    pub(super) fn now_us(&self) -> (Option<u64>, bool) {
+    /// The server's time now in µs (an upper estimate, see the module docs) for a claim on the
+    /// connection of `generation`, or `None` without a usable sample. `stale` is set when a new
+    /// sample is due.
+    pub(super) fn now_us(&self, generation: u64) -> (Option<u64>, bool) {
         let sample = *crate::sync::lock(&self.sample);
         match sample {
             None => (None, true),
             Some(s) => {
                 let age = s.at.elapsed();
+                // Backwards (an error) when the system clock stepped back since.
+                let wall_age = SystemTime::now().duration_since(s.wall).ok();
+                let slept = wall_age.is_none_or(|w| w.abs_diff(age) > MAX_DISAGREEMENT);
+                if slept || s.generation != generation {
+                    return (None, true);
+                }
                 let now = s.server_us.saturating_add(u64::try_from(age.as_micros()).unwrap_or(0));
                 ((age <= MAX_AGE).then_some(now), age >= RESAMPLE)
             }
@@ -80,13 +102,26 @@ impl ServerClock {
         !self.sampling.swap(true, Ordering::AcqRel)
     }
 
-    /// Records a `TIME` answer (`secs`, `micros`) read between `sent` and `answered`.
-    pub(super) fn record(&self, sent: Instant, answered: Instant, secs: u64, micros: u64) {
+    /// Records a `TIME` answer (`time`: seconds, microseconds) read between `sent` and
+    /// `answered` on the connection of `generation`.
+    pub(super) fn record(
+        &self,
+        sent: Instant,
+        answered: Instant,
+        time: (u64, u64),
+        generation: u64,
+    ) {
         let rtt = answered.saturating_duration_since(sent);
         if rtt <= MAX_SAMPLE_RTT {
             let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
-            let server_us = secs.saturating_mul(1_000_000).saturating_add(micros);
-            let sample = Sample { at: answered, server_us: server_us.saturating_add(rtt_us) };
+            let server_us = time.0.saturating_mul(1_000_000).saturating_add(time.1);
+            let sample = Sample {
+                at: answered,
+                // Read beside `answered`: the two clocks' readings of one moment.
+                wall: SystemTime::now(),
+                generation,
+                server_us: server_us.saturating_add(rtt_us),
+            };
             *crate::sync::lock(&self.sample) = Some(sample);
         }
         self.sampling.store(false, Ordering::Release);
@@ -257,7 +292,10 @@ impl super::RedisStore {
         }
         // Only on one server (see `RedisStoreBuilder::open_lazy`).
         let super::route::Conn::One(conn) = &self.inner.conn else { return None };
-        let (now_us, stale) = self.inner.clock.now_us();
+        // The claim's first send goes on this connection, which the sample must come from.
+        let mut first = Some(conn.manager());
+        let generation = first.as_ref().map_or(0, |(generation, _)| *generation);
+        let (now_us, stale) = self.inner.clock.now_us(generation);
         if stale {
             self.sample_clock();
         }
@@ -266,12 +304,15 @@ impl super::RedisStore {
         let lease_end_ms = fence.div_ceil(1000).saturating_add(crate::clock::ms(req.lease));
         let pipe = pipeline(record, counter, req, owner, fence, lease_end_ms);
         Some(
-            crate::store::resend::resend(|_| async {
-                // The current connection: one that reached a replica or went silent is
-                // replaced (`route.rs`), and native claims follow.
-                let (generation, mut manager) = conn.manager();
-                let replies = conn.saw(generation, pipe.query_async(&mut manager).await);
-                read(&self.inner.native, owner, fence, replies)
+            crate::store::resend::resend(|_| {
+                // A send again takes the current connection: one that reached a replica or went
+                // silent is replaced (`route.rs`), and native claims follow.
+                let (generation, mut manager) = first.take().unwrap_or_else(|| conn.manager());
+                let pipe = &pipe;
+                async move {
+                    let replies = conn.saw(generation, pipe.query_async(&mut manager).await);
+                    read(&self.inner.native, owner, fence, replies)
+                }
             })
             .await,
         )
@@ -284,18 +325,19 @@ impl super::RedisStore {
         if !self.inner.clock.start_sampling() {
             return;
         }
-        let (inner, mut conn) = (std::sync::Arc::clone(&self.inner), conn.manager().1);
+        let (generation, mut conn) = conn.manager();
+        let inner = std::sync::Arc::clone(&self.inner);
         // Given back when the task ends, also unanswered (its runtime ended first, as a
         // `#[tokio::test]`'s does): else no claim would ever sample again, and each would take
         // the script.
-        let mut sampling = Sampling { inner, answer: None };
+        let mut sampling = Sampling { inner, generation, answer: None };
         rt.spawn(async move {
             let sent = Instant::now();
             let reply: redis::RedisResult<Vec<String>> =
                 redis::cmd("TIME").query_async(&mut conn).await;
             let answered = Instant::now();
             let time = reply.ok().as_deref().and_then(time_reply);
-            sampling.answered(time.map(|(secs, micros)| (sent, answered, secs, micros)));
+            sampling.answered(time.map(|time| (sent, answered, time)));
         });
     }
 }
@@ -303,12 +345,14 @@ impl super::RedisStore {
 /// A sampling task's job: records its answer when dropped, or gives the job back without one.
 struct Sampling {
     inner: std::sync::Arc<super::Inner>,
+    /// The generation of the connection the `TIME` goes on.
+    generation: u64,
     /// When the `TIME` was sent and answered, and its answer (seconds, microseconds).
-    answer: Option<(Instant, Instant, u64, u64)>,
+    answer: Option<(Instant, Instant, (u64, u64))>,
 }
 
 impl Sampling {
-    fn answered(&mut self, answer: Option<(Instant, Instant, u64, u64)>) {
+    fn answered(&mut self, answer: Option<(Instant, Instant, (u64, u64))>) {
         self.answer = answer;
     }
 }
@@ -316,10 +360,77 @@ impl Sampling {
 impl Drop for Sampling {
     fn drop(&mut self) {
         match self.answer {
-            Some((sent, answered, secs, micros)) => {
-                self.inner.clock.record(sent, answered, secs, micros);
+            Some((sent, answered, time)) => {
+                self.inner.clock.record(sent, answered, time, self.generation);
             }
             None => self.inner.clock.failed(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clock with one sample taken on the connection of generation 1, `monotonic_age` ago on
+    /// this process's monotonic clock and `wall_age` ago on the system clock.
+    fn sampled(monotonic_age: Duration, wall_age: Duration) -> ServerClock {
+        let clock = ServerClock::default();
+        *crate::sync::lock(&clock.sample) = Some(Sample {
+            at: Instant::now() - monotonic_age,
+            wall: SystemTime::now() - wall_age,
+            generation: 1,
+            server_us: 1_000_000_000_000,
+        });
+        clock
+    }
+
+    #[test]
+    fn a_sample_is_used_while_both_clocks_agree_on_its_age() {
+        let (now, stale) = sampled(Duration::from_secs(2), Duration::from_secs(2)).now_us(1);
+        let now = now.expect("a usable sample");
+        assert!(now >= 1_000_002_000_000, "the age is added: {now}");
+        assert!(!stale);
+        let (now, stale) = sampled(Duration::from_secs(11), Duration::from_secs(11)).now_us(1);
+        assert!(now.is_some() && stale, "used, and a new one is due");
+        assert_eq!(sampled(Duration::from_secs(61), Duration::from_secs(61)).now_us(1).0, None);
+    }
+
+    /// The monotonic clock stood still while the machine slept: after a resume it says the
+    /// sample is a second old where a minute passed, and the estimate would be a minute behind
+    /// the server (a lease written from it would have ended already).
+    #[test]
+    fn a_sample_from_before_a_sleep_is_set_aside() {
+        let clock = sampled(Duration::from_secs(1), Duration::from_secs(61));
+        assert_eq!(clock.now_us(1), (None, true), "no estimate, and a new sample is due");
+        // The system clock stepped back since the sample.
+        let clock = ServerClock::default();
+        *crate::sync::lock(&clock.sample) = Some(Sample {
+            at: Instant::now(),
+            wall: SystemTime::now() + Duration::from_secs(5),
+            generation: 1,
+            server_us: 1,
+        });
+        assert_eq!(clock.now_us(1), (None, true));
+    }
+
+    /// A connection made again (after a failover, a silent connection) may reach another server,
+    /// whose clock the sample does not tell.
+    #[test]
+    fn a_sample_from_another_connection_is_set_aside() {
+        let clock = sampled(Duration::from_secs(1), Duration::from_secs(1));
+        assert_eq!(clock.now_us(2), (None, true));
+        assert!(clock.now_us(1).0.is_some());
+    }
+
+    #[test]
+    fn a_sample_records_its_connection() {
+        let clock = ServerClock::default();
+        assert!(clock.start_sampling());
+        let sent = Instant::now();
+        clock.record(sent, sent + Duration::from_millis(1), (1_000, 5), 7);
+        assert!(clock.now_us(7).0.is_some_and(|now| now >= 1_000_000_005 + 1_000));
+        assert_eq!(clock.now_us(6).0, None);
+        assert!(clock.start_sampling(), "the sampling job was given back");
     }
 }
