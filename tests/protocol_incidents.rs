@@ -388,3 +388,97 @@ async fn a_worker_stopped_while_it_rejoins_leaves_its_joiner_to_the_new_owner() 
     assert_eq!(flaky.runs(), 1, "neither A nor its joiner ran beside B");
     assert_eq!((slow.runs(), flaky.charges()), (1, 1));
 }
+
+/// A keyed tool whose attempts wait for what the script says, then fail before sending (with the
+/// script's retry-after hint) or answer; it counts how many of its bodies run at once.
+struct Paced {
+    script: std::sync::Mutex<std::collections::VecDeque<(Duration, Option<Duration>)>>,
+    running: std::sync::atomic::AtomicUsize,
+    most_at_once: std::sync::atomic::AtomicUsize,
+    runs: std::sync::atomic::AtomicUsize,
+}
+
+static PACED: idem_core::ToolDef = idem_core::ToolDef {
+    name: "paced_charge",
+    description: "",
+    class: RetryClass::Keyed,
+    options: ToolOptions::NONE,
+};
+
+impl idem_core::Tool for Paced {
+    type Args = rig::ChargeArgs;
+    type Output = String;
+    type Error = idem_core::ToolFailure;
+    fn def(&self) -> &'static idem_core::ToolDef {
+        &PACED
+    }
+    fn run(
+        &self,
+        _cx: &idem_core::Ctx,
+        _args: rig::ChargeArgs,
+    ) -> impl std::future::Future<Output = Result<String, idem_core::ToolFailure>> + Send {
+        use std::sync::atomic::Ordering::SeqCst;
+        let step = self.script.lock().unwrap().pop_front();
+        async move {
+            let n = self.runs.fetch_add(1, SeqCst) + 1;
+            let now = self.running.fetch_add(1, SeqCst) + 1;
+            self.most_at_once.fetch_max(now, SeqCst);
+            let (work, fails) = step.unwrap_or((Duration::from_secs(20), None));
+            tokio::time::sleep(work).await;
+            self.running.fetch_sub(1, SeqCst);
+            match (step, fails) {
+                (Some(_), Some(after)) => {
+                    Err(idem_core::ToolFailure::transient("unavailable").retry_after(after))
+                }
+                (Some(_), None) => Err(idem_core::ToolFailure::transient("unavailable")),
+                (None, _) => Ok(format!("ch_{n}")),
+            }
+        }
+    }
+}
+
+/// Attempts and pauses each shorter than a third of the lease, which is when renewals come: the
+/// lease must still be renewed on time. Here the third attempt starts 21 s after the claim (under
+/// the three quarters of a 30 s lease after which a retry confirms its lease first) and runs 20 s:
+/// a renewal counted from the attempt's start, not from the last one the store accepted, comes at
+/// 31 s, after the lease ended at 30 s, and a second worker takes the key over and charges beside
+/// the first.
+#[tokio::test(start_paused = true)]
+async fn a_lease_is_renewed_on_time_across_attempts_and_pauses_shorter_than_a_renewal_period() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let policy = Policy {
+        attempts: 3,
+        lease: Duration::from_secs(30),
+        attempt_timeout: Duration::from_secs(3600),
+        deadline: Duration::from_secs(3600),
+        // No jitter: the pauses are the hints.
+        backoff: idem_core::Backoff { base: Duration::ZERO, cap: Duration::ZERO },
+        ..policy()
+    };
+    let (a, b) = (executor_on(store.clone(), policy), executor_on(store, policy));
+    let tool = Paced {
+        script: std::sync::Mutex::new(
+            [
+                (Duration::from_millis(9_900), Some(Duration::from_millis(9_900))),
+                (Duration::from_millis(1_300), None),
+            ]
+            .into(),
+        ),
+        running: Default::default(),
+        most_at_once: Default::default(),
+        runs: Default::default(),
+    };
+    let run_a = a.run("r");
+    let first = run_a.call(&tool, args("cus_1", 4900));
+    let second = async {
+        // After the first lease would have ended, while the first worker's third attempt runs.
+        tokio::time::sleep(Duration::from_secs(30) + Duration::from_millis(500)).await;
+        b.run("r").call(&tool, args("cus_1", 4900)).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!(tool.most_at_once.load(SeqCst), 1, "two workers ran the charge at once");
+    assert_eq!(tool.runs.load(SeqCst), 3, "the first worker's three attempts, nobody else's");
+    assert_eq!(first.unwrap(), "ch_3");
+    assert_eq!(second.unwrap(), "ch_3", "the second worker waited for the first one's charge");
+}

@@ -771,11 +771,26 @@ impl<T: Tool> Call<'_, T> {
     }
 
     /// Renews the lease under `fence` every third of it, for as long as it is polled.
+    ///
+    /// Counted from when the store last accepted a claim or renewal of this call, not from
+    /// when this attempt, pause or check started: a call's steps each start their own renewals,
+    /// and steps each shorter than a third of the lease would otherwise renew nothing while the
+    /// lease runs out under them (another caller would take the key over and run the tool
+    /// beside this one). A renewal that is overdue goes out at once.
     pub(super) async fn renewals(&self, fence: Fence) -> std::convert::Infallible {
         let period = self.policy.lease / 3;
+        // When this loop last sent a renewal: one the store did not answer is not sent again
+        // before a period has passed, so a store that is down is not asked in a busy loop.
+        let mut sent: Option<Instant> = None;
         // Refused during an earlier attempt or pause of this call: not sent again.
         while !self.refused(fence) {
-            tokio::time::sleep(period).await;
+            let due = later(self.confirmed_instant(), period);
+            let due = match sent {
+                Some(sent) => due.max(later(sent, period)),
+                None => due,
+            };
+            tokio::time::sleep_until(due).await;
+            sent = Some(Instant::now());
             if !self.renew(fence).await {
                 break;
             }

@@ -13,6 +13,7 @@ use super::lease::DeadlineSpent;
 use super::lease::{Owned, Settled};
 use super::report::{Served, ServedSlot, WaitHook};
 use crate::class::RetryClass;
+use crate::clock::later;
 use crate::error::Chain;
 use crate::error::{BudgetKind, Error};
 use crate::flight::{Enter, Shared};
@@ -249,6 +250,11 @@ impl<T: Tool> Call<'_, T> {
         let nanos = u64::try_from(at.saturating_duration_since(self.started).as_nanos())
             .unwrap_or(u64::MAX);
         self.confirmed.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    /// When the store last accepted a claim or renewal of this call (see [`Call::confirmed`]).
+    pub(super) fn confirmed_instant(&self) -> Instant {
+        later(self.started, Duration::from_nanos(self.confirmed.load(Ordering::Relaxed)))
     }
 
     /// Whether the lease under `fence` may have lapsed: a renewal found it taken over, or three
