@@ -422,3 +422,53 @@ async fn a_call_stopped_before_it_starts_answers_what_is_stored_for_its_key() {
     assert_eq!(invoice(&run, "o9".into()).await.unwrap(), "inv_o9");
     assert_eq!(INVOICES.load(Ordering::SeqCst), 3);
 }
+
+/// Rate limited for a minute (nothing happened).
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("rate limited for a minute")]
+struct LimitedForAMinute;
+
+impl Classify for LimitedForAMinute {
+    fn classify(&self) -> Failure {
+        Failure::transient().retry_after(Duration::from_secs(60))
+    }
+}
+
+static BOOKINGS: AtomicU32 = AtomicU32::new(0);
+
+/// Takes 1 s; rate limited for a minute on its first run, done after, saying which attempt of
+/// its call answered.
+#[tool(retry = "keyed", attempts = 2, timeout = "10s")]
+async fn book(cx: &idem_core::Ctx, room: String) -> Result<String, LimitedForAMinute> {
+    let first = BOOKINGS.fetch_add(1, Ordering::SeqCst) == 0;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if first {
+        return Err(LimitedForAMinute);
+    }
+    Ok(format!("bk_{room} on attempt {}", cx.attempt()))
+}
+
+/// A joiner that takes over a stopped call 20 s after it joined gets a whole attempt of its own:
+/// the 10 s attempt timeout counts from when its attempt starts, not from when the joiner
+/// started waiting. Counted from then, its first attempt "timed out" the moment it started (an
+/// ambiguous failure: the body was already running), and the tool ran once more for nothing.
+#[tokio::test(start_paused = true)]
+async fn a_joiner_that_takes_over_a_stopped_call_gets_its_whole_attempt_timeout() {
+    let run = Idem::in_memory().run("r1");
+    let stop = StopSignal::new();
+    let leader = tokio::spawn({
+        let run = run.with_stop(stop.clone());
+        async move { book(&run, "101".into()).await }
+    });
+    until_started(&BOOKINGS).await;
+    let joiner = tokio::spawn({
+        let run = run.clone();
+        async move { book(&run, "101".into()).await }
+    });
+    // The leader's attempt fails after 1 s and it pauses for its minute; stopped meanwhile.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    stop.stop();
+    assert!(matches!(leader.await.unwrap(), Err(Error::Cancelled { attempts: 1, .. })));
+    assert_eq!(joiner.await.unwrap().unwrap(), "bk_101 on attempt 1");
+    assert_eq!(BOOKINGS.load(Ordering::SeqCst), 2, "the leader's attempt and the joiner's");
+}

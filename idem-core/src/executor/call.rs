@@ -167,10 +167,14 @@ impl<T: Tool> Call<'_, T> {
         // when that call fails without a stored outcome (a transient error, a panic) it lets go
         // of the key and each waiter would run the tool in turn; joiners of a flight receive the
         // failure instead, as for every other store.
+        // Whether this call waited on a flight before it leads: its start is then long past, and
+        // its claim and first attempt are timed from when they happen, not from that start.
+        let mut joined = false;
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
                 Enter::Mismatch => return Err(self.reuse_mismatch()),
                 Enter::Join(slot) => {
+                    joined = true;
                     self.waiting();
                     let joined = tokio::time::timeout_at(self.deadline, slot.wait());
                     // A stopped joiner waits no more; the call it joined goes on.
@@ -205,7 +209,7 @@ impl<T: Tool> Call<'_, T> {
                 }
                 Enter::Lead(leader) => {
                     let (name, key) = (self.name(), self.key);
-                    return match self.lead(args).await {
+                    return match self.lead(args, !joined).await {
                         Ok(output) => {
                             leader.finish(|| share_ok::<T>(name, key, &output));
                             Ok(output)
@@ -281,7 +285,14 @@ impl<T: Tool> Call<'_, T> {
         self.class() != RetryClass::Safe || self.policy.cache_safe
     }
 
-    pub(super) async fn lead(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
+    /// Runs the call as the flight's leader. `at_start`: nothing was awaited since the call
+    /// started (it did not wait on another flight first), so its start can serve as the moment
+    /// of its first claim and of its first attempt.
+    pub(super) async fn lead(
+        &self,
+        args: T::Args,
+        at_start: bool,
+    ) -> Result<T::Output, Error<T::Error>> {
         if !self.uses_store() {
             self.outcome(Served::Executed);
             return self.attempts(args, None, None).await;
@@ -298,14 +309,14 @@ impl<T: Tool> Call<'_, T> {
             _ => OnExpired::TakeOver,
         };
         let owned = match &self.inner.memory {
-            Some(memory) => match self.first_claim_memory(memory, on_expired) {
+            Some(memory) if at_start => match self.first_claim_memory(memory, on_expired) {
                 Settled::Owned(owned) => Ok(owned),
                 // Boxed, as in `acquire`.
                 Settled::Wait { fence, lease_remaining } => {
                     Box::pin(self.wait_and_claim(on_expired, fence, lease_remaining)).await
                 }
             },
-            None => self.acquire(on_expired, true).await,
+            _ => self.acquire(on_expired, at_start).await,
         };
         match owned {
             Ok(Owned::Fence { fence, takeover, at_start }) => {
