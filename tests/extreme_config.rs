@@ -405,3 +405,40 @@ async fn a_store_found_damaged_after_the_claim_is_not_sent_the_outcome_again() {
     }
     assert_eq!(DAMAGED_RUNS.load(Ordering::SeqCst), 2);
 }
+
+static MAILS: AtomicU32 = AtomicU32::new(0);
+
+/// Sends a mail: its request is under way after the first poll, answered 5 ms later.
+#[tool(retry = "never")]
+async fn send_mail(to: String) -> Result<String, Never> {
+    MAILS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(format!("sent to {to}"))
+}
+
+/// A per-attempt timeout of zero (written as "no timeout", which is what zero means in many
+/// clients) is refused before anything runs, and the error names the setting, as
+/// `#[tool(timeout = "0s")]` is refused at compile time. Taken as given, every attempt timed out
+/// the moment it started: a `never` tool's body had already sent its request, and its outcome
+/// was recorded unknown for good, so every repeat answered "outcome unknown" too.
+#[tokio::test(start_paused = true)]
+async fn a_zero_attempt_timeout_runs_nothing_and_names_the_setting() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let zero =
+        idem_core::Policy { attempt_timeout: Duration::ZERO, ..idem_core::Policy::default() };
+    let idem = Idem::builder_shared(store.clone()).policy(zero).build();
+    match send_mail(&idem.run("zero-attempt-timeout"), "ops".into()).await {
+        Err(idem_core::Error::StoreUnavailable {
+            source: StoreError::InvalidConfig(why), ..
+        }) => {
+            assert!(why.contains("Policy::attempt_timeout"), "{why}");
+        }
+        other => panic!("a zero attempt timeout is refused, got {other:?}"),
+    }
+    assert_eq!(MAILS.load(Ordering::SeqCst), 0, "the tool did not run");
+    // Nothing was recorded: with the setting fixed, the mail goes out.
+    let fixed = Idem::builder_shared(store).build();
+    let sent = send_mail(&fixed.run("zero-attempt-timeout"), "ops".into()).await;
+    assert_eq!(sent.unwrap(), "sent to ops");
+    assert_eq!(MAILS.load(Ordering::SeqCst), 1);
+}

@@ -39,7 +39,9 @@ pub struct Policy {
     /// Every duration below is capped at 100 years ([`crate::FOREVER`]), so `Duration::MAX`
     /// can be used for "no limit".
     pub attempts: u32,
-    /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s.
+    /// Timeout of one attempt; a timeout is an ambiguous failure. Default 30 s. Zero is refused
+    /// when a call is made (`Error::StoreUnavailable` with a configuration error naming it):
+    /// every attempt would time out as it starts; `Duration::MAX` means no limit.
     pub attempt_timeout: Duration,
     /// Deadline of the whole call, measured from its start (gRPC's word): every attempt, the
     /// backoff between them and waiting for a duplicate end by then. Default 120 s.

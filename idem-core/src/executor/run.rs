@@ -144,6 +144,21 @@ impl Run {
                 &with_options
             }
         };
+        if policy.attempt_timeout.is_zero() {
+            // Every attempt would time out the moment it starts, after its body's first poll (a
+            // request under way): a never tool's outcome would be unknown for good. Zero often
+            // means "no timeout" elsewhere; `#[tool(timeout = "0s")]` does not compile.
+            crate::metrics::call(def.name, def.class.as_str(), "failed");
+            return Err(Error::StoreUnavailable {
+                tool: def.name,
+                source: crate::store::StoreError::InvalidConfig(
+                    "Policy::attempt_timeout is zero, so every attempt would time out the moment \
+                     it starts; nothing was run. Set a positive timeout (`Duration::MAX` for no \
+                     limit but the call's deadline)"
+                        .into(),
+                ),
+            });
+        }
         let mut canonical = Vec::with_capacity(256);
         // The arguments' `Serialize` is the caller's code: its panic refuses the call (nothing
         // is claimed yet) as any other failure to write the intent does.
