@@ -442,3 +442,33 @@ async fn a_zero_attempt_timeout_runs_nothing_and_names_the_setting() {
     assert_eq!(sent.unwrap(), "sent to ops");
     assert_eq!(MAILS.load(Ordering::SeqCst), 1);
 }
+
+static WIRES: AtomicU32 = AtomicU32::new(0);
+
+/// Wires money: nobody can deduplicate it.
+#[tool(retry = "never")]
+async fn wire(to: String) -> Result<String, Never> {
+    WIRES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("wired to {to}"))
+}
+
+/// A retention of zero for results (written as "keep forever", which is what zero means to
+/// memcached and many caches) is refused before anything runs, and the error names the setting,
+/// as `#[tool(ttl = "0s")]` is refused at compile time. Taken as given, the result expired the
+/// moment it was stored, and every repeat of a `never` tool's call ran its effect again.
+#[tokio::test(start_paused = true)]
+async fn a_zero_retention_runs_nothing_and_names_the_setting() {
+    let zero = idem_core::Policy { ttl: Duration::ZERO, ..idem_core::Policy::default() };
+    let idem = Idem::builder(MemoryStore::new()).policy(zero).build();
+    let run = idem.run("zero-ttl");
+    for _ in 0..2 {
+        match wire(&run, "acct_1".into()).await {
+            Err(idem_core::Error::StoreUnavailable {
+                source: StoreError::InvalidConfig(why),
+                ..
+            }) => assert!(why.contains("Policy::ttl"), "{why}"),
+            other => panic!("a zero retention is refused, got {other:?}"),
+        }
+    }
+    assert_eq!(WIRES.load(Ordering::SeqCst), 0, "nothing was wired");
+}

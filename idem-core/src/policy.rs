@@ -49,7 +49,9 @@ pub struct Policy {
     /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s; at least
     /// [`MIN_LEASE`] (100 ms): a shorter one, zero included, is raised to it.
     pub lease: Duration,
-    /// Retention of a successful outcome. Default 24 h.
+    /// Retention of a successful outcome. Default 24 h. Zero is refused when a call that uses
+    /// the store is made (`Error::StoreUnavailable` with a configuration error naming it): a
+    /// result kept for no time is never replayed; `Duration::MAX` keeps results for good.
     pub ttl: Duration,
     /// Retention of a permanent failure (shorter, so a fixed cause can be retried). Default 1 h.
     pub failure_ttl: Duration,

@@ -13,6 +13,7 @@ use super::Idem;
 use super::call::Call;
 use super::report::{CallReport, Served, ServedSlot, WaitHook};
 use super::stop::StopSignal;
+use crate::class::RetryClass;
 use crate::clock::later;
 use crate::error::Error;
 use crate::key::{self, Fingerprint, KeyError, Scope};
@@ -144,20 +145,10 @@ impl Run {
                 &with_options
             }
         };
-        if policy.attempt_timeout.is_zero() {
-            // Every attempt would time out the moment it starts, after its body's first poll (a
-            // request under way): a never tool's outcome would be unknown for good. Zero often
-            // means "no timeout" elsewhere; `#[tool(timeout = "0s")]` does not compile.
+        if let Some(why) = refused_policy(policy, def.class) {
             crate::metrics::call(def.name, def.class.as_str(), "failed");
-            return Err(Error::StoreUnavailable {
-                tool: def.name,
-                source: crate::store::StoreError::InvalidConfig(
-                    "Policy::attempt_timeout is zero, so every attempt would time out the moment \
-                     it starts; nothing was run. Set a positive timeout (`Duration::MAX` for no \
-                     limit but the call's deadline)"
-                        .into(),
-                ),
-            });
+            let source = crate::store::StoreError::InvalidConfig(why.into());
+            return Err(Error::StoreUnavailable { tool: def.name, source });
         }
         let mut canonical = Vec::with_capacity(256);
         // The arguments' `Serialize` is the caller's code: its panic refuses the call (nothing
@@ -247,6 +238,31 @@ impl Run {
         }
         result
     }
+}
+
+/// Why a call under `policy` is refused before anything runs, if it is: a zero where
+/// `#[tool(..)]` does not compile one, and which zero often means "no limit" elsewhere.
+fn refused_policy(policy: &crate::policy::Policy, class: RetryClass) -> Option<&'static str> {
+    if policy.attempt_timeout.is_zero() {
+        // Every attempt would time out the moment it starts, after its body's first poll (a
+        // request under way): a never tool's outcome would be unknown for good.
+        return Some(
+            "Policy::attempt_timeout is zero, so every attempt would time out the moment it \
+             starts; nothing was run. Set a positive timeout (`Duration::MAX` for no limit but \
+             the call's deadline)",
+        );
+    }
+    let uses_store = class != RetryClass::Safe || policy.cache_safe;
+    if uses_store && policy.ttl.is_zero() {
+        // A result kept for no time is not replayed: every repeat of a never tool's call would
+        // run its effect again.
+        return Some(
+            "Policy::ttl is zero, so a result would expire as it is stored and every repeat \
+             would run the tool again; nothing was run. Set a positive retention (`Duration::MAX` \
+             keeps results for good)",
+        );
+    }
+    None
 }
 
 /// The `outcome` label of `idem_calls_total` (`crate::metrics`): how a call that returned the
