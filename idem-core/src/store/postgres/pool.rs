@@ -172,7 +172,9 @@ async fn refuse_unusable_database(conn: &Conn) -> Result<(), StoreError> {
         return Err(StoreError::unavailable(format!(
             "PostgreSQL database {db:?} is on a read-only standby (pg_is_in_recovery), where no \
              claim can be written: name the primary (a managed database's writer endpoint, not \
-             a reader or replica endpoint), or open the store again once this server is promoted"
+             a reader or replica endpoint; with several hosts in the connection string, add \
+             target_session_attrs=read-write), or open the store again once this server is \
+             promoted"
         )));
     }
     if read_only == "on" {
