@@ -14,7 +14,7 @@ use std::time::Duration;
 use idem_core::conformance::fresh_key;
 use idem_core::store::postgres::PoolOptions;
 use idem_core::store::{Claim, Outcome};
-use idem_core::{PostgresStore, Store};
+use idem_core::{PostgresStore, Store, StoreError};
 use idem_tests::servers::PgBouncer;
 use idem_tests::{acquire, claim_req, or_skip, pg_url};
 
@@ -174,4 +174,20 @@ async fn listener_behind_pgbouncer_is_detected() {
         .expect("complete");
     let woken = tokio::time::timeout(Duration::from_secs(60), waiting).await;
     woken.expect("the waiter returned long before its max").expect("task").expect("wait");
+}
+
+/// A connection string with `options` (a `search_path` for another schema, say) through a
+/// PgBouncer that does not pass it on: PgBouncer refuses the startup parameter at every
+/// connection, which no retry changes. A configuration error naming the parameter and the way
+/// out, not "unavailable" (an outage to wait out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_parameter_pgbouncer_refuses_is_a_configuration_error() {
+    let Some(bouncer) = bouncer() else { return };
+    let url = bouncer.conninfo("pgbouncer=true options='-c search_path=public'");
+    match PostgresStore::connect(&url).await {
+        Err(StoreError::InvalidConfig(m)) => {
+            assert!(m.contains("options") && m.contains("ignore_startup_parameters"), "{m}");
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(drop)),
+    }
 }

@@ -48,10 +48,20 @@ impl std::error::Error for PgError {
 /// A PostgreSQL error as a store error, by its SQLSTATE: what the server refuses for the role,
 /// the database or the schema is a configuration error (sending again cannot fix it: class 28,
 /// invalid authorization; 3D000, no such database; 3F000, no such schema; 42501, a privilege the
-/// role lacks); a table, column or function of idem's schema that is missing is an incompatible
+/// role lacks; 08P01 "unsupported startup parameter", a parameter PgBouncer does not pass on);
+/// a table, column or function of idem's schema that is missing is an incompatible
 /// schema (dropped or altered by hand); anything else (a connection lost, a server shutting
 /// down, a read-only standby during a failover) is the store being unavailable.
 pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
+    if let Some(parameter) = unsupported_startup_parameter(&e).map(str::to_owned) {
+        return StoreError::InvalidConfig(format!(
+            "the server refused the connection string's startup parameter `{parameter}` (PgBouncer \
+             refuses those it does not know, `options` among them, unless its \
+             ignore_startup_parameters lists them): remove it from the connection string, or add \
+             it to ignore_startup_parameters in pgbouncer.ini: {}",
+            PgError(e)
+        ));
+    }
     if refused_configuration(&e) {
         return StoreError::InvalidConfig(format!(
             "PostgreSQL refused the store's role, database or schema (check the connection \
@@ -70,9 +80,23 @@ pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// Whether the server refused the role, the database or the schema (see [`pg`]).
+/// The startup parameter the server refused, when it refused one: PgBouncer answers a parameter
+/// it does not pass on (`options`, say) with SQLSTATE 08P01 "unsupported startup parameter: ..",
+/// which no retry changes.
+pub(super) fn unsupported_startup_parameter(e: &tokio_postgres::Error) -> Option<&str> {
+    let db = e.as_db_error()?;
+    if db.code() != &SqlState::PROTOCOL_VIOLATION {
+        return None;
+    }
+    let parameter = db.message().strip_prefix("unsupported startup parameter")?;
+    Some(parameter.trim_start_matches([':', ' ']).trim())
+}
+
+/// Whether the server refused the role, the database or the schema, or a startup parameter of
+/// the connection string (see [`pg`]).
 pub(super) fn refused_configuration(e: &tokio_postgres::Error) -> bool {
     matches!(e.code().map(SqlState::code), Some("3D000" | "3F000" | "42501" | "28000" | "28P01"))
+        || unsupported_startup_parameter(e).is_some()
 }
 
 /// A connection could not be had: nothing was sent, so sending again is harmless.

@@ -208,6 +208,10 @@ impl Target {
                 "; the server may require TLS (a hostssl line in pg_hba.conf): use sslmode=require \
                  or stronger"
             }
+            _ if super::error::unsupported_startup_parameter(&e).is_some() => {
+                "; remove that parameter from the connection string, or list it in PgBouncer's \
+                 ignore_startup_parameters (pgbouncer.ini)"
+            }
             _ => "",
         };
         let configuration = super::error::refused_configuration(&e);
