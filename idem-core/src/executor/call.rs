@@ -169,12 +169,12 @@ impl<T: Tool> Call<'_, T> {
         // failure instead, as for every other store.
         // Whether this call waited on a flight before it leads: its start is then long past, and
         // its claim and first attempt are timed from when they happen, not from that start.
-        let mut joined = false;
+        let mut waited = false;
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
                 Enter::Mismatch => return Err(self.reuse_mismatch()),
                 Enter::Join(slot) => {
-                    joined = true;
+                    waited = true;
                     self.waiting();
                     let joined = tokio::time::timeout_at(self.deadline, slot.wait());
                     // A stopped joiner waits no more; the call it joined goes on.
@@ -209,7 +209,7 @@ impl<T: Tool> Call<'_, T> {
                 }
                 Enter::Lead(leader) => {
                     let (name, key) = (self.name(), self.key);
-                    return match self.lead(args, !joined).await {
+                    return match self.lead(args, !waited).await {
                         Ok(output) => {
                             leader.finish(|| share_ok::<T>(name, key, &output));
                             Ok(output)
