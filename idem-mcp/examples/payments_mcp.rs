@@ -495,6 +495,14 @@ async fn authenticate(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer realm=\"payments_mcp\""),
             );
+            // The body of a request without a known token is not read, so the server closes the
+            // connection after this answer; said here, a client that keeps connections (httpx,
+            // undici) opens a new one for its next request instead of sending it on this one
+            // and hearing "disconnected without a response".
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
             response
         }
     }

@@ -38,6 +38,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -80,13 +81,25 @@ def charges_of(work, customer):
 
 def start(binary, work, env=None):
     full_env = {**os.environ, "PAYMENTS_TOKENS": TOKENS, **(env or {})}
-    proc = subprocess.Popen(
-        [str(binary), "--sqlite", str(work / "idem.db"), "--http", "127.0.0.1:0"],
-        env=full_env, stderr=subprocess.PIPE, text=True,
-    )
-    line = proc.stderr.readline()
-    check("listening on " in line, f"the server did not start: {line}")
-    return proc, line.split("listening on ", 1)[1].strip()
+    # The server's stderr goes to a file, read whole when a case fails (a pipe read only for
+    # its first line would hide a panic, and would stop the server once it filled).
+    log = work / "server.log"
+    # An earlier server of the case (a restart) wrote before: only what this one writes counts.
+    offset = log.stat().st_size if log.exists() else 0
+    with open(log, "a") as out:
+        proc = subprocess.Popen(
+            [str(binary), "--sqlite", str(work / "idem.db"), "--http", "127.0.0.1:0"],
+            env=full_env, stderr=out, text=True,
+        )
+    for _ in range(3000):
+        text = log.read_bytes()[offset:].decode(errors="replace")
+        # Whole lines only: the server may be writing the line being read.
+        said = [ln for ln in text.split("\n")[:-1] if "listening on " in ln]
+        if said or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    check(said, f"the server did not start: {text[-2000:]}")
+    return proc, said[0].split("listening on ", 1)[1].strip()
 
 
 def stop(proc):
@@ -620,9 +633,16 @@ CASES = {
 async def main():
     case, binary, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     work.mkdir(parents=True, exist_ok=True)
-    for f in ("idem.db", "idem.db-wal", "idem.db-shm", "idem.db.ledger.json"):
+    for f in ("idem.db", "idem.db-wal", "idem.db-shm", "idem.db.ledger.json", "server.log"):
         (work / f).unlink(missing_ok=True)
-    said = await CASES[case](binary, work)
+    try:
+        said = await CASES[case](binary, work)
+    except BaseException:
+        # What the server said (a panic, a warning) beside the client's failure.
+        log = work / "server.log"
+        text = log.read_text()[-4000:] if log.exists() else "(no log)"
+        print(f"the server's stderr ({log}):\n{text}", file=sys.stderr)
+        raise
     print(f"ok: {case}: {said}")
 
 

@@ -56,9 +56,10 @@ pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
     if let Some(parameter) = unsupported_startup_parameter(&e).map(str::to_owned) {
         return StoreError::InvalidConfig(format!(
             "the server refused the connection string's startup parameter `{parameter}` (PgBouncer \
-             refuses those it does not know, `options` among them, unless its \
-             ignore_startup_parameters lists them): remove it from the connection string, or add \
-             it to ignore_startup_parameters in pgbouncer.ini: {}",
+             refuses those it does not know, `options` among them): remove it from the \
+             connection string; for a search_path, set it for the role instead (ALTER ROLE .. \
+             SET search_path = ..), since a parameter PgBouncer ignores never reaches the server: \
+             {}",
             PgError(e)
         ));
     }

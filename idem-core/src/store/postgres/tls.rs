@@ -209,8 +209,10 @@ impl Target {
                  or stronger"
             }
             _ if super::error::unsupported_startup_parameter(&e).is_some() => {
-                "; remove that parameter from the connection string, or list it in PgBouncer's \
-                 ignore_startup_parameters (pgbouncer.ini)"
+                "; remove that parameter from the connection string (for a search_path, set it \
+                 for the role: ALTER ROLE .. SET search_path = ..; a parameter PgBouncer's \
+                 ignore_startup_parameters lists is dropped, and the store would open on another \
+                 schema)"
             }
             _ => "",
         };
