@@ -168,10 +168,12 @@ impl RedisStoreBuilder {
             super::admin::cluster_slots(&conn.connection().1).await?;
         }
         let at = cluster.addresses();
-        super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
+        // The wrong server first: a cluster node or a replica is named, whatever its eviction
+        // policy says.
         if let conn::Servers::One(_) = &cluster {
             refuse_unusable_server(&store.inner.conn, &at, replica_ok).await?;
         }
+        super::eviction::check(&store.inner.conn, allow_eviction, &at).await?;
         super::persistence::warn_if_not_durable(&store.inner.conn, &at).await;
         Ok(store)
     }
