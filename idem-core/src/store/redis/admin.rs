@@ -309,10 +309,7 @@ impl RedisStore {
                     conn.saw(generation, cluster.route_pipeline(pipe.clone(), 0, count, to).await)
                 }
             };
-            let lost = answer
-                .as_ref()
-                .err()
-                .is_some_and(|e| e.is_io_error() || e.is_connection_dropped() || e.is_timeout());
+            let lost = answer.as_ref().err().is_some_and(super::reply::lost);
             match pauses.next() {
                 Some(&pause) if lost => tokio::time::sleep(pause).await,
                 _ => return Ok(answer),

@@ -175,7 +175,7 @@ mod route;
 
 pub use builder::RedisStoreBuilder;
 use pubsub::PubSub;
-use reply::{Answer, answer, encode_origin, fence, int, text, unavailable};
+use reply::{Answer, answer, encode_origin, fence, int, text};
 pub use reply::{decode_answer, decode_record};
 pub use route::Replicas;
 use route::{Conn, Invocation};
@@ -331,10 +331,7 @@ impl RedisStore {
         let wait = if acked { self.inner.wait } else { None };
         match self.inner.conn.eval(inv, wait).await {
             Ok((reply, acks)) => Ok((answer(reply).map_err(Failed::Answered)?, acks)),
-            Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                Err(Failed::Lost(unavailable(e)))
-            }
-            Err(e) => Err(Failed::Answered(unavailable(e))),
+            Err(e) => Err(reply::failed(e)),
         }
     }
 
@@ -409,13 +406,7 @@ impl RedisStore {
         // `timeout`, a proxy's), which the connection manager learns of only from that command;
         // it then connects again, and a repeat must not fail closed for it.
         let replies = resend::resend(|_| async {
-            match self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await {
-                Ok(replies) => Ok(replies),
-                Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                    Err(Failed::Lost(unavailable(e)))
-                }
-                Err(e) => Err(Failed::Answered(unavailable(e))),
-            }
+            self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await.map_err(reply::failed)
         })
         .await;
         let raw = match replies?.into_iter().next() {

@@ -202,10 +202,7 @@ pub(super) fn read(
 ) -> Result<Native, Failed> {
     let replies = match replies {
         Ok(r) => r,
-        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-            return Err(Failed::Lost(super::reply::unavailable(e)));
-        }
-        Err(e) => return Err(Failed::Answered(super::reply::unavailable(e))),
+        Err(e) => return Err(super::reply::failed(e)),
     };
     let mut replies = replies.into_iter();
     let (previous, counter) = match (replies.next(), replies.next(), replies.next()) {

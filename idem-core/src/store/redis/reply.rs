@@ -210,6 +210,18 @@ pub(super) fn refused(why: impl std::fmt::Display) -> StoreError {
     ))
 }
 
+/// Whether the reply to a command that failed with `e` may have been lost after the server ran
+/// it (an I/O error, a dropped connection, a response timeout): such a command is sent again.
+pub(super) fn lost(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_timeout() || e.is_connection_dropped()
+}
+
+/// `e` as the failure of one send: [`Failed::Lost`] when its reply may have been [`lost`].
+pub(super) fn failed(e: RedisError) -> crate::store::resend::Failed {
+    use crate::store::resend::Failed;
+    if lost(&e) { Failed::Lost(unavailable(e)) } else { Failed::Answered(unavailable(e)) }
+}
+
 pub(super) fn unavailable(e: RedisError) -> StoreError {
     if refused_access(&e) {
         return refused(e);
