@@ -280,21 +280,15 @@ impl RedisStoreBuilder {
 async fn info_section(conn: &Conn, section: &str) -> Result<Option<String>, StoreError> {
     let reply = match conn.command(redis::cmd("INFO").arg(section)).await {
         Ok(reply) => reply,
-        Err(e) if super::reply::refused_access(&e) || e.to_string().contains("unknown command") => {
-            return Ok(None);
-        }
+        Err(e) if super::eviction::info_send_refused(&e) => return Ok(None),
         Err(e) => return Err(super::reply::unavailable(e)),
     };
-    Ok(match reply {
-        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => Some(text),
+    let mut servers = Vec::new();
+    super::eviction::answers(&reply, "", &mut servers);
+    Ok(servers.into_iter().find_map(|(_, answer)| match answer {
+        super::eviction::Answer::Info(text) => Some(text),
         _ => None,
-    })
-}
-
-/// The value of `name` in an `INFO` text (`name:value` lines).
-fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
-    info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+    }))
 }
 
 /// Refuses a server that a `redis://` URL names but that cannot hold the store's records by
@@ -312,7 +306,7 @@ fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
 ///   using the master acquires the same key, and the replica's next full resync erases it.
 async fn refuse_unusable_server(conn: &Conn, at: &str, replica_ok: bool) -> Result<(), StoreError> {
     if let Some(info) = info_section(conn, "cluster").await?
-        && info_field(&info, "cluster_enabled") == Some("1")
+        && super::eviction::info_field(&info, "cluster_enabled") == Some("1")
     {
         return Err(StoreError::InvalidConfig(format!(
             "Redis at {at} is a node of a Redis Cluster (cluster_enabled:1), which answers MOVED \
@@ -324,9 +318,12 @@ async fn refuse_unusable_server(conn: &Conn, at: &str, replica_ok: bool) -> Resu
         return Ok(());
     }
     if let Some(info) = info_section(conn, "replication").await?
-        && matches!(info_field(&info, "role"), Some("slave" | "replica"))
+        && matches!(super::eviction::info_field(&info, "role"), Some("slave" | "replica"))
     {
-        let master = match (info_field(&info, "master_host"), info_field(&info, "master_port")) {
+        let master = match (
+            super::eviction::info_field(&info, "master_host"),
+            super::eviction::info_field(&info, "master_port"),
+        ) {
             (Some(host), Some(port)) => format!("{host}:{port}"),
             _ => "its master".to_owned(),
         };

@@ -38,11 +38,20 @@ impl Memory {
     }
 }
 
+/// The value of `name` in an `INFO` text (`name:value` lines).
+pub(super) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
+}
+
+/// Whether sending `INFO` failed as a refusal rather than unanswered (see [`info_refused`]):
+/// the server will not say, which is no outage.
+pub(super) fn info_send_refused(e: &redis::RedisError) -> bool {
+    super::reply::refused_access(e) || e.to_string().contains("unknown command")
+}
+
 /// Reads `maxmemory` and `maxmemory_policy` from an `INFO` text (`name:value` lines).
 fn parse(info: &str) -> Option<Memory> {
-    let field = |name: &str| {
-        info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(str::trim)
-    };
+    let field = |name: &str| info_field(info, name);
     Some(Memory {
         max: field("maxmemory")?.parse().ok()?,
         policy: field("maxmemory_policy")?.into(),
@@ -99,7 +108,7 @@ pub(super) async fn check(conn: &Conn, allow: bool, at: &str) -> Result<(), Stor
     let mut servers = Vec::new();
     match conn.command(redis::cmd("INFO").arg("memory")).await {
         Ok(reply) => answers(&reply, at, &mut servers),
-        Err(e) if super::reply::refused_access(&e) || e.to_string().contains("unknown command") => {
+        Err(e) if info_send_refused(&e) => {
             servers.push((at.to_owned(), Answer::Refused(e.to_string())));
         }
         // Not answered (a timeout, a dropped connection, a server loading its data): an outage,

@@ -13,8 +13,7 @@ use super::route::Conn;
 
 /// Whether an `INFO persistence` text says the append-only file is on; `None` without the field.
 fn aof_enabled(info: &str) -> Option<bool> {
-    let value = info.lines().find_map(|line| line.strip_prefix("aof_enabled:"))?;
-    match value.trim() {
+    match super::eviction::info_field(info, "aof_enabled")? {
         "0" => Some(false),
         "1" => Some(true),
         _ => None,
