@@ -111,3 +111,53 @@ async fn an_endless_hint_reads_as_a_century() {
     assert!(r.text.contains(&format!("retry after {CENTURY_MS} ms")), "{}", r.text);
     assert_eq!(r.content["error"]["detail"]["retry_after_ms"], CENTURY_MS);
 }
+
+static ALERTS: AtomicU32 = AtomicU32::new(0);
+
+/// Sends an alert: the provider's first answer is a five-minute rate limit, later ones succeed.
+#[tool(retry = "keyed")]
+async fn send_alert(to: String) -> Result<String, RateLimited> {
+    let _ = to;
+    match ALERTS.fetch_add(1, Ordering::SeqCst) {
+        0 => Err(RateLimited { after_s: 300 }),
+        n => Ok(format!("alert {}", n + 1)),
+    }
+}
+
+/// A call pausing out a long hint whose key another worker took over meanwhile (this one stalled
+/// past its lease, the other took the lease over and finished) answers with the new owner's
+/// result as soon as a renewal finds the key taken, not when the five minutes are over, and does
+/// not send again.
+#[tokio::test(start_paused = true)]
+async fn a_pause_ends_when_a_renewal_finds_the_key_taken_over() {
+    let store: std::sync::Arc<dyn idem_core::store::Store> =
+        std::sync::Arc::new(idem_core::MemoryStore::new());
+    let policy = idem_core::Policy {
+        lease: Duration::from_secs(10),
+        deadline: Duration::from_secs(900),
+        ..idem_core::Policy::default()
+    };
+    let a = Idem::builder_shared(store.clone()).policy(policy.clone()).build();
+    let b = Idem::builder_shared(store).policy(policy).build();
+    let (run_a, run_b) = (a.run("r"), b.run("r"));
+
+    let worker_a = send_alert(&run_a, "ops".into());
+    let mut worker_a = std::pin::pin!(worker_a);
+    // A's first attempt is rate limited; A pauses (renewing its lease) ...
+    let polled = tokio::time::timeout(Duration::from_secs(1), &mut worker_a).await;
+    assert!(polled.is_err(), "A is pausing out the hint: {polled:?}");
+    assert_eq!(ALERTS.load(Ordering::SeqCst), 1);
+    // ... then stalls past its lease (not polled: no renewal goes out), and B takes it over.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(send_alert(&run_b, "ops".into()).await.unwrap(), "alert 2");
+
+    let resumed = Instant::now();
+    let got = worker_a.await;
+    assert_eq!(got.unwrap(), "alert 2", "A's caller gets the new owner's result");
+    assert_eq!(ALERTS.load(Ordering::SeqCst), 2, "A did not send again");
+    assert!(
+        resumed.elapsed() < Duration::from_secs(60),
+        "A answered once its renewal was refused, not after the hint: {:?}",
+        resumed.elapsed()
+    );
+}

@@ -770,14 +770,25 @@ impl<T: Tool> Call<'_, T> {
         }
     }
 
-    /// Renews the lease under `fence` every third of it, for as long as it is polled.
+    /// Renews the lease under `fence` every third of it (see [`Call::renew_while_held`]), for
+    /// as long as it is polled, beside work that must go on even once the key was taken over.
+    pub(super) async fn renewals(&self, fence: Fence) -> std::convert::Infallible {
+        self.renew_while_held(fence).await;
+        // Taken over: asking again would only get the same answer, every third of a lease for
+        // as long as the work goes on. The work is not stopped (stopping mid-effect is itself
+        // ambiguous); its completion finds the lease lost, and no retry starts under the fence.
+        std::future::pending().await
+    }
+
+    /// Renews the lease under `fence` every third of it, and returns once the store refused a
+    /// renewal (another owner took the key over).
     ///
     /// Counted from when the store last accepted a claim or renewal of this call, not from
     /// when this attempt, pause or check started: a call's steps each start their own renewals,
     /// and steps each shorter than a third of the lease would otherwise renew nothing while the
     /// lease runs out under them (another caller would take the key over and run the tool
     /// beside this one). A renewal that is overdue goes out at once.
-    pub(super) async fn renewals(&self, fence: Fence) -> std::convert::Infallible {
+    pub(super) async fn renew_while_held(&self, fence: Fence) {
         let period = self.policy.lease / 3;
         // When this loop last sent a renewal: one the store did not answer is not sent again
         // before a period has passed, so a store that is down is not asked in a busy loop.
@@ -795,9 +806,5 @@ impl<T: Tool> Call<'_, T> {
                 break;
             }
         }
-        // Taken over: asking again would only get the same answer, every third of a lease for
-        // as long as the work goes on. The work is not stopped (stopping mid-effect is itself
-        // ambiguous); its completion finds the lease lost, and no retry starts under the fence.
-        std::future::pending().await
     }
 }

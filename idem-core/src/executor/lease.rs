@@ -340,11 +340,14 @@ impl<T: Tool> Call<'_, T> {
             until.await;
             return;
         };
-        let mut renewals = std::pin::pin!(self.renewals(fence));
+        // A renewal the store refused ends the pause: the key is another owner's now, and its
+        // answer is the call's (the attempt loop rejoins it), not one to hear only when a long
+        // retry-after has run out.
+        let mut renewals = std::pin::pin!(self.renew_while_held(fence));
         tokio::select! {
             biased;
             () = until => {}
-            never = &mut renewals => match never {},
+            () = &mut renewals => {}
         }
     }
 
