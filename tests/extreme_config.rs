@@ -472,3 +472,54 @@ async fn a_zero_retention_runs_nothing_and_names_the_setting() {
     }
     assert_eq!(WIRES.load(Ordering::SeqCst), 0, "nothing was wired");
 }
+
+/// A store whose wait returns at once (a wait is only a hint), counting claims.
+struct ImpatientWaits(AtomicU32);
+
+#[async_trait::async_trait]
+impl Hook for ImpatientWaits {
+    async fn before(&self, op: Op<'_>) -> Result<(), StoreError> {
+        if let Op::Claim(_) = op {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+    fn waits(&self) -> bool {
+        false
+    }
+}
+
+static REFUNDS: AtomicU32 = AtomicU32::new(0);
+
+/// Works for 300 ms: long enough for a duplicate from another worker to wait on it.
+#[tool(retry = "keyed")]
+async fn slow_refund(tag: String) -> Result<String, Never> {
+    REFUNDS.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(format!("re_{tag}"))
+}
+
+/// A duplicate from another worker, on a store whose wait returns at once, gets the owner's
+/// result without claiming in a busy loop meanwhile: the waits that return while the owner still
+/// holds the key are spaced by a growing pause. Before, the loop never yielded, so an owner
+/// polled by the same task (joined futures, a current-thread runtime) never ran again: its lease
+/// ended unrenewed, and the duplicate took the key over and refunded a second time.
+#[tokio::test]
+async fn a_store_whose_wait_returns_at_once_is_not_claimed_in_a_busy_loop() {
+    let store = Arc::new(Wrapped::new(ImpatientWaits(AtomicU32::new(0))));
+    let (a, b) =
+        (Idem::builder_shared(store.clone()).build(), Idem::builder_shared(store.clone()).build());
+    let (run_a, run_b) = (a.run("impatient"), b.run("impatient"));
+    let owner = slow_refund(&run_a, "1".into());
+    let duplicate = async {
+        // Once the owner holds the key.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        slow_refund(&run_b, "1".into()).await
+    };
+    let (owner, duplicate) = tokio::join!(owner, duplicate);
+    assert_eq!(owner.unwrap(), "re_1");
+    assert_eq!(duplicate.unwrap(), "re_1", "the duplicate gets the owner's result");
+    assert_eq!(REFUNDS.load(Ordering::SeqCst), 1, "the refund ran once");
+    let claims = store.hook.0.load(Ordering::SeqCst);
+    assert!(claims < 50, "the duplicate claimed {claims} times while the owner ran");
+}

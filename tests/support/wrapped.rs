@@ -39,6 +39,12 @@ pub trait Hook: Send + Sync + 'static {
     fn claimed(&self, claim: Claim) -> Claim {
         claim
     }
+
+    /// Whether a wait waits. `false`: it returns at once, as a store of someone's own may (a
+    /// wait is a hint). `true` by default.
+    fn waits(&self) -> bool {
+        true
+    }
 }
 
 /// A hook that does nothing: the in-memory store, opaque to the executor.
@@ -105,6 +111,9 @@ impl<H: Hook> Store for Wrapped<H> {
     }
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
         self.hook.before(Op::Wait).await?;
+        if !self.hook.waits() {
+            return Ok(());
+        }
         self.inner.wait(key, fence, max).await
     }
     fn is_local(&self) -> bool {

@@ -65,6 +65,12 @@ impl DeadlineSpent {
 /// a busy loop.
 const WAIT_FAILED_PAUSE: Duration = Duration::from_millis(250);
 
+/// The first ceiling of the pause before waiting again after a wait returned while the same
+/// owner still held the key; it doubles with each such return, up to [`WAIT_FAILED_PAUSE`].
+/// [`Store::wait`] may return early (it is a hint), and a store whose wait returns at once would
+/// otherwise be asked to claim in a busy loop for as long as the owner runs.
+const EARLY_WAKE_PAUSE: Duration = Duration::from_millis(2);
+
 impl<T: Tool> Call<'_, T> {
     /// Claims until this call owns the key or has its answer: waits for another owner's
     /// result, replays a stored one, or says why not. Bounded by the deadline. `at_start`: this
@@ -135,6 +141,8 @@ impl<T: Tool> Call<'_, T> {
         // A stopped call waits no more: it holds nothing, and taking the key over afterwards
         // only to let it go would hold it up for a lease.
         let stopped = || Ok(Owned::Answer(Err(self.cancelled(0))));
+        // Waits in a row that returned with the same owner still holding the key.
+        let mut early: u32 = 0;
         loop {
             let now = Instant::now();
             if now >= self.deadline {
@@ -146,10 +154,25 @@ impl<T: Tool> Call<'_, T> {
             // Saturating: a store may report a lease of `Duration::MAX` ("no end").
             let max =
                 (self.deadline - now).min(lease_remaining.saturating_add(Duration::from_millis(1)));
+            if early > 0 {
+                let ceiling = EARLY_WAKE_PAUSE
+                    .saturating_mul(1 << (early - 1).min(16))
+                    .min(WAIT_FAILED_PAUSE);
+                let pause = crate::store::full_jitter(ceiling).min(max);
+                let Some(()) = self.unless_stopped(tokio::time::sleep(pause)).await else {
+                    return stopped();
+                };
+                if Instant::now() >= self.deadline {
+                    continue;
+                }
+            }
+            let max = max.min(self.deadline.saturating_duration_since(Instant::now()));
             self.waiting();
             // A store that stops answering is caught by the next claim's timeout.
+            let waited_from = Instant::now();
             let wait = tokio::time::timeout(max, store.wait(&self.key, fence, max));
             let Some(woken) = self.unless_stopped(wait).await else { return stopped() };
+            let returned_early = matches!(woken, Ok(Ok(()))) && waited_from.elapsed() < max;
             match woken {
                 // A wait only tells when to look again. One that could not watch the record (a
                 // connection dropped under it, a store that stopped answering) is not the call's
@@ -168,6 +191,7 @@ impl<T: Tool> Call<'_, T> {
             match self.settle(self.claim(on_expired, false).await?, true, false) {
                 Settled::Owned(owned) => return Ok(owned),
                 Settled::Wait { fence: f, lease_remaining: l } => {
+                    early = if returned_early && f == fence { early.saturating_add(1) } else { 0 };
                     (fence, lease_remaining) = (f, l);
                 }
             }
