@@ -753,3 +753,35 @@ async fn a_plain_url_to_a_cluster_node_is_a_configuration_error() {
         }
     }
 }
+
+/// Nodes that close idle connections (`timeout`, as managed Redis Clusters set it): an operator's
+/// listing, count and forget after a quiet spell are served, as on one server, instead of failing
+/// on the connections the nodes closed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reads_after_the_nodes_closed_idle_connections() {
+    let started = tokio::task::spawn_blocking(|| {
+        cluster::available().and_then(|()| Cluster::start_masters("redis-cluster-idle"))
+    })
+    .await
+    .expect("cluster start");
+    let Some(cluster) = or_skip("Redis Cluster (redis-server, redis-cli)", started) else {
+        return;
+    };
+    for &port in &cluster.ports {
+        cluster.cli(port, &["CONFIG", "SET", "timeout", "1"]).expect("idle timeout");
+    }
+    let store = store_on(&cluster.url("")).await;
+    let (key, fp) = fresh_key("idle_cluster", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
+    let pause = || tokio::time::sleep(Duration::from_millis(2500));
+    pause().await;
+    let stats = store.stats().await.map_err(|e| e.to_string());
+    assert_eq!(stats.map(|s| s.completed), Ok(1), "stats after an idle pause");
+    pause().await;
+    let page = store.list(&idem_core::store::ListQuery::default()).await;
+    assert_eq!(page.map(|p| p.records.len()).map_err(|e| e.to_string()), Ok(1), "list");
+    pause().await;
+    let forgot = store.forget(&key).await.map_err(|e| e.to_string());
+    assert_eq!(forgot, Ok(true), "forget after an idle pause");
+}

@@ -478,4 +478,15 @@ async fn operator_reads_after_the_server_closed_an_idle_connection() {
     pause().await;
     let shown = store.inspect(&key).await.map_err(|e| e.to_string());
     assert!(matches!(shown, Ok(Some(_))), "inspect after an idle pause: {shown:?}");
+    // An operator's forget, checked (as the command line sends it) and not, after a pause too.
+    let seen = shown.unwrap().unwrap();
+    pause().await;
+    let forgot = store.forget_seen(&key, seen.fence, true).await.map_err(|e| e.to_string());
+    assert_eq!(forgot, Ok(true), "forget_seen after an idle pause");
+    let (other, fp) = fresh_key("idle_forget", "{}");
+    idem_tests::acquire(&store, &other, &fp).await;
+    pause().await;
+    let forgot = store.forget(&other).await.map_err(|e| e.to_string());
+    assert_eq!(forgot, Ok(true), "forget after an idle pause");
+    assert!(store.inspect(&other).await.unwrap().is_none(), "the record is gone");
 }

@@ -121,17 +121,40 @@ fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
     })
 }
 
+/// `send`'s answer, sent again when the connection failed under it, as any step whose reply may
+/// have been lost: the operator's commands are reads (or a forget, which deletes what is there).
+/// A listing or a count that runs every few minutes (the record gauges) finds its connection
+/// closed by the server's idle `timeout` each time, and the connection manager and the cluster
+/// client reconnect only once a command has failed on it.
+async fn resent<T, F, Fut>(mut send: F) -> Result<T, RedisError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, RedisError>>,
+{
+    let mut pauses = crate::store::resend::PAUSES.iter();
+    loop {
+        let answer = send().await;
+        let lost = answer.as_ref().err().is_some_and(super::reply::lost);
+        match pauses.next() {
+            Some(&pause) if lost => tokio::time::sleep(pause).await,
+            _ => return answer,
+        }
+    }
+}
+
 /// `CLUSTER SLOTS` from any node of a cluster connection. A server that is not part of a
 /// cluster (`redis+cluster://` for one server) refuses it: a configuration error saying so.
 pub(super) async fn cluster_slots(conn: &ClusterConnection) -> Result<Value, StoreError> {
-    let slots = conn
-        .clone()
-        .route_command(
-            redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        )
-        .await
-        .map_err(unavailable)?;
+    let slots = resent(|| async {
+        conn.clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await
+    })
+    .await
+    .map_err(unavailable)?;
     if let Value::ServerError(e) = &slots {
         if super::reply::server_refused(e) {
             return Err(super::reply::refused(error_text(e)));
@@ -288,33 +311,27 @@ impl RedisStore {
         pipe: &redis::Pipeline,
         count: usize,
     ) -> Result<Result<Vec<Value>, RedisError>, StoreError> {
-        // Reads: sent again when the connection failed under them, as any step whose reply may
-        // have been lost. A listing or a count that runs every few minutes (the record gauges)
-        // finds its connection closed by the server's idle `timeout` each time, and the
-        // connection manager reconnects only once a command has failed on it.
-        let mut pauses = crate::store::resend::PAUSES.iter();
-        loop {
-            let answer = match &self.inner.conn {
-                // Through `saw`: a connection that went silent is replaced, as for every step.
-                Conn::One(conn) => {
+        Ok(match &self.inner.conn {
+            // Through `saw`: a connection that went silent is replaced, as for every step.
+            Conn::One(conn) => {
+                resent(|| async {
                     let (generation, mut manager) = conn.manager();
                     conn.saw(generation, manager.req_packed_commands(pipe, 0, count).await)
-                }
-                Conn::Cluster(conn) => {
-                    let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
-                    let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
-                    let port = port.parse().map_err(|_| bad())?;
+                })
+                .await
+            }
+            Conn::Cluster(conn) => {
+                let bad = || StoreError::Incompatible(format!("not a node address: {node:?}"));
+                let (host, port) = node.rsplit_once(':').ok_or_else(bad)?;
+                let port = port.parse().map_err(|_| bad())?;
+                resent(|| async {
                     let to = SingleNodeRoutingInfo::ByAddress { host: host.to_owned(), port };
                     let (generation, mut cluster) = conn.connection();
                     conn.saw(generation, cluster.route_pipeline(pipe.clone(), 0, count, to).await)
-                }
-            };
-            let lost = answer.as_ref().err().is_some_and(super::reply::lost);
-            match pauses.next() {
-                Some(&pause) if lost => tokio::time::sleep(pause).await,
-                _ => return Ok(answer),
+                })
+                .await
             }
-        }
+        })
     }
 
     /// The records of `keys` as found on `node`, read with its clock in one pipeline; or, when
@@ -507,7 +524,7 @@ impl RedisStore {
     pub(super) async fn inspect_record(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
         let mut inv = self.inner.scripts.inspect.prepare_invoke();
         inv.key(self.record_key(key));
-        let items = match self.run_read(inv).await? {
+        let items = match self.run_resent(inv).await? {
             super::Answer::Table(items) => items,
             other => {
                 return Err(StoreError::Incompatible(format!(

@@ -311,11 +311,11 @@ impl RedisStore {
             .map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
     }
 
-    /// A script that changes nothing an answer depends on (inspect, whose migration of a
-    /// version 1 hash writes the same content again), sent again when its reply may have been
-    /// lost, as a step is: a long-lived process's first command after a pause may find its
-    /// connection closed by the server's idle `timeout`.
-    async fn run_read(&self, inv: Invocation<'_>) -> Result<Answer, StoreError> {
+    /// A script whose second run changes nothing the first did not (inspect, whose migration
+    /// of a version 1 hash writes the same content again; forget, which deletes what is there),
+    /// sent again when its reply may have been lost, as a step is: a long-lived process's first
+    /// command after a pause may find its connection closed by the server's idle `timeout`.
+    async fn run_resent(&self, inv: Invocation<'_>) -> Result<Answer, StoreError> {
         resend::resend(|_| async { self.send(&inv, false).await.map(|(answer, _)| answer) }).await
     }
 
@@ -619,7 +619,8 @@ impl Store for RedisStore {
         self.inner.recent.drop_key(key);
         let mut inv = self.inner.scripts.forget.prepare_invoke();
         inv.key(self.record_key(key)).key(self.fence_key(key)).arg(ms(FENCE_COUNTER_GRACE));
-        Ok(self.run(inv).await?.int()? > 0)
+        // A resend after a reply lost once the record was removed answers that there was none.
+        Ok(self.run_resent(inv).await?.int()? > 0)
     }
 
     async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
@@ -629,7 +630,7 @@ impl Store for RedisStore {
             .arg(ms(FENCE_COUNTER_GRACE))
             .arg(fence.0)
             .arg(if done { "d" } else { "f" });
-        let found = match self.run(inv).await?.int()? {
+        let found = match self.run_resent(inv).await?.int()? {
             1 => Forgot::Removed,
             0 => Forgot::Absent,
             _ => Forgot::Changed,
