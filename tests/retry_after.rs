@@ -161,3 +161,40 @@ async fn a_pause_ends_when_a_renewal_finds_the_key_taken_over() {
         resumed.elapsed()
     );
 }
+
+/// A provider asking for a 1 ms pause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[error("busy, retry after 1 ms")]
+struct Busy;
+
+impl Classify for Busy {
+    fn classify(&self) -> Failure {
+        Failure::transient().retry_after(Duration::from_millis(1))
+    }
+}
+
+#[tool(retry = "keyed")]
+async fn poll_job(id: String) -> Result<String, Busy> {
+    let _ = id;
+    Err(Busy)
+}
+
+/// A short hint under a long backoff: the pause the backoff drew is what would end past the
+/// deadline, and the message says so instead of blaming the tool's 1 ms.
+#[tokio::test(start_paused = true)]
+async fn a_short_hint_is_not_blamed_for_a_backoff_past_the_deadline() {
+    let policy = idem_core::Policy {
+        deadline: Duration::from_secs(2),
+        backoff: idem_core::Backoff {
+            base: Duration::from_secs(3600),
+            cap: Duration::from_secs(3600),
+        },
+        ..idem_core::Policy::default()
+    };
+    let run = Idem::builder(idem_core::MemoryStore::new()).policy(policy).seed(7).build().run("r");
+    let err = poll_job(&run, "j".into()).await.unwrap_err();
+    assert!(matches!(err, Error::BudgetExhausted { budget: BudgetKind::Deadline, .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("at least the 1 ms the tool asked for"), "{text}");
+    assert!(text.contains("would end past the call's deadline"), "{text}");
+}

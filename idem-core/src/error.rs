@@ -285,11 +285,13 @@ fn budget_message<E: std::fmt::Display>(
     match (budget, retry_after) {
         (BudgetKind::Deadline, Some(after)) => {
             // Capped at a century, as the stores cap durations: a hint of `Duration::MAX` would
-            // otherwise print as a 23-digit number.
+            // otherwise print as a 23-digit number. The wait is the hint or the backoff's pause,
+            // whichever is longer: a short hint may not be what reached past the deadline.
+            let after = crate::clock::ms(*after);
             let _ = write!(
                 msg,
-                "the tool asked to retry after {} ms, which is past the call's deadline; retry after that",
-                crate::clock::ms(*after),
+                "the wait before the next attempt, at least the {after} ms the tool asked for, \
+                 would end past the call's deadline; retry after {after} ms at the earliest",
             );
         }
         (BudgetKind::Deadline, None) if error.is_some() => {
