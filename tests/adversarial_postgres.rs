@@ -1249,3 +1249,36 @@ async fn a_role_whose_transactions_are_read_only_is_refused_at_open() {
         }
     }
 }
+
+/// Authentication the client cannot complete, which no retry changes: a role the server asks for
+/// a password the connection string does not hold, and a role whose pg_hba.conf line asks for
+/// GSSAPI, which tokio-postgres does not speak. Both were "the store could not be reached" (the
+/// command line's exit 5, an outage to wait out); now a configuration error saying what to
+/// change. With its password, the first role opens the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_the_client_cannot_complete_is_a_configuration_error() {
+    let started = tokio::task::spawn_blocking(|| {
+        idem_tests::servers::PgPrivate::start(
+            "pg-auth",
+            "",
+            "host all app_pw 127.0.0.1/32 scram-sha-256\nhost all app_gss 127.0.0.1/32 gss\n",
+            "create role app_pw login superuser password 'secret'; create role app_gss login",
+        )
+    })
+    .await
+    .expect("server start");
+    let Some(server) = or_skip("PostgreSQL (initdb, pg_ctl)", started) else { return };
+    let url =
+        |user: &str| format!("host=127.0.0.1 port={} user={user} dbname=postgres", server.port);
+    for (user, names) in [("app_pw", "password=.."), ("app_gss", "GSSAPI")] {
+        match PostgresStore::connect(&url(user)).await {
+            Err(StoreError::InvalidConfig(m)) => assert!(m.contains(names), "{user}: {m}"),
+            Err(other) => panic!("{user}: expected InvalidConfig, got {other:?}"),
+            Ok(_) => panic!("{user}: the store opened without authenticating"),
+        }
+    }
+    let with_password = format!("{} password=secret", url("app_pw"));
+    PostgresStore::connect(&with_password)
+        .await
+        .expect("with its password, the role opens the store");
+}

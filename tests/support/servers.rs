@@ -189,44 +189,51 @@ pub fn as_pg_user(tool: &str) -> Command {
     }
 }
 
-/// A private PostgreSQL cluster on 127.0.0.1 with `ssl=on` and the test certificates, trust
-/// authentication, and only `hostssl` lines for TCP (a plaintext connection is refused).
-pub struct PgTls {
+/// A private PostgreSQL cluster on a free loopback port, with the `pg_hba.conf` lines given (a
+/// `local all all trust` line first, for the superuser's set-up over the socket).
+pub struct PgPrivate {
     pub port: u16,
-    pub certs: Certs,
+    pub dir: PathBuf,
 }
 
-impl PgTls {
-    pub fn start() -> Result<PgTls, String> {
-        let dir = temp_dir("pg-tls");
+impl PgPrivate {
+    /// `conf`: lines added to postgresql.conf (`listen_addresses`, the port, the socket's
+    /// directory, `fsync = off` and `max_connections = 200` are set); `hba`: its TCP lines.
+    /// `setup`: SQL the superuser runs once it is up (roles, passwords).
+    pub fn start(tag: &str, conf: &str, hba: &str, setup: &str) -> Result<PgPrivate, String> {
+        let dir = temp_dir(tag);
         let data = dir.join("data");
-        let certs = Certs::make(&dir)?;
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        Self::start_in(dir, &data, conf, hba, setup)
+    }
+
+    fn start_in(
+        dir: PathBuf,
+        data: &Path,
+        conf: &str,
+        hba: &str,
+        setup: &str,
+    ) -> Result<PgPrivate, String> {
         if is_root() {
             run(Command::new("chown").args(["-R", "postgres"]).arg(&dir))?;
         }
         run(as_pg_user("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "-D"])
-            .arg(&data))?;
+            .arg(data))?;
         let port = free_port()?;
         let conf = format!(
             "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
-             ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nfsync = off\n\
-             max_connections = 200\n",
+             fsync = off\nmax_connections = 200\n{conf}",
             dir.display(),
-            certs.server_cert.display(),
-            certs.server_key.display()
         );
         append(&data.join("postgresql.conf"), &conf)?;
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
-        )
-        .map_err(|e| e.to_string())?;
+        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}"))
+            .map_err(|e| e.to_string())?;
         run(as_pg_user("pg_ctl")
             .args(["-w", "-l"])
             .arg(dir.join("log"))
             .arg("-D")
-            .arg(&data)
+            .arg(data)
             .arg("start"))?;
         let stop = format!(
             "{} stop -m immediate -D '{}'; rm -rf '{}'",
@@ -240,7 +247,36 @@ impl PgTls {
         );
         stop_at_exit(&stop)?;
         wait_for_port(port, "PostgreSQL")?;
-        Ok(PgTls { port, certs })
+        if !setup.is_empty() {
+            run(as_pg_user("psql")
+                .args(["-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-h"])
+                .arg(&dir)
+                .args(["-p", &port.to_string(), "-d", "postgres", "-c", setup]))?;
+        }
+        Ok(PgPrivate { port, dir })
+    }
+}
+
+/// A private PostgreSQL cluster on 127.0.0.1 with `ssl=on` and the test certificates, trust
+/// authentication, and only `hostssl` lines for TCP (a plaintext connection is refused).
+pub struct PgTls {
+    pub port: u16,
+    pub certs: Certs,
+}
+
+impl PgTls {
+    pub fn start() -> Result<PgTls, String> {
+        let dir = temp_dir("pg-tls");
+        let data = dir.join("data");
+        let certs = Certs::make(&dir)?;
+        let conf = format!(
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            certs.server_cert.display(),
+            certs.server_key.display()
+        );
+        let hba = "hostssl all all 127.0.0.1/32 trust\n";
+        let server = PgPrivate::start_in(dir, &data, &conf, hba, "")?;
+        Ok(PgTls { port: server.port, certs })
     }
 
     /// A connection string with `extra` options (`sslmode=…`).

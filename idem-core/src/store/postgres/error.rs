@@ -63,6 +63,9 @@ pub(super) fn pg(e: tokio_postgres::Error) -> StoreError {
             PgError(e)
         ));
     }
+    if let Some(hint) = client_refusal(&e) {
+        return StoreError::InvalidConfig(format!("{}: {hint}", PgError(e)));
+    }
     if refused_configuration(&e) {
         return StoreError::InvalidConfig(format!(
             "PostgreSQL refused the store's role, database or schema (check the connection \
@@ -94,10 +97,41 @@ pub(super) fn unsupported_startup_parameter(e: &tokio_postgres::Error) -> Option
 }
 
 /// Whether the server refused the role, the database or the schema, or a startup parameter of
-/// the connection string (see [`pg`]).
+/// the connection string, or the client refused the server's authentication (see [`pg`]).
 pub(super) fn refused_configuration(e: &tokio_postgres::Error) -> bool {
     matches!(e.code().map(SqlState::code), Some("3D000" | "3F000" | "42501" | "28000" | "28P01"))
         || unsupported_startup_parameter(e).is_some()
+        || client_refusal(e).is_some()
+}
+
+/// What to change when the client itself ended the startup: the server asked for a password the
+/// connection string does not hold, for an authentication method tokio-postgres does not speak
+/// (GSSAPI, SSPI, Kerberos: pg_hba.conf's `gss`, `sspi`), or a SCRAM exchange or channel binding
+/// the client refused. No retry changes any of them. tokio-postgres keeps an error's kind
+/// private; its text is the kind's name, the cause below it.
+pub(super) fn client_refusal(e: &tokio_postgres::Error) -> Option<&'static str> {
+    if e.as_db_error().is_some() {
+        return None;
+    }
+    let cause = std::error::Error::source(e).map(ToString::to_string).unwrap_or_default();
+    match e.to_string().as_str() {
+        "invalid configuration" if cause == "password missing" => Some(
+            "the server asks this role for a password and the connection string holds none: add \
+             password=.. (a URL: postgres://user:password@host/db)",
+        ),
+        "authentication error" if cause == "unsupported authentication method" => Some(
+            "the server asks for an authentication method idem's client (tokio-postgres) does \
+             not speak (GSSAPI, SSPI or Kerberos: a gss or sspi line in pg_hba.conf): give this \
+             role a scram-sha-256, md5, password or cert line",
+        ),
+        "authentication error" => Some(
+            "the client refused the server's authentication (channel binding required but not \
+             offered, an unknown SASL mechanism, a SCRAM reply that does not check out): check \
+             channel_binding and the role's pg_hba.conf line",
+        ),
+        "invalid configuration" => Some("check the connection string"),
+        _ => None,
+    }
 }
 
 /// A connection could not be had: nothing was sent, so sending again is harmless.

@@ -208,6 +208,13 @@ impl Target {
                 "; the server may require TLS (a hostssl line in pg_hba.conf): use sslmode=require \
                  or stronger"
             }
+            _ if let Some(hint) = super::error::client_refusal(&e) => {
+                return StoreError::InvalidConfig(format!(
+                    "PostgreSQL at {} (sslmode={mode}): {}: {hint}",
+                    self.addresses(),
+                    PgError(e)
+                ));
+            }
             _ if super::error::unsupported_startup_parameter(&e).is_some() => {
                 "; remove that parameter from the connection string (for a search_path, set it \
                  for the role: ALTER ROLE .. SET search_path = ..; a parameter PgBouncer's \
