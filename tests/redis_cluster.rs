@@ -771,17 +771,5 @@ async fn operator_reads_after_the_nodes_closed_idle_connections() {
         cluster.cli(port, &["CONFIG", "SET", "timeout", "1"]).expect("idle timeout");
     }
     let store = store_on(&cluster.url("")).await;
-    let (key, fp) = fresh_key("idle_cluster", "{}");
-    let fence = idem_tests::acquire(&store, &key, &fp).await;
-    store.complete(&key, fence, &Outcome::Success("1".into()), LONG).await.unwrap();
-    let pause = || tokio::time::sleep(Duration::from_millis(2500));
-    pause().await;
-    let stats = store.stats().await.map_err(|e| e.to_string());
-    assert_eq!(stats.map(|s| s.completed), Ok(1), "stats after an idle pause");
-    pause().await;
-    let page = store.list(&idem_core::store::ListQuery::default()).await;
-    assert_eq!(page.map(|p| p.records.len()).map_err(|e| e.to_string()), Ok(1), "list");
-    pause().await;
-    let forgot = store.forget(&key).await.map_err(|e| e.to_string());
-    assert_eq!(forgot, Ok(true), "forget after an idle pause");
+    idem_tests::operator_steps_after_idle_pauses(&store, "idle_cluster").await;
 }

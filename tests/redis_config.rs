@@ -459,34 +459,11 @@ async fn a_full_redis_still_forgets() {
 /// `idem_core::metrics::watch_record_gauges` counts the store every few minutes, and on a quiet
 /// store each count found the connection closed again since the last one, so every count failed
 /// and the gauges (the queue of unknown outcomes among them) stopped moving; `list` and `inspect`
-/// in a long-lived process failed the same way. Reads are sent again, as a claim's replay read is.
+/// in a long-lived process failed the same way, and so did an operator's forget. They are sent
+/// again, as a claim's replay read is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_reads_after_the_server_closed_an_idle_connection() {
     let Some(redis) = server("redis-idle-reads", &["--timeout", "1"]) else { return };
     let store = RedisStore::open(&redis.url("")).await.expect("opens");
-    let (key, fp) = fresh_key("idle_reads", "{}");
-    let fence = idem_tests::acquire(&store, &key, &fp).await;
-    let done = idem_core::store::Outcome::Success("1".into());
-    store.complete(&key, fence, &done, LONG).await.unwrap();
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(2500));
-    pause().await;
-    let stats = store.stats().await.map_err(|e| e.to_string());
-    assert_eq!(stats.map(|s| s.completed), Ok(1), "stats after an idle pause");
-    pause().await;
-    let page = store.list(&idem_core::store::ListQuery::default()).await;
-    assert_eq!(page.map(|p| p.records.len()).map_err(|e| e.to_string()), Ok(1), "list");
-    pause().await;
-    let shown = store.inspect(&key).await.map_err(|e| e.to_string());
-    assert!(matches!(shown, Ok(Some(_))), "inspect after an idle pause: {shown:?}");
-    // An operator's forget, checked (as the command line sends it) and not, after a pause too.
-    let seen = shown.unwrap().unwrap();
-    pause().await;
-    let forgot = store.forget_seen(&key, seen.fence, true).await.map_err(|e| e.to_string());
-    assert_eq!(forgot, Ok(true), "forget_seen after an idle pause");
-    let (other, fp) = fresh_key("idle_forget", "{}");
-    idem_tests::acquire(&store, &other, &fp).await;
-    pause().await;
-    let forgot = store.forget(&other).await.map_err(|e| e.to_string());
-    assert_eq!(forgot, Ok(true), "forget after an idle pause");
-    assert!(store.inspect(&other).await.unwrap().is_none(), "the record is gone");
+    idem_tests::operator_steps_after_idle_pauses(&store, "idle_reads").await;
 }

@@ -83,6 +83,38 @@ pub async fn acquire(store: &dyn Store, key: &Key, fp: &Fingerprint) -> Fence {
     }
 }
 
+/// An operator's steps on `store`, each after a pause (2.5 s) longer than the server's idle
+/// timeout (set to 1 s by the test): a count, a listing, an inspect and a checked forget of one
+/// completed record, then a forget of one in flight. `store` must hold no other record.
+pub async fn operator_steps_after_idle_pauses(store: &dyn Store, tag: &str) {
+    use idem_core::conformance::{LONG, fresh_key};
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(2500));
+    let (key, fp) = fresh_key(tag, "{}");
+    let fence = acquire(store, &key, &fp).await;
+    let done = idem_core::store::Outcome::Success("1".into());
+    store.complete(&key, fence, &done, LONG).await.unwrap();
+    pause().await;
+    let stats = store.stats().await.map_err(|e| e.to_string());
+    assert_eq!(stats.map(|s| s.completed), Ok(1), "stats after an idle pause");
+    pause().await;
+    let page = store.list(&idem_core::store::ListQuery::default()).await;
+    assert_eq!(page.map(|p| p.records.len()).map_err(|e| e.to_string()), Ok(1), "list");
+    pause().await;
+    let shown = store.inspect(&key).await.map_err(|e| e.to_string());
+    assert!(matches!(shown, Ok(Some(_))), "inspect after an idle pause: {shown:?}");
+    // Checked, as the command line sends it, and not.
+    let seen = shown.unwrap().unwrap();
+    pause().await;
+    let forgot = store.forget_seen(&key, seen.fence, true).await.map_err(|e| e.to_string());
+    assert_eq!(forgot, Ok(true), "forget_seen after an idle pause");
+    let (other, fp) = fresh_key(tag, "{\"in_flight\":true}");
+    acquire(store, &other, &fp).await;
+    pause().await;
+    let forgot = store.forget(&other).await.map_err(|e| e.to_string());
+    assert_eq!(forgot, Ok(true), "forget after an idle pause");
+    assert!(store.inspect(&other).await.unwrap().is_none(), "the record is gone");
+}
+
 /// Worker processes, their ledger and their answers (multi-process and outage tests).
 pub mod workers;
 
