@@ -60,11 +60,47 @@ pub fn duration(d: Duration) -> String {
 #[serde(untagged)]
 enum Payload<'a> {
     Json(&'a RawValue),
+    /// Stored with whitespace between its tokens (`resolve --happened` takes a pretty-printed
+    /// result as given): the same tokens without it, so the document stays on one line.
+    Compacted(Box<RawValue>),
     Text(&'a str),
 }
 
 fn payload(text: &str) -> Payload<'_> {
-    serde_json::from_str(text).map_or(Payload::Text(text), Payload::Json)
+    match serde_json::from_str::<&RawValue>(text) {
+        Err(_) => Payload::Text(text),
+        Ok(raw) if !raw.get().contains(JSON_WHITESPACE) => Payload::Json(raw),
+        Ok(raw) => {
+            RawValue::from_string(compact(raw.get())).map_or(Payload::Json(raw), Payload::Compacted)
+        }
+    }
+}
+
+/// RFC 8259 §2: the whitespace JSON allows between tokens.
+const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Valid JSON `text` without the whitespace between its tokens: strings (whose line breaks are
+/// escaped), numbers and member order are kept as written.
+fn compact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in text.chars() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if JSON_WHITESPACE.contains(&c) {
+            continue;
+        } else if c == '"' {
+            in_string = true;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// One record as `show --json` and `list --json` give it: its fields, and the stored result or
@@ -438,6 +474,15 @@ mod tests {
         assert!(detail(&info).contains("error        line 1\\nline 2\\u{1b}[2J\n"));
         info.state = RecordState::Done(Outcome::NotStorable("big\r".into()));
         assert!(detail(&info).contains("reason       big\\r\n"));
+    }
+
+    #[test]
+    fn a_stored_payload_with_whitespace_is_shown_compact_with_its_strings_kept() {
+        let stored = "{ \"a b\" : [ 1 ,\n\t2.50 ] ,\r\n \"q\\\" \\\\\" : \" x \" }";
+        let shown = serde_json::to_string(&payload(stored)).unwrap();
+        assert_eq!(shown, r#"{"a b":[1,2.50],"q\" \\":" x "}"#);
+        assert!(matches!(payload("{\"a\":1}"), Payload::Json(_)));
+        assert!(matches!(payload("not json"), Payload::Text(_)));
     }
 
     #[test]

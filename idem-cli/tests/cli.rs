@@ -1159,3 +1159,37 @@ async fn a_sqlite_file_damaged_past_its_schema_page_is_named_damaged() {
     assert!(!why.contains("upgrade idem"), "{why}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--json` prints one JSON document on one line, also when a stored result was written with
+/// line breaks and indentation (as `resolve --happened` takes a pasted, pretty-printed result):
+/// a script that reads the output line by line must get the whole record on one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_output_stays_on_one_line_for_a_pretty_printed_result() {
+    use idem_core::store::{Origin, Outcome};
+    let (dir, url, store) = sqlite_store("idem-cli-pretty").await;
+    let pretty = "{\n  \"refund_id\": \"re_1\",\n  \"lines\": [ 1, 2 ],\n  \"note\": \"a b\\n\"\n}";
+    let stored = record_of(
+        &*store,
+        Origin { tool: "t", tenant: "", run: "stored" },
+        Outcome::Success(pretty.into()),
+    )
+    .await;
+    let resolved =
+        record_of(&*store, Origin { tool: "t", tenant: "", run: "resolved" }, Outcome::Unknown)
+            .await;
+    ok(&url, &["resolve", &resolved, "--happened", pretty, "--yes"]);
+    let want = serde_json::json!({"refund_id": "re_1", "lines": [1, 2], "note": "a b\n"});
+    for key in [&stored, &resolved] {
+        let shown = ok(&url, &["--json", "show", key]);
+        assert_eq!(shown.lines().count(), 1, "{shown}");
+        let shown: Value = serde_json::from_str(&shown).expect("JSON");
+        assert_eq!(shown["result"], want);
+    }
+    let listed = ok(&url, &["--json", "list"]);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    let listed: Value = serde_json::from_str(&listed).expect("JSON");
+    let results: Vec<&Value> =
+        listed["records"].as_array().expect("records").iter().map(|r| &r["result"]).collect();
+    assert_eq!(results, [&want, &want]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
