@@ -11,8 +11,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::limits::{drop_flat, nested_arrays};
 use idem_core::store::{Claim, ClaimRequest, Outcome};
-use idem_core::{Error, Idem, KeyError, MAX_DEPTH, Policy, Store, StoreError, ToolSet, tool};
+use idem_core::{
+    Classify, Error, Failure, Idem, KeyError, MAX_DEPTH, Policy, Store, StoreError, ToolSet, tool,
+};
 use idem_tests::Never;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// What reaches the store: claims, completions, and the largest outcome it was asked to keep.
@@ -452,4 +455,79 @@ fn a_stored_outcome_deeper_than_the_limit_is_a_replay_failure() {
             assert_eq!(GROWN.load(Ordering::SeqCst), before, "nothing ran again");
         }
     });
+}
+
+// Tool errors.
+
+/// A provider's error carrying the provider's own body, as deep as the provider made it; dropped
+/// without recursion (its owner's business), written by serde like any error.
+#[derive(Serialize, Deserialize)]
+struct DeepError {
+    body: Value,
+    permanent: bool,
+}
+
+impl Drop for DeepError {
+    fn drop(&mut self) {
+        drop_flat(std::mem::take(&mut self.body));
+    }
+}
+
+impl std::fmt::Debug for DeepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeepError")
+    }
+}
+
+impl std::fmt::Display for DeepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the provider refused the request")
+    }
+}
+
+impl Classify for DeepError {
+    fn classify(&self) -> Failure {
+        if self.permanent {
+            Failure::permanent()
+        } else {
+            // Rate limited past the call's deadline: no retry, the budget says why.
+            Failure::transient().retry_after(Duration::from_secs(3600))
+        }
+    }
+}
+
+static REFUSED: AtomicU32 = AtomicU32::new(0);
+
+/// Fails with a body `depth` levels deep.
+#[tool(retry = "keyed", deadline = "60s")]
+async fn refuse(depth: usize, permanent: bool) -> Result<u32, DeepError> {
+    REFUSED.fetch_add(1, Ordering::SeqCst);
+    Err(DeepError { body: nested_arrays(depth, json!("why")), permanent })
+}
+
+/// A tool's error nested past the limit reaches the model as its message, without the error as
+/// JSON (which no one may write), whether the error ended the call or its last attempt before the
+/// retry budget or deadline did: the process does not overflow its stack writing it.
+#[test]
+fn a_tool_error_past_the_depth_limit_reaches_the_model_without_its_json() {
+    let _serial = serial();
+    for depth in [MAX_DEPTH + 1, 100_000] {
+        on_small_stack(move || async move {
+            let (_store, idem) = executor();
+            let set = ToolSet::new().with(RefuseTool).expect("a valid tool");
+            for (permanent, kind) in [(true, "tool_error"), (false, "budget_exhausted")] {
+                let run = idem.run(format!("refused-{depth}-{permanent}"));
+                let before = REFUSED.load(Ordering::SeqCst);
+                let args = json!({"depth": depth, "permanent": permanent});
+                let r = set.call(&run, "refuse", &args).await;
+                assert_eq!(REFUSED.load(Ordering::SeqCst) - before, 1, "one attempt");
+                assert!(r.is_error, "{}", r.text);
+                assert_eq!(r.content["error"]["kind"], kind, "{}", r.text);
+                assert!(r.text.contains("the provider refused the request"), "{}", r.text);
+                let detail = &r.content["error"]["detail"];
+                assert!(detail.get("body").is_none(), "{detail}");
+                assert!(detail["tool_error"].get("body").is_none(), "{detail}");
+            }
+        });
+    }
 }

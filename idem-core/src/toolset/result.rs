@@ -118,11 +118,11 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
             } else {
                 ""
             };
-            let detail = crate::limits::check_depth(error)
-                .ok()
-                .and_then(|()| serde_json::to_value(error).ok());
-            let mut result =
-                ToolResult::error(kind, format!("`{name}` failed: {error}{again}"), detail);
+            let mut result = ToolResult::error(
+                kind,
+                format!("`{name}` failed: {error}{again}"),
+                error_json(error),
+            );
             if let Some(obj) = result.content.get_mut("error").and_then(Value::as_object_mut) {
                 obj.insert("retryable".into(), Value::Bool(retryable));
             }
@@ -168,7 +168,7 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
             )
         }
         Error::BudgetExhausted { error: Some(error), retry_after, .. } => {
-            let mut detail = json!({ "tool_error": serde_json::to_value(error).ok() });
+            let mut detail = json!({ "tool_error": error_json(error) });
             if let (Some(after), Some(obj)) = (retry_after, detail.as_object_mut()) {
                 obj.insert("retry_after_ms".into(), json!(crate::clock::ms(*after)));
             }
@@ -182,6 +182,13 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
         }
         other => ToolResult::error(kind, other.to_string(), None),
     }
+}
+
+/// The tool's own error as JSON; `None` when it nests past the depth limit, checked before
+/// serde_json (which has no limit, and would overflow the stack) writes it, or cannot be written.
+fn error_json<E: Serialize>(error: &E) -> Option<Value> {
+    crate::limits::check_depth(error).ok()?;
+    serde_json::to_value(error).ok()
 }
 
 fn key_detail(key: &Key) -> Value {
