@@ -77,3 +77,53 @@ async fn an_mcp_meta_that_is_not_an_object_is_a_protocol_error() {
     assert_eq!(err.code, -32602);
     assert!(err.message.contains("_meta"), "{}", err.message);
 }
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Transfer {
+    id: u128,
+    delta: i128,
+    fee: f64,
+    legs: Vec<i128>,
+}
+
+static TRANSFERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Moves funds; the ledger's ids are 128 bits.
+#[tool(retry = "keyed")]
+async fn transfer(to: String) -> Result<Transfer, Declined> {
+    let _ = to;
+    TRANSFERS.fetch_add(1, Ordering::SeqCst);
+    Ok(Transfer { id: u128::MAX, delta: i128::MIN, fee: 0.5, legs: vec![-7, 1 << 100] })
+}
+
+/// An output with integers beyond 64 bits is JSON (serde_json writes and reads them exactly, and
+/// the executor stores it): the model reads it with its exact digits, first and on a replay, not
+/// an error that says the output cannot be JSON and that the effect happened.
+#[tokio::test]
+async fn an_output_with_integers_beyond_64_bits_reaches_the_model_exactly() {
+    let set = ToolSet::new().with(TransferTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let exact = format!(
+        r#"{{"delta":{},"fee":0.5,"id":{},"legs":[-7,{}]}}"#,
+        i128::MIN,
+        u128::MAX,
+        1i128 << 100
+    );
+    for _ in 0..2 {
+        let r = set.call(&run, "transfer", &json!({"to": "acct-1"})).await;
+        assert!(!r.is_error, "{}", r.text);
+        assert_eq!(r.text, exact);
+        // A `Value` holds them as strings of their digits, everything else as it is.
+        let content = json!({
+            "id": u128::MAX.to_string(),
+            "delta": i128::MIN.to_string(),
+            "fee": 0.5,
+            "legs": [-7, (1i128 << 100).to_string()],
+        });
+        assert_eq!(r.content, content);
+        let mcp = r.to_mcp();
+        assert_eq!(mcp["content"][0]["text"], exact.as_str());
+        assert_eq!(mcp["structuredContent"], content);
+    }
+    assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1, "the second call replayed the first");
+}

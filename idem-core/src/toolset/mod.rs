@@ -268,9 +268,15 @@ async fn dispatch_typed<T: Tool>(
     let out = match result {
         Ok(output) => {
             match (if checked { Ok(()) } else { crate::executor::storable(&output).map(drop) })
-                .and_then(|()| serde_json::to_value(&output).map_err(|e| e.to_string()))
-            {
-                Ok(v) => ToolResult::success(v),
+                .and_then(|()| match serde_json::to_value(&output) {
+                    Ok(v) => Ok(ToolResult::success(v)),
+                    // A `Value` holds no integer beyond 64 bits, which JSON text (and the
+                    // record) holds exactly: the result is read from the text instead.
+                    Err(e) => serde_json::to_string(&output)
+                        .and_then(|json| ToolResult::success_from_text(&json))
+                        .map_err(|_| e.to_string()),
+                }) {
+                Ok(result) => result,
                 // JSON would carry another value (a NaN as `null`): say so rather than mislead.
                 Err(why) => ToolResult::error(
                     ErrorKind::OutputNotJson,

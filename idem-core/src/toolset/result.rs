@@ -1,9 +1,11 @@
 //! The result a model reads: the output as JSON text, or `Error (<kind>): <message>` with a
 //! message that says what happened and what to do next.
 
+use std::collections::BTreeMap;
 use std::fmt::{Display, Write as _};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::DispatchContext;
@@ -17,7 +19,8 @@ use crate::tool::ToolDef;
 /// The outcome of one dispatched call, typed for Rust callers and renderable for every format.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolResult {
-    /// On success the tool's output as JSON. On error
+    /// On success the tool's output as JSON (an integer beyond 64 bits, which a `Value` cannot
+    /// hold, as a string of its digits; `text` has it as a number). On error
     /// `{"error": {"kind", "message", "detail"?, "retryable"?}}`, where `detail` is the tool's own
     /// error as JSON (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`), and
     /// `retryable` (for `tool_error`) says whether a repeat runs the tool again (`true`: the last
@@ -48,6 +51,26 @@ impl ToolResult {
             other => sorted_text(other),
         };
         ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
+    }
+
+    /// A successful result carrying the output whose JSON text is `json` (as serde_json wrote
+    /// it), for an output that a [`Value`] cannot hold: an integer beyond 64 bits keeps its exact
+    /// digits in the text, and is a string of them in `content`. The text is written as
+    /// [`ToolResult::success`] writes it (members sorted by name).
+    ///
+    /// Errors: `json` is not one JSON value.
+    pub(super) fn success_from_text(json: &str) -> Result<Self, serde_json::Error> {
+        let raw: &RawValue = serde_json::from_str(json)?;
+        let content = wide_value(raw)?;
+        let text = match &content {
+            Value::String(s) => s.clone(),
+            _ => {
+                let mut text = String::with_capacity(json.len());
+                wide_text(raw, &mut text)?;
+                text
+            }
+        };
+        Ok(ToolResult { content, text, is_error: false, error_kind: None, report: None })
     }
 
     /// The same result, carrying `report`.
@@ -97,6 +120,70 @@ fn sorted_text(value: &Value) -> String {
     }
     // Writing a `Value` cannot fail (its keys are strings); the fallback is unsorted text.
     serde_json::to_string(&Sorted(value)).unwrap_or_else(|_| value.to_string())
+}
+
+/// An integer token (`-12`, `340282366920938463463374607431768211455`) beyond what a [`Value`]
+/// holds exactly (`i64`, `u64`): its digits as a string; `None` for any other JSON.
+fn wide_integer(token: &str) -> Option<String> {
+    let digits = token.strip_prefix('-').unwrap_or(token);
+    let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    (integer && token.parse::<i64>().is_err() && token.parse::<u64>().is_err())
+        .then(|| token.to_owned())
+}
+
+/// `raw` as a [`Value`], with integers beyond 64 bits as strings of their digits. Recursive:
+/// `raw` was written from an output checked against the depth limit.
+fn wide_value(raw: &RawValue) -> Result<Value, serde_json::Error> {
+    let text = raw.get();
+    Ok(match text.as_bytes().first() {
+        Some(b'{') => {
+            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+            let members = members.into_iter().map(|(k, v)| Ok((k, wide_value(v)?)));
+            Value::Object(members.collect::<Result<_, serde_json::Error>>()?)
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            Value::Array(items.into_iter().map(wide_value).collect::<Result<_, _>>()?)
+        }
+        _ => match wide_integer(text) {
+            Some(digits) => Value::String(digits),
+            None => serde_json::from_str(text)?,
+        },
+    })
+}
+
+/// Appends `raw` compact, with object members sorted by name as [`sorted_text`] sorts them and
+/// every other token as written (integers beyond 64 bits exact).
+fn wide_text(raw: &RawValue, out: &mut String) -> Result<(), serde_json::Error> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+            out.push('{');
+            for (i, (name, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::to_string(&name)?);
+                out.push(':');
+                wide_text(value, out)?;
+            }
+            out.push('}');
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            out.push('[');
+            for (i, item) in items.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                wide_text(item, out)?;
+            }
+            out.push(']');
+        }
+        _ => out.push_str(text),
+    }
+    Ok(())
 }
 
 /// The readable result of a failed protected call.
@@ -204,4 +291,26 @@ fn outcome_unknown_text(name: &str, key: &Key, cx: &DispatchContext) -> String {
     }
     let _ = write!(text, ", or ask a human to check and reconcile it (idempotency key {key}).");
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_read_from_text_is_written_as_one_read_from_a_value() {
+        let value = json!({
+            "z": [1, -2, 0.5, 1e300, "s\"\u{1}é", null, true, {}],
+            "a\u{7f}\"": {"b": [], "a": -9_223_372_036_854_775_808_i64, "é": u64::MAX},
+            "": "x",
+        });
+        let json = serde_json::to_string(&value).unwrap();
+        let from_text = ToolResult::success_from_text(&json).unwrap();
+        assert_eq!(from_text, ToolResult::success(value));
+        let text = ToolResult::success_from_text(r#""a \"b\"""#).unwrap();
+        assert_eq!(text, ToolResult::success(json!("a \"b\"")));
+        let wide = ToolResult::success_from_text(r#"{"n":-18446744073709551616}"#).unwrap();
+        assert_eq!(wide.text, r#"{"n":-18446744073709551616}"#);
+        assert_eq!(wide.content, json!({"n": "-18446744073709551616"}));
+    }
 }
