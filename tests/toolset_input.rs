@@ -127,3 +127,34 @@ async fn an_output_with_integers_beyond_64_bits_reaches_the_model_exactly() {
     }
     assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1, "the second call replayed the first");
 }
+
+/// A ledger's refusal naming the 128-bit entry it conflicts with.
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("conflicts with entry {entry}")]
+struct Conflict {
+    entry: u128,
+}
+
+impl Classify for Conflict {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// Books an entry; always in conflict.
+#[tool(retry = "keyed")]
+async fn book(to: String) -> Result<u32, Conflict> {
+    let _ = to;
+    Err(Conflict { entry: u128::MAX })
+}
+
+/// A tool's error with an integer beyond 64 bits is in the result's detail, the integer as a
+/// string of its digits (as in a success's content), not left out.
+#[tokio::test]
+async fn a_tool_error_with_an_integer_beyond_64_bits_keeps_its_detail() {
+    let set = ToolSet::new().with(BookTool).unwrap();
+    let r = set.call(&Idem::in_memory().run("r"), "book", &json!({"to": "acct-1"})).await;
+    assert!(r.is_error);
+    assert_eq!(r.content["error"]["kind"], "tool_error", "{}", r.text);
+    assert_eq!(r.content["error"]["detail"], json!({"entry": u128::MAX.to_string()}));
+}

@@ -271,11 +271,15 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
     }
 }
 
-/// The tool's own error as JSON; `None` when it nests past the depth limit, checked before
-/// serde_json (which has no limit, and would overflow the stack) writes it, or cannot be written.
+/// The tool's own error as JSON (an integer beyond 64 bits as a string of its digits, as in a
+/// success's content); `None` when it nests past the depth limit, checked before serde_json
+/// (which has no limit, and would overflow the stack) writes it, or cannot be written.
 fn error_json<E: Serialize>(error: &E) -> Option<Value> {
     crate::limits::check_depth(error).ok()?;
-    serde_json::to_value(error).ok()
+    serde_json::to_value(error).ok().or_else(|| {
+        let json = serde_json::to_string(error).ok()?;
+        wide_value(serde_json::from_str(&json).ok()?).ok()
+    })
 }
 
 fn key_detail(key: &Key) -> Value {
