@@ -3,8 +3,8 @@
 //! Run ids, tool names, tenants, results and errors are chosen by clients and models. In text
 //! for people every such field goes through [`printable`]: a control character or a bidi
 //! control written raw could move the cursor, clear or retitle the terminal, hide or fake a row,
-//! or reorder what is shown. JSON needs no such step (serde_json escapes control characters and
-//! a program reads the exact value).
+//! or reorder what is shown. JSON keeps the exact values, with those characters written as JSON
+//! escapes ([`json_line`]).
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -180,10 +180,12 @@ pub fn unreadable_line(record: &UnreadableRecord) -> String {
     }
 }
 
-/// One JSON document on a line.
+/// One JSON document on a line, with what could act on a terminal (a C1 control, a bidi
+/// control: serde_json writes them raw) as JSON escapes, which read back as the same values.
 pub fn json_line(v: &impl Serialize) -> String {
     // Serializing these types cannot fail: their maps have string keys.
-    let mut text = serde_json::to_string(v).unwrap_or_default();
+    let text = serde_json::to_string(v).unwrap_or_default();
+    let mut text = idem_core::printable_json(&text).into_owned();
     text.push('\n');
     text
 }

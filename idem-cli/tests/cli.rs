@@ -581,11 +581,21 @@ async fn fields_from_clients_cannot_act_on_the_operators_terminal() {
     assert_eq!(field(&shown, "run"), "r\\u{202e}txt.exe");
     assert_eq!(field(&shown, "error"), "\\u{1b}[2J\\rdeclined");
 
-    // JSON is for programs: the exact values, escaped by JSON itself.
+    // JSON is for programs: the exact values, escaped by JSON itself. It is printed to
+    // terminals too: a C1 control (CSI) or a bidi override is written as a JSON escape, which
+    // reads back as the same character.
     let exact = json(&url, &["show", &a]);
     assert_eq!(exact["run"], fake_row.as_str());
     assert_eq!(exact["tenant"], tenant);
     assert_eq!(exact["result"]["note"], "\u{9b}2J done");
+    let lists: [&[&str]; 3] =
+        [&["--json", "show", &a], &["--json", "show", &b], &["--json", "list"]];
+    for args in lists {
+        let text = raw(&idem(&url, args));
+        assert!(text.contains(r"\u009b2J") || args.contains(&b.as_str()), "{text}");
+        assert_eq!(text.lines().count(), 1, "{text}");
+    }
+    assert_eq!(json(&url, &["show", &b])["run"], "r\u{202e}txt.exe");
 
     // A refusal on stderr names the record's tool and run the same way.
     let why = exits(&url, &["forget", &b], 4);

@@ -49,7 +49,7 @@ pub use failure::{Classify, Failure, FailureKind, NoError, ToolFailure};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, MIN_LEASE, Policy, ToolOptions};
-pub use printable::{printable, printable_lines};
+pub use printable::{printable, printable_json, printable_lines};
 pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;

@@ -2,10 +2,11 @@
 //! terminal or a log may show it: every character that could act on the terminal is written as
 //! its Rust escape. A control character or a bidi control written raw could move the cursor,
 //! clear or retitle the terminal, hide or fake a line, or reorder what is shown ("Trojan
-//! Source"). JSON needs no such step: serde_json escapes control characters, and a program reads
-//! the exact value.
+//! Source"). JSON text goes through [`printable_json`]: serde_json escapes only the C0 controls,
+//! and JSON's own `\uXXXX` escape writes the others as the same value.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 /// Whether printing `c` raw could change how a terminal shows the rest: a control character
 /// (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or one of Unicode's
@@ -41,6 +42,27 @@ pub(crate) fn lines_owned(text: String) -> String {
     }
 }
 
+/// JSON text with every character that could act on a terminal written as its JSON escape
+/// (`\u009b`, `\u202e`): the same JSON value, safe to print. Such a character can only be inside
+/// a string of valid JSON, where the escape means it, except JSON's whitespace between tokens
+/// (line feed, tab, carriage return), which is kept.
+pub fn printable_json(json: &str) -> Cow<'_, str> {
+    let escaped = |c: char| acts_on_terminal(c) && !matches!(c, '\n' | '\t' | '\r');
+    if !json.contains(escaped) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        if escaped(c) {
+            // Every such character is in the Basic Multilingual Plane: one escape.
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     let escaped = |c: char| acts_on_terminal(c) && !keep(c);
     if !text.contains(escaped) {
@@ -67,5 +89,18 @@ mod tests {
         assert_eq!(printable("a\nb\u{1b}[2Jc\u{202e}d\u{7}"), "a\\nb\\u{1b}[2Jc\\u{202e}d\\u{7}");
         assert_eq!(printable_lines("a\n\tb\r\u{1b}"), "a\n\tb\\r\\u{1b}");
         assert_eq!(printable("\u{2028}\u{200f}\u{85}"), "\\u{2028}\\u{200f}\\u{85}");
+    }
+
+    #[test]
+    fn json_keeps_its_value_with_what_acts_on_a_terminal_escaped() {
+        let value =
+            serde_json::json!({"a\u{202e}": ["\u{9b}2J\u{7f}\u{2028}\n\u{1b}", "ünï 🦀 \\u"]});
+        let text = serde_json::to_string_pretty(&value).unwrap();
+        let shown = printable_json(&text);
+        assert!(!shown.contains(|c: char| c.is_control() && !matches!(c, '\n' | ' ')), "{shown}");
+        assert!(!shown.contains(['\u{202e}', '\u{2028}']), "{shown}");
+        assert!(shown.contains(r"\u009b2J\u007f\u2028\n\u001b"), "{shown}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&shown).unwrap(), value);
+        assert!(matches!(printable_json(r#"{"a":"ünï"}"#), Cow::Borrowed(_)));
     }
 }
