@@ -531,3 +531,35 @@ fn a_tool_error_past_the_depth_limit_reaches_the_model_without_its_json() {
         });
     }
 }
+
+/// A tool call's id nested 100,000 levels (a host's call built in code, not parsed) is refused as
+/// any id that is not a string is, without overflowing the stack to echo it.
+#[test]
+fn a_deep_tool_call_id_is_refused_without_overflow() {
+    let _serial = serial();
+    on_small_stack(|| async {
+        let (store, idem) = executor();
+        let run = idem.run("deep-id");
+        let before = TREES.load(Ordering::SeqCst);
+        let block = object(vec![
+            ("type", json!("tool_use")),
+            ("id", nested_arrays(100_000, json!("id"))),
+            ("name", json!("save_tree")),
+            ("input", deep_args(1)),
+        ]);
+        let answer = tool_set().call_anthropic(&run, &block).await;
+        drop_flat(block);
+        assert_eq!(answer["is_error"], true, "{answer}");
+        assert!(answer["content"].as_str().unwrap().contains("not a string"), "{answer}");
+        let call = object(vec![
+            ("id", nested_arrays(100_000, json!("id"))),
+            ("type", json!("function")),
+            ("function", object(vec![("name", json!("save_tree")), ("arguments", deep_args(1))])),
+        ]);
+        let answer = tool_set().call_openai(&run, &call).await;
+        drop_flat(call);
+        assert!(answer["content"].as_str().unwrap().contains("not a string"), "{answer}");
+        assert_eq!(TREES.load(Ordering::SeqCst), before, "nothing ran");
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 0);
+    });
+}

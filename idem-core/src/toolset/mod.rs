@@ -569,13 +569,15 @@ impl ToolSet {
 /// The id of a model's tool call (OpenAI `tool_calls[i].id`, Anthropic `tool_use.id`), and why
 /// one that is present but not a string is refused: the result must carry the id back for the
 /// host to match it to its call, and a number would come back as another id. Such an id is
-/// echoed as its JSON text. An absent id is empty.
+/// echoed as its JSON text, unless it nests past the depth limit (serde_json would overflow the
+/// stack writing it): then as none. An absent id is empty.
 fn call_id(id: Option<&Value>) -> (String, Option<String>) {
     match id {
         None | Some(Value::Null) => (String::new(), None),
         Some(Value::String(id)) => (id.clone(), None),
         Some(other) => (
-            other.to_string(),
+            crate::limits::check_value_depth(other)
+                .map_or_else(|_| String::new(), |()| other.to_string()),
             Some(format!(
                 "the tool call's `id` is {}, not a string; nothing was executed. Send the id as a string",
                 crate::json_text::kind(other)
