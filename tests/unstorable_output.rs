@@ -149,3 +149,31 @@ async fn redis_store_records_an_output_that_cannot_be_stored() {
     let Some(store) = idem_tests::or_skip("Redis", store) else { return };
     every_kind(Arc::new(store), &fresh_case("redis")).await;
 }
+
+/// What a provider answered for a field it may leave out: `Some(Value::Null)` when it sent
+/// `null`, `None` when it sent nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Lookup {
+    found: Option<serde_json::Value>,
+}
+
+/// Looks a record up; the provider answered with an explicit `null`.
+#[tool(retry = "keyed")]
+async fn look_up(case: String) -> Result<Lookup, Declined> {
+    ran("lookup", &case);
+    Ok(Lookup { found: Some(serde_json::Value::Null) })
+}
+
+/// `Some` of a value written as `null` (`Some(Value::Null)`, `Some(None)`, `Some(())`) is written
+/// as the `null` of `None` and reads back as `None`: a replay would hand later callers another
+/// value than the first got. It is recorded as not storable, as any output that does not read
+/// back as itself.
+#[tokio::test(start_paused = true)]
+async fn some_of_null_is_not_replayed_as_none() {
+    let a = Idem::in_memory().run("r");
+    let first = look_up(&a, "some-null".into()).await.unwrap();
+    assert_eq!(first, Lookup { found: Some(serde_json::Value::Null) }, "the real output");
+    let later = [look_up(&a, "some-null".into()).await, look_up(&a, "some-null".into()).await];
+    assert_not_storable(&later, "reads back as `None`");
+    assert_eq!(runs("lookup", "some-null"), 1, "ran once");
+}

@@ -111,15 +111,26 @@ pub(crate) fn describe(path: &str) -> String {
 /// string or a `RawValue`'s text names a member twice, [`KeyError::Custom`] when the value's
 /// `Serialize` fails. On error `out` is left as it was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {
+    canonicalize_counting(value, out).map(drop)
+}
+
+/// [`canonicalize`], counting the `Some`s of a value written as `null` (`Some(None)`,
+/// `Some(Value::Null)`): the text cannot tell them from `None`, so an output is compared with
+/// what its text reads back as by this count too.
+pub(crate) fn canonicalize_counting<T: Serialize + ?Sized>(
+    value: &T,
+    out: &mut Vec<u8>,
+) -> Result<usize, KeyError> {
     let mark = out.len();
-    let mut canon = Canon { out, bufs: Buffers::take(), depth: 0, nest: 0, wrappers: 0 };
+    let mut canon =
+        Canon { out, bufs: Buffers::take(), depth: 0, nest: 0, wrappers: 0, some_nulls: 0 };
     let mut result = value.serialize(&mut canon);
     if result.is_ok() && canon.depth != 0 {
         result = Err(unfinished());
     }
-    let Canon { out, bufs, .. } = canon;
+    let Canon { out, bufs, some_nulls, .. } = canon;
     bufs.give_back();
-    result.map_err(|e| {
+    result.map(|()| some_nulls).map_err(|e| {
         out.truncate(mark);
         e.into_key_error()
     })

@@ -46,25 +46,27 @@ thread_local! {
 
 /// Appends serde_json's compact text of `value` to `out`, or stops (then `out` is left as it
 /// was). `check_names`: whether to refuse an object that names a member twice (a second walk
-/// whose text is compared to a checked one need not).
+/// whose text is compared to a checked one need not). Returns how many `Some`s of a value
+/// written as `null` it wrote: the text cannot tell them from `None`.
 pub(crate) fn write_plain<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
     check_names: bool,
-) -> Result<(), Stop> {
+) -> Result<usize, Stop> {
     let mark = out.len();
     let mut names =
         if check_names { NAMES.try_with(Cell::take).unwrap_or_default() } else { Vec::new() };
     names.clear();
-    let mut w = Plain { out, names: &mut names, check_names, nest: 0, wrappers: 0 };
+    let mut w = Plain { out, names: &mut names, check_names, nest: 0, wrappers: 0, some_nulls: 0 };
     let result = value.serialize(&mut w);
+    let some_nulls = w.some_nulls;
     if check_names && names.capacity() <= 4096 {
         let _ = NAMES.try_with(|n| n.set(names));
     }
     if result.is_err() {
         out.truncate(mark);
     }
-    result
+    result.map(|()| some_nulls)
 }
 
 struct Plain<'o> {
@@ -75,6 +77,8 @@ struct Plain<'o> {
     nest: usize,
     /// `Some` and newtype structs being written.
     wrappers: usize,
+    /// `Some`s written as `null`.
+    some_nulls: usize,
 }
 
 impl<'o> Plain<'o> {
@@ -230,7 +234,12 @@ impl<'a, 'o> ser::Serializer for &'a mut Plain<'o> {
         self.serialize_unit()
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Stop> {
-        self.wrapped(value)
+        let at = self.out.len();
+        self.wrapped(value)?;
+        if self.out.get(at..) == Some(b"null") {
+            self.some_nulls += 1;
+        }
+        Ok(())
     }
     fn serialize_unit(self) -> Result<(), Stop> {
         self.out.extend_from_slice(b"null");

@@ -26,6 +26,8 @@ pub(super) struct Canon<'o> {
     /// Values being written that write nothing of their own (`Some`, newtype structs): bounded
     /// too, so a recursive type cannot recurse without limit while writing only `null`.
     pub(super) wrappers: usize,
+    /// `Some`s written as `null`, which JSON cannot tell from `None`.
+    pub(super) some_nulls: usize,
 }
 
 impl<'o> Canon<'o> {
@@ -205,7 +207,12 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         self.serialize_unit()
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Fail> {
-        self.wrapped(value)
+        let at = self.out.len();
+        self.wrapped(value)?;
+        if self.out.get(at..) == Some(b"null") {
+            self.some_nulls += 1;
+        }
+        Ok(())
     }
     fn serialize_unit(self) -> Result<(), Fail> {
         self.out.extend_from_slice(b"null");

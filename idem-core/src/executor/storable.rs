@@ -90,7 +90,7 @@ fn check_plain<O: Serialize + DeserializeOwned>(
     output: &O,
     text: &mut Vec<u8>,
 ) -> Option<Result<String, Unstorable>> {
-    crate::canonical::write_plain(output, text, true).ok()?;
+    let some_nulls = crate::canonical::write_plain(output, text, true).ok()?;
     // `write_plain` writes only UTF-8 (escaped strings and ASCII), checked once here: read back
     // from a `str`, as a replay reads it, serde_json checks no string again. The record's copy is
     // exactly as long as the text.
@@ -98,8 +98,8 @@ fn check_plain<O: Serialize + DeserializeOwned>(
     let back = serde_json::from_str::<O>(&json).ok()?;
     let len = text.len();
     // Written again after the text itself, compared, then cut off: no second buffer.
-    let same =
-        crate::canonical::write_plain(&back, text, false).is_ok() && text[..len] == text[len..];
+    let again = crate::canonical::write_plain(&back, text, false);
+    let same = again.is_ok_and(|n| n == some_nulls) && text[..len] == text[len..];
     text.truncate(len);
     if same {
         return Some(Ok(json));
@@ -109,15 +109,19 @@ fn check_plain<O: Serialize + DeserializeOwned>(
     Some(same_canonical(output, &back).map(|()| json))
 }
 
-/// Whether `output` and `back`, its JSON read back, have the same canonical form.
+/// Whether `output` and `back`, its JSON read back, have the same canonical form (and as many
+/// `Some`s written as `null`).
 fn same_canonical<O: Serialize>(output: &O, back: &O) -> Result<(), Unstorable> {
-    let canonical = canonical(output)?;
+    let (canonical, some_nulls) = canonical(output)?;
     let mut again = Vec::with_capacity(canonical.len());
-    crate::canonical::canonicalize(back, &mut again).map_err(|e| {
+    let nulls_again = crate::canonical::canonicalize_counting(back, &mut again).map_err(|e| {
         Unstorable::Other(format!("its JSON reads back as a value without JSON form: {e}"))
     })?;
     if again != canonical {
         return Err(different());
+    }
+    if nulls_again != some_nulls {
+        return Err(some_null());
     }
     Ok(())
 }
@@ -125,44 +129,59 @@ fn same_canonical<O: Serialize>(output: &O, back: &O) -> Result<(), Unstorable> 
 /// The full check, which says why an output cannot be stored. The first canonicalization is
 /// also the depth check: it stops at the limit before serde_json, which has none, writes anything.
 fn full<O: Serialize + DeserializeOwned>(output: &O) -> Result<String, Unstorable> {
-    let canonical = canonical(output)?;
+    let (canonical, some_nulls) = canonical(output)?;
     let other = |why: String| Unstorable::Other(why);
     let json = serde_json::to_string(output)
         .map_err(|e| other(format!("it cannot be serialized as JSON: {e}")))?;
     let back: O = serde_json::from_str(&json)
         .map_err(|e| other(format!("its JSON does not read back as the output type: {e}")))?;
     let mut again = Vec::with_capacity(canonical.len());
-    crate::canonical::canonicalize(&back, &mut again)
+    let nulls_again = crate::canonical::canonicalize_counting(&back, &mut again)
         .map_err(|e| other(format!("its JSON reads back as a value without JSON form: {e}")))?;
     if again != canonical {
         return Err(different());
     }
+    if nulls_again != some_nulls {
+        return Err(some_null());
+    }
     Ok(json)
 }
 
-fn canonical<O: Serialize>(output: &O) -> Result<Vec<u8>, Unstorable> {
+/// The canonical form of `output`, and how many `Some`s of `null` it wrote.
+fn canonical<O: Serialize>(output: &O) -> Result<(Vec<u8>, usize), Unstorable> {
     let mut canonical = Vec::with_capacity(256);
-    crate::canonical::canonicalize(output, &mut canonical).map_err(|e| match e {
-        KeyError::NonFinite { path, value } => {
-            Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
-        }
-        KeyError::NonStringKey { path } => Unstorable::Other(format!(
-            "{} is a map whose keys are neither strings nor integers",
-            within(&path)
-        )),
-        KeyError::DuplicateKey { path } => Unstorable::Other(format!(
-            "{} appears twice in one object once map keys are written as strings, and only one \
-             would read back",
-            within(&path)
-        )),
-        e @ KeyError::TooDeep { .. } => Unstorable::TooDeep(e),
-        // KeyError's own texts for these speak of arguments.
-        KeyError::Custom(why) => {
-            Unstorable::Other(format!("it cannot be serialized as JSON: {why}"))
-        }
-        other => Unstorable::Other(other.to_string()),
-    })?;
-    Ok(canonical)
+    let some_nulls =
+        crate::canonical::canonicalize_counting(output, &mut canonical).map_err(|e| match e {
+            KeyError::NonFinite { path, value } => {
+                Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
+            }
+            KeyError::NonStringKey { path } => Unstorable::Other(format!(
+                "{} is a map whose keys are neither strings nor integers",
+                within(&path)
+            )),
+            KeyError::DuplicateKey { path } => Unstorable::Other(format!(
+                "{} appears twice in one object once map keys are written as strings, and only one \
+                 would read back",
+                within(&path)
+            )),
+            e @ KeyError::TooDeep { .. } => Unstorable::TooDeep(e),
+            // KeyError's own texts for these speak of arguments.
+            KeyError::Custom(why) => {
+                Unstorable::Other(format!("it cannot be serialized as JSON: {why}"))
+            }
+            other => Unstorable::Other(other.to_string()),
+        })?;
+    Ok((canonical, some_nulls))
+}
+
+/// JSON writes `Some(None)` and `Some(Value::Null)` as the `null` of `None`, which an `Option`
+/// reads back as `None`.
+fn some_null() -> Unstorable {
+    Unstorable::Other(
+        "it holds `Some` of a value written as `null` (`Some(None)`, `Some(Value::Null)`), \
+         which its JSON reads back as `None`"
+            .into(),
+    )
 }
 
 fn different() -> Unstorable {
@@ -341,5 +360,29 @@ mod tests {
         assert!(why(stored_json(&Either::Double(0.1))).contains("different value"));
         let _ = Either::Single(0.0);
         assert_eq!(stored_json(&u128::MAX).ok().unwrap(), u128::MAX.to_string());
+        // `Some` of `null` is the `null` of `None`, which an `Option` reads back as `None`.
+        let some_null = why(stored_json(&Some(None::<u8>)));
+        assert!(some_null.contains("reads back as `None`"), "{some_null}");
+        assert!(why(stored_json(&vec![Some(())])).contains("reads back as `None`"));
+        let map = HashMap::from([("k".to_owned(), Some(serde_json::Value::Null))]);
+        assert!(why(stored_json(&map)).contains("reads back as `None`"));
+        assert_eq!(stored_json(&Some(Some(1))).ok().unwrap(), "1");
+        assert_eq!(stored_json(&[None::<u8>, Some(2)]).ok().unwrap(), "[null,2]");
+        assert_eq!(stored_json(&Some(json!({"a": null}))).ok().unwrap(), r#"{"a":null}"#);
+        // serde's pattern for a field that may be absent or null: `Some(None)` is written as
+        // `null` and read back as `Some(None)`, `None` is left out.
+        #[derive(Serialize, Deserialize)]
+        struct Patch {
+            #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some")]
+            note: Option<Option<String>>,
+        }
+        fn some<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Option<String>>, D::Error> {
+            Deserialize::deserialize(d).map(Some)
+        }
+        for (patch, json) in [(Some(None), r#"{"note":null}"#), (None, "{}")] {
+            assert_eq!(stored_json(&Patch { note: patch }).ok().unwrap(), json);
+        }
     }
 }
