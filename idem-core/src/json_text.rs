@@ -120,10 +120,32 @@ pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
             " (a number's magnitude must be below about 1.8e308, the largest 64-bit float)",
         );
     }
-    if text.contains("NaN") || text.contains("Infinity") {
+    if bare_non_finite(text) {
         msg.push_str(" (JSON has no NaN or Infinity: pass a finite number)");
     }
     msg
+}
+
+/// Whether `text` holds `NaN` or `Infinity` outside its strings, where a number belongs (what
+/// JavaScript and Python write for them); inside a string they are text like any other.
+fn bare_non_finite(text: &str) -> bool {
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in text.char_indices() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if text[i..].starts_with("NaN") || text[i..].starts_with("Infinity") {
+            return true;
+        }
+    }
+    false
 }
 
 /// What kind of JSON value `value` is, for an error message: "null", "a boolean", "a number",
@@ -274,6 +296,24 @@ mod tests {
             parse_unique(text).unwrap(),
             json!({"to":"acct-A","nested":{"to":"acct-B"},"list":[{"k":1},{"k":2}]})
         );
+    }
+
+    #[test]
+    fn the_nan_hint_is_given_for_a_bare_nan_or_infinity_only() {
+        let hint = "JSON has no NaN or Infinity";
+        for text in [r#"{"n": NaN}"#, r#"{"n": -Infinity}"#, r#"[1, Infinity]"#] {
+            let e = parse_arguments("t", text).unwrap_err();
+            assert!(e.contains(hint), "{text}: {e}");
+        }
+        // Inside strings they are text, and say nothing about the mistake.
+        for text in [
+            r#"{"title": "Infinity War", "n": }"#,
+            r#"{"note": "NaN \" Infinity", "n": 1"#,
+            r#"{"NaN": 1,}"#,
+        ] {
+            let e = parse_arguments("t", text).unwrap_err();
+            assert!(e.contains("not valid JSON") && !e.contains(hint), "{text}: {e}");
+        }
     }
 
     #[test]
