@@ -11,9 +11,11 @@
 //! the full path, which builds and compares the canonical forms and says why when they differ.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 
 use crate::key::KeyError;
 
@@ -105,7 +107,7 @@ fn check_plain<O: Serialize + DeserializeOwned>(
         return Some(Ok(json));
     }
     // Read back, but written differently: the canonical forms decide (members in another order
-    // are the same value).
+    // are the same value, and so are a set's elements).
     Some(same_canonical(output, &back).map(|()| json))
 }
 
@@ -117,7 +119,7 @@ fn same_canonical<O: Serialize>(output: &O, back: &O) -> Result<(), Unstorable> 
     let nulls_again = crate::canonical::canonicalize_counting(back, &mut again).map_err(|e| {
         Unstorable::Other(format!("its JSON reads back as a value without JSON form: {e}"))
     })?;
-    if again != canonical {
+    if again != canonical && !same_but_order(&again, &canonical) {
         return Err(different());
     }
     if nulls_again != some_nulls {
@@ -138,13 +140,68 @@ fn full<O: Serialize + DeserializeOwned>(output: &O) -> Result<String, Unstorabl
     let mut again = Vec::with_capacity(canonical.len());
     let nulls_again = crate::canonical::canonicalize_counting(&back, &mut again)
         .map_err(|e| other(format!("its JSON reads back as a value without JSON form: {e}")))?;
-    if again != canonical {
+    if again != canonical && !same_but_order(&again, &canonical) {
         return Err(different());
     }
     if nulls_again != some_nulls {
         return Err(some_null());
     }
     Ok(json)
+}
+
+/// Whether two canonical texts are the same value once the elements of every array of distinct
+/// elements may come in any order: a set (`HashSet`) lists its members in an order of its own,
+/// and the same set read back from the same text may list them in another. Only asked when the
+/// texts differ.
+fn same_but_order(a: &[u8], b: &[u8]) -> bool {
+    let order_free = |text: &[u8]| -> Option<String> {
+        let raw: &RawValue = serde_json::from_str(std::str::from_utf8(text).ok()?).ok()?;
+        let mut out = String::with_capacity(text.len());
+        order_free(raw, &mut out).ok()?;
+        Some(out)
+    };
+    matches!((order_free(a), order_free(b)), (Some(a), Some(b)) if a == b)
+}
+
+/// Appends `raw` with the elements of every array of distinct elements (a set's) sorted by their
+/// own text (written the same way); an array with a repeated element keeps its order.
+/// Recursive: the text is canonical, so within the depth limit.
+fn order_free(raw: &RawValue, out: &mut String) -> Result<(), serde_json::Error> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            let mut written = Vec::with_capacity(items.len());
+            for item in items {
+                let mut one = String::new();
+                order_free(item, &mut one)?;
+                written.push(one);
+            }
+            let mut sorted = written.clone();
+            sorted.sort_unstable();
+            if sorted.windows(2).all(|w| w[0] != w[1]) {
+                written = sorted;
+            }
+            out.push('[');
+            out.push_str(&written.join(","));
+            out.push(']');
+        }
+        Some(b'{') => {
+            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
+            out.push('{');
+            for (i, (name, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::to_string(&name)?);
+                out.push(':');
+                order_free(value, out)?;
+            }
+            out.push('}');
+        }
+        _ => out.push_str(text),
+    }
+    Ok(())
 }
 
 /// The canonical form of `output`, and how many `Some`s of `null` it wrote.
@@ -360,6 +417,15 @@ mod tests {
         assert!(why(stored_json(&Either::Double(0.1))).contains("different value"));
         let _ = Either::Single(0.0);
         assert_eq!(stored_json(&u128::MAX).ok().unwrap(), u128::MAX.to_string());
+        // A set's members in another order are the same set; a list's are not.
+        let set: std::collections::HashSet<Vec<u8>> = (0..30).map(|i| vec![i, i + 1]).collect();
+        assert!(stored_json(&set).is_ok());
+        #[derive(Serialize, Deserialize)]
+        struct Reversed(#[serde(deserialize_with = "reversed")] Vec<u8>);
+        fn reversed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+            Vec::<u8>::deserialize(d).map(|v| v.into_iter().rev().collect())
+        }
+        assert!(why(stored_json(&Reversed(vec![1, 1, 2]))).contains("different value"));
         // `Some` of `null` is the `null` of `None`, which an `Option` reads back as `None`.
         let some_null = why(stored_json(&Some(None::<u8>)));
         assert!(some_null.contains("reads back as `None`"), "{some_null}");
