@@ -158,3 +158,33 @@ async fn a_tool_error_with_an_integer_beyond_64_bits_keeps_its_detail() {
     assert_eq!(r.content["error"]["kind"], "tool_error", "{}", r.text);
     assert_eq!(r.content["error"]["detail"], json!({"entry": u128::MAX.to_string()}));
 }
+
+static TAGGED: AtomicUsize = AtomicUsize::new(0);
+
+/// Tags a customer with a set of tags.
+#[tool(retry = "keyed")]
+async fn tag(customer: String, tags: std::collections::HashSet<String>) -> Result<u32, Declined> {
+    let _ = (customer, tags);
+    TAGGED.fetch_add(1, Ordering::SeqCst);
+    Ok(1)
+}
+
+/// A `HashSet` lists its members in another order in every copy (its hasher is seeded per
+/// set), so the same arguments read twice would get two keys and the tool would run again on
+/// every repeat. Such a parameter is refused, naming it and what to use instead; nothing runs.
+#[tokio::test]
+async fn a_hash_set_parameter_is_refused_rather_than_keyed_at_random() {
+    let set = ToolSet::new().with(TagTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let tags: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    let args = json!({"customer": "c", "tags": tags});
+    for _ in 0..3 {
+        let r = set.call(&run, "tag", &args).await;
+        assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{}", r.text);
+        assert!(r.text.contains("argument `tags` is a HashSet"), "{}", r.text);
+        assert!(r.text.contains("BTreeSet"), "{}", r.text);
+    }
+    let typed = tag(&run, "c".into(), tags.into_iter().collect()).await;
+    assert!(matches!(typed, Err(idem_core::Error::InvalidArguments { .. })), "{typed:?}");
+    assert_eq!(TAGGED.load(Ordering::SeqCst), 0, "never run, never keyed at random");
+}

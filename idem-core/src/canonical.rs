@@ -60,6 +60,17 @@ pub enum KeyError {
         /// The limit: [`MAX_DEPTH`](crate::limits::MAX_DEPTH).
         limit: usize,
     },
+    /// A parameter is a hash set (`HashSet`), which lists its members in another order in every
+    /// copy (its hasher is seeded per set): the same arguments would get another key on every
+    /// call, and run again. Checked for the parameters of a `#[tool]`, by their declared type.
+    #[error(
+        "{} is a HashSet, which lists its members in another order in every copy, so the same arguments would get another key on every call and run again; declare it a BTreeSet (or a Vec in an order of your own)",
+        describe(path)
+    )]
+    UnorderedSet {
+        /// The parameter's name.
+        path: String,
+    },
     /// The canonical arguments are larger than the policy allows
     /// ([`Policy::max_argument_bytes`](crate::Policy::max_argument_bytes)).
     #[error(

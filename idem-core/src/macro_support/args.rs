@@ -96,6 +96,17 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
     /// Adds one JSON Schema property per element to `schema`, named and described by `F`, and
     /// to `required` unless a missing value of it is read (an `Option`).
     fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema);
+    /// The name of the first element whose bit in `skip` is not set and whose type holds a hash
+    /// set ([`unordered`]).
+    fn unordered_param(names: &'static [&'static str], skip: u16) -> Option<&'static str>;
+}
+
+/// Whether a type, by its name, holds a hash set (`HashSet<..>`, alone or in an `Option`, a
+/// `Vec`, a map): a set that lists its members in another order in every copy, so its canonical
+/// JSON (an array, in that order) and the key would differ between two copies of one set. A type
+/// of the application's own that holds one is not seen here (`docs/key-spec.md`).
+fn unordered(type_name: &str) -> bool {
+    type_name.contains("HashSet<") || type_name.contains("DashSet<")
 }
 
 /// A deserializer for a field that is absent: an `Option` becomes `None`, anything else is a
@@ -243,6 +254,19 @@ macro_rules! arg_tuples {
             fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema) {
                 $( add_property::<$T, F>($idx, generator, schema); )*
             }
+
+            #[allow(unused_variables)]
+            fn unordered_param(
+                names: &'static [&'static str],
+                skip: u16,
+            ) -> Option<&'static str> {
+                $(
+                    if skip & (1 << $idx) == 0 && unordered(std::any::type_name::<$T>()) {
+                        return Some(field_name(names, $idx));
+                    }
+                )*
+                None
+            }
         }
 
         impl<$($T: Debug,)* F: Fields> Debug for Args<($($T,)*), F> {
@@ -328,6 +352,9 @@ impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
 
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
+        if let Some(name) = T::unordered_param(F::NAMES, F::SKIP) {
+            return Err(KeyError::UnorderedSet { path: name.to_owned() });
+        }
         if F::SKIP == 0 && F::SKIP_IF_NONE == 0 {
             return crate::canonical::canonicalize(self, out);
         }
