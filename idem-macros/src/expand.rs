@@ -525,11 +525,13 @@ fn run_ident(model: &Model) -> Ident {
 /// the key and a copy of every parameter, in order, everything spanned at the check's path, and
 /// its future's output is checked against the tool's success type there: a signature that does
 /// not fit is one error at the name in the attribute. `recv` is the receiver of a method tool.
+/// The closure's parameters are named `__idem_..`: the check's path resolves among them, so a
+/// check named `key` or `args` would otherwise be the closure's parameter, not the fn.
 fn reconcile_call(model: &Model, args_ty: &TokenStream) -> TokenStream {
     let Some(path) = &model.reconcile else { return quote!() };
     let krate = &model.krate;
-    // Located at the check's name, resolved where `key` and `recv` are declared (the name may
-    // come from a `macro_rules!` caller, whose hygiene would hide them).
+    // Located at the check's name, resolved where the key and the receiver are declared (the
+    // name may come from a `macro_rules!` caller, whose hygiene would hide them).
     let span = Span::call_site().located_at(path.span());
     let (ok, _) = result_types(model);
     // The copies are typed by the arguments (one clone of the whole), so a parameter of the check
@@ -537,26 +539,26 @@ fn reconcile_call(model: &Model, args_ty: &TokenStream) -> TokenStream {
     let (copy, values) = match model.params.first().filter(|p| p.flatten) {
         Some(_) => {
             let v = format_ident!("__idem_a0", span = span);
-            (quote!(let #v = ::core::clone::Clone::clone(&args.0);), vec![v])
+            (quote!(let #v = ::core::clone::Clone::clone(&__idem_args.0);), vec![v])
         }
         None => {
             let vs: Vec<Ident> = (0..model.params.len())
                 .map(|i| format_ident!("__idem_a{}", i, span = span))
                 .collect();
-            (quote!(let (#(#vs,)*) = ::core::clone::Clone::clone(&args.0);), vs)
+            (quote!(let (#(#vs,)*) = ::core::clone::Clone::clone(&__idem_args.0);), vs)
         }
     };
-    let recv_param = model.method.then(|| quote!(recv,));
-    let recv = model.method.then(|| quote_spanned!(span=> recv,));
+    let recv_param = model.method.then(|| quote!(__idem_recv,));
+    let recv = model.method.then(|| quote_spanned!(span=> __idem_recv,));
     let callee = match (model.method, path.get_ident()) {
         (true, Some(ident)) => quote_spanned!(span=> Self::#ident),
         _ => quote!(#path),
     };
     let call = quote_spanned! {span=>
-        #krate::__private::checks::reconcile_check::<#ok, _>(#callee(#recv key, #(#values),*))
+        #krate::__private::checks::reconcile_check::<#ok, _>(#callee(#recv __idem_key, #(#values),*))
     };
     quote! {
-        .reconciled_by(|#recv_param key, args: &#args_ty| {
+        .reconciled_by(|#recv_param __idem_key, __idem_args: &#args_ty| {
             #copy
             #call
         })

@@ -1,4 +1,5 @@
-//! `reconcile = check` on a free fn, a flattened one, a keyed one and a method in a tool set.
+//! `reconcile = check` on a free fn, a flattened one, a keyed one and a method in a tool set;
+//! checks named like the values the check is called with (`key`, `args`).
 use std::sync::Arc;
 
 use idem_core::{Ctx, Key, Reconciled, tool};
@@ -39,6 +40,26 @@ async fn pay(#[idem(flatten)] args: PayArgs) -> Result<String, Failed> {
     Ok(args.to)
 }
 
+/// Named as the key it is given: the fn, not the key, is called.
+async fn key(key: &Key, n: u64) -> Reconciled<u64> {
+    let _ = key;
+    Reconciled::Happened(n)
+}
+
+#[tool(retry = "never", reconcile = key)]
+async fn post(n: u64) -> Result<u64, Failed> {
+    Ok(n)
+}
+
+async fn args(_key: &Key, n: u64) -> Reconciled<u64> {
+    Reconciled::Happened(n)
+}
+
+#[tool(retry = "keyed", reconcile = args)]
+async fn file(n: u64) -> Result<u64, Failed> {
+    Ok(n)
+}
+
 struct Bank;
 
 #[idem_core::tool_set]
@@ -56,5 +77,6 @@ impl Bank {
 fn main() {
     let _ = WireTool;
     let _ = PayTool;
+    let _ = (PostTool, FileTool);
     let _ = Arc::new(Bank).tool_set();
 }
