@@ -226,19 +226,23 @@ fn doc_hidden(doc: &[Attribute]) -> Vec<&Attribute> {
     doc.iter().filter(|attr| hides(&attr.meta)).collect()
 }
 
-/// The typed call's own doc lines: the user's doc comment, or else the text of
-/// `description = ".."` (which documents the tool as the comment would); none for a tool with
-/// neither, so that `missing_docs` reports it.
-fn user_doc(doc: &[Attribute], model: &Model) -> Vec<Attribute> {
-    if !doc.is_empty() {
-        return doc.to_vec();
+/// The typed call's own doc attributes, and whether they give it text: the user's doc comment,
+/// or else the text of `description = ".."` (which documents the tool as the comment would);
+/// no text for a tool with neither, so that `missing_docs` reports it. Only a `#[doc = ..]` is
+/// text: `#[doc(alias = "..")]` and the like are kept, but document nothing (the description
+/// the model reads is the same `#[doc = ..]` lines).
+fn user_doc(doc: &[Attribute], model: &Model) -> (Vec<Attribute>, bool) {
+    let mut out = doc.to_vec();
+    if !crate::docs::doc_values(doc).is_empty() {
+        return (out, true);
     }
     match syn::parse2::<syn::LitStr>(model.description.clone()) {
         Ok(text) if !text.value().trim().is_empty() => {
             let line = format!(" {}", text.value());
-            vec![syn::parse_quote!(#[doc = #line])]
+            out.push(syn::parse_quote!(#[doc = #line]));
+            (out, true)
         }
-        _ => Vec::new(),
+        _ => (out, false),
     }
 }
 
@@ -572,7 +576,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let ident = &item.sig.ident;
     let attrs = sort_attrs(&item.attrs);
     let cfg = &attrs.cfg;
-    let doc = &user_doc(&attrs.doc, model);
+    let (doc, documented) = &user_doc(&attrs.doc, model);
     let body_attrs = &attrs.body;
     let base = camel(ident);
     let tool_ty = format_ident!("{}Tool", base, span = ident.span());
@@ -673,7 +677,7 @@ fn expand_free(model: &Model) -> TokenStream {
     let deprecated = &attrs.deprecated;
     // After the user's doc comment only: an undocumented tool stays undocumented, so that
     // `missing_docs` reports it (its doc comment is also the description the model reads).
-    let call_doc = (!doc.is_empty()).then(|| quote!(#[doc = ""] #[doc = #call_doc]));
+    let call_doc = documented.then(|| quote!(#[doc = ""] #[doc = #call_doc]));
     quote! {
         #(#cfg)*
         #(#doc)*
@@ -723,7 +727,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let ident = &item.sig.ident;
     let attrs = sort_attrs(&item.attrs);
     let cfg = &attrs.cfg;
-    let doc = &user_doc(&attrs.doc, model);
+    let (doc, documented) = &user_doc(&attrs.doc, model);
     let body_attrs = &attrs.body;
     let hidden = format_ident!("__idem_tool_{}", ident.unraw());
     let non_snake = non_snake_allow(item);
@@ -777,7 +781,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let deprecated = &attrs.deprecated;
     let lints: Vec<Attribute> = attrs.lints.iter().map(copied_lint).collect();
     // After the user's doc comment only, as for a free fn.
-    let call_doc = (!doc.is_empty()).then(|| {
+    let call_doc = documented.then(|| {
         quote! {
             #[doc = ""]
             #[doc = #call_doc]

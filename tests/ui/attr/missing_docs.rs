@@ -1,7 +1,7 @@
 //! A tool's doc comment is the description the model reads: in a crate that denies
 //! `missing_docs`, an undocumented tool is reported like any undocumented fn (the expansion's
 //! own text about the typed call does not document it), and a documented one is not, nor one
-//! whose `description = ".."` gives the text.
+//! whose `description = ".."` gives the text. `#[doc(alias = "..")]` gives no text.
 #![deny(missing_docs)]
 
 use idem_core::tool;
@@ -52,6 +52,26 @@ pub async fn order(id: u64) -> Result<u64, Failed> {
 impl Desk {
     #[tool(retry = "safe", description = "Look up a desk.")]
     pub async fn desk(&self, id: u64) -> Result<u64, Failed> {
+        Ok(id)
+    }
+}
+
+#[doc(alias = "search")]
+#[tool(retry = "safe")]
+pub async fn find_order(id: u64) -> Result<u64, Failed> {
+    Ok(id)
+}
+
+impl Desk {
+    #[doc(alias = "tally")]
+    #[tool(retry = "safe")]
+    pub async fn total(&self) -> Result<u64, Failed> {
+        Ok(0)
+    }
+
+    #[doc(alias = "seat")]
+    #[tool(retry = "safe", description = "Book a seat.")]
+    pub async fn book(&self, id: u64) -> Result<u64, Failed> {
         Ok(id)
     }
 }
