@@ -166,8 +166,9 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// under its `cfg`. Each method expands as `#[tool]` documents, and must take `&self` (a tool
 /// without state is a free `async fn` outside the block). Tool names must be unique in the block
 /// (checked here; two tools of one name under `#[cfg]`s are an error only in a build that
-/// compiles both, so exclusive versions of one tool may share it); `Self` must be
-/// `Send + Sync + 'static`. Options: `crate = ".."` (see
+/// compiles both, so exclusive versions of one tool may share it), and no other fn or const of
+/// the block may have a name the block's expansion adds (`<method>_tool`, `tool_set`); `Self`
+/// must be `Send + Sync + 'static`. Options: `crate = ".."` (see
 /// `#[tool]`), applied to every tool of the block that does not give its own. The block's
 /// `#[tool]` attributes are read here, so they need no import (an imported `tool` used only
 /// inside the block is reported unused); one applied by `#[cfg_attr(cond, tool(..))]` makes
@@ -224,6 +225,23 @@ pub(crate) fn tool_item(
     let names = krate::names(explicit_krate.as_ref());
     let tokens = fallback::stub(&fallback_item, &fallback_attrs, &krate, &names, error);
     Expanded { tokens, tool: None }
+}
+
+/// The fallback of a `#[tool]` method that a `#[tool_set]` cannot expand (its added names clash
+/// with the block's): the typed call's shape next to `error`, so that its call sites type-check.
+/// Its other mistakes, if any, are reported once this one is fixed.
+pub(crate) fn tool_stub(
+    attr: proc_macro2::TokenStream,
+    mut item: syn::ItemFn,
+    default_krate: Option<&syn::Path>,
+    error: syn::Error,
+) -> proc_macro2::TokenStream {
+    let mut errors = parse::Errors::default();
+    let explicit_krate = parse::Attr::parse(attr, &mut errors).krate.or(default_krate.cloned());
+    let param_attrs = validate::take_param_attrs(&mut item, &mut errors);
+    let krate = krate::resolve(explicit_krate.as_ref());
+    let names = krate::names(explicit_krate.as_ref());
+    fallback::stub(&item, &param_attrs, &krate, &names, error)
 }
 
 /// Parses an fn whose body is kept as tokens: the body is emitted as written, never inspected,

@@ -200,6 +200,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     };
 
     let krate = crate::krate::resolve(default_krate.as_ref());
+    // The block's own fns and consts (one namespace) that no `#[cfg]` leaves out, by name: the
+    // expansion adds `<tool>_tool` for each tool and `tool_set` to the block, which must not be
+    // one of them (rustc's "duplicate definitions" would point at this attribute).
+    let defined: Vec<(String, Span)> = entries.iter().filter_map(defined_name).collect();
     let mut items = Vec::new();
     let mut adds = Vec::new();
     // Each tool's name, where it is written, and the conditions of its `#[cfg(..)]`s.
@@ -282,6 +286,23 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             syn::Meta::List(list) => list.tokens.clone(),
             _ => TokenStream::new(),
         };
+        let factory = format!("{}_tool", item.sig.ident.unraw());
+        if !has_cfg(&item.attrs)
+            && let Some((_, other)) = defined.iter().find(|(name, _)| *name == factory)
+        {
+            // The typed call's shape, without the tool's items: this one error, and the block's
+            // `factory` (which may be a tool too) is left as written.
+            let method = item.sig.ident.unraw().to_string();
+            let mut e = syn::Error::new(
+                item.sig.ident.span(),
+                format!(
+                    "`#[tool]` adds the method `{factory}` beside `{method}` (the tool as a value, which `tool_set` holds), and this block already defines `{factory}`: rename one of the two (renamed, the tool keeps its name with `#[tool(name = \"{method}\", ..)]`)"
+                ),
+            );
+            e.combine(syn::Error::new(*other, format!("the block's own `{factory}`")));
+            items.push(crate::tool_stub(args, item, default_krate.as_ref(), e));
+            continue;
+        }
         // The attributes that decide whether the tool exists: `cfg`, and a `cfg_attr` applying
         // one (a `cfg_attr` applying anything else, such as `tracing::instrument`, has no place
         // on the statement that adds the tool to the set).
@@ -335,12 +356,16 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         " The tools of this block as one tool set: {list}. Every call goes through idem's protocol. A tool whose arguments' schema model APIs refuse (`ToolSetError`) is left out: logged at error level, listed by `ToolSet::refusals`, and a call of it says why."
     );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
-    let errors = errors.into_result().err().map(|e| e.to_compile_error());
-    quote! {
-        #header {
-            #(#inner)*
-            #(#items)*
-
+    let tool_set_fn = match defined.iter().find(|(name, _)| name == "tool_set") {
+        // The block's own `tool_set` is kept (its callers reach it), without the set's.
+        Some((_, at)) => {
+            errors.spanned(
+                *at,
+                "`#[tool_set]` adds the method `tool_set` (the block's tools as one set) to this block: rename this one (a tool keeps its name with `#[tool(name = \"tool_set\", ..)]`)",
+            );
+            quote!()
+        }
+        None => quote! {
             #[doc = #doc]
             #vis fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet
             where
@@ -350,7 +375,35 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 #(#adds)*
                 set
             }
+        },
+    };
+    let errors = errors.into_result().err().map(|e| e.to_compile_error());
+    quote! {
+        #header {
+            #(#inner)*
+            #(#items)*
+
+            #tool_set_fn
         }
         #errors
     }
+}
+
+/// Whether an item has a `#[cfg]` of its own (a `#[cfg_attr]` may add one too): it may be left
+/// out of a build, where a name it shares is no clash.
+fn has_cfg(attrs: &[Attribute]) -> bool {
+    attrs.iter().any(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
+}
+
+/// The name an entry defines in the block's value namespace, where the expansion adds fns, and
+/// where it is written; none for a type or an item under a `#[cfg]`.
+fn defined_name(entry: &Entry) -> Option<(String, Span)> {
+    let (attrs, ident) = match entry {
+        Entry::Fn(item) => (item.attrs.clone(), item.sig.ident.clone()),
+        Entry::Other(tokens) => match syn::parse2::<syn::ImplItem>(tokens.clone()).ok()? {
+            syn::ImplItem::Const(c) => (c.attrs, c.ident),
+            _ => return None,
+        },
+    };
+    (!has_cfg(&attrs)).then(|| (ident.unraw().to_string(), ident.span()))
 }
