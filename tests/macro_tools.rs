@@ -1074,12 +1074,15 @@ async fn a_published_schema_has_one_type_per_schema_and_no_boolean_schemas() {
 /// `async fn` and passes every parameter on, so a body that awaits nothing and a parameter named
 /// `_note` (taken, not used) are the user's to write: the expansion's own use of them must not
 /// be reported, nor the items it adds (its calling the body once, the arguments' names as an
-/// empty `pub enum`). `cargo clippy --all-targets -- -D warnings` checks this module.
+/// empty `pub enum`, the typed call returning a future without `#[must_use]` or `#[inline]`).
+/// `cargo clippy --all-targets -- -D warnings` checks this module.
 #[warn(
     clippy::used_underscore_binding,
     clippy::unused_async,
     clippy::exhaustive_enums,
-    clippy::single_call_fn
+    clippy::single_call_fn,
+    clippy::must_use_candidate,
+    clippy::missing_inline_in_public_items
 )]
 pub mod pedantic_user {
     use idem_core::{ToolFailure, tool};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
@@ -18,8 +18,9 @@ pub fn expand(model: &Model) -> TokenStream {
 
 /// The attributes of the user's fn, sorted: `cfg`s go on every generated item, docs and
 /// `deprecated` on the typed call (what callers call: a deprecation warns at their call, not at
-/// the definition), lint levels on the body and, for a method, the typed call too (both repeat
-/// the user's names), the rest (`tracing::instrument`, ...) on the body. A `cfg_attr` goes where
+/// the definition), lint levels on the body and the typed call too (both repeat the user's
+/// names; `dead_code` speaks only on the typed call), the rest (`tracing::instrument`, ...) on
+/// the body. A `cfg_attr` goes where
 /// the attributes it applies go (see `split_cfg_attr`).
 struct Attrs {
     cfg: Vec<Attribute>,
@@ -52,6 +53,37 @@ fn copied_lint(attr: &Attribute) -> Attribute {
         }
         attr
     })
+}
+
+/// The lints about the fn as an item (`dead_code`), which rustc reports on the typed call and a
+/// method's factory, never on the body: the body is always used, by the tool.
+const ITEM_LINTS: [&str; 1] = ["dead_code"];
+
+/// A lint attribute of the user's for the body: an `#[expect(..)]` without the item lints, which
+/// the body never raises (none when it expected nothing else). The typed call has them as an
+/// `allow` (see [`copied_lint`]), since rustc does not fulfil an `expect(dead_code)` there: on
+/// a tool, `#[expect(dead_code)]` silences the lint as `allow` does, without checking it.
+fn body_lint(attr: Attribute) -> Option<Attribute> {
+    let syn::Meta::List(list) = &attr.meta else { return Some(attr) };
+    if !list.path.is_ident("expect") {
+        return Some(attr);
+    }
+    type Metas = syn::punctuated::Punctuated<syn::Meta, syn::Token![,]>;
+    let Ok(metas) = list.parse_args_with(Metas::parse_terminated) else { return Some(attr) };
+    let is_item_lint = |m: &&syn::Meta| ITEM_LINTS.iter().any(|l| m.path().is_ident(l));
+    if !metas.iter().any(|m| is_item_lint(&m)) {
+        return Some(attr);
+    }
+    // The others, and the `reason = ".."`.
+    let rest: Vec<&syn::Meta> = metas.iter().filter(|m| !is_item_lint(m)).collect();
+    if rest.iter().all(|m| matches!(m, syn::Meta::NameValue(_))) {
+        return None;
+    }
+    let mut attr = attr.clone();
+    if let syn::Meta::List(list) = &mut attr.meta {
+        list.tokens = quote!(#(#rest),*);
+    }
+    Some(attr)
 }
 
 /// A `#[tracing::instrument]` on a method tool's body, which is the hidden
@@ -130,6 +162,37 @@ fn body_allows() -> Attribute {
     syn::parse_quote!(#[allow(clippy::unused_async, clippy::single_call_fn)])
 }
 
+/// The typed call's parameter list and body, delimited by groups spanned at the user's own
+/// parentheses and braces: the typed call then spans the user's code, so rustc reports it unused
+/// (`dead_code`, at the fn's name) as it would the fn as written. (An item spanning only the
+/// expansion is taken for the macro's own, which no lint speaks about: a tool neither called
+/// nor put in any set would go unnoticed.) The tool value and the factory refer to the typed
+/// call, so a tool used either way is used.
+fn user_delimited(item: &syn::ItemFn, params: TokenStream, body: TokenStream) -> (Group, Group) {
+    let mut params = Group::new(Delimiter::Parenthesis, params);
+    params.set_span(item.sig.paren_token.span.join());
+    let mut body = Group::new(Delimiter::Brace, body);
+    body.set_span(item.block.brace_token.span.join());
+    (params, body)
+}
+
+/// For the typed call and a method's factory, which span the user's fn (see
+/// [`user_delimited`]): clippy's lints about a fn's shape would speak there as about the user's
+/// code, on what the expansion wrote (a future is `must_use` already; its body's tail).
+fn generated_fn_allows() -> Attribute {
+    syn::parse_quote!(#[allow(
+        clippy::must_use_candidate,
+        clippy::missing_inline_in_public_items,
+        clippy::implicit_return
+    )])
+}
+
+/// `#[allow(deprecated)]` for the expansion's own use of a deprecated tool's typed call, which
+/// only a caller's use should report.
+fn deprecated_allow(attrs: &Attrs) -> Option<Attribute> {
+    (!attrs.deprecated.is_empty()).then(|| syn::parse_quote!(#[allow(deprecated)]))
+}
+
 /// `#[allow(non_snake_case)]` when the fn's name or a parameter's is not snake case (`userId`,
 /// which the user allowed on their fn): the generated fns repeat those names, and the lint would
 /// speak there again. Only then: a crate that `forbid`s the lint refuses any `allow` of it
@@ -170,8 +233,10 @@ fn sort_attrs(attrs: &[Attribute]) -> Attrs {
         } else {
             if is_lint_path(&path) {
                 out.lints.push(attr.clone());
+                out.body.extend(body_lint(attr));
+            } else {
+                out.body.push(attr);
             }
-            out.body.push(attr);
         }
     }
     out
@@ -423,7 +488,10 @@ fn checks(model: &Model) -> TokenStream {
     }
 }
 
-fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
+/// `uses`: a statement naming a free tool's typed call, in `NAME` so that the tool counts as used
+/// where only its arguments type is (a test of its schema): rustc reads the impl of a type it
+/// sees used.
+fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>) -> TokenStream {
     let krate = &model.krate;
     let args_name = format!("{}Args", camel(&model.item.sig.ident));
     let names = model.params.iter().map(|p| p.ident.unraw().to_string());
@@ -446,7 +514,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream) -> TokenStream {
     });
     quote! {
         impl #krate::__private::Fields for #fields_ty {
-            const NAME: &'static ::core::primitive::str = #args_name;
+            const NAME: &'static ::core::primitive::str = { #uses #args_name };
             const NAMES: &'static [&'static ::core::primitive::str] = &[#(#names),*];
             #skip
             #if_none
@@ -621,7 +689,9 @@ fn expand_free(model: &Model) -> TokenStream {
     );
     // The alias's rustdoc text (with its link markup) is for the programmer; the schema the
     // model reads gets no description of its own, as for a method tool.
-    let fields = fields_impl(model, &quote!(#fields_ty));
+    let allow_deprecated = deprecated_allow(&attrs);
+    let use_call = quote!(#allow_deprecated let _ = #ident;);
+    let fields = fields_impl(model, &quote!(#fields_ty), Some(use_call.clone()));
     let checks = checks(model);
 
     let mut inner = item.clone();
@@ -678,22 +748,26 @@ fn expand_free(model: &Model) -> TokenStream {
     // After the user's doc comment only: an undocumented tool stays undocumented, so that
     // `missing_docs` reports it (its doc comment is also the description the model reads).
     let call_doc = documented.then(|| quote!(#[doc = ""] #[doc = #call_doc]));
+    let lints: Vec<Attribute> = attrs.lints.iter().map(copied_lint).collect();
+    let generated_allows = generated_fn_allows();
+    let fn_token = &item.sig.fn_token;
+    let (params, body) =
+        user_delimited(item, quote!(#run: &'__idem #krate::Run, #(#idents: #tys),*), call);
     quote! {
         #(#cfg)*
         #(#doc)*
         #call_doc
         #(#deprecated)*
         // The body's fn has the same name and parameters, with the user's lint levels: the
-        // style lints speak there, once. A parameter named `_note` is passed on here, which
-        // is not the user's use of it.
+        // style lints speak there, once; here, those about the fn as an item (`dead_code`). A
+        // parameter named `_note` is passed on here, which is not the user's use of it.
+        #(#lints)*
         #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
+        #generated_allows
         #non_snake
-        #vis fn #ident<'__idem>(
-            #run: &'__idem #krate::Run,
-            #(#idents: #tys),*
-        ) -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>> {
-            #call
-        }
+        #vis #fn_token #ident<'__idem> #params
+            -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>>
+        #body
 
         #args_items
 
@@ -706,6 +780,8 @@ fn expand_free(model: &Model) -> TokenStream {
         #[doc = #tool_doc]
         #(#hidden_doc)*
         #vis const #tool_const: #tool_ty = {
+            // The tool is used when its value is, even if its typed call is not.
+            #use_call
             #checks
             __idem_checked.#ctor(
                 #def,
@@ -740,7 +816,7 @@ fn expand_method(model: &Model) -> TokenStream {
     let indices = (0..model.params.len()).map(syn::Index::from);
     let def = def_static(model);
     let checks = checks(model);
-    let fields = fields_impl(model, &quote!(__IdemFields));
+    let fields = fields_impl(model, &quote!(__IdemFields), None);
     let name = &model.name;
 
     let factory_doc = format!(
@@ -790,29 +866,28 @@ fn expand_method(model: &Model) -> TokenStream {
         }
     });
     let params = typed_params(model);
-    quote! {
-        #(#cfg)*
-        #[doc(hidden)]
-        // Its parameters repeat the typed call's, where the style lints speak (with the user's
-        // lint levels).
-        #non_snake
-        #inner
-
-        #(#cfg)*
-        #[doc = #factory_doc]
-        #(#hidden_doc)*
-        // Named after the method: the user's lint levels, as on the typed call.
-        #(#lints)*
-        #vis fn #factory(
-            self: &::std::sync::Arc<Self>,
-        ) -> impl #krate::Tool<
-            Args: ::core::convert::From<#tuple>,
-            Output = #ok,
-            Error = #err,
-        > + ::core::clone::Clone + ::core::fmt::Debug + 'static
-        where
-            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
-        {
+    let generated_allows = generated_fn_allows();
+    let fn_token = &item.sig.fn_token;
+    let (call_params, call_body) = user_delimited(
+        item,
+        quote!(self: &::std::sync::Arc<Self>, #run: &'__idem #krate::Run, #(#params),*),
+        quote! {
+            let __idem_params = (#(#idents,)*);
+            let __idem_tool = Self::#factory(self);
+            let __idem_args = #krate::__private::make_args(&__idem_tool, __idem_params);
+            #krate::__private::call_owned(#run, __idem_tool, __idem_args)
+        },
+    );
+    let allow_deprecated = deprecated_allow(&attrs);
+    // Spanned at the method too: rustc reports the unused methods of a block together, and says
+    // nothing when one of them is the macro's own.
+    let (factory_params, factory_body) = user_delimited(
+        item,
+        quote!(self: &::std::sync::Arc<Self>),
+        quote! {
+            // The tool is used when its value is, even if its typed call is not.
+            #allow_deprecated
+            let _ = Self::#ident;
             #checks
             #fields
             #def
@@ -827,7 +902,30 @@ fn expand_method(model: &Model) -> TokenStream {
                 )
                 #reconcile,
             )
-        }
+        },
+    );
+    quote! {
+        #(#cfg)*
+        #[doc(hidden)]
+        // Its parameters repeat the typed call's, where the style lints speak (with the user's
+        // lint levels).
+        #non_snake
+        #inner
+
+        #(#cfg)*
+        #[doc = #factory_doc]
+        #(#hidden_doc)*
+        // Named after the method: the user's lint levels, as on the typed call.
+        #(#lints)*
+        #generated_allows
+        #vis #fn_token #factory #factory_params -> impl #krate::Tool<
+            Args: ::core::convert::From<#tuple>,
+            Output = #ok,
+            Error = #err,
+        > + ::core::clone::Clone + ::core::fmt::Debug + 'static
+        where
+            Self: ::core::marker::Send + ::core::marker::Sync + 'static,
+        #factory_body
 
         #(#cfg)*
         #(#doc)*
@@ -836,19 +934,12 @@ fn expand_method(model: &Model) -> TokenStream {
         #(#lints)*
         // A parameter named `_note` is passed on here, which is not the user's use of it.
         #[allow(clippy::too_many_arguments, clippy::used_underscore_binding)]
-        #vis fn #ident<'__idem>(
-            self: &::std::sync::Arc<Self>,
-            #run: &'__idem #krate::Run,
-            #(#params),*
-        ) -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>>
+        #generated_allows
+        #vis #fn_token #ident<'__idem> #call_params
+            -> #krate::__private::BoxFuture<'__idem, ::core::result::Result<#ok, #krate::Error<#err>>>
         where
             Self: ::core::marker::Send + ::core::marker::Sync + 'static,
-        {
-            let __idem_params = (#(#idents,)*);
-            let __idem_tool = Self::#factory(self);
-            let __idem_args = #krate::__private::make_args(&__idem_tool, __idem_params);
-            #krate::__private::call_owned(#run, __idem_tool, __idem_args)
-        }
+        #call_body
     }
 }
 

@@ -57,6 +57,10 @@ mod validate;
 ///   as `<T as Tool>::Args` (built with `From<(T1, .., Tn)>`);
 /// - a hidden `__idem_tool_charge_card` holding the body. `Self` must be `Send + Sync + 'static`.
 ///
+/// A tool that is neither called nor used as a value (in no tool set) is reported unused
+/// (`dead_code`) at its name, as the fn would be; the fn's lint attributes apply to the typed
+/// call too (`#[expect(dead_code)]` as an `allow`).
+///
 /// # Options
 /// - `retry = "safe" | "keyed" | "never"` (required): how the tool may be retried (see
 ///   `idem_core::RetryClass`).
