@@ -204,6 +204,7 @@ pub(crate) fn tool_item(
         attr.krate = default_krate.cloned();
     }
     let explicit_krate = attr.krate.clone();
+    validate::take_second_tool_attr(&mut item, &mut errors);
     let param_attrs = validate::take_param_attrs(&mut item, &mut errors);
     let fallback_item = item.clone();
     let fallback_attrs = param_attrs.clone();

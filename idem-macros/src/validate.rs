@@ -92,6 +92,23 @@ pub fn take_param_attrs(item: &mut ItemFn, errors: &mut Errors) -> Vec<ParamAttr
     attrs
 }
 
+/// Removes a second `#[tool(..)]` from `item` (any path ending in `tool`, as `#[tool_set]`
+/// finds them), with one error at it: left on the fn, it would go on the body, which it would
+/// expand as a tool of its own, and the errors would be about that.
+pub fn take_second_tool_attr(item: &mut ItemFn, errors: &mut Errors) {
+    let fn_name = item.sig.ident.unraw().to_string();
+    item.attrs.retain(|attr| {
+        let is_tool = attr.path().segments.last().is_some_and(|s| s.ident == "tool");
+        if is_tool {
+            errors.at(
+                attr.path(),
+                format!("`#[tool]` is given twice on `{fn_name}`; keep one, with all its options"),
+            );
+        }
+        !is_tool
+    });
+}
+
 /// Checks `item` against `attr`.
 pub fn validate(
     attr: Attr,
