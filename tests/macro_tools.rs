@@ -419,6 +419,20 @@ async fn safe_tool_runs_each_call_and_a_parameter_may_be_named_run() {
     assert_eq!(LOOKUPS.load(Ordering::SeqCst), 2);
 }
 
+/// Parameters that take every name the run parameter tries before a numbered one.
+#[tool(retry = "safe")]
+async fn relay(run: String, idem_run: String, __idem_run: String) -> Result<String, PayError> {
+    Ok(format!("{run}/{idem_run}/{__idem_run}"))
+}
+
+#[tokio::test]
+async fn parameters_named_like_every_run_name_keep_their_values() {
+    let r = Idem::in_memory().run("r1");
+    assert_eq!(relay(&r, "a".into(), "b".into(), "c".into()).await.unwrap(), "a/b/c");
+    let json = serde_json::json!({"run": "a", "idem_run": "b", "__idem_run": "c"});
+    assert_eq!(call_json(&r, &RelayTool, json).await.unwrap(), "a/b/c");
+}
+
 static SLOW_CHARGES: AtomicU32 = AtomicU32::new(0);
 
 #[tool(retry = "keyed")]

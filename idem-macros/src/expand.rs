@@ -580,17 +580,18 @@ pub(crate) fn is_option(ty: &Type) -> bool {
     }
 }
 
-/// The name of the typed call's run parameter: `run`, unless a parameter has that name.
+/// The name of the typed call's run parameter: `run`, or else the first of `idem_run`,
+/// `__idem_run`, `__idem_run1`, .. that no parameter has.
 fn run_ident(model: &Model) -> Ident {
     let taken = |name: &str| model.params.iter().any(|p| p.ident.unraw() == name);
-    let name = if !taken("run") {
-        "run"
-    } else if !taken("idem_run") {
-        "idem_run"
-    } else {
-        "__idem_run"
-    };
-    Ident::new(name, Span::call_site())
+    // A numbered name after these, so that parameters that take all three leave one free.
+    let names = ["run", "idem_run", "__idem_run"].map(str::to_owned);
+    let name = names
+        .into_iter()
+        .chain((1..).map(|i| format!("__idem_run{i}")))
+        .find(|name| !taken(name))
+        .unwrap_or_default();
+    Ident::new(&name, Span::call_site())
 }
 
 /// `.reconciled_by(|.., key, args| ..)` when the tool names a check: the check is called with
