@@ -93,8 +93,12 @@ pub fn stub(
     }
 }
 
-/// `Result<T, E>` → (T, E); an alias through `ToolReturn`; anything else → ((), ()).
+/// `Result<T, E>` → (T, E); an alias through `ToolReturn`; anything else, or a type with an
+/// `impl Trait` in it (refused; no binding may have an opaque type) → ((), ()).
 fn result_parts(ty: &Type, krate: &TokenStream) -> (TokenStream, TokenStream) {
+    if crate::validate::find_impl_trait(ty).is_some() {
+        return (quote!(()), quote!(()));
+    }
     if let Type::Path(tp) = ty
         && let Some(seg) = tp.path.segments.last()
         && seg.ident.to_string().ends_with("Result")

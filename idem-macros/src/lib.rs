@@ -119,9 +119,9 @@ mod validate;
 ///   has `#[serde(deny_unknown_fields)]` (which also puts `"additionalProperties": false` in
 ///   the schema). Serde's and schemars' field attributes (`rename`, `default`) go here, not on
 ///   parameters.
-/// - The return type is `Result<T, E>` (or an alias named `..Result`), `T: Serialize +
-///   DeserializeOwned`, `E: idem_core::Classify + Serialize + DeserializeOwned + Display + Debug`
-///   (`idem_core::NoError` for a tool that cannot fail).
+/// - The return type is `Result<T, E>` (or an alias named `..Result`) of named types (no
+///   `impl Trait`), `T: Serialize + DeserializeOwned`, `E: idem_core::Classify + Serialize +
+///   DeserializeOwned + Display + Debug` (`idem_core::NoError` for a tool that cannot fail).
 /// - The body's future must be `Send`: attempts are retried, joined by duplicates and run on any
 ///   worker thread.
 ///

@@ -480,6 +480,17 @@ pub fn validate(
     }
 
     let ret = match &sig.output {
+        // The output and the error are named in the tool's type and stored: no opaque type.
+        ReturnType::Type(_, ty)
+            if !(returns_impl && sig.asyncness.is_none())
+                && let Some(it) = find_impl_trait(ty) =>
+        {
+            errors.at(
+                it,
+                "`impl Trait` cannot be in a tool's return type: the output and the error are part of the tool's type, stored as JSON and replayed to every repeat, so write the concrete type",
+            );
+            None
+        }
         ReturnType::Type(_, ty) if names_a_result(ty) => {
             let ret = split_result(ty);
             // One error naming what to use instead: rustc's own, for a type with a trait object
@@ -613,7 +624,7 @@ pub(crate) fn ctx_shape(ty: &Type, krate_names: &[Vec<String>]) -> CtxShape {
     }
 }
 
-fn find_impl_trait(ty: &Type) -> Option<syn::TypeImplTrait> {
+pub(crate) fn find_impl_trait(ty: &Type) -> Option<syn::TypeImplTrait> {
     let mut found = None;
     visit_types(ty, &mut |t| {
         if let Type::ImplTrait(it) = t {
