@@ -16,7 +16,15 @@ fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
             let lit: syn::LitStr = meta.value()?.parse()?;
-            krate = Some(lit.parse::<syn::Path>()?);
+            let path = lit.parse::<syn::Path>()?;
+            // As `#[tool]` says: the last would win silently.
+            if krate.is_some() {
+                return Err(syn::Error::new_spanned(
+                    &meta.path,
+                    "`crate` is given twice; keep one",
+                ));
+            }
+            krate = Some(path);
             Ok(())
         } else {
             Err(meta.error("unknown option: `#[tool_set]` takes only `crate = \"..\"`"))
