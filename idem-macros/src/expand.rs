@@ -508,6 +508,13 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>
     };
     let skip = bits("SKIP", &|p| p.skip);
     let if_none = bits("SKIP_IF_NONE", &|p| p.skip_if_none);
+    // Written even when zero: the trait's default (every bit set) checks every parameter.
+    let may_hold_set: u16 = model
+        .params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !is_std_data(&p.ty))
+        .fold(0, |bits, (i, _)| bits | (1 << i));
     let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
         quote!(const DOCS: &'static [&'static ::core::primitive::str] = &[#(#texts),*];)
@@ -519,6 +526,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>
             #skip
             #if_none
             #docs
+            const MAY_HOLD_SET: ::core::primitive::u16 = #may_hold_set;
         }
     }
 }

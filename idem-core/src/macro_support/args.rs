@@ -42,6 +42,11 @@ pub trait Fields: 'static {
     /// The parameters' doc comments, in declaration order, for their JSON Schema `description`;
     /// empty for none (and shorter than `NAMES` when the last have none).
     const DOCS: &'static [&'static str] = &[];
+    /// Bit `i` set: parameter `i`'s type may hold a hash set, so each call checks its name
+    /// ([`ArgTuple::unordered_param`]). `#[tool]` clears the bits of the standard types it
+    /// recognises (`String`, the numbers, `Option` or `Vec` of these), so a tool of only those
+    /// pays nothing per call.
+    const MAY_HOLD_SET: u16 = u16::MAX;
 }
 
 /// The arguments of a tool declared with `#[tool]`: the parameters' values as a tuple `T` (up to
@@ -352,7 +357,11 @@ impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
 
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
-        if let Some(name) = T::unordered_param(F::NAMES, F::SKIP) {
+        // Constant per tool: the test is compiled out when no parameter may hold a set.
+        let unchecked = F::SKIP | !F::MAY_HOLD_SET;
+        if unchecked != u16::MAX
+            && let Some(name) = T::unordered_param(F::NAMES, unchecked)
+        {
             return Err(KeyError::UnorderedSet { path: name.to_owned() });
         }
         if F::SKIP == 0 && F::SKIP_IF_NONE == 0 {
