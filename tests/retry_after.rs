@@ -137,7 +137,7 @@ async fn a_pause_ends_when_a_renewal_finds_the_key_taken_over() {
         deadline: Duration::from_secs(900),
         ..idem_core::Policy::default()
     };
-    let a = Idem::builder_shared(store.clone()).policy(policy.clone()).build();
+    let a = Idem::builder_shared(store.clone()).policy(policy).build();
     let b = Idem::builder_shared(store).policy(policy).build();
     let (run_a, run_b) = (a.run("r"), b.run("r"));
 
