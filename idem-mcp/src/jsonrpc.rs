@@ -285,6 +285,14 @@ fn first_non_space(text: &str) -> Option<u8> {
 /// whole): read when the members before the cut include exactly one `id` a reply can carry and
 /// a `method` (a request), and no `result` or `error` (a response).
 pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
+    id_in_ends(head, b"")
+}
+
+/// The id of a request too long to read whole, from its first and last bytes: from its head as
+/// [`id_in_head`] reads it, or, when the head shows a request without an `id` member yet, from
+/// its tail ending with `"id": <string or integer> }`. Clients write the id after the params too
+/// (the TypeScript SDK: `method`, `params`, `jsonrpc`, `id`).
+pub fn id_in_ends(head: &[u8], tail: &[u8]) -> Option<RequestId> {
     let text = match std::str::from_utf8(head) {
         Ok(text) => text,
         // Cut inside a character.
@@ -301,7 +309,11 @@ pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
     {
         return None;
     }
-    let raw = member(&members, "id").ok()??;
+    let raw = match member(&members, "id") {
+        Ok(Some(raw)) => raw,
+        Ok(None) => return id_in_tail(tail),
+        Err(()) => return None,
+    };
     // A number cut short reads as another number (`42` cut after the `4`): a number counts only
     // when something follows it before the cut (a string ends with its quote).
     let end = raw.get().as_ptr() as usize - text.as_ptr() as usize + raw.get().len();
@@ -309,6 +321,41 @@ pub fn id_in_head(head: &[u8]) -> Option<RequestId> {
         return None;
     }
     request_id(raw)
+}
+
+/// The id in the last member of an object's text, read from its end: `"id": <value> }`. In a
+/// JSON object the member right before the closing brace is a member of that object, so at the
+/// end of a message this is the message's own id, not one nested in its params; read backwards,
+/// the value before the brace is outside any string, and so are the colon and the key before it.
+fn id_in_tail(tail: &[u8]) -> Option<RequestId> {
+    let whitespace = |c: char| matches!(c, ' ' | '\t' | '\n' | '\r');
+    // The first bytes may be cut inside a character; the id's own text is whole.
+    let text = String::from_utf8_lossy(tail);
+    let body = text.trim_end_matches(whitespace).strip_suffix('}')?.trim_end_matches(whitespace);
+    let bytes = body.as_bytes();
+    let start = if body.ends_with('"') {
+        // The opening quote: the last one before the closing quote that no odd run of
+        // backslashes escapes.
+        let mut before = bytes.len() - 1;
+        loop {
+            let quote = bytes[..before].iter().rposition(|b| *b == b'"')?;
+            let escapes = bytes[..quote].iter().rev().take_while(|b| **b == b'\\').count();
+            if escapes % 2 == 0 {
+                break quote;
+            }
+            before = quote;
+        }
+    } else {
+        bytes.len() - bytes.iter().rev().take_while(|b| b.is_ascii_digit() || **b == b'-').count()
+    };
+    let (rest, value) = body.split_at(start);
+    let key = rest.trim_end_matches(whitespace).strip_suffix(':')?.trim_end_matches(whitespace);
+    let before_key = key.strip_suffix("\"id\"")?.trim_end_matches(whitespace);
+    // The key's opening quote follows the `{` or `,` before the member (not a backslash).
+    if !before_key.ends_with([',', '{']) {
+        return None;
+    }
+    request_id(serde_json::from_str(value).ok()?)
 }
 
 /// Checks one inbound message (one line of stdio, one HTTP body) and says what to do with it.
@@ -729,6 +776,39 @@ mod tests {
         ] {
             assert_eq!(id_in_head(head), None, "{}", String::from_utf8_lossy(head));
         }
+    }
+
+    /// A message cut in the middle, whose head shows a request without its `id`, names the id at
+    /// its end when the last member before the closing brace is `"id"` with a string or an
+    /// integer; nothing else at the end is taken for it.
+    #[test]
+    fn the_id_is_read_from_the_tail_when_the_head_names_none() {
+        let head = br#"{"method":"tools/call","params":{"a":"xxxx"#;
+        for (tail, id) in [
+            (&br#"xx"}},"jsonrpc":"2.0","id":7}"#[..], Some(RequestId::Number(7))),
+            (br#"xx"}}, "id" : -3 }  "#, Some(RequestId::Number(-3))),
+            (br#"x"},"id":"a\"b\\"}"#, Some(RequestId::String(r#"a"b\"#.into()))),
+            // Not an id a reply can carry.
+            (br#"x"},"id":1.5}"#, None),
+            (br#"x"},"id":18446744073709551616}"#, None),
+            (br#"x"},"id":null}"#, None),
+            // Nested, or inside a string, or another key ending in `id`.
+            (br#"x","id":7}}"#, None),
+            (br#"x"},"b":"c\",\"id\":7"}"#, None),
+            (br#"x"},"b\"id":7}"#, None),
+            (br#"x"},"uid":7}"#, None),
+        ] {
+            assert_eq!(id_in_ends(head, tail), id, "{}", String::from_utf8_lossy(tail));
+        }
+        let tail = br#"x"},"id":7}"#;
+        // The head decides when it names an id, a response, or no method.
+        assert_eq!(
+            id_in_ends(br#"{"id":8,"method":"m","params":{"a":"xx"#, tail),
+            Some(RequestId::Number(8))
+        );
+        assert_eq!(id_in_ends(br#"{"result":{"a":"xx"#, tail), None);
+        assert_eq!(id_in_ends(br#"{"params":{"a":"xx"#, tail), None);
+        assert_eq!(id_in_ends(br#"{"method":"m","error":{},"params":{"a":"xx"#, tail), None);
     }
 
     /// `"params": null` is no params: a list or a ping goes on to rmcp as if it had none, and a

@@ -36,12 +36,13 @@ use tokio::task::JoinHandle;
 pub use crate::stdin::Stdin;
 
 use crate::jsonrpc::{
-    CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_head, id_in_use,
+    CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_ends, id_in_use,
 };
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
 /// is skipped to its end and answered with -32600, with the request's id when its first 64 KiB
-/// name it (clients write `id` before `params`), else with a `null` id.
+/// name it (the Python SDK writes `id` before `params`) or its last 64 KiB end with it (the
+/// TypeScript SDK writes it last), else with a `null` id.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How rmcp's answer to a request without a session begins.
@@ -58,7 +59,8 @@ pub struct LineTransport<R, W> {
     read: BufReader<R>,
     line: Vec<u8>,
     max_line_bytes: usize,
-    discarding: bool,
+    /// The line past the limit being skipped, if any.
+    skipping: Option<Skipped>,
     writer: Writer<W>,
     /// The ids of the requests passed on to rmcp and not answered yet.
     in_flight: HashSet<RequestId>,
@@ -105,7 +107,7 @@ where
             read: BufReader::new(read),
             line: Vec::new(),
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
-            discarding: false,
+            skipping: None,
             writer: Writer::Idle(write),
             in_flight: HashSet::new(),
             cancelled: CancelledIds::default(),
@@ -169,7 +171,10 @@ where
             if available.is_empty() {
                 // A last line without its newline is still a message: the client closed its
                 // input after writing it, and is waiting for the answer.
-                if !self.line.is_empty() && !self.discarding {
+                if let Some(skipped) = self.skipping.take() {
+                    return Ok(Line::TooLong(skipped.id()));
+                }
+                if !self.line.is_empty() {
                     return Ok(Line::Complete);
                 }
                 return Ok(Line::Eof);
@@ -177,18 +182,18 @@ where
             let newline = available.iter().position(|b| *b == b'\n');
             let take = newline.map_or(available.len(), |i| i + 1);
             let mut step = None;
-            if self.discarding {
+            if self.line.len().saturating_add(take) > self.max_line_bytes && self.skipping.is_none()
+            {
+                // Only the ends are kept, for the id: clients write it before the params (the
+                // Python SDK) or after them (the TypeScript SDK).
+                self.skipping = Some(Skipped::new(std::mem::take(&mut self.line)));
+            }
+            if let Some(skipped) = &mut self.skipping {
+                skipped.keep(&available[..take]);
+                // Answered once its end is read: the id may be there.
                 if newline.is_some() {
-                    self.discarding = false;
+                    step = self.skipping.take().map(|s| Line::TooLong(s.id()));
                 }
-            } else if self.line.len().saturating_add(take) > self.max_line_bytes {
-                // The line's head, for its id: JSON-RPC clients write `id` before `params`.
-                let mut head = std::mem::take(&mut self.line);
-                head.truncate(ID_SCAN_BYTES);
-                let more = ID_SCAN_BYTES.saturating_sub(head.len()).min(take);
-                head.extend_from_slice(&available[..more]);
-                self.discarding = newline.is_none();
-                step = Some(Line::TooLong(id_in_head(&head)));
             } else {
                 self.line.extend_from_slice(&available[..take]);
                 if newline.is_some() {
@@ -260,8 +265,36 @@ enum Line {
     Eof,
 }
 
-/// How much of a skipped line's head is searched for its id, in bytes.
+/// How much of each end of a skipped line is searched for its id, in bytes.
 const ID_SCAN_BYTES: usize = 64 * 1024;
+
+/// The first and last [`ID_SCAN_BYTES`] of a line past the limit, as it is skipped.
+struct Skipped {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl Skipped {
+    fn new(start: Vec<u8>) -> Skipped {
+        let mut skipped = Skipped { head: Vec::new(), tail: Vec::new() };
+        skipped.keep(&start);
+        skipped
+    }
+
+    /// Notes the next bytes of the line.
+    fn keep(&mut self, bytes: &[u8]) {
+        let more = ID_SCAN_BYTES.saturating_sub(self.head.len()).min(bytes.len());
+        self.head.extend_from_slice(&bytes[..more]);
+        let last = &bytes[bytes.len().saturating_sub(ID_SCAN_BYTES)..];
+        let drop = (self.tail.len() + last.len()).saturating_sub(ID_SCAN_BYTES);
+        self.tail.drain(..drop);
+        self.tail.extend_from_slice(last);
+    }
+
+    fn id(&self) -> Option<RequestId> {
+        id_in_ends(&self.head, &self.tail)
+    }
+}
 
 impl<R, W> Transport<RoleServer> for LineTransport<R, W>
 where
@@ -349,8 +382,8 @@ mod tests {
 
     use super::*;
 
-    /// A line past the limit is skipped and answered once, with the id its head names (or
-    /// `null` when it names none), and the lines after it are read as before.
+    /// A line past the limit is skipped and answered once, with the id it names (or `null` when
+    /// it names none), and the lines after it are read as before.
     #[tokio::test]
     async fn a_line_past_the_limit_is_answered_with_its_id_and_the_next_line_is_read() {
         let (client, server) = tokio::io::duplex(1 << 16);
@@ -372,13 +405,58 @@ mod tests {
         assert_eq!(ping.id, RequestId::Number(3));
         let _write = writer.await.unwrap();
         let mut replies = tokio::io::BufReader::new(read).lines();
-        for id in [serde_json::json!("big-1"), serde_json::Value::Null] {
+        for id in [serde_json::json!("big-1"), serde_json::json!(7)] {
             let line = replies.next_line().await.unwrap().unwrap();
             let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
             assert_eq!(reply["id"], id, "{reply}");
             assert_eq!(reply["error"]["code"], -32600, "{reply}");
             let message = reply["error"]["message"].as_str().unwrap();
             assert!(message.contains("longer than 1000 bytes"), "{message}");
+        }
+    }
+
+    /// The TypeScript SDK (behind Claude Desktop, VS Code, Cursor) writes a request's members as
+    /// `method`, `params`, `jsonrpc`, `id`: the id of a line past the limit is at its end, far
+    /// from its head. The answer carries it, so the client hears at once why its request failed
+    /// instead of waiting out its timeout for an answer it cannot match. An `id` nested in the
+    /// params of a notification, or the id of a response, is not taken for the line's.
+    #[tokio::test]
+    async fn a_line_past_the_limit_with_its_id_last_is_answered_with_that_id() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let mut transport = LineTransport::new(server_read, server_write).with_max_line_bytes(1000);
+        let (read, mut write) = tokio::io::split(client);
+        // Longer than the head and the tail that are searched together.
+        let big = "x".repeat(200_000);
+        let lines = format!(
+            "{{\"method\":\"tools/call\",\"params\":{{\"name\":\"t\",\"arguments\":{{\"a\":\"{big}\"}}}},\"jsonrpc\":\"2.0\",\"id\":7}}\n\
+             {{\"method\":\"tools/call\",\"params\":{{\"a\":\"{big}\"}},\"jsonrpc\":\"2.0\",\"id\" : \"req-\\\"8\\\"-é\" }}\r\n\
+             {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"a\":\"{big}\",\"id\":5}}}}\n\
+             {{\"result\":{{\"a\":\"{big}\"}},\"jsonrpc\":\"2.0\",\"id\":6}}\n\
+             {{\"method\":\"ping\",\"params\":{{\"a\":\"{big}\"}},\"b\":\"x\\\",\\\"id\\\":9\"}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}}\n"
+        );
+        let writer = tokio::spawn(async move {
+            write.write_all(lines.as_bytes()).await.unwrap();
+            write
+        });
+        let next = transport.receive().await.expect("the ping after the long lines");
+        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
+        assert_eq!(ping.id, RequestId::Number(3));
+        let _write = writer.await.unwrap();
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        let null = serde_json::Value::Null;
+        for id in [
+            serde_json::json!(7),
+            serde_json::json!("req-\"8\"-é"),
+            null.clone(),
+            null.clone(),
+            null,
+        ] {
+            let line = replies.next_line().await.unwrap().unwrap();
+            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(reply["id"], id, "{reply}");
+            assert_eq!(reply["error"]["code"], -32600, "{reply}");
         }
     }
 }
