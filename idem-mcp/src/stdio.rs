@@ -17,7 +17,9 @@
 //!
 //! A second `initialize` on one connection is answered here with -32600 and its id (MCP
 //! 2025-11-25 "Lifecycle": initialization happens once), as the HTTP service answers one naming a
-//! live session; the session goes on as it was.
+//! live session; the session goes on as it was. A notification or a response that comes before
+//! `initialize` is dropped: rmcp would end the whole session on it, before the client's
+//! `initialize` is read.
 
 use std::collections::HashSet;
 use std::io;
@@ -70,6 +72,10 @@ pub struct LineTransport<R, W> {
     cancelled: CancelledIds<RequestId>,
     /// An `initialize` request came: the session's lifecycle has started.
     initialized: bool,
+    /// rmcp serves the session: an `initialize`, or a request with the sessionless lifecycle's
+    /// `_meta`, was passed on. Before, rmcp waits for one of them and ends the whole session on
+    /// anything else.
+    started: bool,
     _role: PhantomData<fn() -> RoleServer>,
 }
 
@@ -112,6 +118,7 @@ where
             in_flight: HashSet::new(),
             cancelled: CancelledIds::default(),
             initialized: false,
+            started: false,
             _role: PhantomData,
         }
     }
@@ -210,11 +217,19 @@ where
 
 impl<R, W> LineTransport<R, W> {
     /// Notes a request's id as in flight, or refuses the request when its id already is; frees
-    /// the id of a request the client cancels (rmcp sends no response for it).
+    /// the id of a request the client cancels (rmcp sends no response for it). `Ok(None)`: a
+    /// notification or a response before the session started, dropped.
     fn track(
         &mut self,
         message: ClientJsonRpcMessage,
-    ) -> Result<ClientJsonRpcMessage, serde_json::Value> {
+    ) -> Result<Option<ClientJsonRpcMessage>, serde_json::Value> {
+        if !self.started && !matches!(message, JsonRpcMessage::Request(_)) {
+            // rmcp ends the session on a message other than a request before it starts (MCP
+            // "Lifecycle": initialization comes first); a notification is never answered, and
+            // a response answers nothing the server asked yet.
+            tracing::debug!("dropping a notification or a response sent before `initialize`");
+            return Ok(None);
+        }
         match &message {
             JsonRpcMessage::Request(request) => {
                 let initialize = matches!(request.request, ClientRequest::InitializeRequest(_));
@@ -240,6 +255,17 @@ impl<R, W> LineTransport<R, W> {
                 if initialize {
                     self.initialized = true;
                 }
+                // A request that carries the sessionless lifecycle's fields starts that lifecycle;
+                // a `server/discover` probe does not. (rmcp refuses one naming a version it does
+                // not serve and waits on: a notification after it ends the session, as before.)
+                let meta = rmcp::model::GetMeta::get_meta(&request.request);
+                let probe = matches!(request.request, ClientRequest::DiscoverRequest(_));
+                let sessionless = !probe
+                    && meta.protocol_version().is_some()
+                    && meta
+                        .missing_required_keys(&rmcp::model::ProtocolVersion::V_2026_07_28)
+                        .is_empty();
+                self.started |= initialize || sessionless;
             }
             JsonRpcMessage::Notification(notification) => {
                 if let ClientNotification::CancelledNotification(cancelled) =
@@ -254,7 +280,7 @@ impl<R, W> LineTransport<R, W> {
             }
             _ => {}
         }
-        Ok(message)
+        Ok(Some(message))
     }
 }
 
@@ -358,7 +384,8 @@ where
             self.line.clear();
             match inbound {
                 Inbound::Message(message) => match self.track(*message) {
-                    Ok(message) => return Some(message),
+                    Ok(Some(message)) => return Some(message),
+                    Ok(None) => {}
                     Err(reply) => self.queue(&reply).ok()?,
                 },
                 Inbound::Reply(reply) => self.queue(&reply).ok()?,
@@ -413,6 +440,52 @@ mod tests {
             let message = reply["error"]["message"].as_str().unwrap();
             assert!(message.contains("longer than 1000 bytes"), "{message}");
         }
+    }
+
+    /// A notification or a response that comes before `initialize` (a client's early
+    /// `notifications/initialized` or `notifications/cancelled`, an answer to nothing) is dropped:
+    /// rmcp ends the whole session on it, and the server exited before the client's
+    /// `initialize`. The session starts when `initialize` comes, and serves as usual.
+    #[tokio::test]
+    async fn a_notification_or_a_response_before_initialize_does_not_end_the_session() {
+        use rmcp::ServiceExt;
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let idem = idem_core::Idem::in_memory();
+        let served = tokio::spawn(async move {
+            let transport = LineTransport::new(server_read, server_write);
+            let running = crate::IdemServer::new(idem_core::ToolSet::new(), &idem)
+                .serve(transport)
+                .await
+                .map_err(|e| e.to_string())?;
+            running.waiting().await.map_err(|e| e.to_string())?;
+            Ok::<(), String>(())
+        });
+        let (read, mut write) = tokio::io::split(client);
+        let lines = [
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":0}}"#,
+            r#"{"jsonrpc":"2.0","id":"s-1","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":"s-2","error":{"code":-32601,"message":"no"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        ];
+        for line in lines {
+            write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        }
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        for id in [1, 2] {
+            let line = replies.next_line().await.unwrap();
+            let line =
+                line.unwrap_or_else(|| panic!("the server ended: {:?}", served.is_finished()));
+            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(reply["id"], id, "{reply}");
+            assert!(reply["result"].is_object(), "{reply}");
+        }
+        write.shutdown().await.unwrap();
+        assert_eq!(replies.next_line().await.unwrap(), None, "nothing else was answered");
+        served.await.unwrap().unwrap();
     }
 
     /// The TypeScript SDK (behind Claude Desktop, VS Code, Cursor) writes a request's members as
