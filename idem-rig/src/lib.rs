@@ -23,6 +23,11 @@
 //! executed, replayed, joined, ...) is published in the call's result context as an
 //! [`IdemReport`], for the host's hooks and logs; the model does not see it.
 //!
+//! Each call runs to its end in a task of its own: a host that stops waiting for the agent (a
+//! timeout around the prompt, a web request whose client went away) does not cut an attempt off
+//! halfway, and the call's outcome is stored for its repeat. A process that exits waits for
+//! [`RigToolSet::calls_finished`] first.
+//!
 //! Built on rig-core 0.44's tool contracts ([`rig_core::tool::DynamicTool`]), without rig's
 //! provider transports. A [`DynamicTool`](rig_core::tool::DynamicTool) is rig's form for tools
 //! whose name is known at run time; rig's typed `Tool` trait needs a `const NAME`, which an

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use idem_core::toolset::Arguments;
-use idem_core::{Run, Scope, Tool, ToolSet, ToolSetError};
+use idem_core::{ErrorKind, Run, Scope, Tool, ToolResult, ToolSet, ToolSetError};
 use rig_core::message::ToolName;
 use rig_core::tool::{
     ContextValue, DynamicTool, ToolContext, ToolErrorKind, ToolExecutionError, ToolOutput,
@@ -11,6 +11,8 @@ use rig_core::tool::{
 use rig_core::wasm_compat::WasmBoxedFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::result::to_rig;
 
@@ -73,12 +75,33 @@ impl ContextValue for IdemReport {
 pub struct RigToolSet {
     tools: Arc<ToolSet>,
     run: Run,
+    /// The calls' tasks, shared by clones and by the rig tools made from them.
+    calls: TaskTracker,
 }
 
 impl RigToolSet {
     /// `tools`, every call of which runs in `run`.
     pub fn new(tools: ToolSet, run: Run) -> Self {
-        RigToolSet { tools: Arc::new(tools), run }
+        RigToolSet { tools: Arc::new(tools), run, calls: TaskTracker::new() }
+    }
+
+    /// Waits until every call started through these tools (or a clone of them, or a rig tool
+    /// made from them) has finished and its outcome is stored. A call runs in a task of its own,
+    /// so that a host that stops waiting for it (a timeout around the prompt, a web request
+    /// whose client went away: the agent's future is dropped) does not cut an attempt off
+    /// halfway, leaving its claim to the lease and its repeat to run the tool again: a process
+    /// that exits must wait for this first, or the runtime drops the calls mid-effect. Then
+    /// [`Idem::late_completions_settled`](idem_core::Idem::late_completions_settled) waits for
+    /// outcomes the store refused when their tools finished.
+    pub async fn calls_finished(&self) {
+        // A closed tracker still takes new calls; closing only lets `wait` end once it is empty.
+        self.calls.close();
+        self.calls.wait().await;
+    }
+
+    /// How many calls started through these tools are still running.
+    pub fn calls_running(&self) -> usize {
+        self.calls.len()
     }
 
     /// One idem tool alone. Errors: [`ToolSetError`] (an invalid name, arguments that are not
@@ -110,6 +133,7 @@ impl RigToolSet {
         let parameters = Value::Object(def.input_schema.clone());
         let tools = Arc::clone(&self.tools);
         let run = self.run.clone();
+        let calls = self.calls.clone();
         let name: &'static str = def.name;
         Some(DynamicTool::new_with_context(
             rig_name,
@@ -119,7 +143,8 @@ impl RigToolSet {
                 // Resolved before the future so it borrows nothing from the context.
                 let run = run_for(&run, cx);
                 let tools = Arc::clone(&tools);
-                Box::pin(async move { call(&tools, run?, name, args, cx).await })
+                let calls = calls.clone();
+                Box::pin(async move { call(tools, &calls, run?, name, args, cx).await })
             },
         ))
     }
@@ -128,18 +153,33 @@ impl RigToolSet {
 /// Calls `name` through idem, publishes how it was served in `cx`, and turns the result into
 /// rig's terms.
 async fn call(
-    tools: &ToolSet,
+    tools: Arc<ToolSet>,
+    calls: &TaskTracker,
     run: Run,
-    name: &str,
+    name: &'static str,
     args: Value,
     cx: &mut ToolContext,
 ) -> Result<ToolOutput, ToolExecutionError> {
-    // rig hands over parsed JSON; `null` (no arguments) means `{}` as in the OpenAI format.
-    let args = match &args {
-        Value::Null => Arguments::Absent,
-        other => Arguments::Json(other),
+    let call = async move {
+        // rig hands over parsed JSON; `null` (no arguments) means `{}` as in the OpenAI format.
+        let args = match &args {
+            Value::Null => Arguments::Absent,
+            other => Arguments::Json(other),
+        };
+        tools.call_args(&run, name, args).await
     };
-    let result = tools.call_args(&run, name, args).await;
+    // In a task of its own: if the host drops this future (it stopped waiting), the attempt
+    // still finishes and its outcome is stored, so the repeat is answered from it. Outside a
+    // tokio runtime there is no task to run it in, and it runs here.
+    let result = match tokio::runtime::Handle::try_current() {
+        Ok(_) => calls.spawn(call.instrument(tracing::Span::current())).await.unwrap_or_else(|e| {
+            let why = format!(
+                "the task running `{name}` ended without a result ({e}); an outcome it reached is stored, and a repeat gets it"
+            );
+            ToolResult::error(ErrorKind::Internal, why, None)
+        }),
+        Err(_) => call.await,
+    };
     if let Some(report) = &result.report {
         let report = IdemReport {
             run: report.scope.run_id().to_owned(),
@@ -228,6 +268,47 @@ mod tests {
         assert_eq!(first.await.unwrap().unwrap(), 7);
         assert_eq!(second.await.unwrap().unwrap(), 7);
         assert_eq!(waits.load(Ordering::SeqCst), 1, "the duplicate's wait reached the hook");
+    }
+
+    static BOOKINGS: AtomicU32 = AtomicU32::new(0);
+    static DESK: Semaphore = Semaphore::const_new(0);
+
+    /// Book a room; the hotel answers when the desk lets it.
+    #[idem_core::tool(retry = "keyed", lease = "300ms")]
+    async fn book(room: u32) -> Result<u32, Declined> {
+        BOOKINGS.fetch_add(1, Ordering::SeqCst);
+        DESK.acquire().await.map_err(|_| Declined)?.forget();
+        Ok(room)
+    }
+
+    /// A host that stops waiting for a call (a timeout around the prompt, a web request whose
+    /// client went away: the agent's future is dropped) does not cut the call off in the middle
+    /// of its attempt: it finishes and its outcome is stored, so the repeat gets it. Before, the
+    /// attempt was dropped with the future, its claim was left to its lease, and the repeat ran
+    /// the booking a second time.
+    #[tokio::test]
+    async fn a_call_the_host_stops_waiting_for_finishes_and_its_repeat_gets_its_outcome() {
+        let tools = RigToolSet::single(BookTool, Idem::in_memory().run("conv-1")).unwrap();
+        let tool = tools.dynamic_tool("book").unwrap();
+        let first = tokio::spawn({
+            let tool = tool.clone();
+            async move { tool.execute(serde_json::json!({"room": 7})).await }
+        });
+        while BOOKINGS.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        DESK.add_permits(1);
+
+        let mut cx = ToolContext::new();
+        let again = tool.execute_with(&mut cx, serde_json::json!({"room": 7})).await.unwrap();
+        assert_eq!(again.as_json(), Some(&serde_json::json!(7)));
+        assert_eq!(BOOKINGS.load(Ordering::SeqCst), 1, "one booking");
+        let report = cx.result::<IdemReport>().unwrap().expect("a report");
+        let outcome = report.outcome.as_deref().unwrap_or_default();
+        assert!(["replayed", "joined"].contains(&outcome), "{report:?}");
+        tools.calls_finished().await;
     }
 
     #[test]
