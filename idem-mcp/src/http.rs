@@ -68,7 +68,8 @@ pub use rmcp::transport::streamable_http_server::{
 
 use crate::IdemServer;
 use crate::jsonrpc::{
-    ArgumentsText, CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_use,
+    ArgumentsText, CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_lossy,
+    id_in_use,
 };
 
 /// The app's function from an HTTP request's head to its principal (`None`: the request has
@@ -530,8 +531,9 @@ where
                     if let Some(refused) = refused_by_transport(&mut inner, &parts, "").await {
                         return Ok(refused);
                     }
+                    // With the request's id when it can be read, as over stdio.
                     let answer = error_reply(
-                        None,
+                        id_in_lossy(&bytes).as_ref(),
                         ErrorCode::PARSE_ERROR,
                         "Parse error: the body is not UTF-8, which JSON text must be",
                     );

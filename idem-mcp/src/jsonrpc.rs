@@ -323,6 +323,18 @@ pub fn id_in_ends(head: &[u8], tail: &[u8]) -> Option<RequestId> {
     request_id(raw)
 }
 
+/// The id of a request whose text is not UTF-8 (a client writing its platform's code page, as
+/// Windows' cp1252 for an `é`): read as [`id_in_head`] reads it from the text with every sequence
+/// that is not UTF-8 replaced by U+FFFD. Such bytes sit inside strings, so the members around them
+/// read as sent; an id holding U+FFFD may not be the one sent, and is not named.
+pub fn id_in_lossy(bytes: &[u8]) -> Option<RequestId> {
+    let text = String::from_utf8_lossy(bytes);
+    match id_in_head(text.as_bytes())? {
+        RequestId::String(id) if id.contains(char::REPLACEMENT_CHARACTER) => None,
+        id => Some(id),
+    }
+}
+
 /// The id in the last member of an object's text, read from its end: `"id": <value> }`. In a
 /// JSON object the member right before the closing brace is a member of that object, so at the
 /// end of a message this is the message's own id, not one nested in its params; read backwards,

@@ -38,7 +38,8 @@ use tokio::task::JoinHandle;
 pub use crate::stdin::Stdin;
 
 use crate::jsonrpc::{
-    CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_ends, id_in_use,
+    CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_ends, id_in_lossy,
+    id_in_use,
 };
 
 /// The longest line accepted, in bytes (16 MiB, as rmcp's own stdio transport). A longer line
@@ -375,10 +376,14 @@ where
             }
             let inbound = match std::str::from_utf8(&self.line) {
                 Ok(text) => check_message(text.trim_end_matches(['\n', '\r'])),
+                // With the id when it can be read, so the client hears at once why its request
+                // failed instead of waiting out its timeout.
                 Err(e) => Inbound::Reply(error_reply(
-                    None,
+                    id_in_lossy(&self.line).as_ref(),
                     rmcp::model::ErrorCode::PARSE_ERROR,
-                    format!("Parse error: the line is not UTF-8 ({e})"),
+                    format!(
+                        "Parse error: the line is not UTF-8 ({e}); JSON text is UTF-8 (RFC 8259 §8.1): send the message encoded so"
+                    ),
                 )),
             };
             self.line.clear();
@@ -439,6 +444,47 @@ mod tests {
             assert_eq!(reply["error"]["code"], -32600, "{reply}");
             let message = reply["error"]["message"].as_str().unwrap();
             assert!(message.contains("longer than 1000 bytes"), "{message}");
+        }
+    }
+
+    /// A line that is not UTF-8 (a client writing its platform's code page, as Windows' cp1252
+    /// for an `é` in an argument) is a parse error answered with the request's id when the line
+    /// names one outside the bytes that are not UTF-8, so the client hears at once why its request
+    /// failed instead of waiting out its timeout; `null` when it names none, or a notification.
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_is_answered_with_its_id() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let mut transport = LineTransport::new(server_read, server_write);
+        let (read, mut write) = tokio::io::split(client);
+        let mut lines: Vec<u8> = Vec::new();
+        for line in [
+            &b"{\"jsonrpc\":\"2.0\",\"id\":12,\"method\":\"tools/call\",\"params\":{\"name\":\"charge\",\"arguments\":{\"customer\":\"caf\xe9\"}}}\n"[..],
+            b"{\"method\":\"tools/call\",\"params\":{\"arguments\":{\"customer\":\"caf\xe9\"}},\"jsonrpc\":\"2.0\",\"id\":\"r-13\"}\n",
+            // The id itself is not UTF-8: not named.
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"caf\xe9\",\"method\":\"ping\"}\n",
+            // A notification, a response: no id to answer with.
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"id\":14,\"d\":\"\xe9\"}}\n",
+            b"{\"jsonrpc\":\"2.0\",\"id\":15,\"result\":{\"d\":\"\xe9\"}}\n",
+            b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n",
+        ] {
+            lines.extend_from_slice(line);
+        }
+        write.write_all(&lines).await.unwrap();
+        let next = transport.receive().await.expect("the ping after the lines");
+        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
+        assert_eq!(ping.id, RequestId::Number(3));
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        let null = serde_json::Value::Null;
+        for id in
+            [serde_json::json!(12), serde_json::json!("r-13"), null.clone(), null.clone(), null]
+        {
+            let line = replies.next_line().await.unwrap().unwrap();
+            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(reply["id"], id, "{reply}");
+            assert_eq!(reply["error"]["code"], -32700, "{reply}");
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(message.contains("not UTF-8"), "{message}");
         }
     }
 

@@ -352,7 +352,8 @@ async def numbers(binary, work):
 
 async def not_utf8(binary, work):
     # JSON text is UTF-8: a body that is not is a JSON-RPC parse error, as a line over stdio is,
-    # not HTTP 415 with the decoder's text.
+    # not HTTP 415 with the decoder's text; with the request's id, read around the bytes that
+    # are not UTF-8.
     proc, url = start(binary, work)
     try:
         headers = {
@@ -365,7 +366,10 @@ async def not_utf8(binary, work):
             check(r.status_code == 400, f"status {r.status_code}: {r.text}")
             body = r.json()
             check(body.get("error", {}).get("code") == -32700, f"{body}")
-            check(body.get("id", 0) is None, f"{body}")
+            check(body.get("id") == 7, f"{body}")
+            # An id that is not UTF-8 itself is not named.
+            r = await c.post(url, content=b'{"jsonrpc":"2.0","id":"\xe9","method":"ping"}')
+            check(r.status_code == 400 and r.json().get("id", 0) is None, f"{r.status_code}: {r.text}")
     finally:
         stop(proc)
     return "a body that is not UTF-8 is a parse error"
