@@ -335,39 +335,68 @@ pub fn id_in_lossy(bytes: &[u8]) -> Option<RequestId> {
     }
 }
 
-/// The id in the last member of an object's text, read from its end: `"id": <value> }`. In a
-/// JSON object the member right before the closing brace is a member of that object, so at the
-/// end of a message this is the message's own id, not one nested in its params; read backwards,
-/// the value before the brace is outside any string, and so are the colon and the key before it.
+/// The id among the last members of an object's text, read from its end: `"id": <value>`
+/// followed only by members whose values are strings, numbers, booleans or `null` (a client may
+/// write more after the id), then `}`. In a JSON object the members right before the closing
+/// brace are members of that object, so at the end of a message this is the message's own id,
+/// not one nested in its params: read backwards, each scalar value, its colon and its key are
+/// outside any string, and the comma before the key separates two members of that object.
 fn id_in_tail(tail: &[u8]) -> Option<RequestId> {
+    /// At most this many members after the id are read past.
+    const MEMBERS: usize = 8;
     let whitespace = |c: char| matches!(c, ' ' | '\t' | '\n' | '\r');
-    // The first bytes may be cut inside a character; the id's own text is whole.
+    // The first bytes may be cut inside a character; the members read here are whole.
     let text = String::from_utf8_lossy(tail);
-    let body = text.trim_end_matches(whitespace).strip_suffix('}')?.trim_end_matches(whitespace);
-    let bytes = body.as_bytes();
-    let start = if body.ends_with('"') {
-        // The opening quote: the last one before the closing quote that no odd run of
-        // backslashes escapes.
-        let mut before = bytes.len() - 1;
-        loop {
-            let quote = bytes[..before].iter().rposition(|b| *b == b'"')?;
-            let escapes = bytes[..quote].iter().rev().take_while(|b| **b == b'\\').count();
-            if escapes % 2 == 0 {
-                break quote;
-            }
-            before = quote;
+    let mut body = text.trim_end_matches(whitespace).strip_suffix('}')?;
+    for _ in 0..MEMBERS {
+        let (rest, value) = body
+            .trim_end_matches(whitespace)
+            .split_at(scalar_start(body.trim_end_matches(whitespace))?);
+        let rest =
+            rest.trim_end_matches(whitespace).strip_suffix(':')?.trim_end_matches(whitespace);
+        let (rest, key) = rest.split_at(string_start(rest)?);
+        let key: String = serde_json::from_str(key).ok()?;
+        let rest = rest.trim_end_matches(whitespace);
+        if key == "id" {
+            // The key opens the member: after the object's `{` or a `,`.
+            return rest
+                .ends_with([',', '{'])
+                .then(|| serde_json::from_str(value).ok().and_then(request_id))
+                .flatten();
         }
-    } else {
-        bytes.len() - bytes.iter().rev().take_while(|b| b.is_ascii_digit() || **b == b'-').count()
-    };
-    let (rest, value) = body.split_at(start);
-    let key = rest.trim_end_matches(whitespace).strip_suffix(':')?.trim_end_matches(whitespace);
-    let before_key = key.strip_suffix("\"id\"")?.trim_end_matches(whitespace);
-    // The key's opening quote follows the `{` or `,` before the member (not a backslash).
-    if !before_key.ends_with([',', '{']) {
+        body = rest.strip_suffix(',')?;
+    }
+    None
+}
+
+/// Where the scalar value that ends `text` starts: a string, or a number, `true`, `false` or
+/// `null`. `None` when `text` ends otherwise (an object, an array).
+fn scalar_start(text: &str) -> Option<usize> {
+    if text.ends_with('"') {
+        return string_start(text);
+    }
+    let bytes = text.as_bytes();
+    let token = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'+' | b'.');
+    let start = bytes.len() - bytes.iter().rev().take_while(|b| token(b)).count();
+    (start < bytes.len()).then_some(start)
+}
+
+/// Where the string that ends `text` starts: the last quote before its closing quote that no odd
+/// run of backslashes escapes.
+fn string_start(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    if bytes.last() != Some(&b'"') {
         return None;
     }
-    request_id(serde_json::from_str(value).ok()?)
+    let mut before = bytes.len() - 1;
+    loop {
+        let quote = bytes[..before].iter().rposition(|b| *b == b'"')?;
+        let escapes = bytes[..quote].iter().rev().take_while(|b| **b == b'\\').count();
+        if escapes % 2 == 0 {
+            return Some(quote);
+        }
+        before = quote;
+    }
 }
 
 /// Checks one inbound message (one line of stdio, one HTTP body) and says what to do with it.
@@ -809,6 +838,15 @@ mod tests {
             (br#"x"},"b":"c\",\"id\":7"}"#, None),
             (br#"x"},"b\"id":7}"#, None),
             (br#"x"},"uid":7}"#, None),
+            // Members after the id (a session id, flags) are read past; an object or an array
+            // after it is not.
+            (
+                br#"x"},"id":7,"sessionId":"s-\"1\"","n":-1.5e3,"t":true,"z":null}"#,
+                Some(RequestId::Number(7)),
+            ),
+            (br#"x"},"id":7,"more":{"a":1}}"#, None),
+            (br#"x"},"id":7,"more":[1]}"#, None),
+            (br#"x"},"i\u0064":7}"#, Some(RequestId::Number(7))),
         ] {
             assert_eq!(id_in_ends(head, tail), id, "{}", String::from_utf8_lossy(tail));
         }
