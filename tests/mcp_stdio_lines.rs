@@ -86,6 +86,8 @@ fn every_request_line_gets_one_answer_with_its_id_and_notifications_none() {
         ("arguments an array", charge(5, "[1,2]"), Some(json!(5)), Expect::ToolError("must be a JSON object, not an array")),
         ("arguments a string", charge(6, r#""cus_1""#), Some(json!(6)), Expect::ToolError("not a string")),
         ("arguments a number", charge(7, "7"), Some(json!(7)), Expect::ToolError("not a number")),
+        // A string holding no text (OpenAI's arguments for none, passed on by a bridge): none.
+        ("arguments an empty string", charge(50, r#""""#), Some(json!(50)), Expect::ToolError("missing field `customer`")),
         ("a repeated argument", charge(8, r#"{"customer":"acct-A","amount_cents":500,"customer":"acct-B"}"#), Some(json!(8)), Expect::ToolError("the member `customer` appears twice")),
         ("a repeated nested member", charge(9, r#"{"customer":"a","amount_cents":5,"x":{"k":1,"k":2}}"#), Some(json!(9)), Expect::ToolError("appears twice in the object at `x`")),
         // The envelope: protocol errors with the id.

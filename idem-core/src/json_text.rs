@@ -84,6 +84,19 @@ pub(crate) fn is_object_text(text: &str) -> bool {
     text.trim_start_matches(JSON_WHITESPACE).starts_with('{')
 }
 
+/// Whether `text` (a string's content) is the text of no arguments: nothing but JSON's whitespace,
+/// or `null`, as OpenAI-style argument text for a tool without parameters is.
+pub fn is_no_arguments_text(text: &str) -> bool {
+    matches!(text.trim_matches(JSON_WHITESPACE), "" | "null")
+}
+
+/// Whether `text` is a JSON string holding the text of no arguments ([`is_no_arguments_text`]):
+/// OpenAI's argument text for none, encoded once more.
+pub fn is_no_arguments_string(text: &str) -> bool {
+    text.trim_start_matches(JSON_WHITESPACE).starts_with('"')
+        && serde_json::from_str::<String>(text).is_ok_and(|s| is_no_arguments_text(&s))
+}
+
 /// RFC 8259 §2: the whitespace JSON allows around a value.
 pub(crate) const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
 

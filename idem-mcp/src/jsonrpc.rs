@@ -732,6 +732,11 @@ fn params(
         if member == "_meta" && null_meta {
             continue;
         }
+        // A string holding no text (OpenAI's arguments for none, passed on by a bridge) is no
+        // arguments, as on every front door: left out, as an absent `arguments` is.
+        if member == "arguments" && json_text::is_no_arguments_string(raw.get()) {
+            continue;
+        }
         let value = if member == "arguments" && raw.get() != "null" {
             // Encoded twice (an object's text in a string): that object, as on every front door.
             let inner = json_text::twice_encoded(raw.get());

@@ -13,7 +13,9 @@ use crate::json_text::{self, JSON_WHITESPACE};
 
 /// The arguments of one call as the model sent them. In every shape, a JSON string holding an
 /// object's text is that object (arguments encoded twice, as some models and OpenAI-compatible
-/// servers send them), with the key of the object sent plainly; any other string is refused.
+/// servers send them), with the key of the object sent plainly, and one holding no text (or
+/// `null`) is `{}`, as that text is in `Text` (bridges that pass OpenAI's `arguments` on send
+/// `""` for a tool without parameters); any other string is refused.
 #[derive(Clone, Copy, Debug)]
 pub enum Arguments<'a> {
     /// Parsed JSON (Anthropic `input`, MCP `arguments`).
@@ -33,9 +35,15 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
         Arguments::Json(Value::String(s)) if json_text::is_object_text(s) => {
             return parse(tool, Arguments::Text(s));
         }
+        Arguments::Json(Value::String(s)) if json_text::is_no_arguments_text(s) => {
+            return parse(tool, Arguments::Absent);
+        }
         Arguments::Text(text) => {
             if let Some(inner) = json_text::twice_encoded(text) {
                 return parse(tool, Arguments::Text(&inner));
+            }
+            if json_text::is_no_arguments_string(text) {
+                return parse(tool, Arguments::Absent);
             }
         }
         _ => {}

@@ -1238,6 +1238,38 @@ async fn arguments_encoded_twice_are_the_object_inside() {
     assert_eq!(t.charges.load(Ordering::SeqCst), 1);
 }
 
+/// Bridges that pass OpenAI's `arguments` text on as MCP or Anthropic arguments send a tool
+/// without parameters `""`: the empty text OpenAI-style models write for no arguments, now inside
+/// a JSON string. A string holding no text (or `null`) is no arguments in every shape, as that
+/// text is on the OpenAI front door; a tool that needs arguments is then refused for the field it
+/// lacks, not for a string.
+#[tokio::test]
+async fn a_string_holding_no_arguments_is_no_arguments() {
+    let set = ToolSet::new().with(fake("now", RetryClass::Safe, now_ok)).unwrap();
+    let run = Idem::in_memory().run("conv-now");
+    for inside in ["", " \n", "null"] {
+        let string = Value::String(inside.into());
+        let text = serde_json::to_string(inside).unwrap();
+        let block = json!({"type": "tool_use", "id": "t1", "name": "now", "input": string});
+        let params = json!({"name": "now", "arguments": string});
+        let results =
+            [set.call(&run, "now", &string).await, set.call_text(&run, "now", &text).await];
+        for r in results {
+            assert!(!r.is_error, "{text}: {}", r.text);
+            assert_eq!(r.text, "12:00");
+        }
+        let block = set.call_anthropic(&run, &block).await;
+        assert_eq!(block["is_error"], false, "{text}: {block}");
+        let mcp = set.call_mcp(&run, &params).await.unwrap();
+        assert_eq!(mcp["isError"], false, "{text}: {mcp}");
+    }
+    let t = tools();
+    let r = t.set.call(&run, "charge_card", &json!("")).await;
+    assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+    assert!(r.text.contains("missing field `customer`"), "{}", r.text);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 struct Node {
     name: String,
