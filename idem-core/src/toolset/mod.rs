@@ -125,8 +125,15 @@ pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
 ///   written as the `anyOf` of one type each, which Gemini, OpenAI's strict mode and every JSON
 ///   Schema reader take: `null` stays allowed, so a host that makes every property required
 ///   (strict mode) still lets the model send `null` for `None`.
+/// - A number has no `format`: schemars writes the Rust width (`uint64`, `uint`, `int32`,
+///   `double`, ...), which JSON Schema does not define; hosts that compile schemas with Ajv warn
+///   about every such field on every connection, or refuse the tool. `minimum` and `maximum`
+///   keep the constraint.
 fn host_readable(schema: &mut serde_json::Map<String, Value>) {
     one_type_each(schema);
+    if matches!(schema.get("type").and_then(Value::as_str), Some("integer" | "number")) {
+        schema.remove("format");
+    }
     for keyword in ["properties", "$defs", "definitions", "patternProperties", "dependentSchemas"] {
         if let Some(Value::Object(members)) = schema.get_mut(keyword) {
             members.values_mut().for_each(host_readable_value);

@@ -1271,6 +1271,68 @@ async fn a_string_holding_no_arguments_is_no_arguments() {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Widths {
+    small: u8,
+    count: usize,
+    amount: u64,
+    delta: i32,
+    ratio: f64,
+    reference: Option<u128>,
+    ports: Vec<u16>,
+    inner: WidthsInner,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct WidthsInner {
+    weight: f32,
+}
+
+fn widths_ok(_: &Widths, _: u32) -> Result<Value, PayError> {
+    Ok(json!("ok"))
+}
+
+/// schemars labels Rust's integer and float widths with OpenAPI-style `format`s (`uint8`,
+/// `uint`, `uint64`, `int32`, `double`, `uint128`, ...), which JSON Schema 2020-12 does not
+/// define: hosts that compile a tool's schema with Ajv (opencode, Kimi Code, Genkit, Claude Code's
+/// `mcp get`) log a warning for every such field on every connection, and Genkit fails the tool.
+/// A published number has no `format`; its `type`, `minimum` and `maximum` keep the constraint.
+/// Other formats (a string's `date-time`) stay.
+#[test]
+fn published_numbers_carry_no_format_json_schema_does_not_define() {
+    let set = ToolSet::new().with(fake("widths", RetryClass::Safe, widths_ok)).unwrap();
+    let schema = Value::Object(set.definition("widths").unwrap().input_schema.clone());
+    let mut formats = Vec::new();
+    let mut stack = vec![("$".to_owned(), &schema)];
+    while let Some((at, value)) = stack.pop() {
+        match value {
+            Value::Object(members) => {
+                if let Some(format) = members.get("format").filter(|_| !at.ends_with("properties"))
+                {
+                    formats.push(format!("{at}: {format}"));
+                }
+                stack.extend(members.iter().map(|(k, v)| (format!("{at}.{k}"), v)));
+            }
+            Value::Array(items) => {
+                stack.extend(items.iter().enumerate().map(|(i, v)| (format!("{at}[{i}]"), v)));
+            }
+            _ => {}
+        }
+    }
+    assert!(formats.is_empty(), "{formats:?} in {schema}");
+    let properties = &schema["properties"];
+    assert_eq!(properties["small"], json!({"type": "integer", "minimum": 0, "maximum": 255}));
+    assert_eq!(properties["amount"], json!({"type": "integer", "minimum": 0}));
+    assert_eq!(properties["ratio"], json!({"type": "number"}));
+    assert_eq!(properties["ports"]["items"]["maximum"], 65535, "{schema}");
+    let mut dated = json!({"type": "object", "properties": {
+        "at": {"type": "string", "format": "date-time"},
+        "format": {"type": "integer", "format": "int64"}}});
+    host_readable(dated.as_object_mut().unwrap());
+    assert_eq!(dated["properties"]["at"]["format"], "date-time");
+    assert_eq!(dated["properties"]["format"], json!({"type": "integer"}));
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 struct Node {
     name: String,
     children: Vec<Node>,
