@@ -102,7 +102,7 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
     /// to `required` unless a missing value of it is read (an `Option`).
     fn schema_properties<F: Fields>(generator: &mut SchemaGenerator, schema: &mut Schema);
     /// The name of the first element whose bit in `skip` is not set and whose type holds a hash
-    /// set ([`unordered`]).
+    /// set, by its type's name (`HashSet<..>` alone, or in an `Option`, a `Vec`, a map).
     fn unordered_param(names: &'static [&'static str], skip: u16) -> Option<&'static str>;
 }
 
