@@ -355,27 +355,106 @@ fn confirm(action: &str, yes: bool) -> Result<(), Failure> {
     }
 }
 
-/// Progress of a listing that takes more than one page, on stderr when it is a terminal.
-struct Progress {
+/// Progress of a listing that takes more than one page, on stderr when it is a terminal. Its
+/// line is ended when the listing ends, and also when it fails (dropped on the error's way out),
+/// so the error is printed on a line of its own.
+struct Progress<W: Write = std::io::Stderr> {
     shown: std::cell::Cell<bool>,
+    out: std::cell::RefCell<W>,
     tty: bool,
 }
 
 impl Progress {
     fn new() -> Self {
-        Progress { shown: false.into(), tty: std::io::stderr().is_terminal() }
+        let stderr = std::io::stderr();
+        let tty = stderr.is_terminal();
+        Progress { shown: false.into(), out: stderr.into(), tty }
     }
+}
 
+impl<W: Write> Progress<W> {
     fn show(&self, scanned: u64, found: usize) {
         if self.tty {
-            let _ = write!(std::io::stderr(), "\rscanned {scanned} records, {found} selected...");
+            let mut out = self.out.borrow_mut();
+            let _ = write!(out, "\rscanned {scanned} records, {found} selected...");
+            let _ = out.flush();
             self.shown.set(true);
         }
     }
 
     fn done(&self) {
-        if self.shown.get() {
-            note("");
+        if self.shown.replace(false) {
+            let _ = writeln!(self.out.borrow_mut());
         }
+    }
+}
+
+impl<W: Write> Drop for Progress<W> {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::io::Write;
+    use std::rc::Rc;
+
+    use super::Progress;
+
+    /// What a terminal receives, kept after the progress is gone.
+    #[derive(Clone, Default)]
+    struct Screen(Rc<RefCell<Vec<u8>>>);
+
+    impl Write for Screen {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.borrow_mut().write(bytes)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Screen {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.borrow().clone()).unwrap()
+        }
+    }
+
+    fn on(screen: &Screen) -> Progress<Screen> {
+        Progress { shown: false.into(), out: screen.clone().into(), tty: true }
+    }
+
+    /// A listing that fails after its first page (the store went away: its `?` returns) ends
+    /// the progress line on its way out, so the error is printed on a line of its own instead
+    /// of after `scanned ..`; a listing that ends ends the line once.
+    #[test]
+    fn the_progress_line_is_ended_when_the_listing_fails_or_ends() {
+        let screen = Screen::default();
+        let listing = |fail: bool| -> Result<(), ()> {
+            let progress = on(&screen);
+            progress.show(500, 3);
+            if fail {
+                return Err(());
+            }
+            progress.show(1000, 4);
+            progress.done();
+            Ok(())
+        };
+        assert!(listing(true).is_err());
+        assert_eq!(screen.text(), "\rscanned 500 records, 3 selected...\n");
+        screen.0.borrow_mut().clear();
+        assert!(listing(false).is_ok());
+        assert_eq!(
+            screen.text(),
+            "\rscanned 500 records, 3 selected...\rscanned 1000 records, 4 selected...\n"
+        );
+        // Not a terminal: nothing at all.
+        let quiet = Screen::default();
+        let progress = Progress { shown: false.into(), out: quiet.clone().into(), tty: false };
+        progress.show(1, 1);
+        drop(progress);
+        assert_eq!(quiet.text(), "");
     }
 }
