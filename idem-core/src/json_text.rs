@@ -277,6 +277,57 @@ impl<'de> Visitor<'de> for Unique<'_, '_> {
     }
 }
 
+/// Appends `raw` compact, object members sorted by name, every other token as written (integers
+/// beyond 64 bits exact). With `sets`, the elements of every array of distinct elements are also
+/// sorted by their own text (a set lists its members in an order of its own); an array with a
+/// repeated element keeps its order. Recursive: callers pass text already checked against the
+/// depth limit.
+pub(crate) fn sorted_compact(
+    raw: &serde_json::value::RawValue,
+    sets: bool,
+    out: &mut String,
+) -> Result<(), serde_json::Error> {
+    use serde_json::value::RawValue;
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let members: std::collections::BTreeMap<String, &RawValue> =
+                serde_json::from_str(text)?;
+            out.push('{');
+            for (i, (name, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::to_string(&name)?);
+                out.push(':');
+                sorted_compact(value, sets, out)?;
+            }
+            out.push('}');
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
+            let mut written = Vec::with_capacity(items.len());
+            for item in items {
+                let mut one = String::new();
+                sorted_compact(item, sets, &mut one)?;
+                written.push(one);
+            }
+            if sets {
+                let mut sorted = written.clone();
+                sorted.sort_unstable();
+                if sorted.windows(2).all(|w| w[0] != w[1]) {
+                    written = sorted;
+                }
+            }
+            out.push('[');
+            out.push_str(&written.join(","));
+            out.push(']');
+        }
+        _ => out.push_str(text),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

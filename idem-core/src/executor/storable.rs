@@ -11,7 +11,6 @@
 //! the full path, which builds and compares the canonical forms and says why when they differ.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -157,51 +156,10 @@ fn same_but_order(a: &[u8], b: &[u8]) -> bool {
     let order_free = |text: &[u8]| -> Option<String> {
         let raw: &RawValue = serde_json::from_str(std::str::from_utf8(text).ok()?).ok()?;
         let mut out = String::with_capacity(text.len());
-        order_free(raw, &mut out).ok()?;
+        crate::json_text::sorted_compact(raw, true, &mut out).ok()?;
         Some(out)
     };
     matches!((order_free(a), order_free(b)), (Some(a), Some(b)) if a == b)
-}
-
-/// Appends `raw` with the elements of every array of distinct elements (a set's) sorted by their
-/// own text (written the same way); an array with a repeated element keeps its order.
-/// Recursive: the text is canonical, so within the depth limit.
-fn order_free(raw: &RawValue, out: &mut String) -> Result<(), serde_json::Error> {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_str(text)?;
-            let mut written = Vec::with_capacity(items.len());
-            for item in items {
-                let mut one = String::new();
-                order_free(item, &mut one)?;
-                written.push(one);
-            }
-            let mut sorted = written.clone();
-            sorted.sort_unstable();
-            if sorted.windows(2).all(|w| w[0] != w[1]) {
-                written = sorted;
-            }
-            out.push('[');
-            out.push_str(&written.join(","));
-            out.push(']');
-        }
-        Some(b'{') => {
-            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
-            out.push('{');
-            for (i, (name, value)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&serde_json::to_string(&name)?);
-                out.push(':');
-                order_free(value, out)?;
-            }
-            out.push('}');
-        }
-        _ => out.push_str(text),
-    }
-    Ok(())
 }
 
 /// The canonical form of `output`, and how many `Some`s of `null` it wrote.

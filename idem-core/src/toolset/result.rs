@@ -66,7 +66,8 @@ impl ToolResult {
             Value::String(s) => s.clone(),
             _ => {
                 let mut text = String::with_capacity(json.len());
-                wide_text(raw, &mut text)?;
+                // Members sorted as `sorted_text` sorts them.
+                crate::json_text::sorted_compact(raw, false, &mut text)?;
                 text
             }
         };
@@ -150,40 +151,6 @@ fn wide_value(raw: &RawValue) -> Result<Value, serde_json::Error> {
             None => serde_json::from_str(text)?,
         },
     })
-}
-
-/// Appends `raw` compact, with object members sorted by name as [`sorted_text`] sorts them and
-/// every other token as written (integers beyond 64 bits exact).
-fn wide_text(raw: &RawValue, out: &mut String) -> Result<(), serde_json::Error> {
-    let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'{') => {
-            let members: BTreeMap<String, &RawValue> = serde_json::from_str(text)?;
-            out.push('{');
-            for (i, (name, value)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&serde_json::to_string(&name)?);
-                out.push(':');
-                wide_text(value, out)?;
-            }
-            out.push('}');
-        }
-        Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_str(text)?;
-            out.push('[');
-            for (i, item) in items.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                wide_text(item, out)?;
-            }
-            out.push(']');
-        }
-        _ => out.push_str(text),
-    }
-    Ok(())
 }
 
 /// The readable result of a failed protected call.
