@@ -87,18 +87,27 @@ where
     Fut: Future<Output = Result<T, Failed>>,
 {
     let mut again = false;
+    let sent = resend_if(
+        |failed| matches!(failed, Failed::Lost(_)),
+        || send(std::mem::replace(&mut again, true)),
+    );
+    sent.await.map_err(|(Failed::Lost(e) | Failed::Answered(e))| e)
+}
+
+/// `send`'s answer, sent again after each of [`PAUSES`] while `lost` says its failure may have
+/// lost the reply; the last failure once they are spent. For errors of a backend's own kind
+/// (the Redis operator's commands, whose callers read the error).
+pub(crate) async fn resend_if<T, E, F, Fut>(lost: impl Fn(&E) -> bool, mut send: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let mut pauses = PAUSES.iter();
     loop {
-        match send(again).await {
-            Ok(answer) => return Ok(answer),
-            Err(Failed::Answered(e)) => return Err(e),
-            Err(Failed::Lost(e)) => match pauses.next() {
-                Some(&pause) => {
-                    tokio::time::sleep(pause).await;
-                    again = true;
-                }
-                None => return Err(e),
-            },
+        let answer = send().await;
+        match (&answer, pauses.next()) {
+            (Err(e), Some(&pause)) if lost(e) => tokio::time::sleep(pause).await,
+            _ => return answer,
         }
     }
 }

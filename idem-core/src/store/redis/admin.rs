@@ -126,20 +126,11 @@ fn info_of(key: Key, r: &Parsed<'_>, now: u64) -> Result<RecordInfo, String> {
 /// A listing or a count that runs every few minutes (the record gauges) finds its connection
 /// closed by the server's idle `timeout` each time, and the connection manager and the cluster
 /// client reconnect only once a command has failed on it.
-async fn resent<T, F, Fut>(mut send: F) -> Result<T, RedisError>
+async fn resent<T, Fut>(send: impl FnMut() -> Fut) -> Result<T, RedisError>
 where
-    F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, RedisError>>,
 {
-    let mut pauses = crate::store::resend::PAUSES.iter();
-    loop {
-        let answer = send().await;
-        let lost = answer.as_ref().err().is_some_and(super::reply::lost);
-        match pauses.next() {
-            Some(&pause) if lost => tokio::time::sleep(pause).await,
-            _ => return answer,
-        }
-    }
+    crate::store::resend::resend_if(super::reply::lost, send).await
 }
 
 /// `CLUSTER SLOTS` from any node of a cluster connection. A server that is not part of a
