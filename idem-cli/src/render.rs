@@ -82,25 +82,10 @@ const JSON_WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
 /// Valid JSON `text` without the whitespace between its tokens: strings (whose line breaks are
 /// escaped), numbers and member order are kept as written.
 fn compact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for c in text.chars() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-        } else if JSON_WHITESPACE.contains(&c) {
-            continue;
-        } else if c == '"' {
-            in_string = true;
-        }
-        out.push(c);
-    }
-    out
+    idem_core::json_text::chars_in_strings(text)
+        .filter(|&(_, c, in_string)| in_string || !JSON_WHITESPACE.contains(&c))
+        .map(|(_, c, _)| c)
+        .collect()
 }
 
 /// One record as `show --json` and `list --json` give it: its fields, and the stored result or

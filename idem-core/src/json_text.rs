@@ -142,23 +142,29 @@ pub fn not_json(tool: &str, text: &str, e: &dyn fmt::Display) -> String {
 /// Whether `text` holds `NaN` or `Infinity` outside its strings, where a number belongs (what
 /// JavaScript and Python write for them); inside a string they are text like any other.
 fn bare_non_finite(text: &str) -> bool {
+    chars_in_strings(text).any(|(i, _, in_string)| {
+        !in_string && (text[i..].starts_with("NaN") || text[i..].starts_with("Infinity"))
+    })
+}
+
+/// Each character of JSON `text`, with its byte offset and whether it belongs to a string (its
+/// quotes included): what is outside every string is structure, whitespace, numbers and
+/// literals. An escaped quote stays inside its string.
+pub fn chars_in_strings(text: &str) -> impl Iterator<Item = (usize, char, bool)> + '_ {
     let (mut in_string, mut escaped) = (false, false);
-    for (i, c) in text.char_indices() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
+    text.char_indices().map(move |(i, c)| {
+        let part = in_string || c == '"';
+        if !in_string {
+            in_string = c == '"';
+        } else if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
         } else if c == '"' {
-            in_string = true;
-        } else if text[i..].starts_with("NaN") || text[i..].starts_with("Infinity") {
-            return true;
+            in_string = false;
         }
-    }
-    false
+        (i, c, part)
+    })
 }
 
 /// What kind of JSON value `value` is, for an error message: "null", "a boolean", "a number",
