@@ -414,37 +414,52 @@ mod tests {
 
     use super::*;
 
+    /// Writes `lines`, which end with a ping (id 3), to a transport that reads lines of at most
+    /// `max` bytes, and expects the ping to reach it; before it, the client reads one error reply
+    /// per refused line, with the ids `ids` in order, the code `code` and a message saying `says`.
+    async fn refused_before_the_ping(
+        lines: Vec<u8>,
+        max: usize,
+        ids: &[serde_json::Value],
+        code: i64,
+        says: &str,
+    ) {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let mut transport = LineTransport::new(server_read, server_write).with_max_line_bytes(max);
+        let (read, mut write) = tokio::io::split(client);
+        let writer = tokio::spawn(async move {
+            write.write_all(&lines).await.unwrap();
+            write
+        });
+        let next = transport.receive().await.expect("the ping after the refused lines");
+        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
+        assert_eq!(ping.id, RequestId::Number(3));
+        let _write = writer.await.unwrap();
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        for id in ids {
+            let line = replies.next_line().await.unwrap().unwrap();
+            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(&reply["id"], id, "{reply}");
+            assert_eq!(reply["error"]["code"], code, "{reply}");
+            let message = reply["error"]["message"].as_str().unwrap();
+            assert!(message.contains(says), "{message}");
+        }
+    }
+
     /// A line past the limit is skipped and answered once, with the id it names (or `null` when
     /// it names none), and the lines after it are read as before.
     #[tokio::test]
     async fn a_line_past_the_limit_is_answered_with_its_id_and_the_next_line_is_read() {
-        let (client, server) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server);
-        let mut transport = LineTransport::new(server_read, server_write).with_max_line_bytes(1000);
-        let (read, mut write) = tokio::io::split(client);
         let big = "x".repeat(5000);
         let lines = format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":\"big-1\",\"method\":\"tools/call\",\"params\":{{\"a\":\"{big}\"}}}}\n\
              {{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"params\":{{\"a\":\"{big}\"}},\"id\":7}}\n\
              {{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}}\n"
         );
-        let writer = tokio::spawn(async move {
-            write.write_all(lines.as_bytes()).await.unwrap();
-            write
-        });
-        let next = transport.receive().await.expect("the ping after the long lines");
-        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
-        assert_eq!(ping.id, RequestId::Number(3));
-        let _write = writer.await.unwrap();
-        let mut replies = tokio::io::BufReader::new(read).lines();
-        for id in [serde_json::json!("big-1"), serde_json::json!(7)] {
-            let line = replies.next_line().await.unwrap().unwrap();
-            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert_eq!(reply["id"], id, "{reply}");
-            assert_eq!(reply["error"]["code"], -32600, "{reply}");
-            let message = reply["error"]["message"].as_str().unwrap();
-            assert!(message.contains("longer than 1000 bytes"), "{message}");
-        }
+        let ids = [serde_json::json!("big-1"), serde_json::json!(7)];
+        refused_before_the_ping(lines.into_bytes(), 1000, &ids, -32600, "longer than 1000 bytes")
+            .await;
     }
 
     /// A line that is not UTF-8 (a client writing its platform's code page, as Windows' cp1252
@@ -453,10 +468,6 @@ mod tests {
     /// failed instead of waiting out its timeout; `null` when it names none, or a notification.
     #[tokio::test]
     async fn a_line_that_is_not_utf8_is_answered_with_its_id() {
-        let (client, server) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server);
-        let mut transport = LineTransport::new(server_read, server_write);
-        let (read, mut write) = tokio::io::split(client);
         let mut lines: Vec<u8> = Vec::new();
         for line in [
             &b"{\"jsonrpc\":\"2.0\",\"id\":12,\"method\":\"tools/call\",\"params\":{\"name\":\"charge\",\"arguments\":{\"customer\":\"caf\xe9\"}}}\n"[..],
@@ -470,22 +481,10 @@ mod tests {
         ] {
             lines.extend_from_slice(line);
         }
-        write.write_all(&lines).await.unwrap();
-        let next = transport.receive().await.expect("the ping after the lines");
-        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
-        assert_eq!(ping.id, RequestId::Number(3));
-        let mut replies = tokio::io::BufReader::new(read).lines();
         let null = serde_json::Value::Null;
-        for id in
-            [serde_json::json!(12), serde_json::json!("r-13"), null.clone(), null.clone(), null]
-        {
-            let line = replies.next_line().await.unwrap().unwrap();
-            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert_eq!(reply["id"], id, "{reply}");
-            assert_eq!(reply["error"]["code"], -32700, "{reply}");
-            let message = reply["error"]["message"].as_str().unwrap();
-            assert!(message.contains("not UTF-8"), "{message}");
-        }
+        let ids =
+            [serde_json::json!(12), serde_json::json!("r-13"), null.clone(), null.clone(), null];
+        refused_before_the_ping(lines, DEFAULT_MAX_LINE_BYTES, &ids, -32700, "not UTF-8").await;
     }
 
     /// A notification or a response that comes before `initialize` (a client's early
@@ -541,10 +540,6 @@ mod tests {
     /// params of a notification, or the id of a response, is not taken for the line's.
     #[tokio::test]
     async fn a_line_past_the_limit_with_its_id_last_is_answered_with_that_id() {
-        let (client, server) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server);
-        let mut transport = LineTransport::new(server_read, server_write).with_max_line_bytes(1000);
-        let (read, mut write) = tokio::io::split(client);
         // Longer than the head and the tail that are searched together.
         let big = "x".repeat(200_000);
         let lines = format!(
@@ -555,27 +550,15 @@ mod tests {
              {{\"method\":\"ping\",\"params\":{{\"a\":\"{big}\"}},\"b\":\"x\\\",\\\"id\\\":9\"}}\n\
              {{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}}\n"
         );
-        let writer = tokio::spawn(async move {
-            write.write_all(lines.as_bytes()).await.unwrap();
-            write
-        });
-        let next = transport.receive().await.expect("the ping after the long lines");
-        let JsonRpcMessage::Request(ping) = next else { panic!("{next:?}") };
-        assert_eq!(ping.id, RequestId::Number(3));
-        let _write = writer.await.unwrap();
-        let mut replies = tokio::io::BufReader::new(read).lines();
         let null = serde_json::Value::Null;
-        for id in [
+        let ids = [
             serde_json::json!(7),
             serde_json::json!("req-\"8\"-é"),
             null.clone(),
             null.clone(),
             null,
-        ] {
-            let line = replies.next_line().await.unwrap().unwrap();
-            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert_eq!(reply["id"], id, "{reply}");
-            assert_eq!(reply["error"]["code"], -32600, "{reply}");
-        }
+        ];
+        refused_before_the_ping(lines.into_bytes(), 1000, &ids, -32600, "longer than 1000 bytes")
+            .await;
     }
 }
