@@ -246,7 +246,7 @@ mod paused_clock {
     }
 
     /// An error and its causes, as a report prints them.
-    fn chain(e: &dyn std::error::Error) -> String {
+    fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         let mut text = e.to_string();
         let mut cause = e.source();
         while let Some(c) = cause {
@@ -383,5 +383,80 @@ mod no_runtime {
             refused(&Idem::builder(store).build().run("no-runtime"));
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+}
+
+/// On a Tokio runtime built without its timer driver (`Builder::new_current_thread().build()`
+/// with no `enable_time`), or, for the network stores, without its IO driver, Tokio panics at
+/// the first timer or socket. A call is refused before anything runs, naming the builder call
+/// that is missing; opening a PostgreSQL or Redis store is refused the same way.
+mod drivers_missing {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use idem_core::{Error, ErrorKind, Idem, NoError, tool};
+
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+
+    #[tool(retry = "keyed")]
+    async fn book(seat: u32) -> Result<u32, NoError> {
+        STARTED.fetch_add(1, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        Ok(seat)
+    }
+
+    fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+        idem_core::ErrorChain(e).to_string()
+    }
+
+    #[test]
+    fn a_call_on_a_runtime_without_timers_is_refused_before_it_runs() {
+        let idem = Idem::in_memory();
+        let no_timers = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        for _ in 0..2 {
+            // Twice: the second call is answered from what the first learned of this runtime.
+            let err: Error<NoError> =
+                no_timers.block_on(book(&idem.run("no-timers"), 3)).expect_err("refused");
+            assert_eq!(err.kind(), ErrorKind::StoreUnavailable, "{err}");
+            let text = chain(&err);
+            assert!(text.contains("enable_time"), "{text}");
+        }
+        assert_eq!(STARTED.load(Ordering::SeqCst), 0, "the tool never started");
+        // The same call on a runtime with timers runs, once.
+        let rt = super::test_runtime();
+        assert_eq!(rt.block_on(book(&idem.run("no-timers"), 3)).expect("runs"), 3);
+        assert_eq!(STARTED.load(Ordering::SeqCst), 1);
+        // And the runtime without them is still refused after one with them was seen.
+        let err = no_timers.block_on(book(&idem.run("no-timers"), 4)).expect_err("refused");
+        assert!(chain(&err).contains("enable_time"), "{err}");
+        assert_eq!(STARTED.load(Ordering::SeqCst), 1);
+    }
+
+    /// A runtime with timers and no I/O (`enable_time` alone).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    fn no_io() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime")
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn opening_postgres_on_a_runtime_without_io_is_a_configuration_error() {
+        let opened = no_io().block_on(idem_core::PostgresStore::connect(&idem_tests::pg_url()));
+        let Err(e) = opened else { panic!("opened without I/O") };
+        assert!(matches!(e, idem_core::store::StoreError::InvalidConfig(_)), "{e}");
+        assert!(chain(&e).contains("enable_io"), "{e}");
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn opening_redis_on_a_runtime_without_io_is_a_configuration_error() {
+        let url = idem_tests::redis_url();
+        let rt = no_io();
+        let opened = rt.block_on(idem_core::RedisStore::open(&url));
+        let Err(e) = opened else { panic!("opened without I/O") };
+        assert!(matches!(e, idem_core::store::StoreError::InvalidConfig(_)), "{e}");
+        assert!(chain(&e).contains("enable_io"), "{e}");
+        let lazy = rt.block_on(async { idem_core::RedisStore::builder(&url).open_lazy() });
+        let Err(e) = lazy else { panic!("opened lazily without I/O") };
+        assert!(chain(&e).contains("enable_io"), "{e}");
     }
 }

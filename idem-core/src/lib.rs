@@ -36,6 +36,7 @@ mod printable;
 mod reconcile;
 pub mod store;
 mod sync;
+mod tokio_ready;
 mod tool;
 pub mod toolset;
 

@@ -168,7 +168,8 @@ impl PostgresStore {
     /// where another client prepared one of the same name, and run that.) Claims stay
     /// exactly-once either way: every step is one statement, and so one transaction.
     ///
-    /// Fails with [`StoreError::InvalidConfig`] for a malformed string, an unknown `sslmode`, an
+    /// Fails with [`StoreError::InvalidConfig`] on a Tokio runtime built without timers or I/O
+    /// (`enable_all` builds both), for a malformed string, an unknown `sslmode`, an
     /// unreadable `sslrootcert`, a `pgbouncer` other than `true`/`false`, a TLS mode without
     /// the `postgres-tls` feature, a database whose encoding cannot hold every character (neither
     /// `UTF8` nor `SQL_ASCII`: `LATIN1`, `WIN1252`, ..., where an output with a `€` could not be
@@ -205,6 +206,9 @@ impl PostgresStore {
         connections: usize,
         schema: Schema,
     ) -> Result<Self, StoreError> {
+        // tokio-postgres would panic at its first socket or timeout.
+        crate::tokio_ready::timers_and_io()
+            .map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))?;
         let source = Source::own(&target, connections)?;
         source.check(schema).await?;
         // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.

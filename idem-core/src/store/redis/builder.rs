@@ -179,17 +179,22 @@ impl RedisStoreBuilder {
     }
 
     /// Connects on first use, so a process can start while Redis is down (its calls fail closed
-    /// until Redis is back). Fails only on a malformed URL, or outside a Tokio runtime. It does
+    /// until Redis is back). Fails only on a malformed URL, or outside a Tokio runtime with timers
+    /// and I/O enabled (a configuration error saying which is missing, not Tokio's panic). It does
     /// not check the server's eviction policy, as [`open`](Self::open) does.
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         let target = conn::target(&self.url)?;
-        if tokio::runtime::Handle::try_current().is_err() {
+        match crate::tokio_ready::timers_and_io() {
+            Ok(()) => {}
             // The redis crate's connections start tasks at once, and would panic.
-            return Err(StoreError::InvalidConfig(
-                "a Redis store is opened inside a Tokio runtime (in an async fn run by it, or \
-                 after Runtime::enter)"
-                    .into(),
-            ));
+            Err(crate::tokio_ready::Lacks::Runtime) => {
+                return Err(StoreError::InvalidConfig(
+                    "a Redis store is opened inside a Tokio runtime (in an async fn run by it, or \
+                     after Runtime::enter)"
+                        .into(),
+                ));
+            }
+            Err(lacks) => return Err(StoreError::InvalidConfig(lacks.advice())),
         }
         let prefix = self.prefix.or(target.prefix).unwrap_or_else(|| "idem".to_owned());
         if prefix.is_empty() || prefix.contains(['{', '}']) {
