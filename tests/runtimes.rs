@@ -380,6 +380,19 @@ mod no_runtime {
                 std::env::temp_dir().join(format!("idem-no-runtime-{}", idem_tests::process_tag()));
             std::fs::create_dir_all(&dir).expect("temp dir");
             let store = idem_core::SqliteStore::open(dir.join("idem.db")).expect("open");
+            // The store used directly, as operator code may (its blocking pool is Tokio's).
+            let key = idem_core::conformance::fresh_key("no_runtime", "{}").0;
+            let inspected = block_on(idem_core::store::Store::inspect(&store, &key));
+            assert!(
+                matches!(&inspected, Err(idem_core::store::StoreError::InvalidConfig(m)) if m.contains("Tokio runtime")),
+                "{inspected:?}"
+            );
+            let url = format!("sqlite:{}", dir.join("idem.db").display());
+            let opened = block_on(idem_core::store::open(&url)).map(drop);
+            assert!(
+                matches!(&opened, Err(idem_core::store::StoreError::InvalidConfig(m)) if m.contains("Tokio runtime")),
+                "{opened:?}"
+            );
             refused(&Idem::builder(store).build().run("no-runtime"));
             let _ = std::fs::remove_dir_all(&dir);
         }

@@ -445,6 +445,8 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, SqlError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        // Tokio panics at `spawn_blocking` outside a runtime (a store used by another executor).
+        crate::tokio_ready::runtime()?;
         let inner = Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || f(inner.lock().waiting()?)).await;
         match joined {
@@ -717,6 +719,7 @@ impl Store for SqliteStore {
         // leases, as any owner that dies). What can happen is that the caller drops this claim
         // while the blocking call runs (a timeout, a cancelled call); the blocking call then
         // releases what it acquired, since nobody holds it.
+        crate::tokio_ready::runtime()?;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
