@@ -313,3 +313,15 @@ fn a_zero_gauge_period_counts_every_second() {
         })
     });
 }
+
+/// On a runtime built without timers the watcher cannot tick: it ends, logging why, instead of
+/// panicking in its task (where nobody would see it and the gauges were never set).
+#[test]
+fn the_gauge_watcher_on_a_runtime_without_timers_ends_without_panicking() {
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let ended = rt.block_on(async {
+        idem_core::metrics::watch_record_gauges(store, Duration::from_secs(60)).await
+    });
+    assert!(ended.is_ok(), "the watcher's task panicked: {ended:?}");
+}

@@ -91,12 +91,22 @@ pub const MIN_GAUGE_PERIOD: Duration = Duration::from_secs(1);
 /// `period`, the first time at once. A failed count is logged (`tracing` warning) and tried
 /// again next period. Abort the returned handle to stop it. Counting reads every record's state
 /// (indexed on the SQL stores, a scan on Redis): choose a period of minutes, not seconds. A
-/// period under [`MIN_GAUGE_PERIOD`] (zero, say) counts every [`MIN_GAUGE_PERIOD`].
+/// period under [`MIN_GAUGE_PERIOD`] (zero, say) counts every [`MIN_GAUGE_PERIOD`]. On a runtime
+/// built without timers the task logs why (`tracing` error) and ends.
+///
+/// # Panics
+///
+/// Outside a Tokio runtime, as `tokio::spawn` does.
 pub fn watch_record_gauges(store: Arc<dyn Store>, period: Duration) -> tokio::task::JoinHandle<()> {
     // tokio's interval panics on a zero period (in the task, so the gauges would silently never
     // be set), and a tiny one would count the whole store back to back.
     let period = period.max(MIN_GAUGE_PERIOD);
     tokio::spawn(async move {
+        if let Err(lacks) = crate::tokio_ready::timers() {
+            // tokio's interval would panic in this task, and the gauges never be set, unsaid.
+            tracing::error!("the store's record gauges are not counted: {}", lacks.advice());
+            return;
+        }
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
