@@ -307,6 +307,16 @@ fn session_id(parts: &http::request::Parts) -> Option<&str> {
     parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
 }
 
+/// The MCP session rmcp serves the request in, if any: behind [`Checked`] as it routed the
+/// request, behind rmcp's service alone the session header (rmcp answers 404 to one it does not
+/// know).
+pub(crate) fn routed_session(parts: &http::request::Parts) -> Option<&str> {
+    match parts.extensions.get::<InSession>() {
+        Some(InSession(false)) => None,
+        _ => session_id(parts).filter(|id| !id.is_empty()),
+    }
+}
+
 /// The HTTP status of a JSON-RPC answer [`Checked`] gives itself: 400 for a message it refuses
 /// (a parse error, an invalid request), as MCP 2025-11-25 "Transports" requires for input the
 /// server cannot accept and as the official Python and TypeScript SDKs answer; 200 for an answer
@@ -1661,6 +1671,84 @@ mod tests {
         let second = text(post(&mut server, "bob", Some("stale"), list()).await).await;
         assert!(second.contains(r#""tools":[]"#), "{second}");
         drop(first);
+    }
+
+    static POSTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// Post a note.
+    #[idem_core::tool(retry = "never")]
+    async fn post_note(text: String) -> Result<String, idem_core::ToolFailure> {
+        POSTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(format!("posted {text}"))
+    }
+
+    /// A server built once and handed to every session (`make` returning a clone, as rmcp's own
+    /// examples do): a call that names no run is scoped to its session, so the same note posted
+    /// in a second session of the same user is posted again, as it is with a server made for
+    /// each session. Before, every session shared the one server's run, and the second session's
+    /// call was answered with the first session's note.
+    #[tokio::test]
+    async fn sessions_of_one_shared_server_each_have_their_own_run() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let idem = Idem::in_memory();
+        let tools = crate::IdemTools::new(ToolSet::new().with(PostNoteTool).unwrap(), &idem)
+            .with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+        let shared = IdemServer::from_tools(tools.clone());
+        let mut served = service(move || shared.clone(), StreamableHttpServerConfig::default());
+        let own = Own {
+            tool_router: tools
+                .mount(rmcp::handler::server::router::tool::ToolRouter::new())
+                .unwrap(),
+        };
+        let mut mounted = service_for(
+            move || own.clone(),
+            tools.principal_fn(),
+            StreamableHttpServerConfig::default(),
+            SessionConfig::default(),
+        );
+        let call = |meta: serde_json::Value| {
+            serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+                "name": "post_note", "arguments": {"text": "hello"}, "_meta": meta}})
+        };
+        async fn session<H: rmcp::ServerHandler + Send + 'static>(
+            server: &mut Checked<StreamableHttpService<H, LocalSessionManager>>,
+        ) -> String {
+            let opened = post(server, "alice", None, initialize()).await;
+            opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned()
+        }
+        let before = POSTED.load(SeqCst);
+        let first = session(&mut served).await;
+        let second = session(&mut served).await;
+        let a =
+            text(post(&mut served, "alice", Some(&first), call(serde_json::json!({}))).await).await;
+        let b = text(post(&mut served, "alice", Some(&second), call(serde_json::json!({}))).await)
+            .await;
+        let again =
+            text(post(&mut served, "alice", Some(&second), call(serde_json::json!({}))).await)
+                .await;
+        assert!(a.contains(r#""idem/outcome":"executed""#), "{a}");
+        assert!(b.contains(r#""idem/outcome":"executed""#), "a second session: {b}");
+        assert!(again.contains(r#""idem/outcome":"replayed""#), "its repeat: {again}");
+        assert_eq!(POSTED.load(SeqCst), before + 2, "one note per session");
+
+        let first = session(&mut mounted).await;
+        let second = session(&mut mounted).await;
+        let a = text(post(&mut mounted, "alice", Some(&first), call(serde_json::json!({}))).await)
+            .await;
+        let b = text(post(&mut mounted, "alice", Some(&second), call(serde_json::json!({}))).await)
+            .await;
+        assert!(a.contains(r#""idem/outcome":"executed""#), "{a}");
+        assert!(b.contains(r#""idem/outcome":"executed""#), "a second session, mounted: {b}");
+        assert_eq!(POSTED.load(SeqCst), before + 4, "one note per session, mounted");
+        // A run named in `_meta` is the same in every session: the repeat is replayed.
+        let named = serde_json::json!({"idem/run": "conv-9"});
+        let a = text(post(&mut mounted, "alice", Some(&first), call(named.clone())).await).await;
+        let b = text(post(&mut mounted, "alice", Some(&second), call(named)).await).await;
+        assert!(a.contains(r#""idem/outcome":"executed""#), "{a}");
+        assert!(b.contains(r#""idem/outcome":"replayed""#), "{b}");
+        assert_eq!(POSTED.load(SeqCst), before + 5);
     }
 
     /// An rmcp server of the app's own, idem tools mounted in its router.

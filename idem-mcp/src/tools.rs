@@ -57,6 +57,10 @@ pub(crate) fn session_run_id() -> String {
 pub struct IdemTools {
     tools: Arc<ToolSet>,
     session: Run,
+    /// Whether `session` was made here ([`IdemTools::new`]) rather than given: over HTTP each MCP
+    /// session then gets a run of its own inside it, since one value (and its clones) may serve
+    /// every session.
+    per_session: bool,
     missing_run: MissingRun,
     /// The calls' tasks, shared by clones, so a server can let them finish before it exits.
     calls: TaskTracker,
@@ -79,8 +83,14 @@ impl std::fmt::Debug for IdemTools {
 impl IdemTools {
     /// `tools` on `idem`; calls without `_meta["idem/run"]` are scoped to a new run id for this
     /// session (`mcp-session-<pid>-<start ns>-<n>`).
+    ///
+    /// Over HTTP each MCP session has a run of its own, also when one `IdemTools` (or a server
+    /// holding it) is cloned into every session: a repeat in another session runs again, as it
+    /// does in a new process.
     pub fn new(tools: ToolSet, idem: &Idem) -> Self {
-        IdemTools::with_session_run(tools, idem.run(session_run_id()))
+        let mut tools = IdemTools::with_session_run(tools, idem.run(session_run_id()));
+        tools.per_session = true;
+        tools
     }
 
     /// `tools`, with calls that name no run scoped to `session` (its tenant, run and caller key).
@@ -89,6 +99,7 @@ impl IdemTools {
         IdemTools {
             tools: Arc::new(tools),
             session,
+            per_session: false,
             missing_run: MissingRun::Warn,
             calls: TaskTracker::new(),
             shutdown: StopSignal::new(),
@@ -165,9 +176,15 @@ impl IdemTools {
     fn session_for(&self, name: &str, context: &RequestContext<RoleServer>) -> Result<Run, String> {
         #[cfg(feature = "http")]
         if let Some(parts) = context.extensions.get::<http::request::Parts>() {
+            // rmcp's factory may hand every session a clone of one server: the value alone does
+            // not tell sessions apart, and calls of two conversations would share one run.
+            let mut run = self.session.scope().run_id().to_owned();
+            let session = crate::http::routed_session(parts).filter(|_| self.per_session);
+            if let Some(id) = session {
+                run = format!("{run}-{id}");
+            }
             let principal = self.principal.as_ref().and_then(|f| f(parts));
             if let Some(principal) = principal {
-                let run = self.session.scope().run_id().to_owned();
                 let scope = idem_core::Scope::run(run).with_tenant(principal);
                 return Ok(self.session.in_scope(scope));
             }
@@ -182,6 +199,11 @@ impl IdemTools {
                         "`{name}` is refused: this request carries no authenticated principal, and over HTTP every call that changes something is scoped to one; nothing was executed. Authenticate (for example with an `Authorization: Bearer` token) and call again"
                     ),
                 });
+            }
+            if session.is_some() {
+                let tenant = self.session.scope().tenant().to_owned();
+                let scope = idem_core::Scope::run(run).with_tenant(tenant);
+                return Ok(self.session.in_scope(scope));
             }
         }
         #[cfg(not(feature = "http"))]
