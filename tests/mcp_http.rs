@@ -11,6 +11,8 @@
 //! - a request reusing the id of one in flight in its session is 400, -32600 and runs nothing;
 //! - a session DELETEd mid-call: the call is stored once and replayed in a new session, 404
 //!   after; a dropped response stream resumes with GET and `Last-Event-ID`;
+//! - SIGTERM while a charge is in flight: the charge finishes and is stored before the server
+//!   exits, and the repeat on a restarted server is replayed;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
 //! - a body that is not UTF-8 is a JSON-RPC parse error (-32700), as a line over stdio is, with
 //!   400, as is a body that is not JSON or a batch (MCP "Transports": input the server cannot
@@ -99,4 +101,10 @@ fn a_body_over_the_limit_is_413_and_not_kept() {
 #[test]
 fn a_session_deleted_mid_call_stores_the_call_once_and_a_dropped_stream_resumes() {
     case("lifecycle");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_call_in_flight_when_sigterm_comes_is_stored_and_replayed_over_http() {
+    case("sigterm");
 }

@@ -117,9 +117,10 @@ async fn serve() -> Result<(), String> {
     // is refused here rather than one tool silently replacing the other.
     let desk = Desk { tool_router: idem.mount(Desk::tool_router()).map_err(|e| e.to_string())? };
     let running = desk.serve(idem_mcp::stdio::stdio()).await.map_err(|e| e.to_string())?;
-    running.waiting().await.map_err(|e| e.to_string())?;
-    // The client may have closed stdin while a call was in flight: let it finish and store its
-    // outcome before the process exits, so the client's repeat is replayed.
-    idem.calls_finished().await;
-    Ok(())
+    // The client may close stdin, or its host send SIGTERM, while a call is in flight: let it
+    // finish and store its outcome before the process exits, so the client's repeat is replayed.
+    match idem.serve_until_shutdown(running.waiting()).await {
+        Some(ended) => ended.map(drop).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
 }

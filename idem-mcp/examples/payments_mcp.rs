@@ -520,16 +520,19 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     server(&payments, &idem)?; // the tool set is valid
     // Only to show the refusal of a multi-user server with no principal (tests/mcp/http_test.py).
     let bound = std::env::var_os("PAYMENTS_NO_PRINCIPAL").is_none();
-    let make = move || {
-        let tools = tools(&payments).unwrap_or_default();
-        let mut tools = idem_mcp::IdemTools::new(tools, &idem);
-        if bound {
-            tools =
-                tools.with_principal(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+    // One `IdemTools` for every session (each still gets a run of its own): its clones share
+    // the calls in flight, which the process waits for when it is stopped.
+    let mut tools = idem_mcp::IdemTools::new(tools(&payments).map_err(|e| e.to_string())?, &idem);
+    if bound {
+        tools = tools.with_principal(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+    }
+    let make = {
+        let tools = tools.clone();
+        move || {
+            IdemServer::from_tools(tools.clone())
+                .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
+                .with_instructions(INSTRUCTIONS)
         }
-        IdemServer::from_tools(tools)
-            .with_implementation("payments_mcp", env!("CARGO_PKG_VERSION"))
-            .with_instructions(INSTRUCTIONS)
     };
     let mut sessions = idem_mcp::http::SessionConfig::default();
     if let Ok(ms) = std::env::var("PAYMENTS_SESSION_IDLE_MS") {
@@ -546,5 +549,8 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!("payments_mcp: listening on http://{local}/mcp");
-    axum::serve(listener, app).await.map_err(|e| e.to_string())
+    // SIGTERM (a container stop) lets the charges in flight finish and store their outcomes
+    // before the process exits; their clients' repeats are then replayed.
+    let served = tools.serve_until_shutdown(axum::serve(listener, app).into_future()).await;
+    served.unwrap_or(Ok(())).map_err(|e| e.to_string())
 }

@@ -95,7 +95,6 @@ impl IdemServer {
     /// Errors: [`ServeError`].
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
         let tools = self.tools.clone();
-        let mut signals = crate::shutdown::Signals::new();
         let session = async {
             let running = self
                 .serve(stdio::stdio())
@@ -105,49 +104,8 @@ impl IdemServer {
             tracing::debug!(?reason, "MCP session ended");
             Ok(())
         };
-        // The SIGKILL that follows a signal comes soon: calls that wait to retry (or for another
-        // owner) end now and release their keys rather than be cut off in an attempt.
-        let stop_waiting_calls = |signal: &str| {
-            tracing::info!(signal, "ending the MCP session and the calls waiting to run");
-            tools.stop_calls();
-        };
-        // On a signal the session is dropped, which cancels it: no request is read after it. The
-        // calls run in tasks of their own and go on.
-        let mut signalled = false;
-        let served = tokio::select! {
-            served = session => served,
-            signal = signals.next() => {
-                stop_waiting_calls(signal);
-                signalled = true;
-                Ok(())
-            }
-        };
-        let left = tools.calls_running();
-        if left > 0 {
-            tracing::info!(calls = left, "the session ended: finishing the calls still running");
-        }
-        loop {
-            tokio::select! {
-                () = tools.calls_finished() => break,
-                signal = signals.next() => {
-                    // The first signal after EOF (the hosts' order: stdin closed, then SIGTERM)
-                    // is the first signal, not the second.
-                    if !signalled {
-                        stop_waiting_calls(signal);
-                        signalled = true;
-                        continue;
-                    }
-                    let left = tools.calls_running();
-                    tracing::warn!(
-                        signal,
-                        calls = left,
-                        "leaving the calls still running to their leases"
-                    );
-                    break;
-                }
-            }
-        }
-        served
+        // On a signal the session is dropped, which cancels it: no request is read after it.
+        tools.serve_until_shutdown(session).await.unwrap_or(Ok(()))
     }
 }
 

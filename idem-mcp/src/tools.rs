@@ -143,6 +143,72 @@ impl IdemTools {
         self.shutdown.stop();
     }
 
+    /// Runs `serving` (what serves these tools: rmcp's `RunningService::waiting()` over stdio,
+    /// axum's `serve` over HTTP) until it ends or the process gets SIGTERM, SIGINT or SIGHUP
+    /// (Ctrl-C off Unix), then waits for the calls still running
+    /// ([`calls_finished`](Self::calls_finished)), so that each call's outcome is stored before
+    /// the process exits and its repeat on a restarted server is replayed. Without it, SIGTERM
+    /// (a host stopping a stdio server, `docker stop`, Kubernetes, systemd) ends the process at
+    /// once: a `keyed` call cut off mid-attempt runs again on its repeat once its lease ends, a
+    /// `never` one answers "outcome unknown".
+    ///
+    /// On the first signal `serving` is dropped (no new request is read; over HTTP the
+    /// listener closes and open responses end, and the client's repeat is answered from the
+    /// store), and calls that wait to retry or for another owner start nothing more and release
+    /// their keys ([`stop_calls`](Self::stop_calls)): the SIGKILL that follows comes soon. A
+    /// second signal stops the wait, leaving the calls still running to their leases. The
+    /// handlers are installed for the whole process when this is called.
+    /// [`IdemServer::serve_stdio`](crate::IdemServer::serve_stdio) does this.
+    ///
+    /// Returns what `serving` returned, or `None` when a signal ended it. These tools must be
+    /// the ones every session serves (clones of one `IdemTools`): calls of another value are not
+    /// waited for.
+    pub async fn serve_until_shutdown<T>(
+        &self,
+        serving: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let mut signals = crate::shutdown::Signals::new();
+        let stop_waiting_calls = |signal: &str| {
+            tracing::info!(signal, "ending the MCP service and the calls waiting to run");
+            self.stop_calls();
+        };
+        let mut signalled = false;
+        let served = tokio::select! {
+            served = serving => Some(served),
+            signal = signals.next() => {
+                stop_waiting_calls(signal);
+                signalled = true;
+                None
+            }
+        };
+        let left = self.calls_running();
+        if left > 0 {
+            tracing::info!(calls = left, "the service ended: finishing the calls still running");
+        }
+        loop {
+            tokio::select! {
+                () = self.calls_finished() => break,
+                signal = signals.next() => {
+                    // The first signal after EOF (the hosts' order: stdin closed, then SIGTERM)
+                    // is the first signal, not the second.
+                    if !signalled {
+                        stop_waiting_calls(signal);
+                        signalled = true;
+                        continue;
+                    }
+                    let left = self.calls_running();
+                    tracing::warn!(
+                        signal,
+                        calls = left,
+                        "leaving the calls still running to their leases"
+                    );
+                    break;
+                }
+            }
+        }
+        served
+    }
+
     /// How many calls started through these tools are still running.
     pub fn calls_running(&self) -> usize {
         self.calls.len()

@@ -26,6 +26,9 @@ Cases:
 - lifecycle: a session DELETEd while its charge is in flight: the charge finishes once, a request
   in the deleted session gets 404, and the same call in a new session is replayed; a client whose
   connection drops mid-call resumes the response stream with GET and `Last-Event-ID`.
+- sigterm: SIGTERM while a charge is in flight (a container stop): the server stops serving,
+  lets the charge finish and store its outcome, and exits 0; the repeat on a restarted server is
+  replayed, and the provider was asked once.
 - numbers: integers beyond 64 bits (a `u128` argument) and beyond 2^53 (a `u64` argument) reach
   the tool and the key exactly: two integers that are one double are two charges.
 
@@ -626,11 +629,51 @@ async def duplicate_ids(binary, work):
     return "a reused id in flight is -32600 and runs nothing; free again once answered"
 
 
+async def sigterm(binary, work):
+    # The provider takes 3 s: SIGTERM comes while the charge is in flight, as a container stop
+    # (docker, Kubernetes, systemd) sends it.
+    args, run = {"customer": "cus_t", "amount_cents": 700}, {"idem/run": "conversation-T"}
+    env = {"PAYMENTS_DELAY_MS": "3000"}
+    proc, url = start(binary, work, env)
+    terminated = False
+    try:
+        async with session(url, A) as s:
+            call = asyncio.create_task(s.call_tool("charge_card", args, meta=run))
+            await asyncio.sleep(0.5)
+            proc.terminate()
+            terminated = True
+            # The response stream goes with the server: what the client heard does not matter.
+            await asyncio.gather(call, return_exceptions=True)
+    except* Exception:
+        # The SDK's own tasks fail when the server goes away mid-stream.
+        pass
+    check(terminated, "the call was not sent")
+    try:
+        code = proc.wait(timeout=HANG_GUARD)
+    except subprocess.TimeoutExpired:
+        code = "still running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    check(code == 0, f"the server exits cleanly after SIGTERM: {code}")
+    check(ledger(work)["charge_requests"] == 1, f"the charge in flight finished before the exit: {ledger(work)}")
+    proc, url = start(binary, work, env)
+    try:
+        async with session(url, A) as s:
+            again = await s.call_tool("charge_card", args, meta=run)
+            check(outcome(again) == "replayed", f"after SIGTERM and a restart: {again.meta}")
+        check(ledger(work)["charge_requests"] == 1, f"the provider was asked again: {ledger(work)}")
+    finally:
+        stop(proc)
+    return f"{charge_id(again)} finished at SIGTERM and replayed after a restart"
+
+
 CASES = {
     "duplicate_ids": duplicate_ids,
     "big_body": big_body, "lifecycle": lifecycle,
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
-    "not_utf8": not_utf8, "sessions": sessions, "owners": owners,
+    "not_utf8": not_utf8, "sessions": sessions, "owners": owners, "sigterm": sigterm,
 }
 
 
