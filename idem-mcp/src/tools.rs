@@ -287,7 +287,8 @@ impl IdemTools {
         self
     }
 
-    /// The run used when a call names none.
+    /// The run used when a call names none. Over HTTP, a run made by `new` is the base of each
+    /// MCP session's own (its id, `-`, the session's id), in the request's principal.
     pub fn session_run(&self) -> &Run {
         &self.session
     }
