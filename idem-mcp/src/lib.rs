@@ -203,6 +203,36 @@ mod tests {
         }
     }
 
+    /// One server cloned into the server of each connection a process accepts (a socket
+    /// listener handing each client `server.clone()`): a call that names no run is scoped to its
+    /// connection, so the same order placed over a second connection is placed again, and its
+    /// repeat over that connection is replayed. Before, every connection shared the one run, and
+    /// the second connection's order was answered with the first's.
+    #[tokio::test]
+    async fn connections_of_one_shared_server_each_have_their_own_run() {
+        let server = IdemServer::new(tools(), &Idem::in_memory());
+        let order = |id: i64| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "place_order", "arguments": {"item": "tea"}}})
+        };
+        let outcome =
+            |answer: &serde_json::Value| answer["result"]["_meta"]["idem/outcome"].clone();
+        let mut first = Client::serving(server.clone()).await;
+        let mut second = Client::serving(server.clone()).await;
+        first.send(order(1)).await;
+        assert_eq!(outcome(&first.next().await), "executed");
+        second.send(order(2)).await;
+        let other = second.next().await;
+        assert_eq!(outcome(&other), "executed", "a second connection: {other}");
+        second.send(order(3)).await;
+        assert_eq!(outcome(&second.next().await), "replayed", "its repeat");
+        first.send(order(4)).await;
+        let again = first.next().await;
+        assert_eq!(outcome(&again), "replayed", "the first connection's repeat: {again}");
+        // The first connection keeps the server's session run.
+        assert_eq!(again["result"]["_meta"]["idem/run"], server.session_run().scope().run_id());
+    }
+
     /// MCP 2025-11-25 "Progress": a call that waits on a duplicate for 3.2 s hears one
     /// notification when its wait starts and one per `PROGRESS_INTERVAL` (1 s) after it, so 4
     /// in all, with progress 1, 2, 3, 4: the hook firing again each time the waiter wakes is not

@@ -52,6 +52,16 @@ pub(crate) fn session_run_id() -> String {
     format!("mcp-session-{}-{nanos}-{n}", std::process::id())
 }
 
+/// The connections one [`IdemTools`] (and its clones) served outside HTTP, each known by the
+/// client's `initialize` parameters that rmcp keeps for it (one allocation per connection, held
+/// here weakly: its address is not reused while it is listed), with the run its calls that name
+/// none get.
+#[derive(Default)]
+struct Connections {
+    runs: Vec<(std::sync::Weak<rmcp::model::InitializeRequestParams>, String)>,
+    opened: u64,
+}
+
 /// An idem [`ToolSet`] as MCP tools for one session. Cheap to clone.
 #[derive(Clone)]
 pub struct IdemTools {
@@ -61,6 +71,9 @@ pub struct IdemTools {
     /// session then gets a run of its own inside it, since one value (and its clones) may serve
     /// every session.
     per_session: bool,
+    /// The connections (rmcp services) these tools and their clones served, each with its run:
+    /// one value may be cloned into the server of each connection a process accepts.
+    connections: Arc<std::sync::Mutex<Connections>>,
     missing_run: MissingRun,
     /// The calls' tasks, shared by clones, so a server can let them finish before it exits.
     calls: TaskTracker,
@@ -84,9 +97,9 @@ impl IdemTools {
     /// `tools` on `idem`; calls without `_meta["idem/run"]` are scoped to a new run id for this
     /// session (`mcp-session-<pid>-<start ns>-<n>`).
     ///
-    /// Over HTTP each MCP session has a run of its own, also when one `IdemTools` (or a server
-    /// holding it) is cloned into every session: a repeat in another session runs again, as it
-    /// does in a new process.
+    /// Each MCP session (over HTTP) or connection (a process that accepts several) has a run
+    /// of its own, also when one `IdemTools` (or a server holding it) is cloned into every one:
+    /// a repeat in another session runs again, as it does in a new process.
     pub fn new(tools: ToolSet, idem: &Idem) -> Self {
         let mut tools = IdemTools::with_session_run(tools, idem.run(session_run_id()));
         tools.per_session = true;
@@ -100,6 +113,7 @@ impl IdemTools {
             tools: Arc::new(tools),
             session,
             per_session: false,
+            connections: Arc::default(),
             missing_run: MissingRun::Warn,
             calls: TaskTracker::new(),
             shutdown: StopSignal::new(),
@@ -271,10 +285,45 @@ impl IdemTools {
                 let scope = idem_core::Scope::run(run).with_tenant(tenant);
                 return Ok(self.session.in_scope(scope));
             }
+            // A request without a session has a server of its own: nothing to tell apart.
+            return Ok(self.session.clone());
         }
         #[cfg(not(feature = "http"))]
-        let _ = (name, context);
+        let _ = name;
+        if let Some(run) = self.connection_run(context) {
+            let tenant = self.session.scope().tenant().to_owned();
+            return Ok(self.session.in_scope(idem_core::Scope::run(run).with_tenant(tenant)));
+        }
         Ok(self.session.clone())
+    }
+
+    /// The run of the connection (outside HTTP) that sent the request, when the session run was
+    /// made here: the first connection has the session run itself, each later one a run of its
+    /// own. `None`: the session run applies (a run given by the caller, or no `initialize` seen).
+    fn connection_run(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        if !self.per_session {
+            return None;
+        }
+        let client = context.peer.peer_info()?;
+        // A poisoned lock only means another call panicked while holding it: the list is whole.
+        let mut connections =
+            self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        connections.runs.retain(|(seen, _)| seen.strong_count() > 0);
+        let seen = connections
+            .runs
+            .iter()
+            .find(|(seen, _)| std::ptr::eq(seen.as_ptr(), Arc::as_ptr(&client)));
+        if let Some((_, run)) = seen {
+            return Some(run.clone());
+        }
+        let base = self.session.scope().run_id();
+        let run = match connections.opened {
+            0 => base.to_owned(),
+            n => format!("{base}-{n}"),
+        };
+        connections.opened += 1;
+        connections.runs.push((Arc::downgrade(&client), run.clone()));
+        Some(run)
     }
 
     /// What to do with a `keyed` or `never` call that names no run (default
