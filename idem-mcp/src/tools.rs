@@ -67,9 +67,9 @@ struct Connections {
 pub struct IdemTools {
     tools: Arc<ToolSet>,
     session: Run,
-    /// Whether `session` was made here ([`IdemTools::new`]) rather than given: over HTTP each MCP
-    /// session then gets a run of its own inside it, since one value (and its clones) may serve
-    /// every session.
+    /// Whether `session` was made here ([`IdemTools::new`]) rather than given: each HTTP session
+    /// and each connection then gets a run of its own, since one value (and its clones) may serve
+    /// every one.
     per_session: bool,
     /// The connections (rmcp services) these tools and their clones served, each with its run:
     /// one value may be cloned into the server of each connection a process accepts.
