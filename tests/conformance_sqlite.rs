@@ -595,3 +595,83 @@ async fn a_name_starting_with_file_is_not_an_sqlite_uri() {
         }
     }
 }
+
+fn remove_database_files(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(name);
+    }
+}
+
+/// Whether `claim` is the refusal of a store whose file is no longer at its path.
+fn refused_as_moved(claim: &Result<Claim, StoreError>) -> bool {
+    matches!(claim, Err(StoreError::Unavailable(e)) if e.to_string().contains("no longer the file"))
+}
+
+/// A database file deleted under an open store (an operator starting over, a temp-file cleaner)
+/// and made again by another process: the store that had it open must not acquire keys in the
+/// file nobody else sees any more, where every key the new file holds would run a second time.
+/// It fails closed, saying why; opened again, it sees the new file. Also for a name that is not
+/// UTF-8, which SQLite cannot report back as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_file_was_deleted_claims_nothing_in_it() {
+    let mut paths = vec![fresh_file("deleted_under")];
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let mut bytes = b"idem-deleted-\xff-".to_vec();
+        bytes.extend(format!("{}.db", std::process::id()).into_bytes());
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join(std::ffi::OsStr::from_bytes(&bytes));
+        remove_database_files(&path);
+        paths.push(path);
+    }
+    for path in paths {
+        let old = SqliteStore::open(&path).expect("open");
+        let (warm, fp) = idem_core::conformance::fresh_key("deleted_under_warm", "{}");
+        idem_tests::acquire(&old, &warm, &fp).await;
+        remove_database_files(&path);
+        let new = SqliteStore::open(&path).expect("the file made again");
+        let (key, fp) = idem_core::conformance::fresh_key("deleted_under", "{}");
+        idem_tests::acquire(&new, &key, &fp).await;
+        let again = old.claim(idem_tests::claim_req(&key, &fp)).await;
+        assert!(
+            refused_as_moved(&again),
+            "{}: the key is held in the file at the path; the old store answered {again:?}",
+            path.display()
+        );
+        let reopened = SqliteStore::open(&path).expect("open again");
+        let again = reopened.claim(idem_tests::claim_req(&key, &fp)).await;
+        assert!(matches!(again, Ok(Claim::InFlight { .. })), "{again:?}");
+        remove_database_files(&path);
+    }
+}
+
+/// A backup restored by renaming it over the database file (its old log and index removed first)
+/// while a store has the file open: the store writes nothing to the file renamed over, which
+/// no process opened afterwards sees; opened again, it replays the backup's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_file_was_renamed_over_claims_nothing_in_it() {
+    let path = fresh_file("renamed_over");
+    let backup = fresh_file("renamed_over_backup");
+    let (key, fp) = idem_core::conformance::fresh_key("renamed_over", "{}");
+    let running = SqliteStore::open(&path).expect("open");
+    let done = Outcome::Success("\"from the backup\"".into());
+    {
+        let restored = SqliteStore::open(&backup).expect("the backup");
+        let fence = idem_tests::acquire(&restored, &key, &fp).await;
+        restored.complete(&key, fence, &done, Duration::from_secs(3600)).await.expect("complete");
+    }
+    for beside in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{beside}", path.display()));
+    }
+    std::fs::rename(&backup, &path).expect("rename the backup into place");
+    let claim = running.claim(idem_tests::claim_req(&key, &fp)).await;
+    assert!(refused_as_moved(&claim), "{claim:?}");
+    let reopened = SqliteStore::open(&path).expect("open again");
+    match reopened.claim(idem_tests::claim_req(&key, &fp)).await {
+        Ok(Claim::Completed(record)) => assert_eq!(record.outcome, done),
+        other => panic!("the restored file's record must replay, got {other:?}"),
+    }
+}

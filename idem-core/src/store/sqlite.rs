@@ -42,7 +42,10 @@ use super::{
 use crate::key::{Fingerprint, Key};
 
 mod admin;
+mod file;
 mod schema;
+
+use file::OpenedFile;
 
 use schema::init_schema;
 pub use schema::{SCHEMA_REVISION, SCHEMA_VERSION};
@@ -330,7 +333,7 @@ impl SqliteStore {
             | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let named = as_file_name(path);
         let conn = Connection::open_with_flags(&named, flags).map_err(|e| open_failed(path, e))?;
-        Self::with_connection(conn, Some(path))
+        Self::with_connection(conn, Some((path, OpenedFile::at(&named))))
     }
 
     /// Opens the idem store in the database file at `path`, which must exist and hold idem's
@@ -379,7 +382,7 @@ impl SqliteStore {
             return Err(missing("the file has no idem_records table"));
         }
         schema::check_existing(&conn)?;
-        Self::with_connection(conn, Some(path))
+        Self::with_connection(conn, Some((path, OpenedFile::at(&named))))
     }
 
     /// Opens a database from a URL: `sqlite://PATH` or `sqlite:PATH` (a relative or absolute
@@ -397,8 +400,12 @@ impl SqliteStore {
         Self::with_connection(Connection::open_in_memory().map_err(StoreError::unavailable)?, None)
     }
 
-    /// The store on `conn`, opened at `path` (`None`: in memory), which errors name.
-    fn with_connection(mut conn: Connection, path: Option<&Path>) -> Result<Self, StoreError> {
+    /// The store on `conn`, opened at `path` as `file` (`None`: in memory), which errors name.
+    fn with_connection(
+        mut conn: Connection,
+        opened: Option<(&Path, OpenedFile)>,
+    ) -> Result<Self, StoreError> {
+        let (path, file) = opened.unzip();
         let failed = |e: rusqlite::Error| match path {
             Some(path) => open_failed(path, e),
             None => StoreError::unavailable(e),
@@ -426,7 +433,7 @@ impl SqliteStore {
         init_schema(&mut conn)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                conn: Mutex::new(Conn { conn, waits: true }),
+                conn: Mutex::new(Conn { conn, waits: true, file }),
                 changed: Notify::new(),
                 sweeps: SweepClock::new(),
             }),
@@ -470,11 +477,17 @@ struct Conn {
     conn: Connection,
     /// Whether the busy timeout is [`BUSY_TIMEOUT`] (else 0).
     waits: bool,
+    /// The file `conn` has open (`None`: in memory).
+    file: Option<OpenedFile>,
 }
 
 impl Conn {
     /// For a blocking call: statements wait up to [`BUSY_TIMEOUT`] for another process's lock.
+    /// Refused once the file is no longer at the store's path (see [`file`]).
     fn waiting(&mut self) -> Result<&mut Connection, SqlError> {
+        if let Some(file) = &self.file {
+            file.check().map_err(SqlError::Store)?;
+        }
         if !self.waits {
             self.conn.busy_timeout(BUSY_TIMEOUT)?;
             self.waits = true;
@@ -482,7 +495,10 @@ impl Conn {
         Ok(&mut self.conn)
     }
 
-    /// For the inline read on the calling thread: statements never wait for a lock.
+    /// For the inline read on the calling thread: statements never wait for a lock. The file is
+    /// not checked here: what a file no longer at the path still answers without writing (a
+    /// stored outcome, a mismatch, a lease to wait for) is true of its record, and the next
+    /// blocking call (the write, a wait's poll) is refused.
     fn not_waiting(&mut self) -> Result<&Connection, SqlError> {
         if self.waits {
             self.conn.busy_timeout(Duration::ZERO)?;
@@ -505,6 +521,8 @@ enum SqlError {
     Incompatible(String),
     /// A cursor not made by this store: nothing was read.
     Cursor(String),
+    /// The store's file is no longer at its path (see [`file`]).
+    Store(StoreError),
 }
 
 impl From<rusqlite::Error> for SqlError {
@@ -532,6 +550,7 @@ impl From<SqlError> for StoreError {
             SqlError::Sqlite(e) => StoreError::unavailable(e),
             SqlError::Incompatible(m) => StoreError::Incompatible(m),
             SqlError::Cursor(c) => StoreError::InvalidCursor(c),
+            SqlError::Store(e) => e,
         }
     }
 }
