@@ -397,6 +397,48 @@ mod no_runtime {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
+
+    /// A store's own steps outside a runtime (an operator's script under another executor
+    /// forgetting a record, listing, waiting) are refused with the same message, not a panic from
+    /// inside the store.
+    #[test]
+    fn store_steps_outside_a_runtime_are_refused() {
+        use std::time::Duration;
+
+        use idem_core::{Store, StoreError};
+
+        fn says_tokio(step: &str, e: StoreError) {
+            match e {
+                StoreError::InvalidConfig(m) => {
+                    assert!(m.contains("call it from inside a Tokio runtime"), "{step}: {m}")
+                }
+                other => panic!("{step}: {other:?}"),
+            }
+        }
+
+        let memory = idem_core::MemoryStore::new();
+        let (key, fp) = idem_core::conformance::fresh_key("no-runtime-memory", "{}");
+        let fence = block_on(idem_tests::acquire(&memory, &key, &fp));
+        let waited =
+            std::panic::catch_unwind(|| block_on(memory.wait(&key, fence, Duration::from_secs(1))));
+        says_tokio("memory wait", waited.expect("no panic").expect_err("refused"));
+
+        #[cfg(feature = "sqlite")]
+        {
+            let dir = std::env::temp_dir()
+                .join(format!("idem-no-runtime-steps-{}", idem_tests::process_tag()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let store = idem_core::SqliteStore::open(dir.join("idem.db")).expect("open");
+            let req = idem_tests::claim_req(&key, &fp);
+            let claimed = std::panic::catch_unwind(|| block_on(store.claim(req)));
+            says_tokio("sqlite claim", claimed.expect("no panic").expect_err("refused"));
+            let forgot = std::panic::catch_unwind(|| block_on(store.forget(&key)));
+            says_tokio("sqlite forget", forgot.expect("no panic").expect_err("refused"));
+            let stats = std::panic::catch_unwind(|| block_on(store.stats()));
+            says_tokio("sqlite stats", stats.expect("no panic").expect_err("refused"));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
 
 /// On a Tokio runtime built without its timer driver (`Builder::new_current_thread().build()`

@@ -57,15 +57,6 @@ thread_local! {
     static SEEN: Cell<Option<Seen>> = const { Cell::new(None) };
 }
 
-/// Inside a Tokio runtime (what `spawn_blocking` needs).
-#[cfg(feature = "sqlite")]
-pub(crate) fn runtime() -> Result<(), crate::store::StoreError> {
-    match Handle::try_current() {
-        Ok(_) => Ok(()),
-        Err(_) => Err(crate::store::StoreError::InvalidConfig(Lacks::Runtime.advice())),
-    }
-}
-
 /// Inside a Tokio runtime with its timer driver.
 pub(crate) fn timers() -> Result<(), Lacks> {
     check(false)

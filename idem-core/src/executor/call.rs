@@ -155,11 +155,11 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
-        if let Err(lacks) = crate::tokio_ready::timers() {
-            // Timeouts, backoff and lease renewals are Tokio's timers: outside a runtime, or on
-            // one built without them, the first would panic, possibly with the tool's work under
-            // way. Nothing has run yet.
-            return Err(self.store_error(StoreError::InvalidConfig(lacks.advice())));
+        // Timeouts, backoff and lease renewals are Tokio's timers: outside a runtime (another
+        // executor, `futures::executor::block_on`), or on one built without them, the first would
+        // panic, possibly with the tool's work under way. Nothing has run yet.
+        if let Err(e) = crate::store::on_tokio() {
+            return Err(self.store_error(e));
         }
         // Also in front of an in-process store: it makes duplicates wait for the first call, but
         // when that call fails without a stored outcome (a transient error, a panic) it lets go

@@ -347,6 +347,7 @@ impl Store for MemoryStore {
             }
         };
         let (notify, until) = notify;
+        super::on_tokio()?;
         let notified = notify.notified();
         tokio::pin!(notified);
         // `notify_waiters` wakes only registered futures: re-check after registering, so a

@@ -453,7 +453,7 @@ impl SqliteStore {
         f: impl FnOnce(&mut Connection) -> Result<T, SqlError> + Send + 'static,
     ) -> Result<T, StoreError> {
         // Tokio panics at `spawn_blocking` outside a runtime (a store used by another executor).
-        crate::tokio_ready::runtime()?;
+        super::on_tokio()?;
         let inner = Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || f(inner.lock().waiting()?)).await;
         match joined {
@@ -720,6 +720,7 @@ fn claim_blocking(
 #[async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        super::on_tokio()?;
         let (key, fp, lease, on_expired) = (*req.key, *req.fingerprint, req.lease, req.on_expired);
         let now = now_ms();
         let read = match self.try_answer_inline(&key, &fp, on_expired, now) {
@@ -738,7 +739,6 @@ impl Store for SqliteStore {
         // leases, as any owner that dies). What can happen is that the caller drops this claim
         // while the blocking call runs (a timeout, a cancelled call); the blocking call then
         // releases what it acquired, since nobody holds it.
-        crate::tokio_ready::runtime()?;
         let (answer, answered) = tokio::sync::oneshot::channel();
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
@@ -814,6 +814,7 @@ impl Store for SqliteStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        super::on_tokio()?;
         // The deadline bounds everything, a statement stuck behind another process's lock
         // included.
         tokio::time::timeout(max, self.wait_inner(key, fence)).await.unwrap_or(Ok(()))
