@@ -262,6 +262,59 @@ async fn claim_dropped_mid_flight_releases_what_it_acquired() {
     panic!("the dropped claim's record was never released; last answer {last:?}");
 }
 
+/// A claim whose answer came back but was never read (its caller dropped it at that moment: a
+/// `select!` whose other branch won, a task aborted) leaves no record nobody holds either: a
+/// `never` tool's repeat would wait out the lease, then answer "outcome unknown" for a call that
+/// never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_answered_but_dropped_unread_releases_what_it_acquired() {
+    use std::task::{Context, Poll, Waker};
+
+    let path = fresh_file("dropped_unread");
+    let store = SqliteStore::open(&path).expect("open");
+    let other = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("dropped_unread", "{}");
+    let never = ClaimRequest {
+        key: &key,
+        fingerprint: &fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::Unknown,
+        origin: Default::default(),
+    };
+    // Another connection holds the write lock, so the claim's first poll cannot be answered.
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let mut claim = store.claim(never);
+    let first = claim.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    assert!(matches!(first, Poll::Pending), "the claim must wait for the lock: {first:?}");
+    raw.execute_batch("COMMIT").expect("unlock");
+    // The claim acquires and answers; its answer is never read.
+    let held = || {
+        raw.query_row("SELECT count(*) FROM idem_records WHERE key = ?1", [key.as_str()], |r| {
+            r.get::<_, i64>(0)
+        })
+        .expect("count")
+    };
+    for _ in 0..500 {
+        if held() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held(), 1, "the claim acquired");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(claim);
+    let mut last = None;
+    for _ in 0..100 {
+        match other.claim(never).await {
+            Ok(Claim::Acquired { .. }) => return,
+            got => last = Some(got),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the unread claim's record was never released; last answer {last:?}");
+}
+
 /// A database of schema revision 0 (before records kept their origin) is migrated when a store
 /// of this version opens it: its records still replay, list with an unknown origin and age, and
 /// can be resolved.

@@ -508,6 +508,41 @@ impl Conn {
     }
 }
 
+/// The answer of a claim's blocking call, as the claim waits for it. Dropped with an answer sent
+/// and not read (the caller stopped waiting just as it came), it releases a fresh key that answer
+/// acquired, as the blocking call does when the answer finds nobody: nobody holds that key. A
+/// takeover is left to its lease, as there.
+struct Unread {
+    answer: tokio::sync::oneshot::Receiver<Result<Claim, SqlError>>,
+    inner: Arc<Inner>,
+    key: Key,
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        // Closed first: from here the blocking call's send fails, and it releases on its own.
+        self.answer.close();
+        let Ok(Ok(Claim::Acquired { fence, takeover: false })) = self.answer.try_recv() else {
+            return;
+        };
+        // Outside a runtime (it is shutting down) nothing can run: the lease ends the record.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (inner, key) = (Arc::clone(&self.inner), self.key);
+        runtime.spawn_blocking(move || {
+            if let Ok(conn) = inner.lock().waiting() {
+                release_unheld(conn, &key, fence);
+            }
+        });
+    }
+}
+
+/// Releases a fresh key a claim acquired for a caller that is gone. Best effort: should it fail,
+/// the lease ends the record.
+fn release_unheld(conn: &Connection, key: &Key, fence: Fence) {
+    let release = params![key.as_str(), fence_param(fence)];
+    let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
+}
+
 /// What the inline read of a claim found (see [`SqliteStore::try_answer_inline`]).
 enum Inline {
     Answer(Claim),
@@ -738,8 +773,10 @@ impl Store for SqliteStore {
         // statement either returns its answer to this function or the process is gone (with its
         // leases, as any owner that dies). What can happen is that the caller drops this claim
         // while the blocking call runs (a timeout, a cancelled call); the blocking call then
-        // releases what it acquired, since nobody holds it.
+        // releases what it acquired, since nobody holds it. Dropped after the answer came and
+        // before it was read, the claim releases it itself (see `Unread`).
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let mut answered = Unread { answer: answered, inner: Arc::clone(&self.inner), key };
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let mut guard = inner.lock();
@@ -760,11 +797,10 @@ impl Store for SqliteStore {
             // A fresh key nobody waits for is released; a takeover is left to its lease, so
             // that the dead owner's attempt is not erased (the next caller takes it over).
             if let Err(Ok(Claim::Acquired { fence, takeover: false })) = answer.send(claim) {
-                let release = params![key.as_str(), fence_param(fence)];
-                let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
+                release_unheld(conn, &key, fence);
             }
         });
-        match answered.await {
+        match (&mut answered.answer).await {
             Ok(claim) => claim.map_err(Into::into),
             Err(_) => Err(StoreError::unavailable("the SQLite claim stopped without an answer")),
         }
