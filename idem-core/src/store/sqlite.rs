@@ -186,6 +186,15 @@ fn open_failed(path: &Path, e: rusqlite::Error) -> StoreError {
         {
             read_only(Some(&shown), &e)
         }
+        // A name no file can have: waiting does not change it.
+        rusqlite::Error::NulError(_) => StoreError::InvalidConfig(format!(
+            "{:?} holds a NUL byte, which no file name can; name idem's database file",
+            shown.display()
+        )),
+        rusqlite::Error::InvalidPath(_) => StoreError::InvalidConfig(format!(
+            "{:?} is not a file name SQLite can open on this system; name another file",
+            shown.display()
+        )),
         e if is_corrupt(&e) => corrupt(Some(&shown), &e),
         e => StoreError::unavailable(format!(
             "cannot open the SQLite database at {}: {e}",
@@ -1040,6 +1049,21 @@ mod tests {
         let mode: String = other.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "delete", "the file's journal mode was changed");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A name no file can have (a NUL byte in it, also as `%00` in a URL) is a configuration
+    /// error: the command line and a caller that retries outages must not wait for it.
+    #[test]
+    fn a_path_with_a_nul_byte_is_a_configuration_error() {
+        let dir = std::env::temp_dir().join(format!("idem-nul-{}", std::process::id()));
+        let named = format!("{}/idem\0.db", dir.display());
+        let url = format!("sqlite://{}/idem%00.db", dir.display());
+        for opened in [SqliteStore::open(&named), SqliteStore::open_url(&url)] {
+            match opened {
+                Err(StoreError::InvalidConfig(m)) => assert!(m.contains("NUL"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     /// A directory named as the database is a configuration error, not an outage.
