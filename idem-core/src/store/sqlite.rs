@@ -799,14 +799,16 @@ impl Store for SqliteStore {
             // Read the clock here, not before the hop: the blocking pool may have queued us.
             let now = now_ms();
             let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now, read);
-            if sweep {
-                // Space only: a failed sweep is retried at the next interval.
-                let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
-            }
             // A fresh key nobody waits for is released; a takeover is left to its lease, so
             // that the dead owner's attempt is not erased (the next caller takes it over).
             if let Err(Ok(Claim::Acquired { fence, takeover: false })) = answer.send(claim) {
                 release_unheld(conn, &key, fence);
+            }
+            // After the answer: the sweep may wait up to the busy timeout for another process's
+            // write lock, and a claim answered only then would outlast its caller's store
+            // timeout. Space only: a failed sweep is retried at the next interval.
+            if sweep {
+                let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
             }
         });
         match (&mut answered.answer).await {
@@ -1048,6 +1050,58 @@ mod tests {
         let other = Connection::open(&path).unwrap();
         let mode: String = other.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "delete", "the file's journal mode was changed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The sweep a claim starts (once a minute) runs after the claim is answered, as PostgreSQL's
+    /// does: it may wait up to the busy timeout for another process's write lock, and a claim
+    /// answered only then would run out the caller's store timeout (5 s too) and fail a call
+    /// whose key it had acquired. Here the sweep's deletion is made slow by a trigger: the claim
+    /// is answered while the record it removes is still there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_is_answered_before_the_sweep_it_starts() {
+        let dir = std::env::temp_dir().join(format!("idem-sweep-after-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("store.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let claim = |key, fingerprint| ClaimRequest {
+            key,
+            fingerprint,
+            lease: Duration::from_secs(30),
+            on_expired: OnExpired::TakeOver,
+            origin: Default::default(),
+        };
+        let expired = Key::from_digest(&[1; 32]);
+        let fp = Fingerprint::of_derived_key(&expired);
+        let Ok(Claim::Acquired { fence, .. }) = store.claim(claim(&expired, &fp)).await else {
+            panic!("a fresh key")
+        };
+        let done = Outcome::Success("1".into());
+        store.complete(&expired, fence, &done, Duration::ZERO).await.unwrap();
+        let raw = Connection::open(&path).unwrap();
+        raw.execute_batch(
+            "CREATE TABLE filler (n INTEGER);
+             WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 300)
+             INSERT INTO filler SELECT n FROM c;
+             CREATE TRIGGER slow_delete AFTER DELETE ON idem_records BEGIN
+                 SELECT count(*) FROM filler a, filler b, filler c;
+             END;",
+        )
+        .unwrap();
+        store.inner.sweeps.make_due();
+        let fresh = Key::from_digest(&[2; 32]);
+        let fp = Fingerprint::of_derived_key(&fresh);
+        assert!(matches!(store.claim(claim(&fresh, &fp)).await, Ok(Claim::Acquired { .. })));
+        let left: i64 = raw
+            .query_row(
+                "SELECT count(*) FROM idem_records WHERE key = ?1",
+                [expired.as_str()],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(left, 1, "the claim was answered only after its sweep removed the record");
+        drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -18,6 +18,12 @@ impl SweepClock {
         SweepClock { next_ms: AtomicI64::new(now_ms() + SWEEP_EVERY_MS) }
     }
 
+    /// Makes the next call of [`due`](Self::due) answer true.
+    #[cfg(test)]
+    pub(crate) fn make_due(&self) {
+        self.next_ms.store(i64::MIN, Ordering::Relaxed);
+    }
+
     /// Whether the caller should sweep now; true for exactly one caller per minute.
     pub(crate) fn due(&self, now_ms: i64) -> bool {
         let due = self.next_ms.load(Ordering::Relaxed);
