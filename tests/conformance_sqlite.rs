@@ -447,6 +447,39 @@ async fn reads_answer_while_another_connection_holds_the_write_lock() {
     assert!(matches!(got.unwrap(), Ok(Claim::Acquired { .. })));
 }
 
+/// While another connection holds the write lock and a claim of this store waits for it, the
+/// store's replays still answer: the claim waiting for the lock does not keep the store's
+/// connection from them for the whole busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_answer_while_a_claim_of_the_same_store_waits_for_the_write_lock() {
+    let path = fresh_file("replay_behind_write");
+    let store = Arc::new(SqliteStore::open(&path).expect("open"));
+    let (done, done_fp) = idem_core::conformance::fresh_key("replay_behind_write", "done");
+    let fence = idem_tests::acquire(&*store, &done, &done_fp).await;
+    let ok = Outcome::Success("1".into());
+    store.complete(&done, fence, &ok, Duration::from_secs(600)).await.expect("complete");
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let (fresh, fresh_fp) = idem_core::conformance::fresh_key("replay_behind_write", "fresh");
+    let waiting = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.claim(idem_tests::claim_req(&fresh, &fresh_fp)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "the fresh claim must wait for the lock");
+    for round in 0..3 {
+        let replay = store.claim(idem_tests::claim_req(&done, &done_fp));
+        let got = tokio::time::timeout(Duration::from_secs(2), replay).await;
+        match got {
+            Ok(Ok(Claim::Completed(record))) => assert_eq!(record.outcome, ok, "round {round}"),
+            other => panic!("round {round}: the replay waited behind the claim: {other:?}"),
+        }
+    }
+    raw.execute_batch("COMMIT").expect("unlock");
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("acquired");
+    assert!(matches!(got.expect("task"), Ok(Claim::Acquired { .. })));
+}
+
 /// Replays, fresh claims and completions while another connection keeps the WAL busy: it writes
 /// to a table of its own and checkpoints in `TRUNCATE` and `RESTART` modes (which wait for
 /// readers and reset the WAL) in a loop. Every replay answers the stored outcome, and every write

@@ -1,8 +1,9 @@
 //! The SQLite store (feature `sqlite`): embedded and durable, one file, shared by the processes of
 //! one machine.
 //!
-//! The database runs in WAL mode with a busy timeout (5 s), so several processes (each with its
-//! own [`SqliteStore`]) can use one file. Every write is one conditional statement: a claim that
+//! The database runs in WAL mode, so several processes (each with its own [`SqliteStore`]) can
+//! use one file; a step that finds another process holding the lock it needs tries again for up
+//! to 5 s. Every write is one conditional statement: a claim that
 //! may acquire is `INSERT .. ON CONFLICT(key) DO UPDATE .. WHERE <free or expired> RETURNING ..`,
 //! and complete, release and renew are conditional on the fence. When the claim's conditional
 //! update does not fire, the row it conflicted with is read inside the same write transaction, so
@@ -16,9 +17,12 @@
 //! completions and releases made through the same [`SqliteStore`], and never lasts past `max`.
 //!
 //! Blocking SQLite calls run on tokio's blocking pool (`spawn_blocking`), one connection per
-//! store behind a mutex, with cached prepared statements. The one exception is the read-only
-//! claim answer above, made on the calling thread only when it cannot wait (connection free,
-//! busy timeout 0): a primary-key read takes microseconds, a blocking-pool hop tens of them.
+//! store behind a mutex, with cached prepared statements. The connection never waits inside
+//! SQLite for another process's lock (busy timeout 0): a step refused as busy lets go of the
+//! connection and pauses before it tries again, so the store's other steps (a replay above all)
+//! are not held up behind one that waits for the write lock. The one call not on the blocking
+//! pool is the read-only claim answer above, made on the calling thread when the connection is
+//! free: a primary-key read takes microseconds, a blocking-pool hop tens of them.
 //! When that read finds the claim must write, the blocking call goes to the upsert without
 //! reading again.
 
@@ -440,9 +444,11 @@ impl SqliteStore {
         }
         conn.set_prepared_statement_cache_capacity(32);
         init_schema(&mut conn)?;
+        // From here a lock another process holds is waited for outside SQLite (`Inner::retrying`).
+        conn.busy_timeout(Duration::ZERO).map_err(failed)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                conn: Mutex::new(Conn { conn, waits: true, file }),
+                conn: Mutex::new(Conn { conn, file }),
                 changed: Notify::new(),
                 sweeps: SweepClock::new(),
             }),
@@ -456,15 +462,16 @@ impl SqliteStore {
         self.call(|conn| Ok(conn.prepare_cached(SWEEP)?.execute(params![now_ms()])?)).await
     }
 
-    /// Runs `f` on the connection on tokio's blocking pool.
+    /// Runs `f` on the connection on tokio's blocking pool, again while another process holds
+    /// the lock it needs (see [`Inner::retrying`]).
     async fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, SqlError> + Send + 'static,
+        f: impl FnMut(&mut Connection) -> Result<T, SqlError> + Send + 'static,
     ) -> Result<T, StoreError> {
         // Tokio panics at `spawn_blocking` outside a runtime (a store used by another executor).
         super::on_tokio()?;
         let inner = Arc::clone(&self.inner);
-        let joined = tokio::task::spawn_blocking(move || f(inner.lock().waiting()?)).await;
+        let joined = tokio::task::spawn_blocking(move || inner.retrying(f)).await;
         match joined {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(e.into()),
@@ -477,43 +484,61 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, Conn> {
         crate::sync::lock(&self.conn)
     }
+
+    /// Runs `f` on the connection (on a blocking thread), and again while another process holds
+    /// the lock it needs (`SQLITE_BUSY`: the statement changed nothing, and a transaction it was
+    /// in rolled back), for up to [`BUSY_TIMEOUT`]. Between tries the connection is let go of and
+    /// the thread pauses (1 ms doubling to 50 ms, as SQLite's own busy handler does), so the
+    /// store's other steps run meanwhile: a connection waiting inside SQLite would hold up every
+    /// step of the process, replays included, for as long as another process kept the lock.
+    fn retrying<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> Result<T, SqlError>,
+    ) -> Result<T, SqlError> {
+        let give_up = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let done = {
+                let mut guard = self.lock();
+                f(guard.writable()?)
+            };
+            match done {
+                Err(SqlError::Sqlite(e))
+                    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                        && std::time::Instant::now() + pause < give_up =>
+                {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                done => return done,
+            }
+        }
+    }
 }
 
-/// The store's connection and which busy timeout it has: [`BUSY_TIMEOUT`] for the blocking
-/// calls, 0 for the inline read (see [`SqliteStore::try_answer_inline`]). Switched only when
-/// the other kind of call used it last, so a run of replays makes no call to set it.
+/// The store's connection (busy timeout 0: see [`Inner::retrying`]) and the file it has open.
 struct Conn {
     conn: Connection,
-    /// Whether the busy timeout is [`BUSY_TIMEOUT`] (else 0).
-    waits: bool,
     /// The file `conn` has open (`None`: in memory).
     file: Option<OpenedFile>,
 }
 
 impl Conn {
-    /// For a blocking call: statements wait up to [`BUSY_TIMEOUT`] for another process's lock.
-    /// Refused once the file is no longer at the store's path (see [`file`]).
-    fn waiting(&mut self) -> Result<&mut Connection, SqlError> {
+    /// For a blocking call. Refused once the file is no longer at the store's path (see
+    /// [`file`]).
+    fn writable(&mut self) -> Result<&mut Connection, SqlError> {
         if let Some(file) = &self.file {
             file.check().map_err(SqlError::Store)?;
-        }
-        if !self.waits {
-            self.conn.busy_timeout(BUSY_TIMEOUT)?;
-            self.waits = true;
         }
         Ok(&mut self.conn)
     }
 
-    /// For the inline read on the calling thread: statements never wait for a lock. The file is
-    /// not checked here: what a file no longer at the path still answers without writing (a
-    /// stored outcome, a mismatch, a lease to wait for) is true of its record, and the next
-    /// blocking call (the write, a wait's poll) is refused.
-    fn not_waiting(&mut self) -> Result<&Connection, SqlError> {
-        if self.waits {
-            self.conn.busy_timeout(Duration::ZERO)?;
-            self.waits = false;
-        }
-        Ok(&self.conn)
+    /// For the inline read on the calling thread. The file is not checked here: what a file no
+    /// longer at the path still answers without writing (a stored outcome, a mismatch, a lease
+    /// to wait for) is true of its record, and the next blocking call (the write, a wait's poll)
+    /// is refused.
+    fn readable(&self) -> &Connection {
+        &self.conn
     }
 }
 
@@ -537,19 +562,17 @@ impl Drop for Unread {
         // Outside a runtime (it is shutting down) nothing can run: the lease ends the record.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let (inner, key) = (Arc::clone(&self.inner), self.key);
-        runtime.spawn_blocking(move || {
-            if let Ok(conn) = inner.lock().waiting() {
-                release_unheld(conn, &key, fence);
-            }
-        });
+        runtime.spawn_blocking(move || release_unheld(&inner, &key, fence));
     }
 }
 
-/// Releases a fresh key a claim acquired for a caller that is gone. Best effort: should it fail,
-/// the lease ends the record.
-fn release_unheld(conn: &Connection, key: &Key, fence: Fence) {
-    let release = params![key.as_str(), fence_param(fence)];
-    let _ = conn.prepare_cached(RELEASE).and_then(|mut s| s.execute(release));
+/// Releases a fresh key a claim acquired for a caller that is gone (on a blocking thread). Best
+/// effort: should it fail, the lease ends the record.
+fn release_unheld(inner: &Inner, key: &Key, fence: Fence) {
+    let _ = inner.retrying(|conn| {
+        let release = params![key.as_str(), fence_param(fence)];
+        Ok(conn.prepare_cached(RELEASE)?.execute(release)?)
+    });
 }
 
 /// What the inline read of a claim found (see [`SqliteStore::try_answer_inline`]).
@@ -788,27 +811,21 @@ impl Store for SqliteStore {
         let mut answered = Unread { answer: answered, inner: Arc::clone(&self.inner), key };
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            let mut guard = inner.lock();
-            let conn = match guard.waiting() {
-                Ok(conn) => conn,
-                Err(e) => {
-                    let _ = answer.send(Err(e));
-                    return;
-                }
-            };
-            // Read the clock here, not before the hop: the blocking pool may have queued us.
-            let now = now_ms();
-            let claim = claim_blocking(conn, key, fp, lease, on_expired, &origin, now, read);
+            // The clock is read at each try, not before the hop: the blocking pool may have
+            // queued us, and another process may have held the lock.
+            let claim = inner.retrying(|conn| {
+                claim_blocking(conn, key, fp, lease, on_expired, &origin, now_ms(), read)
+            });
             // A fresh key nobody waits for is released; a takeover is left to its lease, so
             // that the dead owner's attempt is not erased (the next caller takes it over).
             if let Err(Ok(Claim::Acquired { fence, takeover: false })) = answer.send(claim) {
-                release_unheld(conn, &key, fence);
+                release_unheld(&inner, &key, fence);
             }
-            // After the answer: the sweep may wait up to the busy timeout for another process's
-            // write lock, and a claim answered only then would outlast its caller's store
-            // timeout. Space only: a failed sweep is retried at the next interval.
-            if sweep {
-                let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now]));
+            // After the answer, and tried once: it only reclaims space, and a claim answered
+            // after it would wait for another process's write lock twice. A sweep that fails
+            // is tried again at the next interval.
+            if sweep && let Ok(conn) = inner.lock().writable() {
+                let _ = conn.prepare_cached(SWEEP).and_then(|mut s| s.execute(params![now_ms()]));
             }
         });
         match (&mut answered.answer).await {
@@ -979,11 +996,8 @@ impl SqliteStore {
             },
             Err(_) => Inline::Busy,
         };
-        let Ok(mut guard) = self.inner.conn.try_lock() else { return Inline::Busy };
-        match guard.not_waiting() {
-            Ok(conn) => answer_from(conn),
-            Err(_) => Inline::Busy,
-        }
+        let Ok(guard) = self.inner.conn.try_lock() else { return Inline::Busy };
+        answer_from(guard.readable())
     }
 
     fn changed_or_lost(&self, changed: usize) -> Result<(), StoreError> {
