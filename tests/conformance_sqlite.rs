@@ -734,6 +734,54 @@ async fn a_store_whose_file_was_deleted_claims_nothing_in_it() {
     }
 }
 
+/// The write-ahead log and its index deleted under an open store (taken for temporary files):
+/// a process opening the file afterwards makes new ones and sees none of what the open store
+/// writes in its own, so the open store must not acquire keys there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_log_was_deleted_claims_nothing_in_it() {
+    let path = fresh_file("log_deleted");
+    let old = SqliteStore::open(&path).expect("open");
+    let (warm, fp) = idem_core::conformance::fresh_key("log_deleted_warm", "{}");
+    idem_tests::acquire(&old, &warm, &fp).await;
+    for beside in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(beside);
+        std::fs::remove_file(name).expect("remove the log and its index");
+    }
+    // Another process: SQLite shares one process's view of a file among its connections.
+    let other = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", "another_process_acquires", "--nocapture", "--test-threads=1"])
+        .env(ANOTHER_PROCESS_DB, &path)
+        .output()
+        .expect("run another process");
+    let said = String::from_utf8_lossy(&other.stdout);
+    assert!(
+        said.contains("acquired log_deleted"),
+        "{said}{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    let (key, fp) = idem_core::conformance::fresh_key("log_deleted", "{}");
+    let again = old.claim(idem_tests::claim_req(&key, &fp)).await;
+    assert!(
+        refused_as_moved(&again),
+        "the key is held in the log a process opening the file sees; the old store answered \
+         {again:?}"
+    );
+}
+
+const ANOTHER_PROCESS_DB: &str = "IDEM_TEST_ANOTHER_PROCESS_DB";
+
+/// Run by `a_store_whose_log_was_deleted_claims_nothing_in_it` as another process; nothing when
+/// run as a test.
+#[tokio::test]
+async fn another_process_acquires() {
+    let Some(path) = std::env::var_os(ANOTHER_PROCESS_DB) else { return };
+    let store = SqliteStore::open(PathBuf::from(path)).expect("open in another process");
+    let (key, fp) = idem_core::conformance::fresh_key("log_deleted", "{}");
+    idem_tests::acquire(&store, &key, &fp).await;
+    println!("acquired log_deleted");
+}
+
 /// A backup restored by renaming it over the database file (its old log and index removed first)
 /// while a store has the file open: the store writes nothing to the file renamed over, which
 /// no process opened afterwards sees; opened again, it replays the backup's records.

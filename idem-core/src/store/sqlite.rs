@@ -346,7 +346,7 @@ impl SqliteStore {
             | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let named = as_file_name(path);
         let conn = Connection::open_with_flags(&named, flags).map_err(|e| open_failed(path, e))?;
-        Self::with_connection(conn, Some((path, OpenedFile::at(&named))))
+        Self::with_connection(conn, Some((path, named.as_ref())))
     }
 
     /// Opens the idem store in the database file at `path`, which must exist and hold idem's
@@ -395,7 +395,7 @@ impl SqliteStore {
             return Err(missing("the file has no idem_records table"));
         }
         schema::check_existing(&conn)?;
-        Self::with_connection(conn, Some((path, OpenedFile::at(&named))))
+        Self::with_connection(conn, Some((path, named.as_ref())))
     }
 
     /// Opens a database from a URL: `sqlite://PATH` or `sqlite:PATH` (a relative or absolute
@@ -413,12 +413,12 @@ impl SqliteStore {
         Self::with_connection(Connection::open_in_memory().map_err(StoreError::unavailable)?, None)
     }
 
-    /// The store on `conn`, opened at `path` as `file` (`None`: in memory), which errors name.
+    /// The store on `conn`, opened at `path` as `named` (`None`: in memory); errors name `path`.
     fn with_connection(
         mut conn: Connection,
-        opened: Option<(&Path, OpenedFile)>,
+        opened: Option<(&Path, &Path)>,
     ) -> Result<Self, StoreError> {
-        let (path, file) = opened.unzip();
+        let (path, named) = opened.unzip();
         let failed = |e: rusqlite::Error| match path {
             Some(path) => open_failed(path, e),
             None => StoreError::unavailable(e),
@@ -446,6 +446,8 @@ impl SqliteStore {
         init_schema(&mut conn)?;
         // From here a lock another process holds is waited for outside SQLite (`Inner::retrying`).
         conn.busy_timeout(Duration::ZERO).map_err(failed)?;
+        // Once the write-ahead log and its index are open beside the file.
+        let file = named.map(OpenedFile::at);
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 conn: Mutex::new(Conn { conn, file }),

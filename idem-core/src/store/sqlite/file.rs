@@ -3,7 +3,9 @@
 //! A file deleted, moved or renamed over while a store has it open (an operator starting over or
 //! moving it away, a temporary-file cleaner, a backup renamed into place) goes on being read and
 //! written through the open connection in write-ahead-log mode, where SQLite refuses nothing (it
-//! refuses such writes only with a rollback journal). A store writing there would claim keys in a
+//! refuses such writes only with a rollback journal). So do its write-ahead log (`-wal`) and the
+//! log's index (`-shm`) beside it, taken for temporary files and deleted: a process opening the
+//! file afterwards makes new ones and sees nothing of what the open store writes in its own. A store writing there would claim keys in a
 //! file no process opening the path sees, and each key would run once on each side. Following
 //! the path instead would run again every key of a file that was only moved away. So a store
 //! writes nothing once its file is no longer at its path: its calls fail closed until the file
@@ -14,10 +16,13 @@ use std::path::{Path, PathBuf};
 use crate::store::StoreError;
 
 /// The file a store opened: its path, made absolute when it was opened (a later change of the
-/// working directory does not move it), and what identified the file there then.
+/// working directory does not move it), and what identified it and its log and index there
+/// once the store had them open. While any connection has the file open in WAL mode, its log
+/// and index stay (SQLite removes them only when the last connection closes).
 pub(super) struct OpenedFile {
     path: PathBuf,
-    id: FileId,
+    beside: [PathBuf; 2],
+    ids: [FileId; 3],
 }
 
 /// Device and inode (Unix). Elsewhere an open file is not deleted or replaced, and there is
@@ -25,24 +30,36 @@ pub(super) struct OpenedFile {
 type FileId = Option<(u64, u64)>;
 
 impl OpenedFile {
-    /// The file just opened at `path` (the name SQLite was given).
+    /// The file opened at `path` (the name SQLite was given), read once the store has it open in
+    /// WAL mode.
     pub(super) fn at(path: &Path) -> OpenedFile {
         let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-        let id = identity(&path);
-        OpenedFile { path, id }
+        let beside = ["-wal", "-shm"].map(|suffix| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            PathBuf::from(name)
+        });
+        let mut file = OpenedFile { path, beside, ids: [None; 3] };
+        file.ids = file.identities();
+        file
     }
 
-    /// Refuses when the file at the path is no longer the one opened: gone, or another file. One
-    /// `stat`.
+    fn identities(&self) -> [FileId; 3] {
+        [identity(&self.path), identity(&self.beside[0]), identity(&self.beside[1])]
+    }
+
+    /// Refuses when the file at the path, or its log or index, is no longer the one opened:
+    /// gone, or another file. Three `stat`s.
     pub(super) fn check(&self) -> Result<(), StoreError> {
-        if self.id.is_none() || identity(&self.path) == self.id {
+        if self.ids[0].is_none() || self.identities() == self.ids {
             return Ok(());
         }
         Err(StoreError::unavailable(format!(
-            "the SQLite database file {} is no longer the file this store opened (it was \
-             deleted, moved or replaced while open); nothing is written to the file the store \
-             still has open, which no process opening that path sees. Put the file back, or open \
-             the store again (restart the process) to use the file now at the path",
+            "the SQLite database file {} (or its -wal or -shm file) is no longer the file this \
+             store opened (it was deleted, moved or replaced while open); nothing is written to \
+             the file the store still has open, which no process opening that path sees. Put the \
+             file back, or open the store again (restart the process) to use the file now at \
+             the path",
             self.path.display()
         )))
     }
