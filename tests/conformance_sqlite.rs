@@ -782,6 +782,40 @@ async fn another_process_acquires() {
     println!("acquired log_deleted");
 }
 
+/// What a burst of large outcomes leaves on disk once it is over: the write-ahead log grows while
+/// a reader keeps it from starting over (another process's long read, a backup), and must not
+/// keep that size for as long as the store is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_shrinks_after_a_burst() {
+    let path = fresh_file("log_burst");
+    let store = SqliteStore::open(&path).expect("open");
+    let wal = {
+        let mut name = path.as_os_str().to_owned();
+        name.push("-wal");
+        PathBuf::from(name)
+    };
+    let reader = rusqlite::Connection::open(&path).expect("raw");
+    reader.execute_batch("BEGIN").expect("begin");
+    let _: i64 = reader.query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0)).unwrap();
+    let big = Outcome::Success(format!("\"{}\"", "x".repeat(1 << 20)));
+    for i in 0..48 {
+        let (key, fp) = idem_core::conformance::fresh_key("log_burst", &format!("{{\"i\":{i}}}"));
+        let fence = idem_tests::acquire(&store, &key, &fp).await;
+        store.complete(&key, fence, &big, Duration::from_secs(3600)).await.expect("complete");
+    }
+    let peak = std::fs::metadata(&wal).expect("wal").len();
+    reader.execute_batch("COMMIT").expect("end the read");
+    drop(reader);
+    for i in 0..4 {
+        let (key, fp) =
+            idem_core::conformance::fresh_key("log_burst_after", &format!("{{\"i\":{i}}}"));
+        let fence = idem_tests::acquire(&store, &key, &fp).await;
+        store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.unwrap();
+    }
+    let after = std::fs::metadata(&wal).expect("wal").len();
+    assert!(after <= 16 << 20, "the log held {peak} bytes at the peak and {after} after");
+}
+
 /// A backup restored by renaming it over the database file (its old log and index removed first)
 /// while a store has the file open: the store writes nothing to the file renamed over, which
 /// no process opened afterwards sees; opened again, it replays the backup's records.

@@ -112,6 +112,8 @@ DELETE FROM idem_records WHERE key IN (
 /// How often expired records are swept (ms); claims treat them as absent in between.
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The size the write-ahead log is cut back to when it starts over (bytes).
+const WAL_SIZE_LIMIT: i64 = 16 << 20;
 const POLL_FIRST: Duration = Duration::from_millis(2);
 const POLL_MAX: Duration = Duration::from_millis(50);
 
@@ -442,6 +444,11 @@ impl SqliteStore {
                 Err(e) => return Err(failed(e)),
             }
         }
+        // A write-ahead log keeps the size it grew to (a burst of large outcomes while another
+        // process read for long) as long as a connection is open: every time the log starts over,
+        // it is cut back to this: four times what the automatic checkpoint lets it reach (1000
+        // pages), so a log of the usual size is not cut and grown again each time.
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT).map_err(failed)?;
         conn.set_prepared_statement_cache_capacity(32);
         init_schema(&mut conn)?;
         // From here a lock another process holds is waited for outside SQLite (`Inner::retrying`).
