@@ -233,6 +233,60 @@ mod tests {
         assert_eq!(again["result"]["_meta"]["idem/run"], server.session_run().scope().run_id());
     }
 
+    static ORDERS_WITHOUT_TIMERS: std::sync::atomic::AtomicU32 =
+        std::sync::atomic::AtomicU32::new(0);
+
+    /// Place an order (counted).
+    #[tool(retry = "keyed")]
+    async fn count_order(item: String) -> Result<serde_json::Value, Declined> {
+        ORDERS_WITHOUT_TIMERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(json!({ "item": item }))
+    }
+
+    /// A server on a runtime built without timers answers a call that carries a progress token
+    /// with the configuration error a call without one gets, and runs nothing. Before, the
+    /// handler made its progress clock first, and Tokio's panic ended the request unanswered.
+    #[tokio::test]
+    async fn a_server_without_timers_refuses_a_call_with_a_progress_token() {
+        use tokio::io::AsyncBufReadExt;
+        let (client, server_end) = tokio::io::duplex(1 << 16);
+        let server = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            runtime.block_on(async move {
+                use rmcp::ServiceExt;
+                let (read, write) = tokio::io::split(server_end);
+                let set = ToolSet::new().with(CountOrderTool).unwrap();
+                let server = IdemServer::new(set, &Idem::in_memory());
+                if let Ok(running) = server.serve(stdio::LineTransport::new(read, write)).await {
+                    let _ = running.waiting().await;
+                }
+            });
+        });
+        let (read, write) = tokio::io::split(client);
+        let mut client = Client { write, lines: tokio::io::BufReader::new(read).lines() };
+        client
+            .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "test", "version": "1"}}}))
+            .await;
+        assert_eq!(client.next().await["id"], 0);
+        client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        for (id, meta) in [(1, json!({})), (2, json!({"progressToken": "tok"}))] {
+            client
+                .send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                    "name": "count_order", "arguments": {"item": "tea"}, "_meta": meta}}))
+                .await;
+            let answer = client.next().await;
+            assert_eq!(answer["id"], id, "{answer}");
+            assert_eq!(answer["result"]["isError"], true, "{answer}");
+            let text = answer["result"]["content"][0]["text"].as_str().unwrap_or_default();
+            assert!(text.contains("enable_time"), "{answer}");
+        }
+        assert_eq!(ORDERS_WITHOUT_TIMERS.load(std::sync::atomic::Ordering::SeqCst), 0);
+        drop(client);
+        server.join().unwrap();
+    }
+
     /// MCP 2025-11-25 "Progress": a call that waits on a duplicate for 3.2 s hears one
     /// notification when its wait starts and one per `PROGRESS_INTERVAL` (1 s) after it, so 4
     /// in all, with progress 1, 2, 3, 4: the hook firing again each time the waiter wakes is not

@@ -478,9 +478,10 @@ impl IdemTools {
                 // it let go) it runs the tool itself: one last notification says so, and the
                 // "waiting" ones stop.
                 let mut sent = 0u64;
-                let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
-                // A late tick (a slow client) delays the ones after it instead of a burst.
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // Made when the wait starts, not before: on a runtime built without timers the
+                // call is refused (a configuration error) and never waits, and making the clock
+                // first would be Tokio's panic instead of that answer.
+                let mut tick: Option<tokio::time::Interval> = None;
                 let mut state = Waiting::No;
                 loop {
                     tokio::select! {
@@ -497,7 +498,7 @@ impl IdemTools {
                                 // The same wait again: not another notification.
                                 (Waiting::Yes, Waiting::Yes) => continue,
                                 // The wait starts: one now, the next an interval later.
-                                (_, Waiting::Yes) => tick.reset(),
+                                (_, Waiting::Yes) => tick = Some(progress_clock()),
                                 // Owner before any "waiting" went out (the watch keeps only the
                                 // latest news): nothing to take back.
                                 (Waiting::No, _) => continue,
@@ -506,7 +507,7 @@ impl IdemTools {
                             }
                         }
                         // In `Yes` a notification has gone out already (the arm above sent it).
-                        _ = tick.tick(), if state == Waiting::Yes => {}
+                        () = next_tick(&mut tick), if state == Waiting::Yes => {}
                     }
                     sent += 1;
                     let message = match state {
@@ -535,6 +536,26 @@ impl IdemTools {
             })?
             .map_err(|e| ErrorData::invalid_params(e.message, None))?;
         Ok(to_call_tool_result(&result)?.into())
+    }
+}
+
+/// The clock of a waiting call's progress: its first tick one interval from now (the wait's
+/// first notification goes out when the wait starts). A late tick (a slow client) delays the
+/// ones after it instead of a burst.
+fn progress_clock() -> tokio::time::Interval {
+    let first = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+    let mut tick = tokio::time::interval_at(first, PROGRESS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+/// The next tick of `tick`; never, while there is no clock.
+async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
+    match tick {
+        Some(tick) => {
+            tick.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
