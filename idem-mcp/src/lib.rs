@@ -287,6 +287,50 @@ mod tests {
         server.join().unwrap();
     }
 
+    /// The same, over connections that open no session (MCP 2026-07-28: each request carries
+    /// the client's protocol version and capabilities, and no `initialize` comes): rmcp keeps no
+    /// client info for such a connection, and every one of them got the server's session run, so
+    /// the second connection's order was answered with the first's.
+    #[tokio::test]
+    async fn sessionless_connections_of_one_shared_server_each_have_their_own_run() {
+        use tokio::io::AsyncBufReadExt;
+        let server = IdemServer::new(tools(), &Idem::in_memory());
+        let connect = |server: IdemServer| {
+            let (client, server_end) = tokio::io::duplex(1 << 16);
+            let (server_read, server_write) = tokio::io::split(server_end);
+            tokio::spawn(async move {
+                use rmcp::ServiceExt;
+                let transport = stdio::LineTransport::new(server_read, server_write);
+                if let Ok(running) = server.serve(transport).await {
+                    let _ = running.waiting().await;
+                }
+            });
+            let (read, write) = tokio::io::split(client);
+            Client { write, lines: tokio::io::BufReader::new(read).lines() }
+        };
+        let order = |id: i64| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                "name": "place_order", "arguments": {"item": "tea"}, "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+                    "io.modelcontextprotocol/clientCapabilities": {}}}})
+        };
+        let outcome =
+            |answer: &serde_json::Value| answer["result"]["_meta"]["idem/outcome"].clone();
+        let mut first = connect(server.clone());
+        let mut second = connect(server.clone());
+        first.send(order(1)).await;
+        let placed = first.next().await;
+        assert_eq!(outcome(&placed), "executed", "{placed}");
+        second.send(order(2)).await;
+        let other = second.next().await;
+        assert_eq!(outcome(&other), "executed", "a second connection: {other}");
+        second.send(order(3)).await;
+        assert_eq!(outcome(&second.next().await), "replayed", "its repeat");
+        first.send(order(4)).await;
+        assert_eq!(outcome(&first.next().await), "replayed", "the first connection's repeat");
+    }
+
     /// MCP 2025-11-25 "Progress": a call that waits on a duplicate for 3.2 s hears one
     /// notification when its wait starts and one per `PROGRESS_INTERVAL` (1 s) after it, so 4
     /// in all, with progress 1, 2, 3, 4: the hook firing again each time the waiter wakes is not

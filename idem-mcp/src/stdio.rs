@@ -77,8 +77,17 @@ pub struct LineTransport<R, W> {
     /// `_meta`, was passed on. Before, rmcp waits for one of them and ends the whole session on
     /// anything else.
     started: bool,
+    /// This connection, put in each request's extensions: rmcp keeps no client info for a
+    /// connection that opens no session (MCP 2026-07-28), so the tools tell connections apart by
+    /// this.
+    connection: Connection,
     _role: PhantomData<fn() -> RoleServer>,
 }
+
+/// One connection of a [`LineTransport`], in the extensions of each request read from it; alive
+/// (strongly held) while the transport is.
+#[derive(Clone, Default)]
+pub(crate) struct Connection(pub(crate) std::sync::Arc<()>);
 
 enum Writer<W> {
     /// Not started yet: the task is spawned on first use, inside the runtime.
@@ -120,6 +129,7 @@ where
             cancelled: CancelledIds::default(),
             initialized: false,
             started: false,
+            connection: Connection::default(),
             _role: PhantomData,
         }
     }
@@ -280,6 +290,11 @@ impl<R, W> LineTransport<R, W> {
                 }
             }
             _ => {}
+        }
+        let mut message = message;
+        if let JsonRpcMessage::Request(request) = &mut message {
+            let extensions = rmcp::model::GetExtensions::extensions_mut(&mut request.request);
+            extensions.insert(self.connection.clone());
         }
         Ok(Some(message))
     }

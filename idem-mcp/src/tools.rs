@@ -52,14 +52,44 @@ pub(crate) fn session_run_id() -> String {
     format!("mcp-session-{}-{nanos}-{n}", std::process::id())
 }
 
-/// The connections one [`IdemTools`] (and its clones) served outside HTTP, each known by the
-/// client's `initialize` parameters that rmcp keeps for it (one allocation per connection, held
-/// here weakly: its address is not reused while it is listed), with the run its calls that name
-/// none get.
+/// The connections one [`IdemTools`] (and its clones) served outside HTTP, each with the run its
+/// calls that name none get.
 #[derive(Default)]
 struct Connections {
-    runs: Vec<(std::sync::Weak<rmcp::model::InitializeRequestParams>, String)>,
+    runs: Vec<(Mark, String)>,
     opened: u64,
+}
+
+/// How a connection is known: by the mark [`crate::stdio::LineTransport`] puts in each of its
+/// requests, else by the client's `initialize` parameters that rmcp keeps for it (none for a
+/// connection that opens no session, MCP 2026-07-28). Either is one allocation per connection,
+/// held here weakly: its address is not reused while it is listed.
+enum Mark {
+    Transport(std::sync::Weak<()>),
+    Client(std::sync::Weak<rmcp::model::InitializeRequestParams>),
+}
+
+impl Mark {
+    fn of(context: &RequestContext<RoleServer>) -> Option<Mark> {
+        if let Some(connection) = context.extensions.get::<crate::stdio::Connection>() {
+            return Some(Mark::Transport(Arc::downgrade(&connection.0)));
+        }
+        context.peer.peer_info().map(|client| Mark::Client(Arc::downgrade(&client)))
+    }
+
+    fn alive(&self) -> bool {
+        match self {
+            Mark::Transport(mark) => mark.strong_count() > 0,
+            Mark::Client(mark) => mark.strong_count() > 0,
+        }
+    }
+
+    fn address(&self) -> *const () {
+        match self {
+            Mark::Transport(mark) => mark.as_ptr().cast(),
+            Mark::Client(mark) => mark.as_ptr().cast(),
+        }
+    }
 }
 
 /// An idem [`ToolSet`] as MCP tools for one session. Cheap to clone.
@@ -299,20 +329,19 @@ impl IdemTools {
 
     /// The run of the connection (outside HTTP) that sent the request, when the session run was
     /// made here: the first connection has the session run itself, each later one a run of its
-    /// own. `None`: the session run applies (a run given by the caller, or no `initialize` seen).
+    /// own. `None`: the session run applies (a run given by the caller, or a connection known by
+    /// neither mark, one that opened no session over a transport other than idem's).
     fn connection_run(&self, context: &RequestContext<RoleServer>) -> Option<String> {
         if !self.per_session {
             return None;
         }
-        let client = context.peer.peer_info()?;
+        let mark = Mark::of(context)?;
         // A poisoned lock only means another call panicked while holding it: the list is whole.
         let mut connections =
             self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        connections.runs.retain(|(seen, _)| seen.strong_count() > 0);
-        let seen = connections
-            .runs
-            .iter()
-            .find(|(seen, _)| std::ptr::eq(seen.as_ptr(), Arc::as_ptr(&client)));
+        connections.runs.retain(|(seen, _)| seen.alive());
+        let seen =
+            connections.runs.iter().find(|(seen, _)| std::ptr::eq(seen.address(), mark.address()));
         if let Some((_, run)) = seen {
             return Some(run.clone());
         }
@@ -322,7 +351,7 @@ impl IdemTools {
             n => format!("{base}-{n}"),
         };
         connections.opened += 1;
-        connections.runs.push((Arc::downgrade(&client), run.clone()));
+        connections.runs.push((mark, run.clone()));
         Some(run)
     }
 
