@@ -522,6 +522,41 @@ mod drivers_missing {
         assert!(chain(&e).contains("enable_io"), "{e}");
     }
 
+    /// A network store opened on a runtime with I/O, then called on by a runtime without it (a
+    /// store kept in a static, shared by every runtime of a process): the call is refused before
+    /// anything runs, as the opening would be. Before, the store's first connection, made on the
+    /// call's runtime, was Tokio's panic in the middle of the call.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_call_on_a_network_store_from_a_runtime_without_io_is_refused_before_it_runs() {
+        static BOOKED: AtomicU32 = AtomicU32::new(0);
+        #[tool(retry = "keyed")]
+        async fn book_io(seat: u32) -> Result<u32, NoError> {
+            BOOKED.fetch_add(1, Ordering::SeqCst);
+            Ok(seat)
+        }
+        let url = idem_tests::redis_url();
+        let full = super::test_runtime();
+        let store = full
+            .block_on(async {
+                let prefix = format!("idem-no-io-{}", idem_tests::process_tag());
+                idem_core::RedisStore::builder(&url).prefix(prefix).open_lazy()
+            })
+            .expect("opened lazily");
+        let idem = Idem::builder(store).build();
+        let run = idem.run("no-io");
+        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            no_io().block_on(book_io(&run, 5))
+        }));
+        let Ok(called) = called else { panic!("the call panicked") };
+        let err = called.expect_err("refused");
+        assert!(chain(&err).contains("enable_io"), "{err}");
+        assert_eq!(BOOKED.load(Ordering::SeqCst), 0, "the tool never started");
+        // The same call on a runtime with both runs, once.
+        assert_eq!(full.block_on(book_io(&run, 5)).expect("runs"), 5);
+        assert_eq!(BOOKED.load(Ordering::SeqCst), 1);
+    }
+
     #[cfg(feature = "redis")]
     #[test]
     fn opening_redis_on_a_runtime_without_io_is_a_configuration_error() {

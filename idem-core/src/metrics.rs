@@ -67,6 +67,9 @@ pub fn describe() {
 /// Errors: the store's, unchanged (a store that cannot count answers
 /// [`StoreError::Unsupported`]); the gauges then keep their last values.
 pub async fn refresh_record_gauges(store: &dyn Store) -> Result<Stats, StoreError> {
+    // A network store's connection on a runtime without I/O would be Tokio's panic.
+    crate::tokio_ready::for_store(store.uses_tokio_io())
+        .map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))?;
     let stats = store.stats().await?;
     set_record_gauges(&stats);
     Ok(stats)
@@ -102,7 +105,7 @@ pub fn watch_record_gauges(store: Arc<dyn Store>, period: Duration) -> tokio::ta
     // be set), and a tiny one would count the whole store back to back.
     let period = period.max(MIN_GAUGE_PERIOD);
     tokio::spawn(async move {
-        if let Err(lacks) = crate::tokio_ready::timers() {
+        if let Err(lacks) = crate::tokio_ready::for_store(store.uses_tokio_io()) {
             // tokio's interval would panic in this task, and the gauges never be set, unsaid.
             tracing::error!("the store's record gauges are not counted: {}", lacks.advice());
             return;

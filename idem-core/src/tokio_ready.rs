@@ -21,8 +21,7 @@ pub(crate) enum Lacks {
     Runtime,
     /// A runtime built without `enable_time`.
     Timers,
-    /// A runtime built without `enable_io` (only asked by the network stores).
-    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+    /// A runtime built without `enable_io` (only asked for a store that uses it).
     Io,
 }
 
@@ -57,15 +56,16 @@ thread_local! {
     static SEEN: Cell<Option<Seen>> = const { Cell::new(None) };
 }
 
-/// Inside a Tokio runtime with its timer driver.
-pub(crate) fn timers() -> Result<(), Lacks> {
-    check(false)
-}
-
 /// Inside a Tokio runtime with its timer and IO drivers (a network store's connections).
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) fn timers_and_io() -> Result<(), Lacks> {
     check(true)
+}
+
+/// Inside a Tokio runtime with its timer driver, and its IO driver when `io` (a store that
+/// connects through it, [`Store::uses_tokio_io`](crate::store::Store::uses_tokio_io)).
+pub(crate) fn for_store(io: bool) -> Result<(), Lacks> {
+    check(io)
 }
 
 fn check(io: bool) -> Result<(), Lacks> {
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn outside_a_runtime() {
-        assert_eq!(timers(), Err(Lacks::Runtime));
+        assert_eq!(for_store(false), Err(Lacks::Runtime));
     }
 
     #[test]
@@ -120,8 +120,8 @@ mod tests {
         let with = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         // Asked twice each, and alternately: the answer kept for one runtime is not the other's.
         for _ in 0..2 {
-            assert_eq!(without.block_on(async { timers() }), Err(Lacks::Timers));
-            assert_eq!(with.block_on(async { timers() }), Ok(()));
+            assert_eq!(without.block_on(async { for_store(false) }), Err(Lacks::Timers));
+            assert_eq!(with.block_on(async { for_store(false) }), Ok(()));
         }
     }
 
@@ -131,7 +131,7 @@ mod tests {
         let without = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let with = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         for _ in 0..2 {
-            assert_eq!(without.block_on(async { timers() }), Ok(()));
+            assert_eq!(without.block_on(async { for_store(false) }), Ok(()));
             assert_eq!(without.block_on(async { timers_and_io() }), Err(Lacks::Io));
             assert_eq!(with.block_on(async { timers_and_io() }), Ok(()));
         }

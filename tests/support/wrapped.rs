@@ -119,6 +119,9 @@ impl<H: Hook> Store for Wrapped<H> {
     fn is_local(&self) -> bool {
         self.local
     }
+    fn uses_tokio_io(&self) -> bool {
+        self.inner.uses_tokio_io()
+    }
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
         self.hook.before(Op::Forget).await?;
         self.inner.forget(key).await

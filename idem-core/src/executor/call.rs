@@ -155,11 +155,14 @@ impl<T: Tool> Call<'_, T> {
     }
 
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
-        // Timeouts, backoff and lease renewals are Tokio's timers: outside a runtime (another
-        // executor, `futures::executor::block_on`), or on one built without them, the first would
-        // panic, possibly with the tool's work under way. Nothing has run yet.
-        if let Err(e) = crate::store::on_tokio() {
-            return Err(self.store_error(e));
+        // A network store makes its connections on the runtime of the step that needs one: one
+        // opened elsewhere (a store kept in a static) would meet Tokio's panic here.
+        let io = self.uses_store() && self.inner.store.uses_tokio_io();
+        if let Err(lacks) = crate::tokio_ready::for_store(io) {
+            // Timeouts, backoff and lease renewals are Tokio's timers: outside a runtime, or on
+            // one built without them, the first would panic, possibly with the tool's work under
+            // way. Nothing has run yet.
+            return Err(self.store_error(StoreError::InvalidConfig(lacks.advice())));
         }
         // Also in front of an in-process store: it makes duplicates wait for the first call, but
         // when that call fails without a stored outcome (a transient error, a panic) it lets go

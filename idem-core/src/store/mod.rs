@@ -48,7 +48,7 @@ pub use self::redis::{RedisStore, RedisStoreBuilder};
 /// on one built without timers: the timers and the blocking pool the stores use are Tokio's, and
 /// would panic there.
 pub(crate) fn on_tokio() -> Result<(), StoreError> {
-    crate::tokio_ready::timers().map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))
+    crate::tokio_ready::for_store(false).map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))
 }
 
 /// A pause drawn uniformly from zero to `ceiling` (full jitter), so that callers refused together
@@ -259,6 +259,14 @@ pub trait Store: std::any::Any + Send + Sync {
     /// does. The executor then calls it without timeouts around its steps. Default `false`; a
     /// store that may block or do I/O must keep it.
     fn is_local(&self) -> bool {
+        false
+    }
+
+    /// Whether this store connects through the Tokio runtime's I/O driver, as the PostgreSQL and
+    /// Redis stores do (a connection is made on the runtime of the step that needs it). A call on
+    /// a runtime built without I/O is then refused before anything runs, with a configuration
+    /// error, rather than meet Tokio's panic at the store's first new connection. Default `false`.
+    fn uses_tokio_io(&self) -> bool {
         false
     }
 

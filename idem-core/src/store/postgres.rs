@@ -289,6 +289,10 @@ impl PostgresStore {
 
 #[async_trait]
 impl Store for PostgresStore {
+    fn uses_tokio_io(&self) -> bool {
+        true
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let take_over = req.on_expired == OnExpired::TakeOver;
         let lease = ms(req.lease);

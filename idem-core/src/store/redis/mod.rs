@@ -443,6 +443,10 @@ impl RedisStore {
 
 #[async_trait]
 impl Store for RedisStore {
+    fn uses_tokio_io(&self) -> bool {
+        true
+    }
+
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
         let on_expired = match req.on_expired {
             OnExpired::TakeOver => "t",
