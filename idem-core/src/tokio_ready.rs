@@ -5,8 +5,8 @@
 //!
 //! Tokio has no query for its drivers: each is probed once per runtime and thread by making what
 //! needs it inside `catch_unwind` (a refused probe still reaches the process's panic hook, which
-//! prints Tokio's own message once). The answer is kept with the runtime's id, so a call pays a
-//! thread-local read.
+//! prints Tokio's own message once). The answer is kept with the runtime's id, for the last few
+//! runtimes a thread served, so a call pays a thread-local read.
 
 use std::cell::Cell;
 use std::panic::catch_unwind;
@@ -52,8 +52,15 @@ struct Seen {
     io: Option<bool>,
 }
 
+/// How many runtimes each thread remembers. One thread may serve several in turn (a test's
+/// runtimes, a blocking thread's caller, a program with a runtime per subsystem): with one kept,
+/// each switch probed again, and a runtime without a driver went through the panic hook at every
+/// call. Past this many, the least recently used is probed again.
+const REMEMBERED: usize = 4;
+
 thread_local! {
-    static SEEN: Cell<Option<Seen>> = const { Cell::new(None) };
+    /// Most recently used first.
+    static SEEN: Cell<[Option<Seen>; REMEMBERED]> = const { Cell::new([None; REMEMBERED]) };
 }
 
 /// Inside a Tokio runtime with its timer and IO drivers (a network store's connections).
@@ -70,14 +77,22 @@ pub(crate) fn for_store(io: bool) -> Result<(), Lacks> {
 
 fn check(io: bool) -> Result<(), Lacks> {
     let runtime = Handle::try_current().map_err(|_| Lacks::Runtime)?.id();
-    let mut seen = SEEN.with(Cell::get).filter(|seen| seen.runtime == runtime).unwrap_or(Seen {
+    let mut known = SEEN.with(Cell::get);
+    // This runtime's entry moves to the front; a new one pushes the least recent out.
+    let at = known
+        .iter()
+        .position(|seen| seen.is_some_and(|seen| seen.runtime == runtime))
+        .unwrap_or(REMEMBERED - 1);
+    let mut seen = known[at].filter(|seen| seen.runtime == runtime).unwrap_or(Seen {
         runtime,
         timers: None,
         io: None,
     });
     let timers = *seen.timers.get_or_insert_with(probe_timers);
     let io_ok = !io || *seen.io.get_or_insert_with(probe_io);
-    SEEN.with(|cell| cell.set(Some(seen)));
+    known[..=at].rotate_right(1);
+    known[0] = Some(seen);
+    SEEN.with(|cell| cell.set(known));
     if !timers {
         return Err(Lacks::Timers);
     }
@@ -123,6 +138,39 @@ mod tests {
             assert_eq!(without.block_on(async { for_store(false) }), Err(Lacks::Timers));
             assert_eq!(with.block_on(async { for_store(false) }), Ok(()));
         }
+    }
+
+    /// A thread that serves a runtime without timers and others in turn probes the one without
+    /// them once: each probe it refuses goes through the process's panic hook (printed, or sent
+    /// to the app's crash reporter). Before, only the last runtime was kept, and every call after
+    /// a switch probed again.
+    #[test]
+    fn a_thread_that_switches_runtimes_probes_each_once() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static PROBED: AtomicU32 = AtomicU32::new(0);
+        thread_local! {
+            static COUNTED: Cell<bool> = const { Cell::new(false) };
+        }
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // Only this test's thread counts; other tests' panics go to the hook before.
+            if COUNTED.with(Cell::get) {
+                PROBED.fetch_add(1, Ordering::SeqCst);
+            } else {
+                before(info);
+            }
+        }));
+        COUNTED.with(|c| c.set(true));
+        let without = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let with = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let also = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        for _ in 0..3 {
+            assert_eq!(without.block_on(async { for_store(false) }), Err(Lacks::Timers));
+            assert_eq!(with.block_on(async { for_store(false) }), Ok(()));
+            assert_eq!(also.block_on(async { for_store(false) }), Ok(()));
+        }
+        COUNTED.with(|c| c.set(false));
+        assert_eq!(PROBED.load(Ordering::SeqCst), 1, "panics seen by the hook");
     }
 
     #[cfg(all(unix, any(feature = "postgres", feature = "redis")))]
