@@ -507,6 +507,23 @@ mod drivers_missing {
         );
     }
 
+    /// In a build whose panics abort, the probe cannot catch Tokio's panic: it would end the
+    /// process at the call, where the call of a tool that finishes at once (no timer needed) was
+    /// answered before. Such a build is not probed: the call goes on as it did.
+    #[test]
+    fn a_build_whose_panics_abort_is_not_ended_by_the_probe() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["run", "--quiet", "-p", "idem-core", "--example", "abort_without_timers"])
+            .args(["--config", r#"profile.dev.panic="abort""#])
+            .output()
+            .expect("cargo runs");
+        let out = String::from_utf8_lossy(&built.stdout);
+        let err = String::from_utf8_lossy(&built.stderr);
+        assert!(built.status.success(), "{:?}: {out}{err}", built.status);
+        assert_eq!(out.trim(), "booked 1", "{err}");
+    }
+
     /// A runtime with timers and no I/O (`enable_time` alone).
     #[cfg(any(feature = "postgres", feature = "redis"))]
     fn no_io() -> tokio::runtime::Runtime {

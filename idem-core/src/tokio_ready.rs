@@ -6,7 +6,8 @@
 //! Tokio has no query for its drivers: each is probed once per runtime and thread by making what
 //! needs it inside `catch_unwind` (a refused probe still reaches the process's panic hook, which
 //! prints Tokio's own message once). The answer is kept with the runtime's id, for the last few
-//! runtimes a thread served, so a call pays a thread-local read.
+//! runtimes a thread served, so a call pays a thread-local read. A build whose panics abort has
+//! nothing to catch: it is not probed, and meets Tokio's panic where a timer or socket is made.
 
 use std::cell::Cell;
 use std::panic::catch_unwind;
@@ -103,6 +104,11 @@ fn check(io: bool) -> Result<(), Lacks> {
 }
 
 fn probe_timers() -> bool {
+    if cfg!(panic = "abort") {
+        // Nothing to catch: the probe would end the process. Tokio's own panic, where a timer is
+        // made, is left as it was.
+        return true;
+    }
     // Tokio looks for its timer driver when a sleep is made, before it is polled.
     catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
@@ -112,6 +118,9 @@ fn probe_timers() -> bool {
 /// own connection will tell.
 #[cfg(all(unix, any(feature = "postgres", feature = "redis")))]
 fn probe_io() -> bool {
+    if cfg!(panic = "abort") {
+        return true;
+    }
     catch_unwind(|| drop(tokio::net::UnixStream::pair())).is_ok()
 }
 
