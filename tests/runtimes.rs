@@ -364,6 +364,66 @@ mod no_runtime {
         assert_eq!(STARTED.load(Ordering::SeqCst), before, "the tool did not start");
     }
 
+    /// A store's wait used directly (operator code, a store wrapper) outside a runtime, or on
+    /// one without timers, is a configuration error, as the SQLite store's other steps are.
+    /// Before, the wait's timeout was Tokio's panic.
+    #[test]
+    fn a_store_wait_outside_a_runtime_or_without_timers_is_refused() {
+        use std::time::Duration;
+
+        use idem_core::store::{Claim, ClaimRequest, OnExpired, Store, StoreError};
+
+        fn refused_wait(store: &dyn Store) {
+            let (key, fingerprint) = idem_core::conformance::fresh_key("wait_no_runtime", "{}");
+            let no_timers = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let full = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let claim = ClaimRequest {
+                key: &key,
+                fingerprint: &fingerprint,
+                lease: Duration::from_secs(60),
+                on_expired: OnExpired::TakeOver,
+                origin: Default::default(),
+            };
+            let Ok(Claim::Acquired { fence, .. }) = full.block_on(store.claim(claim)) else {
+                panic!("claimed")
+            };
+            let max = Duration::from_millis(10);
+            let outside = block_on(store.wait(&key, fence, max));
+            assert!(
+                matches!(&outside, Err(StoreError::InvalidConfig(m)) if m.contains("Tokio runtime")),
+                "{outside:?}"
+            );
+            let without = no_timers.block_on(store.wait(&key, fence, max));
+            assert!(
+                matches!(&without, Err(StoreError::InvalidConfig(m)) if m.contains("enable_time")),
+                "{without:?}"
+            );
+            // With timers it waits, and the record is still in flight.
+            assert!(full.block_on(store.wait(&key, fence, max)).is_ok());
+        }
+
+        refused_wait(&idem_core::MemoryStore::new());
+        #[cfg(feature = "sqlite")]
+        {
+            let dir = std::env::temp_dir()
+                .join(format!("idem-no-runtime-wait-{}", idem_tests::process_tag()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            refused_wait(&idem_core::SqliteStore::open(dir.join("idem.db")).expect("open"));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        // Multi-thread: its connections' tasks go on while the test blocks on other runtimes.
+        let opening = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        #[cfg(feature = "postgres")]
+        refused_wait(
+            &opening.block_on(idem_core::PostgresStore::connect(&idem_tests::pg_url())).unwrap(),
+        );
+        #[cfg(feature = "redis")]
+        refused_wait(
+            &opening.block_on(idem_core::RedisStore::open(&idem_tests::redis_url())).unwrap(),
+        );
+        drop(opening);
+    }
+
     #[test]
     fn a_call_outside_a_runtime_is_refused_before_it_runs() {
         let idem = Idem::in_memory();

@@ -76,6 +76,12 @@ pub(crate) fn for_store(io: bool) -> Result<(), Lacks> {
     check(io)
 }
 
+/// [`for_store`] as a store step's error: a wait's timeout (every store's), a network store's
+/// connections, would be Tokio's panic.
+pub(crate) fn store_step(io: bool) -> Result<(), crate::store::StoreError> {
+    for_store(io).map_err(|lacks| crate::store::StoreError::InvalidConfig(lacks.advice()))
+}
+
 fn check(io: bool) -> Result<(), Lacks> {
     let runtime = Handle::try_current().map_err(|_| Lacks::Runtime)?.id();
     let mut known = SEEN.with(Cell::get);

@@ -340,6 +340,8 @@ impl Store for MemoryStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        // Its timeout is Tokio's timer (a store used outside a call, by operator code).
+        crate::tokio_ready::store_step(false)?;
         let notify = {
             let now = Instant::now();
             let mut map = self.lock();
@@ -358,7 +360,6 @@ impl Store for MemoryStore {
             }
         };
         let (notify, until) = notify;
-        super::on_tokio()?;
         let notified = notify.notified();
         tokio::pin!(notified);
         // `notify_waiters` wakes only registered futures: re-check after registering, so a

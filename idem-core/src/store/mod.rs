@@ -44,13 +44,6 @@ mod wait;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStore, RedisStoreBuilder};
 
-/// Refuses a step outside a Tokio runtime (another executor, `futures::executor::block_on`) or
-/// on one built without timers: the timers and the blocking pool the stores use are Tokio's, and
-/// would panic there.
-pub(crate) fn on_tokio() -> Result<(), StoreError> {
-    crate::tokio_ready::for_store(false).map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))
-}
-
 /// A pause drawn uniformly from zero to `ceiling` (full jitter), so that callers refused together
 /// do not come back together.
 pub(crate) fn full_jitter(ceiling: Duration) -> Duration {

@@ -137,7 +137,7 @@ async fn sqlite(url: &str, create: Create) -> Result<Arc<dyn Store>, StoreError>
         return Err(new_store(&url));
     }
     // Opening a file blocks (and may wait for another process's lock).
-    super::on_tokio()?;
+    crate::tokio_ready::store_step(false)?;
     let opened = tokio::task::spawn_blocking(move || match create {
         Create::Yes => super::SqliteStore::open_url(&url),
         Create::No => super::SqliteStore::open_existing(path),

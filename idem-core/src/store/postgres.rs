@@ -406,6 +406,8 @@ impl Store for PostgresStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        // Its timeout is Tokio's timer, its listener a task and a connection.
+        crate::tokio_ready::store_step(true)?;
         self.keep_listening();
         let notify = self.inner.waiters.register(*key);
         // The deadline bounds everything, a reconnect or a slow server included.

@@ -478,7 +478,7 @@ impl SqliteStore {
         f: impl FnMut(&mut Connection) -> Result<T, SqlError> + Send + 'static,
     ) -> Result<T, StoreError> {
         // Tokio panics at `spawn_blocking` outside a runtime (a store used by another executor).
-        super::on_tokio()?;
+        crate::tokio_ready::store_step(false)?;
         let inner = Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || inner.retrying(f)).await;
         match joined {
@@ -796,7 +796,7 @@ fn claim_blocking(
 #[async_trait]
 impl Store for SqliteStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
-        super::on_tokio()?;
+        crate::tokio_ready::store_step(false)?;
         let (key, fp, lease, on_expired) = (*req.key, *req.fingerprint, req.lease, req.on_expired);
         let now = now_ms();
         let read = match self.try_answer_inline(&key, &fp, on_expired, now) {
@@ -887,7 +887,8 @@ impl Store for SqliteStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
-        super::on_tokio()?;
+        // Its timeout is Tokio's timer, its statements Tokio's blocking pool.
+        crate::tokio_ready::store_step(false)?;
         // The deadline bounds everything, a statement stuck behind another process's lock
         // included.
         tokio::time::timeout(max, self.wait_inner(key, fence)).await.unwrap_or(Ok(()))

@@ -598,6 +598,8 @@ impl Store for RedisStore {
     }
 
     async fn wait(&self, key: &Key, fence: Fence, max: Duration) -> Result<(), StoreError> {
+        // Its timeout is Tokio's timer, its subscription a connection.
+        crate::tokio_ready::store_step(true)?;
         let interest = self.interest(self.channel(key).into_bytes());
         // The deadline bounds everything, subscribing included.
         let waited = tokio::time::timeout(max, async {
