@@ -546,27 +546,6 @@ mod drivers_missing {
         assert_eq!(STARTED.load(Ordering::SeqCst), 1);
     }
 
-    /// A store's own timed step (the memory store's wait) used directly on such a runtime.
-    #[test]
-    fn a_store_wait_on_a_runtime_without_timers_is_refused() {
-        use idem_core::store::{Claim, Store, StoreError};
-        let no_timers = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-        let store = idem_core::MemoryStore::new();
-        let (key, fp) = idem_core::conformance::fresh_key("no_timers_wait", "{}");
-        let waited = no_timers.block_on(async {
-            let Ok(Claim::Acquired { fence, .. }) =
-                store.claim(idem_tests::claim_req(&key, &fp)).await
-            else {
-                panic!("a fresh key is acquired")
-            };
-            store.wait(&key, fence, std::time::Duration::from_secs(1)).await
-        });
-        assert!(
-            matches!(&waited, Err(StoreError::InvalidConfig(m)) if m.contains("enable_time")),
-            "{waited:?}"
-        );
-    }
-
     /// In a build whose panics abort, the probe cannot catch Tokio's panic: it would end the
     /// process at the call, where the call of a tool that finishes at once (no timer needed) was
     /// answered before. Such a build is not probed: the call goes on as it did.
