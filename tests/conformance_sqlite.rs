@@ -237,29 +237,15 @@ async fn claim_dropped_mid_flight_releases_what_it_acquired() {
     let store = SqliteStore::open(&path).expect("open");
     let other = SqliteStore::open(&path).expect("open");
     let (key, fp) = idem_core::conformance::fresh_key("dropped_claim", "{}");
-    let never = ClaimRequest {
-        key: &key,
-        fingerprint: &fp,
-        lease: Duration::from_secs(30),
-        on_expired: OnExpired::Unknown,
-        origin: Default::default(),
-    };
+    let never = never_claim(&key, &fp);
     // Another connection holds the write lock, so the claim's write waits (busy timeout 5 s).
     let raw = rusqlite::Connection::open(&path).expect("raw");
     raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
     let dropped = tokio::time::timeout(Duration::from_millis(200), store.claim(never)).await;
     assert!(dropped.is_err(), "the claim must still be waiting for the lock: {dropped:?}");
     raw.execute_batch("COMMIT").expect("unlock");
-    // The dropped claim's blocking call now acquires and releases: poll until it has.
-    let mut last = None;
-    for _ in 0..100 {
-        match other.claim(never).await {
-            Ok(Claim::Acquired { .. }) => return,
-            got => last = Some(got),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the dropped claim's record was never released; last answer {last:?}");
+    // The dropped claim's blocking call now acquires and releases.
+    acquired_again(&other, never, "the dropped claim's").await;
 }
 
 /// A claim whose answer came back but was never read (its caller dropped it at that moment: a
@@ -274,13 +260,7 @@ async fn claim_answered_but_dropped_unread_releases_what_it_acquired() {
     let store = SqliteStore::open(&path).expect("open");
     let other = SqliteStore::open(&path).expect("open");
     let (key, fp) = idem_core::conformance::fresh_key("dropped_unread", "{}");
-    let never = ClaimRequest {
-        key: &key,
-        fingerprint: &fp,
-        lease: Duration::from_secs(30),
-        on_expired: OnExpired::Unknown,
-        origin: Default::default(),
-    };
+    let never = never_claim(&key, &fp);
     // Another connection holds the write lock, so the claim's first poll cannot be answered.
     let raw = rusqlite::Connection::open(&path).expect("raw");
     raw.execute_batch("BEGIN IMMEDIATE").expect("write lock");
@@ -304,15 +284,33 @@ async fn claim_answered_but_dropped_unread_releases_what_it_acquired() {
     assert_eq!(held(), 1, "the claim acquired");
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(claim);
+    acquired_again(&other, never, "the unread claim's").await;
+}
+
+/// A `never` tool's claim with a 30 s lease: a record left behind by a dropped claim would stop
+/// its key that long, then answer "outcome unknown".
+fn never_claim<'a>(key: &'a idem_core::Key, fp: &'a idem_core::Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest {
+        key,
+        fingerprint: fp,
+        lease: Duration::from_secs(30),
+        on_expired: OnExpired::Unknown,
+        origin: Default::default(),
+    }
+}
+
+/// Polls until `other` acquires `req`'s key (at most about 2 s): the record `whose` names was
+/// released.
+async fn acquired_again(other: &SqliteStore, req: ClaimRequest<'_>, whose: &str) {
     let mut last = None;
     for _ in 0..100 {
-        match other.claim(never).await {
+        match other.claim(req).await {
             Ok(Claim::Acquired { .. }) => return,
             got => last = Some(got),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("the unread claim's record was never released; last answer {last:?}");
+    panic!("{whose} record was never released; last answer {last:?}");
 }
 
 /// A database of schema revision 0 (before records kept their origin) is migrated when a store

@@ -146,8 +146,6 @@ mod tests {
 
         /// A client of `server` over the stdio transport, past the handshake.
         async fn serving(server: impl rmcp::ServerHandler) -> Client {
-            use tokio::io::AsyncBufReadExt;
-
             let (client, server_end) = tokio::io::duplex(1 << 16);
             let (server_read, server_write) = tokio::io::split(server_end);
             tokio::spawn(async move {
@@ -157,7 +155,14 @@ mod tests {
                     let _ = running.waiting().await;
                 }
             });
-            let (read, write) = tokio::io::split(client);
+            Client::initialized(client).await
+        }
+
+        /// A client on its end of a stream a server serves, past the handshake.
+        async fn initialized(stream: tokio::io::DuplexStream) -> Client {
+            use tokio::io::AsyncBufReadExt;
+
+            let (read, write) = tokio::io::split(stream);
             let mut client = Client { write, lines: tokio::io::BufReader::new(read).lines() };
             client
                 .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -248,7 +253,6 @@ mod tests {
     /// handler made its progress clock first, and Tokio's panic ended the request unanswered.
     #[tokio::test]
     async fn a_server_without_timers_refuses_a_call_with_a_progress_token() {
-        use tokio::io::AsyncBufReadExt;
         let (client, server_end) = tokio::io::duplex(1 << 16);
         let server = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -262,15 +266,7 @@ mod tests {
                 }
             });
         });
-        let (read, write) = tokio::io::split(client);
-        let mut client = Client { write, lines: tokio::io::BufReader::new(read).lines() };
-        client
-            .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {},
-                "clientInfo": {"name": "test", "version": "1"}}}))
-            .await;
-        assert_eq!(client.next().await["id"], 0);
-        client.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        let mut client = Client::initialized(client).await;
         for (id, meta) in [(1, json!({})), (2, json!({"progressToken": "tok"}))] {
             client
                 .send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
