@@ -68,8 +68,7 @@ pub fn describe() {
 /// [`StoreError::Unsupported`]); the gauges then keep their last values.
 pub async fn refresh_record_gauges(store: &dyn Store) -> Result<Stats, StoreError> {
     // A network store's connection on a runtime without I/O would be Tokio's panic.
-    crate::tokio_ready::for_store(store.uses_tokio_io())
-        .map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))?;
+    crate::tokio_ready::store_step(store.uses_tokio_io())?;
     let stats = store.stats().await?;
     set_record_gauges(&stats);
     Ok(stats)

@@ -207,8 +207,7 @@ impl PostgresStore {
         schema: Schema,
     ) -> Result<Self, StoreError> {
         // tokio-postgres would panic at its first socket or timeout.
-        crate::tokio_ready::timers_and_io()
-            .map_err(|lacks| StoreError::InvalidConfig(lacks.advice()))?;
+        crate::tokio_ready::store_step(true)?;
         let source = Source::own(&target, connections)?;
         source.check(schema).await?;
         // Behind PgBouncer in transaction mode a LISTEN does not outlive its transaction.
