@@ -64,12 +64,6 @@ thread_local! {
     static SEEN: Cell<[Option<Seen>; REMEMBERED]> = const { Cell::new([None; REMEMBERED]) };
 }
 
-/// Inside a Tokio runtime with its timer and IO drivers (a network store's connections).
-#[cfg(any(feature = "postgres", feature = "redis"))]
-pub(crate) fn timers_and_io() -> Result<(), Lacks> {
-    check(true)
-}
-
 /// Inside a Tokio runtime with its timer driver, and its IO driver when `io` (a store that
 /// connects through it, [`Store::uses_tokio_io`](crate::store::Store::uses_tokio_io)).
 pub(crate) fn for_store(io: bool) -> Result<(), Lacks> {
@@ -195,8 +189,8 @@ mod tests {
         let with = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         for _ in 0..2 {
             assert_eq!(without.block_on(async { for_store(false) }), Ok(()));
-            assert_eq!(without.block_on(async { timers_and_io() }), Err(Lacks::Io));
-            assert_eq!(with.block_on(async { timers_and_io() }), Ok(()));
+            assert_eq!(without.block_on(async { for_store(true) }), Err(Lacks::Io));
+            assert_eq!(with.block_on(async { for_store(true) }), Ok(()));
         }
     }
 }

@@ -184,7 +184,7 @@ impl RedisStoreBuilder {
     /// not check the server's eviction policy, as [`open`](Self::open) does.
     pub fn open_lazy(self) -> Result<RedisStore, StoreError> {
         let target = conn::target(&self.url)?;
-        match crate::tokio_ready::timers_and_io() {
+        match crate::tokio_ready::for_store(true) {
             Ok(()) => {}
             // The redis crate's connections start tasks at once, and would panic.
             Err(crate::tokio_ready::Lacks::Runtime) => {
