@@ -78,6 +78,16 @@ pub(crate) fn store_step(io: bool) -> Result<(), crate::store::StoreError> {
 
 fn check(io: bool) -> Result<(), Lacks> {
     let runtime = Handle::try_current().map_err(|_| Lacks::Runtime)?.id();
+    // The common case, every call after the first on a runtime with its drivers: the most recent
+    // entry says so, read alone, and nothing is written back.
+    let recent = SEEN.with(|known| known.as_array_of_cells()[0].get());
+    if let Some(seen) = recent
+        && seen.runtime == runtime
+        && seen.timers == Some(true)
+        && (!io || seen.io == Some(true))
+    {
+        return Ok(());
+    }
     let mut known = SEEN.with(Cell::get);
     // This runtime's entry moves to the front; a new one pushes the least recent out.
     let at = known
