@@ -146,6 +146,12 @@ mod tests {
 
         /// A client of `server` over the stdio transport, past the handshake.
         async fn serving(server: impl rmcp::ServerHandler) -> Client {
+            Client::initialized(Client::stream_to(server)).await
+        }
+
+        /// The client's end of a stream `server` serves over the stdio transport (in a task),
+        /// before any handshake.
+        fn stream_to(server: impl rmcp::ServerHandler) -> tokio::io::DuplexStream {
             let (client, server_end) = tokio::io::duplex(1 << 16);
             let (server_read, server_write) = tokio::io::split(server_end);
             tokio::spawn(async move {
@@ -155,15 +161,20 @@ mod tests {
                     let _ = running.waiting().await;
                 }
             });
-            Client::initialized(client).await
+            client
+        }
+
+        /// A client on its end of a stream, with no handshake (a connection that opens no
+        /// session).
+        fn raw(stream: tokio::io::DuplexStream) -> Client {
+            use tokio::io::AsyncBufReadExt;
+            let (read, write) = tokio::io::split(stream);
+            Client { write, lines: tokio::io::BufReader::new(read).lines() }
         }
 
         /// A client on its end of a stream a server serves, past the handshake.
         async fn initialized(stream: tokio::io::DuplexStream) -> Client {
-            use tokio::io::AsyncBufReadExt;
-
-            let (read, write) = tokio::io::split(stream);
-            let mut client = Client { write, lines: tokio::io::BufReader::new(read).lines() };
+            let mut client = Client::raw(stream);
             client
                 .send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                     "protocolVersion": "2025-11-25", "capabilities": {},
@@ -289,21 +300,8 @@ mod tests {
     /// the second connection's order was answered with the first's.
     #[tokio::test]
     async fn sessionless_connections_of_one_shared_server_each_have_their_own_run() {
-        use tokio::io::AsyncBufReadExt;
         let server = IdemServer::new(tools(), &Idem::in_memory());
-        let connect = |server: IdemServer| {
-            let (client, server_end) = tokio::io::duplex(1 << 16);
-            let (server_read, server_write) = tokio::io::split(server_end);
-            tokio::spawn(async move {
-                use rmcp::ServiceExt;
-                let transport = stdio::LineTransport::new(server_read, server_write);
-                if let Ok(running) = server.serve(transport).await {
-                    let _ = running.waiting().await;
-                }
-            });
-            let (read, write) = tokio::io::split(client);
-            Client { write, lines: tokio::io::BufReader::new(read).lines() }
-        };
+        let connect = |server: IdemServer| Client::raw(Client::stream_to(server));
         let order = |id: i64| {
             json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
                 "name": "place_order", "arguments": {"item": "tea"}, "_meta": {
