@@ -157,7 +157,7 @@ impl<T: Tool> Call<'_, T> {
     pub(super) async fn execute(&self, args: T::Args) -> Result<T::Output, Error<T::Error>> {
         // A network store makes its connections on the runtime of the step that needs one: one
         // opened elsewhere (a store kept in a static) would meet Tokio's panic here.
-        let io = self.uses_store() && self.inner.store.uses_tokio_io();
+        let io = self.inner.store_io && self.uses_store();
         if let Err(lacks) = crate::tokio_ready::for_store(io) {
             // Timeouts, backoff and lease renewals are Tokio's timers: outside a runtime, or on
             // one built without them, the first would panic, possibly with the tool's work under

@@ -48,6 +48,8 @@ struct Inner {
     store: Arc<dyn Store>,
     /// `store.is_local()`, read once.
     local_store: bool,
+    /// `store.uses_tokio_io()`, read once.
+    store_io: bool,
     /// The store, when it is a [`MemoryStore`]: claimed and completed directly, without the
     /// boxed futures of the `Store` trait and without copying the outcome into the record.
     memory: Option<Arc<MemoryStore>>,
@@ -128,6 +130,7 @@ impl IdemBuilder {
         Idem {
             inner: Arc::new(Inner {
                 local_store: self.store.is_local(),
+                store_io: self.store.uses_tokio_io(),
                 memory: (Arc::clone(&self.store) as Arc<dyn std::any::Any + Send + Sync>)
                     .downcast::<MemoryStore>()
                     .ok(),
