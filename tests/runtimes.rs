@@ -499,6 +499,105 @@ mod no_runtime {
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
+
+    /// Every step of a network store used directly (an operator's script, a store wrapper, a
+    /// store kept in a `static` and reached from another executor) outside a runtime, or on a
+    /// runtime without I/O, is refused as a configuration error naming what is missing. Before,
+    /// only a call through the executor and a wait were: the others were the connection's panic
+    /// from inside the redis or deadpool crate. What the steps would have touched is unchanged.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    fn network_steps_refused(
+        store: &dyn idem_core::Store,
+        name: &str,
+        full: &tokio::runtime::Runtime,
+    ) {
+        use std::panic::AssertUnwindSafe;
+        use std::time::Duration;
+
+        use idem_core::store::{ListQuery, Outcome, Resolution, StoreError};
+
+        let (key, fp) = idem_core::conformance::fresh_key(&format!("network-steps-{name}"), "{}");
+        let fence = full.block_on(idem_tests::acquire(store, &key, &fp));
+        let no_io =
+            tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        let outcome = Outcome::Success("1".to_owned());
+        let ttl = Duration::from_secs(60);
+        let resolution = Resolution::NotHappened;
+        let query = ListQuery::default();
+        // Each step, as a future made anew for each way of running it.
+        type Step<'a> = Box<
+            dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>
+                + 'a,
+        >;
+        let steps: Vec<(&str, Step<'_>)> = vec![
+            (
+                "claim",
+                Box::new(|| {
+                    Box::pin(async {
+                        store.claim(idem_tests::claim_req(&key, &fp)).await.map(drop)
+                    })
+                }),
+            ),
+            ("complete", Box::new(|| Box::pin(store.complete(&key, fence, &outcome, ttl)))),
+            ("release", Box::new(|| Box::pin(store.release(&key, fence)))),
+            ("renew", Box::new(|| Box::pin(store.renew(&key, fence, ttl)))),
+            ("forget", Box::new(|| Box::pin(async { store.forget(&key).await.map(drop) }))),
+            (
+                "forget_seen",
+                Box::new(|| {
+                    Box::pin(async { store.forget_seen(&key, fence, false).await.map(drop) })
+                }),
+            ),
+            ("inspect", Box::new(|| Box::pin(async { store.inspect(&key).await.map(drop) }))),
+            ("list", Box::new(|| Box::pin(async { store.list(&query).await.map(drop) }))),
+            ("resolve", Box::new(|| Box::pin(store.resolve(&key, fence, &resolution)))),
+            ("stats", Box::new(|| Box::pin(async { store.stats().await.map(drop) }))),
+        ];
+        for (step, make) in &steps {
+            for (how, wanted) in
+                [("outside a runtime", "Tokio runtime"), ("without I/O", "enable_io")]
+            {
+                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| match how {
+                    "outside a runtime" => block_on(make()),
+                    _ => no_io.block_on(make()),
+                }));
+                let Ok(ran) = ran else { panic!("{name} {step} {how}: panicked") };
+                match ran {
+                    Err(StoreError::InvalidConfig(m)) if m.contains(wanted) => {}
+                    other => panic!("{name} {step} {how}: {other:?}"),
+                }
+            }
+        }
+        // Nothing was touched: the key is still in flight under the same fence.
+        let info = full.block_on(store.inspect(&key)).expect("inspect").expect("still there");
+        assert_eq!(info.fence, fence, "{name}: {info:?}");
+        assert!(
+            matches!(info.state, idem_core::store::RecordState::InFlight { .. }),
+            "{name}: still in flight: {info:?}"
+        );
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_steps_outside_a_runtime_or_without_io_are_refused() {
+        let full = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let opened = full.block_on(idem_core::PostgresStore::connect(&idem_tests::pg_url()));
+        let Some(store) = idem_tests::or_skip("PostgreSQL", opened) else { return };
+        network_steps_refused(&store, "postgres", &full);
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_steps_outside_a_runtime_or_without_io_are_refused() {
+        let full = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let opened = full.block_on(
+            idem_core::RedisStore::builder(idem_tests::redis_url())
+                .prefix(idem_tests::redis_prefix())
+                .open(),
+        );
+        let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
+        network_steps_refused(&store, "redis", &full);
+    }
 }
 
 /// On a Tokio runtime built without its timer driver (`Builder::new_current_thread().build()`

@@ -92,6 +92,10 @@ impl Source {
     /// Checks a connection out, waiting at most [`Source::wait`] (then
     /// [`StoreError::Unavailable`], saying how many connections are in use).
     pub(super) async fn checkout(&self) -> Result<Conn, StoreError> {
+        // Every step starts here: outside a runtime, or on one without timers or I/O, the wait
+        // below or a new connection would be Tokio's panic (a store used directly, from a
+        // `static`, under another executor).
+        crate::tokio_ready::store_step(true)?;
         let object = match tokio::time::timeout(self.wait, self.pool.get()).await {
             Ok(Ok(object)) => object,
             Ok(Err(PoolError::Backend(e))) => {

@@ -448,6 +448,7 @@ impl Store for RedisStore {
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        ready()?;
         let on_expired = match req.on_expired {
             OnExpired::TakeOver => "t",
             OnExpired::Unknown => "u",
@@ -545,6 +546,7 @@ impl Store for RedisStore {
         outcome: &Outcome,
         ttl: Duration,
     ) -> Result<(), StoreError> {
+        ready()?;
         let (kind, payload) = match outcome {
             Outcome::Success(json) => ("s", json.as_str()),
             Outcome::Failure(json) => ("f", json.as_str()),
@@ -573,6 +575,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &Key, fence: Fence) -> Result<(), StoreError> {
+        ready()?;
         let (record, counter) = (self.record_key(key), self.fence_key(key));
         self.step(false, |again| {
             let mut inv = self.inner.scripts.release.prepare_invoke();
@@ -587,6 +590,7 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, key: &Key, fence: Fence, lease: Duration) -> Result<(), StoreError> {
+        ready()?;
         let record = self.record_key(key);
         // Renewing twice renews: a resend needs no flag.
         self.step(false, |_| {
@@ -622,6 +626,7 @@ impl Store for RedisStore {
     }
 
     async fn forget(&self, key: &Key) -> Result<bool, StoreError> {
+        ready()?;
         self.inner.recent.drop_key(key);
         let mut inv = self.inner.scripts.forget.prepare_invoke();
         inv.key(self.record_key(key)).key(self.fence_key(key)).arg(ms(FENCE_COUNTER_GRACE));
@@ -630,6 +635,7 @@ impl Store for RedisStore {
     }
 
     async fn forget_seen(&self, key: &Key, fence: Fence, done: bool) -> Result<bool, StoreError> {
+        ready()?;
         let mut inv = self.inner.scripts.forget_seen.prepare_invoke();
         inv.key(self.record_key(key))
             .key(self.fence_key(key))
@@ -656,10 +662,12 @@ impl Store for RedisStore {
     /// new master scanned before the record arrived, the old one after it left); list again once
     /// the migration has ended for a complete view.
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        ready()?;
         self.list_records(query).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<RecordInfo>, StoreError> {
+        ready()?;
         self.inspect_record(key).await
     }
 
@@ -669,6 +677,7 @@ impl Store for RedisStore {
         fence: Fence,
         resolution: &Resolution,
     ) -> Result<(), StoreError> {
+        ready()?;
         self.inner.recent.drop_key(key);
         self.resolve_record(key, fence, resolution).await
     }
@@ -680,6 +689,14 @@ impl Store for RedisStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
+        ready()?;
         self.count_records().await
     }
+}
+
+/// Every step but a wait (which checks timers and I/O itself, first): outside a runtime, or on
+/// one without timers or I/O, a connection or a resend's pause would be Tokio's panic (a store
+/// used directly, from a `static`, under another executor).
+fn ready() -> Result<(), StoreError> {
+    crate::tokio_ready::store_step(true)
 }
