@@ -49,7 +49,8 @@ impl OpenedFile {
     }
 
     /// Refuses when the file at the path, or its log or index, is no longer the one opened:
-    /// gone, or another file. Three `stat`s.
+    /// gone, or another file. Three `stat`s, of the inode alone where the kernel can (see
+    /// [`identity`]).
     pub(super) fn check(&self) -> Result<(), StoreError> {
         if self.ids[0].is_none() || self.identities() == self.ids {
             return Ok(());
@@ -65,8 +66,30 @@ impl OpenedFile {
     }
 }
 
-#[cfg(unix)]
+/// Linux: `statx` asking for the inode alone. A `stat` that reads a file's times (as
+/// `std::fs::metadata` does) makes the kernel (6.13 on: multigrain timestamps) give the file's
+/// next write a fine-grained time, so every write of the log changes its inode and each commit's
+/// `fdatasync` writes the filesystem's journal too: that was a fifth of a first call's time on
+/// ext4 (BENCHMARKS.md, "SQLite: what the file check costs").
+#[cfg(target_os = "linux")]
 fn identity(path: &Path) -> FileId {
+    use rustix::fs::{AtFlags, CWD, StatxFlags, makedev, statx};
+    match statx(CWD, path, AtFlags::empty(), StatxFlags::INO) {
+        // The device as `stat` gives it, so either way of reading compares with the other.
+        Ok(st) => Some((makedev(st.stx_dev_major, st.stx_dev_minor), st.stx_ino)),
+        // A kernel before 4.11, or a sandbox that refuses `statx`: `stat`, as elsewhere.
+        Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => stat_identity(path),
+        Err(_) => None,
+    }
+}
+
+#[cfg(all(unix, not(target_os = "linux")))]
+fn identity(path: &Path) -> FileId {
+    stat_identity(path)
+}
+
+#[cfg(unix)]
+fn stat_identity(path: &Path) -> FileId {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
@@ -74,4 +97,21 @@ fn identity(path: &Path) -> FileId {
 #[cfg(not(unix))]
 fn identity(_: &Path) -> FileId {
     None
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// Both ways of reading a file's identity give the same device and inode, so a store whose
+    /// sandbox refuses `statx` for some calls compares like with like.
+    #[test]
+    fn statx_and_stat_agree() {
+        let path = std::env::temp_dir().join(format!("idem-identity-{}", std::process::id()));
+        std::fs::write(&path, b"x").expect("a file");
+        assert_eq!(identity(&path), stat_identity(&path));
+        assert!(identity(&path).is_some());
+        std::fs::remove_file(&path).expect("removed");
+        assert_eq!(identity(&path), None);
+    }
 }
