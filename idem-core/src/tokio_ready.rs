@@ -100,7 +100,15 @@ fn check(io: bool) -> Result<(), Lacks> {
         io: None,
     });
     let timers = *seen.timers.get_or_insert_with(probe_timers);
-    let io_ok = !io || *seen.io.get_or_insert_with(probe_io);
+    // An answer the probe could not give (no socket pair to be had) is not kept: asked again.
+    let io_ok = !io
+        || seen
+            .io
+            .or_else(|| {
+                seen.io = probe_io();
+                seen.io
+            })
+            .unwrap_or(true);
     known[..=at].rotate_right(1);
     known[0] = Some(seen);
     SEEN.with(|cell| cell.set(known));
@@ -124,19 +132,24 @@ fn probe_timers() -> bool {
 }
 
 /// Registering a socket with the reactor is where Tokio looks for its IO driver. A pair of Unix
-/// sockets needs no network; when the process cannot make one, the answer is yes, and the store's
-/// own connection will tell.
+/// sockets needs no network. `None` when the process cannot make one now (out of file
+/// descriptors): not known, so the call goes on (a connection it makes meets the same shortage
+/// first, as an error) and the next call asks again.
 #[cfg(all(unix, any(feature = "postgres", feature = "redis")))]
-fn probe_io() -> bool {
+fn probe_io() -> Option<bool> {
     if cfg!(panic = "abort") {
-        return true;
+        return Some(true);
     }
-    catch_unwind(|| drop(tokio::net::UnixStream::pair())).is_ok()
+    match catch_unwind(tokio::net::UnixStream::pair) {
+        Ok(Ok(_)) => Some(true),
+        Ok(Err(_)) => None,
+        Err(_) => Some(false),
+    }
 }
 
 #[cfg(not(all(unix, any(feature = "postgres", feature = "redis"))))]
-fn probe_io() -> bool {
-    true
+fn probe_io() -> Option<bool> {
+    Some(true)
 }
 
 #[cfg(test)]
