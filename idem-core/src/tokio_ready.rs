@@ -102,13 +102,13 @@ fn check(io: bool) -> Result<(), Lacks> {
     let timers = *seen.timers.get_or_insert_with(probe_timers);
     // An answer the probe could not give (no socket pair to be had) is not kept: asked again.
     let io_ok = !io
-        || seen
-            .io
-            .or_else(|| {
+        || match seen.io {
+            Some(known) => known,
+            None => {
                 seen.io = probe_io();
-                seen.io
-            })
-            .unwrap_or(true);
+                seen.io.unwrap_or(true)
+            }
+        };
     known[..=at].rotate_right(1);
     known[0] = Some(seen);
     SEEN.with(|cell| cell.set(known));

@@ -70,7 +70,7 @@ impl OpenedFile {
 /// `std::fs::metadata` does) makes the kernel (6.13 on: multigrain timestamps) give the file's
 /// next write a fine-grained time, so every write of the log changes its inode and each commit's
 /// `fdatasync` writes the filesystem's journal too: that was a fifth of a first call's time on
-/// ext4 (BENCHMARKS.md, "SQLite: what the file check costs").
+/// ext4 (BENCHMARKS.md, "SQLite: why a `stat` of the log cost a fifth of a first call").
 #[cfg(target_os = "linux")]
 fn identity(path: &Path) -> FileId {
     use rustix::fs::{AtFlags, CWD, StatxFlags, makedev, statx};
