@@ -19,7 +19,7 @@ impl SweepClock {
     }
 
     /// Makes the next call of [`due`](Self::due) answer true.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) fn make_due(&self) {
         self.next_ms.store(i64::MIN, Ordering::Relaxed);
     }
