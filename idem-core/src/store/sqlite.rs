@@ -109,9 +109,9 @@ const SWEEP: &str = "
 DELETE FROM idem_records WHERE key IN (
     SELECT key FROM idem_records WHERE state = 1 AND expires_at <= ?1 LIMIT 1000)";
 
-/// How often expired records are swept (ms); claims treat them as absent in between.
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The size the write-ahead log is cut back to when it starts over (bytes).
 const WAL_SIZE_LIMIT: i64 = 16 << 20;
 const POLL_FIRST: Duration = Duration::from_millis(2);
