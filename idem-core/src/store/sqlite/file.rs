@@ -39,6 +39,17 @@ impl OpenedFile {
             name.push(suffix);
             PathBuf::from(name)
         });
+        if let Some(fs) = path.parent().and_then(network_filesystem) {
+            tracing::warn!(
+                path = %path.display(),
+                filesystem = fs,
+                "the SQLite store's file is on a network filesystem ({fs}): SQLite's write-ahead \
+                 log keeps its index in shared memory, which processes on different machines do \
+                 not share, so processes on two machines using this file would each acquire the \
+                 same keys and run each tool once per machine; keep every process using it on \
+                 one machine, or use the PostgreSQL or Redis store"
+            );
+        }
         let mut file = OpenedFile { path, beside, ids: [None; 3] };
         file.ids = file.identities();
         file
@@ -99,6 +110,43 @@ fn identity(_: &Path) -> FileId {
     None
 }
 
+/// The network filesystem `dir` is on, by its magic number (`statfs`, Linux): one where
+/// processes on several machines may open the same file. SQLite's WAL mode needs every process
+/// using a database on one machine (sqlite.org/wal.html, "WAL does not work over a network
+/// filesystem").
+#[cfg(target_os = "linux")]
+fn network_filesystem(dir: &Path) -> Option<&'static str> {
+    let magic = rustix::fs::statfs(dir).ok()?.f_type;
+    // The kernel's magic numbers are 32 bits; a 64-bit `f_type` may carry a 32-bit one
+    // sign-extended (CIFS's, on some architectures).
+    network_kind(magic as u32)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn network_filesystem(_: &Path) -> Option<&'static str> {
+    None
+}
+
+/// The network or cluster filesystem a `statfs` magic number names (`linux/magic.h` and the
+/// filesystems' own headers).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn network_kind(magic: u32) -> Option<&'static str> {
+    Some(match magic {
+        0x6969 => "NFS",
+        0x517B => "SMB",
+        0xFF53_4D42 => "CIFS",
+        0xFE53_4D42 => "SMB2",
+        0x00C3_6400 => "Ceph",
+        0x0102_1997 => "9P",
+        0x5346_414F | 0x6B41_4653 => "AFS",
+        0x0BD0_0BD0 => "Lustre",
+        0x7375_7245 => "Coda",
+        0x0116_1970 => "GFS2",
+        0x7461_636F => "OCFS2",
+        _ => return None,
+    })
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
@@ -113,5 +161,16 @@ mod tests {
         assert!(identity(&path).is_some());
         std::fs::remove_file(&path).expect("removed");
         assert_eq!(identity(&path), None);
+    }
+
+    #[test]
+    fn network_filesystems_are_told_apart_from_local_ones() {
+        assert_eq!(network_kind(0x6969), Some("NFS"));
+        assert_eq!(network_kind(0xFF53_4D42), Some("CIFS"));
+        assert_eq!(network_kind(0xFE53_4D42), Some("SMB2"));
+        // ext4, tmpfs, overlayfs, btrfs, xfs.
+        for local in [0xEF53, 0x0102_1994, 0x794C_7630, 0x9123_683E, 0x5846_5342] {
+            assert_eq!(network_kind(local), None, "{local:#x}");
+        }
     }
 }
