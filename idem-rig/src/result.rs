@@ -1,7 +1,7 @@
 //! How one idem [`ToolResult`] becomes what a rig agent hands back to the model.
 //!
-//! A success is the tool's output (a JSON string as text, anything else as a JSON block, as rig's
-//! own `IntoToolOutput` presents a value). A failure is a [`ToolExecutionError`] whose
+//! A success is the tool's output (a JSON string as text, as `""` when empty or blank, anything
+//! else as a JSON block, as rig's own `IntoToolOutput` presents a value). A failure is a [`ToolExecutionError`] whose
 //! model-visible text is idem's text, unchanged (`Error (<kind>): <message>`), whose `code` is
 //! idem's stable `error_kind`, and whose rig kind and retryability hint follow the table on
 //! [`tool_error`].
@@ -15,7 +15,9 @@ use serde_json::Value;
 pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
     if !result.is_error {
         return Ok(match result.content {
-            Value::String(text) => ToolOutput::text(text),
+            // idem's text of a string: itself, or `""` for an empty or blank one, which a
+            // provider's API would refuse as a text block (`ToolResult::text`).
+            Value::String(_) => ToolOutput::text(result.text),
             other => ToolOutput::json(other),
         });
     }
@@ -70,6 +72,9 @@ mod tests {
         assert_eq!(out.as_json(), Some(&json!({"charge_id": "ch_1"})));
         let out = to_rig(ToolResult::success(json!("done"))).unwrap();
         assert_eq!(out.as_text(), Some("done"));
+        // Never an empty text block: Anthropic's API refuses one, with the whole request.
+        let out = to_rig(ToolResult::success(json!(""))).unwrap();
+        assert_eq!(out.as_text(), Some(r#""""#));
     }
 
     #[test]

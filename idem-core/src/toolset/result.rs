@@ -28,7 +28,8 @@ pub struct ToolResult {
     /// error (`false`: a permanent error).
     pub content: Value,
     /// What the model reads: the output as compact JSON text with object members sorted by name
-    /// (a string output as itself), or `Error (<kind>): <message>`.
+    /// (a string output as itself, but as its JSON when it is empty or only whitespace: `""`),
+    /// or `Error (<kind>): <message>`. Never empty.
     pub text: String,
     /// Whether the call failed (MCP `isError`, Anthropic `is_error`).
     pub is_error: bool,
@@ -47,7 +48,7 @@ impl ToolResult {
     /// `preserve_order` feature, which any crate in the build may turn on (rig-core does).
     pub fn success(output: Value) -> Self {
         let text = match &output {
-            Value::String(s) => s.clone(),
+            Value::String(s) => string_text(s),
             other => sorted_text(other),
         };
         ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
@@ -63,7 +64,7 @@ impl ToolResult {
         let raw: &RawValue = serde_json::from_str(json)?;
         let content = wide_value(raw)?;
         let text = match &content {
-            Value::String(s) => s.clone(),
+            Value::String(s) => string_text(s),
             _ => {
                 let mut text = String::with_capacity(json.len());
                 // Members sorted as `sorted_text` sorts them.
@@ -100,6 +101,15 @@ impl ToolResult {
             report: None,
         }
     }
+}
+
+/// The text of a string output: the string itself, or its JSON (`""`, `" "`) when it is empty or
+/// only whitespace. Hosts pass the text on as a text block, and Anthropic's Messages API refuses a
+/// whole request whose tool result holds an empty or blank text block ("text content blocks must
+/// be non-empty", "must contain non-whitespace text"): the agent's next turn would fail over a
+/// tool that answered "nothing". The quotes also tell the model what it got.
+fn string_text(s: &str) -> String {
+    if s.trim().is_empty() { serde_json::Value::from(s).to_string() } else { s.to_owned() }
 }
 
 /// Compact JSON text of `value` with object members in byte order of their names (the order of

@@ -1437,3 +1437,34 @@ fn host_readable_rewrites_every_boolean_subschema_but_a_forbidding_keyword() {
         })
     );
 }
+
+/// A tool whose output is an empty or blank string answers a text the model's API takes: its
+/// JSON (`""`), not an empty text block, which Anthropic's Messages API refuses along with the
+/// whole request ("text content blocks must be non-empty"). A replay answers the same text. Any
+/// other string is itself.
+#[tokio::test]
+async fn an_empty_or_blank_string_output_is_written_as_its_json() {
+    #[derive(Clone, Serialize, serde::Deserialize, JsonSchema)]
+    struct Say {
+        say: String,
+    }
+    fn echo(args: &Say, _: u32) -> Result<Value, PayError> {
+        Ok(json!(args.say))
+    }
+    let tool = fake("echo", RetryClass::Keyed, echo);
+    let runs = tool.runs.clone();
+    let set = ToolSet::new().with(tool).unwrap();
+    let run = Idem::in_memory().run("blank");
+    for (say, text) in
+        [("", r#""""#), ("  \n", r#""  \n""#), ("\u{3000}", "\"\u{3000}\""), ("ok", "ok")]
+    {
+        for _ in 0..2 {
+            let r = set.call(&run, "echo", &json!({ "say": say })).await;
+            assert!(!r.is_error, "{say:?}: {}", r.text);
+            assert_eq!(r.text, text, "{say:?}");
+            assert_eq!(r.content, json!(say));
+            assert_eq!(r.to_mcp()["content"][0]["text"], text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "each ran once, and was replayed once");
+}
