@@ -5,8 +5,9 @@
 //! written through the open connection in write-ahead-log mode, where SQLite refuses nothing (it
 //! refuses such writes only with a rollback journal). So do its write-ahead log (`-wal`) and the
 //! log's index (`-shm`) beside it, taken for temporary files and deleted: a process opening the
-//! file afterwards makes new ones and sees nothing of what the open store writes in its own. A store writing there would claim keys in a
-//! file no process opening the path sees, and each key would run once on each side. Following
+//! file afterwards makes new ones and sees nothing of what the open store writes in its own. A
+//! store writing there would claim keys in a file no process opening the path sees, and each key
+//! would run once on each side. Following
 //! the path instead would run again every key of a file that was only moved away. So a store
 //! writes nothing once its file is no longer at its path: its calls fail closed until the file
 //! is put back or the store is opened again.
@@ -112,8 +113,8 @@ fn identity(_: &Path) -> FileId {
 
 /// The network filesystem `dir` is on, by its magic number (`statfs`, Linux): one where
 /// processes on several machines may open the same file. SQLite's WAL mode needs every process
-/// using a database on one machine (sqlite.org/wal.html, "WAL does not work over a network
-/// filesystem").
+/// using a database on one machine (SQLite's documentation of WAL mode: "WAL does not work over
+/// a network filesystem").
 #[cfg(target_os = "linux")]
 fn network_filesystem(dir: &Path) -> Option<&'static str> {
     let magic = rustix::fs::statfs(dir).ok()?.f_type;
