@@ -130,7 +130,7 @@ fn network_filesystem(_: &Path) -> Option<&'static str> {
 
 /// The network or cluster filesystem a `statfs` magic number names (`linux/magic.h` and the
 /// filesystems' own headers).
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+#[cfg(target_os = "linux")]
 fn network_kind(magic: u32) -> Option<&'static str> {
     Some(match magic {
         0x6969 => "NFS",
@@ -164,6 +164,7 @@ mod tests {
         assert_eq!(identity(&path), None);
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn network_filesystems_are_told_apart_from_local_ones() {
         assert_eq!(network_kind(0x6969), Some("NFS"));
