@@ -82,7 +82,8 @@ mod redis {
 
     use super::redis_records as records;
 
-    async fn open() -> Option<RedisStore> {
+    /// The store on this process's own key prefix, or `None` (skipped) without a server.
+    pub(super) async fn open() -> Option<RedisStore> {
         let opened = RedisStore::builder(redis_url()).prefix(redis_prefix()).open().await;
         or_skip("Redis", opened)
     }
@@ -590,12 +591,7 @@ mod no_runtime {
     #[test]
     fn redis_steps_outside_a_runtime_or_without_io_are_refused() {
         let full = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        let opened = full.block_on(
-            idem_core::RedisStore::builder(idem_tests::redis_url())
-                .prefix(idem_tests::redis_prefix())
-                .open(),
-        );
-        let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
+        let Some(store) = full.block_on(super::redis::open()) else { return };
         network_steps_refused(&store, "redis", &full);
     }
 }
