@@ -749,3 +749,51 @@ async fn redis_store_every_drop_point() {
     let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
     network("redis", Arc::new(store)).await;
 }
+
+/// Callers that give up while they wait for another process's call (each on its own key) leave
+/// no waiter registered in the store: a long-running server would otherwise keep one entry per
+/// abandoned wait for as long as the store lives.
+async fn dropped_waits_leave_no_waiter(
+    name: &str,
+    store: Arc<dyn Store>,
+    waiting: impl Fn() -> usize,
+) {
+    let other = Idem::builder_shared(Arc::clone(&store)).build();
+    let ledger = Arc::new(Ledger::default());
+    let run = other.run(format!("dropped-waits-{name}-{}", idem_tests::process_tag()));
+    for i in 0..20 {
+        let id = format!("w{i}");
+        let canonical = serde_json::to_vec(&json!({ "id": id })).unwrap();
+        let key = derive_key(run.scope(), "pay", &canonical);
+        let fp = idem_core::Fingerprint::of_derived_key(&key);
+        // Another process holds the key.
+        idem_tests::acquire(&*store, &key, &fp).await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(300), ledger.pay(&run, id.clone())).await;
+        assert!(gave_up.is_err(), "{name}: the call waits for the owner: {gave_up:?}");
+        store.forget(&key).await.expect("forget");
+    }
+    assert_eq!(ledger.effects.lock().unwrap().len(), 0, "{name}: nothing ran");
+    assert_eq!(waiting(), 0, "{name}: waits dropped mid-wait are still registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_waits_dropped_mid_wait_leave_no_waiter() {
+    let connected = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
+    let Some(store) = idem_tests::or_skip("PostgreSQL", connected) else { return };
+    let store = Arc::new(store);
+    let watched = Arc::clone(&store);
+    dropped_waits_leave_no_waiter("postgres", store, || watched.waiting_keys()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_waits_dropped_mid_wait_leave_no_waiter() {
+    let opened = idem_core::store::RedisStore::builder(idem_tests::redis_url())
+        .prefix(idem_tests::redis_prefix())
+        .open()
+        .await;
+    let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
+    let store = Arc::new(store);
+    let watched = Arc::clone(&store);
+    dropped_waits_leave_no_waiter("redis", store, || watched.waiting_keys()).await;
+}

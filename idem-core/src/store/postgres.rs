@@ -255,6 +255,13 @@ impl PostgresStore {
         self.inner.listening.load(Ordering::Relaxed)
     }
 
+    /// How many keys this store's waits in this process are registered on (each gone with the
+    /// last wait on its key, also one dropped mid-wait). For tests, not an API.
+    #[doc(hidden)]
+    pub fn waiting_keys(&self) -> usize {
+        self.inner.waiters.keys()
+    }
+
     /// Removes every record whose retention ended (at most 1000 per call); returns how many.
     /// Claims already treat them as absent; this only reclaims space. Runs on its own every 60 s
     /// during claims.
@@ -408,10 +415,11 @@ impl Store for PostgresStore {
         // Its timeout is Tokio's timer, its listener a task and a connection.
         crate::tokio_ready::store_step(true)?;
         self.keep_listening();
-        let notify = self.inner.waiters.register(*key);
+        // Unregistered when the wait ends, also when its caller drops it mid-wait (a duplicate
+        // that gave up): otherwise its key would stay in the map for as long as the store lives.
+        let waiting = self.inner.waiters.waiting(*key);
         // The deadline bounds everything, a reconnect or a slow server included.
-        let r = tokio::time::timeout(max, self.wait_inner(key, fence, &notify)).await;
-        self.inner.waiters.unregister(key);
+        let r = tokio::time::timeout(max, self.wait_inner(key, fence, waiting.notify())).await;
         r.unwrap_or(Ok(()))
     }
 

@@ -51,6 +51,17 @@ impl<K: Hash + Eq> WaiterMap<K> {
         Arc::clone(&entry.notify)
     }
 
+    /// Adds a waiter on `key`, removed when the returned guard is dropped (the wait ended, or
+    /// its future was dropped mid-wait).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn waiting(&self, key: K) -> Registered<'_, K>
+    where
+        K: Clone,
+    {
+        let notify = self.register(key.clone());
+        Registered { map: self, key, notify }
+    }
+
     /// Removes a waiter on `key`; whether it was the last one.
     pub(crate) fn unregister<Q>(&self, key: &Q) -> bool
     where
@@ -69,6 +80,11 @@ impl<K: Hash + Eq> WaiterMap<K> {
             }
             None => false,
         }
+    }
+
+    /// How many keys have waiters registered.
+    pub(crate) fn keys(&self) -> usize {
+        crate::sync::lock(&self.map).len()
     }
 
     /// Wakes every waiter on `key`.
@@ -97,6 +113,29 @@ impl<K: Hash + Eq> WaiterMap<K> {
         Q: Hash + Eq + ?Sized,
     {
         crate::sync::lock(&self.map).contains_key(key)
+    }
+}
+
+/// A waiter registered on a key of a [`WaiterMap`] for as long as it lives.
+#[cfg(feature = "postgres")]
+pub(crate) struct Registered<'a, K: Hash + Eq> {
+    map: &'a WaiterMap<K>,
+    key: K,
+    notify: Arc<Notify>,
+}
+
+#[cfg(feature = "postgres")]
+impl<K: Hash + Eq> Registered<'_, K> {
+    /// What wakes this waiter.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<K: Hash + Eq> Drop for Registered<'_, K> {
+    fn drop(&mut self) {
+        self.map.unregister(&self.key);
     }
 }
 

@@ -299,6 +299,13 @@ impl RedisStore {
         self.inner.native.usable() && self.inner.clock.now_us(conn.manager().0).0.is_some()
     }
 
+    /// How many pub/sub channels this store's waits in this process are registered on (each gone
+    /// with the last wait on its key, also one dropped mid-wait). For tests, not an API.
+    #[doc(hidden)]
+    pub fn waiting_keys(&self) -> usize {
+        self.inner.waiters.keys()
+    }
+
     /// The pub/sub channel of `key`.
     pub fn channel(&self, key: &Key) -> String {
         format!("{}:{{{}}}:ev", self.inner.prefix, key)
