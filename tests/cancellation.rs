@@ -797,3 +797,66 @@ async fn redis_waits_dropped_mid_wait_leave_no_waiter() {
     let watched = Arc::clone(&store);
     dropped_waits_leave_no_waiter("redis", store, || watched.waiting_keys()).await;
 }
+
+/// A wait for another process's call dropped once its `SUBSCRIBE` was sent (its caller gave up,
+/// or the wait's own bound ran out, before the reply was read) leaves no pub/sub subscription
+/// behind on the Redis server: once no wait wants the channel, it is unsubscribed, as it is
+/// after a wait that read its reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_waits_dropped_mid_subscribe_leave_no_subscription() {
+    let opened = idem_core::store::RedisStore::builder(idem_tests::redis_url())
+        .prefix(idem_tests::redis_prefix())
+        .open()
+        .await;
+    let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
+    let store = Arc::new(store);
+    let client = redis::Client::open(idem_tests::redis_url()).expect("redis url");
+    let mut raw = client.get_multiplexed_async_connection().await.expect("raw connection");
+    let other = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build();
+    let ledger = Arc::new(Ledger::default());
+    let run = other.run(format!("mid-subscribe-{}", idem_tests::process_tag()));
+    let mut leaked = Vec::new();
+    for i in 0..20 {
+        let id = format!("s{i}");
+        let canonical = serde_json::to_vec(&json!({ "id": id })).unwrap();
+        let key = derive_key(run.scope(), "pay", &canonical);
+        let fp = idem_core::Fingerprint::of_derived_key(&key);
+        // Another process holds the key: the call waits for it.
+        idem_tests::acquire(&*store, &key, &fp).await;
+        let mut call = Box::pin(ledger.pay(&run, id.clone()));
+        // Polled until its wait registered (the same poll sends the `SUBSCRIBE`)...
+        let mut polls = 0;
+        while store.waiting_keys() == 0 {
+            let polled = call.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending(), "the call waits for the owner: {polled:?}");
+            polls += 1;
+            assert!(polls < 100_000, "the call never waits");
+            tokio::task::yield_now().await;
+        }
+        // ...then not again: the reply arrives, and the caller gives up before it reads it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(call);
+        let channel = store.channel(&key);
+        let mut subscribed = 1;
+        for _ in 0..50 {
+            let numsub: (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            subscribed = numsub.1;
+            if subscribed == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if subscribed != 0 {
+            leaked.push(channel);
+        }
+        store.forget(&key).await.expect("forget");
+    }
+    assert_eq!(store.waiting_keys(), 0, "no wait is registered");
+    assert!(leaked.is_empty(), "channels still subscribed with no wait on them: {leaked:?}");
+    assert!(ledger.effects.lock().unwrap().is_empty(), "nothing ran");
+}

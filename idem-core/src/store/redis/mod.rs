@@ -614,7 +614,14 @@ impl Store for RedisStore {
         let interest = self.interest(self.channel(key).into_bytes());
         // The deadline bounds everything, subscribing included.
         let waited = tokio::time::timeout(max, async {
-            let subscribed = self.inner.sync_subscription(&interest.channel).await;
+            // In a task of its own, which runs to its end: this wait dropped halfway (its
+            // caller gave up, or `max` ran out) with its `SUBSCRIBE` sent would leave the server
+            // subscribed while the store's own list says otherwise, and no later wait's end
+            // would unsubscribe the channel.
+            let (inner, channel) = (Arc::clone(&self.inner), interest.channel.clone());
+            let subscribed =
+                tokio::spawn(async move { inner.sync_subscription(&channel).await }).await;
+            let subscribed = subscribed.unwrap_or(false);
             let (first, cap) = if subscribed {
                 (SUBSCRIBED_RECHECK, SUBSCRIBED_RECHECK)
             } else {
