@@ -32,7 +32,7 @@ use std::time::Duration;
 use idem_core::key::{Scope, derive_key};
 use idem_core::store::admin::RecordState;
 use idem_core::store::{MemoryStore, Store};
-use idem_core::{Classify, Ctx, Error, Failure, Idem, Key, Policy, Run, ToolSet};
+use idem_core::{Classify, Ctx, Error, Failure, Idem, Key, Policy, Reconciled, Run, ToolSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -75,6 +75,23 @@ impl Ledger {
     async fn ship(&self, cx: &Ctx, id: String) -> Result<String, Declined> {
         self.body(cx, &id).await
     }
+
+    /// Ships, once, and can be asked whether it did (never, with a check).
+    #[tool(retry = "never", reconcile = shipped)]
+    async fn post(&self, cx: &Ctx, id: String) -> Result<String, Declined> {
+        self.body(cx, &id).await
+    }
+
+    /// The check of `post`: its effect under `key`, looked up with await points of its own.
+    async fn shipped(&self, key: &Key, id: String) -> Reconciled<String> {
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let effects = self.effects(&id);
+        match effects.iter().find(|(k, _)| k == key.as_str()) {
+            Some((_, fence)) => Reconciled::Happened(format!("{id}@{fence}")),
+            None => Reconciled::NotHappened,
+        }
+    }
 }
 
 impl Ledger {
@@ -113,16 +130,20 @@ enum Class {
     SafeCached,
     Keyed,
     Never,
+    /// `never` with a reconciliation check.
+    NeverChecked,
 }
 
 impl Class {
-    const ALL: [Class; 4] = [Class::Safe, Class::SafeCached, Class::Keyed, Class::Never];
+    const ALL: [Class; 5] =
+        [Class::Safe, Class::SafeCached, Class::Keyed, Class::Never, Class::NeverChecked];
 
     fn tool(self) -> &'static str {
         match self {
             Class::Safe | Class::SafeCached => "look",
             Class::Keyed => "pay",
             Class::Never => "ship",
+            Class::NeverChecked => "post",
         }
     }
 
@@ -235,6 +256,7 @@ impl Env {
                     Class::Safe | Class::SafeCached => ledger.look(run, id.to_owned()).await,
                     Class::Keyed => ledger.pay(run, id.to_owned()).await,
                     Class::Never => ledger.ship(run, id.to_owned()).await,
+                    Class::NeverChecked => ledger.post(run, id.to_owned()).await,
                 };
                 typed_answer(r)
             }),
@@ -468,6 +490,11 @@ async fn drop_at(env: &Env, class: Class, door: Door, cut: Cut, cov: &Coverage) 
                 assert_eq!(v, &format!("{id}@{}", after.last().unwrap().1), "{}", at("the run's"));
             }
         }
+        Class::NeverChecked => {
+            // Whatever the drop left, the check settles it: the one effect's output, or a run.
+            assert_eq!(after.len(), 1, "{}", at(&format!("{next:?} after {} runs", after.len())));
+            assert_eq!(next, Answer::Ok(format!("{id}@{}", after[0].1)), "{}", at("the repeat"));
+        }
         Class::Never => {
             assert!(after.len() <= 1, "{}", at(&format!("a never tool ran {} times", after.len())));
             match (&next, started, effects.len()) {
@@ -652,6 +679,63 @@ async fn dropped_owner(env: &Env, class: Class, n: usize) -> bool {
                 other => panic!("{at}: {other:?}"),
             }
         }
+        Class::NeverChecked => {
+            assert_eq!(effects.len(), 1, "{at}: a never tool with a check ran once");
+            for a in &answers {
+                assert_eq!(a, &Answer::Ok(format!("{id}@{}", effects[0].1)), "{at}: {answers:?}");
+            }
+        }
+        Class::Safe => {}
+    }
+    fences_increase(env, &id, &at);
+    dropped
+}
+
+/// A dead owner: a call of `id` dropped right after its effect (its record left in flight),
+/// then `n` polls of the repeat that finds its lease ended (a takeover, the check of a never
+/// tool with one, or "unknown"), dropped in turn; the call after that is answered, alike for
+/// every caller, and a never tool has run once.
+async fn dropped_after_takeover(env: &Env, class: Class, n: usize) -> bool {
+    let id = format!("takeover-{class:?}-{n}");
+    let at = format!("{}: {class:?}, the repeat after a dead owner dropped at poll {n}", env.name);
+    let run = env.run(class);
+    // The dead owner: polled until its effect happened, then dropped.
+    {
+        let mut call = Box::pin(env.call(&run, class, Door::Typed, &id));
+        let wakeup = Arc::new(Wakeup(Notify::new()));
+        let waker = Waker::from(Arc::clone(&wakeup));
+        while env.ledger.effects(&id).is_empty() {
+            let polled = call.as_mut().poll(&mut Context::from_waker(&waker));
+            assert!(polled.is_pending(), "{at}: the first call ended before its effect");
+            if env.ledger.effects(&id).is_empty() {
+                let woken = tokio::time::timeout(env.hang, wakeup.0.notified()).await;
+                assert!(woken.is_ok(), "{at}: the first call hangs");
+            }
+        }
+    }
+    tokio::time::sleep(env.lease + Duration::from_millis(100)).await;
+    let second = poll_then_drop(env.call(&run, class, Door::Typed, &id), n, None, env.hang).await;
+    let dropped = matches!(second, Polled::Dropped);
+    let last = env.call_bounded(class, &id, "the call after both").await;
+    let again = env.call_bounded(class, &id, "a repeat").await;
+    assert_eq!(again, last, "{at}: a repeat answers alike");
+    if let Polled::Done(second) = &second {
+        assert_eq!(second, &last, "{at}: the second call's answer stands");
+    }
+    let effects = env.ledger.effects(&id);
+    match class {
+        Class::Keyed | Class::SafeCached => {
+            assert!(effects.len() <= 3, "{at}: {} runs", effects.len());
+            assert_eq!(last, Answer::Ok(format!("{id}@{}", effects.last().unwrap().1)), "{at}");
+        }
+        Class::NeverChecked => {
+            assert_eq!(effects.len(), 1, "{at}: a never tool with a check ran once");
+            assert_eq!(last, Answer::Ok(format!("{id}@{}", effects[0].1)), "{at}");
+        }
+        Class::Never => {
+            assert_eq!(effects.len(), 1, "{at}: a never tool ran once");
+            assert_eq!(last, Answer::Unknown, "{at}");
+        }
         Class::Safe => {}
     }
     fences_increase(env, &id, &at);
@@ -661,7 +745,7 @@ async fn dropped_owner(env: &Env, class: Class, n: usize) -> bool {
 /// Joiners and owners dropped at every poll, for every class that uses the store (`together`:
 /// the scenarios side by side, as in [`every_drop_point`]).
 async fn joiners_and_owners(env: &Env, together: bool) {
-    let classes = [Class::SafeCached, Class::Keyed, Class::Never];
+    let classes = [Class::SafeCached, Class::Keyed, Class::Never, Class::NeverChecked];
     let mut streams: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>> = Vec::new();
     for class in classes {
         for other in [false, true] {
@@ -685,6 +769,21 @@ async fn joiners_and_owners(env: &Env, together: bool) {
                 assert!(n < 500, "{}: an owner that never completes", env.name);
             }
             eprintln!("{}: {class:?} owner with duplicates waiting: {} drops", env.name, n - 1);
+        }));
+        // The repeats after a dead owner, several side by side (each waits out a lease first).
+        streams.push(Box::pin(async move {
+            let mut n = 1;
+            loop {
+                let batch = (n..n + 8).map(|n| dropped_after_takeover(env, class, n));
+                let dropped = futures_util::future::join_all(batch).await;
+                if !dropped.iter().all(|d| *d) {
+                    n += dropped.iter().take_while(|d| **d).count();
+                    break;
+                }
+                n += 8;
+                assert!(n < 500, "{}: a repeat that never completes", env.name);
+            }
+            eprintln!("{}: {class:?} repeat after a dead owner: {} drops", env.name, n - 1);
         }));
     }
     if together {
