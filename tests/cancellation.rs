@@ -37,14 +37,32 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+/// The tools' errors: `Busy` means nothing happened (transient), `Lost` that the effect may
+/// have happened (ambiguous).
 #[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
-#[error("declined")]
-struct Declined;
+enum Declined {
+    #[error("busy")]
+    Busy,
+    #[error("reply lost")]
+    Lost,
+}
 
 impl Classify for Declined {
     fn classify(&self) -> Failure {
-        Failure::permanent()
+        match self {
+            Declined::Busy => Failure::transient(),
+            Declined::Lost => Failure::ambiguous(),
+        }
     }
+}
+
+/// How a body's next run of an intent ends (by default: its effect, then its output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Step {
+    /// Refused before anything happened (transient).
+    Busy,
+    /// Its effect, then a lost reply (ambiguous).
+    EffectThenLost,
 }
 
 /// The tools' side effects, by intent (`id`).
@@ -54,6 +72,8 @@ struct Ledger {
     started: Mutex<HashMap<String, u32>>,
     /// Effects by id: the key and fence each ran under (fence 0: none).
     effects: Mutex<HashMap<String, Vec<(String, u64)>>>,
+    /// How the next run of an id ends, when not as usual.
+    script: Mutex<HashMap<String, Step>>,
 }
 
 #[idem_core::tool_set]
@@ -99,8 +119,12 @@ impl Ledger {
     /// replay is told from a second run.
     async fn body(&self, cx: &Ctx, id: &str) -> Result<String, Declined> {
         *self.started.lock().unwrap().entry(id.to_owned()).or_default() += 1;
+        let step = self.script.lock().unwrap().remove(id);
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(3)).await;
+        if step == Some(Step::Busy) {
+            return Err(Declined::Busy);
+        }
         let fence = cx.fence().map_or(0, |f| f.0);
         self.effects
             .lock()
@@ -110,6 +134,9 @@ impl Ledger {
             .push((cx.key().to_owned(), fence));
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(3)).await;
+        if step == Some(Step::EffectThenLost) {
+            return Err(Declined::Lost);
+        }
         Ok(format!("{id}@{fence}"))
     }
 
@@ -742,6 +769,109 @@ async fn dropped_after_takeover(env: &Env, class: Class, n: usize) -> bool {
     dropped
 }
 
+/// A call whose first run does not end well (`step`) cut off as `cut` says: a retry pause, a
+/// release after a transient failure, the "unknown" stored after an ambiguous one, the check
+/// asked after it. The repeat is bounded and answers as the class allows.
+async fn scripted_drop_at(env: &Env, class: Class, step: Step, cut: Cut) -> bool {
+    let id = match cut {
+        Cut::Polls(n) => format!("{class:?}-{step:?}-p{n}"),
+        Cut::After(d) => format!("{class:?}-{step:?}-t{}", d.as_micros()),
+    };
+    let at = |what: &str| format!("{}: {class:?} {step:?}, cut at {cut:?}: {what}", env.name);
+    env.ledger.script.lock().unwrap().insert(id.clone(), step);
+    let run = env.run(class);
+    let first = match cut_off(env.call(&run, class, Door::Typed, &id), cut, env.hang).await {
+        Polled::Done(answer) => Some(answer),
+        Polled::Dropped => None,
+    };
+    let started = env.ledger.started(&id);
+    let effects = env.ledger.effects(&id).len();
+    assert!(effects <= 1, "{}", at(&format!("{effects} effects")));
+    // Dropped before its body started: the repeat is the intent's first run, and runs as usual.
+    env.ledger.script.lock().unwrap().remove(&id);
+    let left = match env.store.inspect(&env.key(class, &id)).await {
+        Ok(Some(info)) if info.state.is_done() => Left::Done,
+        Ok(Some(_)) => Left::InFlight,
+        _ => Left::Nothing,
+    };
+    let next = env.call_bounded(class, &id, "the repeat after the drop").await;
+    let after = env.ledger.effects(&id);
+    let one = |i: usize| Answer::Ok(format!("{id}@{}", after[i].1));
+    match (class, step) {
+        (Class::Keyed, Step::Busy) => {
+            assert!(after.len() <= effects + 1, "{}", at("one run more at most"));
+            assert_eq!(next, one(after.len() - 1), "{}", at("the repeat"));
+        }
+        (Class::Never, Step::Busy) => {
+            assert_eq!(effects, 0, "{}", at("a refused run has no effect"));
+            if let Some(first) = &first {
+                assert!(matches!(first, Answer::Other(_)), "{}", at(&format!("{first:?}")));
+            }
+            match &next {
+                // Released (the transient failure, or a claim dropped before the body): runs.
+                Answer::Ok(_) => assert_eq!((after.len(), &next), (1, &one(0)), "{}", at("ran")),
+                // Dropped before the release landed: left to its lease, and the body had run.
+                Answer::Unknown => {
+                    assert!(started > 0 && left != Left::Nothing, "{}", at("unknown"));
+                    assert!(after.is_empty(), "{}", at("unknown, yet ran"));
+                }
+                other => panic!("{}", at(&format!("the repeat answered {other:?}"))),
+            }
+        }
+        (Class::Never, Step::EffectThenLost) if started == 0 => {
+            assert_eq!((after.len(), &next), (1, &one(0)), "{}", at("the claim was released"));
+        }
+        (Class::Never, Step::EffectThenLost) => {
+            assert!(after.len() <= 1, "{}", at(&format!("{} runs", after.len())));
+            assert_eq!(next, Answer::Unknown, "{}", at("the repeat"));
+            if let Some(first) = &first {
+                assert_eq!(first, &Answer::Unknown, "{}", at("the call"));
+            }
+        }
+        (Class::NeverChecked, Step::EffectThenLost) => {
+            assert_eq!(after.len(), 1, "{}", at("the check found the one effect"));
+            assert_eq!(next, one(0), "{}", at("the repeat"));
+            if let Some(first) = &first {
+                assert_eq!(first, &one(0), "{}", at("the call"));
+            }
+        }
+        _ => unreachable!(),
+    }
+    let again = env.call_bounded(class, &id, "a second repeat").await;
+    assert_eq!(again, next, "{}", at("a second repeat answers as the first"));
+    assert_eq!(env.ledger.effects(&id).len(), after.len(), "{}", at("a replay runs nothing"));
+    fences_increase(env, &id, &at(""));
+    first.is_none()
+}
+
+/// [`scripted_drop_at`] at every poll (and, `timed`, every real time) until the call completes.
+async fn every_scripted_drop_point(env: &Env, timed: bool) {
+    let scenarios = [
+        (Class::Keyed, Step::Busy),
+        (Class::Never, Step::Busy),
+        (Class::Never, Step::EffectThenLost),
+        (Class::NeverChecked, Step::EffectThenLost),
+    ];
+    let streams = scenarios.map(|(class, step)| async move {
+        let mut n = 1;
+        while scripted_drop_at(env, class, step, Cut::Polls(n)).await {
+            n += 1;
+            assert!(n < 500, "{}: a call that never completes", env.name);
+        }
+        let mut micros = 0u64;
+        let mut timed_drops = 0;
+        while timed
+            && scripted_drop_at(env, class, step, Cut::After(Duration::from_micros(micros))).await
+        {
+            timed_drops += 1;
+            micros = (micros * 3 / 2).max(micros + 50);
+            assert!(micros < 5_000_000, "{}: a call that never completes", env.name);
+        }
+        eprintln!("{}: {class:?} {step:?}: {} + {timed_drops} drops", env.name, n - 1);
+    });
+    futures_util::future::join_all(streams).await;
+}
+
 /// Joiners and owners dropped at every poll, for every class that uses the store (`together`:
 /// the scenarios side by side, as in [`every_drop_point`]).
 async fn joiners_and_owners(env: &Env, together: bool) {
@@ -801,6 +931,7 @@ async fn memory_store_every_drop_point() {
     let env = Env::new("memory", store, Duration::from_secs(10), Duration::from_secs(60));
     let cov = Coverage::default();
     every_drop_point(&env, &cov, false, false).await;
+    every_scripted_drop_point(&env, false).await;
     cov.print("memory");
 }
 
@@ -819,7 +950,11 @@ const HANG: Duration = Duration::from_secs(20);
 async fn network(name: &'static str, store: Arc<dyn Store>) {
     let env = Env::new(name, store, LEASE, HANG);
     let cov = Coverage::default();
-    tokio::join!(every_drop_point(&env, &cov, true, true), joiners_and_owners(&env, true));
+    tokio::join!(
+        every_drop_point(&env, &cov, true, true),
+        every_scripted_drop_point(&env, true),
+        joiners_and_owners(&env, true)
+    );
     cov.print(name);
 }
 
