@@ -947,7 +947,10 @@ const LEASE: Duration = Duration::from_millis(500);
 /// A call not answered in this long hangs (a lease, a store timeout and more).
 const HANG: Duration = Duration::from_secs(20);
 
-async fn network(name: &'static str, store: Arc<dyn Store>) {
+/// Every scenario on a store with real I/O; `waiting` counts the store's registered waits,
+/// none of which may outlive the calls.
+async fn network(name: &'static str, store: Arc<dyn Store>, waiting: impl Fn() -> usize) {
+    let panics = panics_seen();
     let env = Env::new(name, store, LEASE, HANG);
     let cov = Coverage::default();
     tokio::join!(
@@ -956,6 +959,29 @@ async fn network(name: &'static str, store: Arc<dyn Store>) {
         joiners_and_owners(&env, true)
     );
     cov.print(name);
+    assert_eq!(waiting(), 0, "{name}: waits still registered after every call ended");
+    // Whatever the dropped calls left to the background (claims finished and released, a
+    // subscription brought in line) has had its time; none of it panicked.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(panics_seen(), panics, "{name}: a panic in the background");
+}
+
+/// Panics seen so far on Tokio's worker and blocking threads, where tasks spawned in the
+/// background run (such a panic does not fail the test that caused it on its own; a test's own
+/// assertions run on its thread, not counted), counted by a hook installed on first use.
+fn panics_seen() -> usize {
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().name() == Some("tokio-runtime-worker") {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            default(info);
+        }));
+    });
+    PANICS.load(Ordering::SeqCst)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -964,24 +990,44 @@ async fn sqlite_store_every_drop_point() {
         .join(format!("idem-cancellation-{}.db", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let store = idem_core::SqliteStore::open(&path).expect("open the SQLite file");
-    network("sqlite", Arc::new(store)).await;
+    network("sqlite", Arc::new(store), || 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_every_drop_point() {
     let connected = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
     let Some(store) = idem_tests::or_skip("PostgreSQL", connected) else { return };
-    network("postgres", Arc::new(store)).await;
+    let store = Arc::new(store);
+    let watched = Arc::clone(&store);
+    network("postgres", store, || watched.waiting_keys()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_every_drop_point() {
-    let opened = idem_core::store::RedisStore::builder(idem_tests::redis_url())
-        .prefix(idem_tests::redis_prefix())
-        .open()
-        .await;
+    let prefix = format!("{}-every", idem_tests::redis_prefix());
+    let opened =
+        idem_core::store::RedisStore::builder(idem_tests::redis_url()).prefix(&prefix).open().await;
     let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
-    network("redis", Arc::new(store)).await;
+    let store = Arc::new(store);
+    let watched = Arc::clone(&store);
+    network("redis", store, || watched.waiting_keys()).await;
+    // No channel is left subscribed on the server once no wait wants it.
+    let client = redis::Client::open(idem_tests::redis_url()).expect("redis url");
+    let mut raw = client.get_multiplexed_async_connection().await.expect("raw connection");
+    let mut channels: Vec<String> = Vec::new();
+    for _ in 0..50 {
+        channels = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{prefix}*"))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if channels.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(channels.is_empty(), "channels subscribed with no wait on them: {channels:?}");
 }
 
 /// Callers that give up while they wait for another process's call (each on its own key) leave
