@@ -1140,3 +1140,28 @@ async fn redis_waits_dropped_mid_subscribe_leave_no_subscription() {
     assert!(leaked.is_empty(), "channels still subscribed with no wait on them: {leaked:?}");
     assert!(ledger.effects.lock().unwrap().is_empty(), "nothing ran");
 }
+
+/// Every store step takes a while (await points of its own, on the paused clock) before it
+/// reaches the in-memory store: drops land inside each step of the executor's generic path
+/// (boxed store futures, store timeouts, a claim finished in the background).
+struct Slow;
+
+#[async_trait::async_trait]
+impl idem_tests::wrapped::Hook for Slow {
+    async fn before(&self, _: idem_tests::wrapped::Op<'_>) -> Result<(), idem_core::StoreError> {
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_generic_store_every_drop_point() {
+    let store: Arc<dyn Store> = Arc::new(idem_tests::wrapped::Wrapped::new(Slow));
+    let env = Env::new("slow", store, Duration::from_secs(10), Duration::from_secs(60));
+    let cov = Coverage::default();
+    every_drop_point(&env, &cov, false, false).await;
+    every_scripted_drop_point(&env, false).await;
+    joiners_and_owners(&env, false).await;
+    cov.print("slow");
+}
