@@ -230,6 +230,8 @@ struct Env {
     /// Another executor on the same store (another process's view: no shared in-process flight).
     other: Idem,
     lease: Duration,
+    /// Tokio's clock is paused (and moves only when every task waits): times on it are exact.
+    paused: bool,
     /// The longest a call may take to be answered before it counts as hanging.
     hang: Duration,
     run_tag: String,
@@ -237,6 +239,22 @@ struct Env {
 
 impl Env {
     fn new(name: &'static str, store: Arc<dyn Store>, lease: Duration, hang: Duration) -> Env {
+        Env::with_clock(name, store, lease, hang, false)
+    }
+
+    /// On Tokio's paused clock (`paused`), with a lease of 10 s and a minute before a call
+    /// counts as hanging, both in virtual time.
+    fn paused(name: &'static str, store: Arc<dyn Store>) -> Env {
+        Env::with_clock(name, store, Duration::from_secs(10), Duration::from_secs(60), true)
+    }
+
+    fn with_clock(
+        name: &'static str,
+        store: Arc<dyn Store>,
+        lease: Duration,
+        hang: Duration,
+        paused: bool,
+    ) -> Env {
         let policy = Policy { lease, ..Policy::default() };
         let build =
             |policy: Policy| Idem::builder_shared(Arc::clone(&store)).policy(policy).build();
@@ -250,6 +268,7 @@ impl Env {
             other: build(Policy { cache_safe: true, ..policy }),
             store,
             lease,
+            paused,
             hang,
             run_tag: format!("cancel-{}-{}", name, idem_tests::process_tag()),
         }
@@ -675,7 +694,16 @@ async fn dropped_owner(env: &Env, class: Class, n: usize) -> bool {
             env.call(&other, class, Door::Typed, &id),
         ]
         .map(|c| tokio::time::timeout(env.hang, c));
-        futures_util::future::join_all(dups).await
+        let arrived = tokio::time::Instant::now();
+        let answers = futures_util::future::join_all(dups).await;
+        // On the paused clock: the owner's lease, counted from before they arrived, bounds
+        // their wait (the time the tool takes aside).
+        if env.paused {
+            let waited = arrived.elapsed();
+            let bound = env.lease + Duration::from_secs(1);
+            assert!(waited <= bound, "{id}: duplicates waited {waited:?}, past the lease");
+        }
+        answers
     });
     let dropped = matches!(polled, Polled::Dropped);
     let effects = env.ledger.effects(&id);
@@ -928,7 +956,7 @@ async fn joiners_and_owners(env: &Env, together: bool) {
 #[tokio::test(start_paused = true)]
 async fn memory_store_every_drop_point() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let env = Env::new("memory", store, Duration::from_secs(10), Duration::from_secs(60));
+    let env = Env::paused("memory", store);
     let cov = Coverage::default();
     every_drop_point(&env, &cov, false, false).await;
     every_scripted_drop_point(&env, false).await;
@@ -938,7 +966,7 @@ async fn memory_store_every_drop_point() {
 #[tokio::test(start_paused = true)]
 async fn memory_store_joiners_and_owners_dropped() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let env = Env::new("memory", store, Duration::from_secs(10), Duration::from_secs(60));
+    let env = Env::paused("memory", store);
     joiners_and_owners(&env, false).await;
 }
 
@@ -1158,7 +1186,7 @@ impl idem_tests::wrapped::Hook for Slow {
 #[tokio::test(start_paused = true)]
 async fn slow_generic_store_every_drop_point() {
     let store: Arc<dyn Store> = Arc::new(idem_tests::wrapped::Wrapped::new(Slow));
-    let env = Env::new("slow", store, Duration::from_secs(10), Duration::from_secs(60));
+    let env = Env::paused("slow", store);
     let cov = Coverage::default();
     every_drop_point(&env, &cov, false, false).await;
     every_scripted_drop_point(&env, false).await;
