@@ -1193,3 +1193,56 @@ async fn slow_generic_store_every_drop_point() {
     joiners_and_owners(&env, false).await;
     cov.print("slow");
 }
+
+/// A first call whose future is kept but no longer polled (a host that stopped driving it
+/// without dropping it) renews nothing, and its lease ends. A duplicate in this process is then
+/// answered as one in another process is, within the lease: a keyed tool is taken over and run
+/// again with the same key, a never tool answers "outcome unknown"; it does not wait out its
+/// whole deadline for a call that no longer runs.
+async fn starved_first_call(env: &Env) {
+    for class in [Class::Keyed, Class::Never, Class::NeverChecked] {
+        let id = format!("starved-{class:?}");
+        let at = format!("{}: {class:?}, the first call no longer polled", env.name);
+        let run = env.run(class);
+        let mut first = Box::pin(env.call(&run, class, Door::Typed, &id));
+        // Polled until its effect happened, then kept.
+        while env.ledger.effects(&id).is_empty() {
+            let polled = first.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+            assert!(polled.is_pending(), "{at}: the first call ended before its effect");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let arrived = tokio::time::Instant::now();
+        let dup = env.call_bounded(class, &id, "a duplicate in the same process").await;
+        let waited = arrived.elapsed();
+        let effects = env.ledger.effects(&id);
+        match class {
+            Class::Keyed => {
+                assert_eq!(effects.len(), 2, "{at}: taken over and run again");
+                assert_eq!(dup, Answer::Ok(format!("{id}@{}", effects[1].1)), "{at}");
+            }
+            Class::Never => assert_eq!((dup, effects.len()), (Answer::Unknown, 1), "{at}"),
+            _ => {
+                // Taken over, and the check finds the first call's effect.
+                assert_eq!(
+                    (&dup, effects.len()),
+                    (&Answer::Ok(format!("{id}@{}", effects[0].1)), 1)
+                );
+            }
+        }
+        assert!(waited <= env.lease + Duration::from_secs(1), "{at}: waited {waited:?}");
+        fences_increase(env, &id, &at);
+        drop(first);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_store_a_first_call_no_longer_polled() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    starved_first_call(&Env::paused("memory", store)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_generic_store_a_first_call_no_longer_polled() {
+    let store: Arc<dyn Store> = Arc::new(idem_tests::wrapped::Wrapped::new(Slow));
+    starved_first_call(&Env::paused("slow", store)).await;
+}

@@ -177,12 +177,28 @@ impl<T: Tool> Call<'_, T> {
                 Enter::Join(slot) => {
                     waited = true;
                     self.waiting();
-                    let joined = tokio::time::timeout_at(self.deadline, slot.wait());
+                    // Bounded by a lease too when the call uses the store: a leader whose future
+                    // is kept but no longer polled (its host stopped driving it without dropping
+                    // it) renews nothing, and its lease ends. A duplicate in another process then
+                    // takes the key over (or answers "unknown" for a never tool); so does this
+                    // one: it leaves the flight and claims through the store like any other
+                    // caller, which also waits for a leader that is alive and replays its
+                    // outcome.
+                    let leave = if self.uses_store() {
+                        later(Instant::now(), self.policy.lease).min(self.deadline)
+                    } else {
+                        self.deadline
+                    };
+                    let joined = tokio::time::timeout_at(leave, slot.wait());
                     // A stopped joiner waits no more; the call it joined goes on.
                     let Some(joined) = self.unless_stopped(joined).await else {
                         return Err(self.cancelled(0));
                     };
                     let shared = match joined {
+                        Err(_) if leave < self.deadline => {
+                            // Boxed, as the leader's claim loop is elsewhere: rare.
+                            return Box::pin(self.lead(args, false)).await;
+                        }
                         Err(_) => {
                             return Err(self.deadline_passed());
                         }
