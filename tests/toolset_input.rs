@@ -188,3 +188,75 @@ async fn a_hash_set_parameter_is_refused_rather_than_keyed_at_random() {
     assert!(matches!(typed, Err(idem_core::Error::InvalidArguments { .. })), "{typed:?}");
     assert_eq!(TAGGED.load(Ordering::SeqCst), 0, "never run, never keyed at random");
 }
+
+/// An order whose tags are a `HashSet`, inside a type of the application's own: the parameter's
+/// declared type (`Order`) does not say it holds one.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Order {
+    id: String,
+    tags: std::collections::HashSet<String>,
+}
+
+/// The same fields as a tool's whole arguments (`#[idem(flatten)]`, rmcp's `Parameters<T>` style).
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Labels {
+    id: String,
+    labels: Option<std::collections::HashSet<String>>,
+}
+
+static NESTED_SET_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// Tags an order.
+#[tool(retry = "keyed")]
+async fn tag_order(order: Order) -> Result<u32, Declined> {
+    let _ = order;
+    NESTED_SET_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(1)
+}
+
+/// Labels an order.
+#[tool(retry = "keyed")]
+async fn label_order(#[idem(flatten)] labels: Labels) -> Result<u32, Declined> {
+    let _ = labels;
+    NESTED_SET_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(1)
+}
+
+/// A `HashSet` inside a struct of the application's own is read from the same JSON into
+/// another order on every call, so the same arguments got another key on every repeat and
+/// the tool ran again each time. It is refused like a `HashSet` parameter, naming where it is
+/// and what to declare instead, on the typed and the tool-set path; nothing runs.
+#[tokio::test]
+async fn a_hash_set_inside_an_argument_is_refused_rather_than_keyed_at_random() {
+    let set = ToolSet::new().with(TagOrderTool).unwrap().with(LabelOrderTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let tags: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    for (tool, args, path) in [
+        ("tag_order", json!({"order": {"id": "o-1", "tags": tags}}), "argument `order.tags`"),
+        ("label_order", json!({"id": "o-1", "labels": tags}), "argument `labels`"),
+    ] {
+        for _ in 0..3 {
+            let r = set.call(&run, tool, &args).await;
+            assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{tool}: {}", r.text);
+            assert!(r.text.contains(&format!("{path} is a HashSet")), "{tool}: {}", r.text);
+            assert!(r.text.contains("BTreeSet"), "{}", r.text);
+        }
+    }
+    let order = Order { id: "o-1".into(), tags: tags.iter().cloned().collect() };
+    let typed = tag_order(&run, order).await;
+    match typed {
+        Err(idem_core::Error::InvalidArguments { source, .. }) => {
+            assert_eq!(source, idem_core::KeyError::UnorderedSet { path: "order.tags".into() })
+        }
+        other => panic!("expected InvalidArguments, got {other:?}"),
+    }
+    assert_eq!(NESTED_SET_RUNS.load(Ordering::SeqCst), 0, "never run, never keyed at random");
+
+    // A set that is not there (`None`) is no set: the call runs once and replays.
+    let args = json!({"id": "o-2", "labels": null});
+    for _ in 0..2 {
+        let r = set.call(&run, "label_order", &args).await;
+        assert!(!r.is_error, "{}", r.text);
+    }
+    assert_eq!(NESTED_SET_RUNS.load(Ordering::SeqCst), 1);
+}

@@ -60,9 +60,11 @@ pub enum KeyError {
         /// The limit: [`MAX_DEPTH`](crate::limits::MAX_DEPTH).
         limit: usize,
     },
-    /// A parameter is a hash set (`HashSet`), which lists its members in another order in every
+    /// A value is a hash set (`HashSet`), which lists its members in another order in every
     /// copy (its hasher is seeded per set): the same arguments would get another key on every
-    /// call, and run again. Checked for the parameters of a `#[tool]`, by their declared type.
+    /// call, and run again. Checked for the parameters of a `#[tool]` by their declared type, and
+    /// wherever the arguments write one (a field of the application's own type): the standard
+    /// library's and hashbrown's sets and maps written as a sequence.
     #[error(
         "{} is a HashSet, which lists its members in another order in every copy, so the same arguments would get another key on every call and run again; declare it a BTreeSet (or a Vec in an order of your own)",
         describe(path)
@@ -119,22 +121,39 @@ pub(crate) fn describe(path: &str) -> String {
 ///
 /// Errors: [`KeyError::NonFinite`] for NaN and infinities, [`KeyError::NonStringKey`] for map keys
 /// that are not strings or integers, [`KeyError::DuplicateKey`] when two map keys become the same
-/// string or a `RawValue`'s text names a member twice, [`KeyError::Custom`] when the value's
+/// string or a `RawValue`'s text names a member twice, [`KeyError::UnorderedSet`] when a hash
+/// set is written (its order differs in every copy), [`KeyError::Custom`] when the value's
 /// `Serialize` fails. On error `out` is left as it was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {
-    canonicalize_counting(value, out).map(drop)
+    canonicalize_with(value, out, true).map(drop)
 }
 
-/// [`canonicalize`], counting the `Some`s of a value written as `null` (`Some(None)`,
-/// `Some(Value::Null)`): the text cannot tell them from `None`, so an output is compared with
-/// what its text reads back as by this count too.
+/// [`canonicalize`] of a value that is not an intent (an output, a value checked for depth
+/// only): a hash set is written in the order it lists its members, and the `Some`s of a value
+/// written as `null` (`Some(None)`, `Some(Value::Null)`) are counted: the text cannot tell them
+/// from `None`, so an output is compared with what its text reads back as by this count too.
 pub(crate) fn canonicalize_counting<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
 ) -> Result<usize, KeyError> {
+    canonicalize_with(value, out, false)
+}
+
+fn canonicalize_with<T: Serialize + ?Sized>(
+    value: &T,
+    out: &mut Vec<u8>,
+    refuse_sets: bool,
+) -> Result<usize, KeyError> {
     let mark = out.len();
-    let mut canon =
-        Canon { out, bufs: Buffers::take(), depth: 0, nest: 0, wrappers: 0, some_nulls: 0 };
+    let mut canon = Canon {
+        out,
+        bufs: Buffers::take(),
+        depth: 0,
+        nest: 0,
+        wrappers: 0,
+        some_nulls: 0,
+        refuse_sets,
+    };
     let mut result = value.serialize(&mut canon);
     if result.is_ok() && canon.depth != 0 {
         result = Err(unfinished());

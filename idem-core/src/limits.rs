@@ -82,7 +82,8 @@ pub fn check_depth<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), KeyErr
         static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     }
     let mut scratch = SCRATCH.try_with(std::cell::Cell::take).unwrap_or_default();
-    let result = crate::canonical::canonicalize(value, &mut scratch);
+    // Not an intent: a hash set is written, not refused, so the walk goes on to the depth.
+    let result = crate::canonical::canonicalize_counting(value, &mut scratch).map(drop);
     if scratch.capacity() <= 64 * 1024 {
         scratch.clear();
         let _ = SCRATCH.try_with(|s| s.set(scratch));

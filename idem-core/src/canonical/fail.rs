@@ -22,6 +22,7 @@ pub(super) enum Kind {
     NonStringKey,
     DuplicateKey,
     TooDeep,
+    UnorderedSet,
     Custom(String),
 }
 
@@ -64,6 +65,7 @@ impl Fail {
             Kind::NonStringKey => KeyError::NonStringKey { path },
             Kind::DuplicateKey => KeyError::DuplicateKey { path },
             Kind::TooDeep => KeyError::TooDeep { path, limit: crate::limits::MAX_DEPTH },
+            Kind::UnorderedSet => KeyError::UnorderedSet { path },
             Kind::Custom(msg) if path.is_empty() => KeyError::Custom(msg),
             Kind::Custom(msg) => KeyError::Custom(format!("at `{path}`: {msg}")),
         }
@@ -150,6 +152,7 @@ impl fmt::Display for Fail {
             Kind::NonStringKey => f.write_str("map key is neither a string nor an integer"),
             Kind::DuplicateKey => f.write_str("duplicate object member"),
             Kind::TooDeep => f.write_str("nested too deep"),
+            Kind::UnorderedSet => f.write_str("a hash set, whose order differs in every copy"),
             Kind::Custom(msg) => f.write_str(msg),
         }
     }

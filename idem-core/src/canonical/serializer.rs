@@ -28,6 +28,19 @@ pub(super) struct Canon<'o> {
     pub(super) wrappers: usize,
     /// `Some`s written as `null`, which JSON cannot tell from `None`.
     pub(super) some_nulls: usize,
+    /// Whether a hash set is refused ([`unordered_seq`]): writing an intent, whose key must be
+    /// the same for every copy of the same arguments.
+    pub(super) refuse_sets: bool,
+}
+
+/// Whether a sequence of type `name` (`std::any::type_name` of what `collect_seq` was given)
+/// lists its elements in an order that differs between two copies of one value: the standard
+/// library's and hashbrown's hash sets and maps, and their iterators, each seeded with a hasher
+/// of its own. Only the outermost type counts: a `Vec` of sets is in order, its sets are not.
+pub(super) fn unordered_seq(name: &str) -> bool {
+    let outer = name.trim_start_matches('&');
+    let outer = outer.split('<').next().unwrap_or(outer);
+    outer.starts_with("std::collections::hash::") || outer.starts_with("hashbrown::")
 }
 
 impl<'o> Canon<'o> {
@@ -291,6 +304,24 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         write!(Escaping(self.out), "{value}").map_err(ser::Error::custom)?;
         self.out.push(b'"');
         Ok(())
+    }
+    /// Sequences (`Vec`, slices, sets) arrive here with their type: a hash set, which lists its
+    /// members in another order in every copy, is refused in an intent (its key would differ
+    /// from copy to copy); everything else is written in the order it lists its elements, as
+    /// serde's own `collect_seq` does.
+    fn collect_seq<I>(self, iter: I) -> Result<(), Fail>
+    where
+        I: IntoIterator,
+        I::Item: Serialize,
+    {
+        if self.refuse_sets && unordered_seq(std::any::type_name::<I>()) {
+            return Err(Fail::new(Kind::UnorderedSet));
+        }
+        let mut seq = self.seq(None)?;
+        for item in iter {
+            seq.element(&item)?;
+        }
+        seq.finish()
     }
 }
 

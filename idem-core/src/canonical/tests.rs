@@ -558,3 +558,59 @@ fn the_word_test_finds_every_escaped_byte() {
         assert_eq!(word_needs_escape(x), bytewise(x.to_le_bytes()), "{x:#x}");
     }
 }
+
+/// A hash set lists its members in another order in every copy, so an intent holding one would
+/// get another key on every call: refused wherever it is written, with its path. Ordered
+/// sequences (a `Vec`, a `BTreeSet`, a slice) and maps (sorted like any object) are written; an
+/// output (not an intent) writes the set in the order it lists it.
+#[test]
+fn a_hash_set_anywhere_in_an_intent_is_refused_with_its_path() {
+    use std::collections::{BTreeSet, HashSet};
+    #[derive(Serialize)]
+    struct Order {
+        id: u32,
+        tags: HashSet<String>,
+    }
+    #[derive(Serialize)]
+    struct Args {
+        orders: Vec<Order>,
+    }
+    let tags: HashSet<String> = ["a", "b", "c"].into_iter().map(String::from).collect();
+    let args = Args { orders: vec![Order { id: 1, tags: tags.clone() }] };
+    assert_eq!(
+        to_canonical_string(&args),
+        Err(KeyError::UnorderedSet { path: "orders[0].tags".into() })
+    );
+    // Empty or not, it is the type that has no order.
+    assert_eq!(
+        to_canonical_string(&vec![HashSet::<u8>::new()]),
+        Err(KeyError::UnorderedSet { path: "[0]".into() })
+    );
+    assert_eq!(
+        to_canonical_string(&Some(tags.clone())),
+        Err(KeyError::UnorderedSet { path: String::new() })
+    );
+    let keys: HashMap<u8, u8> = [(1, 1), (2, 2)].into_iter().collect();
+    struct Keys<'a>(&'a HashMap<u8, u8>);
+    impl Serialize for Keys<'_> {
+        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(self.0.keys())
+        }
+    }
+    assert_eq!(to_canonical_string(&Keys(&keys)), Err(KeyError::UnorderedSet { path: "".into() }));
+
+    // Ordered sequences and maps are written as before.
+    let sorted: BTreeSet<&str> = ["b", "a"].into_iter().collect();
+    assert_eq!(canon(&sorted), r#"["a","b"]"#);
+    assert_eq!(canon(&vec![2, 1]), "[2,1]");
+    assert_eq!(canon(&[2, 1][..]), "[2,1]");
+    assert_eq!(canon(&keys), r#"{"1":1,"2":2}"#);
+
+    // Not an intent: written in the order the set lists its members.
+    let mut out = Vec::new();
+    canonicalize_counting(&args, &mut out).expect("an output may hold a set");
+    let text = String::from_utf8(out).expect("utf-8");
+    assert!(text.starts_with(r#"{"orders":[{"id":1,"tags":["#), "{text}");
+    let said = KeyError::UnorderedSet { path: "orders[0].tags".into() }.to_string();
+    assert!(said.contains("argument `orders[0].tags` is a HashSet"), "{said}");
+}
