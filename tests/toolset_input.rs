@@ -260,3 +260,71 @@ async fn a_hash_set_inside_an_argument_is_refused_rather_than_keyed_at_random() 
     }
     assert_eq!(NESTED_SET_RUNS.load(Ordering::SeqCst), 1);
 }
+
+/// A webhook call whose payload is forwarded as the model wrote it (a `RawValue`: its own digits).
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Forward {
+    url: String,
+    #[schemars(with = "serde_json::Value")]
+    payload: Box<serde_json::value::RawValue>,
+}
+
+static FORWARDED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Posts a payload to a webhook.
+#[tool(retry = "keyed")]
+async fn forward(#[idem(flatten)] call: Forward) -> Result<String, Declined> {
+    let sent = call.payload.get().to_owned();
+    FORWARDED.lock().unwrap().push(sent.clone());
+    Ok(sent)
+}
+
+/// A raw payload is sent with its own digits, but its key was derived from the numbers read as
+/// serde_json reads them (the nearest 64-bit float beyond 64-bit integers): two transfers of
+/// 20000000000000000001 and 20000000000000000002 wei shared one key, and the second was answered
+/// with the first's outcome without being sent. Such a number is refused, naming it; numbers
+/// that are exactly what the canonical form writes (`1.0`, `0.1`, `1e2`, `-0`, 64-bit
+/// integers) are keyed as before.
+#[tokio::test]
+async fn a_raw_number_that_a_float_cannot_hold_is_refused_rather_than_sharing_a_key() {
+    let set = ToolSet::new().with(ForwardTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    for (value, shown) in [
+        ("20000000000000000001", "20000000000000000001"),
+        ("20000000000000000002", "20000000000000000002"),
+        ("1.000000000000000001", "1.000000000000000001"),
+        ("1", "1"),
+    ] {
+        let text = format!(
+            r#"{{"url":"https://hooks.example/pay","payload":{{"wei":{value},"memo":"1e999"}}}}"#
+        );
+        let r = set.call_text(&run, "forward", &text).await;
+        if value == "1" {
+            assert!(!r.is_error, "{}", r.text);
+            assert_eq!(r.content, json!(r#"{"wei":1,"memo":"1e999"}"#));
+            continue;
+        }
+        assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{value}: {}", r.text);
+        assert!(
+            r.text.contains(&format!("argument `payload` holds the number `{shown}`")),
+            "{}",
+            r.text
+        );
+    }
+    assert_eq!(*FORWARDED.lock().unwrap(), vec![r#"{"wei":1,"memo":"1e999"}"#.to_owned()]);
+
+    // Numbers the canonical form writes exactly keep their keys: equal values, one key.
+    let run = Idem::in_memory().run("r2");
+    let mut keys = Vec::new();
+    for payload in [
+        r#"{"a":1.0,"b":0.1,"c":1e2,"d":-0,"e":18446744073709551615}"#,
+        r#"{"e":18446744073709551615,"d":0,"c":100,"b":1e-1,"a":1}"#,
+    ] {
+        let text = format!(r#"{{"url":"u","payload":{payload}}}"#);
+        let r = set.call_text(&run, "forward", &text).await;
+        assert!(!r.is_error, "{}", r.text);
+        keys.push(r.report.expect("a report").key);
+    }
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(FORWARDED.lock().unwrap().len(), 2, "the second spelling replayed the first");
+}

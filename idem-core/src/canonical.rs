@@ -73,6 +73,21 @@ pub enum KeyError {
         /// The parameter's name.
         path: String,
     },
+    /// A `RawValue`'s text holds a number that the canonical form writes as another one: an
+    /// integer beyond 64 bits or a fraction with more digits than a 64-bit float holds (read,
+    /// as serde_json reads them, as the nearest float). The tool reads the text's own digits,
+    /// so two different numbers with the same nearest float would share one key, and the
+    /// second call would be answered with the first's outcome.
+    #[error(
+        "{} holds the number `{number}`, which has more digits than a 64-bit float keeps, so another number would get the same idempotency key; send it as a string, or give it a typed field (`u128`, `i128`) that holds it exactly",
+        describe(path)
+    )]
+    InexactNumber {
+        /// Where the raw JSON is.
+        path: String,
+        /// The number as the text writes it.
+        number: String,
+    },
     /// The canonical arguments are larger than the policy allows
     /// ([`Policy::max_argument_bytes`](crate::Policy::max_argument_bytes)).
     #[error(
@@ -121,7 +136,8 @@ pub(crate) fn describe(path: &str) -> String {
 ///
 /// Errors: [`KeyError::NonFinite`] for NaN and infinities, [`KeyError::NonStringKey`] for map keys
 /// that are not strings or integers, [`KeyError::DuplicateKey`] when two map keys become the same
-/// string or a `RawValue`'s text names a member twice, [`KeyError::UnorderedSet`] when a hash
+/// string or a `RawValue`'s text names a member twice, [`KeyError::InexactNumber`] for a
+/// `RawValue` number the canonical form would round, [`KeyError::UnorderedSet`] when a hash
 /// set is written (its order differs in every copy), [`KeyError::Custom`] when the value's
 /// `Serialize` fails. On error `out` is left as it was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {

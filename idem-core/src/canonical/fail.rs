@@ -23,6 +23,7 @@ pub(super) enum Kind {
     DuplicateKey,
     TooDeep,
     UnorderedSet,
+    InexactNumber(String),
     Custom(String),
 }
 
@@ -66,6 +67,7 @@ impl Fail {
             Kind::DuplicateKey => KeyError::DuplicateKey { path },
             Kind::TooDeep => KeyError::TooDeep { path, limit: crate::limits::MAX_DEPTH },
             Kind::UnorderedSet => KeyError::UnorderedSet { path },
+            Kind::InexactNumber(number) => KeyError::InexactNumber { path, number },
             Kind::Custom(msg) if path.is_empty() => KeyError::Custom(msg),
             Kind::Custom(msg) => KeyError::Custom(format!("at `{path}`: {msg}")),
         }
@@ -153,6 +155,9 @@ impl fmt::Display for Fail {
             Kind::DuplicateKey => f.write_str("duplicate object member"),
             Kind::TooDeep => f.write_str("nested too deep"),
             Kind::UnorderedSet => f.write_str("a hash set, whose order differs in every copy"),
+            Kind::InexactNumber(n) => {
+                write!(f, "the number {n} has more digits than a float keeps")
+            }
             Kind::Custom(msg) => f.write_str(msg),
         }
     }

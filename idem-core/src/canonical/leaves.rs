@@ -205,3 +205,93 @@ impl fmt::Write for Bytes<'_> {
         Ok(())
     }
 }
+
+/// The first number in `text` (valid JSON) that the canonical form would write as another
+/// number: read as serde_json reads it (an integer within `u64` / `i64` exactly, anything else
+/// as the nearest `f64`), written back (ECMAScript's shortest digits), and compared by decimal
+/// value with the text's own digits. `1.0`, `1e2`, `0.1` and `-0` are exact; `18446744073709551617`
+/// and `1.000000000000000001` are not (each shares its float with other numbers). `None` when
+/// every number is exact.
+pub(super) fn inexact_number(text: &str) -> Option<&str> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'"' => {
+                // A string: skipped to its closing quote, escapes included.
+                i += 1;
+                while let Some(&c) = bytes.get(i) {
+                    i += if c == b'\\' { 2 } else { 1 };
+                    if c == b'"' {
+                        break;
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while bytes
+                    .get(i)
+                    .is_some_and(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                {
+                    i += 1;
+                }
+                let number = text.get(start..i).unwrap_or_default();
+                if !number_is_exact(number) {
+                    return Some(number);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// Whether the JSON number `number` is written by the canonical form as the same decimal value.
+fn number_is_exact(number: &str) -> bool {
+    let digits = number.strip_prefix('-').unwrap_or(number);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        let exact = if number.starts_with('-') {
+            number.parse::<i64>().is_ok()
+        } else {
+            digits.parse::<u64>().is_ok()
+        };
+        if exact {
+            return true;
+        }
+    }
+    let Ok(float) = number.parse::<f64>() else { return false };
+    let mut written = Vec::new();
+    if write_f64(&mut written, float).is_err() {
+        return false;
+    }
+    let written = std::str::from_utf8(&written).unwrap_or_default();
+    matches!((decimal(number), decimal(written)), (Some(a), Some(b)) if a == b)
+}
+
+/// A JSON number's decimal value as (negative, significant digits, power of ten): `-1.50e2` is
+/// `(true, "15", 1)`; zero is `(false, "", 0)` whatever its sign. `None` for an exponent beyond
+/// `i64`.
+fn decimal(number: &str) -> Option<(bool, String, i64)> {
+    let (negative, unsigned) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number),
+    };
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e)),
+        None => (unsigned, None),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all: String = format!("{int}{frac}");
+    let significant = all.trim_start_matches('0');
+    if significant.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    let exponent: i64 = match exponent {
+        Some(e) => e.strip_prefix('+').unwrap_or(e).parse().ok()?,
+        None => 0,
+    };
+    let trimmed = significant.trim_end_matches('0');
+    let zeros = i64::try_from(significant.len() - trimmed.len()).ok()?;
+    let scale = exponent.checked_sub(i64::try_from(frac.len()).ok()?)?.checked_add(zeros)?;
+    Some((negative, trimmed.to_owned(), scale))
+}

@@ -582,6 +582,12 @@ impl ser::SerializeStruct for Struct<'_, '_> {
                         ser::Error::custom(format_args!("invalid raw JSON: {e}"))
                     }
                 })?;
+                // Its numbers are read as serde_json reads them (beyond 64-bit integers, the
+                // nearest float), while the tool reads their digits: one that is not exactly
+                // what the canonical form writes is refused, so two numbers never share a key.
+                if let Some(number) = inexact_number(&text) {
+                    return Err(Fail::new(Kind::InexactNumber(number.to_owned())));
+                }
                 parsed.serialize(&mut **ser)
             }
             Struct::Number(ser) => ser.number_text(&json_text(value)?),

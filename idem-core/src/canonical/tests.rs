@@ -614,3 +614,62 @@ fn a_hash_set_anywhere_in_an_intent_is_refused_with_its_path() {
     let said = KeyError::UnorderedSet { path: "orders[0].tags".into() }.to_string();
     assert!(said.contains("argument `orders[0].tags` is a HashSet"), "{said}");
 }
+
+/// A `RawValue`'s numbers are read as serde_json reads them (the nearest float beyond 64-bit
+/// integers), while whoever reads the text reads its digits: a number the canonical form writes
+/// as another value is refused, so two raw texts that differ in a number never share a key.
+/// Spellings of the value the canonical form writes are kept (`1.0`, `1e2`, `-0`, `0.1`).
+#[test]
+fn raw_numbers_that_the_canonical_form_would_round_are_refused() {
+    struct Raw(&'static str);
+    impl Serialize for Raw {
+        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use ser::SerializeStruct;
+            let mut st = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+            st.serialize_field(RAW_VALUE_TOKEN, self.0)?;
+            st.end()
+        }
+    }
+    #[derive(Serialize)]
+    struct Args {
+        payload: Raw,
+    }
+    for (text, canonical) in [
+        ("1.0", "1"),
+        ("1e2", "100"),
+        ("-0", "0"),
+        ("-0.0e7", "0"),
+        ("0e999999999999999999999", "0"),
+        ("0.1", "0.1"),
+        ("0.30000000000000004", "0.30000000000000004"),
+        ("5e-324", "5e-324"),
+        ("1E21", "1e+21"),
+        ("18446744073709551615", "18446744073709551615"),
+        ("-9223372036854775808", "-9223372036854775808"),
+        ("18446744073709552000", "18446744073709552000"),
+        (
+            r#"{"n":1.50,"s":"1.000000000000000001 \" 18446744073709551617"}"#,
+            r#"{"n":1.5,"s":"1.000000000000000001 \" 18446744073709551617"}"#,
+        ),
+    ] {
+        assert_eq!(canon(&Raw(text)), canonical, "{text}");
+    }
+    for (text, number) in [
+        ("18446744073709551617", "18446744073709551617"),
+        ("18446744073709551616", "18446744073709551616"),
+        ("-9223372036854775809", "-9223372036854775809"),
+        ("1.000000000000000001", "1.000000000000000001"),
+        (
+            "0.3000000000000000444089209850062616169452667236328125",
+            "0.3000000000000000444089209850062616169452667236328125",
+        ),
+        ("1e-400", "1e-400"),
+        (r#"[1,{"wei":20000000000000000001}]"#, "20000000000000000001"),
+    ] {
+        assert_eq!(
+            to_canonical_string(&Args { payload: Raw(text) }),
+            Err(KeyError::InexactNumber { path: "payload".into(), number: number.into() }),
+            "{text}"
+        );
+    }
+}
