@@ -328,3 +328,57 @@ async fn a_raw_number_that_a_float_cannot_hold_is_refused_rather_than_sharing_a_
     assert_eq!(keys[0], keys[1]);
     assert_eq!(FORWARDED.lock().unwrap().len(), 2, "the second spelling replayed the first");
 }
+
+static PHONE_UPDATES: AtomicUsize = AtomicUsize::new(0);
+
+/// Updates a contact's phone: `None` leaves it as it is, `Some(None)` clears it.
+#[tool(retry = "keyed")]
+async fn update_phone(contact: String, phone: Option<Option<String>>) -> Result<String, Declined> {
+    PHONE_UPDATES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{contact}: {phone:?}"))
+}
+
+/// The same, with `None` left out of the key.
+#[tool(retry = "keyed")]
+async fn update_fax(
+    contact: String,
+    #[idem(skip_if_none)] fax: Option<Option<String>>,
+) -> Result<String, Declined> {
+    PHONE_UPDATES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{contact}: {fax:?}"))
+}
+
+/// `Some(None)` ("clear it") is written `null`, as `None` ("leave it") is: the clear shared the
+/// leave's key and was answered with its outcome, so the phone was never cleared. It is refused,
+/// naming the parameter and what to declare; a parameter marked `#[idem(skip_if_none)]` tells
+/// the two apart (its `None` is left out of the key), and both run.
+#[tokio::test]
+async fn some_none_is_refused_where_its_key_would_be_the_key_of_none() {
+    let run = Idem::in_memory().run("r");
+    assert_eq!(update_phone(&run, "c-1".into(), None).await.unwrap(), "c-1: None");
+    match update_phone(&run, "c-1".into(), Some(None)).await {
+        Err(idem_core::Error::InvalidArguments { source, .. }) => {
+            assert_eq!(source, idem_core::KeyError::AmbiguousNull { path: "phone".into() });
+            assert!(source.to_string().contains("skip_if_none"), "{source}");
+        }
+        other => panic!("expected InvalidArguments, got {other:?}"),
+    }
+    assert_eq!(
+        update_phone(&run, "c-1".into(), Some(Some("555".into()))).await.unwrap(),
+        r#"c-1: Some(Some("555"))"#
+    );
+    assert_eq!(PHONE_UPDATES.load(Ordering::SeqCst), 2, "the refused call did not run");
+
+    assert_eq!(update_fax(&run, "c-1".into(), None).await.unwrap(), "c-1: None");
+    assert_eq!(update_fax(&run, "c-1".into(), Some(None)).await.unwrap(), "c-1: Some(None)");
+    assert_eq!(PHONE_UPDATES.load(Ordering::SeqCst), 4);
+
+    // From JSON, `null` and a missing field are both `None`: one intent, one run.
+    let set = ToolSet::new().with(UpdatePhoneTool).unwrap();
+    let run = Idem::in_memory().run("r2");
+    for args in [json!({"contact": "c-2", "phone": null}), json!({"contact": "c-2"})] {
+        let r = set.call(&run, "update_phone", &args).await;
+        assert_eq!(r.content, json!("c-2: None"), "{}", r.text);
+    }
+    assert_eq!(PHONE_UPDATES.load(Ordering::SeqCst), 5);
+}

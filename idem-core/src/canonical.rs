@@ -73,6 +73,19 @@ pub enum KeyError {
         /// The parameter's name.
         path: String,
     },
+    /// A parameter is `Some` of a value written as `null` (`Some(None)`, `Some(Value::Null)`):
+    /// JSON writes it as it writes `None`, so a call with `None` would share its key and be
+    /// answered with the other's outcome (a "leave it" and a "clear it" of one field). Checked for
+    /// the parameters of a `#[tool]`; one marked `#[idem(skip_if_none)]` tells them apart (its
+    /// `None` is left out of the key) and is not refused.
+    #[error(
+        "{} is `Some` of a value written as `null` (`Some(None)`), which the idempotency key cannot tell from `None`, so the two calls would share one key; mark the parameter `#[idem(skip_if_none)]` (its `None` is then left out of the key), or give it a type that names both cases",
+        describe(path)
+    )]
+    AmbiguousNull {
+        /// The parameter's name.
+        path: String,
+    },
     /// A `RawValue`'s text holds a number that the canonical form writes as another one: an
     /// integer beyond 64 bits or a fraction with more digits than a 64-bit float holds (read,
     /// as serde_json reads them, as the nearest float). The tool reads the text's own digits,

@@ -11,7 +11,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visi
 use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 
-use super::none_probe::is_none;
+use super::none_probe::{is_none, is_some_null};
 use super::{Intent, ToolArg};
 use crate::canonical::KeyError;
 use crate::tool::Tool;
@@ -104,6 +104,9 @@ pub trait ArgTuple: Sized + Clone + Send + Sync + 'static {
     /// The name of the first element whose bit in `skip` is not set and whose type holds a hash
     /// set, by its type's name (`HashSet<..>` alone, or in an `Option`, a `Vec`, a map).
     fn unordered_param(names: &'static [&'static str], skip: u16) -> Option<&'static str>;
+    /// The name of the first element whose bit in `skip` is not set and whose value is `Some` of
+    /// a value written as `null` (`Some(None)`): written as `None` is, so the two share a key.
+    fn some_null_param(&self, names: &'static [&'static str], skip: u16) -> Option<&'static str>;
 }
 
 /// Whether a type, by its name, holds a hash set (`HashSet<..>`, alone or in an `Option`, a
@@ -272,6 +275,20 @@ macro_rules! arg_tuples {
                 )*
                 None
             }
+
+            #[allow(unused_variables)]
+            fn some_null_param(
+                &self,
+                names: &'static [&'static str],
+                skip: u16,
+            ) -> Option<&'static str> {
+                $(
+                    if skip & (1 << $idx) == 0 && is_some_null(&self.$idx) {
+                        return Some(field_name(names, $idx));
+                    }
+                )*
+                None
+            }
         }
 
         impl<$($T: Debug,)* F: Fields> Debug for Args<($($T,)*), F> {
@@ -363,6 +380,11 @@ impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
             && let Some(name) = T::unordered_param(F::NAMES, unchecked)
         {
             return Err(KeyError::UnorderedSet { path: name.to_owned() });
+        }
+        // `Some(None)` is written `null`, as `None` is: the two calls would share a key (a
+        // parameter marked `skip_if_none` leaves `None` out, so it tells them apart).
+        if let Some(name) = self.0.some_null_param(F::NAMES, F::SKIP | F::SKIP_IF_NONE) {
+            return Err(KeyError::AmbiguousNull { path: name.to_owned() });
         }
         if F::SKIP == 0 && F::SKIP_IF_NONE == 0 {
             return crate::canonical::canonicalize(self, out);
