@@ -382,3 +382,60 @@ async fn some_none_is_refused_where_its_key_would_be_the_key_of_none() {
     }
     assert_eq!(PHONE_UPDATES.load(Ordering::SeqCst), 5);
 }
+
+/// A payout whose memo is read but never written: `skip_serializing` keeps it out of the key.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Payout {
+    to: String,
+    #[serde(skip_serializing, default)]
+    memo: String,
+}
+
+/// A batch of payouts, the memo one level down.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Batch {
+    payouts: Vec<Payout>,
+}
+
+static PAYOUTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sends a payout.
+#[tool(retry = "keyed")]
+async fn payout(#[idem(flatten)] p: Payout) -> Result<String, Declined> {
+    PAYOUTS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{} {}", p.to, p.memo))
+}
+
+/// Sends a batch of payouts.
+#[tool(retry = "keyed")]
+async fn payout_batch(batch: Batch) -> Result<usize, Declined> {
+    PAYOUTS.fetch_add(1, Ordering::SeqCst);
+    Ok(batch.payouts.len())
+}
+
+/// The key is derived from what the arguments write: a member they read but skip when written
+/// made `{"to":"a","memo":"rent"}` and `{"to":"a","memo":"refund"}` one key, and the second
+/// payout was answered with the first's outcome. Such a tool is refused when the set is built,
+/// naming the member; a model never reaches it (the other tools stay).
+#[tokio::test]
+async fn a_member_read_but_not_written_keeps_the_tool_out_of_the_set() {
+    for (tool, member) in [
+        (ToolSet::new().with(PayoutTool).map(drop), "memo"),
+        (ToolSet::new().with(PayoutBatchTool).map(drop), "batch.payouts.memo"),
+    ] {
+        match tool {
+            Err(idem_core::ToolSetError::ReadButNotKeyed { property, .. }) => {
+                assert_eq!(property, member);
+            }
+            other => panic!("expected ReadButNotKeyed for `{member}`, got {other:?}"),
+        }
+    }
+    // Were it served, the second payout would be answered with the first's outcome.
+    let mut set = ToolSet::new().with(ChargeTool).unwrap();
+    assert!(set.add(PayoutTool).is_err());
+    let run = Idem::in_memory().run("r");
+    let r = set.call(&run, "payout", &json!({"to": "a", "memo": "rent"})).await;
+    assert_eq!(r.content["error"]["kind"], "unknown_tool", "{}", r.text);
+    assert_eq!(PAYOUTS.load(Ordering::SeqCst), 0);
+    assert_eq!(set.len(), 1, "the other tools stay");
+}

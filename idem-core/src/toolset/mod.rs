@@ -80,6 +80,12 @@ pub trait DynTool: Send + Sync + 'static {
     fn tool_def(&self) -> &'static ToolDef;
     /// The JSON Schema of the arguments (schemars, JSON Schema 2020-12).
     fn input_schema(&self) -> Value;
+    /// The JSON Schema of the arguments as they are written into the key (schemars' serialize
+    /// contract): a member the arguments read but never write (`#[serde(skip_serializing)]`) is
+    /// missing here. `Value::Null` (the default) when unknown: nothing is compared then.
+    fn written_schema(&self) -> Value {
+        Value::Null
+    }
     /// Parses `args`, calls the tool through `run` (the idem protocol) and renders the outcome.
     /// Never panics on input: every failure is a [`ToolResult`] with `is_error`.
     fn dispatch<'a>(
@@ -97,7 +103,16 @@ pub trait DynTool: Send + Sync + 'static {
 /// the 2020-12 meta-schema, and Gemini's API and CLI refuse `$ref`s to `$defs`; every JSON
 /// Schema reader accepts the inline form.
 pub(crate) fn input_schema_for<T: schemars::JsonSchema>() -> Value {
-    let settings = schemars::generate::SchemaSettings::draft2020_12().with(|s| {
+    schema_for::<T>(schemars::generate::SchemaSettings::draft2020_12())
+}
+
+/// [`input_schema_for`] under schemars' serialize contract: the members the arguments write.
+fn written_schema_for<T: schemars::JsonSchema>() -> Value {
+    schema_for::<T>(schemars::generate::SchemaSettings::draft2020_12().for_serialize())
+}
+
+fn schema_for<T: schemars::JsonSchema>(settings: schemars::generate::SchemaSettings) -> Value {
+    let settings = settings.with(|s| {
         s.inline_subschemas = true;
         s.meta_schema = None;
     });
@@ -226,6 +241,10 @@ impl<T: Tool> DynTool for T {
         input_schema_for::<T::Args>()
     }
 
+    fn written_schema(&self) -> Value {
+        written_schema_for::<T::Args>()
+    }
+
     fn dispatch<'a>(
         &'a self,
         run: &'a Run,
@@ -349,6 +368,60 @@ pub enum ToolSetError {
         /// The argument's name as published (printable: control characters escaped).
         property: String,
     },
+    /// The arguments read a member they never write (`#[serde(skip_serializing)]` on a field):
+    /// the key is derived from what the arguments write, so two calls that differ only in that
+    /// member would share one key, and the second would be answered with the first's outcome.
+    #[error(
+        "the arguments of tool `{tool}` read `{property}` but never write it (`#[serde(skip_serializing)]`), so it is not part of the idempotency key and two calls that differ only in it would share one; let it be written, or mark it `#[serde(skip)]` if the tool does not read it either"
+    )]
+    ReadButNotKeyed {
+        /// The tool's name.
+        tool: &'static str,
+        /// Where the member is, as property names joined by `.` (printable).
+        property: String,
+    },
+}
+
+/// The first member `read` (a schema under the deserialize contract) has and `written` (the
+/// same type's under the serialize contract) lacks, as property names joined by `.`. Both are
+/// walked in step: `properties` by name, the subschemas of `anyOf`, `oneOf`, `allOf` and
+/// `prefixItems` by index when both list as many, and `items` and `additionalProperties`.
+/// `$ref`s are not followed (a recursive type's schema is walked once).
+fn read_not_written(read: &Value, written: &Value) -> Option<String> {
+    let (Value::Object(read), Value::Object(written)) = (read, written) else { return None };
+    if let (Some(Value::Object(r)), Some(Value::Object(w))) =
+        (read.get("properties"), written.get("properties"))
+    {
+        // Fewer members written than read: one is skipped (a field read under one name and
+        // written under another, `rename(deserialize = ..)`, is still written).
+        let skipped = w.len() < r.len();
+        for (name, sub) in r {
+            let Some(w) = w.get(name) else {
+                if skipped {
+                    return Some(name.clone());
+                }
+                continue;
+            };
+            if let Some(inner) = read_not_written(sub, w) {
+                return Some(format!("{name}.{inner}"));
+            }
+        }
+    }
+    for keyword in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let (Some(Value::Array(r)), Some(Value::Array(w))) =
+            (read.get(keyword), written.get(keyword))
+            && r.len() == w.len()
+            && let Some(found) = r.iter().zip(w).find_map(|(r, w)| read_not_written(r, w))
+        {
+            return Some(found);
+        }
+    }
+    ["items", "additionalProperties"].iter().find_map(|keyword| {
+        match (read.get(*keyword), written.get(*keyword)) {
+            (Some(r), Some(w)) => read_not_written(r, w),
+            _ => None,
+        }
+    })
 }
 
 #[derive(Clone)]
@@ -419,6 +492,10 @@ impl ToolSet {
         }
         if self.tools.contains_key(def.name) {
             return Err(ToolSetError::DuplicateName(def.name));
+        }
+        if let Some(member) = read_not_written(&tool.input_schema(), &tool.written_schema()) {
+            let property = crate::printable(&member).into_owned();
+            return Err(ToolSetError::ReadButNotKeyed { tool: def.name, property });
         }
         let mut input_schema = match tool.input_schema() {
             Value::Object(schema) if schema.get("type") == Some(&Value::from("object")) => schema,

@@ -1468,3 +1468,41 @@ async fn an_empty_or_blank_string_output_is_written_as_its_json() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 4, "each ran once, and was replayed once");
 }
+
+/// The schemas of one type for reading and for writing differ where a member is read but not
+/// written (`skip_serializing`): found at any depth (properties, array items, a variant, a map's
+/// values). A member read and written under two names (`rename(deserialize = ..)`) is written,
+/// and `skip_serializing_if` writes the member when it has a value: neither is reported.
+#[test]
+fn a_member_read_but_never_written_is_found_in_the_schemas() {
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    struct Inner {
+        kept: u8,
+        #[serde(skip_serializing, default)]
+        memo: String,
+    }
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(tag = "kind")]
+    enum Op {
+        Pay { inner: Inner },
+    }
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    struct Renamed {
+        #[serde(rename(deserialize = "to_account", serialize = "to"))]
+        to: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    }
+    fn found<T: JsonSchema>() -> Option<String> {
+        read_not_written(&input_schema_for::<T>(), &written_schema_for::<T>())
+    }
+    // The tool reads the skipped member (that is what makes it part of the intent).
+    let read = |inner: Inner| inner.memo;
+    assert_eq!(read(Inner { kept: 1, memo: "rent".into() }), "rent");
+    assert_eq!(found::<Inner>().as_deref(), Some("memo"));
+    assert_eq!(found::<Vec<Inner>>().as_deref(), Some("memo"));
+    assert_eq!(found::<Op>().as_deref(), Some("inner.memo"));
+    assert_eq!(found::<std::collections::BTreeMap<String, Inner>>().as_deref(), Some("memo"));
+    assert_eq!(found::<Renamed>(), None);
+    assert_eq!(found::<Vec<Renamed>>(), None);
+}
