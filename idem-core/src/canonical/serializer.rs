@@ -36,11 +36,41 @@ pub(super) struct Canon<'o> {
 /// Whether a sequence of type `name` (`std::any::type_name` of what `collect_seq` was given)
 /// lists its elements in an order that differs between two copies of one value: the standard
 /// library's and hashbrown's hash sets and maps, and their iterators, each seeded with a hasher
-/// of its own. Only the outermost type counts: a `Vec` of sets is in order, its sets are not.
+/// of its own, also behind the standard iterator adapters (`set.iter().map(..)`, which is how
+/// a map is written as a list of pairs). Only the outermost collection counts: a `Vec` of sets
+/// is in order, its sets are not.
 pub(super) fn unordered_seq(name: &str) -> bool {
-    let outer = name.trim_start_matches('&');
-    let outer = outer.split('<').next().unwrap_or(outer);
-    outer.starts_with("std::collections::hash::") || outer.starts_with("hashbrown::")
+    let mut name = name;
+    // Each adapter is one level of the name; a name deeper than this is not an adapter chain.
+    for _ in 0..16 {
+        let trimmed = name.trim_start_matches('&');
+        let outer = trimmed.split('<').next().unwrap_or(trimmed);
+        if outer.starts_with("std::collections::hash::") || outer.starts_with("hashbrown::") {
+            return true;
+        }
+        if !outer.starts_with("core::iter::adapters::") {
+            return false;
+        }
+        // The adapter's first type argument is the iterator it adapts.
+        let Some(args) = trimmed.get(outer.len() + 1..) else { return false };
+        name = first_type_argument(args);
+    }
+    false
+}
+
+/// The first of the comma-separated type arguments at the start of `args` (what follows `<`).
+fn first_type_argument(args: &str) -> &str {
+    let mut depth = 0usize;
+    for (i, c) in args.char_indices() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' if depth == 0 => return args.get(..i).unwrap_or(args),
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => return args.get(..i).unwrap_or(args),
+            _ => {}
+        }
+    }
+    args
 }
 
 impl<'o> Canon<'o> {

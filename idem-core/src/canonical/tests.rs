@@ -598,6 +598,25 @@ fn a_hash_set_anywhere_in_an_intent_is_refused_with_its_path() {
         }
     }
     assert_eq!(to_canonical_string(&Keys(&keys)), Err(KeyError::UnorderedSet { path: "".into() }));
+    // Behind the standard iterator adapters too: a map written as a list of pairs.
+    struct Pairs<'a>(&'a HashMap<u8, u8>);
+    impl Serialize for Pairs<'_> {
+        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(self.0.iter().map(|(k, v)| (*k, *v)).filter(|(k, _)| *k > 0))
+        }
+    }
+    assert_eq!(to_canonical_string(&Pairs(&keys)), Err(KeyError::UnorderedSet { path: "".into() }));
+    // An adapter over an ordered sequence of sets is in order (its sets are not: refused there).
+    struct Lens<'a>(&'a [HashSet<String>]);
+    impl Serialize for Lens<'_> {
+        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(self.0.iter().map(HashSet::len))
+        }
+    }
+    assert_eq!(canon(&Lens(std::slice::from_ref(&tags))), "[3]");
+    for name in ["core::iter::adapters::map::Map<", "core::iter::adapters::map::Map<>", "&&"] {
+        assert!(!serializer::unordered_seq(name), "{name}");
+    }
 
     // Ordered sequences and maps are written as before.
     let sorted: BTreeSet<&str> = ["b", "a"].into_iter().collect();
