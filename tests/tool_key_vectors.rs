@@ -203,3 +203,54 @@ async fn the_typed_call_gives_the_key_of_the_json_call() {
     assert!(typed.is_some());
     assert_eq!(typed, by_json);
 }
+
+/// One intent through every front door: the typed call, OpenAI (argument text, in another
+/// member order and number spelling, encoded twice), Anthropic (parsed input), MCP with the run
+/// in `_meta` (as idem-mcp dispatches), and `ToolSet::call`. Each hands the tool the same key,
+/// so the first call's outcome is replayed to all the others.
+#[tokio::test]
+async fn every_front_door_gives_the_typed_calls_key() {
+    use serde_json::json;
+    let idem = Idem::in_memory();
+    let run = idem.run("conv-7");
+    let typed = charge_card(&run, "cus_1".into(), 4900).await.expect("typed call");
+    let set = idem_core::ToolSet::new().with(ChargeCardTool).expect("a valid tool");
+
+    let openai = set
+        .call_openai(
+            &run,
+            &json!({"id": "call_1", "type": "function", "function": {"name": "charge_card",
+                "arguments": "\"{\\\"amount_cents\\\":4.9e3, \\\"customer\\\":\\\"cus\\u005f1\\\"}\""}}),
+        )
+        .await;
+    assert_eq!(openai["content"], json!(typed), "{openai}");
+
+    let anthropic = set
+        .call_anthropic(
+            &run,
+            &json!({"type": "tool_use", "id": "toolu_1", "name": "charge_card",
+                "input": {"customer": "cus_1", "amount_cents": 4900.0}}),
+        )
+        .await;
+    assert_eq!(anthropic["content"], json!(typed), "{anthropic}");
+
+    // MCP: another session run, the conversation named in `_meta`.
+    let session = idem.run("mcp-session-1");
+    let mcp = set
+        .call_mcp(
+            &session,
+            &json!({"name": "charge_card", "arguments": {"amount_cents": 4900, "customer": "cus_1"},
+                "_meta": {"idem/run": "conv-7"}}),
+        )
+        .await
+        .expect("a routable call");
+    assert_eq!(mcp["structuredContent"], json!(null));
+    assert_eq!(mcp["content"][0]["text"], json!(typed), "{mcp}");
+    assert_eq!(mcp["_meta"]["idem/key"], json!(typed), "{mcp}");
+    assert_eq!(mcp["_meta"]["idem/outcome"], json!("replayed"), "{mcp}");
+
+    let args = json!({"customer": "cus_1", "amount_cents": 4900});
+    let plain = set.call(&run, "charge_card", &args).await;
+    assert_eq!(plain.content, json!(typed));
+    assert_eq!(plain.report.map(|r| r.key.to_string()), Some(typed));
+}
