@@ -439,3 +439,80 @@ async fn a_member_read_but_not_written_keeps_the_tool_out_of_the_set() {
     assert_eq!(PAYOUTS.load(Ordering::SeqCst), 0);
     assert_eq!(set.len(), 1, "the other tools stay");
 }
+
+/// Reads a present field as `Some`, `null` included: `null` means "clear it", absence "leave it"
+/// (the double-option pattern of PATCH-style tools).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A ticket update whose `description: null` clears the description, and whose missing
+/// `description` leaves it; both are written `null` (no `skip_serializing_if`).
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct TicketPatch {
+    id: String,
+    #[serde(default, deserialize_with = "present")]
+    description: Option<Option<String>>,
+}
+
+/// The same update, with `None` left out when written.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct TicketPatchSkipping {
+    id: String,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    description: Option<Option<String>>,
+}
+
+static PATCHES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Updates a ticket.
+#[tool(retry = "keyed")]
+async fn patch_ticket(#[idem(flatten)] patch: TicketPatch) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    PATCHES.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// Updates a ticket (`None` left out of the key).
+#[tool(retry = "keyed")]
+async fn patch_ticket_skipping(
+    #[idem(flatten)] patch: TicketPatchSkipping,
+) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    PATCHES.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// `{"id":"t1"}` (leave the description) and `{"id":"t1","description":null}` (clear it) were
+/// one key: the clear was answered with the leave's outcome and never ran. The clear is refused,
+/// naming the field and what to declare; a field whose `None` is left out of the key runs both.
+#[tokio::test]
+async fn a_null_read_as_clear_is_refused_where_its_key_is_the_key_of_absence() {
+    let set = ToolSet::new().with(PatchTicketTool).unwrap().with(PatchTicketSkippingTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let leave = set.call(&run, "patch_ticket", &json!({"id": "t1"})).await;
+    assert_eq!(leave.content, json!("t1: None"), "{}", leave.text);
+    for clear in [
+        set.call(&run, "patch_ticket", &json!({"id": "t1", "description": null})).await,
+        set.call_text(&run, "patch_ticket", r#"{"description":null,"id":"t1"}"#).await,
+    ] {
+        assert_eq!(clear.content["error"]["kind"], "invalid_arguments", "{}", clear.text);
+        assert!(clear.text.contains("argument `description` is `Some`"), "{}", clear.text);
+        assert!(clear.text.contains("skip_serializing_if"), "{}", clear.text);
+    }
+    // A value, or a null where absence reads the same, is keyed as before.
+    let set_it = set.call(&run, "patch_ticket", &json!({"id": "t1", "description": "x"})).await;
+    assert_eq!(set_it.content, json!(r#"t1: Some(Some("x"))"#), "{}", set_it.text);
+
+    for args in [json!({"id": "t2"}), json!({"id": "t2", "description": null})] {
+        let r = set.call(&run, "patch_ticket_skipping", &args).await;
+        assert!(!r.is_error, "{}", r.text);
+    }
+    assert_eq!(
+        *PATCHES.lock().unwrap(),
+        ["t1: None", r#"t1: Some(Some("x"))"#, "t2: None", "t2: Some(None)"],
+        "the clear ran only where its key differs from the leave's"
+    );
+}

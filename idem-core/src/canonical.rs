@@ -76,10 +76,11 @@ pub enum KeyError {
     /// A parameter is `Some` of a value written as `null` (`Some(None)`, `Some(Value::Null)`):
     /// JSON writes it as it writes `None`, so a call with `None` would share its key and be
     /// answered with the other's outcome (a "leave it" and a "clear it" of one field). Checked for
-    /// the parameters of a `#[tool]`; one marked `#[idem(skip_if_none)]` tells them apart (its
-    /// `None` is left out of the key) and is not refused.
+    /// the parameters of a `#[tool]` (one marked `#[idem(skip_if_none)]` tells them apart: its
+    /// `None` is left out of the key), and, on a tool set, for an explicit `null` in the model's
+    /// arguments that a field reads as `Some(None)` while its absence has the same key.
     #[error(
-        "{} is `Some` of a value written as `null` (`Some(None)`), which the idempotency key cannot tell from `None`, so the two calls would share one key; mark the parameter `#[idem(skip_if_none)]` (its `None` is then left out of the key), or give it a type that names both cases",
+        "{} is `Some` of a value written as `null` (`Some(None)`), which the idempotency key cannot tell from `None`, so the two calls would share one key; leave `None` out of the key (`#[idem(skip_if_none)]` on a parameter, `#[serde(skip_serializing_if = \"Option::is_none\")]` on a field), or give it a type that names both cases",
         describe(path)
     )]
     AmbiguousNull {

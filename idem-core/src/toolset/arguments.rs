@@ -390,6 +390,122 @@ fn out_of_range(said: &str) -> Option<String> {
     outside.then(|| format!("the number {integer} is out of range for {what} ({range})"))
 }
 
+/// How many explicit `null` members of one call's arguments are tried by
+/// [`null_read_as_some`] (each costs one more typed read).
+const MAX_NULLS_TRIED: usize = 16;
+
+/// Where the arguments hold a `null` that was read as something other than what its absence
+/// reads as, with the same key: a field read with a "null is `Some(None)`" deserializer (the
+/// double-option pattern of PATCH-style tools, `null` = clear, absent = leave) and written as
+/// `null` whichever it holds (no `skip_serializing_if`). The clear would be answered with the
+/// leave's outcome. Only asked when the typed arguments hold a `Some` written as `null`, which
+/// the standard `Option` never reads from JSON; then each explicit `null` member (up to
+/// [`MAX_NULLS_TRIED`]) is left out, the arguments read again, and compared: the same key with
+/// fewer such `Some`s means the two are told apart by the tool but not by the key.
+pub(super) fn null_read_as_some<T: crate::tool::Tool>(
+    tool: &str,
+    args: Arguments<'_>,
+    parsed: &T::Args,
+) -> Option<String> {
+    let mut whole = Vec::new();
+    let some_nulls = crate::canonical::canonicalize_counting(parsed, &mut whole).ok()?;
+    if some_nulls == 0 {
+        return None;
+    }
+    let value = match args {
+        Arguments::Json(Value::String(s)) => serde_json::from_str::<Value>(s).ok()?,
+        Arguments::Json(v) => v.clone(),
+        Arguments::Text(text) => {
+            let inner = json_text::twice_encoded(text);
+            serde_json::from_str::<Value>(inner.as_deref().unwrap_or(text)).ok()?
+        }
+        Arguments::Absent => return None,
+    };
+    let mut nulls = Vec::new();
+    null_members(&value, &mut Vec::new(), &mut nulls);
+    let mut key = Vec::new();
+    T::write_intent(parsed, &mut key).ok()?;
+    for path in nulls.into_iter().take(MAX_NULLS_TRIED) {
+        let mut without = value.clone();
+        remove_at(&mut without, &path)?;
+        let Ok(other) = parse::<T::Args>(tool, Arguments::Json(&without)) else { continue };
+        let mut other_key = Vec::new();
+        if T::write_intent(&other, &mut other_key).is_err() || other_key != key {
+            continue;
+        }
+        let fewer = crate::canonical::canonicalize_counting(&other, &mut Vec::new())
+            .is_ok_and(|n| n < some_nulls);
+        if fewer {
+            let mut shown = crate::canonical::PathText::default();
+            for segment in &path {
+                match segment {
+                    Step::Member(name) => shown.key(name),
+                    Step::Index(i) => shown.index(*i),
+                }
+            }
+            return Some(shown.finish());
+        }
+    }
+    None
+}
+
+/// One step of a path into a `Value`.
+enum Step {
+    Member(String),
+    Index(usize),
+}
+
+/// The paths of the object members whose value is `null`, outermost first. Recursive: the
+/// arguments were checked against the depth limit when they were read.
+fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+    match value {
+        Value::Object(members) => {
+            for (name, member) in members {
+                at.push(Step::Member(name.clone()));
+                if member.is_null() {
+                    out.push(at.iter().map(Step::copy).collect());
+                } else {
+                    null_members(member, at, out);
+                }
+                at.pop();
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                at.push(Step::Index(i));
+                null_members(item, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Step {
+    fn copy(&self) -> Step {
+        match self {
+            Step::Member(name) => Step::Member(name.clone()),
+            Step::Index(i) => Step::Index(*i),
+        }
+    }
+}
+
+/// Removes the object member at `path` (its last step names it).
+fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
+    let (last, parents) = path.split_last()?;
+    let mut at = value;
+    for step in parents {
+        at = match step {
+            Step::Member(name) => at.get_mut(name.as_str())?,
+            Step::Index(i) => at.get_mut(*i)?,
+        };
+    }
+    match last {
+        Step::Member(name) => at.as_object_mut()?.remove(name.as_str()).map(drop),
+        Step::Index(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{integer_text, without_position};

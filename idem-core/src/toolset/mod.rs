@@ -282,12 +282,18 @@ async fn dispatch_typed<T: Tool>(
     cx: &DispatchContext,
 ) -> ToolResult {
     let def = tool.def();
-    let args: T::Args = match arguments::parse(def.name, args) {
+    let parsed: T::Args = match arguments::parse(def.name, args) {
         Ok(args) => args,
         Err(message) => {
             return ToolResult::error(ErrorKind::InvalidArguments, message, None);
         }
     };
+    if let Some(path) = arguments::null_read_as_some::<T>(def.name, args, &parsed) {
+        let source = crate::KeyError::AmbiguousNull { path };
+        let e = crate::Error::<T::Error>::InvalidArguments { tool: def.name, source };
+        return result::error_result(def, &e, cx);
+    }
+    let args = parsed;
     let (result, report) = run.call_reported(tool, args).await;
     // The executor checked an output it stored: checking again would walk it 3 times more.
     let checked = report.as_ref().is_some_and(|r| r.output_checked);
