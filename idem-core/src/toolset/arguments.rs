@@ -407,6 +407,12 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     args: Arguments<'_>,
     parsed: &T::Args,
 ) -> Option<String> {
+    // Argument text without a `null` holds none: nothing to compare (most calls).
+    if let Arguments::Text(text) = args
+        && !text.contains("null")
+    {
+        return None;
+    }
     let mut whole = Vec::new();
     let some_nulls = crate::canonical::canonicalize_counting(parsed, &mut whole).ok()?;
     if some_nulls == 0 {
