@@ -407,28 +407,32 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     args: Arguments<'_>,
     parsed: &T::Args,
 ) -> Option<String> {
-    // Argument text without a `null` holds none: nothing to compare (most calls).
-    if let Arguments::Text(text) = args
-        && !text.contains("null")
-    {
+    // Most calls hold no explicit `null`: found by a look at the text or a walk of the parsed
+    // JSON, before anything is canonicalized again or copied.
+    let read;
+    let value: &Value = match args {
+        Arguments::Json(Value::String(s)) if s.contains("null") => {
+            read = serde_json::from_str::<Value>(s).ok()?;
+            &read
+        }
+        Arguments::Json(Value::String(_)) | Arguments::Absent => return None,
+        Arguments::Json(v) => v,
+        Arguments::Text(text) if text.contains("null") => {
+            let inner = json_text::twice_encoded(text);
+            read = serde_json::from_str::<Value>(inner.as_deref().unwrap_or(text)).ok()?;
+            &read
+        }
+        Arguments::Text(_) => return None,
+    };
+    if !holds_null_member(value) {
         return None;
     }
-    let mut whole = Vec::new();
-    let some_nulls = crate::canonical::canonicalize_counting(parsed, &mut whole).ok()?;
+    let some_nulls = crate::canonical::canonicalize_counting(parsed, &mut Vec::new()).ok()?;
     if some_nulls == 0 {
         return None;
     }
-    let value = match args {
-        Arguments::Json(Value::String(s)) => serde_json::from_str::<Value>(s).ok()?,
-        Arguments::Json(v) => v.clone(),
-        Arguments::Text(text) => {
-            let inner = json_text::twice_encoded(text);
-            serde_json::from_str::<Value>(inner.as_deref().unwrap_or(text)).ok()?
-        }
-        Arguments::Absent => return None,
-    };
     let mut nulls = Vec::new();
-    null_members(&value, &mut Vec::new(), &mut nulls);
+    null_members(value, &mut Vec::new(), &mut nulls);
     let mut key = Vec::new();
     T::write_intent(parsed, &mut key).ok()?;
     for path in nulls.into_iter().take(MAX_NULLS_TRIED) {
@@ -455,7 +459,21 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     None
 }
 
+/// Whether an object member somewhere in `value` is `null` (what [`null_members`] lists, found
+/// without building paths). Recursive: the arguments were checked against the depth limit when
+/// they were read.
+fn holds_null_member(value: &Value) -> bool {
+    match value {
+        Value::Object(members) => {
+            members.values().any(|member| member.is_null() || holds_null_member(member))
+        }
+        Value::Array(items) => items.iter().any(holds_null_member),
+        _ => false,
+    }
+}
+
 /// One step of a path into a `Value`.
+#[derive(Clone)]
 enum Step {
     Member(String),
     Index(usize),
@@ -469,7 +487,7 @@ fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
             for (name, member) in members {
                 at.push(Step::Member(name.clone()));
                 if member.is_null() {
-                    out.push(at.iter().map(Step::copy).collect());
+                    out.push(at.clone());
                 } else {
                     null_members(member, at, out);
                 }
@@ -484,15 +502,6 @@ fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
             }
         }
         _ => {}
-    }
-}
-
-impl Step {
-    fn copy(&self) -> Step {
-        match self {
-            Step::Member(name) => Step::Member(name.clone()),
-            Step::Index(i) => Step::Index(*i),
-        }
     }
 }
 
