@@ -21,6 +21,43 @@ macro_rules! not_none {
     )*};
 }
 
+/// What both probes answer `false` for: every scalar and enum variant, and `$extra` methods of
+/// the same shape.
+macro_rules! scalars_not_none {
+    ($($extra:tt)*) => {
+        fn serialize_newtype_variant<T: Serialize + ?Sized>(
+            self,
+            _name: &'static str,
+            _index: u32,
+            _variant: &'static str,
+            _value: &T,
+        ) -> Result<bool, NotNone> {
+            Ok(false)
+        }
+
+        not_none! {
+            serialize_bool(bool);
+            serialize_i8(i8);
+            serialize_i16(i16);
+            serialize_i32(i32);
+            serialize_i64(i64);
+            serialize_i128(i128);
+            serialize_u8(u8);
+            serialize_u16(u16);
+            serialize_u32(u32);
+            serialize_u64(u64);
+            serialize_u128(u128);
+            serialize_f32(f32);
+            serialize_f64(f64);
+            serialize_char(char);
+            serialize_str(&str);
+            serialize_bytes(&[u8]);
+            serialize_unit_variant(&'static str, u32, &'static str);
+            $($extra)*
+        }
+    };
+}
+
 /// True when `value` is `Some` of a value written as `null` (`Some(None)`, `Some(Value::Null)`,
 /// `Some(())`), through newtypes: JSON writes it as it writes `None`, so the two would share a
 /// key. False for anything else, without serializing the rest of the value.
@@ -82,35 +119,7 @@ impl Serializer for SomeProbe {
         self.under(inside, value)
     }
 
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<bool, NotNone> {
-        Ok(false)
-    }
-
-    not_none! {
-        serialize_bool(bool);
-        serialize_i8(i8);
-        serialize_i16(i16);
-        serialize_i32(i32);
-        serialize_i64(i64);
-        serialize_i128(i128);
-        serialize_u8(u8);
-        serialize_u16(u16);
-        serialize_u32(u32);
-        serialize_u64(u64);
-        serialize_u128(u128);
-        serialize_f32(f32);
-        serialize_f64(f64);
-        serialize_char(char);
-        serialize_str(&str);
-        serialize_bytes(&[u8]);
-        serialize_unit_variant(&'static str, u32, &'static str);
-    }
+    scalars_not_none! {}
 
     crate::canonical::refuse::refuse_compounds!(NotNone, Err(NotNone));
 }
@@ -162,36 +171,9 @@ impl Serializer for NoneProbe {
         Ok(false)
     }
 
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        _variant: &'static str,
-        _value: &T,
-    ) -> Result<bool, NotNone> {
-        Ok(false)
-    }
-
-    not_none! {
-        serialize_bool(bool);
-        serialize_i8(i8);
-        serialize_i16(i16);
-        serialize_i32(i32);
-        serialize_i64(i64);
-        serialize_i128(i128);
-        serialize_u8(u8);
-        serialize_u16(u16);
-        serialize_u32(u32);
-        serialize_u64(u64);
-        serialize_u128(u128);
-        serialize_f32(f32);
-        serialize_f64(f64);
-        serialize_char(char);
-        serialize_str(&str);
-        serialize_bytes(&[u8]);
+    scalars_not_none! {
         serialize_unit();
         serialize_unit_struct(&'static str);
-        serialize_unit_variant(&'static str, u32, &'static str);
     }
 
     // A compound value is not none: refusing it here ends the probe before any element.
