@@ -902,14 +902,18 @@ async fn every_scripted_drop_point(env: &Env, timed: bool) {
 
 /// Joiners and owners dropped at every poll, for every class that uses the store (`together`:
 /// the scenarios side by side, as in [`every_drop_point`]).
-async fn joiners_and_owners(env: &Env, together: bool) {
+/// `steady`: the environment the joiners run in, where the first call must keep its lease while
+/// the joiner is polled and dropped (on a real clock, a longer lease than `env`'s: a loaded
+/// machine that delays a renewal past a short lease lets the other executor take the key over,
+/// which is the protocol working, not what this scenario checks).
+async fn joiners_and_owners(env: &Env, steady: &Env, together: bool) {
     let classes = [Class::SafeCached, Class::Keyed, Class::Never, Class::NeverChecked];
     let mut streams: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>> = Vec::new();
     for class in classes {
         for other in [false, true] {
             streams.push(Box::pin(async move {
                 let mut n = 1;
-                while dropped_joiner(env, class, other, n).await {
+                while dropped_joiner(steady, class, other, n).await {
                     n += 1;
                     assert!(n < 500, "{}: a joiner that never completes", env.name);
                 }
@@ -967,11 +971,13 @@ async fn memory_store_every_drop_point() {
 async fn memory_store_joiners_and_owners_dropped() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let env = Env::paused("memory", store);
-    joiners_and_owners(&env, false).await;
+    joiners_and_owners(&env, &env, false).await;
 }
 
 /// Leases on the stores with a real clock: short, so a repeat after a drop waits little.
 const LEASE: Duration = Duration::from_millis(500);
+/// Leases where a call must keep its lease while others come and go (the joiners).
+const STEADY_LEASE: Duration = Duration::from_secs(3);
 /// A call not answered in this long hangs (a lease, a store timeout and more).
 const HANG: Duration = Duration::from_secs(20);
 
@@ -979,12 +985,13 @@ const HANG: Duration = Duration::from_secs(20);
 /// none of which may outlive the calls.
 async fn network(name: &'static str, store: Arc<dyn Store>, waiting: impl Fn() -> usize) {
     let panics = panics_seen();
+    let steady = Env::new(name, Arc::clone(&store), STEADY_LEASE, HANG);
     let env = Env::new(name, store, LEASE, HANG);
     let cov = Coverage::default();
     tokio::join!(
         every_drop_point(&env, &cov, true, true),
         every_scripted_drop_point(&env, true),
-        joiners_and_owners(&env, true)
+        joiners_and_owners(&env, &steady, true)
     );
     cov.print(name);
     assert_eq!(waiting(), 0, "{name}: waits still registered after every call ended");
@@ -1012,6 +1019,19 @@ fn panics_seen() -> usize {
     PANICS.load(Ordering::SeqCst)
 }
 
+/// The shared PostgreSQL, or `None` (the test is skipped) without one.
+async fn postgres_store() -> Option<Arc<idem_core::PostgresStore>> {
+    let connected = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
+    idem_tests::or_skip("PostgreSQL", connected).map(Arc::new)
+}
+
+/// The shared Redis under `prefix`, or `None` (the test is skipped) without one.
+async fn redis_store(prefix: &str) -> Option<Arc<idem_core::store::RedisStore>> {
+    let opened =
+        idem_core::store::RedisStore::builder(idem_tests::redis_url()).prefix(prefix).open().await;
+    idem_tests::or_skip("Redis", opened).map(Arc::new)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_store_every_drop_point() {
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -1023,9 +1043,7 @@ async fn sqlite_store_every_drop_point() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_every_drop_point() {
-    let connected = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
-    let Some(store) = idem_tests::or_skip("PostgreSQL", connected) else { return };
-    let store = Arc::new(store);
+    let Some(store) = postgres_store().await else { return };
     let watched = Arc::clone(&store);
     network("postgres", store, || watched.waiting_keys()).await;
 }
@@ -1033,10 +1051,7 @@ async fn postgres_store_every_drop_point() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_every_drop_point() {
     let prefix = format!("{}-every", idem_tests::redis_prefix());
-    let opened =
-        idem_core::store::RedisStore::builder(idem_tests::redis_url()).prefix(&prefix).open().await;
-    let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
-    let store = Arc::new(store);
+    let Some(store) = redis_store(&prefix).await else { return };
     let watched = Arc::clone(&store);
     network("redis", store, || watched.waiting_keys()).await;
     // No channel is left subscribed on the server once no wait wants it.
@@ -1087,21 +1102,14 @@ async fn dropped_waits_leave_no_waiter(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_waits_dropped_mid_wait_leave_no_waiter() {
-    let connected = idem_core::PostgresStore::connect(&idem_tests::pg_url()).await;
-    let Some(store) = idem_tests::or_skip("PostgreSQL", connected) else { return };
-    let store = Arc::new(store);
+    let Some(store) = postgres_store().await else { return };
     let watched = Arc::clone(&store);
     dropped_waits_leave_no_waiter("postgres", store, || watched.waiting_keys()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_waits_dropped_mid_wait_leave_no_waiter() {
-    let opened = idem_core::store::RedisStore::builder(idem_tests::redis_url())
-        .prefix(idem_tests::redis_prefix())
-        .open()
-        .await;
-    let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
-    let store = Arc::new(store);
+    let Some(store) = redis_store(&idem_tests::redis_prefix()).await else { return };
     let watched = Arc::clone(&store);
     dropped_waits_leave_no_waiter("redis", store, || watched.waiting_keys()).await;
 }
@@ -1112,12 +1120,7 @@ async fn redis_waits_dropped_mid_wait_leave_no_waiter() {
 /// after a wait that read its reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_waits_dropped_mid_subscribe_leave_no_subscription() {
-    let opened = idem_core::store::RedisStore::builder(idem_tests::redis_url())
-        .prefix(idem_tests::redis_prefix())
-        .open()
-        .await;
-    let Some(store) = idem_tests::or_skip("Redis", opened) else { return };
-    let store = Arc::new(store);
+    let Some(store) = redis_store(&idem_tests::redis_prefix()).await else { return };
     let client = redis::Client::open(idem_tests::redis_url()).expect("redis url");
     let mut raw = client.get_multiplexed_async_connection().await.expect("raw connection");
     let other = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build();
@@ -1190,7 +1193,7 @@ async fn slow_generic_store_every_drop_point() {
     let cov = Coverage::default();
     every_drop_point(&env, &cov, false, false).await;
     every_scripted_drop_point(&env, false).await;
-    joiners_and_owners(&env, false).await;
+    joiners_and_owners(&env, &env, false).await;
     cov.print("slow");
 }
 
