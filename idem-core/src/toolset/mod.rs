@@ -499,11 +499,12 @@ impl ToolSet {
         if self.tools.contains_key(def.name) {
             return Err(ToolSetError::DuplicateName(def.name));
         }
-        if let Some(member) = read_not_written(&tool.input_schema(), &tool.written_schema()) {
+        let input_schema = tool.input_schema();
+        if let Some(member) = read_not_written(&input_schema, &tool.written_schema()) {
             let property = crate::printable(&member).into_owned();
             return Err(ToolSetError::ReadButNotKeyed { tool: def.name, property });
         }
-        let mut input_schema = match tool.input_schema() {
+        let mut input_schema = match input_schema {
             Value::Object(schema) if schema.get("type") == Some(&Value::from("object")) => schema,
             _ => return Err(ToolSetError::NotAnObject(def.name)),
         };
