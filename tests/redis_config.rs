@@ -399,10 +399,19 @@ async fn a_replica_is_refused_at_open() {
                 let started = std::time::Instant::now();
                 let replica_claim = on_replica.claim(claim_req(&key, &fp)).await;
                 let master_claim = on_master.claim(claim_req(&key, &fp)).await;
+                // What the server on the replica's port says it is, to tell a detection fault
+                // from a test that reached another server.
+                let raw = redis::Client::open(replica.url("")).unwrap();
+                let info: Result<String, _> = match raw.get_multiplexed_async_connection().await {
+                    Ok(mut raw) => {
+                        redis::cmd("INFO").arg("replication").query_async(&mut raw).await
+                    }
+                    Err(e) => Err(e),
+                };
                 panic!(
                     "a replica (replica-read-only {writable}) opened as the store; its claim \
                      after {:?}: {replica_claim:?}; the master's claim of the same key: \
-                     {master_claim:?}",
+                     {master_claim:?}; INFO replication there: {info:?}",
                     started.elapsed()
                 );
             }

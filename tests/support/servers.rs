@@ -302,11 +302,12 @@ impl RedisTls {
     pub fn start() -> Result<RedisTls, String> {
         let dir = temp_dir("redis-tls");
         let certs = Certs::make(&dir)?;
-        let port = free_port()?;
-        let mut args: Vec<std::ffi::OsString> =
-            ["--port", "0", "--tls-port", &port.to_string()].map(Into::into).into();
-        args.extend(certs.redis_server_args());
-        start_redis(&dir, port, &args, "redis-server (TLS)")?;
+        let port = start_redis(&dir, "redis-server (TLS)", |port| {
+            let mut args: Vec<std::ffi::OsString> =
+                ["--port", "0", "--tls-port", &port.to_string()].map(Into::into).into();
+            args.extend(certs.redis_server_args());
+            args
+        })?;
         Ok(RedisTls { port, certs })
     }
 
@@ -316,28 +317,52 @@ impl RedisTls {
     }
 }
 
-/// Starts a daemonized `redis-server` on loopback with `args` (its ports among them), no
-/// persistence, its files in `dir`; stopped, and `dir` removed, when this process exits.
+/// Starts a daemonized `redis-server` on loopback on a free port, with the arguments `args`
+/// makes for that port, no persistence, its files in `dir`; stopped, and `dir` removed, when this
+/// process exits. Its port.
+///
+/// The port is free when it is chosen, not when the server binds it: another server started
+/// meanwhile (another test's) may take it, and then ours exits while the port answers, so a test
+/// would run against the wrong server. Ours writes its pid file only once it listens, so the port
+/// is taken as ours only with that file and its process alive; otherwise another port is tried.
 fn start_redis(
     dir: &Path,
-    port: u16,
-    args: &[std::ffi::OsString],
     what: &str,
-) -> Result<(), String> {
-    let pid = dir.join("redis.pid");
-    run(Command::new("redis-server")
-        .args(args)
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "yes", "--pidfile"])
-        .arg(&pid)
-        .arg("--dir")
-        .arg(dir))?;
-    stop_at_exit(&format!(
-        "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
-        pid.display(),
-        dir.display()
-    ))?;
-    wait_for_port(port, what)
+    args: impl Fn(u16) -> Vec<std::ffi::OsString>,
+) -> Result<u16, String> {
+    let mut last = String::new();
+    for attempt in 0..3 {
+        let port = free_port()?;
+        let pid = dir.join(format!("redis-{attempt}.pid"));
+        run(Command::new("redis-server")
+            .args(args(port))
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "yes", "--pidfile"])
+            .arg(&pid)
+            .arg("--dir")
+            .arg(dir))?;
+        stop_at_exit(&format!("kill $(cat '{}' 2>/dev/null) 2>/dev/null; true", pid.display()))?;
+        wait_for_port(port, what)?;
+        if listening_as_itself(&pid) {
+            stop_at_exit(&format!("sleep 0.5; rm -rf '{}'", dir.display()))?;
+            return Ok(port);
+        }
+        last = format!("{what} did not start on port {port} (another server took it)");
+    }
+    Err(last)
+}
+
+/// Whether the server whose pid file is `pid` wrote it (it does once it listens) and still runs.
+fn listening_as_itself(pid: &Path) -> bool {
+    for _ in 0..100 {
+        if let Ok(text) = std::fs::read_to_string(pid)
+            && let Ok(n) = text.trim().parse::<u32>()
+        {
+            return Path::new(&format!("/proc/{n}")).exists();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 /// A private plain `redis-server` started with extra options (e.g. a memory limit and an
@@ -349,11 +374,12 @@ pub struct RedisPrivate {
 impl RedisPrivate {
     pub fn start(tag: &str, options: &[&str]) -> Result<RedisPrivate, String> {
         let dir = temp_dir(tag);
-        let port = free_port()?;
-        let mut args: Vec<std::ffi::OsString> =
-            ["--port", &port.to_string()].map(Into::into).into();
-        args.extend(options.iter().map(Into::into));
-        start_redis(&dir, port, &args, "redis-server")?;
+        let port = start_redis(&dir, "redis-server", |port| {
+            let mut args: Vec<std::ffi::OsString> =
+                ["--port", &port.to_string()].map(Into::into).into();
+            args.extend(options.iter().map(Into::into));
+            args
+        })?;
         Ok(RedisPrivate { port })
     }
 
