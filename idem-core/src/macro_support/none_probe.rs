@@ -21,10 +21,20 @@ macro_rules! not_none {
     )*};
 }
 
-/// What both probes answer `false` for: every scalar and enum variant, and `$extra` methods of
-/// the same shape.
+/// What both probes share: their types (answers are `bool`s, and a compound is never looked
+/// into), `false` for every scalar and enum variant, and `$extra` methods of the same shape.
 macro_rules! scalars_not_none {
     ($($extra:tt)*) => {
+        type Ok = bool;
+        type Error = NotNone;
+        type SerializeSeq = Impossible<bool, NotNone>;
+        type SerializeTuple = Impossible<bool, NotNone>;
+        type SerializeTupleStruct = Impossible<bool, NotNone>;
+        type SerializeTupleVariant = Impossible<bool, NotNone>;
+        type SerializeMap = Impossible<bool, NotNone>;
+        type SerializeStruct = Impossible<bool, NotNone>;
+        type SerializeStructVariant = Impossible<bool, NotNone>;
+
         fn serialize_newtype_variant<T: Serialize + ?Sized>(
             self,
             _name: &'static str,
@@ -84,16 +94,6 @@ impl SomeProbe {
 }
 
 impl Serializer for SomeProbe {
-    type Ok = bool;
-    type Error = NotNone;
-    type SerializeSeq = Impossible<bool, NotNone>;
-    type SerializeTuple = Impossible<bool, NotNone>;
-    type SerializeTupleStruct = Impossible<bool, NotNone>;
-    type SerializeTupleVariant = Impossible<bool, NotNone>;
-    type SerializeMap = Impossible<bool, NotNone>;
-    type SerializeStruct = Impossible<bool, NotNone>;
-    type SerializeStructVariant = Impossible<bool, NotNone>;
-
     fn serialize_none(self) -> Result<bool, NotNone> {
         Ok(self.inside)
     }
@@ -145,16 +145,6 @@ impl ser::Error for NotNone {
 }
 
 impl Serializer for NoneProbe {
-    type Ok = bool;
-    type Error = NotNone;
-    type SerializeSeq = Impossible<bool, NotNone>;
-    type SerializeTuple = Impossible<bool, NotNone>;
-    type SerializeTupleStruct = Impossible<bool, NotNone>;
-    type SerializeTupleVariant = Impossible<bool, NotNone>;
-    type SerializeMap = Impossible<bool, NotNone>;
-    type SerializeStruct = Impossible<bool, NotNone>;
-    type SerializeStructVariant = Impossible<bool, NotNone>;
-
     fn serialize_none(self) -> Result<bool, NotNone> {
         Ok(true)
     }
