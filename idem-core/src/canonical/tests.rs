@@ -466,18 +466,20 @@ fn a_long_chain_of_wrappers_is_refused_without_overflow() {
     });
 }
 
+/// JSON text as serde_json's `RawValue` hands it to a serializer: a private one-field struct.
+struct Raw(&'static str);
+
+impl Serialize for Raw {
+    fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use ser::SerializeStruct;
+        let mut st = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+        st.serialize_field(RAW_VALUE_TOKEN, self.0)?;
+        st.end()
+    }
+}
+
 #[test]
 fn raw_json_inside_counts_from_where_it_sits() {
-    // serde_json's RawValue: a private one-field struct holding JSON text.
-    struct Raw(&'static str);
-    impl Serialize for Raw {
-        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            use ser::SerializeStruct;
-            let mut st = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
-            st.serialize_field(RAW_VALUE_TOKEN, self.0)?;
-            st.end()
-        }
-    }
     // The raw text inside `n` arrays.
     struct Inside(usize, &'static str);
     impl Serialize for Inside {
@@ -640,15 +642,6 @@ fn a_hash_set_anywhere_in_an_intent_is_refused_with_its_path() {
 /// Spellings of the value the canonical form writes are kept (`1.0`, `1e2`, `-0`, `0.1`).
 #[test]
 fn raw_numbers_that_the_canonical_form_would_round_are_refused() {
-    struct Raw(&'static str);
-    impl Serialize for Raw {
-        fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            use ser::SerializeStruct;
-            let mut st = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
-            st.serialize_field(RAW_VALUE_TOKEN, self.0)?;
-            st.end()
-        }
-    }
     #[derive(Serialize)]
     struct Args {
         payload: Raw,
