@@ -161,6 +161,11 @@ pub async fn list_by_state(store: &dyn Store) {
     );
 }
 
+/// How much older the old records of [`list_filters_and_pages`] are than its young ones.
+const AGE_GAP: Duration = Duration::from_secs(1);
+/// What a store's own clock and whole-millisecond ages may add to or take from an age.
+const AGE_ROUNDING: Duration = Duration::from_millis(50);
+
 /// Tool, run prefix and age filters, and pages of a given size that together hold every record
 /// exactly once.
 pub async fn list_filters_and_pages(store: &dyn Store) {
@@ -169,7 +174,7 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
     for i in 0..3 {
         old.push(f.done(&format!("old{i}"), Outcome::Success(i.to_string()), LONG).await);
     }
-    sleep(PAST_SHORT).await;
+    sleep(AGE_GAP).await;
     let young_from = std::time::Instant::now();
     let mut young = Vec::new();
     for i in 0..4 {
@@ -181,21 +186,28 @@ pub async fn list_filters_and_pages(store: &dyn Store) {
     assert_eq!(f.keys(ListQuery::default()).await, every, "no filter: the whole run");
     let tool = ListQuery { tool: Some("other_tool".into()), ..ListQuery::default() };
     assert_eq!(f.keys(tool).await, set(&[other_tool]), "the tool filter");
-    // Between the ages of the two groups whatever this machine's speed: the young records are
-    // at most `young_from.elapsed()` old plus the listing's own time, the old ones at least
-    // `PAST_SHORT` more. A listing that took longer than the margin (a loaded machine) proves
-    // nothing either way, and is asked again.
-    let margin = PAST_SHORT - SHORT;
-    for tries in 1.. {
-        let threshold = young_from.elapsed() + margin;
-        let asked = std::time::Instant::now();
+    // Every old record is at least `AGE_GAP` older than every young one. A threshold of the
+    // young group's age now plus most of that gap therefore lists every old record, however long
+    // the listing takes. It lists no young record while the young are younger than the
+    // threshold, which holds for the whole listing if it holds when the listing has returned.
+    // A listing that took longer than the slack (a loaded machine) proves nothing about the
+    // young records and is asked again; no verdict is forced from it.
+    let slack = AGE_GAP - AGE_ROUNDING;
+    let mut decided = None;
+    for _ in 0..20 {
+        let threshold = young_from.elapsed() + slack;
         let aged = ListQuery { older_than: Some(threshold), ..ListQuery::default() };
         let listed = f.keys(aged).await;
-        if listed == set(&old) || asked.elapsed() < margin / 2 || tries == 5 {
-            assert_eq!(listed, set(&old), "older than {threshold:?}");
+        assert!(listed.is_superset(&set(&old)), "older than {threshold:?}: every old record");
+        if young_from.elapsed() + AGE_ROUNDING < threshold {
+            decided = Some((listed, threshold));
             break;
         }
     }
+    let Some((listed, threshold)) = decided else {
+        panic!("each of 20 listings took longer than {slack:?}: no verdict on the young records")
+    };
+    assert_eq!(listed, set(&old), "older than {threshold:?}: the old records and no young one");
     for limit in [1, 2, 3, 100] {
         let paged = ListQuery { limit, ..ListQuery::default() };
         assert_eq!(f.keys(paged).await, every, "pages of {limit} hold every record once");
