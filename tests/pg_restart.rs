@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use idem_core::{Idem, PostgresStore, tool};
-use idem_tests::servers::{as_pg_user, free_port, temp_dir};
+use idem_tests::servers::{as_pg_user, free_port, on_free_port, temp_dir};
 use idem_tests::{Never, or_skip};
 use tokio::sync::{Notify, Semaphore};
 
@@ -54,16 +54,19 @@ fn start() -> Result<(PathBuf, String), String> {
     if !initdb.status.success() {
         return Err(format!("initdb: {}", String::from_utf8_lossy(&initdb.stderr)));
     }
-    let port = free_port()?;
     let conf = format!(
-        "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
-         fsync = off\n",
+        "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\n",
         dir.display()
     );
-    let mut text = std::fs::read_to_string(dir.join("data/postgresql.conf")).unwrap_or_default();
+    let config = dir.join("data/postgresql.conf");
+    let mut text = std::fs::read_to_string(&config).unwrap_or_default();
     text.push_str(&conf);
-    std::fs::write(dir.join("data/postgresql.conf"), text).map_err(|e| e.to_string())?;
-    pg_ctl(&dir, &["start"])?;
+    // `pg_ctl -w` fails when the server exits, as it does when its port is taken meanwhile.
+    let port = on_free_port(free_port, |port| {
+        std::fs::write(&config, format!("{text}port = {port}\n")).map_err(|e| e.to_string())?;
+        pg_ctl(&dir, &["start"])?;
+        Ok(port)
+    })?;
     Ok((dir, format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")))
 }
 

@@ -476,3 +476,37 @@ async fn operator_reads_after_the_server_closed_an_idle_connection() {
     let store = RedisStore::open(&redis.url("")).await.expect("opens");
     idem_tests::operator_steps_after_idle_pauses(&store, "idle_reads").await;
 }
+
+/// The test servers' own start (tests/support/servers.rs): a port taken between its choice and
+/// the server's bind is left for another one, and the server returned is the one started there,
+/// not whatever holds the first port.
+#[test]
+fn a_test_server_moves_off_a_port_taken_before_it_binds() {
+    use idem_tests::servers::{free_port, on_free_port, spawn_redis, temp_dir};
+    use std::io::{Read, Write};
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken_port = taken.local_addr().expect("address").port();
+    let dir = temp_dir("port-taken");
+    let picks = std::cell::Cell::new(0);
+    let pick = || {
+        picks.set(picks.get() + 1);
+        if picks.get() == 1 { Ok(taken_port) } else { free_port() }
+    };
+    let started = on_free_port(pick, |port| {
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--dir"])
+            .arg(&dir);
+        spawn_redis(&mut cmd, &dir.join(format!("{port}.log"))).map(|child| (port, child))
+    });
+    let Some((port, mut child)) = or_skip("redis-server (a private one)", started) else { return };
+    assert_eq!(picks.get(), 2, "the taken port was given up after one try");
+    assert_ne!(port, taken_port);
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.write_all(b"PING\r\n").expect("write");
+    let mut reply = [0; 7];
+    conn.read_exact(&mut reply).expect("read");
+    assert_eq!(&reply, b"+PONG\r\n", "the server started answers on the port returned");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,9 +1,6 @@
 //! The store servers tests/outage.rs takes away and brings back: a private redis-server it
 //! crashes, hangs and restarts, and a TCP proxy in front of PostgreSQL it cuts and restores.
 
-#[cfg(feature = "redis")]
-use std::time::Duration;
-
 /// A private redis-server: a free port, its own directory, an fsync-always AOF.
 #[cfg(feature = "redis")]
 pub(super) struct Server {
@@ -15,31 +12,25 @@ pub(super) struct Server {
 #[cfg(feature = "redis")]
 impl Server {
     pub(super) fn start() -> Option<Server> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        use idem_tests::servers::{free_port, on_free_port};
         let dir = idem_tests::workers::temp_dir("outage-redis");
-        let mut server = Server { port, dir, child: None };
-        let started = server.spawn();
+        let mut server = Server { port: 0, dir, child: None };
+        let started = on_free_port(free_port, |port| {
+            server.port = port;
+            server.spawn()
+        });
         idem_tests::or_skip("redis-server (the binary, for a private server)", started)?;
         Some(server)
     }
+    /// Starts the server on its port, again after a crash; returns once it accepts connections.
     pub(super) fn spawn(&mut self) -> Result<(), String> {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
             .arg("--dir")
-            .arg(&self.dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start redis-server: {e}"))?;
-        self.child = Some(child);
-        // Wait until it answers.
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err("redis-server did not start".into())
+            .arg(&self.dir);
+        self.child = Some(idem_tests::servers::spawn_redis(&mut cmd, &self.dir.join("log"))?);
+        Ok(())
     }
     pub(super) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)

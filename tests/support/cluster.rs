@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::servers::{Certs, free_port, stop_at_exit, wait_for_port};
+use crate::servers::{Certs, free_port, on_free_port, spawn_redis, stop_at_exit};
 
 /// How long a node may be unreachable before the others mark it failed (ms).
 pub const NODE_TIMEOUT_MS: u64 = 1000;
@@ -57,15 +57,11 @@ fn cli_args(port: u16, tls: Option<&Certs>) -> Vec<std::ffi::OsString> {
 }
 
 /// Starts the node on `port` with its files in `dir/<port>` (its `nodes.conf` survives a kill,
-/// so a restarted node rejoins with its identity).
+/// so a restarted node rejoins with its identity); returns once it accepts connections, an error
+/// when it cannot have its port or its bus port.
 fn spawn_node(dir: &Path, port: u16, tls: Option<&Certs>) -> Result<Child, String> {
     let node_dir = dir.join(port.to_string());
     std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(node_dir.join("log"))
-        .map_err(|e| e.to_string())?;
     let mut cmd = Command::new("redis-server");
     match tls {
         None => cmd.args(["--port", &port.to_string()]),
@@ -75,8 +71,7 @@ fn spawn_node(dir: &Path, port: u16, tls: Option<&Certs>) -> Result<Child, Strin
             .args(["--tls-cluster", "yes", "--tls-replication", "yes"])
             .args(certs.redis_server_args()),
     };
-    let child = cmd
-        .args(["--bind", "127.0.0.1"])
+    cmd.args(["--bind", "127.0.0.1"])
         .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
         .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
         // A replica may take over however long ago it last heard from its master (the tests
@@ -85,14 +80,8 @@ fn spawn_node(dir: &Path, port: u16, tls: Option<&Certs>) -> Result<Child, Strin
         .args(["--cluster-allow-replica-migration", "no"])
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
-        .arg(&node_dir)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("redis-server: {e}"))?;
-    stop_at_exit(&format!("kill -9 {} 2>/dev/null", child.id()))?;
-    Ok(child)
+        .arg(&node_dir);
+    spawn_redis(&mut cmd, &node_dir.join("log"))
 }
 
 /// A free port whose cluster bus port (10000 above it) is free and valid too.
@@ -131,12 +120,12 @@ impl Cluster {
         let mut ports = Vec::new();
         let mut children = Vec::new();
         for _ in 0..3 * (1 + replicas) {
-            let port = bus_port_free()?;
-            children.push(Some(spawn_node(&dir, port, tls.as_ref())?));
+            let (port, child) = on_free_port(bus_port_free, |port| {
+                Ok((port, spawn_node(&dir, port, tls.as_ref())?))
+            })
+            .map_err(|e| format!("a cluster node did not start: {e}"))?;
+            children.push(Some(child));
             ports.push(port);
-        }
-        for &port in &ports {
-            wait_for_port(port, "redis-server (cluster node)")?;
         }
         // Bounded: redis-cli waits for the nodes to agree with no end of its own.
         let mut create = Command::new("timeout");
@@ -233,7 +222,7 @@ impl Cluster {
         let i = self.index(port);
         let child = spawn_node(&self.dir, port, self.tls.as_ref())?;
         lock(&self.children)[i] = Some(child);
-        wait_for_port(port, "redis-server (restarted cluster node)")
+        Ok(())
     }
 
     fn signal(&self, port: u16, signal: &str) {

@@ -51,6 +51,61 @@ pub(crate) fn stop_at_exit(stop: &str) -> Result<(), String> {
         .map_err(|e| format!("watchdog: {e}"))
 }
 
+/// Starts a server on a port that was free a moment before, on another port when it cannot
+/// have that one: between `pick` and the server's bind, the port can go to another test's server
+/// or to a client's ephemeral socket. `start` fails when the server did not start; 3 ports at
+/// most are tried.
+pub fn on_free_port<T>(
+    pick: impl Fn() -> Result<u16, String>,
+    mut start: impl FnMut(u16) -> Result<T, String>,
+) -> Result<T, String> {
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        let port = pick()?;
+        match start(port) {
+            Ok(started) => return Ok(started),
+            Err(e) => failures.push(format!("on port {port}: {e}")),
+        }
+    }
+    Err(failures.join("; "))
+}
+
+/// Spawns `redis-server` (`cmd`, its options given) logging to `log`, stopped when this process
+/// exits, and waits until the log says it accepts connections, which it writes only once it
+/// holds all its ports. An error with the log's end when it exits first (a port taken) or is
+/// silent for 10 s. A port that answers proves nothing: it may be another server's.
+pub fn spawn_redis(cmd: &mut Command, log: &Path) -> Result<std::process::Child, String> {
+    // A restarted server appends to the log of its earlier life: only what follows counts.
+    let from = std::fs::metadata(log).map(|m| m.len() as usize).unwrap_or(0);
+    let mut child = cmd
+        .arg("--logfile")
+        .arg(log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("redis-server: {e}"))?;
+    stop_at_exit(&format!("kill -9 {} 2>/dev/null", child.id()))?;
+    let said = || {
+        let text = std::fs::read(log).unwrap_or_default();
+        String::from_utf8_lossy(text.get(from..).unwrap_or_default()).into_owned()
+    };
+    let tail = |text: &str| text.lines().rev().take(3).collect::<Vec<_>>().join(" / ");
+    for _ in 0..200 {
+        let text = said();
+        if text.contains("Ready to accept connections") {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server exited ({status}): {}", tail(&said())));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Err(format!("redis-server did not accept connections within 10 s: {}", tail(&said())))
+}
+
 pub(crate) fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -220,21 +275,27 @@ impl PgPrivate {
         run(as_pg_user("initdb")
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "-D"])
             .arg(data))?;
-        let port = free_port()?;
         let conf = format!(
-            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              fsync = off\nmax_connections = 200\n{conf}",
             dir.display(),
         );
         append(&data.join("postgresql.conf"), &conf)?;
         std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}"))
             .map_err(|e| e.to_string())?;
-        run(as_pg_user("pg_ctl")
-            .args(["-w", "-l"])
-            .arg(dir.join("log"))
-            .arg("-D")
-            .arg(data)
-            .arg("start"))?;
+        // `pg_ctl -w` fails when the server exits, as it does when its port is taken. The last
+        // `port` line of the file counts.
+        let port = on_free_port(free_port, |port| {
+            append(&data.join("postgresql.conf"), &format!("port = {port}\n"))?;
+            run(as_pg_user("pg_ctl")
+                .args(["-w", "-l"])
+                .arg(dir.join("log"))
+                .arg("-D")
+                .arg(data)
+                .arg("start"))?;
+            Ok(port)
+        })
+        .map_err(|e| format!("PostgreSQL did not start: {e}"))?;
         let stop = format!(
             "{} stop -m immediate -D '{}'; rm -rf '{}'",
             if is_root() {
@@ -317,52 +378,25 @@ impl RedisTls {
     }
 }
 
-/// Starts a daemonized `redis-server` on loopback on a free port, with the arguments `args`
-/// makes for that port, no persistence, its files in `dir`; stopped, and `dir` removed, when this
-/// process exits. Its port.
-///
-/// The port is free when it is chosen, not when the server binds it: another server started
-/// meanwhile (another test's) may take it, and then ours exits while the port answers, so a test
-/// would run against the wrong server. Ours writes its pid file only once it listens, so the port
-/// is taken as ours only with that file and its process alive; otherwise another port is tried.
+/// Starts a `redis-server` on loopback on a free port, with the arguments `args` makes for that
+/// port, no persistence, its files in `dir`; stopped, and `dir` removed, when this process
+/// exits. Its port.
 fn start_redis(
     dir: &Path,
     what: &str,
     args: impl Fn(u16) -> Vec<std::ffi::OsString>,
 ) -> Result<u16, String> {
-    let mut last = String::new();
-    for attempt in 0..3 {
-        let port = free_port()?;
-        let pid = dir.join(format!("redis-{attempt}.pid"));
-        run(Command::new("redis-server")
-            .args(args(port))
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--daemonize", "yes", "--pidfile"])
-            .arg(&pid)
-            .arg("--dir")
-            .arg(dir))?;
-        stop_at_exit(&format!("kill $(cat '{}' 2>/dev/null) 2>/dev/null; true", pid.display()))?;
-        wait_for_port(port, what)?;
-        if listening_as_itself(&pid) {
-            stop_at_exit(&format!("sleep 0.5; rm -rf '{}'", dir.display()))?;
-            return Ok(port);
-        }
-        last = format!("{what} did not start on port {port} (another server took it)");
-    }
-    Err(last)
-}
-
-/// Whether the server whose pid file is `pid` wrote it (it does once it listens) and still runs.
-fn listening_as_itself(pid: &Path) -> bool {
-    for _ in 0..100 {
-        if let Ok(text) = std::fs::read_to_string(pid)
-            && let Ok(n) = text.trim().parse::<u32>()
-        {
-            return Path::new(&format!("/proc/{n}")).exists();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    let port = on_free_port(free_port, |port| {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(args(port))
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir);
+        spawn_redis(&mut cmd, &dir.join(format!("redis-{port}.log")))?;
+        Ok(port)
+    })
+    .map_err(|e| format!("{what} did not start: {e}"))?;
+    stop_at_exit(&format!("sleep 0.5; rm -rf '{}'", dir.display()))?;
+    Ok(port)
 }
 
 /// A private plain `redis-server` started with extra options (e.g. a memory limit and an
