@@ -442,40 +442,54 @@ impl PgBouncer {
         let bin = installed("pgbouncer", &["/usr/sbin", "/usr/bin"])
             .ok_or("pgbouncer is not installed (install the pgbouncer package; .ci/run does)")?;
         let dir = temp_dir("pgbouncer");
-        let listen = free_port()?;
-        let ini = dir.join("pgbouncer.ini");
-        let pid = dir.join("pgbouncer.pid");
         std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n"))
             .map_err(|e| e.to_string())?;
-        // server_reset_query is not used in transaction mode; ignore_startup_parameters lets
-        // clients that send extra_float_digits (many drivers do) connect.
-        let conf = format!(
-            "[databases]\n{dbname} = host={host} port={port} dbname={dbname} user={user}\n\n\
-             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
-             max_client_conn = 500\ndefault_pool_size = 10\nlogfile = {log}\npidfile = {pid}\n\
-             ignore_startup_parameters = extra_float_digits\n",
-            users = dir.join("users.txt").display(),
-            log = dir.join("pgbouncer.log").display(),
-            pid = pid.display(),
-        );
-        std::fs::write(&ini, conf).map_err(|e| e.to_string())?;
-        let mut cmd = if is_root() {
+        if is_root() {
             run(Command::new("chown").args(["-R", "postgres"]).arg(&dir))?;
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(&bin);
-            cmd
-        } else {
-            Command::new(&bin)
-        };
-        run(cmd.arg("-d").arg(&ini))
-            .map_err(|e| format!("{e} (is the pgbouncer package installed?)"))?;
-        stop_at_exit(&format!(
-            "kill $(cat '{}'); sleep 0.5; rm -rf '{}'",
-            pid.display(),
-            dir.display()
-        ))?;
-        wait_for_port(listen, "pgbouncer")?;
+        }
+        stop_at_exit(&format!("sleep 0.5; rm -rf '{}'", dir.display()))?;
+        let listen = on_free_port(free_port, |listen| {
+            let ini = dir.join(format!("pgbouncer-{listen}.ini"));
+            let pid = dir.join(format!("pgbouncer-{listen}.pid"));
+            let log = dir.join(format!("pgbouncer-{listen}.log"));
+            // server_reset_query is not used in transaction mode; ignore_startup_parameters lets
+            // clients that send extra_float_digits (many drivers do) connect.
+            let conf = format!(
+                "[databases]\n{dbname} = host={host} port={port} dbname={dbname} user={user}\n\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\n\
+                 unix_socket_dir =\nauth_type = trust\nauth_file = {users}\n\
+                 pool_mode = transaction\nmax_client_conn = 500\ndefault_pool_size = 10\n\
+                 logfile = {log}\npidfile = {pid}\n\
+                 ignore_startup_parameters = extra_float_digits\n",
+                users = dir.join("users.txt").display(),
+                log = log.display(),
+                pid = pid.display(),
+            );
+            std::fs::write(&ini, conf).map_err(|e| e.to_string())?;
+            let mut cmd = if is_root() {
+                let mut cmd = Command::new("runuser");
+                cmd.args(["-u", "postgres", "--"]).arg(&bin);
+                cmd
+            } else {
+                Command::new(&bin)
+            };
+            run(cmd.arg("-d").arg(&ini))
+                .map_err(|e| format!("{e} (is the pgbouncer package installed?)"))?;
+            stop_at_exit(&format!("kill $(cat '{}' 2>/dev/null) 2>/dev/null", pid.display()))?;
+            // It forks before it binds: only its log says whether it got the port.
+            let listening = format!("listening on 127.0.0.1:{listen}");
+            for _ in 0..200 {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains(&listening) {
+                    return Ok(listen);
+                }
+                if let Some(fatal) = text.lines().find(|l| l.contains("FATAL")) {
+                    return Err(format!("pgbouncer: {fatal}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err("pgbouncer did not say it listens within 10 s".to_owned())
+        })?;
         Ok(PgBouncer { port: listen, dbname: dbname.to_owned(), user: user.to_owned() })
     }
 
