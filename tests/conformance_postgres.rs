@@ -266,6 +266,106 @@ async fn revision_0_claims_clear_the_owner_token_on_takeover() {
     assert_eq!((after, stored), (None, taken), "the takeover clears the previous owner's token");
 }
 
+/// The listing indexes valid on the table in `schema`, and the definition of one.
+async fn listing_indexes(admin: &tokio_postgres::Client, schema: &str) -> (i64, String) {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FILTER (WHERE x.indisvalid), \
+                        max(pg_get_indexdef(x.indexrelid)) FILTER (WHERE c.relname = \
+                            'idem_records_tool') \
+                 FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid \
+                 WHERE x.indrelid = '{schema}.idem_records'::regclass \
+                   AND c.relname IN ('idem_records_state', 'idem_records_tool', \
+                                     'idem_records_run')"
+            ),
+            &[],
+        )
+        .await
+        .expect("the indexes");
+    (row.get(0), row.get::<_, Option<String>>(1).unwrap_or_default())
+}
+
+/// A migration that adds the listing indexes to a table that holds records builds them after its
+/// commit with `CREATE INDEX CONCURRENTLY`, so the table stays writable during the build: a
+/// plain `CREATE INDEX` in the migration would hold every running store's claims and
+/// completions for as long as it reads the table. Here a build waits for an older transaction
+/// to end; meanwhile another session writes the table; then the store opens with every index
+/// valid and its record kept. An index a cut-short build left invalid is built again by the next
+/// store to open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_builds_the_listing_indexes_without_blocking_writes() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("online_index").await;
+    let (key, fp) = fresh_key("online_index", "kept");
+    {
+        let old = PostgresStore::connect_with(config.clone(), 1).await.expect("create schema");
+        let fence = acquire(&old, &key, &fp).await;
+        let kept = Outcome::Success("\"kept\"".into());
+        old.complete(&key, fence, &kept, Duration::from_secs(60)).await.expect("complete");
+    }
+    // Revision 0 had none of the listing indexes (its columns' indexes went with them).
+    pg::to_revision_0(&admin, &schema).await;
+    admin.batch_execute(&format!("DROP INDEX {schema}.idem_records_state")).await.expect("drop");
+    // An older transaction, whose snapshot a concurrent build waits out before it ends.
+    let older = raw(&config).await;
+    older.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").await.expect("begin");
+    let opening = tokio::spawn(PostgresStore::connect_with(config.clone(), 1));
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE 'CREATE INDEX CONCURRENTLY % ON {schema}.idem_records %'"
+    );
+    let mut seen = false;
+    for _ in 0..600 {
+        seen = admin.query_one(&waiting, &[]).await.expect("activity").get::<_, i64>(0) > 0;
+        if seen || opening.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen, "no concurrent index build waited for the older transaction");
+    // The build cannot end before the older transaction does; a write does not wait for it.
+    let insert = format!(
+        "INSERT INTO {schema}.idem_records (key, fingerprint, fence, state) \
+         VALUES ('written during the build', 'x', 1, 1)"
+    );
+    let write = admin.execute(&insert, &[]);
+    let written = tokio::time::timeout(Duration::from_secs(60), write).await;
+    assert!(matches!(written, Ok(Ok(1))), "a write during the build: {written:?}");
+    assert!(!opening.is_finished(), "the build was still waiting when the write went through");
+    older.batch_execute("COMMIT").await.expect("commit");
+    let store = opening.await.expect("task").expect("the migrated store opens");
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 3, "every listing index valid");
+    let replay = store.claim(claim_req(&key, &fp)).await;
+    assert!(matches!(replay, Ok(Claim::Completed(_))), "the record is kept: {replay:?}");
+    drop(store);
+
+    // What a build cut short leaves: an invalid index of that name (here, a unique one over
+    // duplicates, which fails after it was entered in the catalog).
+    admin
+        .batch_execute(&format!(
+            "DROP INDEX {schema}.idem_records_tool; \
+             INSERT INTO {schema}.idem_records (key, fingerprint, fence, state) \
+             VALUES ('a duplicate', 'x', 2, 1)"
+        ))
+        .await
+        .expect("drop, duplicate");
+    let cut_short = admin
+        .batch_execute(&format!(
+            "CREATE UNIQUE INDEX CONCURRENTLY idem_records_tool ON {schema}.idem_records \
+             (fingerprint)"
+        ))
+        .await;
+    assert!(cut_short.is_err(), "the unique build over duplicates fails");
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 2, "one index left invalid");
+    let again = PostgresStore::connect_with(config.clone(), 1).await.expect("open again");
+    let (valid, tool) = listing_indexes(&admin, &schema).await;
+    assert_eq!(valid, 3, "the invalid index was built again");
+    assert!(tool.contains("(tool, key)") && !tool.contains("UNIQUE"), "rebuilt as idem's: {tool}");
+    drop(again);
+    pg::drop_schema(&admin, &schema).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_outcome_is_incompatible_not_replayed() {
     let Some(store) = store().await else { return };

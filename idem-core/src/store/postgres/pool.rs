@@ -135,7 +135,7 @@ impl Source {
         if schema == Schema::Create {
             refuse_unusable_database(&conn).await?;
         }
-        ensure_schema(&mut conn.client, schema).await?;
+        ensure_schema(&mut conn.client, schema, !self.unnamed).await?;
         conn.prepare_all().await?;
         warn_if_not_durable(&conn).await;
         Ok(())

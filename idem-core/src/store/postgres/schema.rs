@@ -22,7 +22,9 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// History: 1 adds the `owner` column and `idem_claim(k, fp, lease_ms, take, own)` (the owner
 /// token); the function of revision 0, which older stores call, becomes the new one with no
 /// token. 3 adds the record's origin (`tool`, `tenant`, `run_id`), the time it entered its state
-/// (`since`), the indexes for listing (`docs/design.md` §5.1) and
+/// (`since`), the indexes for listing (`docs/design.md` §5.1; on a table that holds records,
+/// built after the migration commits, with `CREATE INDEX CONCURRENTLY`, so that no running
+/// store's writes wait for the build) and
 /// `idem_claim(k, fp, lease_ms, take, own, tool, tenant, run)`; the function of revision 1 becomes
 /// the new one with no origin, so stores of an older revision keep working on a migrated
 /// database (their records list with an unknown origin and age). The migration only adds
@@ -184,17 +186,114 @@ CREATE OR REPLACE FUNCTION idem_claim(k text, fp text, lease_ms bigint, take boo
 LANGUAGE sql AS $fn$
 SELECT * FROM idem_claim(k, fp, lease_ms, take, own, NULL::text, NULL::text, NULL::text) $fn$";
 
-/// Revision 3's columns and indexes; `IF NOT EXISTS`, so it applies to new databases and to those
-/// of an older revision alike. The run id index is in byte order ("C"), which prefix ranges need.
+/// Revision 3's columns; `IF NOT EXISTS`, so it applies to new databases and to those of an older
+/// revision alike. Adding a column without a default rewrites nothing: a moment's lock.
 const REVISION_3: &str = "
 ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS tool text;
 ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS tenant text;
 ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS run_id text;
 ALTER TABLE idem_records ADD COLUMN IF NOT EXISTS since timestamptz;
-CREATE INDEX IF NOT EXISTS idem_records_state ON idem_records (state, kind, key);
-CREATE INDEX IF NOT EXISTS idem_records_tool ON idem_records (tool, key);
-CREATE INDEX IF NOT EXISTS idem_records_run ON idem_records ((run_id COLLATE \"C\"), key);
 ";
+
+/// Revision 3's indexes for listing (`docs/design.md` §5.1): name and key. The run id index is
+/// in byte order ("C"), which prefix ranges need.
+const LISTING_INDEXES: [(&str, &str); 3] = [
+    ("idem_records_state", "(state, kind, key)"),
+    ("idem_records_tool", "(tool, key)"),
+    ("idem_records_run", "((run_id COLLATE \"C\"), key)"),
+];
+
+/// How long an index build waits for each lock (its table's, and each older transaction's
+/// end) before it gives up, leaving the index for the next store to open.
+const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The table's schema; the listing indexes (`$1`) it lacks; those it has but invalid (a
+/// `CREATE INDEX CONCURRENTLY` cut short, or one under way); whether another session builds an
+/// index on it or changes it now (holds its SHARE UPDATE EXCLUSIVE lock; an autovacuum worker, which gives way to
+/// a build, does not count).
+const LISTING_INDEXES_FOUND: &str = "
+SELECT quote_ident(n.nspname),
+    ARRAY(SELECT w FROM unnest($1::text[]) w
+          WHERE NOT EXISTS (SELECT 1 FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+                            WHERE x.indrelid = t.oid AND c.relname = w)),
+    ARRAY(SELECT c.relname::text FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+          WHERE x.indrelid = t.oid AND NOT x.indisvalid AND c.relname = ANY($1::text[])),
+    EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.relation = t.oid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted
+              AND l.pid <> pg_backend_pid() AND a.backend_type <> 'autovacuum worker')
+FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
+WHERE t.oid = to_regclass('idem_records')";
+
+/// Builds the listing indexes a table that already holds records lacks, with `CREATE INDEX
+/// CONCURRENTLY`: a plain `CREATE INDEX` keeps every claim and completion of every running store
+/// waiting for as long as it reads the table. An index left invalid by a build that was cut short
+/// (a crash, a lock wait given up) is dropped and built again, unless another session builds or
+/// changes the table now (another process opening a store at the same time). Best effort,
+/// since the store works without them (a listing then reads the whole table): a failure is a
+/// warning with the statements to run by hand, and the next store to open tries again. Stores
+/// opening at the same moment may build an index twice, or leave it to the next one to open:
+/// listings are right either way, only slower without it.
+///
+/// `bounded`: each lock wait gives up after [`INDEX_LOCK_WAIT`] (a session's `lock_timeout`,
+/// set and reset around the builds). Not behind PgBouncer in transaction mode, where a session
+/// setting would stay on a server connection other clients then use: there a build waits for
+/// transactions left open as long as they stay open.
+async fn build_listing_indexes(client: &Client, bounded: bool) {
+    let names: Vec<&str> = LISTING_INDEXES.iter().map(|(name, _)| *name).collect();
+    let found = async {
+        let Some(row) =
+            client.query_typed_opt(LISTING_INDEXES_FOUND, &[(&names, Type::TEXT_ARRAY)]).await?
+        else {
+            return Ok(None);
+        };
+        let schema: String = row.try_get(0)?;
+        let (missing, invalid): (Vec<String>, Vec<String>) = (row.try_get(1)?, row.try_get(2)?);
+        Ok::<_, tokio_postgres::Error>(Some((schema, missing, invalid, row.try_get::<_, bool>(3)?)))
+    };
+    let (schema, missing, invalid) = match found.await {
+        Ok(Some((schema, missing, invalid, false))) => (schema, missing, invalid),
+        Ok(_) => return,
+        Err(e) => {
+            let error = super::error::PgError(e);
+            tracing::warn!(%error, "idem could not look for its listing indexes");
+            return;
+        }
+    };
+    if missing.is_empty() && invalid.is_empty() {
+        return;
+    }
+    let timeout = format!("SET lock_timeout = {}", INDEX_LOCK_WAIT.as_millis());
+    if bounded && client.batch_execute(&timeout).await.is_err() {
+        return;
+    }
+    let wanted = |n: &&(&str, &str)| missing.iter().chain(&invalid).any(|m| m == n.0);
+    for (name, key) in LISTING_INDEXES.iter().filter(wanted) {
+        let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}");
+        let build = format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {schema}.idem_records {key}"
+        );
+        let built = async {
+            if invalid.iter().any(|i| i == name) {
+                client.batch_execute(&drop).await?;
+            }
+            client.batch_execute(&build).await
+        };
+        if let Err(e) = built.await {
+            // A concurrent build that fails leaves its index behind, invalid.
+            let _ = client.batch_execute(&drop).await;
+            tracing::warn!(
+                index = %format!("{schema}.{name}"),
+                error = %super::error::PgError(e),
+                "idem could not build its listing index {schema}.{name}, and listings read the \
+                 whole table until it exists: the next store to open tries again, or run \
+                 {drop}; {build}"
+            );
+        }
+    }
+    if bounded {
+        let _ = client.batch_execute("RESET lock_timeout").await;
+    }
+}
 
 /// The function of revision 0 (no owner token), which stores of that revision call, is the new one
 /// with no token, so their takeovers clear the previous owner's token too (a token left on a row
@@ -333,7 +432,8 @@ async fn lock_kept(client: &Client, e: tokio_postgres::Error) -> StoreError {
 }
 
 /// What the store's statements need on tables that exist, and whether the role has it: each
-/// missing privilege as the GRANT that gives it (NULL when nothing is missing). The sequence and
+/// missing privilege as the GRANT that gives it (NULL when nothing is missing); last, whether
+/// the listing indexes ([`LISTING_INDEXES`]) are in place and valid. The sequence and
 /// functions are looked up by name (`to_regclass`, `to_regprocedure`), and one not found counts
 /// as granted: tables of a later revision, which a newer idem made while this one still runs
 /// (a rolling deploy), may name them otherwise, and an open must not fail on its own check.
@@ -350,17 +450,22 @@ SELECT quote_ident(current_user), current_database(),
         'EXECUTE'), true)
     AND coalesce(has_function_privilege(
         to_regprocedure('idem_claim_fresh(text, text, bigint, text, text, text, text)')::oid,
-        'EXECUTE'), true)";
+        'EXECUTE'), true),
+    (SELECT count(*) = 3 FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+     WHERE x.indrelid = to_regclass('idem_records') AND x.indisvalid
+       AND c.relname IN ('idem_records_state', 'idem_records_tool', 'idem_records_run'))";
 
 /// Refuses, at open, an application's store whose role may read idem's tables but not do what
 /// claims and completions do (a read-only role, grants on the tables but not on the fence
-/// sequence): otherwise it opens, and every call fails. Names the grants missing.
-async fn may_use(client: &Client) -> Result<(), StoreError> {
+/// sequence): otherwise it opens, and every call fails. Names the grants missing. Whether the
+/// listing indexes are in place and valid.
+async fn may_use(client: &Client) -> Result<bool, StoreError> {
     let row = client.query_typed_one(PRIVILEGES, &[]).await.map_err(pg)?;
     let (user, db, schema): (String, String, Option<String>) =
         (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?, row.try_get(2).map_err(pg)?);
     let (tables, sequence, functions): (String, bool, bool) =
         (row.try_get(3).map_err(pg)?, row.try_get(4).map_err(pg)?, row.try_get(5).map_err(pg)?);
+    let listing_indexes: bool = row.try_get(6).map_err(pg)?;
     let schema = schema.unwrap_or_default();
     let mut grants = Vec::new();
     if !tables.is_empty() {
@@ -373,7 +478,7 @@ async fn may_use(client: &Client) -> Result<(), StoreError> {
         grants.push(format!("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {user}"));
     }
     if grants.is_empty() {
-        return Ok(());
+        return Ok(listing_indexes);
     }
     Err(StoreError::InvalidConfig(format!(
         "role {user} may read idem's tables in schema {schema} of PostgreSQL database {db:?} but \
@@ -399,15 +504,22 @@ pub(crate) enum Schema {
     Existing,
 }
 
-pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result<(), StoreError> {
+/// Creates, checks or migrates the schema. `bounded`: whether an index build may bound its lock
+/// waits with a session setting (not behind PgBouncer in transaction mode).
+pub(super) async fn ensure_schema(
+    client: &mut Client,
+    schema: Schema,
+    bounded: bool,
+) -> Result<(), StoreError> {
     // The common case: the schema exists at our version and revision (for an application's
-    // store, then whether its role may use it).
+    // store, then whether its role may use it, and whether a migration's index build was cut
+    // short).
     let before = match version_of(client).await {
         Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => {
-            return match schema {
-                Schema::Create => may_use(client).await,
-                Schema::Existing => Ok(()),
-            };
+            if schema == Schema::Create && !may_use(client).await? {
+                build_listing_indexes(client, bounded).await;
+            }
+            return Ok(());
         }
         Ok((Some(v @ (1 | SCHEMA_VERSION)), r)) => Some((v, r)),
         Ok((None, _)) => None,
@@ -494,6 +606,12 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
                     .await?;
             }
             tx.batch_execute(REVISION_3).await?;
+            if fresh {
+                // An empty table: built at once, with the tables.
+                for (name, key) in LISTING_INDEXES {
+                    tx.batch_execute(&format!("CREATE INDEX {name} ON idem_records {key}")).await?;
+                }
+            }
             tx.batch_execute(CLAIM_FUNCTION).await?;
             tx.batch_execute(CLAIM_FUNCTION_REV1).await?;
             tx.batch_execute(CLAIM_FUNCTION_REV0).await?;
@@ -529,6 +647,8 @@ pub(super) async fn ensure_schema(client: &mut Client, schema: Schema) -> Result
                 if let Some(elsewhere) = elsewhere {
                     warn_elsewhere(client, &elsewhere).await;
                 }
+                // After the commit, which released the table: a migrated table holds records.
+                build_listing_indexes(client, bounded).await;
                 Ok(())
             }
             Some(0) => Err(StoreError::Incompatible(
