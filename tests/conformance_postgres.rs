@@ -363,7 +363,28 @@ async fn a_migration_builds_the_listing_indexes_without_blocking_writes() {
     assert_eq!(valid, 3, "the invalid index was built again");
     assert!(tool.contains("(tool, key)") && !tool.contains("UNIQUE"), "rebuilt as idem's: {tool}");
     drop(again);
+
+    // The application's role, which may use the table but does not own it, cannot build an
+    // index: its store opens all the same (a warning names the statements), and the owner's
+    // next open builds it.
+    admin.batch_execute(&format!("DROP INDEX {schema}.idem_records_run")).await.expect("drop");
+    let (role, as_app) = pg::login_role(&admin, &schema, "index_app", &config).await;
+    admin
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.idem_records TO {role}; \
+             GRANT SELECT ON {schema}.idem_meta TO {role}; \
+             GRANT USAGE ON SEQUENCE {schema}.idem_fence TO {role}"
+        ))
+        .await
+        .expect("grants");
+    let app = PostgresStore::connect_with(as_app, 1).await;
+    assert!(app.is_ok(), "a role that cannot build the index still opens: {:?}", app.err());
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 2, "not built by that role");
+    drop(app);
+    drop(PostgresStore::connect_with(config, 1).await.expect("the owner opens"));
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 3, "built at the owner's open");
     pg::drop_schema(&admin, &schema).await;
+    pg::drop_role(&admin, &role).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

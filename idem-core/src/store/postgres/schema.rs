@@ -209,8 +209,9 @@ const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The table's schema; the listing indexes (`$1`) it lacks; those it has but invalid (a
 /// `CREATE INDEX CONCURRENTLY` cut short, or one under way); whether another session builds an
-/// index on it or changes it now (holds its SHARE UPDATE EXCLUSIVE lock; an autovacuum worker, which gives way to
-/// a build, does not count).
+/// index on it or changes it now (holds its SHARE UPDATE EXCLUSIVE lock; an autovacuum worker,
+/// which gives way to a build, does not count); whether this role may build them (owns the table,
+/// or is a member of its owner).
 const LISTING_INDEXES_FOUND: &str = "
 SELECT quote_ident(n.nspname),
     ARRAY(SELECT w FROM unnest($1::text[]) w
@@ -220,38 +221,56 @@ SELECT quote_ident(n.nspname),
           WHERE x.indrelid = t.oid AND NOT x.indisvalid AND c.relname = ANY($1::text[])),
     EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
             WHERE l.relation = t.oid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted
-              AND l.pid <> pg_backend_pid() AND a.backend_type <> 'autovacuum worker')
+              AND l.pid <> pg_backend_pid() AND a.backend_type <> 'autovacuum worker'),
+    pg_has_role(t.relowner, 'USAGE')
 FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
 WHERE t.oid = to_regclass('idem_records')";
+
+/// What [`LISTING_INDEXES_FOUND`] answers.
+struct IndexesFound {
+    schema: String,
+    missing: Vec<String>,
+    invalid: Vec<String>,
+    busy: bool,
+    owner: bool,
+}
+
+impl IndexesFound {
+    async fn read(client: &Client) -> Result<Option<IndexesFound>, tokio_postgres::Error> {
+        let names: Vec<&str> = LISTING_INDEXES.iter().map(|(name, _)| *name).collect();
+        let names = [(&names as &(dyn tokio_postgres::types::ToSql + Sync), Type::TEXT_ARRAY)];
+        let Some(row) = client.query_typed_opt(LISTING_INDEXES_FOUND, &names).await? else {
+            return Ok(None);
+        };
+        Ok(Some(IndexesFound {
+            schema: row.try_get(0)?,
+            missing: row.try_get(1)?,
+            invalid: row.try_get(2)?,
+            busy: row.try_get(3)?,
+            owner: row.try_get(4)?,
+        }))
+    }
+}
 
 /// Builds the listing indexes a table that already holds records lacks, with `CREATE INDEX
 /// CONCURRENTLY`: a plain `CREATE INDEX` keeps every claim and completion of every running store
 /// waiting for as long as it reads the table. An index left invalid by a build that was cut short
-/// (a crash, a lock wait given up) is dropped and built again, unless another session builds or
-/// changes the table now (another process opening a store at the same time). Best effort,
-/// since the store works without them (a listing then reads the whole table): a failure is a
-/// warning with the statements to run by hand, and the next store to open tries again. Stores
-/// opening at the same moment may build an index twice, or leave it to the next one to open:
-/// listings are right either way, only slower without it.
+/// (a crash, a lock wait given up, a `statement_timeout`) is dropped and built again. Nothing is
+/// done while another session builds an index on the table or changes it (another process
+/// opening a store at the same time): what it does is not this store's to undo, nor to warn of.
+/// Best effort, since the store works without the indexes (a listing then reads the whole table):
+/// a failure, or a role that does not own the table, is a warning with the statements to run,
+/// and the next store to open tries again. Stores opening at the same moment may build an index
+/// twice, or leave it to the next one to open: listings are right either way, only slower
+/// without it.
 ///
 /// `bounded`: each lock wait gives up after [`INDEX_LOCK_WAIT`] (a session's `lock_timeout`,
 /// set and reset around the builds). Not behind PgBouncer in transaction mode, where a session
 /// setting would stay on a server connection other clients then use: there a build waits for
 /// transactions left open as long as they stay open.
 async fn build_listing_indexes(client: &Client, bounded: bool) {
-    let names: Vec<&str> = LISTING_INDEXES.iter().map(|(name, _)| *name).collect();
-    let found = async {
-        let Some(row) =
-            client.query_typed_opt(LISTING_INDEXES_FOUND, &[(&names, Type::TEXT_ARRAY)]).await?
-        else {
-            return Ok(None);
-        };
-        let schema: String = row.try_get(0)?;
-        let (missing, invalid): (Vec<String>, Vec<String>) = (row.try_get(1)?, row.try_get(2)?);
-        Ok::<_, tokio_postgres::Error>(Some((schema, missing, invalid, row.try_get::<_, bool>(3)?)))
-    };
-    let (schema, missing, invalid) = match found.await {
-        Ok(Some((schema, missing, invalid, false))) => (schema, missing, invalid),
+    let found = match IndexesFound::read(client).await {
+        Ok(Some(found)) if !found.busy => found,
         Ok(_) => return,
         Err(e) => {
             let error = super::error::PgError(e);
@@ -259,36 +278,58 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
             return;
         }
     };
+    let IndexesFound { schema, missing, invalid, owner, .. } = found;
     if missing.is_empty() && invalid.is_empty() {
+        return;
+    }
+    let wanted = |n: &&(&str, &str)| missing.iter().chain(&invalid).any(|m| m == n.0);
+    let statements = |name: &str, key: &str| {
+        let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}");
+        let build = format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {schema}.idem_records {key}"
+        );
+        (drop, build)
+    };
+    if !owner {
+        for (name, key) in LISTING_INDEXES.iter().filter(wanted) {
+            let (drop, build) = statements(name, key);
+            tracing::warn!(
+                index = %format!("{schema}.{name}"),
+                "idem's listing index {schema}.{name} is missing or invalid, and listings read the \
+                 whole table until it is built; this role does not own idem_records, so the \
+                 table's owner must run: {drop}; {build}"
+            );
+        }
         return;
     }
     let timeout = format!("SET lock_timeout = {}", INDEX_LOCK_WAIT.as_millis());
     if bounded && client.batch_execute(&timeout).await.is_err() {
         return;
     }
-    let wanted = |n: &&(&str, &str)| missing.iter().chain(&invalid).any(|m| m == n.0);
     for (name, key) in LISTING_INDEXES.iter().filter(wanted) {
-        let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {schema}.{name}");
-        let build = format!(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {schema}.idem_records {key}"
-        );
+        let (drop, build) = statements(name, key);
         let built = async {
             if invalid.iter().any(|i| i == name) {
                 client.batch_execute(&drop).await?;
             }
             client.batch_execute(&build).await
         };
-        if let Err(e) = built.await {
-            // A concurrent build that fails leaves its index behind, invalid.
-            let _ = client.batch_execute(&drop).await;
-            tracing::warn!(
-                index = %format!("{schema}.{name}"),
-                error = %super::error::PgError(e),
-                "idem could not build its listing index {schema}.{name}, and listings read the \
-                 whole table until it exists: the next store to open tries again, or run \
-                 {drop}; {build}"
-            );
+        let Err(e) = built.await else { continue };
+        // A concurrent build that fails leaves its index behind, invalid; unless the failure
+        // was waiting for another session's build of it, which is that session's to finish.
+        match IndexesFound::read(client).await {
+            Ok(Some(now)) if now.busy => continue,
+            Ok(Some(now)) if now.invalid.iter().any(|i| i == name) => {
+                let _ = client.batch_execute(&drop).await;
+            }
+            _ => {}
         }
+        tracing::warn!(
+            index = %format!("{schema}.{name}"),
+            error = %super::error::PgError(e),
+            "idem could not build its listing index {schema}.{name}, and listings read the whole \
+             table until it exists: the next store to open tries again, or run {drop}; {build}"
+        );
     }
     if bounded {
         let _ = client.batch_execute("RESET lock_timeout").await;
