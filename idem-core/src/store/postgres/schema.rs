@@ -210,8 +210,8 @@ const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The table's schema; the listing indexes (`$1`) it lacks; those it has but invalid (a
 /// `CREATE INDEX CONCURRENTLY` cut short, or one under way); whether another session builds an
 /// index on it or changes it now (holds its SHARE UPDATE EXCLUSIVE lock; an autovacuum worker,
-/// which gives way to a build, does not count); whether this role may build them (owns the table,
-/// or is a member of its owner).
+/// which gives way to a build, does not count, but a session whose kind this role may not see
+/// does); whether this role may build them (owns the table, or is a member of its owner).
 const LISTING_INDEXES_FOUND: &str = "
 SELECT quote_ident(n.nspname),
     ARRAY(SELECT w FROM unnest($1::text[]) w
@@ -221,7 +221,8 @@ SELECT quote_ident(n.nspname),
           WHERE x.indrelid = t.oid AND NOT x.indisvalid AND c.relname = ANY($1::text[])),
     EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
             WHERE l.relation = t.oid AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted
-              AND l.pid <> pg_backend_pid() AND a.backend_type <> 'autovacuum worker'),
+              AND l.pid <> pg_backend_pid()
+              AND a.backend_type IS DISTINCT FROM 'autovacuum worker'),
     pg_has_role(t.relowner, 'USAGE')
 FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
 WHERE t.oid = to_regclass('idem_records')";
@@ -557,7 +558,8 @@ pub(super) async fn ensure_schema(
     // short).
     let before = match version_of(client).await {
         Ok((Some(SCHEMA_VERSION), r)) if r >= SCHEMA_REVISION => {
-            if schema == Schema::Create && !may_use(client).await? {
+            // A later revision's indexes are that revision's stores' business.
+            if schema == Schema::Create && !may_use(client).await? && r == SCHEMA_REVISION {
                 build_listing_indexes(client, bounded).await;
             }
             return Ok(());
