@@ -354,6 +354,40 @@ async fn revision_0_database_is_migrated() {
     ));
 }
 
+/// A migration cut short after some of its steps (the columns added, one index built, the
+/// revision not yet recorded) is finished by the next store to open: each step can be taken again.
+#[tokio::test]
+async fn a_migration_cut_short_is_finished_at_the_next_open() {
+    let path = fresh_file("cut_short");
+    let store = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key("cut_short", "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.expect("done");
+    drop(store);
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute_batch(
+        "DROP INDEX idem_records_tool; DROP INDEX idem_records_run;
+         DELETE FROM idem_meta WHERE name = 'schema_revision';",
+    )
+    .expect("cut short");
+    let store = SqliteStore::open(&path).expect("a migration cut short is finished, not refused");
+    let revision: i64 = raw
+        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
+        .expect("revision");
+    assert_eq!(revision, idem_core::store::sqlite::SCHEMA_REVISION);
+    let indexes: i64 = raw
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN \
+             ('idem_records_state', 'idem_records_tool', 'idem_records_run')",
+            [],
+            |r| r.get(0),
+        )
+        .expect("indexes");
+    assert_eq!(indexes, 3, "every listing index");
+    let info = store.inspect(&key).await.expect("inspect").expect("the record is kept");
+    assert_eq!(info.state, idem_core::store::RecordState::Done(Outcome::Unknown));
+}
+
 mod multi_instance {
     use std::sync::Arc;
 

@@ -15,8 +15,8 @@ pub const SCHEMA_VERSION: i64 = 1;
 ///
 /// History: 1 adds the record's origin (`tool`, `tenant`, `run_id`), the time it entered its
 /// state (`since`, ms) and the indexes for listing (`docs/design.md` §5.1). A database of
-/// revision 0 is migrated when a store of this version opens it; its records list with an
-/// unknown origin and age.
+/// revision 0 is migrated when a store of this version opens it, one index per transaction; its
+/// records list with an unknown origin and age.
 pub const SCHEMA_REVISION: i64 = 1;
 
 const SCHEMA: &str = "
@@ -46,16 +46,18 @@ CREATE TRIGGER idem_fence_update AFTER UPDATE OF fence ON idem_records BEGIN
 END;
 ";
 
-/// Revision 1 (see [`SCHEMA_REVISION`]), applied to new databases and to those of revision 0.
-const REVISION_1: &str = "
-ALTER TABLE idem_records ADD COLUMN tool TEXT;
-ALTER TABLE idem_records ADD COLUMN tenant TEXT;
-ALTER TABLE idem_records ADD COLUMN run_id TEXT;
-ALTER TABLE idem_records ADD COLUMN since INTEGER;
-CREATE INDEX idem_records_state ON idem_records (state, kind, key);
-CREATE INDEX idem_records_tool ON idem_records (tool, key);
-CREATE INDEX idem_records_run ON idem_records (run_id, key);
-";
+/// Revision 1's columns (see [`SCHEMA_REVISION`]): name and type. Adding one rewrites nothing.
+const REVISION_1_COLUMNS: [(&str, &str); 4] =
+    [("tool", "TEXT"), ("tenant", "TEXT"), ("run_id", "TEXT"), ("since", "INTEGER")];
+
+/// Revision 1's indexes for listing. On a table that holds records each is built in a transaction
+/// of its own: SQLite has one writer at a time, so every other process's claims wait for a build,
+/// and waiting for one at a time keeps them further from the busy timeout than waiting for all.
+const REVISION_1_INDEXES: [&str; 3] = [
+    "CREATE INDEX IF NOT EXISTS idem_records_state ON idem_records (state, kind, key)",
+    "CREATE INDEX IF NOT EXISTS idem_records_tool ON idem_records (tool, key)",
+    "CREATE INDEX IF NOT EXISTS idem_records_run ON idem_records (run_id, key)",
+];
 
 /// Whether the database already holds this version's schema at this revision: read without
 /// the write lock, so that opening a store does not wait for another process's long write (a
@@ -110,6 +112,7 @@ pub(super) fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
                 r.get(0)
             })
             .optional()?;
+        let fresh = version.is_none();
         match version {
             Some(SCHEMA_VERSION) => {}
             Some(v) => {
@@ -143,13 +146,34 @@ pub(super) fn init_schema(conn: &mut Connection) -> Result<(), StoreError> {
             })
             .optional()?
             .unwrap_or(0);
-        if revision < 1 {
-            tx.execute_batch(REVISION_1)?;
-            tx.execute(
-                "INSERT OR REPLACE INTO idem_meta (name, value) VALUES ('schema_revision', ?1)",
-                params![SCHEMA_REVISION],
-            )?;
+        if revision >= 1 {
+            return Ok(tx.commit()?);
         }
+        // Each step can be taken again: a migration cut short (a crash) is finished by the next
+        // store to open, and the revision is recorded last.
+        let has: Vec<String> = tx
+            .prepare("SELECT name FROM pragma_table_info('idem_records')")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for (name, kind) in REVISION_1_COLUMNS.iter().filter(|(n, _)| !has.iter().any(|h| h == n)) {
+            tx.execute_batch(&format!("ALTER TABLE idem_records ADD COLUMN {name} {kind}"))?;
+        }
+        let mark = "INSERT OR REPLACE INTO idem_meta (name, value) VALUES ('schema_revision', ?1)";
+        if fresh {
+            for index in REVISION_1_INDEXES {
+                tx.execute_batch(index)?;
+            }
+            tx.execute(mark, params![SCHEMA_REVISION])?;
+            return Ok(tx.commit()?);
+        }
+        tx.commit()?;
+        for index in REVISION_1_INDEXES {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(index)?;
+            tx.commit()?;
+        }
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute(mark, params![SCHEMA_REVISION])?;
         tx.commit()?;
         Ok(())
     };
