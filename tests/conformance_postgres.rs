@@ -286,6 +286,30 @@ async fn listing_indexes(admin: &tokio_postgres::Client, schema: &str) -> (i64, 
     (row.get(0), row.get::<_, Option<String>>(1).unwrap_or_default())
 }
 
+/// The session of a concurrent build of a listing index on the table in `schema` while it waits
+/// for a lock (an older transaction's end), once there is one; `None` when `opening` ended first
+/// or none came within 30 s.
+async fn build_waiting<T>(
+    admin: &tokio_postgres::Client,
+    schema: &str,
+    opening: &tokio::task::JoinHandle<T>,
+) -> Option<i32> {
+    let waiting = format!(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE 'CREATE INDEX CONCURRENTLY % ON {schema}.idem_records %'"
+    );
+    for _ in 0..600 {
+        if let Some(row) = admin.query_opt(&waiting, &[]).await.expect("activity") {
+            return Some(row.get(0));
+        }
+        if opening.is_finished() {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 /// A migration that adds the listing indexes to a table that holds records builds them after its
 /// commit with `CREATE INDEX CONCURRENTLY`, so the table stays writable during the build: a
 /// plain `CREATE INDEX` in the migration would hold every running store's claims and
@@ -311,19 +335,8 @@ async fn a_migration_builds_the_listing_indexes_without_blocking_writes() {
     let older = raw(&config).await;
     older.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").await.expect("begin");
     let opening = tokio::spawn(PostgresStore::connect_with(config.clone(), 1));
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-         AND query LIKE 'CREATE INDEX CONCURRENTLY % ON {schema}.idem_records %'"
-    );
-    let mut seen = false;
-    for _ in 0..600 {
-        seen = admin.query_one(&waiting, &[]).await.expect("activity").get::<_, i64>(0) > 0;
-        if seen || opening.is_finished() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(seen, "no concurrent index build waited for the older transaction");
+    let seen = build_waiting(&admin, &schema, &opening).await;
+    assert!(seen.is_some(), "no concurrent index build waited for the older transaction");
     // The build cannot end before the older transaction does; a write does not wait for it.
     let insert = format!(
         "INSERT INTO {schema}.idem_records (key, fingerprint, fence, state) \
@@ -385,6 +398,57 @@ async fn a_migration_builds_the_listing_indexes_without_blocking_writes() {
     assert_eq!(listing_indexes(&admin, &schema).await.0, 3, "built at the owner's open");
     pg::drop_schema(&admin, &schema).await;
     pg::drop_role(&admin, &role).await;
+}
+
+/// One store builds the listing indexes at a time: stores opening at once on a table without
+/// them do not start concurrent builds, which deadlock on each other's snapshots. A store whose
+/// build's session is ended opens all the same; the failed build keeps others from trying again
+/// until its lease ends, then one builds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_indexes_are_built_by_one_store_at_a_time() {
+    let Some(_) = store().await else { return };
+    let (schema, admin, config) = private_schema("index_herd").await;
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("create schema"));
+    let drop_all = format!(
+        "DROP INDEX {schema}.idem_records_state, {schema}.idem_records_tool, \
+         {schema}.idem_records_run"
+    );
+    admin.batch_execute(&drop_all).await.expect("drop the indexes");
+    let opens = futures_util::future::join_all(
+        (0..8).map(|_| PostgresStore::connect_with(config.clone(), 1)),
+    )
+    .await;
+    assert!(
+        opens.iter().all(Result::is_ok),
+        "every store opens: {:?}",
+        opens.iter().find_map(|o| o.as_ref().err())
+    );
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 3, "built once every open returned");
+    drop(opens);
+
+    admin.batch_execute(&drop_all).await.expect("drop the indexes again");
+    let older = raw(&config).await;
+    older.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").await.expect("begin");
+    let opening = tokio::spawn(PostgresStore::connect_with(config.clone(), 1));
+    let pid = build_waiting(&admin, &schema, &opening).await.expect("a build waits");
+    admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).await.expect("terminate");
+    older.batch_execute("COMMIT").await.expect("commit");
+    let store = opening.await.expect("task").expect("a store whose build was ended opens");
+    let (key, fp) = fresh_key("index_herd", "after");
+    let claimed = store.claim(claim_req(&key, &fp)).await;
+    assert!(matches!(claimed, Ok(Claim::Acquired { .. })), "and works: {claimed:?}");
+    drop(store);
+    drop(PostgresStore::connect_with(config.clone(), 1).await.expect("open within the lease"));
+    assert!(listing_indexes(&admin, &schema).await.0 < 3, "no build within the failed one's lease");
+    admin
+        .batch_execute(&format!(
+            "UPDATE {schema}.idem_meta SET value = 0 WHERE name = 'listing_index_build'"
+        ))
+        .await
+        .expect("the lease ends");
+    drop(PostgresStore::connect_with(config, 1).await.expect("open after the lease"));
+    assert_eq!(listing_indexes(&admin, &schema).await.0, 3, "built after the lease");
+    pg::drop_schema(&admin, &schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

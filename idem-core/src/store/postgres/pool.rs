@@ -136,6 +136,12 @@ impl Source {
             refuse_unusable_database(&conn).await?;
         }
         ensure_schema(&mut conn.client, schema, !self.unnamed).await?;
+        if conn.client.is_closed() {
+            // An index build whose session was ended (`pg_terminate_backend`) takes its
+            // connection with it; the store needs none of what it did.
+            drop(conn);
+            conn = self.checkout().await?;
+        }
         conn.prepare_all().await?;
         warn_if_not_durable(&conn).await;
         Ok(())

@@ -204,8 +204,22 @@ const LISTING_INDEXES: [(&str, &str); 3] = [
 ];
 
 /// How long an index build waits for each lock (its table's, and each older transaction's
-/// end) before it gives up, leaving the index for the next store to open.
+/// end) before it gives up, leaving the index for a later store to open.
 const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long the store that builds the listing indexes keeps others from building them (a lease
+/// in `idem_meta`, ended when the builds succeed). After a failed build it stays: the next try
+/// waits that long, rather than every open paying for a build that fails again (a transaction
+/// kept open, a `statement_timeout`).
+const INDEX_BUILD_LEASE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Takes the lease on the index builds (`$1`: its length in ms); a row when taken.
+const INDEX_BUILD_TAKE: &str = "
+INSERT INTO idem_meta (name, value)
+VALUES ('listing_index_build', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1)
+ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
+WHERE idem_meta.value < (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+RETURNING value";
 
 /// The table's schema; the listing indexes (`$1`) it lacks; those it has but invalid (a
 /// `CREATE INDEX CONCURRENTLY` cut short, or one under way); whether another session builds an
@@ -256,19 +270,20 @@ impl IndexesFound {
 /// Builds the listing indexes a table that already holds records lacks, with `CREATE INDEX
 /// CONCURRENTLY`: a plain `CREATE INDEX` keeps every claim and completion of every running store
 /// waiting for as long as it reads the table. An index left invalid by a build that was cut short
-/// (a crash, a lock wait given up, a `statement_timeout`) is dropped and built again. Nothing is
-/// done while another session builds an index on the table or changes it (another process
-/// opening a store at the same time): what it does is not this store's to undo, nor to warn of.
-/// Best effort, since the store works without the indexes (a listing then reads the whole table):
-/// a failure, or a role that does not own the table, is a warning with the statements to run,
-/// and the next store to open tries again. Stores opening at the same moment may build an index
-/// twice, or leave it to the next one to open: listings are right either way, only slower
-/// without it.
+/// (a crash, a lock wait given up, a `statement_timeout`) is dropped and built again.
+///
+/// One store builds at a time: it takes a lease in `idem_meta` ([`INDEX_BUILD_LEASE`]), since
+/// concurrent builds on one table deadlock on each other's snapshots. Nothing is done while
+/// another session builds an index on the table or changes it. Best effort, since the store works
+/// without the indexes (a listing then reads the whole table): the builds stop at the first
+/// failure, which is a warning with the statements to run, and are tried again once the lease
+/// ends; a role that does not own the table only warns.
 ///
 /// `bounded`: each lock wait gives up after [`INDEX_LOCK_WAIT`] (a session's `lock_timeout`,
-/// set and reset around the builds). Not behind PgBouncer in transaction mode, where a session
-/// setting would stay on a server connection other clients then use: there a build waits for
-/// transactions left open as long as they stay open.
+/// set and reset around the builds). Behind PgBouncer in transaction mode (`bounded` false) a
+/// session setting would stay on a server connection other clients then use, and a build
+/// without it waits as long as any older transaction stays open, so there nothing is built: a
+/// warning says to open a store once on a direct connection.
 async fn build_listing_indexes(client: &Client, bounded: bool) {
     let found = match IndexesFound::read(client).await {
         Ok(Some(found)) if !found.busy => found,
@@ -291,22 +306,39 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
         );
         (drop, build)
     };
-    if !owner {
+    if !owner || !bounded {
+        let why = if owner {
+            "through PgBouncer in transaction mode they are not built (a build could wait without \
+             end); open a store once on a direct connection, or run"
+        } else {
+            "this role does not own idem_records, so the table's owner must run"
+        };
         for (name, key) in LISTING_INDEXES.iter().filter(wanted) {
             let (drop, build) = statements(name, key);
             tracing::warn!(
                 index = %format!("{schema}.{name}"),
                 "idem's listing index {schema}.{name} is missing or invalid, and listings read the \
-                 whole table until it is built; this role does not own idem_records, so the \
-                 table's owner must run: {drop}; {build}"
+                 whole table until it is built; {why}: {drop}; {build}"
             );
         }
         return;
     }
+    let lease = INDEX_BUILD_LEASE.as_millis() as i64;
+    match client.query_typed_opt(INDEX_BUILD_TAKE, &[(&lease, Type::INT8)]).await {
+        Ok(Some(_)) => {}
+        // Another store builds them, or one failed to within the lease.
+        Ok(None) => return,
+        Err(e) => {
+            let error = super::error::PgError(e);
+            tracing::warn!(%error, "idem could not take the lease on building its listing indexes");
+            return;
+        }
+    }
     let timeout = format!("SET lock_timeout = {}", INDEX_LOCK_WAIT.as_millis());
-    if bounded && client.batch_execute(&timeout).await.is_err() {
+    if client.batch_execute(&timeout).await.is_err() {
         return;
     }
+    let mut failed = false;
     for (name, key) in LISTING_INDEXES.iter().filter(wanted) {
         let (drop, build) = statements(name, key);
         let built = async {
@@ -316,24 +348,28 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
             client.batch_execute(&build).await
         };
         let Err(e) = built.await else { continue };
-        // A concurrent build that fails leaves its index behind, invalid; unless the failure
-        // was waiting for another session's build of it, which is that session's to finish.
-        match IndexesFound::read(client).await {
-            Ok(Some(now)) if now.busy => continue,
-            Ok(Some(now)) if now.invalid.iter().any(|i| i == name) => {
-                let _ = client.batch_execute(&drop).await;
-            }
-            _ => {}
+        failed = true;
+        // A concurrent build that fails leaves its index behind, invalid.
+        if let Ok(Some(now)) = IndexesFound::read(client).await
+            && !now.busy
+            && now.invalid.iter().any(|i| i == name)
+        {
+            let _ = client.batch_execute(&drop).await;
         }
         tracing::warn!(
             index = %format!("{schema}.{name}"),
             error = %super::error::PgError(e),
             "idem could not build its listing index {schema}.{name}, and listings read the whole \
-             table until it exists: the next store to open tries again, or run {drop}; {build}"
+             table until it exists: a store opening after {} min tries again, or run {drop}; \
+             {build}",
+            INDEX_BUILD_LEASE.as_secs() / 60
         );
+        break;
     }
-    if bounded {
-        let _ = client.batch_execute("RESET lock_timeout").await;
+    let _ = client.batch_execute("RESET lock_timeout").await;
+    if !failed {
+        let end = "DELETE FROM idem_meta WHERE name = 'listing_index_build'";
+        let _ = client.batch_execute(end).await;
     }
 }
 
