@@ -280,7 +280,7 @@ impl IndexesFound {
 /// ends; a role that does not own the table only warns.
 ///
 /// `bounded`: each lock wait gives up after [`INDEX_LOCK_WAIT`] (a session's `lock_timeout`,
-/// set and reset around the builds). Behind PgBouncer in transaction mode (`bounded` false) a
+/// set around the builds, then put back as it was). Behind PgBouncer in transaction mode (`bounded` false) a
 /// session setting would stay on a server connection other clients then use, and a build
 /// without it waits as long as any older transaction stays open, so there nothing is built: a
 /// warning says to open a store once on a direct connection.
@@ -334,8 +334,14 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
             return;
         }
     }
-    let timeout = format!("SET lock_timeout = {}", INDEX_LOCK_WAIT.as_millis());
-    if client.batch_execute(&timeout).await.is_err() {
+    // The session's own setting is put back after, not reset: a pool's connection may have
+    // been given one when it was made.
+    let read = "SELECT current_setting('lock_timeout')";
+    let Ok(before) = client.query_typed_one(read, &[]).await else { return };
+    let Ok(before) = before.try_get::<_, String>(0) else { return };
+    let set = "SELECT set_config('lock_timeout', $1, false)";
+    let timeout = format!("{}ms", INDEX_LOCK_WAIT.as_millis());
+    if client.query_typed(set, &[(&timeout, Type::TEXT)]).await.is_err() {
         return;
     }
     let mut failed = false;
@@ -366,7 +372,7 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
         );
         break;
     }
-    let _ = client.batch_execute("RESET lock_timeout").await;
+    let _ = client.query_typed(set, &[(&before, Type::TEXT)]).await;
     if !failed {
         let end = "DELETE FROM idem_meta WHERE name = 'listing_index_build'";
         let _ = client.batch_execute(end).await;
