@@ -296,7 +296,8 @@ async fn build_waiting<T>(
 ) -> Option<i32> {
     let waiting = format!(
         "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-         AND query LIKE 'CREATE INDEX CONCURRENTLY % ON {schema}.idem_records %'"
+         AND backend_type = 'client backend' \
+         AND query LIKE 'CREATE INDEX CONCURRENTLY % ON {schema}.idem_records %' LIMIT 1"
     );
     for _ in 0..600 {
         if let Some(row) = admin.query_opt(&waiting, &[]).await.expect("activity") {

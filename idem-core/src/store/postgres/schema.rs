@@ -210,8 +210,9 @@ const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long the store that builds the listing indexes keeps others from building them (a lease
 /// in `idem_meta`, ended when the builds succeed). After a failed build it stays: the next try
 /// waits that long, rather than every open paying for a build that fails again (a transaction
-/// kept open, a `statement_timeout`).
-const INDEX_BUILD_LEASE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+/// kept open, a `statement_timeout`). A build that outlasts it is not raced: the next store sees
+/// the table busy.
+const INDEX_BUILD_LEASE: std::time::Duration = std::time::Duration::from_secs(2 * 60);
 
 /// Takes the lease on the index builds (`$1`: its length in ms); a row when taken.
 const INDEX_BUILD_TAKE: &str = "
@@ -366,7 +367,7 @@ async fn build_listing_indexes(client: &Client, bounded: bool) {
             index = %format!("{schema}.{name}"),
             error = %super::error::PgError(e),
             "idem could not build its listing index {schema}.{name}, and listings read the whole \
-             table until it exists: a store opening after {} min tries again, or run {drop}; \
+             table until it exists: a store opening {} min from now tries again, or run {drop}; \
              {build}",
             INDEX_BUILD_LEASE.as_secs() / 60
         );
