@@ -85,7 +85,12 @@ pub fn spawn_redis(cmd: &mut Command, log: &Path) -> Result<std::process::Child,
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("redis-server: {e}"))?;
-    stop_at_exit(&format!("kill -9 {} 2>/dev/null", child.id()))?;
+    // Only while that pid is still a redis-server: a server stopped earlier (a test's crash)
+    // gives its pid back to the system.
+    let pid = child.id();
+    stop_at_exit(&format!(
+        "grep -qa redis-server /proc/{pid}/cmdline 2>/dev/null && kill -9 {pid} 2>/dev/null"
+    ))?;
     let said = || {
         let text = std::fs::read(log).unwrap_or_default();
         String::from_utf8_lossy(text.get(from..).unwrap_or_default()).into_owned()
@@ -447,7 +452,8 @@ impl PgBouncer {
         if is_root() {
             run(Command::new("chown").args(["-R", "postgres"]).arg(&dir))?;
         }
-        stop_at_exit(&format!("sleep 0.5; rm -rf '{}'", dir.display()))?;
+        // Later than the watchdogs below, which read their pid files in this directory.
+        stop_at_exit(&format!("sleep 2; rm -rf '{}'", dir.display()))?;
         let listen = on_free_port(free_port, |listen| {
             let ini = dir.join(format!("pgbouncer-{listen}.ini"));
             let pid = dir.join(format!("pgbouncer-{listen}.pid"));
