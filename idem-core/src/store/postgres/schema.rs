@@ -281,10 +281,10 @@ impl IndexesFound {
 /// ends; a role that does not own the table only warns.
 ///
 /// `bounded`: each lock wait gives up after [`INDEX_LOCK_WAIT`] (a session's `lock_timeout`,
-/// set around the builds, then put back as it was). Behind PgBouncer in transaction mode (`bounded` false) a
-/// session setting would stay on a server connection other clients then use, and a build
-/// without it waits as long as any older transaction stays open, so there nothing is built: a
-/// warning says to open a store once on a direct connection.
+/// set around the builds, then put back as it was). Behind PgBouncer in transaction mode
+/// (`bounded` false) a session setting would stay on a server connection other clients then
+/// use, and a build without it waits as long as any older transaction stays open, so there
+/// nothing is built: a warning says to open a store once on a direct connection.
 async fn build_listing_indexes(client: &Client, bounded: bool) {
     let found = match IndexesFound::read(client).await {
         Ok(Some(found)) if !found.busy => found,
