@@ -313,27 +313,39 @@ async fn acquired_again(other: &SqliteStore, req: ClaimRequest<'_>, whose: &str)
     panic!("{whose} record was never released; last answer {last:?}");
 }
 
+/// A database a store of this version made, holding one record whose outcome is unknown, then
+/// changed behind the store's back by the SQL `edit`: its path, a raw connection to it, and the
+/// record's key and fingerprint.
+async fn edited_database(
+    tag: &str,
+    edit: &str,
+) -> (PathBuf, rusqlite::Connection, idem_core::Key, idem_core::Fingerprint) {
+    let path = fresh_file(tag);
+    let store = SqliteStore::open(&path).expect("open");
+    let (key, fp) = idem_core::conformance::fresh_key(tag, "{}");
+    let fence = idem_tests::acquire(&store, &key, &fp).await;
+    store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.expect("done");
+    drop(store);
+    let raw = rusqlite::Connection::open(&path).expect("raw open");
+    raw.execute_batch(edit).expect("edit the database");
+    (path, raw, key, fp)
+}
+
 /// A database of schema revision 0 (before records kept their origin) is migrated when a store
 /// of this version opens it: its records still replay, list with an unknown origin and age, and
 /// can be resolved.
 #[tokio::test]
 async fn revision_0_database_is_migrated() {
     use idem_core::store::{ListQuery, RecordState, Resolution, StateFilter};
-    let path = fresh_file("revision0");
-    let store = SqliteStore::open(&path).expect("open");
-    let (key, fp) = idem_core::conformance::fresh_key("revision0", "{}");
-    let fence = idem_tests::acquire(&store, &key, &fp).await;
-    store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.expect("done");
-    drop(store);
     // Back to revision 0: the columns and indexes of revision 1 removed.
-    let raw = rusqlite::Connection::open(&path).expect("raw open");
-    raw.execute_batch(
+    let (path, raw, key, fp) = edited_database(
+        "revision0",
         "DROP INDEX idem_records_state; DROP INDEX idem_records_tool; DROP INDEX idem_records_run;
          ALTER TABLE idem_records DROP COLUMN tool; ALTER TABLE idem_records DROP COLUMN tenant;
          ALTER TABLE idem_records DROP COLUMN run_id; ALTER TABLE idem_records DROP COLUMN since;
          DELETE FROM idem_meta WHERE name = 'schema_revision';",
     )
-    .expect("revision 0");
+    .await;
     let store = SqliteStore::open(&path).expect("a revision 0 database opens");
     let revision: i64 = raw
         .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
@@ -358,18 +370,12 @@ async fn revision_0_database_is_migrated() {
 /// revision not yet recorded) is finished by the next store to open: each step can be taken again.
 #[tokio::test]
 async fn a_migration_cut_short_is_finished_at_the_next_open() {
-    let path = fresh_file("cut_short");
-    let store = SqliteStore::open(&path).expect("open");
-    let (key, fp) = idem_core::conformance::fresh_key("cut_short", "{}");
-    let fence = idem_tests::acquire(&store, &key, &fp).await;
-    store.complete(&key, fence, &Outcome::Unknown, Duration::from_secs(3600)).await.expect("done");
-    drop(store);
-    let raw = rusqlite::Connection::open(&path).expect("raw open");
-    raw.execute_batch(
+    let (path, raw, key, _) = edited_database(
+        "cut_short",
         "DROP INDEX idem_records_tool; DROP INDEX idem_records_run;
          DELETE FROM idem_meta WHERE name = 'schema_revision';",
     )
-    .expect("cut short");
+    .await;
     let store = SqliteStore::open(&path).expect("a migration cut short is finished, not refused");
     let revision: i64 = raw
         .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
