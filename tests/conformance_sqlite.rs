@@ -331,6 +331,17 @@ async fn edited_database(
     (path, raw, key, fp)
 }
 
+/// Opens a store on the database at `path` (`what` it holds), which must migrate it: this
+/// version's revision is recorded.
+fn open_migrated(path: &std::path::Path, raw: &rusqlite::Connection, what: &str) -> SqliteStore {
+    let store = SqliteStore::open(path).unwrap_or_else(|e| panic!("{what} opens: {e}"));
+    let revision: i64 = raw
+        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
+        .expect("revision");
+    assert_eq!(revision, idem_core::store::sqlite::SCHEMA_REVISION, "{what} is migrated");
+    store
+}
+
 /// A database of schema revision 0 (before records kept their origin) is migrated when a store
 /// of this version opens it: its records still replay, list with an unknown origin and age, and
 /// can be resolved.
@@ -346,11 +357,7 @@ async fn revision_0_database_is_migrated() {
          DELETE FROM idem_meta WHERE name = 'schema_revision';",
     )
     .await;
-    let store = SqliteStore::open(&path).expect("a revision 0 database opens");
-    let revision: i64 = raw
-        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
-        .expect("revision");
-    assert_eq!(revision, idem_core::store::sqlite::SCHEMA_REVISION);
+    let store = open_migrated(&path, &raw, "a revision 0 database");
     let info = store.inspect(&key).await.expect("inspect").expect("the old record");
     assert_eq!((info.origin, info.age), (None, None), "unknown origin and age");
     assert_eq!(info.state, RecordState::Done(Outcome::Unknown));
@@ -376,11 +383,7 @@ async fn a_migration_cut_short_is_finished_at_the_next_open() {
          DELETE FROM idem_meta WHERE name = 'schema_revision';",
     )
     .await;
-    let store = SqliteStore::open(&path).expect("a migration cut short is finished, not refused");
-    let revision: i64 = raw
-        .query_row("SELECT value FROM idem_meta WHERE name = 'schema_revision'", [], |r| r.get(0))
-        .expect("revision");
-    assert_eq!(revision, idem_core::store::sqlite::SCHEMA_REVISION);
+    let store = open_migrated(&path, &raw, "a migration cut short");
     let indexes: i64 = raw
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN \
