@@ -396,10 +396,7 @@ impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
         // The skipped parameters are not part of the key, but the tool still receives (and a
         // retry clones) them: they are held to the same depth limit. Only depth is checked;
         // anything else about them is the tool's business.
-        match crate::canonical::canonicalize_counting(self, &mut Vec::new()) {
-            Err(e @ KeyError::TooDeep { .. }) => Err(e),
-            _ => Ok(()),
-        }
+        crate::limits::check_depth(self)
     }
 }
 
