@@ -1478,6 +1478,8 @@ fn a_member_read_but_never_written_is_found_in_the_schemas() {
     #[derive(Serialize, Deserialize, JsonSchema)]
     struct Inner {
         kept: u8,
+        // Read by a tool in real use: what makes it part of the intent.
+        #[allow(dead_code)]
         #[serde(skip_serializing, default)]
         memo: String,
     }
@@ -1496,9 +1498,6 @@ fn a_member_read_but_never_written_is_found_in_the_schemas() {
     fn found<T: JsonSchema>() -> Option<String> {
         read_not_written(&input_schema_for::<T>(), &written_schema_for::<T>())
     }
-    // The tool reads the skipped member (that is what makes it part of the intent).
-    let read = |inner: Inner| inner.memo;
-    assert_eq!(read(Inner { kept: 1, memo: "rent".into() }), "rent");
     assert_eq!(found::<Inner>().as_deref(), Some("memo"));
     assert_eq!(found::<Vec<Inner>>().as_deref(), Some("memo"));
     assert_eq!(found::<Op>().as_deref(), Some("inner.memo"));
