@@ -1073,6 +1073,16 @@ async fn redis_store_every_drop_point() {
     assert!(channels.is_empty(), "channels subscribed with no wait on them: {channels:?}");
 }
 
+/// The key of `pay(id)` in `run`, claimed on `store` as another process would: a call of it
+/// waits for that owner.
+async fn held_elsewhere(store: &dyn Store, run: &Run, id: &str) -> Key {
+    let canonical = serde_json::to_vec(&json!({ "id": id })).unwrap();
+    let key = derive_key(run.scope(), "pay", &canonical);
+    let fp = idem_core::Fingerprint::of_derived_key(&key);
+    idem_tests::acquire(store, &key, &fp).await;
+    key
+}
+
 /// Callers that give up while they wait for another process's call (each on its own key) leave
 /// no waiter registered in the store: a long-running server would otherwise keep one entry per
 /// abandoned wait for as long as the store lives.
@@ -1086,11 +1096,7 @@ async fn dropped_waits_leave_no_waiter(
     let run = other.run(format!("dropped-waits-{name}-{}", idem_tests::process_tag()));
     for i in 0..20 {
         let id = format!("w{i}");
-        let canonical = serde_json::to_vec(&json!({ "id": id })).unwrap();
-        let key = derive_key(run.scope(), "pay", &canonical);
-        let fp = idem_core::Fingerprint::of_derived_key(&key);
-        // Another process holds the key.
-        idem_tests::acquire(&*store, &key, &fp).await;
+        let key = held_elsewhere(&*store, &run, &id).await;
         let gave_up =
             tokio::time::timeout(Duration::from_millis(300), ledger.pay(&run, id.clone())).await;
         assert!(gave_up.is_err(), "{name}: the call waits for the owner: {gave_up:?}");
@@ -1129,11 +1135,7 @@ async fn redis_waits_dropped_mid_subscribe_leave_no_subscription() {
     let mut leaked = Vec::new();
     for i in 0..20 {
         let id = format!("s{i}");
-        let canonical = serde_json::to_vec(&json!({ "id": id })).unwrap();
-        let key = derive_key(run.scope(), "pay", &canonical);
-        let fp = idem_core::Fingerprint::of_derived_key(&key);
-        // Another process holds the key: the call waits for it.
-        idem_tests::acquire(&*store, &key, &fp).await;
+        let key = held_elsewhere(&*store, &run, &id).await;
         let mut call = Box::pin(ledger.pay(&run, id.clone()));
         // Polled until its wait registered (the same poll sends the `SUBSCRIBE`)...
         let mut polls = 0;
