@@ -242,6 +242,11 @@ SELECT quote_ident(n.nspname),
 FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
 WHERE t.oid = to_regclass('idem_records')";
 
+/// The names of [`LISTING_INDEXES`]: the `text[]` parameter of the queries that look for them.
+fn listing_index_names() -> Vec<&'static str> {
+    LISTING_INDEXES.iter().map(|(name, _)| *name).collect()
+}
+
 /// What [`LISTING_INDEXES_FOUND`] answers.
 struct IndexesFound {
     schema: String,
@@ -253,8 +258,7 @@ struct IndexesFound {
 
 impl IndexesFound {
     async fn read(client: &Client) -> Result<Option<IndexesFound>, tokio_postgres::Error> {
-        let names: Vec<&str> = LISTING_INDEXES.iter().map(|(name, _)| *name).collect();
-        let names = [(&names as &(dyn tokio_postgres::types::ToSql + Sync), Type::TEXT_ARRAY)];
+        let names = [(&listing_index_names() as _, Type::TEXT_ARRAY)];
         let Some(row) = client.query_typed_opt(LISTING_INDEXES_FOUND, &names).await? else {
             return Ok(None);
         };
@@ -536,16 +540,18 @@ SELECT quote_ident(current_user), current_database(),
     AND coalesce(has_function_privilege(
         to_regprocedure('idem_claim_fresh(text, text, bigint, text, text, text, text)')::oid,
         'EXECUTE'), true),
-    (SELECT count(*) = 3 FROM pg_index x JOIN pg_class c ON c.oid = x.indexrelid
+    (SELECT count(*) = cardinality($1::text[]) FROM pg_index x
+     JOIN pg_class c ON c.oid = x.indexrelid
      WHERE x.indrelid = to_regclass('idem_records') AND x.indisvalid
-       AND c.relname IN ('idem_records_state', 'idem_records_tool', 'idem_records_run'))";
+       AND c.relname = ANY($1::text[]))";
 
 /// Refuses, at open, an application's store whose role may read idem's tables but not do what
 /// claims and completions do (a read-only role, grants on the tables but not on the fence
 /// sequence): otherwise it opens, and every call fails. Names the grants missing. Whether the
 /// listing indexes are in place and valid.
 async fn may_use(client: &Client) -> Result<bool, StoreError> {
-    let row = client.query_typed_one(PRIVILEGES, &[]).await.map_err(pg)?;
+    let names = [(&listing_index_names() as _, Type::TEXT_ARRAY)];
+    let row = client.query_typed_one(PRIVILEGES, &names).await.map_err(pg)?;
     let (user, db, schema): (String, String, Option<String>) =
         (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?, row.try_get(2).map_err(pg)?);
     let (tables, sequence, functions): (String, bool, bool) =
