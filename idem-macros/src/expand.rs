@@ -361,6 +361,32 @@ pub(crate) fn camel(ident: &Ident) -> String {
     if camel.starts_with(|c: char| !c.is_alphabetic()) { format!("_{camel}") } else { camel }
 }
 
+/// Empty when `camel` kept everything of the fn's name (its snake case gives the name back);
+/// otherwise a hash of the name, so that the hidden names of `get_v2` and `get_v_2` (both
+/// `GetV2`) differ and a clash is only rustc's one report per public name, at the fns' names.
+fn lossy_suffix(ident: &Ident, camel: &str) -> String {
+    let name = ident.unraw().to_string();
+    let mut snake = String::with_capacity(name.len() + 4);
+    for (i, c) in camel.trim_start_matches('_').chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                snake.push('_');
+            }
+            snake.extend(c.to_lowercase());
+        } else {
+            snake.push(c);
+        }
+    }
+    if snake == name {
+        return String::new();
+    }
+    // FNV-1a: stable across builds and hosts, which `std`'s hasher does not promise.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
 fn duration(d: Option<Duration>) -> Option<TokenStream> {
     d.map(|d| {
         let secs = d.as_secs();
@@ -664,7 +690,14 @@ fn expand_free(model: &Model) -> TokenStream {
     // so no `allow` is needed, which a crate that `forbid`s the lint would refuse (E0453).
     let tool_const = Ident::new(&tool_ty.to_string(), Span::call_site().located_at(ident.span()));
     let args_ty = format_ident!("{}Args", base, span = ident.span());
-    let fields_ty = format_ident!("__Idem{}Fields", base);
+    let fields_ty = format_ident!("__Idem{}Fields{}", base, lossy_suffix(ident, &base));
+    // The public names' items start at the fn's name: two fns whose names give the same type
+    // names (`get_v2`, `get_v_2`) are reported there, not at their attributes.
+    // In the expansion's context, so that lints about the items (`dead_code`) stay quiet as for
+    // any generated item: the fn itself is what a user is told about.
+    let span = Span::call_site().located_at(ident.span());
+    let (type_kw, const_kw) = (quote_spanned!(span=> type), quote_spanned!(span=> const));
+    let semi = quote_spanned!(span=> ;);
     let run = run_ident(model);
     let (ok, err) = result_types(model);
     let idents: Vec<&Ident> = model.params.iter().map(|p| &p.ident).collect();
@@ -735,7 +768,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 #[doc = ""]
                 #[doc = #args_new_doc]
                 #(#hidden_doc)*
-                #vis type #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty>;
+                #vis #type_kw #args_ty = #krate::__private::Args<(#(#tys,)*), #fields_ty> #semi
 
                 #(#cfg)*
                 #[doc(hidden)]
@@ -783,12 +816,12 @@ fn expand_free(model: &Model) -> TokenStream {
         #(#cfg)*
         #[doc = #tool_doc]
         #(#hidden_doc)*
-        #vis type #tool_ty = #krate::__private::FnTool<#tool_args, #ok, #err>;
+        #vis #type_kw #tool_ty = #krate::__private::FnTool<#tool_args, #ok, #err> #semi
 
         #(#cfg)*
         #[doc = #tool_doc]
         #(#hidden_doc)*
-        #vis const #tool_const: #tool_ty = {
+        #vis #const_kw #tool_const: #tool_ty = {
             // The tool is used when its value is, even if its typed call is not.
             #use_call
             #checks
@@ -801,7 +834,7 @@ fn expand_free(model: &Model) -> TokenStream {
                 },
             )
             #reconcile
-        };
+        } #semi
     }
 }
 
@@ -980,6 +1013,37 @@ mod tests {
 
     fn any_has(items: &[(String, Vec<String>)], attr: &str) -> bool {
         items.iter().any(|(_, attrs)| attrs.iter().any(|a| a == attr))
+    }
+
+    /// The hidden fields enum of each free tool, by fn name.
+    fn fields_enum(item: syn::ItemFn) -> String {
+        let out = crate::tool_item(quote!(retry = "safe"), item, None, None).tokens;
+        let file: syn::File = syn::parse2(out).expect("the expansion parses as items");
+        let names = file.items.iter().filter_map(|item| match item {
+            syn::Item::Enum(e) => Some(e.ident.to_string()),
+            _ => None,
+        });
+        names.collect::<Vec<_>>().concat()
+    }
+
+    #[test]
+    fn names_that_give_the_same_type_names_keep_distinct_hidden_items() {
+        let v2 = fields_enum(syn::parse_quote!(
+            async fn get_v2(n: u32) -> Result<u32, E> {}
+        ));
+        let v_2 = fields_enum(syn::parse_quote!(
+            async fn get_v_2(n: u32) -> Result<u32, E> {}
+        ));
+        let lead = fields_enum(syn::parse_quote!(
+            async fn _get_v2(n: u32) -> Result<u32, E> {}
+        ));
+        assert_eq!(v2, "__IdemGetV2Fields", "a name camel case keeps whole is unchanged");
+        assert!(v_2.starts_with("__IdemGetV2Fields") && v_2 != v2, "{v_2}");
+        assert!(lead.starts_with("__IdemGetV2Fields") && lead != v2 && lead != v_2, "{lead}");
+        let card = fields_enum(syn::parse_quote!(
+            async fn charge_card(n: u32) -> Result<u32, E> {}
+        ));
+        assert_eq!(card, "__IdemChargeCardFields");
     }
 
     #[test]

@@ -49,6 +49,10 @@ mod validate;
 ///   dropped silently while the model believes it was applied. At most 16 parameters.
 /// - a hidden zero-sized `__IdemChargeCardFields` naming the fields.
 ///
+/// Two fns whose names give the same type names (`get_v2` and `get_v_2` both give `GetV2Args`
+/// and `GetV2Tool`) are rustc's "defined multiple times", once per name, at the second fn's
+/// name: rename one, and keep its tool's name with `#[tool(name = "..", ..)]`.
+///
 /// For a method `async fn charge_card(&self, ..)` in an `impl` block (tools usually hold clients):
 /// - `charge_card(self: &Arc<Self>, run: &Run, <params>)`: the typed call;
 /// - `charge_card_tool(self: &Arc<Self>) -> impl Tool<..> + Clone`: the tool as a value holding
