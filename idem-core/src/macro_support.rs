@@ -126,6 +126,9 @@ pub trait Intent {
     /// arguments that make up the intent (the ones not marked `#[idem(skip)]`, and not those
     /// marked `#[idem(skip_if_none)]` that are `None`).
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError>;
+
+    /// [`Tool::ARGS_FROM_INTENT`] of the tools with these arguments.
+    const FROM_INTENT: bool = false;
 }
 
 /// The body of a method tool: calls the user's method on the receiver.
@@ -193,6 +196,8 @@ where
     fn def(&self) -> &'static ToolDef {
         self.def
     }
+
+    const ARGS_FROM_INTENT: bool = A::FROM_INTENT;
 
     fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), KeyError> {
         args.write_intent(out)
@@ -284,6 +289,8 @@ where
     fn def(&self) -> &'static ToolDef {
         self.def
     }
+
+    const ARGS_FROM_INTENT: bool = A::FROM_INTENT;
 
     fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), KeyError> {
         args.write_intent(out)

@@ -49,6 +49,17 @@ pub trait Tool: Send + Sync + 'static {
         crate::canonical::canonicalize(args, out)
     }
 
+    /// Whether the canonical text [`Tool::write_intent`] writes, read back with the arguments'
+    /// `Deserialize`, gives the same arguments: every field is in the intent and reads back equal
+    /// (no skipped fields, no floats, since RFC 8785 writes `-0.0` as `0`). When it does, a call
+    /// that may retry does not copy the arguments before each attempt (their `Clone`, and the
+    /// copy's drop, were about a seventh of a first call on the in-memory store); a retry reads
+    /// its own arguments back from the intent instead, and runs only if they write the same
+    /// intent again. A tool that reconciles keeps its copy for the check. `#[tool]` sets it when
+    /// every parameter is a `String`, `bool`, `char`, an integer, `()`, or an `Option`, `Vec` or
+    /// `BTreeMap<String, _>` of these, and none is skipped. Default `false`.
+    const ARGS_FROM_INTENT: bool = false;
+
     /// Runs one attempt. Called by the executor only, after a successful claim.
     fn run(
         &self,

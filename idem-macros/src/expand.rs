@@ -541,6 +541,16 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>
         .enumerate()
         .filter(|(_, p)| !is_std_data(&p.ty))
         .fold(0, |bits, (i, _)| bits | (1 << i));
+    // Every parameter in the intent and of a type that reads back from it as written: a retry
+    // reads its arguments back instead of each attempt copying them first.
+    let from_intent =
+        model.params.iter().all(|p| !p.skip && !p.skip_if_none && is_exact_data(&p.ty)).then(
+            || {
+                quote!(
+                    const FROM_INTENT: ::core::primitive::bool = true;
+                )
+            },
+        );
     let docs = model.params.iter().any(|p| !p.docs.is_empty()).then(|| {
         let texts = model.params.iter().map(|p| crate::docs::text_expr(&p.docs, krate));
         quote!(const DOCS: &'static [&'static ::core::primitive::str] = &[#(#texts),*];)
@@ -553,6 +563,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>
             #if_none
             #docs
             const MAY_HOLD_SET: ::core::primitive::u16 = #may_hold_set;
+            #from_intent
         }
     }
 }
@@ -588,6 +599,48 @@ fn is_std_data(ty: &Type) -> bool {
             }
         }
         _ => false,
+    }
+}
+
+/// A standard type (as [`is_std_data`] reads it) whose value reads back from its canonical text
+/// as written: not the floats (RFC 8785 writes `-0.0` as `0`), and also `BTreeMap<String, _>`.
+/// The executor checks at each retry that what it read writes the same intent again, so a user
+/// type that shadows one of these names cannot make a retry run other arguments.
+fn is_exact_data(ty: &Type) -> bool {
+    let single = |args: &syn::AngleBracketedGenericArguments| match &args
+        .args
+        .iter()
+        .collect::<Vec<_>>()[..]
+    {
+        [syn::GenericArgument::Type(inner)] => is_exact_data(inner),
+        _ => false,
+    };
+    match ty {
+        Type::Paren(p) => is_exact_data(&p.elem),
+        Type::Group(g) => is_exact_data(&g.elem),
+        Type::Path(tp) if tp.qself.is_none() && tp.path.leading_colon.is_none() => {
+            let [segment] = &tp.path.segments.iter().collect::<Vec<_>>()[..] else {
+                return false;
+            };
+            let name = segment.ident.to_string();
+            match &segment.arguments {
+                syn::PathArguments::None => {
+                    !matches!(name.as_str(), "f32" | "f64") && is_std_data(ty)
+                }
+                syn::PathArguments::AngleBracketed(args) if name == "Option" || name == "Vec" => {
+                    single(args)
+                }
+                syn::PathArguments::AngleBracketed(args) if name == "BTreeMap" => {
+                    matches!(
+                        &args.args.iter().collect::<Vec<_>>()[..],
+                        [syn::GenericArgument::Type(Type::Path(key)), syn::GenericArgument::Type(value)]
+                            if key.qself.is_none() && key.path.is_ident("String") && is_exact_data(value)
+                    )
+                }
+                _ => false,
+            }
+        }
+        _ => is_std_data(ty),
     }
 }
 

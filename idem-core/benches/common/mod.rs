@@ -70,6 +70,9 @@ impl Tool for ChargeCard {
     type Args = ChargeArgs;
     type Output = Charge;
     type Error = NoError;
+    // What `#[tool]` sets for these parameters (strings, an integer, a `BTreeMap<String, _>`):
+    // a retry reads its arguments back from the intent, no attempt copies them first.
+    const ARGS_FROM_INTENT: bool = true;
     fn def(&self) -> &'static ToolDef {
         &DEF
     }

@@ -145,19 +145,22 @@ impl<T: Tool> Call<'_, T> {
             let attempt_deadline = later(started, self.policy.attempt_timeout).min(self.deadline);
             let cx = Ctx { key: self.key, attempt, deadline: attempt_deadline, fence };
             // The last allowed attempt takes the arguments; earlier ones need a copy for a retry
-            // (copied where they are, not moved out and back).
+            // (copied where they are, not moved out and back), unless a retry can read its own
+            // back from the intent.
             let this_args = match args.as_ref() {
                 // The arguments' `Clone` is the user's code, as the body is.
-                Some(a) if attempt < allowed || reconciles => match caught(|| a.clone()) {
-                    Ok(copy) => copy,
-                    // Before the attempt ran: nothing happened in it, so the key is released
-                    // (a never tool's too: it reaches a further attempt only when nothing
-                    // happened before).
-                    Err(message) => {
-                        let message = format!("the arguments' `Clone` panicked: {message}");
-                        return Err(self.panicked_releasing(fence, attempt, message).await);
+                Some(a) if reconciles || (attempt < allowed && !T::ARGS_FROM_INTENT) => {
+                    match caught(|| a.clone()) {
+                        Ok(copy) => copy,
+                        // Before the attempt ran: nothing happened in it, so the key is released
+                        // (a never tool's too: it reaches a further attempt only when nothing
+                        // happened before).
+                        Err(message) => {
+                            let message = format!("the arguments' `Clone` panicked: {message}");
+                            return Err(self.panicked_releasing(fence, attempt, message).await);
+                        }
                     }
-                },
+                }
                 _ => match args.take() {
                     Some(a) => a,
                     None => return Err(self.internal("arguments used up before the last attempt")),
@@ -262,6 +265,20 @@ impl<T: Tool> Call<'_, T> {
                     budget.on_failure();
                     let stop = match self.next(attempt, &failure) {
                         Next::Retry { pause } => {
+                            if args.is_none() {
+                                match self.args_from_intent() {
+                                    Ok(read) => args = Some(read),
+                                    // No retry without arguments: the caller hears the last
+                                    // attempt's error, as when the attempts are used up.
+                                    Err(why) => {
+                                        tracing::error!(tool = self.name(), attempt, "{why}");
+                                        if let Some(fence) = fence {
+                                            self.release(fence).await;
+                                        }
+                                        return Err(error);
+                                    }
+                                }
+                            }
                             if !self.pause(fence, pause).await {
                                 return Err(self.stopped(fence, attempt).await);
                             }
@@ -325,6 +342,23 @@ impl<T: Tool> Call<'_, T> {
                     return Err(self.stop_error(stop, error));
                 }
             }
+        }
+    }
+
+    /// A retry's own arguments, read back from the intent's canonical text
+    /// ([`Tool::ARGS_FROM_INTENT`]): only if they write that same intent again, so that the retry
+    /// runs what the key names. The arguments' `Deserialize` and `Serialize` are the user's code:
+    /// a panic there is a refusal too.
+    fn args_from_intent(&self) -> Result<T::Args, String> {
+        let read = caught(|| serde_json::from_slice::<T::Args>(self.intent))
+            .map_err(|panic| format!("reading the arguments back for a retry panicked: {panic}"))?
+            .map_err(|e| format!("the arguments do not read back from their intent: {e}"))?;
+        let mut again = Vec::with_capacity(self.intent.len());
+        match caught(|| T::write_intent(&read, &mut again)) {
+            Ok(Ok(())) if again == self.intent => Ok(read),
+            _ => Err("the arguments read back from their intent write another intent; the tool \
+                      must not set `ARGS_FROM_INTENT`"
+                .to_owned()),
         }
     }
 

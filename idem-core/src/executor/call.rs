@@ -34,6 +34,9 @@ pub(super) struct Call<'a, T: Tool> {
     /// The digest `key` spells, by which the in-memory store finds its record.
     pub(super) digest: [u8; 32],
     pub(super) fingerprint: Fingerprint,
+    /// The intent's canonical text, from which a retry of a tool whose arguments read back from
+    /// it ([`Tool::ARGS_FROM_INTENT`]) gets its own arguments.
+    pub(super) intent: &'a [u8],
     /// Stored with the record (its origin) for listing.
     pub(super) scope: &'a Arc<Scope>,
     pub(super) policy: &'a Policy,

@@ -206,6 +206,7 @@ impl Run {
             key,
             digest,
             fingerprint,
+            intent: &canonical,
             scope: &self.scope,
             policy,
             started,

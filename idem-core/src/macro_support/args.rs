@@ -47,6 +47,10 @@ pub trait Fields: 'static {
     /// recognises (`String`, the numbers, `Option` or `Vec` of these), so a tool of only those
     /// pays nothing per call.
     const MAY_HOLD_SET: u16 = u16::MAX;
+    /// Every parameter is in the intent and reads back from it as the same value
+    /// ([`crate::Tool::ARGS_FROM_INTENT`]); `#[tool]` sets it for the standard types it
+    /// recognises.
+    const FROM_INTENT: bool = false;
 }
 
 /// The arguments of a tool declared with `#[tool]`: the parameters' values as a tuple `T` (up to
@@ -373,6 +377,8 @@ impl<T: ArgTuple, F: Fields> Serialize for IntentFields<'_, T, F> {
 }
 
 impl<T: ArgTuple, F: Fields> Intent for Args<T, F> {
+    const FROM_INTENT: bool = F::FROM_INTENT;
+
     fn write_intent(&self, out: &mut Vec<u8>) -> Result<(), KeyError> {
         // Constant per tool: the test is compiled out when no parameter may hold a set.
         let unchecked = F::SKIP | !F::MAY_HOLD_SET;
