@@ -319,6 +319,11 @@ fn a_password_in_the_store_url_is_never_printed() {
         assert!(!why.contains("s3cretPW"), "{url}: {why}");
         assert!(why.contains("***"), "the masked URL is still shown: {why}");
     }
+    // An `@` in the password: PostgreSQL's URL reading ends the user info at the first one, so
+    // the rest of the password would be the host that connection errors name.
+    let why = exits("postgresql://app:s3c@ret@PW@127.0.0.1:1/app", &["stats"], 2);
+    assert!(!why.contains("ret"), "{why}");
+    assert!(why.contains("%40"), "{why}");
 }
 
 /// A URL scheme is case-insensitive (RFC 3986 §3.1): `PostgreSQL://` opens the store as

@@ -91,6 +91,14 @@ impl Target {
     /// Parses a libpq connection string (`host=.. sslmode=verify-full sslrootcert=/ca.pem`) or
     /// URL (`postgresql://user@host/db?sslmode=verify-full&sslrootcert=/ca.pem`).
     pub(super) fn parse(url: &str) -> Result<Target, StoreError> {
+        // The user info ends at the first `@` (libpq, tokio-postgres): a second one before the
+        // path means an `@` in the user name or password, and the text after the first would be
+        // read as the host or port and shown in messages.
+        if let Some((_, after)) = url.split_once("://")
+            && after.split('/').next().is_some_and(|authority| authority.matches('@').count() > 1)
+        {
+            return Err(StoreError::InvalidConfig(AT_IN_USER_INFO.to_owned()));
+        }
         let (rest, mode, root, pgbouncer) = take_own_params(url)?;
         let config = Config::from_str(&rest).map_err(|e| {
             StoreError::InvalidConfig(format!("PostgreSQL connection string: {}", PgError(e)))
@@ -293,10 +301,25 @@ fn connector(
 
 /// The host and port counts tokio-postgres refuses only when it connects (as a connection
 /// error, which would read as an unreachable server), refused here as a bad configuration.
+/// Why a connection string whose host holds an `@` is refused; the host is not shown.
+const AT_IN_USER_INFO: &str = "PostgreSQL connection string: an `@` in the user name or password \
+     must be written `%40` (the text after the first `@` would be read as the host, so it is not \
+     shown)";
+
 fn check_hosts(config: &Config) -> Result<(), StoreError> {
     let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
     let ports = config.get_ports().len();
-    let why = if hosts == 0 && addrs == 0 {
+    // libpq and tokio-postgres read a URL's user info up to its first `@`: in
+    // `postgres://app:pa@ss@db/app` the host is `ss@db`, the rest of the password, which every
+    // message naming the host would print. No host name holds an `@`.
+    let at_in_host = config.get_hosts().iter().any(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => name.contains('@'),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => false,
+    });
+    let why = if at_in_host {
+        return Err(StoreError::InvalidConfig(AT_IN_USER_INFO.to_owned()));
+    } else if hosts == 0 && addrs == 0 {
         "no host: give host or hostaddr".to_owned()
     } else if hosts != 0 && addrs != 0 && hosts != addrs {
         format!("{hosts} hosts but {addrs} hostaddrs: give as many of each")
@@ -466,6 +489,24 @@ mod tests {
         );
         assert!(take_own_params("host='open").is_err());
         assert!(take_own_params("host").is_err());
+    }
+
+    #[test]
+    fn an_at_sign_in_a_url_password_is_refused_without_printing_it() {
+        for url in [
+            "postgresql://postgres:s3c@ret@PW@127.0.0.1:1/test",
+            "postgres://app@corp:s3c@retPW@db.example/app",
+            "host=ret@PW@db.example user=app",
+        ] {
+            let err = Target::parse(url).err().expect("refused");
+            let text = err.to_string();
+            assert!(matches!(&err, StoreError::InvalidConfig(m) if m.contains("%40")), "{text}");
+            assert!(!text.contains("ret"), "{url}: {text}");
+        }
+        // Written as `%40`, the same password opens as usual.
+        let target =
+            Target::parse("postgresql://postgres:s3c%40ret%40PW@127.0.0.1:1/test").expect("parses");
+        assert_eq!(target.config.get_password(), Some(&b"s3c@ret@PW"[..]));
     }
 
     #[test]
