@@ -37,8 +37,13 @@ impl ToolSet {
 
     /// Dispatches one Anthropic `tool_use` content block (`{"type":"tool_use","id","name","input"}`)
     /// and returns the `tool_result` block `{"type":"tool_result","tool_use_id","content","is_error"}`.
+    /// A block whose `type` is not `tool_use` (a `server_tool_use` or `mcp_tool_use` block, which
+    /// Anthropic ran itself) runs nothing and is answered with an error result.
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
-        let (id, bad_id) = super::call_id(block.get("id"));
+        let (id, mut bad_id) = super::call_id(block.get("id"));
+        if bad_id.is_none() {
+            bad_id = super::wrong_type(block.get("type"), "tool_use");
+        }
         let result = match (super::call_name(block.get("name"), "`name`"), bad_id) {
             (Err(why), _) | (_, Some(why)) => super::invalid_call(why),
             (Ok(name), None) => {

@@ -691,6 +691,33 @@ fn call_name<'a>(name: Option<&'a Value>, field: &str) -> Result<&'a str, String
     }
 }
 
+/// Why a model's call whose `type` names another kind of block or call than `expected` is
+/// refused: an Anthropic `server_tool_use` or `mcp_tool_use` block was run by Anthropic already,
+/// so running a local tool of the same name would do its effect a second time. A call without a
+/// `type` (written by hand) is taken as `expected`.
+fn wrong_type(kind: Option<&Value>, expected: &str) -> Option<String> {
+    match kind {
+        None | Some(Value::Null) => None,
+        Some(Value::String(kind)) if kind == expected => None,
+        Some(Value::String(kind)) => {
+            let shown: String = kind.chars().take(64).collect();
+            Some(format!(
+                "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
+                crate::printable::printable(&shown),
+                if kind.ends_with("tool_use") {
+                    " (the provider runs such a call itself)"
+                } else {
+                    ""
+                }
+            ))
+        }
+        Some(other) => Some(format!(
+            "the tool call's `type` is {}, not the string \"{expected}\"; nothing was executed",
+            crate::json_text::kind(other)
+        )),
+    }
+}
+
 /// The result of a tool call refused for its envelope (`why`): nothing ran.
 fn invalid_call(why: String) -> ToolResult {
     ToolResult::error(ErrorKind::InvalidToolCall, why, None)

@@ -35,9 +35,13 @@ impl ToolSet {
     /// Dispatches one OpenAI chat `tool_calls` entry
     /// (`{"id","type":"function","function":{"name","arguments":"<JSON text>"}}`; `arguments`
     /// given as an object is accepted too) and returns the tool message
-    /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key.
+    /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key. A
+    /// call whose `type` is not `function` runs nothing and is answered with an error.
     pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
-        let (id, bad_id) = super::call_id(tool_call.get("id"));
+        let (id, mut bad_id) = super::call_id(tool_call.get("id"));
+        if bad_id.is_none() {
+            bad_id = super::wrong_type(tool_call.get("type"), "function");
+        }
         let function = tool_call.get("function");
         let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
         let result = match (name, bad_id) {

@@ -419,6 +419,46 @@ async fn an_envelope_field_of_the_wrong_type_is_refused_and_runs_nothing() {
     );
 }
 
+/// A block or call of another kind is refused: Anthropic runs a `server_tool_use` or
+/// `mcp_tool_use` block itself, so running a local tool of the same name would do its effect a
+/// second time; a text block is not a call at all.
+#[tokio::test]
+async fn a_call_of_another_type_runs_nothing() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let input = json!({"customer": "c", "amount_cents": 1});
+    for kind in [json!("server_tool_use"), json!("mcp_tool_use"), json!("text"), json!(1)] {
+        let block =
+            json!({"type": kind, "id": "srvtoolu_1", "name": "charge_card", "input": input});
+        let b = t.set.call_anthropic(&run, &block).await;
+        assert_eq!(
+            (b["is_error"].clone(), b["tool_use_id"].clone()),
+            (json!(true), json!("srvtoolu_1"))
+        );
+        let text = b["content"].as_str().unwrap();
+        assert!(text.contains("`type` is") && text.contains("nothing was executed"), "{text}");
+    }
+    let b = t
+        .set
+        .call_anthropic(&run, &json!({"type": "server_tool_use", "id": "s", "name": "charge_card"}))
+        .await;
+    assert!(b["content"].as_str().unwrap().contains("the provider runs such a call itself"), "{b}");
+    for kind in [json!("custom"), json!("function_call"), json!({})] {
+        let call = json!({"id": "call_1", "type": kind,
+            "function": {"name": "charge_card", "arguments": input.to_string()}});
+        let m = t.set.call_openai(&run, &call).await;
+        assert!(m["content"].as_str().unwrap().contains("`type` is"), "{m}");
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0, "nothing ran");
+    // The right kinds, and a call written by hand without one, run.
+    let block = json!({"type": "tool_use", "id": "t", "name": "charge_card", "input": input});
+    assert_eq!(t.set.call_anthropic(&run, &block).await["is_error"], false);
+    let call = json!({"id": "c", "type": "function",
+        "function": {"name": "charge_card", "arguments": input.to_string()}});
+    assert_eq!(t.set.call_openai(&run, &call).await["role"], "tool");
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one intent, one charge");
+}
+
 /// What a model sent comes back in error text with its control characters escaped: a result is
 /// printed by hosts on terminals and in logs.
 #[tokio::test]
