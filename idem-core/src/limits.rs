@@ -27,6 +27,12 @@ pub const MAX_WRAPPERS: usize = 4 * MAX_DEPTH;
 /// levels deep. Errors: [`KeyError::TooDeep`] naming the first container past the limit
 /// (`a[0][0]…`, shortened when long).
 pub fn check_value_depth(value: &Value) -> Result<(), KeyError> {
+    check_value_depth_within(value, MAX_DEPTH)
+}
+
+/// [`check_value_depth`] against `limit` levels: for a value that a message nests inside
+/// containers of its own, which count against a reader's limit too.
+pub(crate) fn check_value_depth_within(value: &Value, limit: usize) -> Result<(), KeyError> {
     enum Frame<'a> {
         Array(std::iter::Enumerate<std::slice::Iter<'a, Value>>, usize),
         Object(serde_json::map::Iter<'a>, &'a str),
@@ -56,7 +62,7 @@ pub fn check_value_depth(value: &Value) -> Result<(), KeyError> {
             continue;
         };
         let Some(frame) = children(child) else { continue };
-        if stack.len() >= MAX_DEPTH {
+        if stack.len() >= limit {
             let mut path = PathText::default();
             for f in &stack {
                 match f {
@@ -64,7 +70,7 @@ pub fn check_value_depth(value: &Value) -> Result<(), KeyError> {
                     Frame::Object(_, k) => path.key(k),
                 }
             }
-            return Err(KeyError::TooDeep { path: path.finish(), limit: MAX_DEPTH });
+            return Err(KeyError::TooDeep { path: path.finish(), limit });
         }
         stack.push(frame);
     }

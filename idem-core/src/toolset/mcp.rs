@@ -121,9 +121,15 @@ impl ToolDefinition {
     }
 }
 
+/// The deepest `structuredContent` an answer carries: [`crate::limits::MAX_DEPTH`] less the
+/// JSON-RPC message and its `result` object around it.
+const MCP_RESULT_DEPTH: usize = crate::limits::MAX_DEPTH - 2;
+
 impl ToolResult {
     /// MCP `CallToolResult` JSON (spec 2025-11-25): one text block with [`Self::text`],
-    /// `isError`, `structuredContent` when the output is a JSON object, and `_meta` saying what
+    /// `isError`, `structuredContent` when the output is a JSON object (nested at most 125 levels,
+    /// so that the whole JSON-RPC answer stays within the depth JSON readers accept, as
+    /// `idem_core::limits::MAX_DEPTH` explains), and `_meta` saying what
     /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
     /// digits>", "idem/outcome": "executed" | "replayed" | "joined" | "unknown"}` (`idem/outcome`
     /// is absent when the call failed before that was decided, `idem/run` when a caller's key
@@ -132,7 +138,13 @@ impl ToolResult {
         let mut out = Map::new();
         out.insert("content".into(), json!([{ "type": "text", "text": self.text }]));
         out.insert("isError".into(), Value::Bool(self.is_error));
-        if !self.is_error && self.content.is_object() {
+        // The JSON-RPC message and its `result` are two levels around `structuredContent`: an
+        // output within the depth limit but past it by those would make the whole answer one that
+        // serde_json (rmcp's client among others) refuses to read. The text block still holds it.
+        if !self.is_error
+            && self.content.is_object()
+            && crate::limits::check_value_depth_within(&self.content, MCP_RESULT_DEPTH).is_ok()
+        {
             out.insert("structuredContent".into(), self.content.clone());
         }
         if let Some(report) = &self.report {

@@ -1545,3 +1545,23 @@ fn a_member_read_but_never_written_is_found_in_the_schemas() {
     assert_eq!(found::<Renamed>(), None);
     assert_eq!(found::<Vec<Renamed>>(), None);
 }
+
+/// An object output nested within the depth limit, but so deep that the JSON-RPC message and its
+/// `result` around `structuredContent` pass it, keeps only its text block: the whole answer must
+/// read back with serde_json (rmcp's client reads it so), which refuses 128 levels.
+#[test]
+fn an_mcp_answer_stays_within_the_depth_a_reader_accepts() {
+    let result = |depth: usize| {
+        let content = json!({ "a": crate::limits::nested_arrays(depth - 1, json!(1)) });
+        let text = content.to_string();
+        ToolResult { content, text, is_error: false, error_kind: None, report: None }
+    };
+    for (depth, structured) in [(125, true), (126, false), (crate::limits::MAX_DEPTH, false)] {
+        let mcp = result(depth).to_mcp();
+        assert_eq!(mcp.get("structuredContent").is_some(), structured, "depth {depth}");
+        assert!(mcp["content"][0]["text"].as_str().is_some_and(|t| t.starts_with("{\"a\":")));
+        let answer = json!({"jsonrpc": "2.0", "id": 1, "result": mcp}).to_string();
+        let read = serde_json::from_str::<Value>(&answer);
+        assert!(read.is_ok(), "depth {depth}: {read:?}");
+    }
+}
