@@ -453,24 +453,36 @@ async fn wire(to: String) -> Result<String, Never> {
 }
 
 /// A retention of zero for results (written as "keep forever", which is what zero means to
-/// memcached and many caches) is refused before anything runs, and the error names the setting,
-/// as `#[tool(ttl = "0s")]` is refused at compile time. Taken as given, the result expired the
-/// moment it was stored, and every repeat of a `never` tool's call ran its effect again.
+/// memcached and many caches), or of a moment (a nanosecond, a millisecond: written for tests,
+/// or as a unit mistaken), is refused before anything runs, and the error names the setting, as
+/// `#[tool(ttl = "0s")]` and `ttl = "1ms"` are refused at compile time. Taken as given, the
+/// result expired before the repeat came, and every repeat of a `never` tool's call ran its
+/// effect again.
 #[tokio::test(start_paused = true)]
-async fn a_zero_retention_runs_nothing_and_names_the_setting() {
-    let zero = idem_core::Policy { ttl: Duration::ZERO, ..idem_core::Policy::default() };
-    let idem = Idem::builder(MemoryStore::new()).policy(zero).build();
-    let run = idem.run("zero-ttl");
-    for _ in 0..2 {
-        match wire(&run, "acct_1".into()).await {
-            Err(idem_core::Error::StoreUnavailable {
-                source: StoreError::InvalidConfig(why),
-                ..
-            }) => assert!(why.contains("Policy::ttl"), "{why}"),
-            other => panic!("a zero retention is refused, got {other:?}"),
+async fn a_retention_under_a_second_runs_nothing_and_names_the_setting() {
+    let shortest = idem_core::MIN_TTL - Duration::from_nanos(1);
+    for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::from_millis(1), shortest] {
+        let policy = idem_core::Policy { ttl, ..idem_core::Policy::default() };
+        let idem = Idem::builder(MemoryStore::new()).policy(policy).build();
+        let run = idem.run("short-ttl");
+        for _ in 0..2 {
+            match wire(&run, "acct_1".into()).await {
+                Err(idem_core::Error::StoreUnavailable {
+                    source: StoreError::InvalidConfig(why),
+                    ..
+                }) => assert!(why.contains("Policy::ttl") && why.contains("1 s"), "{why}"),
+                other => panic!("a retention of {ttl:?} is refused, got {other:?}"),
+            }
         }
     }
     assert_eq!(WIRES.load(Ordering::SeqCst), 0, "nothing was wired");
+    // At the shortest, a repeat within it replays.
+    let policy = idem_core::Policy { ttl: idem_core::MIN_TTL, ..idem_core::Policy::default() };
+    let run = Idem::builder(MemoryStore::new()).policy(policy).build().run("shortest-ttl");
+    for _ in 0..2 {
+        assert_eq!(wire(&run, "acct_1".into()).await.unwrap(), "wired to acct_1");
+    }
+    assert_eq!(WIRES.load(Ordering::SeqCst), 1, "wired once");
 }
 
 /// A store whose wait returns at once (a wait is only a hint), counting claims.

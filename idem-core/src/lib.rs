@@ -49,7 +49,7 @@ pub use executor::{CallReport, Idem, IdemBuilder, Run, Served, StopSignal, WaitH
 pub use failure::{Classify, Failure, FailureKind, NoError, ToolFailure};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
-pub use policy::{Backoff, MIN_LEASE, Policy, ToolOptions};
+pub use policy::{Backoff, MIN_LEASE, MIN_TTL, Policy, ToolOptions};
 pub use printable::{printable, printable_json, printable_lines};
 pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]

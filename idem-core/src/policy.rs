@@ -49,9 +49,10 @@ pub struct Policy {
     /// Lease of a claim; renewed every third of it while the tool runs. Default 30 s; at least
     /// [`MIN_LEASE`] (100 ms): a shorter one, zero included, is raised to it.
     pub lease: Duration,
-    /// Retention of a successful outcome. Default 24 h. Zero is refused when a call that uses
-    /// the store is made (`Error::StoreUnavailable` with a configuration error naming it): a
-    /// result kept for no time is never replayed; `Duration::MAX` keeps results for good.
+    /// Retention of a successful outcome. Default 24 h. Less than [`MIN_TTL`] (1 s), zero
+    /// included, is refused when a call that uses the store is made (`Error::StoreUnavailable`
+    /// with a configuration error naming it): a result kept for a moment is not replayed to the
+    /// repeats it is kept for; `Duration::MAX` keeps results for good.
     pub ttl: Duration,
     /// Retention of a permanent failure (shorter, so a fixed cause can be retried). Default 1 h.
     pub failure_ttl: Duration,
@@ -98,6 +99,12 @@ impl Default for Policy {
 /// would lapse between renewals while the tool runs, and a duplicate would take the key over and
 /// run beside it. `#[tool(lease = "..")]` refuses a shorter one.
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The shortest retention of a successful outcome a call that uses the store accepts: 1 s. A
+/// result is kept so that a repeat, which comes seconds to hours later (a model re-calling a tool
+/// that timed out, a framework's retry), replays it; kept for less, every repeat of a `never`
+/// tool's call would run its effect again. `#[tool(ttl = "..")]` refuses a shorter one.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
 
 /// [`Policy::max_argument_bytes`]'s default: 1 MiB.
 const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1 << 20;

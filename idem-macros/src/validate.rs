@@ -13,6 +13,9 @@ use crate::parse::{Attr, Class, Errors, ParamAttr};
 /// The most parameters a tool may have: `idem_core::__private::MAX_PARAMS`.
 const MAX_PARAMS: usize = 16;
 
+/// The shortest `ttl`: `idem_core::MIN_TTL`.
+const MIN_TTL: Duration = Duration::from_secs(1);
+
 /// The shortest `lease`: `idem_core::MIN_LEASE`.
 const MIN_LEASE: Duration = Duration::from_millis(100);
 
@@ -215,6 +218,20 @@ pub fn validate(
             format!(
                 "`lease = {:?}` is shorter than 100ms, the shortest lease idem keeps: it is renewed every third of it while the tool runs, and a shorter one would lapse between renewals and let a duplicate run beside the tool. Write at least lease = \"100ms\" (the default is \"30s\")",
                 lease.lit.value()
+            ),
+        );
+    }
+
+    // A result is kept for the repeats that come seconds to hours later: one kept for less is
+    // not replayed, and a never tool's repeat would run its effect again.
+    if let Some(ttl) = &attr.ttl
+        && ttl.value < MIN_TTL
+    {
+        errors.spanned(
+            ttl.lit.span(),
+            format!(
+                "`ttl = {:?}` is shorter than 1s, the shortest retention idem keeps: a result is kept so that repeats, which come seconds to hours later, replay it, and a `never` tool's repeat would otherwise run its effect again. Write at least ttl = \"1s\" (the default is \"24h\")",
+                ttl.lit.value()
             ),
         );
     }

@@ -254,13 +254,13 @@ fn refused_policy(policy: &crate::policy::Policy, class: RetryClass) -> Option<&
         );
     }
     let uses_store = class != RetryClass::Safe || policy.cache_safe;
-    if uses_store && policy.ttl.is_zero() {
-        // A result kept for no time is not replayed: every repeat of a never tool's call would
+    if uses_store && policy.ttl < crate::policy::MIN_TTL {
+        // A result kept for a moment is not replayed: every repeat of a never tool's call would
         // run its effect again.
         return Some(
-            "Policy::ttl is zero, so a result would expire as it is stored and every repeat \
-             would run the tool again; nothing was run. Set a positive retention (`Duration::MAX` \
-             keeps results for good)",
+            "Policy::ttl is under 1 s (idem_core::MIN_TTL), so a result would expire before the \
+             repeats it is kept for and each would run the tool again; nothing was run. Set a \
+             retention of at least 1 s (`Duration::MAX` keeps results for good)",
         );
     }
     None
