@@ -75,17 +75,44 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                 Ok(args) => {
                     de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
                 }
-                Err(e) => {
-                    repaired_text(text, &e).ok_or_else(|| text_field_error::<A>(tool, text, &e))
-                }
+                Err(e) => match repaired_text(tool, text, &e) {
+                    Repaired::Read(args) => Ok(args),
+                    Repaired::Refused(why) => {
+                        Err(why.unwrap_or_else(|| text_field_error::<A>(tool, text, &e)))
+                    }
+                    Repaired::TooMany => Err(too_many_repairs(tool)),
+                },
             };
         }
     };
     if !value.is_object() {
         return Err(json_text::not_an_object(tool, value));
     }
-    serde_path_to_error::deserialize(value)
-        .or_else(|e| repaired_value(value, e.path()).ok_or_else(|| field_error(tool, &e)))
+    serde_path_to_error::deserialize(value).or_else(|e| match repaired_value(tool, value, &e) {
+        Repaired::Read(args) => Ok(args),
+        Repaired::Refused(why) => Err(why.unwrap_or_else(|| field_error(tool, &e))),
+        Repaired::TooMany => Err(too_many_repairs(tool)),
+    })
+}
+
+/// What reading whole numbers as integers gave.
+enum Repaired<A> {
+    Read(A),
+    /// A refusal that is not such a number, or a number that is not whole: its message, or
+    /// `None` when it is the first refusal (which the caller reports).
+    Refused(Option<String>),
+    /// More such numbers than [`MAX_REPAIRS`]: the first refusal names a value that would have
+    /// been read, so the caller is told about the limit instead.
+    TooMany,
+}
+
+fn too_many_repairs(tool: &str) -> String {
+    format!(
+        "invalid arguments for `{tool}`: more than {MAX_REPAIRS} numbers are written with a \
+         fraction or an exponent (`5.0`, `1e3`) where the tool takes integers, and at most \
+         {MAX_REPAIRS} are read as the integers they equal; nothing was executed. Send integers \
+         (`5`)"
+    )
 }
 
 /// JSON Schema's `integer` is any number with a zero fractional part (JSON Schema Validation
@@ -95,39 +122,56 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
 /// only where it was refused: the number at the refused field is written as the integer it
 /// equals and the arguments are read again, up to [`MAX_REPAIRS`] times. Nothing else changes,
 /// so a float a parameter accepts (an `f64`, a `Value`, an untagged enum's float variant) is
-/// read as sent, and the key (derived from the typed arguments) is the integer's. `None` when
-/// the refused value is not such a number or the arguments are still refused: the first
-/// refusal is then the one reported.
+/// read as sent, and the key (derived from the typed arguments) is the integer's.
+/// [`Repaired::Refused`] when the refused value is not such a number or the arguments are still
+/// refused: the first refusal is then the one reported; [`Repaired::TooMany`] past the limit.
 ///
 /// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
 /// though their doubles are), and the integer is exact at any width a parameter holds.
 fn repaired_text<A: DeserializeOwned>(
+    tool: &str,
     text: &str,
     first: &serde_path_to_error::Error<serde_json::Error>,
-) -> Option<A> {
+) -> Repaired<A> {
     let mut text = text.to_owned();
     let (mut path, mut inner) = (first.path().clone(), first.inner().classify());
     let mut at = (first.inner().line(), first.inner().column());
-    for _ in 0..MAX_REPAIRS {
+    // The refusal the repairs stopped at, once one was made: reported instead of the first,
+    // whose value was read.
+    let mut latest = None;
+    for repairs in 0..=MAX_REPAIRS {
+        let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>,
+                       text: &str| {
+            Repaired::Refused(latest.as_ref().map(|e| text_field_error::<A>(tool, text, e)))
+        };
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
         // with a syntax error whose path is unknown: its position names the number instead.
-        let (start, end) = match token_at(&text, &path) {
-            Some(range) => range,
-            None if inner == serde_json::error::Category::Syntax => number_at(&text, at)?,
-            None => return None,
+        let range = match token_at(&text, &path) {
+            Some(range) => Some(range),
+            None if inner == serde_json::error::Category::Syntax => number_at(&text, at),
+            None => None,
         };
-        let integer = integer_text(&text[start..end])?;
+        let Some((start, end)) = range else { return refused(&latest, &text) };
+        let Some(integer) = integer_text(&text[start..end]) else {
+            return refused(&latest, &text);
+        };
+        if repairs == MAX_REPAIRS {
+            return Repaired::TooMany;
+        }
         text.replace_range(start..end, &integer);
         let mut de = serde_json::Deserializer::from_str(&text);
         match serde_path_to_error::deserialize::<_, A>(&mut de) {
-            Ok(args) => return de.end().ok().map(|()| args),
+            Ok(args) => {
+                return de.end().map_or(Repaired::Refused(None), |()| Repaired::Read(args));
+            }
             Err(e) => {
                 (path, inner) = (e.path().clone(), e.inner().classify());
                 at = (e.inner().line(), e.inner().column());
+                latest = Some(e);
             }
         }
     }
-    None
+    Repaired::Refused(None)
 }
 
 /// The byte range of the number token around serde_json's error position (one-based line and
@@ -147,29 +191,43 @@ fn number_at(text: &str, (line, column): (usize, usize)) -> Option<(usize, usize
 /// magnitude (from 2^53 on a double may be a neighbour of the integer written:
 /// `9007199254740993.0` reads as 2^53, and running a tool with a number the client did not
 /// send is worse than refusing it).
-fn repaired_value<A: DeserializeOwned>(value: &Value, first: &Path) -> Option<A> {
+fn repaired_value<A: DeserializeOwned>(
+    tool: &str,
+    value: &Value,
+    first: &serde_path_to_error::Error<serde_json::Error>,
+) -> Repaired<A> {
     const EXACT: f64 = 9_007_199_254_740_992.0;
     let mut value = value.clone();
-    let mut path = first.clone();
-    for _ in 0..MAX_REPAIRS {
-        let target = value_at(&mut value, &path)?;
+    let mut path = first.path().clone();
+    let mut latest: Option<serde_path_to_error::Error<serde_json::Error>> = None;
+    let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>| {
+        Repaired::Refused(latest.as_ref().map(|e| field_error(tool, e)))
+    };
+    for repairs in 0..=MAX_REPAIRS {
+        let Some(target) = value_at(&mut value, &path) else { return refused(&latest) };
         let f = match target {
-            Value::Number(n) if n.is_f64() => n.as_f64()?,
-            _ => return None,
+            Value::Number(n) if n.is_f64() => n.as_f64(),
+            _ => None,
         };
-        if f.fract() != 0.0 || f.abs() >= EXACT {
-            return None;
+        let Some(f) = f.filter(|f| f.fract() == 0.0 && f.abs() < EXACT) else {
+            return refused(&latest);
+        };
+        if repairs == MAX_REPAIRS {
+            return Repaired::TooMany;
         }
         // Exact: a whole double below 2^53 converts without rounding.
         #[allow(clippy::cast_possible_truncation)]
         let integer = f as i64;
         *target = Value::from(integer);
         match serde_path_to_error::deserialize::<_, A>(&value) {
-            Ok(args) => return Some(args),
-            Err(e) => path = e.path().clone(),
+            Ok(args) => return Repaired::Read(args),
+            Err(e) => {
+                path = e.path().clone();
+                latest = Some(e);
+            }
         }
     }
-    None
+    Repaired::Refused(None)
 }
 
 /// How many numbers of one call's arguments may be written as integers (each costs one more
@@ -523,7 +581,44 @@ fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{integer_text, without_position};
+    use super::{Arguments, MAX_REPAIRS, integer_text, parse, without_position};
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Batch {
+        ids: Vec<u32>,
+    }
+
+    /// Whole numbers sent as floats are read as integers up to the limit; past it the refusal
+    /// says so, instead of blaming `ids[0]`, a value that is read.
+    #[test]
+    fn whole_numbers_past_the_repair_limit_are_refused_as_such() {
+        for n in [MAX_REPAIRS, MAX_REPAIRS + 1, 1000] {
+            let ids: Vec<String> = (0..n).map(|i| format!("{i}.0")).collect();
+            let text = format!("{{\"ids\": [{}]}}", ids.join(","));
+            let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            for args in [Arguments::Text(&text), Arguments::Json(&value)] {
+                match parse::<Batch>("batch", args) {
+                    Ok(batch) if n <= MAX_REPAIRS => assert_eq!(batch.ids.len(), n),
+                    Err(why) if n > MAX_REPAIRS => {
+                        assert!(why.contains("more than 64 numbers"), "{why}");
+                        assert!(!why.contains("ids[0]"), "{why}");
+                    }
+                    other => panic!("{n} whole floats: {other:?}"),
+                }
+            }
+        }
+        // Where the repairs stop at a number that is not whole, that one is named, not the
+        // whole one before it, which was read.
+        let text = r#"{"ids": [1.0, 2.5]}"#;
+        let value: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        for args in [Arguments::Text(text), Arguments::Json(&value)] {
+            let why = parse::<Batch>("batch", args).unwrap_err();
+            assert!(why.contains("`ids[1]`") && why.contains("2.5"), "{why}");
+        }
+        // The first refusal, when it is not a whole number, is named as before.
+        let why = parse::<Batch>("batch", Arguments::Text(r#"{"ids": [2.5]}"#)).unwrap_err();
+        assert!(why.contains("`ids[0]`") && why.contains("2.5"), "{why}");
+    }
 
     #[test]
     fn serde_jsons_position_is_left_out_and_nothing_else() {
