@@ -172,6 +172,31 @@ async fn a_caller_key_reused_with_other_arguments_is_refused() {
     assert_eq!(tool.runs(), 1);
 }
 
+/// A safe tool that keeps no record runs each call: its caller key reused with other arguments
+/// runs on its own, while the first call is in flight as after it finished (there is no stored
+/// fingerprint to refuse it by once the first has finished, and the answer must not depend on
+/// timing). Each caller gets the result of its own arguments, never the other's.
+#[tokio::test(start_paused = true)]
+async fn a_safe_tools_caller_key_reused_with_other_arguments_runs_either_way() {
+    let tool = PayTool::new(
+        RetryClass::Safe,
+        ToolOptions::default(),
+        &[],
+        Step::Slow(Duration::from_millis(100)),
+    );
+    let run = executor().run("r").with_idempotency_key("quote-7");
+    let (first, other) =
+        tokio::join!(run.call(&*tool, args("cus_1", 4900)), run.call(&*tool, args("cus_1", 9900)));
+    let later = run.call(&*tool, args("cus_1", 700)).await;
+    assert!(first.is_ok() && other.is_ok() && later.is_ok(), "{first:?} {other:?} {later:?}");
+    assert_eq!(tool.runs(), 3, "each call ran its own arguments");
+    // The same arguments in flight still join.
+    let (a, b) =
+        tokio::join!(run.call(&*tool, args("cus_1", 4900)), run.call(&*tool, args("cus_1", 4900)));
+    assert_eq!(a.unwrap(), b.unwrap());
+    assert_eq!(tool.runs(), 4);
+}
+
 /// Returns whatever JSON it is given.
 struct Echo {
     runs: AtomicUsize,

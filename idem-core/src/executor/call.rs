@@ -176,6 +176,13 @@ impl<T: Tool> Call<'_, T> {
         let mut waited = false;
         loop {
             match self.inner.flights.enter(self.key, self.fingerprint) {
+                // A safe call that keeps no record runs for each caller: a reuse with other
+                // arguments is refused only where it is stored, and would otherwise be refused
+                // or run depending on whether the first call had finished.
+                Enter::Mismatch if !self.uses_store() => {
+                    self.outcome(Served::Executed);
+                    return self.attempts(args, None, None).await;
+                }
                 Enter::Mismatch => return Err(self.reuse_mismatch()),
                 Enter::Join(slot) => {
                     waited = true;
