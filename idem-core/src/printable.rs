@@ -8,17 +8,25 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// Whether printing `c` raw could change how a terminal shows the rest: a control character
-/// (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or one of Unicode's
-/// `Bidi_Control` characters.
+/// Whether printing `c` raw could change how a terminal shows the rest, or hide what is there: a
+/// control character (C0, DEL, C1: `\n`, ESC, CSI...), a line or paragraph separator, or a
+/// format character (Unicode's General_Category `Cf`, 15.1): the `Bidi_Control` characters,
+/// and the invisible ones (zero-width space and joiners, U+FEFF, the tag characters U+E0000..),
+/// which make two run ids that differ look the same, shift a table's columns, or carry hidden
+/// text.
 fn acts_on_terminal(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
             '\u{2028}' | '\u{2029}' // line and paragraph separators
-            | '\u{061C}' | '\u{200E}' | '\u{200F}' // ALM, LRM, RLM
+            | '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
+            | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{180E}'
+            | '\u{200B}'..='\u{200F}' // ZWSP, ZWNJ, ZWJ, LRM, RLM
             | '\u{202A}'..='\u{202E}' // LRE, RLE, PDF, LRO, RLO
-            | '\u{2066}'..='\u{2069}' // LRI, RLI, FSI, PDI
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' // LRI, RLI, FSI, PDI among them
+            | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}' | '\u{E0001}' | '\u{E0020}'..='\u{E007F}'
         )
 }
 
@@ -54,8 +62,12 @@ pub fn printable_json(json: &str) -> Cow<'_, str> {
     let mut out = String::with_capacity(json.len() + 8);
     for c in json.chars() {
         if escaped(c) {
-            // Every such character is in the Basic Multilingual Plane: one escape.
-            let _ = write!(out, "\\u{:04x}", u32::from(c));
+            // JSON escapes UTF-16 code units: a character past the Basic Multilingual Plane (a
+            // tag character) is its surrogate pair.
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
         } else {
             out.push(c);
         }
@@ -89,17 +101,20 @@ mod tests {
         assert_eq!(printable("a\nb\u{1b}[2Jc\u{202e}d\u{7}"), "a\\nb\\u{1b}[2Jc\\u{202e}d\\u{7}");
         assert_eq!(printable_lines("a\n\tb\r\u{1b}"), "a\n\tb\\r\\u{1b}");
         assert_eq!(printable("\u{2028}\u{200f}\u{85}"), "\\u{2028}\\u{200f}\\u{85}");
+        // Invisible: two run ids that differ by one look the same, or carry hidden text.
+        assert_eq!(printable("run\u{200b}1\u{feff}"), "run\\u{200b}1\\u{feff}");
+        assert_eq!(printable("a\u{e0041}\u{ad}"), "a\\u{e0041}\\u{ad}");
     }
 
     #[test]
     fn json_keeps_its_value_with_what_acts_on_a_terminal_escaped() {
-        let value =
-            serde_json::json!({"a\u{202e}": ["\u{9b}2J\u{7f}\u{2028}\n\u{1b}", "ünï 🦀 \\u"]});
+        let value = serde_json::json!({"a\u{202e}": ["\u{9b}2J\u{7f}\u{2028}\n\u{1b}", "ünï 🦀 \\u", "t\u{e0041}\u{200b}"]});
         let text = serde_json::to_string_pretty(&value).unwrap();
         let shown = printable_json(&text);
         assert!(!shown.contains(|c: char| c.is_control() && !matches!(c, '\n' | ' ')), "{shown}");
         assert!(!shown.contains(['\u{202e}', '\u{2028}']), "{shown}");
         assert!(shown.contains(r"\u009b2J\u007f\u2028\n\u001b"), "{shown}");
+        assert!(shown.contains(r"t\udb40\udc41\u200b"), "{shown}");
         assert_eq!(serde_json::from_str::<serde_json::Value>(&shown).unwrap(), value);
         assert!(matches!(printable_json(r#"{"a":"ünï"}"#), Cow::Borrowed(_)));
     }
