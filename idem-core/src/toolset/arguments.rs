@@ -123,8 +123,9 @@ fn too_many_repairs(tool: &str) -> String {
 /// equals and the arguments are read again, up to [`MAX_REPAIRS`] times. Nothing else changes,
 /// so a float a parameter accepts (an `f64`, a `Value`, an untagged enum's float variant) is
 /// read as sent, and the key (derived from the typed arguments) is the integer's.
-/// [`Repaired::Refused`] when the refused value is not such a number or the arguments are still
-/// refused: the first refusal is then the one reported; [`Repaired::TooMany`] past the limit.
+/// [`Repaired::Refused`] when the refused value is not such a number, with the refusal the
+/// repairs stopped at (none for the first, which the caller has); [`Repaired::TooMany`] past
+/// the limit.
 ///
 /// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
 /// though their doubles are), and the integer is exact at any width a parameter holds.
