@@ -574,32 +574,7 @@ fn fields_impl(model: &Model, fields_ty: &TokenStream, uses: Option<TokenStream>
 /// checking per tool. (A user type that shadows one of these names and lacks a trait is still
 /// refused, by the bounds of the generic tool types, in a less precise message.)
 fn is_std_data(ty: &Type) -> bool {
-    const SCALARS: &[&str] = &[
-        "String", "bool", "char", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32",
-        "u64", "u128", "usize", "f32", "f64",
-    ];
-    match ty {
-        Type::Tuple(t) => t.elems.is_empty(),
-        Type::Paren(p) => is_std_data(&p.elem),
-        Type::Group(g) => is_std_data(&g.elem),
-        Type::Path(tp) if tp.qself.is_none() && tp.path.leading_colon.is_none() => {
-            let [segment] = &tp.path.segments.iter().collect::<Vec<_>>()[..] else {
-                return false;
-            };
-            let name = segment.ident.to_string();
-            match &segment.arguments {
-                syn::PathArguments::None => SCALARS.contains(&name.as_str()),
-                syn::PathArguments::AngleBracketed(args) if name == "Option" || name == "Vec" => {
-                    matches!(
-                        &args.args.iter().collect::<Vec<_>>()[..],
-                        [syn::GenericArgument::Type(inner)] if is_std_data(inner)
-                    )
-                }
-                _ => false,
-            }
-        }
-        _ => false,
-    }
+    is_plain_data(ty, false)
 }
 
 /// A standard type (as [`is_std_data`] reads it) whose value reads back from its canonical text
@@ -607,40 +582,51 @@ fn is_std_data(ty: &Type) -> bool {
 /// The executor checks at each retry that what it read writes the same intent again, so a user
 /// type that shadows one of these names cannot make a retry run other arguments.
 fn is_exact_data(ty: &Type) -> bool {
-    let single = |args: &syn::AngleBracketedGenericArguments| match &args
-        .args
+    is_plain_data(ty, true)
+}
+
+/// The generic arguments of a path segment, when all are types.
+fn type_args(args: &syn::AngleBracketedGenericArguments) -> Option<Vec<&Type>> {
+    args.args
         .iter()
-        .collect::<Vec<_>>()[..]
-    {
-        [syn::GenericArgument::Type(inner)] => is_exact_data(inner),
-        _ => false,
-    };
+        .map(|a| match a {
+            syn::GenericArgument::Type(t) => Some(t),
+            _ => None,
+        })
+        .collect()
+}
+
+/// [`is_std_data`], or with `exact` [`is_exact_data`].
+fn is_plain_data(ty: &Type, exact: bool) -> bool {
+    const SCALARS: &[&str] = &[
+        "String", "bool", "char", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32",
+        "u64", "u128", "usize", "f32", "f64",
+    ];
     match ty {
-        Type::Paren(p) => is_exact_data(&p.elem),
-        Type::Group(g) => is_exact_data(&g.elem),
+        Type::Tuple(t) => t.elems.is_empty(),
+        Type::Paren(p) => is_plain_data(&p.elem, exact),
+        Type::Group(g) => is_plain_data(&g.elem, exact),
         Type::Path(tp) if tp.qself.is_none() && tp.path.leading_colon.is_none() => {
             let [segment] = &tp.path.segments.iter().collect::<Vec<_>>()[..] else {
                 return false;
             };
             let name = segment.ident.to_string();
-            match &segment.arguments {
-                syn::PathArguments::None => {
-                    !matches!(name.as_str(), "f32" | "f64") && is_std_data(ty)
+            match (&segment.arguments, name.as_str()) {
+                (syn::PathArguments::None, "f32" | "f64") => !exact,
+                (syn::PathArguments::None, name) => SCALARS.contains(&name),
+                (syn::PathArguments::AngleBracketed(args), "Option" | "Vec") => {
+                    matches!(type_args(args).as_deref(), Some([inner]) if is_plain_data(inner, exact))
                 }
-                syn::PathArguments::AngleBracketed(args) if name == "Option" || name == "Vec" => {
-                    single(args)
-                }
-                syn::PathArguments::AngleBracketed(args) if name == "BTreeMap" => {
-                    matches!(
-                        &args.args.iter().collect::<Vec<_>>()[..],
-                        [syn::GenericArgument::Type(Type::Path(key)), syn::GenericArgument::Type(value)]
-                            if key.qself.is_none() && key.path.is_ident("String") && is_exact_data(value)
-                    )
-                }
+                (syn::PathArguments::AngleBracketed(args), "BTreeMap") if exact => matches!(
+                    type_args(args).as_deref(),
+                    Some([Type::Path(key), value])
+                        if key.qself.is_none() && key.path.is_ident("String")
+                            && is_plain_data(value, exact)
+                ),
                 _ => false,
             }
         }
-        _ => is_std_data(ty),
+        _ => false,
     }
 }
 
