@@ -112,6 +112,29 @@ pub fn take_second_tool_attr(item: &mut ItemFn, errors: &mut Errors) {
     });
 }
 
+/// One error at `value` when it is set below `min` (written `min_text`): `why` says what the
+/// shortest is for, `default` what the option is when left out.
+fn too_short(
+    errors: &mut Errors,
+    option: &str,
+    value: Option<&crate::parse::DurationOpt>,
+    (min, min_text): (Duration, &str),
+    why: &str,
+    default: &str,
+) {
+    if let Some(value) = value
+        && value.value < min
+    {
+        errors.spanned(
+            value.lit.span(),
+            format!(
+                "`{option} = {:?}` is shorter than {min_text}, {why}. Write at least {option} = \"{min_text}\" (the default is \"{default}\")",
+                value.lit.value()
+            ),
+        );
+    }
+}
+
 /// Checks `item` against `attr`.
 pub fn validate(
     attr: Attr,
@@ -210,31 +233,12 @@ pub fn validate(
 
     // The lease is renewed every third of it while the tool runs: a shorter one than the
     // executor keeps would lapse between renewals and let a duplicate run beside the tool.
-    if let Some(lease) = &attr.lease
-        && lease.value < MIN_LEASE
-    {
-        errors.spanned(
-            lease.lit.span(),
-            format!(
-                "`lease = {:?}` is shorter than 100ms, the shortest lease idem keeps: it is renewed every third of it while the tool runs, and a shorter one would lapse between renewals and let a duplicate run beside the tool. Write at least lease = \"100ms\" (the default is \"30s\")",
-                lease.lit.value()
-            ),
-        );
-    }
-
+    let lease_why = "the shortest lease idem keeps: it is renewed every third of it while the tool runs, and a shorter one would lapse between renewals and let a duplicate run beside the tool";
+    too_short(errors, "lease", attr.lease.as_ref(), (MIN_LEASE, "100ms"), lease_why, "30s");
     // A result is kept for the repeats that come seconds to hours later: one kept for less is
     // not replayed, and a never tool's repeat would run its effect again.
-    if let Some(ttl) = &attr.ttl
-        && ttl.value < MIN_TTL
-    {
-        errors.spanned(
-            ttl.lit.span(),
-            format!(
-                "`ttl = {:?}` is shorter than 1s, the shortest retention idem keeps: a result is kept so that repeats, which come seconds to hours later, replay it, and a `never` tool's repeat would otherwise run its effect again. Write at least ttl = \"1s\" (the default is \"24h\")",
-                ttl.lit.value()
-            ),
-        );
-    }
+    let ttl_why = "the shortest retention idem keeps: a result is kept so that repeats, which come seconds to hours later, replay it, and a `never` tool's repeat would otherwise run its effect again";
+    too_short(errors, "ttl", attr.ttl.as_ref(), (MIN_TTL, "1s"), ttl_why, "24h");
 
     // The deadline bounds every attempt, so a longer timeout would never apply: the author
     // likely swapped the two, or expects a timeout that never fires.
