@@ -94,7 +94,10 @@ impl Target {
         // The user info ends at the first `@` (libpq, tokio-postgres): a second one before the
         // path means an `@` in the user name or password, and the text after the first would be
         // read as the host or port and shown in messages.
-        if let Some((_, after)) = url.split_once("://")
+        // Only in a URL: a key=value string's value may hold `://` (a password, a file URL).
+        if let Some((scheme, after)) = url.trim_start().split_once("://")
+            && !scheme.is_empty()
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
             && after.split('/').next().is_some_and(|authority| authority.matches('@').count() > 1)
         {
             return Err(StoreError::InvalidConfig(AT_IN_USER_INFO.to_owned()));
@@ -299,13 +302,14 @@ fn connector(
     super::verify::connector(checks, root)
 }
 
-/// The host and port counts tokio-postgres refuses only when it connects (as a connection
-/// error, which would read as an unreachable server), refused here as a bad configuration.
 /// Why a connection string whose host holds an `@` is refused; the host is not shown.
 const AT_IN_USER_INFO: &str = "PostgreSQL connection string: an `@` in the user name or password \
      must be written `%40` (the text after the first `@` would be read as the host, so it is not \
      shown)";
 
+/// The host and port counts tokio-postgres refuses only when it connects (as a connection
+/// error, which would read as an unreachable server), refused here as a bad configuration, and
+/// a host holding an `@`.
 fn check_hosts(config: &Config) -> Result<(), StoreError> {
     let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
     let ports = config.get_ports().len();
@@ -503,6 +507,10 @@ mod tests {
             assert!(matches!(&err, StoreError::InvalidConfig(m) if m.contains("%40")), "{text}");
             assert!(!text.contains("ret"), "{url}: {text}");
         }
+        // A key=value string's password may hold `://` and `@`s.
+        let target =
+            Target::parse("host=db.example password='x://a@b@c' user=app").expect("parses");
+        assert_eq!(target.config.get_password(), Some(&b"x://a@b@c"[..]));
         // Written as `%40`, the same password opens as usual.
         let target =
             Target::parse("postgresql://postgres:s3c%40ret%40PW@127.0.0.1:1/test").expect("parses");
