@@ -179,9 +179,9 @@ impl<T: Tool> Call<'_, T> {
                 // A safe call that keeps no record runs for each caller: a reuse with other
                 // arguments is refused only where it is stored, and would otherwise be refused
                 // or run depending on whether the first call had finished.
+                // Boxed, as the leader's other rare entry below.
                 Enter::Mismatch if !self.uses_store() => {
-                    self.outcome(Served::Executed);
-                    return self.attempts(args, None, None).await;
+                    return Box::pin(self.lead(args, false)).await;
                 }
                 Enter::Mismatch => return Err(self.reuse_mismatch()),
                 Enter::Join(slot) => {
