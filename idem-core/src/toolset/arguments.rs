@@ -140,11 +140,10 @@ fn repaired_text<A: DeserializeOwned>(
     // The refusal the repairs stopped at, once one was made: reported instead of the first,
     // whose value was read.
     let mut latest = None;
+    let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>, text: &str| {
+        Repaired::Refused(latest.as_ref().map(|e| text_field_error::<A>(tool, text, e)))
+    };
     for repairs in 0..=MAX_REPAIRS {
-        let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>,
-                       text: &str| {
-            Repaired::Refused(latest.as_ref().map(|e| text_field_error::<A>(tool, text, e)))
-        };
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
         // with a syntax error whose path is unknown: its position names the number instead.
         let range = match token_at(&text, &path) {
