@@ -188,8 +188,9 @@ async fn a_safe_tools_caller_key_reused_with_other_arguments_runs_either_way() {
     let (first, other) =
         tokio::join!(run.call(&*tool, args("cus_1", 4900)), run.call(&*tool, args("cus_1", 9900)));
     let later = run.call(&*tool, args("cus_1", 700)).await;
-    assert!(first.is_ok() && other.is_ok() && later.is_ok(), "{first:?} {other:?} {later:?}");
+    let (first, other, later) = (first.unwrap(), other.unwrap(), later.unwrap());
     assert_eq!(tool.runs(), 3, "each call ran its own arguments");
+    assert!(first != other && other != later && first != later, "{first} {other} {later}");
     // The same arguments in flight still join.
     let (a, b) =
         tokio::join!(run.call(&*tool, args("cus_1", 4900)), run.call(&*tool, args("cus_1", 4900)));
