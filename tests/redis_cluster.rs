@@ -631,9 +631,20 @@ async fn replica_wait_across_failovers() {
 async fn redirections_in_a_circle_wait_for_the_new_owner() {
     let Some(cluster) = tokio::task::spawn_blocking(shared).await.unwrap() else { return };
     let store = store_on(&cluster.url("")).await;
-    let (key, fp) = fresh_key("moved-circle", "{}");
-    let slot = cluster::slot(&store.record_key(&key));
-    let from = cluster.master_of(slot).unwrap();
+    // A slot that holds another test's records (the cluster is shared) cannot be given to
+    // another node without moving them (`ERR Can't assign hashslot .. while I still hold keys`):
+    // a key whose slot is empty. Once the slot is MIGRATING, a new key in it goes to the
+    // importing node, so none lands on the old owner after the count.
+    let (key, fp, slot, from) = loop {
+        let (key, fp) = fresh_key("moved-circle", "{}");
+        let slot = cluster::slot(&store.record_key(&key));
+        let from = cluster.master_of(slot).unwrap();
+        let named = slot.to_string();
+        let keys = cluster.cli(from.port, &["CLUSTER", "COUNTKEYSINSLOT", &named]).unwrap();
+        if keys.trim() == "0" {
+            break (key, fp, slot, from);
+        }
+    };
     let masters: Vec<NodeInfo> =
         cluster.nodes().unwrap().into_iter().filter(|n| n.master && !n.failed).collect();
     let to = masters.iter().find(|n| n.id != from.id).expect("another master").clone();
