@@ -7,6 +7,7 @@
 use proc_macro::TokenStream;
 
 mod docs;
+mod enclosing;
 mod expand;
 mod fallback;
 mod krate;
@@ -149,7 +150,38 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
             return out.into();
         }
     };
+    if let Some(misplaced) = misplaced(&item) {
+        return misplaced.into();
+    }
     tool_item(attr.into(), item, None, None).tokens.into()
+}
+
+/// One error, and the fn as written, for a `#[tool]` fn inside a block that cannot hold its
+/// expansion (see `enclosing.rs`); `None` where the expansion fits or the block is not known.
+fn misplaced(item: &syn::ItemFn) -> Option<proc_macro2::TokenStream> {
+    use syn::spanned::Spanned as _;
+    let first = quote::ToTokens::to_token_stream(item).into_iter().next()?.span();
+    let name = item.sig.ident.to_string();
+    let method = matches!(item.sig.inputs.first(), Some(syn::FnArg::Receiver(_)));
+    let message = match enclosing::of_fn(first, item.sig.fn_token.span(), &name) {
+        enclosing::Enclosing::Impl if !method => format!(
+            "`#[tool]` on an associated fn without `self`: its expansion adds a type, a constant and an enum, which an `impl` block cannot hold; move `{name}` out of the block to make it a free `async fn` tool, or take `&self` to make it a method tool"
+        ),
+        enclosing::Enclosing::TraitImpl => format!(
+            "`#[tool]` cannot go on a method of a trait impl: its expansion changes the signature and adds `{name}_tool`, which the trait does not declare; make `{name}` a `#[tool]` method of an inherent `impl` block and call it from the trait's method"
+        ),
+        enclosing::Enclosing::Trait => format!(
+            "`#[tool]` cannot go on a trait's method: its expansion changes the signature and adds items every implementor would have to write; make the tool a `#[tool]` method of an inherent `impl` block and call it from `{name}`"
+        ),
+        _ => return None,
+    };
+    // The fn stays as written (without the parameter markers only `#[tool]` reads), so its
+    // callers and its body type-check and this is the only error.
+    let mut item = item.clone();
+    let mut ignored = parse::Errors::default();
+    validate::take_param_attrs(&mut item, &mut ignored);
+    let error = syn::Error::new(item.sig.ident.span(), message).to_compile_error();
+    Some(quote::quote!(#item #error))
 }
 
 /// Collects the `#[tool]` methods of an `impl` block into one tool set.

@@ -1,0 +1,348 @@
+//! Where a `#[tool]` fn sits: at module level, or inside an `impl` or `trait` block.
+//!
+//! An attribute sees only the item it is on, and rustc gives it no parent. A free fn and an
+//! associated fn without `self` look the same, yet the free fn's expansion (a type, a constant,
+//! an enum) is illegal in an `impl` block: rustc reported about ten errors there, none of them
+//! saying what to write. So for an indented fn (one at column 1 cannot be inside a block as
+//! rustfmt writes it, and that skip keeps a crate of free tools from paying for this) the macro
+//! reads the source file the fn's span names (`Span::local_file`, `Span::line`, stable since
+//! Rust 1.88) and scans its braces. Anything unclear (no file, a macro-generated fn, a line that
+//! does not hold `fn <name>`) answers [`Enclosing::Unknown`], and the tool expands as before.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// The block around an fn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enclosing {
+    /// An inherent `impl Type { .. }` block.
+    Impl,
+    /// `impl Trait for Type { .. }`.
+    TraitImpl,
+    /// `trait Name { .. }`.
+    Trait,
+    /// A module, a fn body, or not known.
+    Unknown,
+}
+
+/// The block around the fn named `name` whose first token has `first` as its span and whose
+/// `fn` keyword has `fn_span`.
+pub fn of_fn(first: proc_macro2::Span, fn_span: proc_macro2::Span, name: &str) -> Enclosing {
+    // `unwrap` panics outside a macro's expansion (the crate's unit tests).
+    if !proc_macro::is_available() {
+        return Enclosing::Unknown;
+    }
+    let (first, fn_span) = (first.unwrap(), fn_span.unwrap());
+    if first.column() <= 1 {
+        return Enclosing::Unknown;
+    }
+    let Some(path) = fn_span.local_file() else { return Enclosing::Unknown };
+    thread_local! {
+        // One scan per file and compilation, however many tools it holds.
+        static FILES: RefCell<HashMap<PathBuf, Option<Scanned>>> = RefCell::new(HashMap::new());
+    }
+    FILES.with(|files| {
+        let mut files = files.borrow_mut();
+        let scanned = files.entry(path).or_insert_with_key(|path| {
+            std::fs::read_to_string(path).ok().map(|text| Scanned::new(&text))
+        });
+        match scanned {
+            Some(scanned) => scanned.around_fn(fn_span.line(), name),
+            None => Enclosing::Unknown,
+        }
+    })
+}
+
+/// A source file's blocks, and where its lines start.
+struct Scanned {
+    text: String,
+    line_starts: Vec<usize>,
+    /// `(open, close, kind)` byte offsets of every brace block, in order of `open`.
+    blocks: Vec<(usize, usize, Enclosing)>,
+}
+
+impl Scanned {
+    fn new(text: &str) -> Self {
+        let line_starts =
+            std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1)).collect();
+        Scanned { text: text.to_owned(), line_starts, blocks: blocks(text) }
+    }
+
+    /// The innermost block around the `fn <name>` on line `line` (1-based).
+    fn around_fn(&self, line: usize, name: &str) -> Enclosing {
+        let Some(&start) = self.line_starts.get(line.wrapping_sub(1)) else {
+            return Enclosing::Unknown;
+        };
+        let end = self.line_starts.get(line).copied().unwrap_or(self.text.len());
+        let Some(at) = find_fn(&self.text[start..end], name) else { return Enclosing::Unknown };
+        innermost(&self.blocks, start + at)
+    }
+}
+
+/// The offset of `fn <name>` in `line`, as whole words.
+fn find_fn(line: &str, name: &str) -> Option<usize> {
+    let name = name.strip_prefix("r#").unwrap_or(name);
+    let mut from = 0;
+    while let Some(i) = line[from..].find("fn") {
+        let at = from + i;
+        from = at + 2;
+        let before_ok = line[..at].chars().next_back().is_none_or(|c| !is_ident_char(c));
+        let rest = &line[at + 2..];
+        let trimmed = rest.trim_start();
+        if !before_ok || trimmed.len() == rest.len() {
+            continue;
+        }
+        let trimmed = trimmed.strip_prefix("r#").unwrap_or(trimmed);
+        if let Some(after) = trimmed.strip_prefix(name)
+            && after.chars().next().is_none_or(|c| !is_ident_char(c))
+        {
+            return Some(at);
+        }
+    }
+    None
+}
+
+fn innermost(blocks: &[(usize, usize, Enclosing)], at: usize) -> Enclosing {
+    blocks
+        .iter()
+        .filter(|(open, close, _)| *open < at && at < *close)
+        .max_by_key(|(open, _, _)| *open)
+        .map_or(Enclosing::Unknown, |(_, _, kind)| *kind)
+}
+
+fn is_ident_char(c: char) -> bool {
+    c == '_' || c.is_alphanumeric()
+}
+
+/// Every brace block of `text` with its kind. Comments, strings, raw strings, character
+/// literals and attributes are skipped, so a `{` inside them opens nothing. An unbalanced file
+/// gives what it gives: the kinds only ever add an error where the expansion was illegal anyway.
+fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let mut out = Vec::new();
+    // Open blocks: index into `out`.
+    let mut stack: Vec<usize> = Vec::new();
+    // The words of the item being read, since the last `;`, `{` or `}`, with whether `<`
+    // follows each (`for<'a>` is a bound, `for Type` a trait impl).
+    let mut words: Vec<(String, bool)> = Vec::new();
+    let mut attr_depth = 0usize;
+    let mut i = 0;
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
+    while let Some(c) = at(i) {
+        let offset = chars[i].0;
+        match c {
+            '/' if at(i + 1) == Some('/') => {
+                while at(i).is_some_and(|c| c != '\n') {
+                    i += 1;
+                }
+                continue;
+            }
+            '/' if at(i + 1) == Some('*') => {
+                let mut depth = 0usize;
+                while let Some(c) = at(i) {
+                    if c == '/' && at(i + 1) == Some('*') {
+                        depth += 1;
+                        i += 2;
+                    } else if c == '*' && at(i + 1) == Some('/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            '"' => {
+                i = skip_string(&chars, i + 1);
+                continue;
+            }
+            '\'' => {
+                // A character literal ('a', '\n', '\u{1F600}') or a lifetime ('a).
+                if at(i + 1) == Some('\\') {
+                    // The quote, the backslash and the escaped character ('\'', '\\').
+                    i += 3;
+                    while at(i).is_some_and(|c| c != '\'') {
+                        i += 1;
+                    }
+                    i += 1;
+                } else if at(i + 2) == Some('\'') {
+                    i += 3;
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            '#' if attr_depth == 0 => {
+                let mut j = i + 1;
+                if at(j) == Some('!') {
+                    j += 1;
+                }
+                while at(j).is_some_and(char::is_whitespace) {
+                    j += 1;
+                }
+                if at(j) == Some('[') {
+                    attr_depth = 1;
+                    i = j + 1;
+                    continue;
+                }
+            }
+            '[' if attr_depth > 0 => attr_depth += 1,
+            ']' if attr_depth > 0 => attr_depth -= 1,
+            _ if attr_depth > 0 => {}
+            '{' => {
+                let kind = classify(&words);
+                words.clear();
+                stack.push(out.len());
+                out.push((offset, text.len(), kind));
+            }
+            '}' => {
+                words.clear();
+                if let Some(open) = stack.pop() {
+                    out[open].1 = offset;
+                }
+            }
+            ';' => words.clear(),
+            c if c == '_' || c.is_alphabetic() => {
+                let start = i;
+                while at(i).is_some_and(is_ident_char) {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().map(|&(_, c)| c).collect();
+                // String prefixes: r"..", r#".."#, b"..", br"..", c"..", cr"..", b'x'.
+                let raw = matches!(word.as_str(), "r" | "br" | "cr");
+                if raw && matches!(at(i), Some('"' | '#')) {
+                    let mut hashes = 0;
+                    while at(i + hashes) == Some('#') {
+                        hashes += 1;
+                    }
+                    if at(i + hashes) == Some('"') {
+                        i = skip_raw_string(&chars, i + hashes + 1, hashes);
+                        continue;
+                    }
+                    if word == "r" && hashes == 1 {
+                        // A raw identifier (`r#impl`) is never a keyword.
+                        i += 1;
+                        while at(i).is_some_and(is_ident_char) {
+                            i += 1;
+                        }
+                        words.push(("r#".into(), false));
+                        continue;
+                    }
+                }
+                if matches!(word.as_str(), "b" | "c") && at(i) == Some('"') {
+                    i = skip_string(&chars, i + 1);
+                    continue;
+                }
+                let mut j = i;
+                while at(j).is_some_and(char::is_whitespace) {
+                    j += 1;
+                }
+                words.push((word, at(j) == Some('<')));
+                continue;
+            }
+            c if c.is_ascii_digit() => {
+                while at(i).is_some_and(is_ident_char) {
+                    i += 1;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The index after the closing `"` of a string whose content starts at `i`.
+fn skip_string(chars: &[(usize, char)], mut i: usize) -> usize {
+    while let Some(&(_, c)) = chars.get(i) {
+        match c {
+            '\\' => i += 2,
+            '"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// The index after the closing `"` and `hashes` `#` of a raw string whose content starts at `i`.
+fn skip_raw_string(chars: &[(usize, char)], mut i: usize, hashes: usize) -> usize {
+    while let Some(&(_, c)) = chars.get(i) {
+        i += 1;
+        if c == '"' && (0..hashes).all(|k| chars.get(i + k).is_some_and(|&(_, c)| c == '#')) {
+            return i + hashes;
+        }
+    }
+    i
+}
+
+/// The kind of the block an item's words open: only `impl` and `trait` items are told apart.
+fn classify(words: &[(String, bool)]) -> Enclosing {
+    let mut rest = words
+        .iter()
+        .skip_while(|(w, _)| matches!(w.as_str(), "pub" | "crate" | "super" | "self" | "in"))
+        .skip_while(|(w, _)| matches!(w.as_str(), "unsafe" | "default" | "auto"));
+    match rest.next().map(|(w, _)| w.as_str()) {
+        Some("impl") if rest.any(|(w, generic)| w == "for" && !generic) => Enclosing::TraitImpl,
+        Some("impl") => Enclosing::Impl,
+        Some("trait") => Enclosing::Trait,
+        _ => Enclosing::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn around(text: &str, name: &str) -> Enclosing {
+        let scanned = Scanned::new(text);
+        let line = text.lines().position(|l| find_fn(l, name).is_some()).expect("fn in text") + 1;
+        scanned.around_fn(line, name)
+    }
+
+    #[test]
+    fn tells_impl_trait_impl_and_trait_blocks_from_modules() {
+        let text = r##"
+mod a {
+    async fn free() {}
+}
+pub(crate) impl<T: Clone> Desk<T> where T: for<'a> Fn(&'a str) {
+    /// A doc with a brace { and "a string }".
+    #[doc = "}"]
+    async fn inherent(n: u32) {}
+}
+unsafe impl<'a> Send for Desk<'a> {
+    async fn of_trait(&self) {}
+}
+pub trait Charge {
+    async fn in_trait(&self) {}
+}
+fn body() {
+    let s = r#"impl X { "#; let c = '{'; let l: &'static str = "";
+    /* impl Y { /* nested } */ */
+    async fn in_body() {}
+}
+"##;
+        assert_eq!(around(text, "free"), Enclosing::Unknown);
+        assert_eq!(around(text, "inherent"), Enclosing::Impl);
+        assert_eq!(around(text, "of_trait"), Enclosing::TraitImpl);
+        assert_eq!(around(text, "in_trait"), Enclosing::Trait);
+        assert_eq!(around(text, "in_body"), Enclosing::Unknown);
+    }
+
+    #[test]
+    fn a_line_without_the_fn_is_unknown() {
+        let scanned = Scanned::new("impl X {\n    async fn a() {}\n}\n");
+        assert_eq!(scanned.around_fn(2, "a"), Enclosing::Impl);
+        assert_eq!(scanned.around_fn(2, "b"), Enclosing::Unknown);
+        assert_eq!(scanned.around_fn(2, "a_b"), Enclosing::Unknown);
+        assert_eq!(scanned.around_fn(0, "a"), Enclosing::Unknown);
+        assert_eq!(scanned.around_fn(99, "a"), Enclosing::Unknown);
+        assert_eq!(find_fn("    async fn r#type() {}", "r#type"), Some(10));
+        assert_eq!(find_fn("    async fnx() {}", "x"), None);
+    }
+}
