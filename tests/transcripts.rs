@@ -1,9 +1,10 @@
-//! Recorded agent transcripts (OpenAI chat and Anthropic messages, `tests/transcripts/*.json`)
-//! replayed through a `ToolSet`: every tool call the model made is dispatched again, in order,
-//! with the model's own call ids and argument text. The results must equal what the transcript
+//! Recorded agent transcripts (OpenAI chat, OpenAI Responses items and Anthropic messages,
+//! `tests/transcripts/*.json`) replayed through a `ToolSet`: every tool call the model made is
+//! dispatched again, in order, with the model's own call ids and argument text. The results must equal what the transcript
 //! says the model read, and the provider must see one effect per intent.
 //!
-//! A transcript file: `{"format": "openai" | "anthropic", "run", "notes", "messages": [..],
+//! A transcript file: `{"format": "openai" | "openai_responses" | "anthropic", "run", "notes",
+//! "messages": [..] (a Responses transcript's input items),
 //! "expect": {"charges", "charge_requests", "refunds", "refund_requests"}}`. A tool result
 //! marked `"x-idem-harness": "timeout"` is one the agent framework gave up on after 10 s (the
 //! dispatch is dropped, as a framework's timeout drops the future); its text is the framework's.
@@ -183,6 +184,11 @@ fn find_result<'a>(messages: &'a mut [Value], format: &str, id: &str) -> &'a mut
                     return m;
                 }
             }
+            "openai_responses" => {
+                if m["type"] == "function_call_output" && m["call_id"] == id {
+                    return m;
+                }
+            }
             _ => {
                 if let Some(blocks) = m.get_mut("content").and_then(Value::as_array_mut) {
                     for b in blocks.iter_mut() {
@@ -200,6 +206,22 @@ fn find_result<'a>(messages: &'a mut [Value], format: &str, id: &str) -> &'a mut
 /// The tool calls of each assistant turn, in order.
 fn turns(messages: &[Value], format: &str) -> Vec<Vec<Call>> {
     let mut out = Vec::new();
+    if format == "openai_responses" {
+        // One response's `function_call` items are consecutive in the input.
+        let mut turn = Vec::new();
+        for item in messages {
+            if item["type"] == "function_call" {
+                let id = item["call_id"].as_str().unwrap().into();
+                turn.push(Call { id, raw: item.clone() });
+            } else if !turn.is_empty() {
+                out.push(std::mem::take(&mut turn));
+            }
+        }
+        if !turn.is_empty() {
+            out.push(turn);
+        }
+        return out;
+    }
     for m in messages.iter().filter(|m| m["role"] == "assistant") {
         let calls: Vec<Call> = match format {
             "openai" => m["tool_calls"]
@@ -232,6 +254,7 @@ fn turns(messages: &[Value], format: &str) -> Vec<Vec<Call>> {
 async fn dispatch(set: &ToolSet, run: &Run, format: &str, call: &Value) -> Value {
     match format {
         "openai" => set.call_openai(run, call).await,
+        "openai_responses" => set.call_openai_responses(run, call).await,
         _ => set.call_anthropic(run, call).await,
     }
 }
@@ -241,7 +264,11 @@ async fn replay(path: &Path) -> Ledger {
     let text = std::fs::read_to_string(path).unwrap();
     let mut transcript: Value = serde_json::from_str(&text).unwrap();
     let format = transcript["format"].as_str().unwrap().to_owned();
-    assert!(format == "openai" || format == "anthropic", "{}: unknown format", path.display());
+    assert!(
+        ["openai", "openai_responses", "anthropic"].contains(&format.as_str()),
+        "{}: unknown format",
+        path.display()
+    );
     let payments = Arc::new(Payments::default());
     let set = tool_set(&payments);
     let run = Idem::in_memory().run(transcript["run"].as_str().unwrap());
@@ -276,6 +303,7 @@ async fn replay(path: &Path) -> Ledger {
             let expected = find_result(messages, &format, &call.id);
             let (field, err_field) = match format.as_str() {
                 "openai" => ("content", None),
+                "openai_responses" => ("output", None),
                 _ => ("content", Some("is_error")),
             };
             let got_text = mask_keys(got[field].as_str().unwrap());
@@ -344,6 +372,14 @@ fn one_charge_per_intent(ledger: &Ledger) {
 #[tokio::test(start_paused = true)]
 async fn openai_transcripts_cause_one_effect_per_intent() {
     for path in transcripts("openai_") {
+        let ledger = replay(&path).await;
+        one_charge_per_intent(&ledger);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn openai_responses_transcripts_cause_one_effect_per_intent() {
+    for path in transcripts("responses_") {
         let ledger = replay(&path).await;
         one_charge_per_intent(&ledger);
     }

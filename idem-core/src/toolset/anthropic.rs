@@ -40,12 +40,12 @@ impl ToolSet {
     /// A block whose `type` is not `tool_use` (a `server_tool_use` or `mcp_tool_use` block, which
     /// Anthropic ran itself) runs nothing and is answered with an error result.
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
-        let (id, mut bad_id) = super::call_id(block.get("id"));
+        let (id, mut bad_id) = super::call_id(block.get("id"), "`id`");
         if bad_id.is_none() {
             bad_id = super::wrong_type(block.get("type"), "tool_use");
         }
         let result = match (super::call_name(block.get("name"), "`name`"), bad_id) {
-            (Err(why), _) | (_, Some(why)) => super::invalid_call(why),
+            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
             (Ok(name), None) => {
                 let run = with_call_id(run, &id);
                 let args = match block.get("input") {

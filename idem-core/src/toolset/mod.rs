@@ -7,6 +7,7 @@
 //! | format | definitions | call in | result out |
 //! |---|---|---|---|
 //! | OpenAI chat | [`ToolSet::openai_tools`] | `tool_calls[i]`: `{"id","type":"function","function":{"name","arguments":"<JSON text>"}}` | `{"role":"tool","tool_call_id","content"}` |
+//! | OpenAI Responses | [`ToolSet::openai_responses_tools`] | `function_call` item: `{"type":"function_call","call_id","name","arguments":"<JSON text>"}` | `{"type":"function_call_output","call_id","output"}` |
 //! | Anthropic messages | [`ToolSet::anthropic_tools`] | `tool_use` block: `{"type":"tool_use","id","name","input":{..}}` | `{"type":"tool_result","tool_use_id","content","is_error"}` |
 //! | MCP `tools/call` | [`ToolSet::mcp_tools`] | params: `{"name","arguments","_meta"}` | `CallToolResult`: `{"content":[{"type":"text","text"}],"isError"}` |
 //!
@@ -16,16 +17,19 @@
 //! that the action may have happened, must not be repeated, and what to check.
 //!
 //! The key scope is the [`Run`] given to each call. The tool-call id a model invents (OpenAI
-//! `id`, Anthropic `id`) is recorded for tracing only ([`Run::with_call_id`]) and is not part of
-//! the key: a model that repeats a call sends a new id for the same intent.
+//! chat `id`, Responses `call_id`, Anthropic `id`) is recorded for tracing only
+//! ([`Run::with_call_id`]) and is not part of the key: a model that repeats a call sends a new id
+//! for the same intent.
 //!
 //! Modules by job: the registry and dispatch (this module), [`Arguments`] parsing, the
-//! [`ToolResult`] a model reads, and one module per wire format (OpenAI, Anthropic, MCP).
+//! [`ToolResult`] a model reads, and one module per wire format (OpenAI chat completions, OpenAI
+//! Responses, Anthropic, MCP).
 
 mod anthropic;
 mod arguments;
 mod mcp;
 mod openai;
+mod openai_responses;
 mod result;
 #[cfg(test)]
 mod tests;
@@ -656,12 +660,12 @@ impl ToolSet {
     }
 }
 
-/// The id of a model's tool call (OpenAI `tool_calls[i].id`, Anthropic `tool_use.id`), and why
-/// one that is present but not a string is refused: the result must carry the id back for the
-/// host to match it to its call, and a number would come back as another id. Such an id is
-/// echoed as its JSON text, unless it nests past the depth limit (serde_json would overflow the
-/// stack writing it): then as none. An absent id is empty.
-fn call_id(id: Option<&Value>) -> (String, Option<String>) {
+/// The id of a model's tool call (OpenAI `tool_calls[i].id`, Responses `call_id`, Anthropic
+/// `tool_use.id`; `field` names it), and why one that is present but not a string is refused:
+/// the result must carry the id back for the host to match it to its call, and a number would
+/// come back as another id. Such an id is echoed as its JSON text, unless it nests past the depth
+/// limit (serde_json would overflow the stack writing it): then as none. An absent id is empty.
+fn call_id(id: Option<&Value>, field: &str) -> (String, Option<String>) {
     match id {
         None | Some(Value::Null) => (String::new(), None),
         Some(Value::String(id)) => (id.clone(), None),
@@ -669,7 +673,7 @@ fn call_id(id: Option<&Value>) -> (String, Option<String>) {
             crate::limits::check_value_depth(other)
                 .map_or_else(|_| String::new(), |()| other.to_string()),
             Some(format!(
-                "the tool call's `id` is {}, not a string; nothing was executed. Send the id as a string",
+                "the tool call's {field} is {}, not a string; nothing was executed. Send the id as a string",
                 crate::json_text::kind(other)
             )),
         ),
@@ -704,17 +708,38 @@ fn wrong_type(kind: Option<&Value>, expected: &str) -> Option<String> {
             Some(format!(
                 "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
                 crate::printable::printable(&shown),
-                if kind.ends_with("tool_use") {
-                    " (the provider runs such a call itself)"
-                } else {
-                    ""
-                }
+                other_type_hint(kind, expected)
             ))
         }
         Some(other) => Some(format!(
             "the tool call's `type` is {}, not the string \"{expected}\"; nothing was executed",
             crate::json_text::kind(other)
         )),
+    }
+}
+
+/// What a refused `type` most likely is: a call the provider ran itself (Anthropic server tools
+/// and remote MCP, OpenAI's hosted tools), or the other OpenAI API's shape.
+fn other_type_hint(kind: &str, expected: &str) -> &'static str {
+    const HOSTED: [&str; 6] = [
+        "mcp_call",
+        "web_search_call",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "tool_search_call",
+    ];
+    match (kind, expected) {
+        ("function_call", "function") => {
+            " (an OpenAI Responses item: dispatch it with `ToolSet::call_openai_responses`)"
+        }
+        ("function", "function_call") => {
+            " (an OpenAI chat completions call: dispatch it with `ToolSet::call_openai`)"
+        }
+        _ if kind.ends_with("tool_use") || HOSTED.contains(&kind) => {
+            " (the provider runs such a call itself)"
+        }
+        _ => "",
     }
 }
 

@@ -38,14 +38,14 @@ impl ToolSet {
     /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key. A
     /// call whose `type` is not `function` runs nothing and is answered with an error.
     pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
-        let (id, mut bad_id) = super::call_id(tool_call.get("id"));
+        let (id, mut bad_id) = super::call_id(tool_call.get("id"), "`id`");
         if bad_id.is_none() {
             bad_id = super::wrong_type(tool_call.get("type"), "function");
         }
         let function = tool_call.get("function");
         let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
         let result = match (name, bad_id) {
-            (Err(why), _) | (_, Some(why)) => super::invalid_call(why),
+            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
             (Ok(name), None) => {
                 let run = with_call_id(run, &id);
                 let args = match function.and_then(|f| f.get("arguments")) {

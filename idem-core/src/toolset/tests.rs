@@ -1566,3 +1566,78 @@ fn an_mcp_answer_stays_within_the_depth_a_reader_accepts() {
         assert!(read.is_ok(), "depth {depth}: {read:?}");
     }
 }
+
+/// The OpenAI Responses API's shapes: flat definitions that opt out of strict mode, a
+/// `function_call` item in, a `function_call_output` item out, and a repeat under a new
+/// `call_id` replayed. Items OpenAI ran itself, or of the chat API, run nothing.
+#[tokio::test]
+async fn openai_responses_items_run_once_and_answer_their_call_id() {
+    let t = tools();
+    let defs = t.set.openai_responses_tools();
+    let chat = t.set.openai_tools();
+    let def = defs.iter().find(|d| d["name"] == "charge_card").expect("charge_card listed");
+    let chat_def = chat.iter().find(|d| d["function"]["name"] == "charge_card").unwrap();
+    assert_eq!((def["type"].clone(), def["strict"].clone()), (json!("function"), json!(false)));
+    assert_eq!(def["parameters"], chat_def["function"]["parameters"]);
+    assert_eq!(def["description"], chat_def["function"]["description"]);
+
+    let run = Idem::in_memory().run("conv-1");
+    let item = |call_id: &str, args: &str| {
+        json!({"type": "function_call", "id": "fc_1", "call_id": call_id,
+            "name": "charge_card", "arguments": args, "status": "completed"})
+    };
+    let call = item("call_a", r#"{"customer":"c","amount_cents":7}"#);
+    let first = t.set.call_openai_responses(&run, &call).await;
+    assert_eq!(
+        (first["type"].clone(), first["call_id"].clone()),
+        (json!("function_call_output"), json!("call_a")),
+        "{first}"
+    );
+    let output: Value = serde_json::from_str(first["output"].as_str().unwrap()).unwrap();
+    assert_eq!(output["charge_id"], "ch_1", "{first}");
+    let again = t
+        .set
+        .call_openai_responses(&run, &item("call_b", r#"{ "amount_cents": 7, "customer": "c" }"#))
+        .await;
+    assert_eq!(
+        (again["call_id"].clone(), again["output"].clone()),
+        (json!("call_b"), first["output"].clone())
+    );
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "a repeat under a new call_id replays");
+
+    let input = json!({"customer": "d", "amount_cents": 1});
+    for (kind, says) in [
+        ("mcp_call", "the provider runs such a call itself"),
+        ("function", "dispatch it with `ToolSet::call_openai`"),
+        ("custom_tool_call", "not \"function_call\""),
+    ] {
+        let refused = t
+            .set
+            .call_openai_responses(
+                &run,
+                &json!({"type": kind, "call_id": "c", "name": "charge_card", "arguments": input}),
+            )
+            .await;
+        let text = refused["output"].as_str().unwrap();
+        assert!(text.contains(says) && text.contains("nothing was executed"), "{kind}: {text}");
+    }
+    let numeric = json!({"type": "function_call", "call_id": 5, "name": "charge_card",
+        "arguments": input});
+    let refused = t.set.call_openai_responses(&run, &numeric).await;
+    assert_eq!(refused["call_id"], "5");
+    assert!(refused["output"].as_str().unwrap().contains("`call_id` is a number"), "{refused}");
+    // A Responses item given to the chat API's dispatcher says which one to use.
+    let chat = t
+        .set
+        .call_openai(
+            &run,
+            &json!({"type": "function_call", "call_id": "c", "name": "charge_card",
+            "arguments": input}),
+        )
+        .await;
+    assert!(
+        chat["content"].as_str().unwrap().contains("`ToolSet::call_openai_responses`"),
+        "{chat}"
+    );
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
+}

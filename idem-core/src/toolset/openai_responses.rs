@@ -1,0 +1,66 @@
+//! OpenAI Responses API: `tools[i]` definitions, a `function_call` output item in, a
+//! `function_call_output` input item out.
+
+use serde_json::{Value, json};
+
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use crate::executor::Run;
+
+impl ToolDefinition {
+    /// An OpenAI Responses `tools[i]` entry:
+    /// `{"type":"function","name","description","parameters","strict":false}`.
+    ///
+    /// `strict` is written `false` because the Responses API takes an absent one as `true`, and
+    /// strict mode refuses any schema with an optional property (every `Option` parameter).
+    pub fn to_openai_responses(&self) -> Value {
+        json!({
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.input_schema,
+            "strict": false,
+        })
+    }
+}
+
+impl ToolResult {
+    /// An OpenAI Responses input item answering the call `call_id`:
+    /// `{"type":"function_call_output","call_id","output"}` (`output` is [`ToolResult::text`]).
+    pub fn to_openai_responses_output(&self, call_id: &str) -> Value {
+        json!({ "type": "function_call_output", "call_id": call_id, "output": self.text })
+    }
+}
+
+impl ToolSet {
+    /// OpenAI Responses `tools` array.
+    pub fn openai_responses_tools(&self) -> Vec<Value> {
+        self.definitions().map(ToolDefinition::to_openai_responses).collect()
+    }
+
+    /// Dispatches one OpenAI Responses `function_call` output item
+    /// (`{"type":"function_call","id","call_id","name","arguments":"<JSON text>"}`; `arguments`
+    /// given as an object is accepted too) and returns the input item
+    /// `{"type":"function_call_output","call_id","output"}` to send back. The `call_id` goes to
+    /// tracing, not into the key. An item of another type (an `mcp_call` or `web_search_call`,
+    /// which OpenAI ran itself; a chat completions call) runs nothing and is answered with an
+    /// error.
+    pub async fn call_openai_responses(&self, run: &Run, item: &Value) -> Value {
+        let (id, mut bad_id) = super::call_id(item.get("call_id"), "`call_id`");
+        if bad_id.is_none() {
+            bad_id = super::wrong_type(item.get("type"), "function_call");
+        }
+        let result = match (super::call_name(item.get("name"), "`name`"), bad_id) {
+            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
+            (Ok(name), None) => {
+                let run = with_call_id(run, &id);
+                let args = match item.get("arguments") {
+                    None | Some(Value::Null) => Arguments::Absent,
+                    Some(Value::String(text)) => Arguments::Text(text),
+                    Some(other) => Arguments::Json(other),
+                };
+                self.call_args(&run, name, args).await
+            }
+        };
+        result.to_openai_responses_output(&id)
+    }
+}
