@@ -177,6 +177,20 @@ fn not_resolvable(info: &RecordInfo) -> String {
     }
 }
 
+const ALREADY_RESOLVED: &str =
+    "already resolved as happened with this result: later calls replay it";
+
+/// Whether the record already holds the result text `resolution` would store: a repeat of a
+/// `resolve --happened` whose answer was lost (a connection cut after the store wrote it) is
+/// then done, not refused as "already settled", which would point the operator at `forget` and
+/// so at losing the result just stored.
+fn already_resolved(info: &RecordInfo, resolution: &Resolution) -> bool {
+    matches!(
+        (&info.state, resolution),
+        (RecordState::Done(stored), Resolution::Happened { outcome, .. }) if stored == outcome
+    )
+}
+
 async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Result<(), Failure> {
     let key = parse_key(&args.key)?;
     let resolution = match &args.happened {
@@ -193,6 +207,9 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
         None => Resolution::NotHappened,
     };
     let info = found(&**store, &key).await?;
+    if already_resolved(&info, &resolution) {
+        return report(json, "resolved", &key, ALREADY_RESOLVED);
+    }
     if !admin::resolvable(&info.state) {
         return Err(Failure::new(Exit::Refused, not_resolvable(&info)));
     }
@@ -213,6 +230,9 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
         Err(idem_core::StoreError::LeaseLost) => {
             let now = store.inspect(&key).await?;
             let why = match now {
+                Some(now) if already_resolved(&now, &resolution) => {
+                    return report(json, "resolved", &key, ALREADY_RESOLVED);
+                }
                 None => format!("key {key} was removed meanwhile"),
                 Some(now) if now.fence != info.fence => {
                     format!("key {key} was claimed again meanwhile (fence {})", now.fence.0)

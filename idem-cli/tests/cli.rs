@@ -210,6 +210,13 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     let why = exits(url, &["resolve", &unknown_key, "--happened", result], 4);
     assert!(why.contains("--yes"), "no terminal and no --yes: refused: {why}");
     ok(url, &["resolve", &unknown_key, "--happened", result, "--yes"]);
+    // Sent again (its answer lost), the same resolution is done, not refused; another result
+    // is refused and changes nothing.
+    let again = ok(url, &["resolve", &unknown_key, "--happened", result, "--yes"]);
+    assert!(again.contains("already resolved as happened"), "{again}");
+    let other = r#"{"refund_id":"re_other"}"#;
+    let why = exits(url, &["resolve", &unknown_key, "--happened", other, "--yes"], 4);
+    assert!(why.contains("already settled"), "{why}");
     let replayed = refund(&run, unknown.clone()).await.expect("replayed");
     assert_eq!(replayed, Refund { refund_id: "re_checked".into() });
     assert_eq!(ran(&unknown), 1, "the body did not run again");
