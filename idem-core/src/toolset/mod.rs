@@ -9,6 +9,7 @@
 //! | OpenAI chat | [`ToolSet::openai_tools`] | `tool_calls[i]`: `{"id","type":"function","function":{"name","arguments":"<JSON text>"}}` | `{"role":"tool","tool_call_id","content"}` |
 //! | OpenAI Responses | [`ToolSet::openai_responses_tools`] | `function_call` item: `{"type":"function_call","call_id","name","arguments":"<JSON text>"}` | `{"type":"function_call_output","call_id","output"}` |
 //! | Anthropic messages | [`ToolSet::anthropic_tools`] | `tool_use` block: `{"type":"tool_use","id","name","input":{..}}` | `{"type":"tool_result","tool_use_id","content","is_error"}` |
+//! | Gemini `generateContent` | [`ToolSet::gemini_tools`] | `functionCall` part: `{"functionCall":{"id"?,"name","args":{..}}}` | `{"functionResponse":{"id"?,"name","response":{"output"} or {"error"}}}` |
 //! | MCP `tools/call` | [`ToolSet::mcp_tools`] | params: `{"name","arguments","_meta"}` | `CallToolResult`: `{"content":[{"type":"text","text"}],"isError"}` |
 //!
 //! Everything a model can cause comes back as a [`ToolResult`] it can read, never a panic:
@@ -17,16 +18,17 @@
 //! that the action may have happened, must not be repeated, and what to check.
 //!
 //! The key scope is the [`Run`] given to each call. The tool-call id a model invents (OpenAI
-//! chat `id`, Responses `call_id`, Anthropic `id`) is recorded for tracing only
+//! chat `id`, Responses `call_id`, Anthropic `id`, Gemini `id`) is recorded for tracing only
 //! ([`Run::with_call_id`]) and is not part of the key: a model that repeats a call sends a new id
 //! for the same intent.
 //!
 //! Modules by job: the registry and dispatch (this module), [`Arguments`] parsing, the
 //! [`ToolResult`] a model reads, and one module per wire format (OpenAI chat completions, OpenAI
-//! Responses, Anthropic, MCP).
+//! Responses, Anthropic, Gemini, MCP).
 
 mod anthropic;
 mod arguments;
+mod gemini;
 mod mcp;
 mod openai;
 mod openai_responses;

@@ -1641,3 +1641,58 @@ async fn openai_responses_items_run_once_and_answer_their_call_id() {
     );
     assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
 }
+
+/// Gemini's shapes: declarations whose schema is JSON Schema as written (`parametersJsonSchema`),
+/// a `functionCall` part in, a `functionResponse` part out with the call's name and id, and a
+/// repeat under a new id replayed. Parts that are not calls run nothing.
+#[tokio::test]
+async fn gemini_parts_run_once_and_answer_with_the_calls_name() {
+    let t = tools();
+    let tools = t.set.gemini_tools();
+    assert_eq!(tools.len(), 1);
+    let declarations = tools[0]["functionDeclarations"].as_array().expect("declarations");
+    let chat = t.set.openai_tools();
+    let def = declarations.iter().find(|d| d["name"] == "charge_card").expect("charge_card");
+    let chat_def = chat.iter().find(|d| d["function"]["name"] == "charge_card").unwrap();
+    assert_eq!(def["parametersJsonSchema"], chat_def["function"]["parameters"]);
+    assert!(def.get("parameters").is_none(), "the OpenAPI subset field is not used: {def}");
+
+    let run = Idem::in_memory().run("conv-1");
+    let part = |id: &str| {
+        json!({"functionCall": {"id": id, "name": "charge_card",
+            "args": {"customer": "c", "amount_cents": 7}}})
+    };
+    let first = t.set.call_gemini(&run, &part("fc-1")).await;
+    let answer = &first["functionResponse"];
+    assert_eq!(
+        (answer["id"].clone(), answer["name"].clone()),
+        (json!("fc-1"), json!("charge_card"))
+    );
+    assert_eq!(answer["response"]["output"]["charge_id"], "ch_1", "{first}");
+    // The same intent under a new id, and as the bare `functionCall` object without one.
+    let again = t.set.call_gemini(&run, &part("fc-2")).await;
+    assert_eq!(again["functionResponse"]["response"], answer["response"]);
+    let bare = json!({"name": "charge_card", "args": {"amount_cents": 7, "customer": "c"}});
+    let bare = t.set.call_gemini(&run, &bare).await;
+    assert!(bare["functionResponse"].get("id").is_none(), "no id to echo: {bare}");
+    assert_eq!(bare["functionResponse"]["response"], answer["response"]);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one intent, one charge");
+
+    // Errors are `{"error": <text>}`, and nothing runs.
+    for (part, says) in [
+        (json!({"text": "I will charge the card."}), "a `text` part"),
+        (json!({"functionCall": "charge_card"}), "is a string, not an object"),
+        (json!({"functionCall": {"name": "charge_card", "args": [1]}}), "invalid_arguments"),
+        (
+            json!({"functionCall": {"id": 3, "name": "charge_card", "args": {}}}),
+            "`functionCall.id` is a number",
+        ),
+        (json!({"functionCall": {"name": "charge"}}), "no tool named `charge`"),
+    ] {
+        let answer = t.set.call_gemini(&run, &part).await;
+        let error = answer["functionResponse"]["response"]["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{part}: {answer}");
+        assert!(answer["functionResponse"]["response"].get("output").is_none(), "{answer}");
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
+}

@@ -1,0 +1,93 @@
+//! Google Gemini (`generateContent`): a `functionDeclarations` tool, a `functionCall` part in, a
+//! `functionResponse` part out.
+
+use serde_json::{Value, json};
+
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use crate::executor::Run;
+
+impl ToolDefinition {
+    /// A Gemini `functionDeclarations[i]` entry:
+    /// `{"name","description","parametersJsonSchema"}`.
+    ///
+    /// The schema goes in `parametersJsonSchema`, which takes JSON Schema as written: the older
+    /// `parameters` field takes an OpenAPI 3.0 subset that refuses the whole request over
+    /// `additionalProperties` ("Unknown name"), which every tool's schema has.
+    pub fn to_gemini(&self) -> Value {
+        json!({
+            "name": self.name,
+            "description": self.description,
+            "parametersJsonSchema": self.input_schema,
+        })
+    }
+}
+
+impl ToolResult {
+    /// A Gemini `functionResponse` part answering the call of `name` (`id`, when the call had
+    /// one): `{"functionResponse":{"id"?,"name","response"}}`, where `response` is
+    /// `{"output": <the output as JSON>}` on success and `{"error": <Self::text>}` on error, the
+    /// two keys Gemini's API reference names for them.
+    pub fn to_gemini_part(&self, id: &str, name: &str) -> Value {
+        let response = if self.is_error {
+            json!({ "error": self.text })
+        } else {
+            json!({ "output": self.content })
+        };
+        let mut answer = json!({ "name": name, "response": response });
+        if !id.is_empty()
+            && let Some(answer) = answer.as_object_mut()
+        {
+            answer.insert("id".into(), id.into());
+        }
+        json!({ "functionResponse": answer })
+    }
+}
+
+impl ToolSet {
+    /// The Gemini request's `tools` array: one tool holding every function declaration,
+    /// `[{"functionDeclarations":[..]}]`.
+    pub fn gemini_tools(&self) -> Vec<Value> {
+        let declarations: Vec<Value> = self.definitions().map(ToolDefinition::to_gemini).collect();
+        vec![json!({ "functionDeclarations": declarations })]
+    }
+
+    /// Dispatches one Gemini `functionCall` part (`{"functionCall":{"id"?,"name","args":{..}}}`,
+    /// or the `functionCall` object alone) and returns the `functionResponse` part to send back in
+    /// the next `user` turn (see [`ToolResult::to_gemini_part`]). The `id` goes to tracing, not
+    /// into the key. A part that is not a function call (text, a `functionResponse`) runs
+    /// nothing and is answered with an error.
+    pub async fn call_gemini(&self, run: &Run, part: &Value) -> Value {
+        let call = part.get("functionCall").unwrap_or(part);
+        let (id, bad_id) = super::call_id(call.get("id"), "`functionCall.id`");
+        let name = super::call_name(call.get("name"), "`functionCall.name`");
+        let bad = bad_id.or_else(|| not_a_call(part, call, name.is_ok()));
+        let shown = name.as_deref().unwrap_or_default().to_owned();
+        let result = match (name, bad) {
+            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
+            (Ok(name), None) => {
+                let run = with_call_id(run, &id);
+                let args = match call.get("args") {
+                    None | Some(Value::Null) => Arguments::Absent,
+                    Some(args) => Arguments::Json(args),
+                };
+                self.call_args(&run, name, args).await
+            }
+        };
+        result.to_gemini_part(&id, &shown)
+    }
+}
+
+/// Why `part` (whose call is `call`) is not a function call, when its shape says so: a
+/// `functionCall` that is not an object, or, when no name was found, another kind of part.
+fn not_a_call(part: &Value, call: &Value, named: bool) -> Option<String> {
+    if !call.is_object() {
+        return Some(format!(
+            "the part's `functionCall` is {}, not an object; nothing was executed",
+            crate::json_text::kind(call)
+        ));
+    }
+    let other = ["text", "functionResponse", "executableCode", "inlineData"]
+        .into_iter()
+        .find(|kind| !named && part.get(kind).is_some())?;
+    Some(format!("the part is a `{other}` part, not a `functionCall`; nothing was executed"))
+}
