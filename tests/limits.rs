@@ -201,6 +201,18 @@ async fn every_entry_point(tools: &ToolSet, run: &idem_core::Run, depth: usize) 
     let mcp = object(vec![("name", json!("save_tree")), ("arguments", deep_args(depth))]);
     out.push(tools.call_mcp(run, &mcp).await.unwrap_or_else(|e| e.to_json()));
     drop_flat(mcp);
+    let responses = object(vec![
+        ("type", json!("function_call")),
+        ("call_id", json!("r1")),
+        ("name", json!("save_tree")),
+        ("arguments", deep_args(depth)),
+    ]);
+    out.push(tools.call_openai_responses(run, &responses).await);
+    drop_flat(responses);
+    let call = object(vec![("name", json!("save_tree")), ("args", deep_args(depth))]);
+    let gemini = object(vec![("functionCall", call)]);
+    out.push(tools.call_gemini(run, &gemini).await);
+    drop_flat(gemini);
     out
 }
 
@@ -217,8 +229,9 @@ fn tool_set_entry_points_at_the_depth_limit_run_once() {
             let failed = ["\"is_error\":true", "\"isError\":true", "Error ("];
             assert!(!failed.iter().any(|f| text.contains(f)), "{text}");
         }
-        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "one run, three replays");
-        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 4);
+        assert_eq!(results.len(), 6);
+        assert_eq!(TREES.load(Ordering::SeqCst) - before, 1, "one run, five replays");
+        assert_eq!(store.hook.claims.load(Ordering::SeqCst), 6);
     });
 }
 
