@@ -205,7 +205,8 @@ async fn the_typed_call_gives_the_key_of_the_json_call() {
 }
 
 /// One intent through every front door: the typed call, OpenAI (argument text, in another
-/// member order and number spelling, encoded twice), Anthropic (parsed input), MCP with the run
+/// member order and number spelling, encoded twice), Anthropic (parsed input), OpenAI Responses
+/// (argument text), Gemini (parsed arguments), MCP with the run
 /// in `_meta` (as idem-mcp dispatches), and `ToolSet::call`. Each hands the tool the same key,
 /// so the first call's outcome is replayed to all the others.
 #[tokio::test]
@@ -233,6 +234,24 @@ async fn every_front_door_gives_the_typed_calls_key() {
         )
         .await;
     assert_eq!(anthropic["content"], json!(typed), "{anthropic}");
+
+    let responses = set
+        .call_openai_responses(
+            &run,
+            &json!({"type": "function_call", "call_id": "call_2", "name": "charge_card",
+                "arguments": "{\"customer\":\"cus_1\",\"amount_cents\":49e2}"}),
+        )
+        .await;
+    assert_eq!(responses["output"], json!(typed), "{responses}");
+
+    let gemini = set
+        .call_gemini(
+            &run,
+            &json!({"functionCall": {"name": "charge_card",
+                "args": {"customer": "cus_1", "amount_cents": 4900}}}),
+        )
+        .await;
+    assert_eq!(gemini["functionResponse"]["response"]["output"], json!(typed), "{gemini}");
 
     // MCP: another session run, the conversation named in `_meta`.
     let session = idem.run("mcp-session-1");
