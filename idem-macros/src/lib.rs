@@ -162,11 +162,10 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// One error, and the fn as written, for a `#[tool]` fn inside a block that cannot hold its
 /// expansion (see `enclosing.rs`); `None` where the expansion fits or the block is not known.
 fn misplaced(item: &syn::ItemFn) -> Option<proc_macro2::TokenStream> {
-    use syn::spanned::Spanned as _;
-    let first = quote::ToTokens::to_token_stream(item).into_iter().next()?.span();
+    let first = first_span(item);
     let name = item.sig.ident.to_string();
     let method = matches!(item.sig.inputs.first(), Some(syn::FnArg::Receiver(_)));
-    let message = match enclosing::of_fn(first, item.sig.fn_token.span(), &name) {
+    let message = match enclosing::of_fn(first, item.sig.fn_token.span, &name) {
         enclosing::Enclosing::Impl if !method => format!(
             "`#[tool]` on an associated fn without `self`: its expansion adds a type, a constant and an enum, which an `impl` block cannot hold; move `{name}` out of the block to make it a free `async fn` tool, or take `&self` to make it a method tool"
         ),
@@ -185,6 +184,33 @@ fn misplaced(item: &syn::ItemFn) -> Option<proc_macro2::TokenStream> {
     validate::take_param_attrs(&mut item, &mut ignored);
     let error = syn::Error::new(item.sig.ident.span(), message).to_compile_error();
     Some(quote::quote!(#item #error))
+}
+
+/// The span of the fn's first token (an attribute's `#`, the visibility, or the signature's
+/// first keyword), without writing the whole fn out as tokens.
+fn first_span(item: &syn::ItemFn) -> proc_macro2::Span {
+    use syn::spanned::Spanned as _;
+    if let Some(attr) = item.attrs.first() {
+        return attr.pound_token.span;
+    }
+    if !matches!(item.vis, syn::Visibility::Inherited) {
+        return item.vis.span();
+    }
+    let sig = &item.sig;
+    [
+        sig.constness.map(|t| t.span),
+        sig.asyncness.map(|t| t.span),
+        match &sig.safety {
+            syn::Safety::Safe(t) => Some(t.span),
+            syn::Safety::Unsafe(t) => Some(t.span),
+            syn::Safety::Default => None,
+        },
+        sig.abi.as_ref().map(|a| a.extern_token.span),
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+    .unwrap_or(sig.fn_token.span)
 }
 
 /// Collects the `#[tool]` methods of an `impl` block into one tool set.
