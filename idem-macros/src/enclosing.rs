@@ -192,20 +192,6 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
             }
             '[' if attr_depth > 0 => attr_depth += 1,
             ']' if attr_depth > 0 => attr_depth -= 1,
-            _ if attr_depth > 0 => {}
-            '{' => {
-                let kind = classify(&words);
-                words.clear();
-                stack.push(out.len());
-                out.push((offset, text.len(), kind));
-            }
-            '}' => {
-                words.clear();
-                if let Some(open) = stack.pop() {
-                    out[open].1 = offset;
-                }
-            }
-            ';' => words.clear(),
             c if c == '_' || c.is_alphabetic() => {
                 let start = i;
                 while at(i).is_some_and(is_ident_char) {
@@ -229,7 +215,9 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                         while at(i).is_some_and(is_ident_char) {
                             i += 1;
                         }
-                        words.push(("r#".into(), false));
+                        if attr_depth == 0 {
+                            words.push(("r#".into(), false));
+                        }
                         continue;
                     }
                 }
@@ -241,7 +229,9 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                 while at(j).is_some_and(char::is_whitespace) {
                     j += 1;
                 }
-                words.push((word, at(j) == Some('<')));
+                if attr_depth == 0 {
+                    words.push((word, at(j) == Some('<')));
+                }
                 continue;
             }
             c if c.is_ascii_digit() => {
@@ -250,6 +240,20 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                 }
                 continue;
             }
+            _ if attr_depth > 0 => {}
+            '{' => {
+                let kind = classify(&words);
+                words.clear();
+                stack.push(out.len());
+                out.push((offset, text.len(), kind));
+            }
+            '}' => {
+                words.clear();
+                if let Some(open) = stack.pop() {
+                    out[open].1 = offset;
+                }
+            }
+            ';' => words.clear(),
             _ => {}
         }
         i += 1;
@@ -313,6 +317,7 @@ mod a {
 pub(crate) impl<T: Clone> Desk<T> where T: for<'a> Fn(&'a str) {
     /// A doc with a brace { and "a string }".
     #[doc = "}"]
+    #[doc = r#"a quote " and a brace } in a raw string"#]
     async fn inherent(n: u32) {}
 }
 unsafe impl<'a> Send for Desk<'a> {
