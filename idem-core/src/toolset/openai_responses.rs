@@ -42,12 +42,16 @@ impl ToolSet {
     /// given as an object is accepted too) and returns the input item
     /// `{"type":"function_call_output","call_id","output"}` to send back. The `call_id` goes to
     /// tracing, not into the key. An item of another type (an `mcp_call` or `web_search_call`,
-    /// which OpenAI ran itself; a chat completions call) runs nothing and is answered with an
-    /// error.
+    /// which OpenAI ran itself; a chat completions call), or whose `status` says the model had
+    /// not finished writing it (`in_progress`, `incomplete`: its arguments may be cut short),
+    /// runs nothing and is answered with an error.
     pub async fn call_openai_responses(&self, run: &Run, item: &Value) -> Value {
         let (id, mut bad_id) = super::call_id(item.get("call_id"), "`call_id`");
         if bad_id.is_none() {
             bad_id = super::wrong_type(item.get("type"), "function_call");
+        }
+        if bad_id.is_none() {
+            bad_id = unfinished(item.get("status"));
         }
         let result = match (super::call_name(item.get("name"), "`name`"), bad_id) {
             (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
@@ -63,4 +67,18 @@ impl ToolSet {
         };
         result.to_openai_responses_output(&id)
     }
+}
+
+/// Why an item whose `status` is `in_progress` or `incomplete` is refused: the response ended
+/// (a token limit, a stream cut) before the model finished the call, so its arguments may be a
+/// prefix of what it meant. An absent or `completed` status is taken.
+fn unfinished(status: Option<&Value>) -> Option<String> {
+    let status = status?.as_str()?;
+    matches!(status, "in_progress" | "incomplete").then(|| {
+        format!(
+            "the function call's `status` is \"{status}\": the model had not finished writing it, \
+             so its arguments may be cut short; nothing was executed. Call the tool again with \
+             all of its arguments"
+        )
+    })
 }

@@ -1621,6 +1621,13 @@ async fn openai_responses_items_run_once_and_answer_their_call_id() {
         let text = refused["output"].as_str().unwrap();
         assert!(text.contains(says) && text.contains("nothing was executed"), "{kind}: {text}");
     }
+    for status in ["incomplete", "in_progress"] {
+        let cut = json!({"type": "function_call", "call_id": "c", "name": "charge_card",
+            "arguments": input, "status": status});
+        let refused = t.set.call_openai_responses(&run, &cut).await;
+        let text = refused["output"].as_str().unwrap();
+        assert!(text.contains("may be cut short") && text.contains(status), "{text}");
+    }
     let numeric = json!({"type": "function_call", "call_id": 5, "name": "charge_card",
         "arguments": input});
     let refused = t.set.call_openai_responses(&run, &numeric).await;
