@@ -710,7 +710,7 @@ fn wrong_type(kind: Option<&Value>, expected: &str) -> Option<String> {
             Some(format!(
                 "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
                 crate::printable::printable(&shown),
-                other_type_hint(kind, expected)
+                other_type_hint(kind)
             ))
         }
         Some(other) => Some(format!(
@@ -721,8 +721,9 @@ fn wrong_type(kind: Option<&Value>, expected: &str) -> Option<String> {
 }
 
 /// What a refused `type` most likely is: a call the provider ran itself (Anthropic server tools
-/// and remote MCP, OpenAI's hosted tools), or the other OpenAI API's shape.
-fn other_type_hint(kind: &str, expected: &str) -> &'static str {
+/// and remote MCP, OpenAI's hosted tools), or a client call in another API's shape, with the
+/// dispatcher that takes it.
+fn other_type_hint(kind: &str) -> &'static str {
     const HOSTED: [&str; 6] = [
         "mcp_call",
         "web_search_call",
@@ -731,14 +732,13 @@ fn other_type_hint(kind: &str, expected: &str) -> &'static str {
         "image_generation_call",
         "tool_search_call",
     ];
-    match (kind, expected) {
-        ("function_call", "function") => {
+    match kind {
+        "function" => " (an OpenAI chat completions call: dispatch it with `ToolSet::call_openai`)",
+        "function_call" => {
             " (an OpenAI Responses item: dispatch it with `ToolSet::call_openai_responses`)"
         }
-        ("function", "function_call") => {
-            " (an OpenAI chat completions call: dispatch it with `ToolSet::call_openai`)"
-        }
-        _ if kind.ends_with("tool_use") || HOSTED.contains(&kind) => {
+        "tool_use" => " (an Anthropic block: dispatch it with `ToolSet::call_anthropic`)",
+        _ if kind.ends_with("_tool_use") || HOSTED.contains(&kind) => {
             " (the provider runs such a call itself)"
         }
         _ => "",

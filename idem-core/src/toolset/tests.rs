@@ -1633,6 +1633,18 @@ async fn openai_responses_items_run_once_and_answer_their_call_id() {
     let refused = t.set.call_openai_responses(&run, &numeric).await;
     assert_eq!(refused["call_id"], "5");
     assert!(refused["output"].as_str().unwrap().contains("`call_id` is a number"), "{refused}");
+    // A client call in another API's shape names its dispatcher, and is not said to have been
+    // run by the provider.
+    let anthropic = json!({"type": "tool_use", "id": "toolu_1", "name": "charge_card",
+        "input": input});
+    let refused = t.set.call_openai_responses(&run, &anthropic).await;
+    let text = refused["output"].as_str().unwrap();
+    assert!(text.contains("`ToolSet::call_anthropic`") && !text.contains("provider"), "{text}");
+    let chat_call = json!({"type": "function", "id": "c",
+        "function": {"name": "charge_card", "arguments": "{}"}});
+    let refused = t.set.call_anthropic(&run, &chat_call).await;
+    let text = refused["content"].as_str().unwrap();
+    assert!(text.contains("`ToolSet::call_openai`"), "{text}");
     // A Responses item given to the chat API's dispatcher says which one to use.
     let chat = t
         .set
