@@ -7,7 +7,7 @@
 //! rustfmt writes it, and that skip keeps a crate of free tools from paying for this) the macro
 //! reads the source file the fn's span names (`Span::local_file`, `Span::line`, stable since
 //! Rust 1.88) and scans its braces. Anything unclear (no file, a macro-generated fn, a line that
-//! does not hold `fn <name>`) answers [`Enclosing::Unknown`], and the tool expands as before.
+//! does not hold the fn's name) answers [`Enclosing::Unknown`], and the tool expands as before.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -26,18 +26,18 @@ pub enum Enclosing {
     Unknown,
 }
 
-/// The block around the fn named `name` whose first token has `first` as its span and whose
-/// `fn` keyword has `fn_span`.
-pub fn of_fn(first: proc_macro2::Span, fn_span: proc_macro2::Span, name: &str) -> Enclosing {
+/// The block around the fn whose first token has `first` as its span and whose name is `name`
+/// at `name_span`.
+pub fn of_fn(first: proc_macro2::Span, name_span: proc_macro2::Span, name: &str) -> Enclosing {
     // `unwrap` panics outside a macro's expansion (the crate's unit tests).
     if !proc_macro::is_available() {
         return Enclosing::Unknown;
     }
-    let (first, fn_span) = (first.unwrap(), fn_span.unwrap());
+    let (first, at) = (first.unwrap(), name_span.unwrap());
     if first.column() <= 1 {
         return Enclosing::Unknown;
     }
-    let Some(path) = fn_span.local_file() else { return Enclosing::Unknown };
+    let Some(path) = at.local_file() else { return Enclosing::Unknown };
     thread_local! {
         // One scan per file and compilation, however many tools it holds.
         static FILES: RefCell<HashMap<PathBuf, Option<Scanned>>> = RefCell::new(HashMap::new());
@@ -48,7 +48,7 @@ pub fn of_fn(first: proc_macro2::Span, fn_span: proc_macro2::Span, name: &str) -
             std::fs::read_to_string(path).ok().map(|text| Scanned::new(&text))
         });
         match scanned {
-            Some(scanned) => scanned.around_fn(fn_span.line(), name),
+            Some(scanned) => scanned.around_name(at.line(), at.column(), name),
             None => Enclosing::Unknown,
         }
     })
@@ -69,38 +69,31 @@ impl Scanned {
         Scanned { text: text.to_owned(), line_starts, blocks: blocks(text) }
     }
 
-    /// The innermost block around the `fn <name>` on line `line` (1-based).
-    fn around_fn(&self, line: usize, name: &str) -> Enclosing {
+    /// The innermost block around the fn's `name` on line `line` (1-based): the occurrence of
+    /// the word nearest `column` (the span's, in characters: a line may hold two fns of one
+    /// name). Unknown when the line does not hold it (a span another macro made up).
+    fn around_name(&self, line: usize, column: usize, name: &str) -> Enclosing {
         let Some(&start) = self.line_starts.get(line.wrapping_sub(1)) else {
             return Enclosing::Unknown;
         };
         let end = self.line_starts.get(line).copied().unwrap_or(self.text.len());
-        let Some(at) = find_fn(&self.text[start..end], name) else { return Enclosing::Unknown };
+        let text = &self.text[start..end];
+        let nearest = find_name(text, name)
+            .min_by_key(|&at| text[..at].chars().count().abs_diff(column.saturating_sub(1)));
+        let Some(at) = nearest else { return Enclosing::Unknown };
         innermost(&self.blocks, start + at)
     }
 }
 
-/// The offset of `fn <name>` in `line`, as whole words.
-fn find_fn(line: &str, name: &str) -> Option<usize> {
+/// The offsets of every occurrence of `name` in `line` as a whole word (`r#name` at its `r`).
+fn find_name<'a>(line: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 'a {
     let name = name.strip_prefix("r#").unwrap_or(name);
-    let mut from = 0;
-    while let Some(i) = line[from..].find("fn") {
-        let at = from + i;
-        from = at + 2;
-        let before_ok = line[..at].chars().next_back().is_none_or(|c| !is_ident_char(c));
-        let rest = &line[at + 2..];
-        let trimmed = rest.trim_start();
-        if !before_ok || trimmed.len() == rest.len() {
-            continue;
-        }
-        let trimmed = trimmed.strip_prefix("r#").unwrap_or(trimmed);
-        if let Some(after) = trimmed.strip_prefix(name)
-            && after.chars().next().is_none_or(|c| !is_ident_char(c))
-        {
-            return Some(at);
-        }
-    }
-    None
+    line.match_indices(name).filter_map(move |(at, _)| {
+        let after_ok = line[at + name.len()..].chars().next().is_none_or(|c| !is_ident_char(c));
+        let start = if line[..at].ends_with("r#") { at - 2 } else { at };
+        let before_ok = line[..start].chars().next_back().is_none_or(|c| !is_ident_char(c));
+        (after_ok && before_ok).then_some(start)
+    })
 }
 
 fn innermost(blocks: &[(usize, usize, Enclosing)], at: usize) -> Enclosing {
@@ -304,8 +297,12 @@ mod tests {
 
     fn around(text: &str, name: &str) -> Enclosing {
         let scanned = Scanned::new(text);
-        let line = text.lines().position(|l| find_fn(l, name).is_some()).expect("fn in text") + 1;
-        scanned.around_fn(line, name)
+        let (line, at) = text
+            .lines()
+            .enumerate()
+            .find_map(|(i, l)| Some((i + 1, find_name(l, name).next()?)))
+            .expect("fn in text");
+        scanned.around_name(line, at + 1, name)
     }
 
     #[test]
@@ -340,14 +337,26 @@ fn body() {
     }
 
     #[test]
-    fn a_line_without_the_fn_is_unknown() {
+    fn a_line_without_the_name_is_unknown() {
         let scanned = Scanned::new("impl X {\n    async fn a() {}\n}\n");
-        assert_eq!(scanned.around_fn(2, "a"), Enclosing::Impl);
-        assert_eq!(scanned.around_fn(2, "b"), Enclosing::Unknown);
-        assert_eq!(scanned.around_fn(2, "a_b"), Enclosing::Unknown);
-        assert_eq!(scanned.around_fn(0, "a"), Enclosing::Unknown);
-        assert_eq!(scanned.around_fn(99, "a"), Enclosing::Unknown);
-        assert_eq!(find_fn("    async fn r#type() {}", "r#type"), Some(10));
-        assert_eq!(find_fn("    async fnx() {}", "x"), None);
+        assert_eq!(scanned.around_name(2, 14, "a"), Enclosing::Impl);
+        assert_eq!(scanned.around_name(2, 14, "b"), Enclosing::Unknown);
+        assert_eq!(scanned.around_name(2, 14, "a_b"), Enclosing::Unknown);
+        assert_eq!(scanned.around_name(0, 14, "a"), Enclosing::Unknown);
+        assert_eq!(scanned.around_name(99, 14, "a"), Enclosing::Unknown);
+        assert_eq!(find_name("    async fn r#type() {}", "r#type").collect::<Vec<_>>(), [13]);
+        assert_eq!(find_name("    async fn xa() {} // a_", "a").count(), 0);
+        assert_eq!(find_name("fn a(a: u8)", "a").collect::<Vec<_>>(), [3, 5]);
+    }
+
+    /// Two fns of one name on a line (one in an impl, one free): the span's column decides.
+    #[test]
+    fn the_fn_nearest_the_spans_column_is_taken() {
+        let text = "mod m { impl X { pub fn lookup() {} } pub async fn lookup() {} }\n";
+        let scanned = Scanned::new(text);
+        let second = text.rfind("lookup").unwrap() + 1;
+        let first = text.find("lookup").unwrap() + 1;
+        assert_eq!(scanned.around_name(1, second, "lookup"), Enclosing::Unknown);
+        assert_eq!(scanned.around_name(1, first, "lookup"), Enclosing::Impl);
     }
 }

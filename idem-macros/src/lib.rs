@@ -165,7 +165,7 @@ fn misplaced(item: &syn::ItemFn) -> Option<proc_macro2::TokenStream> {
     let first = first_span(item);
     let name = item.sig.ident.to_string();
     let method = matches!(item.sig.inputs.first(), Some(syn::FnArg::Receiver(_)));
-    let message = match enclosing::of_fn(first, item.sig.fn_token.span, &name) {
+    let message = match enclosing::of_fn(first, item.sig.ident.span(), &name) {
         enclosing::Enclosing::Impl if !method => format!(
             "`#[tool]` on an associated fn without `self`: its expansion adds a type, a constant and an enum, which an `impl` block cannot hold; move `{name}` out of the block to make it a free `async fn` tool, or take `&self` to make it a method tool"
         ),
