@@ -170,25 +170,30 @@ fn not_resolvable(info: &RecordInfo) -> String {
             render::duration(*lease_remaining)
         ),
         RecordState::Done(outcome) => format!(
-            "key {} is already settled ({}); use `idem forget` to remove it",
+            "key {} is already settled ({}), and later calls replay it; see it with `idem show`. \
+             `idem forget` would remove it, and the next call would then run the tool again",
             info.key,
             render::state_name(&RecordState::Done(outcome.clone()))
         ),
     }
 }
 
-const ALREADY_RESOLVED: &str =
-    "already resolved as happened with this result: later calls replay it";
+const ALREADY_RESOLVED: &str = "already resolved as happened with this result: later calls \
+     replay it (its retention is as first set: a repeated resolve does not change it)";
 
-/// Whether the record already holds the result text `resolution` would store: a repeat of a
-/// `resolve --happened` whose answer was lost (a connection cut after the store wrote it) is
-/// then done, not refused as "already settled", which would point the operator at `forget` and
-/// so at losing the result just stored.
+/// Whether the record already holds the result `resolution` would store (the same JSON up to
+/// whitespace and member order, `idem_core::json_text::same_json`): a repeat of a `resolve
+/// --happened` whose answer was lost (a connection cut after the store wrote it) is then done,
+/// not refused as "already settled", which would point the operator at `forget` and so at
+/// losing the result just stored.
 fn already_resolved(info: &RecordInfo, resolution: &Resolution) -> bool {
-    matches!(
-        (&info.state, resolution),
-        (RecordState::Done(stored), Resolution::Happened { outcome, .. }) if stored == outcome
-    )
+    match (&info.state, resolution) {
+        (
+            RecordState::Done(Outcome::Success(stored)),
+            Resolution::Happened { outcome: Outcome::Success(given), .. },
+        ) => idem_core::json_text::same_json(stored, given),
+        _ => false,
+    }
 }
 
 async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Result<(), Failure> {
@@ -208,7 +213,7 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
     };
     let info = found(&**store, &key).await?;
     if already_resolved(&info, &resolution) {
-        return report(json, "resolved", &key, ALREADY_RESOLVED);
+        return report(json, "already-resolved", &key, ALREADY_RESOLVED);
     }
     if !admin::resolvable(&info.state) {
         return Err(Failure::new(Exit::Refused, not_resolvable(&info)));
@@ -231,7 +236,7 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
             let now = store.inspect(&key).await?;
             let why = match now {
                 Some(now) if already_resolved(&now, &resolution) => {
-                    return report(json, "resolved", &key, ALREADY_RESOLVED);
+                    return report(json, "already-resolved", &key, ALREADY_RESOLVED);
                 }
                 None => format!("key {key} was removed meanwhile"),
                 Some(now) if now.fence != info.fence => {

@@ -214,9 +214,15 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     // is refused and changes nothing.
     let again = ok(url, &["resolve", &unknown_key, "--happened", result, "--yes"]);
     assert!(again.contains("already resolved as happened"), "{again}");
+    assert!(again.contains("retention is as first set"), "{again}");
+    // The same JSON written with other whitespace, and as JSON output: told apart from a
+    // resolution that changed the record.
+    let spaced = r#" { "refund_id" : "re_checked" } "#;
+    let said = json(url, &["resolve", &unknown_key, "--happened", spaced, "--yes"]);
+    assert_eq!(said["status"], "already-resolved", "{said}");
     let other = r#"{"refund_id":"re_other"}"#;
     let why = exits(url, &["resolve", &unknown_key, "--happened", other, "--yes"], 4);
-    assert!(why.contains("already settled"), "{why}");
+    assert!(why.contains("already settled") && why.contains("run the tool again"), "{why}");
     let replayed = refund(&run, unknown.clone()).await.expect("replayed");
     assert_eq!(replayed, Refund { refund_id: "re_checked".into() });
     assert_eq!(ran(&unknown), 1, "the body did not run again");

@@ -54,6 +54,20 @@ pub fn check_unique(text: &str) -> Result<(), JsonTextError> {
     }
 }
 
+/// Whether two JSON texts hold the same value as stored results are compared: equal once
+/// whitespace is dropped and object members are sorted by name, every other token (numbers,
+/// strings) as written, so `1.0` and `1`, or `"é"` and `"\u00e9"`, differ. `false` when either is
+/// not JSON.
+pub fn same_json(a: &str, b: &str) -> bool {
+    let compact = |text: &str| -> Option<String> {
+        let raw: &serde_json::value::RawValue = serde_json::from_str(text).ok()?;
+        let mut out = String::with_capacity(text.len());
+        sorted_compact(raw, false, &mut out).ok()?;
+        Some(out)
+    };
+    compact(a).is_some_and(|a| compact(b).is_some_and(|b| a == b))
+}
+
 /// The arguments of a call to `tool` as JSON text: one object with unique member names.
 ///
 /// Errors: the message the model reads (kind `invalid_arguments` on every front door), saying
@@ -339,6 +353,21 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn same_json_ignores_whitespace_and_member_order_only() {
+        assert!(same_json(
+            r#"{"b":2,"a":[1, {"d":1,"c":2}]}"#,
+            r#" { "a": [1,{"c":2,"d":1}], "b": 2 } "#
+        ));
+        assert!(same_json("18446744073709551617", "18446744073709551617"));
+        assert!(!same_json("18446744073709551617", "18446744073709551616"));
+        assert!(!same_json("1.0", "1"));
+        assert!(!same_json(r#""é""#, r#""\u00e9""#));
+        assert!(!same_json("[1,2]", "[2,1]"));
+        assert!(!same_json("{", "{"), "not JSON, even when equal");
+        assert!(!same_json("nope", "\"nope\""));
+    }
 
     fn dup(text: &str) -> (String, String) {
         match parse_unique(text) {
