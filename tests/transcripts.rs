@@ -1,10 +1,11 @@
-//! Recorded agent transcripts (OpenAI chat, OpenAI Responses items and Anthropic messages,
-//! `tests/transcripts/*.json`) replayed through a `ToolSet`: every tool call the model made is
-//! dispatched again, in order, with the model's own call ids and argument text. The results must equal what the transcript
-//! says the model read, and the provider must see one effect per intent.
+//! Recorded agent transcripts (OpenAI chat, OpenAI Responses items, Anthropic messages and
+//! Gemini contents, `tests/transcripts/*.json`) replayed through a `ToolSet`: every tool call the
+//! model made is dispatched again, in order, with the model's own call ids and argument text. The
+//! results must equal what the transcript says the model read, and the provider must see one
+//! effect per intent.
 //!
-//! A transcript file: `{"format": "openai" | "openai_responses" | "anthropic", "run", "notes",
-//! "messages": [..] (a Responses transcript's input items),
+//! A transcript file: `{"format": "openai" | "openai_responses" | "anthropic" | "gemini", "run",
+//! "notes", "messages": [..] (a Responses transcript's input items, a Gemini one's contents),
 //! "expect": {"charges", "charge_requests", "refunds", "refund_requests"}}`. A tool result
 //! marked `"x-idem-harness": "timeout"` is one the agent framework gave up on after 10 s (the
 //! dispatch is dropped, as a framework's timeout drops the future); its text is the framework's.
@@ -189,6 +190,15 @@ fn find_result<'a>(messages: &'a mut [Value], format: &str, id: &str) -> &'a mut
                     return m;
                 }
             }
+            "gemini" => {
+                if let Some(parts) = m.get_mut("parts").and_then(Value::as_array_mut) {
+                    for p in parts.iter_mut() {
+                        if p["functionResponse"]["id"] == id {
+                            return p;
+                        }
+                    }
+                }
+            }
             _ => {
                 if let Some(blocks) = m.get_mut("content").and_then(Value::as_array_mut) {
                     for b in blocks.iter_mut() {
@@ -222,8 +232,21 @@ fn turns(messages: &[Value], format: &str) -> Vec<Vec<Call>> {
         }
         return out;
     }
-    for m in messages.iter().filter(|m| m["role"] == "assistant") {
+    for m in messages.iter().filter(|m| m["role"] == "assistant" || m["role"] == "model") {
         let calls: Vec<Call> = match format {
+            "gemini" => m["parts"]
+                .as_array()
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter(|p| p.get("functionCall").is_some())
+                        .map(|p| {
+                            let id = p["functionCall"]["id"].as_str().unwrap().into();
+                            Call { id, raw: p.clone() }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             "openai" => m["tool_calls"]
                 .as_array()
                 .map(|calls| {
@@ -251,10 +274,29 @@ fn turns(messages: &[Value], format: &str) -> Vec<Vec<Call>> {
     out
 }
 
+/// What the model read of a result, as text: the message's string, or Gemini's `response`
+/// object as JSON.
+fn result_text(format: &str, result: &Value) -> String {
+    match format {
+        "openai_responses" => result["output"].as_str().unwrap().to_owned(),
+        "gemini" => result["functionResponse"]["response"].to_string(),
+        _ => result["content"].as_str().unwrap().to_owned(),
+    }
+}
+
+fn set_result_text(format: &str, result: &mut Value, text: &str) {
+    match format {
+        "openai_responses" => result["output"] = text.into(),
+        "gemini" => result["functionResponse"]["response"] = serde_json::from_str(text).unwrap(),
+        _ => result["content"] = text.into(),
+    }
+}
+
 async fn dispatch(set: &ToolSet, run: &Run, format: &str, call: &Value) -> Value {
     match format {
         "openai" => set.call_openai(run, call).await,
         "openai_responses" => set.call_openai_responses(run, call).await,
+        "gemini" => set.call_gemini(run, call).await,
         _ => set.call_anthropic(run, call).await,
     }
 }
@@ -265,7 +307,7 @@ async fn replay(path: &Path) -> Ledger {
     let mut transcript: Value = serde_json::from_str(&text).unwrap();
     let format = transcript["format"].as_str().unwrap().to_owned();
     assert!(
-        ["openai", "openai_responses", "anthropic"].contains(&format.as_str()),
+        ["openai", "openai_responses", "anthropic", "gemini"].contains(&format.as_str()),
         "{}: unknown format",
         path.display()
     );
@@ -301,14 +343,10 @@ async fn replay(path: &Path) -> Ledger {
         for (call, got) in turn.iter().zip(results) {
             let Some(got) = got else { continue };
             let expected = find_result(messages, &format, &call.id);
-            let (field, err_field) = match format.as_str() {
-                "openai" => ("content", None),
-                "openai_responses" => ("output", None),
-                _ => ("content", Some("is_error")),
-            };
-            let got_text = mask_keys(got[field].as_str().unwrap());
+            let err_field = (format == "anthropic").then_some("is_error");
+            let got_text = mask_keys(&result_text(&format, &got));
             if record {
-                expected[field] = Value::from(got_text.clone());
+                set_result_text(&format, expected, &got_text);
                 if let Some(f) = err_field {
                     expected[f] = got[f].clone();
                 }
@@ -316,7 +354,7 @@ async fn replay(path: &Path) -> Ledger {
             }
             assert_eq!(
                 got_text,
-                expected[field].as_str().unwrap(),
+                result_text(&format, expected),
                 "{}: the result of {} differs from what the model read",
                 path.display(),
                 call.id
@@ -380,6 +418,14 @@ async fn openai_transcripts_cause_one_effect_per_intent() {
 #[tokio::test(start_paused = true)]
 async fn openai_responses_transcripts_cause_one_effect_per_intent() {
     for path in transcripts("responses_") {
+        let ledger = replay(&path).await;
+        one_charge_per_intent(&ledger);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn gemini_transcripts_cause_one_effect_per_intent() {
+    for path in transcripts("gemini_") {
         let ledger = replay(&path).await;
         one_charge_per_intent(&ledger);
     }
