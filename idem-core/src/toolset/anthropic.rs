@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -40,21 +40,11 @@ impl ToolSet {
     /// A block whose `type` is not `tool_use` (a `server_tool_use` or `mcp_tool_use` block, which
     /// Anthropic ran itself) runs nothing and is answered with an error result.
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
-        let (id, mut bad_id) = super::call_id(block.get("id"), "`id`");
-        if bad_id.is_none() {
-            bad_id = super::wrong_type(block.get("type"), "tool_use");
-        }
-        let result = match (super::call_name(block.get("name"), "`name`"), bad_id) {
-            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
-            (Ok(name), None) => {
-                let run = with_call_id(run, &id);
-                let args = match block.get("input") {
-                    None | Some(Value::Null) => Arguments::Absent,
-                    Some(input) => Arguments::Json(input),
-                };
-                self.call_args(&run, name, args).await
-            }
-        };
+        let (id, bad_id) = super::call_id(block.get("id"), "`id`");
+        let refused = bad_id.or_else(|| super::wrong_type(block.get("type"), "tool_use"));
+        let name = super::call_name(block.get("name"), "`name`");
+        let args = Arguments::of(block.get("input"), false);
+        let result = self.call_envelope(run, &id, refused, name, args).await;
         result.to_anthropic_block(&id)
     }
 }

@@ -28,6 +28,19 @@ pub enum Arguments<'a> {
     Absent,
 }
 
+impl<'a> Arguments<'a> {
+    /// A call's arguments member: absent or `null` is [`Arguments::Absent`]; a string is JSON
+    /// text where the format sends text (`text`: OpenAI's `arguments`), and any other value is
+    /// parsed JSON.
+    pub(super) fn of(value: Option<&'a Value>, text: bool) -> Self {
+        match value {
+            None | Some(Value::Null) => Arguments::Absent,
+            Some(Value::String(s)) if text => Arguments::Text(s),
+            Some(other) => Arguments::Json(other),
+        }
+    }
+}
+
 /// Parses the model's arguments into the tool's type, or says what is wrong, naming the field.
 pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Result<A, String> {
     // Arguments encoded twice: the object inside the string (json_text::twice_encoded).

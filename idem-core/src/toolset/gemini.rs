@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -62,17 +62,8 @@ impl ToolSet {
         let name = super::call_name(call.get("name"), "`functionCall.name`");
         let bad = bad_id.or_else(|| not_a_call(part, call, name.is_ok()));
         let shown = name.as_deref().unwrap_or_default().to_owned();
-        let result = match (name, bad) {
-            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
-            (Ok(name), None) => {
-                let run = with_call_id(run, &id);
-                let args = match call.get("args") {
-                    None | Some(Value::Null) => Arguments::Absent,
-                    Some(args) => Arguments::Json(args),
-                };
-                self.call_args(&run, name, args).await
-            }
-        };
+        let args = Arguments::of(call.get("args"), false);
+        let result = self.call_envelope(run, &id, bad, name, args).await;
         result.to_gemini_part(&id, &shown)
     }
 }

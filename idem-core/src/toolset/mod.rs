@@ -632,6 +632,24 @@ impl ToolSet {
         self.call_args(run, name, Arguments::Text(args)).await
     }
 
+    /// A model's call once its envelope is read: refused (`refused`, or why it has no name)
+    /// with nothing run, or dispatched by name under the call id `id` (traced, not part of the
+    /// key). An envelope fault is reported before a missing name: a call of another type or API
+    /// says so rather than that it lacks a name.
+    async fn call_envelope(
+        &self,
+        run: &Run,
+        id: &str,
+        refused: Option<String>,
+        name: Result<&str, String>,
+        args: Arguments<'_>,
+    ) -> ToolResult {
+        match (name, refused) {
+            (_, Some(why)) | (Err(why), None) => invalid_call(why),
+            (Ok(name), None) => self.call_args(&with_call_id(run, id), name, args).await,
+        }
+    }
+
     /// Calls `name` with `args`, in `run`. An unknown name is a result of kind [`ErrorKind::UnknownTool`]
     /// listing the available tools.
     pub async fn call_args(&self, run: &Run, name: &str, args: Arguments<'_>) -> ToolResult {
@@ -750,6 +768,6 @@ fn invalid_call(why: String) -> ToolResult {
     ToolResult::error(ErrorKind::InvalidToolCall, why, None)
 }
 
-pub(super) fn with_call_id(run: &Run, id: &str) -> Run {
+fn with_call_id(run: &Run, id: &str) -> Run {
     if id.is_empty() { run.clone() } else { run.with_call_id(id) }
 }

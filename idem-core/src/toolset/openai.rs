@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -38,24 +38,12 @@ impl ToolSet {
     /// `{"role":"tool","tool_call_id","content"}`. The `id` goes to tracing, not into the key. A
     /// call whose `type` is not `function` runs nothing and is answered with an error.
     pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
-        let (id, mut bad_id) = super::call_id(tool_call.get("id"), "`id`");
-        if bad_id.is_none() {
-            bad_id = super::wrong_type(tool_call.get("type"), "function");
-        }
+        let (id, bad_id) = super::call_id(tool_call.get("id"), "`id`");
+        let refused = bad_id.or_else(|| super::wrong_type(tool_call.get("type"), "function"));
         let function = tool_call.get("function");
         let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
-        let result = match (name, bad_id) {
-            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
-            (Ok(name), None) => {
-                let run = with_call_id(run, &id);
-                let args = match function.and_then(|f| f.get("arguments")) {
-                    None | Some(Value::Null) => Arguments::Absent,
-                    Some(Value::String(text)) => Arguments::Text(text),
-                    Some(other) => Arguments::Json(other),
-                };
-                self.call_args(&run, name, args).await
-            }
-        };
+        let args = Arguments::of(function.and_then(|f| f.get("arguments")), true);
+        let result = self.call_envelope(run, &id, refused, name, args).await;
         result.to_openai_message(&id)
     }
 }

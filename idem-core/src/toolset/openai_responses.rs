@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Arguments, ToolDefinition, ToolResult, ToolSet, with_call_id};
+use super::{Arguments, ToolDefinition, ToolResult, ToolSet};
 use crate::executor::Run;
 
 impl ToolDefinition {
@@ -46,25 +46,13 @@ impl ToolSet {
     /// not finished writing it (`in_progress`, `incomplete`: its arguments may be cut short),
     /// runs nothing and is answered with an error.
     pub async fn call_openai_responses(&self, run: &Run, item: &Value) -> Value {
-        let (id, mut bad_id) = super::call_id(item.get("call_id"), "`call_id`");
-        if bad_id.is_none() {
-            bad_id = super::wrong_type(item.get("type"), "function_call");
-        }
-        if bad_id.is_none() {
-            bad_id = unfinished(item.get("status"));
-        }
-        let result = match (super::call_name(item.get("name"), "`name`"), bad_id) {
-            (_, Some(why)) | (Err(why), None) => super::invalid_call(why),
-            (Ok(name), None) => {
-                let run = with_call_id(run, &id);
-                let args = match item.get("arguments") {
-                    None | Some(Value::Null) => Arguments::Absent,
-                    Some(Value::String(text)) => Arguments::Text(text),
-                    Some(other) => Arguments::Json(other),
-                };
-                self.call_args(&run, name, args).await
-            }
-        };
+        let (id, bad_id) = super::call_id(item.get("call_id"), "`call_id`");
+        let refused = bad_id
+            .or_else(|| super::wrong_type(item.get("type"), "function_call"))
+            .or_else(|| unfinished(item.get("status")));
+        let name = super::call_name(item.get("name"), "`name`");
+        let args = Arguments::of(item.get("arguments"), true);
+        let result = self.call_envelope(run, &id, refused, name, args).await;
         result.to_openai_responses_output(&id)
     }
 }
