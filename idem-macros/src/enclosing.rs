@@ -24,6 +24,9 @@ pub enum Enclosing {
     Trait,
     /// A module, a fn body, or not known.
     Unknown,
+    /// A macro's input or a `macro_rules!` definition: its tokens are not items yet, so nothing
+    /// inside it is known.
+    Macro,
 }
 
 /// The block around the fn whose first token has `first` as its span and whose name is `name`
@@ -96,12 +99,14 @@ fn find_name<'a>(line: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 
     })
 }
 
+/// The innermost block around `at`; unknown inside any macro's input or definition, where
+/// `impl X {` may be a pattern or text a macro rearranges.
 fn innermost(blocks: &[(usize, usize, Enclosing)], at: usize) -> Enclosing {
-    blocks
-        .iter()
-        .filter(|(open, close, _)| *open < at && at < *close)
-        .max_by_key(|(open, _, _)| *open)
-        .map_or(Enclosing::Unknown, |(_, _, kind)| *kind)
+    let mut around = blocks.iter().filter(|(open, close, _)| *open < at && at < *close);
+    if around.clone().any(|(_, _, kind)| *kind == Enclosing::Macro) {
+        return Enclosing::Unknown;
+    }
+    around.max_by_key(|(open, _, _)| *open).map_or(Enclosing::Unknown, |(_, _, kind)| *kind)
 }
 
 fn is_ident_char(c: char) -> bool {
@@ -119,36 +124,18 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
     // The words of the item being read, since the last `;`, `{` or `}`, with whether `<`
     // follows each (`for<'a>` is a bound, `for Type` a trait impl).
     let mut words: Vec<(String, bool)> = Vec::new();
+    // A `!` since then: the next `{` opens a macro's input (`name! {`, `macro_rules! name {`).
+    let mut bang = false;
     let mut attr_depth = 0usize;
     let mut i = 0;
     let at = |i: usize| chars.get(i).map(|&(_, c)| c);
     while let Some(c) = at(i) {
         let offset = chars[i].0;
+        if let Some(end) = comment_end(&chars, i) {
+            i = end;
+            continue;
+        }
         match c {
-            '/' if at(i + 1) == Some('/') => {
-                while at(i).is_some_and(|c| c != '\n') {
-                    i += 1;
-                }
-                continue;
-            }
-            '/' if at(i + 1) == Some('*') => {
-                let mut depth = 0usize;
-                while let Some(c) = at(i) {
-                    if c == '/' && at(i + 1) == Some('*') {
-                        depth += 1;
-                        i += 2;
-                    } else if c == '*' && at(i + 1) == Some('/') {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        i += 1;
-                    }
-                }
-                continue;
-            }
             '"' => {
                 i = skip_string(&chars, i + 1);
                 continue;
@@ -218,12 +205,9 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                     i = skip_string(&chars, i + 1);
                     continue;
                 }
-                let mut j = i;
-                while at(j).is_some_and(char::is_whitespace) {
-                    j += 1;
-                }
                 if attr_depth == 0 {
-                    words.push((word, at(j) == Some('<')));
+                    let generic = next_significant(&chars, i) == Some('<');
+                    words.push((word, generic));
                 }
                 continue;
             }
@@ -234,24 +218,76 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                 continue;
             }
             _ if attr_depth > 0 => {}
+            '!' => bang = true,
             '{' => {
-                let kind = classify(&words);
+                let kind = if bang { Enclosing::Macro } else { classify(&words) };
                 words.clear();
+                bang = false;
                 stack.push(out.len());
                 out.push((offset, text.len(), kind));
             }
             '}' => {
                 words.clear();
+                bang = false;
                 if let Some(open) = stack.pop() {
                     out[open].1 = offset;
                 }
             }
-            ';' => words.clear(),
+            ';' => {
+                words.clear();
+                bang = false;
+            }
             _ => {}
         }
         i += 1;
     }
     out
+}
+
+/// The index after the comment that starts at `i`, if one does: `//` to the line's end, or a
+/// `/* */` with the ones nested in it.
+fn comment_end(chars: &[(usize, char)], mut i: usize) -> Option<usize> {
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
+    match (at(i)?, at(i + 1)?) {
+        ('/', '/') => {
+            while at(i).is_some_and(|c| c != '\n') {
+                i += 1;
+            }
+        }
+        ('/', '*') => {
+            let mut depth = 0usize;
+            while let Some(c) = at(i) {
+                if c == '/' && at(i + 1) == Some('*') {
+                    depth += 1;
+                    i += 2;
+                } else if c == '*' && at(i + 1) == Some('/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(i)
+}
+
+/// The first character from `i` on that is neither white space nor in a comment.
+fn next_significant(chars: &[(usize, char)], mut i: usize) -> Option<char> {
+    loop {
+        let &(_, c) = chars.get(i)?;
+        if c.is_whitespace() {
+            i += 1;
+        } else if let Some(end) = comment_end(chars, i) {
+            i = end;
+        } else {
+            return Some(c);
+        }
+    }
 }
 
 /// The index after the closing `"` of a string whose content starts at `i`.
@@ -334,6 +370,36 @@ fn body() {
         assert_eq!(around(text, "of_trait"), Enclosing::TraitImpl);
         assert_eq!(around(text, "in_trait"), Enclosing::Trait);
         assert_eq!(around(text, "in_body"), Enclosing::Unknown);
+    }
+
+    /// A macro's input or definition is not read as items: `impl X {` there may be a pattern,
+    /// or text the macro turns into something else.
+    #[test]
+    fn inside_a_macro_nothing_is_known() {
+        let text = r#"
+macro_rules! make {
+    (impl) => {
+        async fn in_arm() {}
+    };
+}
+delegate! {
+    impl Api for X {
+        fn in_input;
+    }
+}
+make!(trait T { fn in_parens; });
+impl<F> W<F> where
+    for /* any lifetime */ <'a> F: Fn(&'a str) -> usize,
+    for // a line comment
+    <'b> F: Fn(&'b str),
+{
+    async fn bound_with_comments(&self) {}
+}
+"#;
+        assert_eq!(around(text, "in_arm"), Enclosing::Unknown);
+        assert_eq!(around(text, "in_input"), Enclosing::Unknown);
+        assert_eq!(around(text, "in_parens"), Enclosing::Unknown);
+        assert_eq!(around(text, "bound_with_comments"), Enclosing::Impl);
     }
 
     #[test]
