@@ -102,7 +102,7 @@ fn find_name<'a>(line: &'a str, name: &'a str) -> impl Iterator<Item = usize> + 
 /// The innermost block around `at`; unknown inside any macro's input or definition, where
 /// `impl X {` may be a pattern or text a macro rearranges.
 fn innermost(blocks: &[(usize, usize, Enclosing)], at: usize) -> Enclosing {
-    let mut around = blocks.iter().filter(|(open, close, _)| *open < at && at < *close);
+    let around = blocks.iter().filter(|(open, close, _)| *open < at && at < *close);
     if around.clone().any(|(_, _, kind)| *kind == Enclosing::Macro) {
         return Enclosing::Unknown;
     }

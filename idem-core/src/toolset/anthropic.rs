@@ -41,7 +41,7 @@ impl ToolSet {
     /// Anthropic ran itself) runs nothing and is answered with an error result.
     pub async fn call_anthropic(&self, run: &Run, block: &Value) -> Value {
         let (id, bad_id) = super::call_id(block.get("id"), "`id`");
-        let refused = bad_id.or_else(|| super::wrong_type(block.get("type"), "tool_use"));
+        let refused = bad_id.or_else(|| super::wrong_type(block, "tool_use"));
         let name = super::call_name(block.get("name"), "`name`");
         let args = Arguments::of(block.get("input"), false);
         let result = self.call_envelope(run, &id, refused, name, args).await;

@@ -52,15 +52,18 @@ impl ToolSet {
     }
 
     /// Dispatches one Gemini `functionCall` part (`{"functionCall":{"id"?,"name","args":{..}}}`,
-    /// or the `functionCall` object alone) and returns the `functionResponse` part to send back in
-    /// the next `user` turn (see [`ToolResult::to_gemini_part`]). The `id` goes to tracing, not
-    /// into the key. A part that is not a function call (text, a `functionResponse`) runs
-    /// nothing and is answered with an error.
+    /// or the `functionCall` object alone, with no members but those three) and returns the
+    /// `functionResponse` part to send back in the next `user` turn (see
+    /// [`ToolResult::to_gemini_part`]). The `id` goes to tracing, not into the key. Anything
+    /// else runs nothing and is answered with an error: another kind of part (text, a
+    /// `functionResponse`), or a call of another API (a `type`, `input` or `arguments` member:
+    /// an Anthropic `server_tool_use` block, which Anthropic ran itself, would otherwise run a
+    /// second time here, and a `tool_use` block without its `input`).
     pub async fn call_gemini(&self, run: &Run, part: &Value) -> Value {
         let call = part.get("functionCall").unwrap_or(part);
         let (id, bad_id) = super::call_id(call.get("id"), "`functionCall.id`");
         let name = super::call_name(call.get("name"), "`functionCall.name`");
-        let bad = bad_id.or_else(|| not_a_call(part, call, name.is_ok()));
+        let bad = bad_id.or_else(|| not_a_call(part, call));
         let shown = name.as_deref().unwrap_or_default().to_owned();
         let args = Arguments::of(call.get("args"), false);
         let result = self.call_envelope(run, &id, bad, name, args).await;
@@ -68,17 +71,55 @@ impl ToolSet {
     }
 }
 
-/// Why `part` (whose call is `call`) is not a function call, when its shape says so: a
-/// `functionCall` that is not an object, or, when no name was found, another kind of part.
-fn not_a_call(part: &Value, call: &Value, named: bool) -> Option<String> {
+/// The members of a Gemini `functionCall`.
+const CALL_MEMBERS: [&str; 3] = ["id", "name", "args"];
+
+/// Why `part` (whose call is `call`) is not a Gemini function call: not an object, a `type`
+/// (no Gemini part has one), another kind of part, or a bare call with a member a
+/// `functionCall` does not have.
+fn not_a_call(part: &Value, call: &Value) -> Option<String> {
+    let Some(members) = part.as_object() else {
+        return Some(format!(
+            "the part is {}, not an object; nothing was executed",
+            crate::json_text::kind(part)
+        ));
+    };
+    if let Some(kind) = part.get("type").or_else(|| call.get("type")) {
+        let shown = kind.as_str().map_or_else(
+            || crate::json_text::kind(kind).to_owned(),
+            |k| {
+                format!(
+                    "\"{}\"",
+                    crate::printable::printable(&k.chars().take(64).collect::<String>())
+                )
+            },
+        );
+        return Some(format!(
+            "the tool call has a `type` ({shown}), which a Gemini part does not; nothing was \
+             executed{}",
+            kind.as_str().map_or("", super::other_type_hint)
+        ));
+    }
     if !call.is_object() {
         return Some(format!(
             "the part's `functionCall` is {}, not an object; nothing was executed",
             crate::json_text::kind(call)
         ));
     }
-    let other = ["text", "functionResponse", "executableCode", "inlineData"]
-        .into_iter()
-        .find(|kind| !named && part.get(kind).is_some())?;
-    Some(format!("the part is a `{other}` part, not a `functionCall`; nothing was executed"))
+    if part.get("functionCall").is_some() {
+        return None;
+    }
+    let other = members.keys().find(|k| !CALL_MEMBERS.contains(&k.as_str()))?;
+    let shown: String = other.chars().take(64).collect();
+    let shown = crate::printable::printable(&shown);
+    Some(
+        if ["text", "functionResponse", "executableCode", "inlineData"].contains(&other.as_str()) {
+            format!("the part is a `{shown}` part, not a `functionCall`; nothing was executed")
+        } else {
+            format!(
+                "the tool call has the member `{shown}`, which a Gemini `functionCall` (`id`, \
+             `name`, `args`) does not; nothing was executed"
+            )
+        },
+    )
 }

@@ -715,12 +715,19 @@ fn call_name<'a>(name: Option<&'a Value>, field: &str) -> Result<&'a str, String
     }
 }
 
-/// Why a model's call whose `type` names another kind of block or call than `expected` is
+/// Why a model's `call` whose `type` names another kind of block or call than `expected` is
 /// refused: an Anthropic `server_tool_use` or `mcp_tool_use` block was run by Anthropic already,
 /// so running a local tool of the same name would do its effect a second time. A call without a
-/// `type` (written by hand) is taken as `expected`.
-fn wrong_type(kind: Option<&Value>, expected: &str) -> Option<String> {
-    match kind {
+/// `type` (written by hand) is taken as `expected`, unless it is a Gemini part.
+fn wrong_type(call: &Value, expected: &str) -> Option<String> {
+    if call.get("functionCall").is_some() {
+        return Some(
+            "the tool call is a Gemini `functionCall` part; nothing was executed (dispatch it \
+             with `ToolSet::call_gemini`)"
+                .into(),
+        );
+    }
+    match call.get("type") {
         None | Some(Value::Null) => None,
         Some(Value::String(kind)) if kind == expected => None,
         Some(Value::String(kind)) => {

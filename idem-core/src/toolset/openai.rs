@@ -39,7 +39,7 @@ impl ToolSet {
     /// call whose `type` is not `function` runs nothing and is answered with an error.
     pub async fn call_openai(&self, run: &Run, tool_call: &Value) -> Value {
         let (id, bad_id) = super::call_id(tool_call.get("id"), "`id`");
-        let refused = bad_id.or_else(|| super::wrong_type(tool_call.get("type"), "function"));
+        let refused = bad_id.or_else(|| super::wrong_type(tool_call, "function"));
         let function = tool_call.get("function");
         let name = super::call_name(function.and_then(|f| f.get("name")), "`function.name`");
         let args = Arguments::of(function.and_then(|f| f.get("arguments")), true);

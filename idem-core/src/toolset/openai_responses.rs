@@ -48,7 +48,7 @@ impl ToolSet {
     pub async fn call_openai_responses(&self, run: &Run, item: &Value) -> Value {
         let (id, bad_id) = super::call_id(item.get("call_id"), "`call_id`");
         let refused = bad_id
-            .or_else(|| super::wrong_type(item.get("type"), "function_call"))
+            .or_else(|| super::wrong_type(item, "function_call"))
             .or_else(|| unfinished(item.get("status")));
         let name = super::call_name(item.get("name"), "`name`");
         let args = Arguments::of(item.get("arguments"), true);

@@ -1697,8 +1697,23 @@ async fn gemini_parts_run_once_and_answer_with_the_calls_name() {
     assert_eq!(bare["functionResponse"]["response"], answer["response"]);
     assert_eq!(t.charges.load(Ordering::SeqCst), 1, "one intent, one charge");
 
-    // Errors are `{"error": <text>}`, and nothing runs.
+    // Errors are `{"error": <text>}`, and nothing runs: other parts, and other APIs' calls
+    // (whose arguments would be dropped, or which their provider ran already).
     for (part, says) in [
+        (
+            json!({"type": "tool_use", "id": "toolu_1", "name": "charge_card", "input": {}}),
+            "`ToolSet::call_anthropic`",
+        ),
+        (
+            json!({"type": "server_tool_use", "functionCall": {"name": "charge_card", "args": {}}}),
+            "the provider runs such a call itself",
+        ),
+        (
+            json!({"call_id": "c", "name": "charge_card", "arguments": "{}"}),
+            "which a Gemini `functionCall` (`id`, `name`, `args`) does not",
+        ),
+        (json!({"text": "x", "name": "charge_card", "args": {}}), "a `text` part"),
+        (json!("charge_card"), "the part is a string, not an object"),
         (json!({"text": "I will charge the card."}), "a `text` part"),
         (json!({"functionCall": "charge_card"}), "is a string, not an object"),
         (json!({"functionCall": {"name": "charge_card", "args": [1]}}), "invalid_arguments"),
@@ -1712,6 +1727,19 @@ async fn gemini_parts_run_once_and_answer_with_the_calls_name() {
         let error = answer["functionResponse"]["response"]["error"].as_str().unwrap_or_default();
         assert!(error.contains(says), "{part}: {answer}");
         assert!(answer["functionResponse"]["response"].get("output").is_none(), "{answer}");
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
+
+    // The other dispatchers name `call_gemini` for a Gemini part.
+    let part = json!({"functionCall": {"name": "charge_card", "args": {"customer": "e",
+        "amount_cents": 1}}});
+    let texts = [
+        t.set.call_openai(&run, &part).await["content"].clone(),
+        t.set.call_openai_responses(&run, &part).await["output"].clone(),
+        t.set.call_anthropic(&run, &part).await["content"].clone(),
+    ];
+    for text in texts {
+        assert!(text.as_str().unwrap().contains("`ToolSet::call_gemini`"), "{text}");
     }
     assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
 }
