@@ -42,9 +42,9 @@ impl ToolSet {
     /// given as an object is accepted too) and returns the input item
     /// `{"type":"function_call_output","call_id","output"}` to send back. The `call_id` goes to
     /// tracing, not into the key. An item of another type (an `mcp_call` or `web_search_call`,
-    /// which OpenAI ran itself; a chat completions call), or whose `status` says the model had
-    /// not finished writing it (`in_progress`, `incomplete`: its arguments may be cut short),
-    /// runs nothing and is answered with an error.
+    /// which OpenAI ran itself; a chat completions call), or whose `status` is present and not
+    /// `completed` (`in_progress`, `incomplete`: the model had not finished writing it, and its
+    /// arguments may be cut short), runs nothing and is answered with an error.
     pub async fn call_openai_responses(&self, run: &Run, item: &Value) -> Value {
         let (id, bad_id) = super::call_id(item.get("call_id"), "`call_id`");
         let refused = bad_id
@@ -57,16 +57,27 @@ impl ToolSet {
     }
 }
 
-/// Why an item whose `status` is `in_progress` or `incomplete` is refused: the response ended
-/// (a token limit, a stream cut) before the model finished the call, so its arguments may be a
-/// prefix of what it meant. An absent or `completed` status is taken.
+/// Why an item whose `status` is not `completed` is refused: `in_progress` and `incomplete`
+/// mean the response ended (a token limit, a stream cut) before the model finished the call, so
+/// its arguments may be a prefix of what it meant; anything else is not a status OpenAI sends
+/// for a call to run. An absent status (an item written by hand) is taken.
 fn unfinished(status: Option<&Value>) -> Option<String> {
-    let status = status?.as_str()?;
-    matches!(status, "in_progress" | "incomplete").then(|| {
-        format!(
-            "the function call's `status` is \"{status}\": the model had not finished writing it, \
-             so its arguments may be cut short; nothing was executed. Call the tool again with \
-             all of its arguments"
-        )
-    })
+    match status? {
+        Value::Null => None,
+        Value::String(done) if done == "completed" => None,
+        Value::String(status) => {
+            let shown: String = status.chars().take(64).collect();
+            Some(format!(
+                "the function call's `status` is \"{}\", not \"completed\": the model had not \
+                 finished writing it, so its arguments may be cut short; nothing was executed. \
+                 Call the tool again with all of its arguments",
+                crate::printable::printable(&shown)
+            ))
+        }
+        other => Some(format!(
+            "the function call's `status` is {}, not the string \"completed\"; nothing was \
+             executed",
+            crate::json_text::kind(other)
+        )),
+    }
 }

@@ -1621,12 +1621,19 @@ async fn openai_responses_items_run_once_and_answer_their_call_id() {
         let text = refused["output"].as_str().unwrap();
         assert!(text.contains(says) && text.contains("nothing was executed"), "{kind}: {text}");
     }
-    for status in ["incomplete", "in_progress"] {
+    for status in ["incomplete", "in_progress", "INCOMPLETE", " incomplete"] {
         let cut = json!({"type": "function_call", "call_id": "c", "name": "charge_card",
             "arguments": input, "status": status});
         let refused = t.set.call_openai_responses(&run, &cut).await;
         let text = refused["output"].as_str().unwrap();
         assert!(text.contains("may be cut short") && text.contains(status), "{text}");
+    }
+    for status in [json!(1), json!(["completed"])] {
+        let odd = json!({"type": "function_call", "call_id": "c", "name": "charge_card",
+            "arguments": input, "status": status});
+        let refused = t.set.call_openai_responses(&run, &odd).await;
+        let text = refused["output"].as_str().unwrap();
+        assert!(text.contains("not the string \"completed\""), "{text}");
     }
     let numeric = json!({"type": "function_call", "call_id": 5, "name": "charge_card",
         "arguments": input});
