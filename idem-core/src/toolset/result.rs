@@ -85,9 +85,11 @@ impl ToolResult {
     ///
     /// Characters of `message` that could act on a terminal, other than line feeds and tabs, are
     /// escaped ([`crate::printable_lines`]): a message may repeat what a model sent (a field
-    /// name, a value), and hosts print results to terminals and logs.
+    /// name, a value), and hosts print results to terminals and logs. A message of more than
+    /// 16,384 characters keeps its first 8,192 and its last 4,096, with the count of those left
+    /// out between them: what a model sent may be as long as its arguments.
     pub fn error(kind: ErrorKind, message: impl Into<String>, detail: Option<Value>) -> Self {
-        let message = crate::printable::lines_owned(message.into());
+        let message = bounded(crate::printable::lines_owned(message.into()));
         let text = format!("Error ({kind}): {message}");
         let mut error = json!({ "kind": kind, "message": message });
         if let (Some(detail), Some(obj)) = (detail, error.as_object_mut()) {
@@ -101,6 +103,24 @@ impl ToolResult {
             report: None,
         }
     }
+}
+
+/// The most characters of a failure's message (`ToolResult::error`): 16,384. A message may
+/// repeat what the model sent (an unknown field's name, a value of the wrong type), which can
+/// be as long as the arguments (1 MiB by default), and the model reads the message whole. A
+/// longer one keeps its first half and its last quarter of this, where it says what to do, with
+/// the count of characters left out between them.
+pub(crate) const MAX_MESSAGE_CHARS: usize = 16 * 1024;
+
+fn bounded(message: String) -> String {
+    let count = message.chars().count();
+    if count <= MAX_MESSAGE_CHARS {
+        return message;
+    }
+    let (head, tail) = (MAX_MESSAGE_CHARS / 2, MAX_MESSAGE_CHARS / 4);
+    let start: String = message.chars().take(head).collect();
+    let end: String = message.chars().skip(count - tail).collect();
+    format!("{start} … ({} characters left out) … {end}", count - head - tail)
 }
 
 /// The text of a string output: the string itself, or its JSON (`""`, `" "`) when it is empty or

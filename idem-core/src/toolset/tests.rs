@@ -1750,3 +1750,20 @@ async fn gemini_parts_run_once_and_answer_with_the_calls_name() {
     }
     assert_eq!(t.charges.load(Ordering::SeqCst), 1, "nothing else ran");
 }
+
+/// A failure's message repeats what the model sent, and a model may send a megabyte: the message
+/// stays bounded, keeping its start and the end that says what to do, and nothing runs.
+#[tokio::test]
+async fn a_huge_wrong_value_gives_a_bounded_message() {
+    let t = tools();
+    let run = Idem::in_memory().run("r");
+    let args = json!({"customer": "c", "amount_cents": "9".repeat(1 << 20) + "x"});
+    let r = t.set.call(&run, "charge_card", &args).await;
+    assert!(r.is_error, "{}", &r.text[..200.min(r.text.len())]);
+    let chars = r.text.chars().count();
+    assert!(chars < 2 * super::result::MAX_MESSAGE_CHARS, "{chars} characters");
+    assert!(r.text.starts_with("Error (invalid_arguments)"), "{}", &r.text[..200]);
+    assert!(r.text.contains("characters left out"), "{}", &r.text[..200]);
+    assert!(r.text.contains("nothing was executed"), "{}", &r.text[r.text.len() - 300..]);
+    assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
