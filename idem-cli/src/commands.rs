@@ -182,7 +182,7 @@ const ALREADY_RESOLVED: &str = "already resolved as happened with this result: l
      replay it (its retention is as first set: a repeated resolve does not change it)";
 
 /// Whether the record already holds the result `resolution` would store (the same JSON up to
-/// whitespace and member order, `idem_core::json_text::same_json`): a repeat of a `resolve
+/// whitespace, member order and string escapes: `idem_core::json_text::same_json`): a repeat of a `resolve
 /// --happened` whose answer was lost (a connection cut after the store wrote it) is then done,
 /// not refused as "already settled", which would point the operator at `forget` and so at
 /// losing the result just stored.
@@ -211,7 +211,19 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
         }
         None => Resolution::NotHappened,
     };
-    let info = found(&**store, &key).await?;
+    let info = match found(&**store, &key).await {
+        Err(missing) if missing.exit == Exit::NotFound && resolution == Resolution::NotHappened => {
+            return Err(Failure::new(
+                Exit::NotFound,
+                format!(
+                    "no record of key {key}, so nothing to resolve: a `resolve --not-happened` \
+                     that went through removes it, as do `forget` and the end of its retention; \
+                     the next call with this key runs the tool"
+                ),
+            ));
+        }
+        other => other?,
+    };
     if already_resolved(&info, &resolution) {
         return report(json, "already-resolved", &key, ALREADY_RESOLVED);
     }

@@ -231,6 +231,9 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     // Unknown, resolved as not happened: the next call runs, exactly once.
     let flaky_key = key_of(url, &run_id, &flaky);
     ok(url, &["resolve", &flaky_key, "--not-happened", "--yes"]);
+    // Sent again, it finds no record, and says why that is so.
+    let why = exits(url, &["resolve", &flaky_key, "--not-happened", "--yes"], 3);
+    assert!(why.contains("the next call with this key runs the tool"), "{why}");
     let ran_again = refund(&run, flaky.clone()).await.expect("ran");
     assert_eq!(ran_again, Refund { refund_id: format!("re_{flaky}_2") });
     assert_eq!(ran(&flaky), 2, "the body ran exactly once more");

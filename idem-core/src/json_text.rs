@@ -54,18 +54,18 @@ pub fn check_unique(text: &str) -> Result<(), JsonTextError> {
     }
 }
 
-/// Whether two JSON texts hold the same value as stored results are compared: equal once
-/// whitespace is dropped and object members are sorted by name, every other token (numbers,
-/// strings) as written, so `1.0` and `1`, or `"é"` and `"\u00e9"`, differ. `false` when either is
-/// not JSON.
+/// Whether two JSON texts hold the same value as stored results are compared: the same once
+/// whitespace is dropped, object members are sorted by name and strings are read (`"é"` and
+/// `"\u00e9"` are one string); numbers as written, so `1.0` and `1` differ and integers beyond
+/// 64 bits compare exactly. `false` when either is not JSON.
 pub fn same_json(a: &str, b: &str) -> bool {
-    let compact = |text: &str| -> Option<String> {
+    let normalized = |text: &str| {
         let raw: &serde_json::value::RawValue = serde_json::from_str(text).ok()?;
         let mut out = String::with_capacity(text.len());
-        sorted_compact(raw, false, &mut out).ok()?;
+        sorted_compact(raw, Compact { sets: false, read_strings: true }, &mut out).ok()?;
         Some(out)
     };
-    compact(a).is_some_and(|a| compact(b).is_some_and(|b| a == b))
+    normalized(a).is_some_and(|a| normalized(b).is_some_and(|b| a == b))
 }
 
 /// The arguments of a call to `tool` as JSON text: one object with unique member names.
@@ -297,14 +297,23 @@ impl<'de> Visitor<'de> for Unique<'_, '_> {
     }
 }
 
+/// What [`sorted_compact`] changes besides whitespace and member order.
+#[derive(Clone, Copy)]
+pub(crate) struct Compact {
+    /// The elements of every array of distinct elements are sorted by their own text (a set
+    /// lists its members in an order of its own); an array with a repeated element keeps its
+    /// order.
+    pub sets: bool,
+    /// Strings are read and written again (`"\u00e9"` as `"é"`); otherwise as written.
+    pub read_strings: bool,
+}
+
 /// Appends `raw` compact, object members sorted by name, every other token as written (integers
-/// beyond 64 bits exact). With `sets`, the elements of every array of distinct elements are also
-/// sorted by their own text (a set lists its members in an order of its own); an array with a
-/// repeated element keeps its order. Recursive: callers pass text already checked against the
-/// depth limit.
+/// beyond 64 bits exact) but as `how` says. Recursive: callers pass text already checked against
+/// the depth limit (or that serde_json parsed, which stops at 128 levels).
 pub(crate) fn sorted_compact(
     raw: &serde_json::value::RawValue,
-    sets: bool,
+    how: Compact,
     out: &mut String,
 ) -> Result<(), serde_json::Error> {
     use serde_json::value::RawValue;
@@ -320,7 +329,7 @@ pub(crate) fn sorted_compact(
                 }
                 out.push_str(&serde_json::to_string(&name)?);
                 out.push(':');
-                sorted_compact(value, sets, out)?;
+                sorted_compact(value, how, out)?;
             }
             out.push('}');
         }
@@ -329,10 +338,10 @@ pub(crate) fn sorted_compact(
             let mut written = Vec::with_capacity(items.len());
             for item in items {
                 let mut one = String::new();
-                sorted_compact(item, sets, &mut one)?;
+                sorted_compact(item, how, &mut one)?;
                 written.push(one);
             }
-            if sets {
+            if how.sets {
                 let mut sorted = written.clone();
                 sorted.sort_unstable();
                 if sorted.windows(2).all(|w| w[0] != w[1]) {
@@ -342,6 +351,9 @@ pub(crate) fn sorted_compact(
             out.push('[');
             out.push_str(&written.join(","));
             out.push(']');
+        }
+        Some(b'"') if how.read_strings => {
+            out.push_str(&serde_json::to_string(&serde_json::from_str::<String>(text)?)?);
         }
         _ => out.push_str(text),
     }
@@ -363,7 +375,7 @@ mod tests {
         assert!(same_json("18446744073709551617", "18446744073709551617"));
         assert!(!same_json("18446744073709551617", "18446744073709551616"));
         assert!(!same_json("1.0", "1"));
-        assert!(!same_json(r#""é""#, r#""\u00e9""#));
+        assert!(same_json(r#"{"s":"é"}"#, r#"{"\u0073":"\u00e9"}"#));
         assert!(!same_json("[1,2]", "[2,1]"));
         assert!(!same_json("{", "{"), "not JSON, even when equal");
         assert!(!same_json("nope", "\"nope\""));

@@ -68,7 +68,11 @@ impl ToolResult {
             _ => {
                 let mut text = String::with_capacity(json.len());
                 // Members sorted as `sorted_text` sorts them.
-                crate::json_text::sorted_compact(raw, false, &mut text)?;
+                crate::json_text::sorted_compact(
+                    raw,
+                    crate::json_text::Compact { sets: false, read_strings: false },
+                    &mut text,
+                )?;
                 text
             }
         };
