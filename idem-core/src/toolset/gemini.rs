@@ -56,9 +56,9 @@ impl ToolSet {
     /// `functionResponse` part to send back in the next `user` turn (see
     /// [`ToolResult::to_gemini_part`]). The `id` goes to tracing, not into the key. Anything
     /// else runs nothing and is answered with an error: another kind of part (text, a
-    /// `functionResponse`), or a call of another API (a `type`, `input` or `arguments` member:
-    /// an Anthropic `server_tool_use` block, which Anthropic ran itself, would otherwise run a
-    /// second time here, and a `tool_use` block without its `input`).
+    /// `functionResponse`), or a call of another API (a `type`, `input` or `arguments` member).
+    /// Otherwise an Anthropic `server_tool_use` block, which Anthropic ran itself, would run a
+    /// second time here, and a `tool_use` block would run without its `input`.
     pub async fn call_gemini(&self, run: &Run, part: &Value) -> Value {
         let call = part.get("functionCall").unwrap_or(part);
         let (id, bad_id) = super::call_id(call.get("id"), "`functionCall.id`");
@@ -118,7 +118,7 @@ fn not_a_call(part: &Value, call: &Value) -> Option<String> {
         } else {
             format!(
                 "the tool call has the member `{shown}`, which a Gemini `functionCall` (`id`, \
-             `name`, `args`) does not; nothing was executed"
+                 `name`, `args`) does not; nothing was executed"
             )
         },
     )

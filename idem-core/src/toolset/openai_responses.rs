@@ -49,7 +49,7 @@ impl ToolSet {
         let (id, bad_id) = super::call_id(item.get("call_id"), "`call_id`");
         let refused = bad_id
             .or_else(|| super::wrong_type(item, "function_call"))
-            .or_else(|| unfinished(item.get("status")));
+            .or_else(|| not_completed(item.get("status")));
         let name = super::call_name(item.get("name"), "`name`");
         let args = Arguments::of(item.get("arguments"), true);
         let result = self.call_envelope(run, &id, refused, name, args).await;
@@ -61,7 +61,7 @@ impl ToolSet {
 /// mean the response ended (a token limit, a stream cut) before the model finished the call, so
 /// its arguments may be a prefix of what it meant; anything else is not a status OpenAI sends
 /// for a call to run. An absent status (an item written by hand) is taken.
-fn unfinished(status: Option<&Value>) -> Option<String> {
+fn not_completed(status: Option<&Value>) -> Option<String> {
     match status? {
         Value::Null => None,
         Value::String(done) if done == "completed" => None,
