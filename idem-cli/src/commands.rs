@@ -182,10 +182,10 @@ const ALREADY_RESOLVED: &str = "already resolved as happened with this result: l
      replay it (its retention is as first set: a repeated resolve does not change it)";
 
 /// Whether the record already holds the result `resolution` would store (the same JSON up to
-/// whitespace, member order and string escapes: `idem_core::json_text::same_json`): a repeat of a `resolve
-/// --happened` whose answer was lost (a connection cut after the store wrote it) is then done,
-/// not refused as "already settled", which would point the operator at `forget` and so at
-/// losing the result just stored.
+/// whitespace, member order and string escapes: `idem_core::json_text::same_json`): a repeat
+/// of a `resolve --happened` whose answer was lost (a connection cut after the store wrote it)
+/// is then done, not refused as "already settled", which would point the operator at `forget`
+/// and so at losing the result just stored.
 fn already_resolved(info: &RecordInfo, resolution: &Resolution) -> bool {
     match (&info.state, resolution) {
         (

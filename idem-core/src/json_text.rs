@@ -367,7 +367,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn same_json_ignores_whitespace_and_member_order_only() {
+    fn same_json_reads_past_whitespace_member_order_and_escapes_only() {
         assert!(same_json(
             r#"{"b":2,"a":[1, {"d":1,"c":2}]}"#,
             r#" { "a": [1,{"c":2,"d":1}], "b": 2 } "#
