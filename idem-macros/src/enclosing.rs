@@ -114,8 +114,10 @@ fn is_ident_char(c: char) -> bool {
 }
 
 /// Every brace block of `text` with its kind. Comments, strings, raw strings, character
-/// literals and attributes are skipped, so a `{` inside them opens nothing. An unbalanced file
-/// gives what it gives: the kinds only ever add an error where the expansion was illegal anyway.
+/// literals and attributes are skipped, so a `{` inside them opens nothing, and a brace after a
+/// `!` opens a macro's input, inside which nothing is known. Only `impl` and `trait` headers are
+/// told apart; every other block is unknown. (A file whose braces do not balance is one rustc
+/// refuses anyway.)
 fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let mut out = Vec::new();
