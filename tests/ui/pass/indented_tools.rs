@@ -1,0 +1,94 @@
+//! Indented tools that `#[tool]` must not take for ones in a block that cannot hold them: it
+//! reads the source file to find the block around an indented fn, and nothing here may fool it.
+use idem_core::{Idem, tool};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+pub struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+pub struct Desk;
+
+impl Desk {
+    /// Length in inches.
+    #[tool(retry = "safe", description = r#"Length in inches (")"#)]
+    #[doc = r"Files live under C:\"]
+    pub async fn measure(&self, x: u32) -> Result<u32, Failed> {
+        Ok(x)
+    }
+}
+
+pub struct Wrap<F>(pub F);
+
+impl<F> Wrap<F>
+where
+    for /* any lifetime */ <'a> F: Fn(&'a str) -> usize + Send + Sync + 'static,
+{
+    /// A method tool after a bound whose `for` and `<` a comment separates.
+    #[tool(retry = "safe")]
+    pub async fn length(&self, s: String) -> Result<usize, Failed> {
+        Ok((self.0)(&s))
+    }
+}
+
+/// Tools whose names stand inside a macro's input, in an `impl` and a `trait` of its own syntax.
+macro_rules! tools {
+    (impl $owner:ident { $(fn $name:ident;)* }) => {
+        $(
+            #[tool(retry = "safe")]
+            pub async fn $name(x: u32) -> Result<u32, Failed> {
+                Ok(x)
+            }
+        )*
+    };
+}
+
+mod dsl {
+    use super::*;
+
+    tools! {
+        impl Payments {
+            fn lookup;
+            fn refund_status;
+        }
+    }
+
+    /// An indented free tool after it.
+    #[tool(retry = "keyed")]
+    pub async fn in_a_module(n: u32) -> Result<u32, Failed> {
+        Ok(n)
+    }
+}
+
+macro_rules! arm {
+    (impl) => {
+        #[tool(retry = "safe")]
+        pub async fn from_an_arm(x: u32) -> Result<u32, Failed> {
+            Ok(x)
+        }
+    };
+}
+
+mod arms {
+    use super::*;
+
+    arm!(impl);
+}
+
+#[tokio::main]
+async fn main() {
+    let run = Idem::in_memory().run("r");
+    let desk = std::sync::Arc::new(Desk);
+    assert_eq!(desk.measure(&run, 3).await.unwrap(), 3);
+    let wrap = std::sync::Arc::new(Wrap(|s: &str| s.len()));
+    assert_eq!(wrap.length(&run, "abc".into()).await.unwrap(), 3);
+    assert_eq!(dsl::lookup(&run, 1).await.unwrap(), 1);
+    assert_eq!(dsl::refund_status(&run, 2).await.unwrap(), 2);
+    assert_eq!(dsl::in_a_module(&run, 4).await.unwrap(), 4);
+    assert_eq!(arms::from_an_arm(&run, 5).await.unwrap(), 5);
+}
