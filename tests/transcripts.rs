@@ -275,23 +275,12 @@ fn turns(messages: &[Value], format: &str) -> Vec<Vec<Call>> {
 }
 
 /// What the model read of a result, as text: the message's string, or Gemini's `response`
-/// object as JSON with members sorted by name (serde_json keeps them in insertion order when a
-/// crate in the build turns on `preserve_order`, as rig-core does).
+/// object as JSON (members sorted by name, also where rig-core turns on serde_json's
+/// `preserve_order` in the workspace build: `call_gemini` writes them so).
 fn result_text(format: &str, result: &Value) -> String {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Object(map) => {
-                let mut members: Vec<_> = map.iter().collect();
-                members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                Value::Object(members.into_iter().map(|(k, v)| (k.clone(), sorted(v))).collect())
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
     match format {
         "openai_responses" => result["output"].as_str().unwrap().to_owned(),
-        "gemini" => sorted(&result["functionResponse"]["response"]).to_string(),
+        "gemini" => result["functionResponse"]["response"].to_string(),
         _ => result["content"].as_str().unwrap().to_owned(),
     }
 }

@@ -136,25 +136,35 @@ fn string_text(s: &str) -> String {
     if s.trim().is_empty() { serde_json::Value::from(s).to_string() } else { s.to_owned() }
 }
 
-/// Compact JSON text of `value` with object members in byte order of their names (the order of
+/// A [`Value`] written with object members in byte order of their names (the order of
 /// serde_json's default map), whichever map serde_json was built with.
-fn sorted_text(value: &Value) -> String {
-    struct Sorted<'a>(&'a Value);
-    impl Serialize for Sorted<'_> {
-        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            match self.0 {
-                Value::Object(map) => {
-                    let mut members: Vec<_> = map.iter().collect();
-                    members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                    s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
-                }
-                Value::Array(items) => s.collect_seq(items.iter().map(Sorted)),
-                other => other.serialize(s),
+struct Sorted<'a>(&'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(map) => {
+                let mut members: Vec<_> = map.iter().collect();
+                members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
             }
+            Value::Array(items) => s.collect_seq(items.iter().map(Sorted)),
+            other => other.serialize(s),
         }
     }
+}
+
+/// Compact JSON text of `value` with object members sorted by name (see [`Sorted`]).
+fn sorted_text(value: &Value) -> String {
     // Writing a `Value` cannot fail (its keys are strings); the fallback is unsorted text.
     serde_json::to_string(&Sorted(value)).unwrap_or_else(|_| value.to_string())
+}
+
+/// A copy of `value` whose objects hold their members sorted by name, also when a crate in the
+/// build turns on serde_json's `preserve_order` (rig-core does), so that what a host sends on
+/// does not depend on it.
+pub(super) fn sorted_value(value: &Value) -> Value {
+    serde_json::to_value(Sorted(value)).unwrap_or_else(|_| value.clone())
 }
 
 /// An integer token (`-12`, `340282366920938463463374607431768211455`) beyond what a [`Value`]
