@@ -374,6 +374,35 @@ fn body() {
         assert_eq!(around(text, "in_body"), Enclosing::Unknown);
     }
 
+    /// Any text, however broken (unterminated strings and comments, stray quotes, multi-byte
+    /// characters next to every delimiter), is scanned without a panic: a panic here would be a
+    /// compile error in every crate with an indented tool.
+    #[test]
+    fn any_text_scans_without_a_panic() {
+        const PIECES: [&str; 24] = [
+            "impl", " X ", "{", "}", "'", "\"", "r#\"", "\"#", "#", "[", "]", "/*", "*/", "//",
+            "\n", "é", "fn", " f", "!", "for", "<", "\\", "b'", "🦀",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..5_000 {
+            let len = (next() % 40) as usize;
+            let text: String = (0..len).map(|_| PIECES[(next() % 24) as usize]).collect();
+            let scanned = Scanned::new(&text);
+            for line in 0..4 {
+                for column in [0, 1, 3, 7, 100] {
+                    let _ = scanned.around_name(line, column, "f");
+                    let _ = scanned.around_name(line, column, "r#fn");
+                }
+            }
+        }
+    }
+
     /// A macro's input or definition is not read as items: `impl X {` there may be a pattern,
     /// or text the macro turns into something else.
     #[test]
