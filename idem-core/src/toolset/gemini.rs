@@ -87,12 +87,7 @@ fn not_a_call(part: &Value, call: &Value) -> Option<String> {
     if let Some(kind) = part.get("type").or_else(|| call.get("type")) {
         let shown = kind.as_str().map_or_else(
             || crate::json_text::kind(kind).to_owned(),
-            |k| {
-                format!(
-                    "\"{}\"",
-                    crate::printable::printable(&k.chars().take(64).collect::<String>())
-                )
-            },
+            |k| format!("\"{}\"", super::shown(k)),
         );
         return Some(format!(
             "the tool call has a `type` ({shown}), which a Gemini part does not; nothing was \
@@ -110,8 +105,7 @@ fn not_a_call(part: &Value, call: &Value) -> Option<String> {
         return None;
     }
     let other = members.keys().find(|k| !CALL_MEMBERS.contains(&k.as_str()))?;
-    let shown: String = other.chars().take(64).collect();
-    let shown = crate::printable::printable(&shown);
+    let shown = super::shown(other);
     Some(
         if ["text", "functionResponse", "executableCode", "inlineData"].contains(&other.as_str()) {
             format!("the part is a `{shown}` part, not a `functionCall`; nothing was executed")

@@ -730,14 +730,11 @@ fn wrong_type(call: &Value, expected: &str) -> Option<String> {
     match call.get("type") {
         None | Some(Value::Null) => None,
         Some(Value::String(kind)) if kind == expected => None,
-        Some(Value::String(kind)) => {
-            let shown: String = kind.chars().take(64).collect();
-            Some(format!(
-                "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
-                crate::printable::printable(&shown),
-                other_type_hint(kind)
-            ))
-        }
+        Some(Value::String(kind)) => Some(format!(
+            "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
+            shown(kind),
+            other_type_hint(kind)
+        )),
         Some(other) => Some(format!(
             "the tool call's `type` is {}, not the string \"{expected}\"; nothing was executed",
             crate::json_text::kind(other)
@@ -745,17 +742,23 @@ fn wrong_type(call: &Value, expected: &str) -> Option<String> {
     }
 }
 
+/// The first 64 characters of a word a model sent (a `type`, a `status`, a member's name),
+/// escaped for a terminal: enough to recognise it in a message about it, however long it was.
+fn shown(text: &str) -> String {
+    let start: String = text.chars().take(64).collect();
+    crate::printable::printable(&start).into_owned()
+}
+
 /// What a refused `type` most likely is: a call the provider ran itself (Anthropic server tools
 /// and remote MCP, OpenAI's hosted tools), or a client call in another API's shape, with the
 /// dispatcher that takes it.
 fn other_type_hint(kind: &str) -> &'static str {
-    const HOSTED: [&str; 6] = [
+    const HOSTED: [&str; 5] = [
         "mcp_call",
         "web_search_call",
         "file_search_call",
         "code_interpreter_call",
         "image_generation_call",
-        "tool_search_call",
     ];
     match kind {
         "function" => " (an OpenAI chat completions call: dispatch it with `ToolSet::call_openai`)",

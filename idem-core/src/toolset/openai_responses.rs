@@ -65,15 +65,12 @@ fn not_completed(status: Option<&Value>) -> Option<String> {
     match status? {
         Value::Null => None,
         Value::String(done) if done == "completed" => None,
-        Value::String(status) => {
-            let shown: String = status.chars().take(64).collect();
-            Some(format!(
-                "the function call's `status` is \"{}\", not \"completed\": the model had not \
-                 finished writing it, so its arguments may be cut short; nothing was executed. \
-                 Call the tool again with all of its arguments",
-                crate::printable::printable(&shown)
-            ))
-        }
+        Value::String(status) => Some(format!(
+            "the function call's `status` is \"{}\", not \"completed\": the model had not \
+             finished writing it, so its arguments may be cut short; nothing was executed. Call \
+             the tool again with all of its arguments",
+            super::shown(status)
+        )),
         other => Some(format!(
             "the function call's `status` is {}, not the string \"completed\"; nothing was \
              executed",
