@@ -87,7 +87,7 @@ fn not_a_call(part: &Value, call: &Value) -> Option<String> {
     if let Some(kind) = part.get("type").or_else(|| call.get("type")) {
         let shown = kind.as_str().map_or_else(
             || crate::json_text::kind(kind).to_owned(),
-            |k| format!("\"{}\"", super::shown(k)),
+            |k| format!("\"{}\"", super::shown(k, super::SHOWN_WORD_CHARS)),
         );
         return Some(format!(
             "the tool call has a `type` ({shown}), which a Gemini part does not; nothing was \
@@ -105,7 +105,7 @@ fn not_a_call(part: &Value, call: &Value) -> Option<String> {
         return None;
     }
     let other = members.keys().find(|k| !CALL_MEMBERS.contains(&k.as_str()))?;
-    let shown = super::shown(other);
+    let shown = super::shown(other, super::SHOWN_WORD_CHARS);
     Some(
         if ["text", "functionResponse", "executableCode", "inlineData"].contains(&other.as_str()) {
             format!("the part is a `{shown}` part, not a `functionCall`; nothing was executed")

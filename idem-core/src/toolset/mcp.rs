@@ -36,15 +36,6 @@ pub const MAX_META_ID_BYTES: usize = 1024;
 /// tool name SHOULD be 1 to 128 characters); an unknown name beyond it is shown cut, with `…`.
 pub(super) const SHOWN_NAME_CHARS: usize = 128;
 
-/// `name` as an error message shows it: at most [`SHOWN_NAME_CHARS`] characters, [`crate::printable`]
-/// (a name is the model's text, and the message may end up on an operator's terminal or in a log).
-pub(super) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
-    match name.char_indices().nth(SHOWN_NAME_CHARS) {
-        None => crate::printable(name),
-        Some((end, _)) => format!("{}…", crate::printable(&name[..end])).into(),
-    }
-}
-
 /// The `_meta` key of a `CallToolResult` that carries the call's idempotency key (64 hex digits).
 pub const MCP_META_KEY: &str = "idem/key";
 
@@ -276,7 +267,7 @@ impl ToolSet {
         missing_run: MissingRun,
     ) -> Result<ToolResult, McpProtocolError> {
         let Some(def) = self.definition(call.name) else {
-            let name = shown_name(call.name);
+            let name = super::shown(call.name, SHOWN_NAME_CHARS);
             let why = match self.refusal(call.name) {
                 Some(refusal) => format!(" (left out of the tool set: {refusal})"),
                 None => String::new(),

@@ -672,7 +672,7 @@ impl ToolSet {
             ErrorKind::UnknownTool,
             format!(
                 "there is no tool named `{}`; nothing was executed. Available tools: {}",
-                mcp::shown_name(name),
+                shown(name, mcp::SHOWN_NAME_CHARS),
                 available.join(", ")
             ),
             None,
@@ -732,7 +732,7 @@ fn wrong_type(call: &Value, expected: &str) -> Option<String> {
         Some(Value::String(kind)) if kind == expected => None,
         Some(Value::String(kind)) => Some(format!(
             "the tool call's `type` is \"{}\", not \"{expected}\"; nothing was executed{}",
-            shown(kind),
+            shown(kind, SHOWN_WORD_CHARS),
             other_type_hint(kind)
         )),
         Some(other) => Some(format!(
@@ -742,12 +742,19 @@ fn wrong_type(call: &Value, expected: &str) -> Option<String> {
     }
 }
 
-/// The first 64 characters of a word a model sent (a `type`, a `status`, a member's name),
-/// escaped for a terminal: enough to recognise it in a message about it, however long it was.
-fn shown(text: &str) -> String {
-    let start: String = text.chars().take(64).collect();
-    crate::printable::printable(&start).into_owned()
+/// Text a model sent (a tool name, a `type`, a `status`, a member's name) as an error message
+/// shows it: at most `max` characters, then `…`, escaped with [`crate::printable`] (the message
+/// may end up on an operator's terminal or in a log).
+fn shown(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => crate::printable(text),
+        Some((end, _)) => format!("{}…", crate::printable(&text[..end])).into(),
+    }
 }
+
+/// The longest word other than a tool name ([`mcp::SHOWN_NAME_CHARS`]) that a message repeats:
+/// a `type`, a `status`, a member's name.
+const SHOWN_WORD_CHARS: usize = 64;
 
 /// What a refused `type` most likely is: a call the provider ran itself (Anthropic server tools
 /// and remote MCP, OpenAI's hosted tools), or a client call in another API's shape, with the

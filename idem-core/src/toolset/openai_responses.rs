@@ -69,7 +69,7 @@ fn not_completed(status: Option<&Value>) -> Option<String> {
             "the function call's `status` is \"{}\", not \"completed\": the model had not \
              finished writing it, so its arguments may be cut short; nothing was executed. Call \
              the tool again with all of its arguments",
-            super::shown(status)
+            super::shown(status, super::SHOWN_WORD_CHARS)
         )),
         other => Some(format!(
             "the function call's `status` is {}, not the string \"completed\"; nothing was \
