@@ -1767,9 +1767,27 @@ async fn a_huge_wrong_value_gives_a_bounded_message() {
     let r = t.set.call(&run, "charge_card", &args).await;
     assert!(r.is_error, "{}", &r.text[..200.min(r.text.len())]);
     let chars = r.text.chars().count();
-    assert!(chars < 2 * super::result::MAX_MESSAGE_CHARS, "{chars} characters");
+    assert!(chars <= super::result::MAX_MESSAGE_CHARS, "{chars} characters");
     assert!(r.text.starts_with("Error (invalid_arguments)"), "{}", &r.text[..200]);
     assert!(r.text.contains("characters left out"), "{}", &r.text[..200]);
     assert!(r.text.contains("nothing was executed"), "{}", &r.text[r.text.len() - 300..]);
     assert_eq!(t.charges.load(Ordering::SeqCst), 0);
+}
+
+/// A long message keeps exactly its first half and last quarter of the limit, and says how much
+/// was left out; one at the limit is kept whole.
+#[test]
+fn a_long_message_keeps_its_start_and_end() {
+    use super::result::MAX_MESSAGE_CHARS;
+    let at_limit: String = "é".repeat(MAX_MESSAGE_CHARS);
+    let kept = ToolResult::error(ErrorKind::InvalidArguments, at_limit.clone(), None);
+    assert_eq!(kept.text, format!("Error (invalid_arguments): {at_limit}"));
+    let long: String = (0..20_000).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let cut = ToolResult::error(ErrorKind::InvalidArguments, long.clone(), None);
+    let message = cut.text.strip_prefix("Error (invalid_arguments): ").unwrap();
+    let (head, tail) = (MAX_MESSAGE_CHARS / 2, MAX_MESSAGE_CHARS / 4);
+    let expected =
+        format!("{} … (7712 characters left out) … {}", &long[..head], &long[long.len() - tail..]);
+    assert_eq!(message, expected);
+    assert_eq!(cut.content["error"]["message"], expected);
 }
