@@ -25,13 +25,13 @@ impl ToolDefinition {
 impl ToolResult {
     /// A Gemini `functionResponse` part answering the call of `name` (`id`, when the call had
     /// one): `{"functionResponse":{"id"?,"name","response"}}`, where `response` is
-    /// `{"output": <the output as JSON (`content`, members sorted by name)>}` on success and
+    /// `{"output": <the output as JSON, members sorted by name>}` on success and
     /// `{"error": <Self::text>}` on error, the two keys Gemini's API reference names for them.
     pub fn to_gemini_part(&self, id: &str, name: &str) -> Value {
         let response = if self.is_error {
             json!({ "error": self.text })
         } else {
-            json!({ "output": self.content })
+            json!({ "output": super::result::sorted_value(&self.content) })
         };
         let mut answer = json!({ "name": name, "response": response });
         if !id.is_empty()

@@ -43,19 +43,15 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
-    /// A successful result carrying `output`. Object members are sorted by name at every level,
-    /// in `content` and in the text, so that neither (nor a replay's, which is read back from
-    /// stored text) depends on serde_json's `preserve_order` feature, which any crate in the
-    /// build may turn on (rig-core does): an MCP `structuredContent` or a Gemini `response` is
-    /// the same JSON at the first call and at its replays.
+    /// A successful result carrying `output`. Object members in the text are sorted by name at
+    /// every level, so the text (and a replay's text) does not depend on serde_json's
+    /// `preserve_order` feature, which any crate in the build may turn on (rig-core does).
     pub fn success(output: Value) -> Self {
-        let content = sorted(output);
-        let text = match &content {
+        let text = match &output {
             Value::String(s) => string_text(s),
-            // Written in the members' order, which is now sorted with either map.
-            other => other.to_string(),
+            other => sorted_text(other),
         };
-        ToolResult { content, text, is_error: false, error_kind: None, report: None }
+        ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
     }
 
     /// A successful result carrying the output whose JSON text is `json` (as serde_json wrote
@@ -71,7 +67,7 @@ impl ToolResult {
             Value::String(s) => string_text(s),
             _ => {
                 let mut text = String::with_capacity(json.len());
-                // Members sorted as `success` sorts them (`wide_value` builds `content` so too).
+                // Members sorted as `sorted_text` sorts them.
                 crate::json_text::sorted_compact(
                     raw,
                     crate::json_text::Compact { sets: false, read_strings: false },
@@ -140,18 +136,35 @@ fn string_text(s: &str) -> String {
     if s.trim().is_empty() { serde_json::Value::from(s).to_string() } else { s.to_owned() }
 }
 
-/// `value` with every object's members in byte order of their names (the order of serde_json's
-/// default map), whichever map serde_json was built with.
-fn sorted(value: Value) -> Value {
-    match value {
-        Value::Object(map) => {
-            let mut members: Vec<(String, Value)> = map.into_iter().collect();
-            members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            Value::Object(members.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+/// A [`Value`] written with object members in byte order of their names (the order of
+/// serde_json's default map), whichever map serde_json was built with.
+struct Sorted<'a>(&'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(map) => {
+                let mut members: Vec<_> = map.iter().collect();
+                members.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
+            }
+            Value::Array(items) => s.collect_seq(items.iter().map(Sorted)),
+            other => other.serialize(s),
         }
-        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
-        other => other,
     }
+}
+
+/// Compact JSON text of `value` with object members sorted by name (see [`Sorted`]).
+fn sorted_text(value: &Value) -> String {
+    // Writing a `Value` cannot fail (its keys are strings); the fallback is unsorted text.
+    serde_json::to_string(&Sorted(value)).unwrap_or_else(|_| value.to_string())
+}
+
+/// A copy of `value` whose objects hold their members sorted by name, also when a crate in the
+/// build turns on serde_json's `preserve_order` (rig-core does), so that what a host sends on
+/// does not depend on it.
+pub(super) fn sorted_value(value: &Value) -> Value {
+    serde_json::to_value(Sorted(value)).unwrap_or_else(|_| value.clone())
 }
 
 /// An integer token (`-12`, `340282366920938463463374607431768211455`) beyond what a [`Value`]
