@@ -62,3 +62,48 @@ fn the_text_a_model_reads_sorts_members_whatever_the_map() {
     assert_eq!(result.text, r#"{"a":"s","b":{"x":[{"c":2,"d":1}],"y":1}}"#);
     assert_eq!(result.content.to_string(), r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#);
 }
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("never fails")]
+struct Never;
+
+impl idem_core::Classify for Never {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+static RECEIPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// An output whose members are not in name order, as a tool builds it.
+#[idem_core::tool(retry = "keyed")]
+async fn receipt(cx: &idem_core::Ctx, order: String) -> Result<Value, Never> {
+    let _ = cx;
+    RECEIPTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok(serde_json::from_str(&format!(r#"{{"total":{{"cents":900,"currency":"EUR"}},"order":"{order}"}}"#)).unwrap())
+}
+
+/// A replay's output comes back from the stored canonical form (members sorted); a first call's
+/// from the tool. Every format answers both alike, whatever map serde_json was built with.
+#[tokio::test]
+async fn a_replay_answers_every_format_as_its_first_call_did() {
+    use serde_json::json;
+    let idem = idem_core::Idem::in_memory();
+    let run = idem.run("conv-order");
+    let set = idem_core::ToolSet::new().with(ReceiptTool).expect("a valid tool");
+    let params = json!({"name": "receipt", "arguments": {"order": "o-1"}});
+    let first = set.call_mcp(&run, &params).await.expect("a routable call");
+    let again = set.call_mcp(&run, &params).await.expect("a routable call");
+    assert_eq!(RECEIPTS.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(first["_meta"]["idem/outcome"], "executed");
+    assert_eq!(again["_meta"]["idem/outcome"], "replayed");
+    let sorted = r#"{"order":"o-1","total":{"cents":900,"currency":"EUR"}}"#;
+    for answer in [&first, &again] {
+        assert_eq!(answer["structuredContent"].to_string(), sorted, "{answer}");
+        assert_eq!(answer["content"][0]["text"], sorted, "{answer}");
+    }
+    let part = json!({"functionCall": {"name": "receipt", "args": {"order": "o-1"}}});
+    let gemini = set.call_gemini(&run, &part).await;
+    assert_eq!(gemini["functionResponse"]["response"]["output"].to_string(), sorted);
+    assert_eq!(RECEIPTS.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

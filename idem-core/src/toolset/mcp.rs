@@ -118,7 +118,8 @@ const MCP_RESULT_DEPTH: usize = crate::limits::MAX_DEPTH - 2;
 
 impl ToolResult {
     /// MCP `CallToolResult` JSON (spec 2025-11-25): one text block with [`Self::text`],
-    /// `isError`, `structuredContent` when the output is a JSON object (nested at most 125 levels,
+    /// `isError`, `structuredContent` when the output is a JSON object (its members sorted by name,
+    /// as in the text, so that a replay answers as its first call did; nested at most 125 levels,
     /// so that the whole JSON-RPC answer stays within the depth JSON readers accept, as
     /// `idem_core::limits::MAX_DEPTH` explains), and `_meta` saying what
     /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
@@ -136,7 +137,10 @@ impl ToolResult {
             && self.content.is_object()
             && crate::limits::check_value_depth_within(&self.content, MCP_RESULT_DEPTH).is_ok()
         {
-            out.insert("structuredContent".into(), self.content.clone());
+            // Members sorted as in the text: a replay's output comes back from the stored
+            // canonical form, so under serde_json's `preserve_order` the tool's own order would
+            // make a first call and its replay differ.
+            out.insert("structuredContent".into(), super::result::sorted_value(&self.content));
         }
         if let Some(report) = &self.report {
             let mut meta = Map::new();
