@@ -18,6 +18,10 @@ use std::path::PathBuf;
 pub enum Enclosing {
     /// An inherent `impl Type { .. }` block.
     Impl,
+    /// An inherent impl whose type names a lifetime other than `'static` (`impl<'a> Desk<'a>`,
+    /// `impl Desk<'_>`): its `Self` borrows, and a method tool's set holds an `Arc<Self>` that
+    /// outlives any borrow.
+    BorrowingImpl,
     /// `impl Trait for Type { .. }`.
     TraitImpl,
     /// `trait Name { .. }`.
@@ -125,7 +129,7 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
     let mut stack: Vec<usize> = Vec::new();
     // The words of the item being read, since the last `;`, `{` or `}`, with whether `<`
     // follows each (`for<'a>` is a bound, `for Type` a trait impl).
-    let mut words: Vec<(String, bool)> = Vec::new();
+    let mut words: Vec<(String, bool, usize)> = Vec::new();
     // A `!` since then: the next `{` opens a macro's input (`name! {`, `macro_rules! name {`).
     let mut bang = false;
     let mut attr_depth = 0usize;
@@ -198,7 +202,7 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                             i += 1;
                         }
                         if attr_depth == 0 {
-                            words.push(("r#".into(), false));
+                            words.push(("r#".into(), false, chars[start].0));
                         }
                         continue;
                     }
@@ -209,7 +213,7 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
                 }
                 if attr_depth == 0 {
                     let generic = next_significant(&chars, i) == Some('<');
-                    words.push((word, generic));
+                    words.push((word, generic, chars[start].0));
                 }
                 continue;
             }
@@ -222,7 +226,12 @@ fn blocks(text: &str) -> Vec<(usize, usize, Enclosing)> {
             _ if attr_depth > 0 => {}
             '!' => bang = true,
             '{' => {
-                let kind = if bang { Enclosing::Macro } else { classify(&words) };
+                let kind = match if bang { Enclosing::Macro } else { classify(&words) } {
+                    Enclosing::Impl if impl_header(text, &words, offset).is_some_and(borrows) => {
+                        Enclosing::BorrowingImpl
+                    }
+                    kind => kind,
+                };
                 words.clear();
                 bang = false;
                 stack.push(out.len());
@@ -316,17 +325,76 @@ fn skip_raw_string(chars: &[(usize, char)], mut i: usize, hashes: usize) -> usiz
 }
 
 /// The kind of the block an item's words open: only `impl` and `trait` items are told apart.
-fn classify(words: &[(String, bool)]) -> Enclosing {
+fn classify(words: &[(String, bool, usize)]) -> Enclosing {
     let mut rest = words
         .iter()
-        .skip_while(|(w, _)| matches!(w.as_str(), "pub" | "crate" | "super" | "self" | "in"))
-        .skip_while(|(w, _)| matches!(w.as_str(), "unsafe" | "default" | "auto"));
-    match rest.next().map(|(w, _)| w.as_str()) {
-        Some("impl") if rest.any(|(w, generic)| w == "for" && !generic) => Enclosing::TraitImpl,
+        .skip_while(|(w, ..)| matches!(w.as_str(), "pub" | "crate" | "super" | "self" | "in"))
+        .skip_while(|(w, ..)| matches!(w.as_str(), "unsafe" | "default" | "auto"));
+    match rest.next().map(|(w, ..)| w.as_str()) {
+        Some("impl") if rest.any(|(w, generic, _)| w == "for" && !generic) => Enclosing::TraitImpl,
         Some("impl") => Enclosing::Impl,
         Some("trait") => Enclosing::Trait,
         _ => Enclosing::Unknown,
     }
+}
+
+/// The text of an inherent impl's header, from its `impl` to the `{` at `brace`.
+fn impl_header<'a>(
+    text: &'a str,
+    words: &[(String, bool, usize)],
+    brace: usize,
+) -> Option<&'a str> {
+    let start = words.iter().find(|(w, ..)| w == "impl")?.2;
+    text.get(start..brace)
+}
+
+/// Whether the inherent impl whose header is `header` is for a type that borrows (see
+/// [`type_borrows`]). A header syn cannot read is not known to borrow.
+fn borrows(header: &str) -> bool {
+    syn::parse_str::<syn::ItemImpl>(&format!("{header} {{}}"))
+        .is_ok_and(|item| item.trait_.is_none() && type_borrows(&item.self_ty))
+}
+
+/// Whether `ty` names a lifetime of its own: one other than `'static` and than those a
+/// `for<..>` inside it declares (`Box<dyn for<'b> Fn(&'b str)>` is `'static`). An elided borrow
+/// (`Desk<&str>`) is not seen, and keeps rustc's own error.
+pub fn type_borrows(ty: &syn::Type) -> bool {
+    let tokens: Vec<_> = flatten(quote::quote!(#ty));
+    let lifetime = |i: usize| match (&tokens[i], tokens.get(i + 1)) {
+        (proc_macro2::TokenTree::Punct(p), Some(proc_macro2::TokenTree::Ident(name)))
+            if p.as_char() == '\'' =>
+        {
+            Some(name.to_string())
+        }
+        _ => None,
+    };
+    let mut declared = Vec::new();
+    for i in 0..tokens.len() {
+        if matches!(&tokens[i], proc_macro2::TokenTree::Ident(w) if w == "for")
+            && matches!(tokens.get(i + 1), Some(proc_macro2::TokenTree::Punct(p)) if p.as_char() == '<')
+        {
+            let mut j = i + 2;
+            while j < tokens.len()
+                && !matches!(&tokens[j], proc_macro2::TokenTree::Punct(p) if p.as_char() == '>')
+            {
+                declared.extend(lifetime(j));
+                j += 1;
+            }
+        }
+    }
+    (0..tokens.len()).filter_map(lifetime).any(|name| name != "static" && !declared.contains(&name))
+}
+
+/// Every token of `tokens`, groups opened (their delimiters dropped).
+fn flatten(tokens: proc_macro2::TokenStream) -> Vec<proc_macro2::TokenTree> {
+    let mut out = Vec::new();
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Group(group) => out.extend(flatten(group.stream())),
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -455,5 +523,27 @@ impl<F> W<F> where
         let first = text.find("lookup").unwrap() + 1;
         assert_eq!(scanned.around_name(1, second, "lookup"), Enclosing::Unknown);
         assert_eq!(scanned.around_name(1, first, "lookup"), Enclosing::Impl);
+    }
+
+    #[test]
+    fn a_type_with_a_lifetime_of_its_own_borrows() {
+        let borrows = |ty: &str| type_borrows(&syn::parse_str(ty).expect("a type"));
+        for ty in ["Desk<'a>", "Desk<'_>", "Desk<Vec<&'a str>>", "(Desk, Box<dyn Fn() + 'a>)"] {
+            assert!(borrows(ty), "{ty}");
+        }
+        let owned = [
+            "Desk",
+            "Desk<'static>",
+            "Desk<&'static str>",
+            "Wrap<Box<dyn for<'b> Fn(&'b str) -> usize + Send + Sync>>",
+            "Desk<&str>", // elided: left to rustc
+        ];
+        for ty in owned {
+            assert!(!borrows(ty), "{ty}");
+        }
+        let text = "impl<'a> Desk<'a> {\n    async fn open(&self) {}\n}\nimpl Desk<'static> {\n    async fn shut(&self) {}\n}\nimpl<'a> Show for Desk<'a> {\n    fn show(&self) {}\n}\n";
+        assert_eq!(around(text, "open"), Enclosing::BorrowingImpl);
+        assert_eq!(around(text, "shut"), Enclosing::Impl);
+        assert_eq!(around(text, "show"), Enclosing::TraitImpl);
     }
 }

@@ -15,9 +15,9 @@ pub fn stub(
     param_attrs: &[ParamAttr],
     krate: &TokenStream,
     krate_names: &[Vec<String>],
-    error: syn::Error,
+    error: Option<syn::Error>,
 ) -> TokenStream {
-    let errors = error.to_compile_error();
+    let errors = error.map(|e| e.to_compile_error());
     let sig = &item.sig;
     let ident = &sig.ident;
     let vis = &item.vis;

@@ -195,6 +195,9 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
         return out;
     }
+    let borrowing = syn::parse2::<syn::ItemImpl>(quote!(#header {}))
+        .ok()
+        .filter(|item| crate::enclosing::type_borrows(&item.self_ty));
     let (inner, entries) = match parse_entries.parse2(body.stream()) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -207,6 +210,16 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
 
+    if let Some(item) = borrowing {
+        return borrowing_set(
+            &header,
+            &item.self_ty,
+            inner,
+            entries,
+            default_krate.as_ref(),
+            errors,
+        );
+    }
     let krate = crate::krate::resolve(default_krate.as_ref());
     // The block's own fns and consts (one namespace) that no `#[cfg]` leaves out, by name: the
     // expansion adds `<tool>_tool` for each tool and `tool_set` to the block, which must not be
@@ -308,7 +321,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 ),
             );
             e.combine(syn::Error::new(*other, format!("the block's own `{factory}`")));
-            items.push(crate::tool_stub(args, item, default_krate.as_ref(), e));
+            items.push(crate::tool_stub(args, item, default_krate.as_ref(), Some(e)));
             continue;
         }
         // The attributes that decide whether the tool exists: `cfg`, and a `cfg_attr` applying
@@ -392,6 +405,53 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             #(#items)*
 
             #tool_set_fn
+        }
+        #errors
+    }
+}
+
+/// The block of a type that borrows, with one error at the type: a tool set holds an `Arc<Self>`
+/// for as long as it serves calls, which a borrow cannot outlive. Each tool keeps its typed
+/// call's shape and `tool_set` is kept (empty, never reached), so that their callers add no
+/// error.
+fn borrowing_set(
+    header: &TokenStream,
+    self_ty: &syn::Type,
+    inner: Vec<Attribute>,
+    entries: Vec<Entry>,
+    default_krate: Option<&syn::Path>,
+    mut errors: Errors,
+) -> TokenStream {
+    errors.at(
+        self_ty,
+        "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static`; give the type owned data (`String`, `Arc<T>`) instead of references",
+    );
+    // Each tool keeps its typed call's shape (`tool_stub`), with no error of its own.
+    let items = entries.into_iter().map(|entry| match entry {
+        Entry::Other(tokens) => tokens,
+        Entry::Fn(mut item) => match item.attrs.iter().position(is_tool_attr) {
+            Some(index) => {
+                let attr = item.attrs.remove(index);
+                let args = match &attr.meta {
+                    syn::Meta::List(list) => list.tokens.clone(),
+                    _ => TokenStream::new(),
+                };
+                crate::tool_stub(args, *item, default_krate, None)
+            }
+            None => quote!(#item),
+        },
+    });
+    let krate = crate::krate::resolve(default_krate);
+    let errors = errors.into_result().err().map(|e| e.to_compile_error());
+    quote! {
+        #header {
+            #(#inner)*
+            #(#items)*
+
+            #[allow(dead_code)]
+            pub fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet {
+                #krate::ToolSet::new()
+            }
         }
         #errors
     }

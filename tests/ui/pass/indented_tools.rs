@@ -36,6 +36,17 @@ where
     }
 }
 
+/// A type with a lifetime, all of whose values are `'static`.
+pub struct Named<'a>(pub &'a str);
+
+impl Named<'static> {
+    /// A method tool of a type that names only `'static`.
+    #[tool(retry = "safe")]
+    pub async fn greet(&self, n: u32) -> Result<String, Failed> {
+        Ok(format!("{}{n}", self.0))
+    }
+}
+
 /// Tools whose names stand inside a macro's input, in an `impl` and a `trait` of its own syntax.
 macro_rules! tools {
     (impl $owner:ident { $(fn $name:ident;)* }) => {
@@ -87,6 +98,8 @@ async fn main() {
     assert_eq!(desk.measure(&run, 3).await.unwrap(), 3);
     let wrap = std::sync::Arc::new(Wrap(|s: &str| s.len()));
     assert_eq!(wrap.length(&run, "abc".into()).await.unwrap(), 3);
+    let named = std::sync::Arc::new(Named("n"));
+    assert_eq!(named.greet(&run, 1).await.unwrap(), "n1");
     assert_eq!(dsl::lookup(&run, 1).await.unwrap(), 1);
     assert_eq!(dsl::refund_status(&run, 2).await.unwrap(), 2);
     assert_eq!(dsl::in_a_module(&run, 4).await.unwrap(), 4);

@@ -1,0 +1,54 @@
+//! A method tool, or a `#[tool_set]`, on a type that borrows: one error each, at the method's
+//! name or the block's type, saying `Self` must be `'static`; the typed calls and `tool_set`
+//! keep their shapes, so their callers type-check.
+use std::sync::Arc;
+
+use idem_core::{Ctx, tool};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
+#[error("failed")]
+pub struct Failed;
+
+impl idem_core::Classify for Failed {
+    fn classify(&self) -> idem_core::Failure {
+        idem_core::Failure::permanent()
+    }
+}
+
+pub struct Desk<'a> {
+    prefix: &'a str,
+}
+
+impl<'a> Desk<'a> {
+    /// Opens a ticket.
+    #[tool(retry = "keyed")]
+    pub async fn open(&self, cx: &Ctx, title: String) -> Result<String, Failed> {
+        Ok(format!("{}{title} {}", self.prefix, cx.key()))
+    }
+}
+
+pub struct Shelf<'a> {
+    items: &'a [String],
+}
+
+#[idem_core::tool_set]
+impl Shelf<'_> {
+    /// Counts the items.
+    #[tool(retry = "safe")]
+    pub async fn count(&self, #[idem(skip)] trace: String) -> Result<usize, Failed> {
+        let _ = trace;
+        Ok(self.items.len())
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    // The typed calls, as callers write them once the types own their data.
+    let run = idem_core::Idem::in_memory().run("r");
+    let desk = Arc::new(Desk { prefix: "T-" });
+    let _: Result<String, idem_core::Error<Failed>> = desk.open(&run, "printer".into()).await;
+    let items = vec![String::new()];
+    let shelf = Arc::new(Shelf { items: &items });
+    let _: Result<usize, idem_core::Error<Failed>> = shelf.count(&run, String::new()).await;
+    let _: idem_core::ToolSet = shelf.tool_set();
+}
