@@ -19,7 +19,7 @@ pub enum Enclosing {
     /// An inherent `impl Type { .. }` block.
     Impl,
     /// An inherent impl whose type names a lifetime other than `'static` (`impl<'a> Desk<'a>`,
-    /// `impl Desk<'_>`): its `Self` borrows, and a method tool's set holds an `Arc<Self>` that
+    /// `impl Desk<'_>`): its `Self` borrows, and a method tool holds an `Arc<Self>` that
     /// outlives any borrow.
     BorrowingImpl,
     /// `impl Trait for Type { .. }`.
@@ -349,16 +349,20 @@ fn impl_header<'a>(
 }
 
 /// Whether the inherent impl whose header is `header` is for a type that borrows (see
-/// [`type_borrows`]). A header syn cannot read is not known to borrow.
+/// [`impl_borrows`]). A header syn cannot read is not known to borrow.
 fn borrows(header: &str) -> bool {
     syn::parse_str::<syn::ItemImpl>(&format!("{header} {{}}"))
-        .is_ok_and(|item| item.trait_.is_none() && type_borrows(&item.self_ty))
+        .is_ok_and(|item| item.trait_.is_none() && impl_borrows(&item))
 }
 
-/// Whether `ty` names a lifetime of its own: one other than `'static` and than those a
-/// `for<..>` inside it declares (`Box<dyn for<'b> Fn(&'b str)>` is `'static`). An elided borrow
-/// (`Desk<&str>`) is not seen, and keeps rustc's own error.
-pub fn type_borrows(ty: &syn::Type) -> bool {
+/// Whether the type of `item` names a lifetime of its own: one other than `'static` and than
+/// those a `for<..>` inside the type declares (`Box<dyn for<'b> Fn(&'b str)>` is `'static`). A
+/// lifetime parameter bounded by `'static` (`impl<'a: 'static> Desk<'a>`) counts: the expansion
+/// cannot name it either. An elided borrow (`Desk<&str>`) is not seen, and keeps rustc's own
+/// error.
+pub fn impl_borrows(item: &syn::ItemImpl) -> bool {
+    let mut declared = Vec::new();
+    let ty = &item.self_ty;
     let tokens: Vec<_> = flatten(quote::quote!(#ty));
     let lifetime = |i: usize| match (&tokens[i], tokens.get(i + 1)) {
         (proc_macro2::TokenTree::Punct(p), Some(proc_macro2::TokenTree::Ident(name)))
@@ -368,7 +372,6 @@ pub fn type_borrows(ty: &syn::Type) -> bool {
         }
         _ => None,
     };
-    let mut declared = Vec::new();
     for i in 0..tokens.len() {
         if matches!(&tokens[i], proc_macro2::TokenTree::Ident(w) if w == "for")
             && matches!(tokens.get(i + 1), Some(proc_macro2::TokenTree::Punct(p)) if p.as_char() == '<')
@@ -527,16 +530,26 @@ impl<F> W<F> where
 
     #[test]
     fn a_type_with_a_lifetime_of_its_own_borrows() {
-        let borrows = |ty: &str| type_borrows(&syn::parse_str(ty).expect("a type"));
-        for ty in ["Desk<'a>", "Desk<'_>", "Desk<Vec<&'a str>>", "(Desk, Box<dyn Fn() + 'a>)"] {
+        let borrows = |header: &str| {
+            impl_borrows(&syn::parse_str(&format!("{header} {{}}")).expect("an impl"))
+        };
+        let borrowing = [
+            "impl<'a> Desk<'a>",
+            "impl Desk<'_>",
+            "impl<'a> Desk<Vec<&'a str>>",
+            "impl<'a> (Desk, Box<dyn Fn() + 'a>)",
+            "impl<'a: 'static> Desk<'a>",
+            "impl<'a> Desk<'a> where 'a: 'static",
+        ];
+        for ty in borrowing {
             assert!(borrows(ty), "{ty}");
         }
         let owned = [
-            "Desk",
-            "Desk<'static>",
-            "Desk<&'static str>",
-            "Wrap<Box<dyn for<'b> Fn(&'b str) -> usize + Send + Sync>>",
-            "Desk<&str>", // elided: left to rustc
+            "impl Desk",
+            "impl Desk<'static>",
+            "impl Desk<&'static str>",
+            "impl Wrap<Box<dyn for<'b> Fn(&'b str) -> usize + Send + Sync>>",
+            "impl Desk<&str>", // elided: left to rustc
         ];
         for ty in owned {
             assert!(!borrows(ty), "{ty}");

@@ -179,7 +179,7 @@ fn misplaced(
         ),
         enclosing::Enclosing::BorrowingImpl => {
             let message = format!(
-                "`#[tool]` on a method of a type that borrows: a method tool holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static`; give the type owned data (`String`, `Arc<T>`) instead of references, or make `{name}` a free `async fn` tool"
+                "`#[tool]` on a method of a type that borrows: a method tool holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static` and name no lifetime parameter; give the type owned data (`String`, `Arc<T>`) instead of references, write the block for `'static` borrows (`impl Type<'static>`), or make `{name}` a free `async fn` tool"
             );
             let error = syn::Error::new(item.sig.ident.span(), message);
             return Some(tool_stub(attr.clone(), item.clone(), None, Some(error)));

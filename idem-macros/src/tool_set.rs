@@ -197,7 +197,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
     let borrowing = syn::parse2::<syn::ItemImpl>(quote!(#header {}))
         .ok()
-        .filter(|item| crate::enclosing::type_borrows(&item.self_ty));
+        .filter(crate::enclosing::impl_borrows);
     let (inner, entries) = match parse_entries.parse2(body.stream()) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -424,7 +424,7 @@ fn borrowing_set(
 ) -> TokenStream {
     errors.at(
         self_ty,
-        "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static`; give the type owned data (`String`, `Arc<T>`) instead of references",
+        "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static` and name no lifetime parameter; give the type owned data (`String`, `Arc<T>`) instead of references, or write the block for `'static` borrows (`impl Type<'static>`)",
     );
     // Each tool keeps its typed call's shape (`tool_stub`), with no error of its own.
     let items = entries.into_iter().map(|entry| match entry {
