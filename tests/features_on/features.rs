@@ -1,5 +1,7 @@
 //! The build really has the features on: otherwise the vectors would prove nothing.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 #[test]
@@ -80,21 +82,35 @@ static RECEIPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize
 async fn receipt(cx: &idem_core::Ctx, order: String) -> Result<Value, Never> {
     let _ = cx;
     RECEIPTS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    Ok(serde_json::from_str(&format!(r#"{{"total":{{"cents":900,"currency":"EUR"}},"order":"{order}"}}"#)).unwrap())
+    let text = format!(r#"{{"total":{{"cents":900,"currency":"EUR"}},"order":"{order}"}}"#);
+    Ok(serde_json::from_str(&text).unwrap())
 }
 
-/// A replay's output comes back from the stored canonical form (members sorted); a first call's
-/// from the tool. Every format answers both alike, whatever map serde_json was built with.
+static STOCK_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// An output whose member order changes with every value: a replay decodes a new `HashMap`.
+#[idem_core::tool(retry = "keyed")]
+async fn stock(cx: &idem_core::Ctx, shelf: u32) -> Result<HashMap<String, u32>, Never> {
+    let _ = cx;
+    STOCK_READS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Ok((0..32).map(|i| (format!("item{i:02}"), shelf + i)).collect())
+}
+
+/// A first call answers with the tool's value, a replay with the stored text read back; with
+/// `preserve_order` each keeps its own member order. Every format answers both alike, sorted.
 #[tokio::test]
 async fn a_replay_answers_every_format_as_its_first_call_did() {
     use serde_json::json;
+    use std::sync::atomic::Ordering::SeqCst;
     let idem = idem_core::Idem::in_memory();
     let run = idem.run("conv-order");
-    let set = idem_core::ToolSet::new().with(ReceiptTool).expect("a valid tool");
+    let set = idem_core::ToolSet::new().with(ReceiptTool).and_then(|s| s.with(StockTool));
+    let set = set.expect("valid tools");
+
     let params = json!({"name": "receipt", "arguments": {"order": "o-1"}});
     let first = set.call_mcp(&run, &params).await.expect("a routable call");
     let again = set.call_mcp(&run, &params).await.expect("a routable call");
-    assert_eq!(RECEIPTS.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(RECEIPTS.load(SeqCst), 1);
     assert_eq!(first["_meta"]["idem/outcome"], "executed");
     assert_eq!(again["_meta"]["idem/outcome"], "replayed");
     let sorted = r#"{"order":"o-1","total":{"cents":900,"currency":"EUR"}}"#;
@@ -105,5 +121,14 @@ async fn a_replay_answers_every_format_as_its_first_call_did() {
     let part = json!({"functionCall": {"name": "receipt", "args": {"order": "o-1"}}});
     let gemini = set.call_gemini(&run, &part).await;
     assert_eq!(gemini["functionResponse"]["response"]["output"].to_string(), sorted);
-    assert_eq!(RECEIPTS.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(RECEIPTS.load(SeqCst), 1);
+
+    let params = json!({"name": "stock", "arguments": {"shelf": 100}});
+    let first = set.call_mcp(&run, &params).await.expect("a routable call");
+    let again = set.call_mcp(&run, &params).await.expect("a routable call");
+    assert_eq!(STOCK_READS.load(SeqCst), 1);
+    assert_eq!(again["_meta"]["idem/outcome"], "replayed");
+    assert_eq!(first.to_string().replace("executed", "replayed"), again.to_string());
+    let keys: Vec<&String> = first["structuredContent"].as_object().unwrap().keys().collect();
+    assert!(keys.is_sorted(), "{keys:?}");
 }

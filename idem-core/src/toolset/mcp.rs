@@ -137,9 +137,9 @@ impl ToolResult {
             && self.content.is_object()
             && crate::limits::check_value_depth_within(&self.content, MCP_RESULT_DEPTH).is_ok()
         {
-            // Members sorted as in the text: a replay's output comes back from the stored
-            // canonical form, so under serde_json's `preserve_order` the tool's own order would
-            // make a first call and its replay differ.
+            // Members sorted as in the text: a replay's output is the stored text read back
+            // (a `HashMap` then lists its members in another order), so under serde_json's
+            // `preserve_order` a first call and its replay would differ.
             out.insert("structuredContent".into(), super::result::sorted_value(&self.content));
         }
         if let Some(report) = &self.report {
