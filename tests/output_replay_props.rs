@@ -2,19 +2,20 @@
 //! output either replays byte for byte (its JSON after the replay is the first caller's) or is
 //! refused with `OutputNotStorable`, and the tool runs once either way. Random `serde_json`
 //! values, and hand-written `Serialize` impls that repeat a member or write what no JSON reader
-//! keeps (integers past 64 bits, nesting past the limit).
+//! keeps (integers past 64 bits, nesting past the limit). Then the same through every front door
+//! of a tool set: each answers a replay exactly as it answered the first call.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_core::{Error, Idem, MemoryStore, tool};
+use idem_core::{Error, Idem, MemoryStore, Run, ToolSet, tool};
 use idem_tests::Never;
 use proptest::prelude::*;
 use serde::de::DeserializeOwned;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 #[path = "shared/json_values.rs"]
 mod json_values;
@@ -271,4 +272,98 @@ fn serialize_that_fails() {
         }
     });
     assert_eq!(TYPED.lock().unwrap()["fails"], 1);
+}
+
+/// What each front door of a tool set answers for one call of `tool` with `args`, with the
+/// outcome a replay reports in place of a first call's (MCP's `_meta["idem/outcome"]`).
+async fn through_door(set: &ToolSet, run: &Run, door: usize, tool: &str, args: &Value) -> String {
+    let text = args.to_string();
+    let answer = match door {
+        0 => {
+            let r = set.call(run, tool, args).await;
+            json!({"text": r.text, "is_error": r.is_error, "mcp": r.to_mcp()})
+        }
+        1 => set.call_mcp(run, &json!({"name": tool, "arguments": args})).await.unwrap(),
+        2 => {
+            let call = json!({"id": "c1", "type": "function",
+                "function": {"name": tool, "arguments": text}});
+            set.call_openai(run, &call).await
+        }
+        3 => {
+            let block = json!({"type": "tool_use", "id": "t1", "name": tool, "input": args});
+            set.call_anthropic(run, &block).await
+        }
+        4 => {
+            let item = json!({"type": "function_call", "call_id": "c2", "name": tool,
+                "arguments": text});
+            set.call_openai_responses(run, &item).await
+        }
+        _ => set.call_gemini(run, &json!({"functionCall": {"name": tool, "args": args}})).await,
+    };
+    answer.to_string().replace(r#""idem/outcome":"executed""#, r#""idem/outcome":"replayed""#)
+}
+
+const DOORS: usize = 6;
+
+/// Each front door, on a run of its own, answers a replay of `tool` exactly as it answered the
+/// first call (byte for byte, members in the same order); returns the first answers.
+async fn every_door_replays_as_first(set: &ToolSet, tool: &str, args: &Value) -> Vec<String> {
+    let idem = Idem::in_memory();
+    let mut firsts = Vec::new();
+    for door in 0..DOORS {
+        let run = idem.run(format!("door-{door}"));
+        let first = through_door(set, &run, door, tool, args).await;
+        let again = through_door(set, &run, door, tool, args).await;
+        assert_eq!(again, first, "door {door}: a replay answers as the first call did");
+        firsts.push(first);
+    }
+    firsts
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Every front door (the tool set's own call, MCP, OpenAI chat and Responses, Anthropic,
+    /// Gemini) answers a replay of any `serde_json::Value` output byte for byte as its first call.
+    #[test]
+    fn every_front_door_replays_any_json_value_as_first_answered(value in json_value()) {
+        let case = CASE.fetch_add(1, Ordering::SeqCst);
+        OUTPUTS.lock().unwrap().insert(case, value);
+        runtime().block_on(async {
+            let set = ToolSet::new().with(EmitTool).unwrap();
+            every_door_replays_as_first(&set, "emit", &json!({"case": case})).await;
+        });
+        prop_assert_eq!(RUNS.lock().unwrap()[&case], DOORS as u32, "once per door's run");
+    }
+}
+
+/// How often the tools below ran (their own counter: the other tests call `wide` too).
+static DOOR_RUNS: Mutex<BTreeMap<&'static str, u32>> = Mutex::new(BTreeMap::new());
+
+#[tool(retry = "keyed")]
+async fn stock(shelf: u32) -> Result<HashMap<String, u32>, Never> {
+    *DOOR_RUNS.lock().unwrap().entry("stock").or_default() += 1;
+    Ok((0..32).map(|i| (format!("item{i:02}"), shelf + i)).collect())
+}
+
+#[tool(retry = "keyed")]
+async fn wide_pair(n: u32) -> Result<(u128, i128), Never> {
+    *DOOR_RUNS.lock().unwrap().entry("wide_pair").or_default() += 1;
+    Ok((u128::MAX - u128::from(n), i128::MIN))
+}
+
+/// Outputs whose answer a replay could change: a `HashMap` (read back, it lists its members in
+/// another order) and integers past 64 bits (which a `Value` cannot hold).
+#[test]
+fn every_front_door_replays_maps_and_wide_integers_as_first_answered() {
+    runtime().block_on(async {
+        let set = ToolSet::new().with(StockTool).unwrap().with(WidePairTool).unwrap();
+        let firsts = every_door_replays_as_first(&set, "stock", &json!({"shelf": 100})).await;
+        assert!(firsts[1].contains(r#""structuredContent":{"item00":100,"item01":101,"#));
+        let firsts = every_door_replays_as_first(&set, "wide_pair", &json!({"n": 1})).await;
+        let max = (u128::MAX - 1).to_string();
+        assert!(firsts.iter().all(|answer| answer.contains(&max)), "{firsts:?}");
+    });
+    let runs = DOOR_RUNS.lock().unwrap();
+    assert_eq!((runs["stock"], runs["wide_pair"]), (DOORS as u32, DOORS as u32), "once per run");
 }
