@@ -367,3 +367,22 @@ fn every_front_door_replays_maps_and_wide_integers_as_first_answered() {
     let runs = DOOR_RUNS.lock().unwrap();
     assert_eq!((runs["stock"], runs["wide_pair"]), (DOORS as u32, DOORS as u32), "once per run");
 }
+
+#[tool(retry = "keyed")]
+async fn decline(card: u32) -> Result<u32, Never> {
+    *DOOR_RUNS.lock().unwrap().entry("decline").or_default() += 1;
+    let _ = card;
+    Err(Never)
+}
+
+/// A permanent failure is stored and replayed: every front door answers the repeat with the
+/// error it gave first (same kind, message, detail and `retryable`).
+#[test]
+fn every_front_door_replays_a_stored_failure_as_first_answered() {
+    runtime().block_on(async {
+        let set = ToolSet::new().with(DeclineTool).unwrap();
+        let firsts = every_door_replays_as_first(&set, "decline", &json!({"card": 7})).await;
+        assert!(firsts.iter().all(|answer| answer.contains("never fails")), "{firsts:?}");
+    });
+    assert_eq!(DOOR_RUNS.lock().unwrap()["decline"], DOORS as u32, "once per run");
+}
