@@ -1,7 +1,8 @@
 //! How one idem [`ToolResult`] becomes what a rig agent hands back to the model.
 //!
 //! A success is the tool's output (a JSON string as text, as `""` when empty or blank, anything
-//! else as a JSON block, as rig's own `IntoToolOutput` presents a value). A failure is a [`ToolExecutionError`] whose
+//! else as a JSON block with its members sorted by name, as rig's own `IntoToolOutput` presents
+//! a value). A failure is a [`ToolExecutionError`] whose
 //! model-visible text is idem's text, unchanged (`Error (<kind>): <message>`), whose `code` is
 //! idem's stable `error_kind`, and whose rig kind and retryability hint follow the table on
 //! [`tool_error`].
@@ -18,7 +19,13 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
             // idem's text of a string: itself, or `""` for an empty or blank one, which a
             // provider's API would refuse as a text block (`ToolResult::text`).
             Value::String(_) => ToolOutput::text(result.text),
-            other => ToolOutput::json(other),
+            // Members sorted as in idem's text: rig-core turns on serde_json's
+            // `preserve_order`, and a replay decodes the output again (a `HashMap` then lists its
+            // members in another order), so a first call and its replay would differ.
+            mut other => {
+                other.sort_all_objects();
+                ToolOutput::json(other)
+            }
         });
     }
     Err(tool_error(&result))
@@ -70,6 +77,11 @@ mod tests {
     fn outputs_keep_their_shape() {
         let out = to_rig(ToolResult::success(json!({"charge_id": "ch_1"}))).unwrap();
         assert_eq!(out.as_json(), Some(&json!({"charge_id": "ch_1"})));
+        // Members sorted by name at every level, whatever order the output came in.
+        let given: Value = serde_json::from_str(r#"{"b":[{"d":1,"c":2}],"a":0}"#).unwrap();
+        let out = to_rig(ToolResult::success(given)).unwrap();
+        let written = serde_json::to_string(out.as_json().unwrap()).unwrap();
+        assert_eq!(written, r#"{"a":0,"b":[{"c":2,"d":1}]}"#);
         let out = to_rig(ToolResult::success(json!("done"))).unwrap();
         assert_eq!(out.as_text(), Some("done"));
         // Never an empty text block: Anthropic's API refuses one, with the whole request.

@@ -311,6 +311,29 @@ mod tests {
         tools.calls_finished().await;
     }
 
+    static STOCK_READS: AtomicU32 = AtomicU32::new(0);
+
+    /// Read a shelf's stock.
+    #[idem_core::tool(retry = "keyed")]
+    async fn stock(shelf: u32) -> Result<std::collections::HashMap<String, u32>, Declined> {
+        STOCK_READS.fetch_add(1, Ordering::SeqCst);
+        Ok((0..32).map(|i| (format!("item{i:02}"), shelf + i)).collect())
+    }
+
+    /// A replay decodes the output again, and a `HashMap` comes back in another order; with
+    /// rig-core's `preserve_order` the model would read another text on a repeat.
+    #[tokio::test]
+    async fn a_replay_gives_the_model_the_text_of_its_first_call() {
+        let tools = RigToolSet::single(StockTool, Idem::in_memory().run("conv-2")).unwrap();
+        let tool = tools.dynamic_tool("stock").unwrap();
+        let first = tool.execute(serde_json::json!({"shelf": 100})).await.unwrap();
+        let again = tool.execute(serde_json::json!({"shelf": 100})).await.unwrap();
+        assert_eq!(STOCK_READS.load(Ordering::SeqCst), 1, "one read");
+        let text = |out: &rig_core::tool::ToolOutput| serde_json::to_string(out.as_json().unwrap());
+        assert_eq!(text(&again).unwrap(), text(&first).unwrap());
+        assert!(text(&first).unwrap().starts_with(r#"{"item00":100,"item01":101,"#));
+    }
+
     #[test]
     fn a_prompts_run_keeps_the_bound_runs_key_call_id_and_wait_hook() {
         let bound = Idem::in_memory()

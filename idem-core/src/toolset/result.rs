@@ -164,7 +164,10 @@ fn sorted_text(value: &Value) -> String {
 /// build turns on serde_json's `preserve_order` (rig-core does), so that what a host sends on
 /// does not depend on it.
 pub(super) fn sorted_value(value: &Value) -> Value {
-    serde_json::to_value(Sorted(value)).unwrap_or_else(|_| value.clone())
+    let mut copy = value.clone();
+    // No work without `preserve_order`, whose maps are always sorted.
+    copy.sort_all_objects();
+    copy
 }
 
 /// An integer token (`-12`, `340282366920938463463374607431768211455`) beyond what a [`Value`]
