@@ -426,6 +426,8 @@ fn borrowing_set(
         self_ty,
         "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static` and name no lifetime parameter; give the type owned data (`String`, `Arc<T>`) instead of references, or write the block for `'static` borrows (`impl Type<'static>`)",
     );
+    // The block's own `tool_set` is kept, and none added (a second error).
+    let own_tool_set = entries.iter().filter_map(defined_name).any(|(name, _)| name == "tool_set");
     // Each tool keeps its typed call's shape (`tool_stub`), with no error of its own.
     let items = entries.into_iter().map(|entry| match entry {
         Entry::Other(tokens) => tokens,
@@ -442,16 +444,21 @@ fn borrowing_set(
         },
     });
     let krate = crate::krate::resolve(default_krate);
+    let tool_set = (!own_tool_set).then(|| {
+        quote! {
+            #[allow(dead_code)]
+            pub fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet {
+                #krate::ToolSet::new()
+            }
+        }
+    });
     let errors = errors.into_result().err().map(|e| e.to_compile_error());
     quote! {
         #header {
             #(#inner)*
             #(#items)*
 
-            #[allow(dead_code)]
-            pub fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet {
-                #krate::ToolSet::new()
-            }
+            #tool_set
         }
         #errors
     }
