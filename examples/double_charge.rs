@@ -82,7 +82,7 @@ impl Provider {
         if let Some(key) = idempotency_key
             && let Some(existing) = self.by_key.lock().unwrap().get(key)
         {
-            println!("     provider: key {} seen before, returning {}", short(key), existing.id);
+            println!("     provider: key {}… seen before, returning {}", short(key), existing.id);
             return existing.clone();
         }
         let charge = {
@@ -154,7 +154,11 @@ impl Payments {
         amount_cents: u64,
     ) -> Result<Charge, PaymentError> {
         if cx.attempt() > 1 {
-            println!("     idem: attempt {} with the same key {}", cx.attempt(), short(cx.key()));
+            println!(
+                "     idem: attempt {} with the same key {}… (64 hex digits, shortened here)",
+                cx.attempt(),
+                short(cx.key())
+            );
         }
         // The key goes to the provider, which deduplicates retries after an ambiguous failure.
         Ok(self.provider.create_charge(&customer, amount_cents, Some(cx.key())).await)
@@ -261,7 +265,9 @@ async fn main() {
     );
 
     let duplicates = 12;
-    println!("   {duplicates} concurrent duplicates of a new intent, charge_card(cus_7, 2500):");
+    println!(
+        "   {duplicates} concurrent duplicates of a new intent, charge_card(cus_7, 2500): the first claims the key, the others join it"
+    );
     let before = provider.requests.load(Ordering::SeqCst);
     let calls: Vec<_> = (0..duplicates)
         .map(|_| {
@@ -281,9 +287,10 @@ async fn main() {
     ids.dedup();
     let reached = provider.requests.load(Ordering::SeqCst) - before;
     println!(
-        "   <- {received} answers, all {}; {} reached the provider",
+        "   <- {received} answers, all {}; {} reached the provider (the other {} received its result)",
         ids.join(" / "),
-        counted(reached, "request")
+        counted(reached, "request"),
+        duplicates - 1
     );
     println!();
 
@@ -303,7 +310,7 @@ async fn main() {
     // The typed call gives a matchable error, for code that reconciles.
     let typed = tools.refund(&run, "ch_1".into()).await;
     if let Err(Error::OutcomeUnknown { key, .. }) = typed {
-        println!("   (typed call: Error::OutcomeUnknown for key {})", short(key.as_str()));
+        println!("   (typed call: Error::OutcomeUnknown for key {}…)", short(key.as_str()));
     }
 }
 

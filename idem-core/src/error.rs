@@ -53,7 +53,7 @@ pub enum Error<E> {
     /// non-string keys), are larger than the policy allows, or the caller's idempotency key is
     /// empty. The tool did not run; `source` says which, and what to fix.
     #[error(
-        "tool `{tool}` was not called: no idempotency key can be made from its arguments and key"
+        "tool `{tool}` was not called: its arguments (or the caller's idempotency key) cannot make an idempotency key"
     )]
     InvalidArguments {
         /// The tool's stable name.
