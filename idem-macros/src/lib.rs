@@ -111,7 +111,9 @@ mod validate;
 ///   the deadline; it is not an argument. A type of your own named `Ctx` is an ordinary argument.
 /// - The others (at most 16) need owned types that are `Serialize + DeserializeOwned + JsonSchema
 ///   + Clone + Send + Sync`; plain names only (`name: Type`), no `impl Trait`, no generics. An
-///   `Option` (also through an alias) is not required in the schema.
+///   `Option` (also through an alias) is not required in the schema. No `HashSet` written in a
+///   parameter's type, unless the parameter is `#[idem(skip)]`: its order differs in every copy,
+///   so it cannot be part of a key (use a `BTreeSet`).
 /// - No `#[cfg]` or `#[cfg_attr]` on a parameter: the parameters are the arguments, whose schema
 ///   and key must not change from build to build (put the `#[cfg]` on the whole tool instead). A
 ///   parameter's type may not be named like the generated `ChargeCardArgs` or `ChargeCardTool`.

@@ -384,6 +384,15 @@ pub fn validate(
                         &pt.ty,
                         "a method tool's parameter types cannot mention `Self`: name the type",
                     );
+                } else if pattr.skip.is_none()
+                    && let Some(set) = find_hash_set(&pt.ty)
+                {
+                    errors.at(
+                        set,
+                        format!(
+                            "tool parameter `{ident}` holds a `HashSet`, which lists its members in another order in every copy, so the same arguments would get another key on every call and run again; declare it a `BTreeSet` (or a `Vec` in an order of your own), or mark it `#[idem(skip)]` if it is not part of the intent"
+                        ),
+                    );
                 }
                 if let Some(span) = pattr.skip_if_none {
                     if pattr.skip.is_some() {
@@ -650,6 +659,22 @@ pub(crate) fn find_impl_trait(ty: &Type) -> Option<syn::TypeImplTrait> {
     visit_types(ty, &mut |t| {
         if let Type::ImplTrait(it) = t {
             found.get_or_insert_with(|| it.clone());
+        }
+    });
+    found
+}
+
+/// The first `HashSet` written in `ty` (`HashSet<T>`, `Option<HashSet<T>>`, any path ending in
+/// `HashSet`): its members' order differs between two copies, so it cannot be part of a key
+/// (docs/key-spec.md, "Sets"). One behind an alias or inside a type of the application's own is
+/// not seen here, and is refused when the call is made.
+fn find_hash_set(ty: &Type) -> Option<Type> {
+    let mut found = None;
+    visit_types(ty, &mut |t| {
+        if let Type::Path(tp) = t
+            && tp.path.segments.last().is_some_and(|s| s.ident == "HashSet")
+        {
+            found.get_or_insert_with(|| t.clone());
         }
     });
     found
