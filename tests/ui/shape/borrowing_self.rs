@@ -3,17 +3,7 @@
 //! keep their shapes, so their callers type-check.
 use std::sync::Arc;
 
-use idem_core::{Ctx, tool};
-
-#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("failed")]
-pub struct Failed;
-
-impl idem_core::Classify for Failed {
-    fn classify(&self) -> idem_core::Failure {
-        idem_core::Failure::permanent()
-    }
-}
+use idem_core::{Ctx, NoError, tool};
 
 pub struct Desk<'a> {
     prefix: &'a str,
@@ -22,7 +12,7 @@ pub struct Desk<'a> {
 impl<'a> Desk<'a> {
     /// Opens a ticket.
     #[tool(retry = "keyed")]
-    pub async fn open(&self, cx: &Ctx, title: String) -> Result<String, Failed> {
+    pub async fn open(&self, cx: &Ctx, title: String) -> Result<String, NoError> {
         Ok(format!("{}{title} {}", self.prefix, cx.key()))
     }
 }
@@ -35,7 +25,7 @@ pub struct Shelf<'a> {
 impl Shelf<'_> {
     /// Counts the items.
     #[tool(retry = "safe")]
-    pub async fn count(&self, #[idem(skip)] trace: String) -> Result<usize, Failed> {
+    pub async fn count(&self, #[idem(skip)] trace: String) -> Result<usize, NoError> {
         let _ = trace;
         Ok(self.items.len())
     }
@@ -46,9 +36,9 @@ async fn main() {
     // The typed calls, as callers write them once the types own their data.
     let run = idem_core::Idem::in_memory().run("r");
     let desk = Arc::new(Desk { prefix: "T-" });
-    let _: Result<String, idem_core::Error<Failed>> = desk.open(&run, "printer".into()).await;
+    let _: Result<String, idem_core::Error<NoError>> = desk.open(&run, "printer".into()).await;
     let items = vec![String::new()];
     let shelf = Arc::new(Shelf { items: &items });
-    let _: Result<usize, idem_core::Error<Failed>> = shelf.count(&run, String::new()).await;
+    let _: Result<usize, idem_core::Error<NoError>> = shelf.count(&run, String::new()).await;
     let _: idem_core::ToolSet = shelf.tool_set();
 }

@@ -3,27 +3,17 @@
 //! `#[idem(skip)]` it is not part of the key, and is accepted. The typed calls still type-check.
 use std::collections::{BTreeSet, HashSet};
 
-use idem_core::{Idem, tool};
-
-#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("failed")]
-pub struct Failed;
-
-impl idem_core::Classify for Failed {
-    fn classify(&self) -> idem_core::Failure {
-        idem_core::Failure::permanent()
-    }
-}
+use idem_core::{Idem, NoError, tool};
 
 /// Tags a customer.
 #[tool(retry = "keyed")]
-async fn tag(customer: String, tags: HashSet<String>) -> Result<usize, Failed> {
+async fn tag(customer: String, tags: HashSet<String>) -> Result<usize, NoError> {
     Ok(customer.len() + tags.len())
 }
 
 /// Labels an order.
 #[tool(retry = "keyed")]
-async fn label(labels: Option<Vec<std::collections::HashSet<u32>>>) -> Result<usize, Failed> {
+async fn label(labels: Option<Vec<std::collections::HashSet<u32>>>) -> Result<usize, NoError> {
     Ok(labels.map_or(0, |l| l.len()))
 }
 
@@ -32,7 +22,7 @@ async fn label(labels: Option<Vec<std::collections::HashSet<u32>>>) -> Result<us
 async fn retag(
     #[idem(skip)] seen: HashSet<String>,
     tags: BTreeSet<String>,
-) -> Result<usize, Failed> {
+) -> Result<usize, NoError> {
     Ok(seen.len() + tags.len())
 }
 
