@@ -77,6 +77,9 @@ pub struct LineTransport<R, W> {
     /// `_meta`, was passed on. Before, rmcp waits for one of them and ends the whole session on
     /// anything else.
     started: bool,
+    /// The session started with a request naming its version in `_meta` (MCP 2026-07-28), not
+    /// with `initialize`.
+    sessionless: bool,
     /// This connection, put in each request's extensions: rmcp keeps no client info for a
     /// connection that opens no session (MCP 2026-07-28), so the tools tell connections apart by
     /// this.
@@ -129,6 +132,7 @@ where
             cancelled: CancelledIds::default(),
             initialized: false,
             started: false,
+            sessionless: false,
             connection: Connection::default(),
             _role: PhantomData,
         }
@@ -257,6 +261,18 @@ impl<R, W> LineTransport<R, W> {
                          a new connection",
                     ));
                 }
+                // rmcp would negotiate inside the sessionless lifecycle it already serves, and
+                // then refuse every request that, as after an `initialize`, names no version.
+                if initialize && self.sessionless {
+                    return Err(error_reply(
+                        Some(&request.id),
+                        rmcp::model::ErrorCode::INVALID_REQUEST,
+                        "Invalid request: this connection started without `initialize` (its first \
+                         request carried `io.modelcontextprotocol/protocolVersion` in `_meta`), so \
+                         every request names its version in `_meta`; to use `initialize`, start a \
+                         new connection and send it first",
+                    ));
+                }
                 if self.cancelled.contains(&request.id) {
                     return Err(id_cancelled(&request.id));
                 }
@@ -266,16 +282,22 @@ impl<R, W> LineTransport<R, W> {
                 if initialize {
                     self.initialized = true;
                 }
-                // A request that carries the sessionless lifecycle's fields starts that lifecycle;
-                // a `server/discover` probe does not. (rmcp refuses one naming a version it does
-                // not serve and waits on: a notification after it ends the session, as before.)
+                // A request that carries the sessionless lifecycle's fields, naming a version
+                // rmcp serves, starts that lifecycle; a `server/discover` probe does not. rmcp
+                // refuses one naming another version (-32022) and keeps waiting for a start: the
+                // session has not started, so a notification after it is dropped here.
                 let meta = rmcp::model::GetMeta::get_meta(&request.request);
                 let probe = matches!(request.request, ClientRequest::DiscoverRequest(_));
                 let sessionless = !probe
-                    && meta.protocol_version().is_some()
+                    && meta.protocol_version().is_some_and(|version| {
+                        rmcp::model::ProtocolVersion::KNOWN_VERSIONS.contains(&version)
+                    })
                     && meta
                         .missing_required_keys(&rmcp::model::ProtocolVersion::V_2026_07_28)
                         .is_empty();
+                if !self.started && sessionless {
+                    self.sessionless = true;
+                }
                 self.started |= initialize || sessionless;
             }
             JsonRpcMessage::Notification(notification) => {
@@ -546,6 +568,77 @@ mod tests {
         write.shutdown().await.unwrap();
         assert_eq!(replies.next_line().await.unwrap(), None, "nothing else was answered");
         served.await.unwrap().unwrap();
+    }
+
+    /// Serves `lines` on a new session and returns the replies, one per line, until the client
+    /// closes; the server must not end before (rmcp ends it on a lifecycle it cannot follow).
+    async fn replies_to(lines: &[&str]) -> Vec<serde_json::Value> {
+        use rmcp::ServiceExt;
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server);
+        let idem = idem_core::Idem::in_memory();
+        let served = tokio::spawn(async move {
+            let transport = LineTransport::new(server_read, server_write);
+            let running = crate::IdemServer::new(idem_core::ToolSet::new(), &idem)
+                .serve(transport)
+                .await
+                .map_err(|e| e.to_string())?;
+            running.waiting().await.map_err(|e| e.to_string())?;
+            Ok::<(), String>(())
+        });
+        let (read, mut write) = tokio::io::split(client);
+        let mut replies = tokio::io::BufReader::new(read).lines();
+        let mut out = Vec::new();
+        for line in lines {
+            write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+            // One at a time: a reply, if the line gets one, before the next line is sent.
+            if line.contains("\"id\"") {
+                let reply = replies.next_line().await.unwrap();
+                let reply = reply.unwrap_or_else(|| panic!("the server ended after {line}"));
+                out.push(serde_json::from_str(&reply).unwrap());
+            }
+        }
+        write.shutdown().await.unwrap();
+        assert_eq!(replies.next_line().await.unwrap(), None, "nothing else was answered");
+        served.await.unwrap().unwrap();
+        out
+    }
+
+    const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+    /// A first request naming in `_meta` a version rmcp does not serve is refused (-32022) and
+    /// starts nothing: a notification after it was passed to rmcp, which then ended the whole
+    /// session before the client's `initialize`.
+    #[tokio::test]
+    async fn a_request_naming_an_unknown_version_starts_no_session() {
+        let replies = replies_to(&[
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2027-01-01","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#,
+            INITIALIZE,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+        ])
+        .await;
+        assert_eq!(replies[0]["error"]["code"], -32022, "{}", replies[0]);
+        assert_eq!(replies[1]["id"], "init");
+        assert!(replies[1]["result"]["protocolVersion"].is_string(), "{}", replies[1]);
+        assert_eq!(replies[2]["result"], serde_json::json!({}), "{}", replies[2]);
+    }
+
+    /// A connection whose first request names its version in `_meta` (MCP 2026-07-28) serves
+    /// without `initialize`; an `initialize` after it is refused, where rmcp negotiated again and
+    /// then refused every request that named no version, as if the session were broken.
+    #[tokio::test]
+    async fn initialize_after_a_sessionless_start_is_refused_and_the_session_serves_on() {
+        let versioned = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2025-11-25","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+        let replies =
+            replies_to(&[&versioned.replace("\"id\":3", "\"id\":1"), INITIALIZE, versioned]).await;
+        assert!(replies[0]["result"]["tools"].is_array(), "{}", replies[0]);
+        assert_eq!(replies[1]["id"], "init");
+        assert_eq!(replies[1]["error"]["code"], -32600, "{}", replies[1]);
+        let message = replies[1]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("started without `initialize`"), "{message}");
+        assert!(replies[2]["result"]["tools"].is_array(), "{}", replies[2]);
     }
 
     /// The TypeScript SDK (behind Claude Desktop, VS Code, Cursor) writes a request's members as
