@@ -609,7 +609,13 @@ where
                             Ok(id) => {
                                 let head = opens.then(|| parts.clone());
                                 let priming = versions.reads_priming(&parts, Some(&*message));
-                                let request = http::Request::from_parts(parts, Full::new(bytes));
+                                // rmcp parses the body again: it gets the message as checked
+                                // (arguments encoded twice read as an object, a byte-order mark
+                                // dropped, `"params": null` read as none), as over stdio, where
+                                // rmcp is handed the message itself. The arguments' exact text
+                                // is in the head.
+                                let body = serde_json::to_vec(&*message).map_or(bytes, Bytes::from);
+                                let request = http::Request::from_parts(parts, Full::new(body));
                                 let answer = inner.call(request).await?;
                                 if let Some(head) = head {
                                     owners.opened(&head, &answer).await;
@@ -1376,6 +1382,45 @@ mod tests {
         let other = open_session(&mut server).await;
         let elsewhere = text(serve(&mut server, post(&other, ping(5))).await).await;
         assert!(elsewhere.contains(r#""id":5,"result":{}"#), "{elsewhere}");
+    }
+
+    /// What the message check accepts, rmcp is given as checked: it parsed the body again, and
+    /// answered arguments encoded twice (`"arguments": "{..}"`, the form some bridges send) with
+    /// -32601, and a body led by a byte-order mark with a 415 and no JSON-RPC answer, where stdio
+    /// served both.
+    #[tokio::test]
+    async fn rmcp_serves_the_message_as_checked() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let session = open_session(&mut server).await;
+        let post = |body: Bytes| {
+            let mut request =
+                request_of(Some("2025-11-25"), http::Method::POST, Some(&session), None);
+            *request.body_mut() = Full::new(body);
+            request
+        };
+        let call = |id: u32, arguments: serde_json::Value| {
+            let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "slow_lookup", "arguments": arguments}});
+            Bytes::from(call.to_string())
+        };
+        let twice = text(serve(&mut server, post(call(2, r#"{"what":"a"}"#.into()))).await).await;
+        assert!(
+            twice.contains(r#""id":2,"result":{"content":[{"type":"text","text":"a"}]"#),
+            "{twice}"
+        );
+        let empty = text(serve(&mut server, post(call(3, "".into()))).await).await;
+        assert!(empty.contains(r#""id":3,"result":"#), "{empty}");
+        assert!(empty.contains("missing field `what`"), "{empty}");
+        let marked = Bytes::from(format!(
+            "\u{feff}{}",
+            serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        ));
+        let answer = serve(&mut server, post(marked)).await;
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        let answer = text(answer).await;
+        assert!(answer.contains(r#""id":4,"result":{}"#), "{answer}");
     }
 
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
