@@ -348,6 +348,27 @@ fn unknown_session() -> Response {
     reply(http::StatusCode::NOT_FOUND, Bytes::from_static(b"Not Found: Session not found"))
 }
 
+/// rmcp's answer, with its 500 for a session whose service has ended (closed for idleness while
+/// a call still ran: the session is listed until the call ends) made the 404 of a terminated
+/// session, which MCP 2025-11-25 "Transports" (Session Management) requires and on which clients
+/// start a new session; on a 500 they give up.
+async fn terminated_as_unknown(answer: Response) -> Response {
+    if answer.status() != http::StatusCode::INTERNAL_SERVER_ERROR {
+        return answer;
+    }
+    let (parts, body) = answer.into_parts();
+    // An error's short text; `Infallible` as the body's error.
+    let Ok(collected) = body.collect().await;
+    let text = collected.to_bytes();
+    if text.windows(TERMINATED.len()).any(|w| w == TERMINATED) {
+        return unknown_session();
+    }
+    http::Response::from_parts(parts, Full::new(text).boxed())
+}
+
+/// What rmcp's session manager says of a session whose service has ended.
+const TERMINATED: &[u8] = b"Session service terminated";
+
 /// A tower service that reads each POSTed JSON-RPC message with
 /// [`crate::jsonrpc::check_message`] before rmcp does, as the stdio transport does: a request it
 /// cannot pass on (a repeated member, a value JSON text cannot carry into a value, arguments that
@@ -616,7 +637,8 @@ where
                                 // is in the head.
                                 let body = serde_json::to_vec(&*message).map_or(bytes, Bytes::from);
                                 let request = http::Request::from_parts(parts, Full::new(body));
-                                let answer = inner.call(request).await?;
+                                let answer =
+                                    terminated_as_unknown(inner.call(request).await?).await;
                                 if let Some(head) = head {
                                     owners.opened(&head, &answer).await;
                                     versions.opened(&answer, priming);
@@ -649,6 +671,7 @@ where
             };
             let priming = versions.reads_priming(&parts, None);
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
+            let answer = terminated_as_unknown(answer).await;
             // The standalone stream of a `GET`.
             let answer = if priming { answer } else { without_priming(answer) };
             if let Some(head) = delete
@@ -1421,6 +1444,34 @@ mod tests {
         assert_eq!(answer.status(), http::StatusCode::OK);
         let answer = text(answer).await;
         assert!(answer.contains(r#""id":4,"result":{}"#), "{answer}");
+    }
+
+    /// A session closed for idleness while a call still runs is listed until the call ends, and
+    /// rmcp answered its requests with a 500 ("Session service terminated"), on which clients
+    /// give up. It is the 404 of a terminated session (MCP 2025-11-25 "Transports"), on which
+    /// they start a new one.
+    #[tokio::test]
+    async fn a_session_closed_while_a_call_runs_is_404() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
+        let mut sessions = SessionConfig::default();
+        sessions.keep_alive = Some(std::time::Duration::from_millis(200));
+        let mut server =
+            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
+        let session = open_session(&mut server).await;
+        let post = |body: serde_json::Value| {
+            request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(body))
+        };
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "a"}}});
+        let stream = serve(&mut server, post(call)).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        // Past the keep-alive, before the call (1.5 s) ends.
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        let ping = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+        let answer = serve(&mut server, post(ping)).await;
+        assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{}", text(answer).await);
+        drop(stream);
     }
 
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
