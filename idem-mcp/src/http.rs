@@ -674,6 +674,7 @@ where
             let answer = terminated_as_unknown(answer).await;
             // The standalone stream of a `GET`.
             let answer = if priming { answer } else { without_priming(answer) };
+            let mut answer = answer;
             if let Some(head) = delete
                 && answer.status().is_success()
             {
@@ -681,6 +682,12 @@ where
                 versions.closed(&head);
                 if unknown {
                     return Ok(unknown_session());
+                }
+                // The session is closed when this answers, not later, as rmcp's 202 ("Accepted")
+                // says; the Python SDK logs "Session termination failed: 202" for it (it takes
+                // 200 and 204).
+                if answer.status() == http::StatusCode::ACCEPTED {
+                    *answer.status_mut() = http::StatusCode::OK;
                 }
             }
             Ok(answer)
@@ -1624,7 +1631,7 @@ mod tests {
         );
         let opened = post(&mut plain, "alice", None, initialize()).await;
         let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
-        assert!(delete(&mut plain, &session).await.is_success(), "closing a live session");
+        assert_eq!(delete(&mut plain, &session).await, http::StatusCode::OK, "closing a session");
         assert_eq!(delete(&mut plain, &session).await, http::StatusCode::NOT_FOUND);
         assert_eq!(delete(&mut plain, "no-such-session").await, http::StatusCode::NOT_FOUND);
         let after = post(&mut plain, "alice", Some(&session), list()).await;
