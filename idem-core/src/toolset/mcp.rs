@@ -11,14 +11,14 @@ use crate::executor::Run;
 use crate::key::Scope;
 
 /// The `_meta` key of an MCP `tools/call` request that names the run, i.e. the scope of the
-/// key: `{"_meta": {"idem/run": "conversation-42"}}`. A non-empty string of at most
+/// key: `{"_meta": {"idem/run": "conversation-42"}}`. A string (more than white space) of at most
 /// [`MAX_META_ID_BYTES`] bytes. Follows the `_meta`
 /// naming rule of the MCP spec 2025-11-25 (`prefix/name`, the prefix `idem/` is ours). When it
 /// is absent the server's default run applies (for `idem-mcp`: one run per MCP session).
 pub const MCP_META_RUN: &str = "idem/run";
 
 /// The `_meta` key of an MCP `tools/call` request that carries the caller's own idempotency key:
-/// `{"_meta": {"idem/idempotencyKey": "order-17-charge"}}`. A non-empty string of at most
+/// `{"_meta": {"idem/idempotencyKey": "order-17-charge"}}`. A string (more than white space) of at most
 /// [`MAX_META_ID_BYTES`] bytes. The call then
 /// goes through [`Run::with_idempotency_key`]: the fingerprint of the arguments is stored, and a
 /// reuse with other arguments is refused (`key_reuse_mismatch`).
@@ -318,8 +318,8 @@ fn missing_run_text(tool: &str) -> String {
 /// caller's key without a run is scoped to the tenant alone (run id `""`), not to the session
 /// `run` stands for, so that it survives a reconnect.
 ///
-/// Errors: an entry that is present but not a non-empty string of at most
-/// [`MAX_META_ID_BYTES`] bytes (JSON-RPC invalid params).
+/// Errors: an entry that is present but not a string of at most [`MAX_META_ID_BYTES`] bytes
+/// with more than white space (JSON-RPC invalid params).
 pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpProtocolError> {
     let Some(meta) = meta else { return Ok(run.clone()) };
     let text = |key: &str| -> Result<Option<&str>, McpProtocolError> {
@@ -331,9 +331,11 @@ pub fn mcp_run(run: &Run, meta: Option<&Map<String, Value>>) -> Result<Run, McpP
                     s.len()
                 )))
             }
-            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
+            // Only white space is as empty: a host's unset template (`" "`) would scope every
+            // conversation that sends it to one run, and answer each with another's outcomes.
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s)),
             Some(_) => Err(McpProtocolError::invalid_params(format!(
-                "`_meta[\"{key}\"]` must be a non-empty string"
+                "`_meta[\"{key}\"]` must be a string with more than white space, the same one on every retry; nothing was executed"
             ))),
         }
     };

@@ -969,6 +969,15 @@ async fn a_meta_id_longer_than_the_limit_is_invalid_params_and_runs_nothing() {
         }
     }
     assert_eq!(t.charges.load(Ordering::SeqCst), 2, "nothing ran");
+    // Empty, or only white space (an unset template): refused, not one run for every sender.
+    for key in [MCP_META_RUN, MCP_META_IDEMPOTENCY_KEY] {
+        for id in ["", " ", "\t\n ", "\u{3000}"] {
+            let e = t.set.call_mcp(&run, &call(key, id)).await.unwrap_err();
+            assert_eq!(e.code, -32602, "{e}");
+            assert!(e.message.contains("more than white space"), "{e}");
+        }
+    }
+    assert_eq!(t.charges.load(Ordering::SeqCst), 2, "nothing ran");
     // An unknown tool's name is repeated at most 128 characters long.
     let long = "x".repeat(100_000);
     let e = t.set.call_mcp(&run, &json!({"name": long, "arguments": {}})).await.unwrap_err();
