@@ -117,21 +117,28 @@ async fn a_damaged_store_fails_closed_and_says_restore_not_upgrade() {
     }
 }
 
-/// An empty caller key (an absent `Idempotency-Key` header passed on as `""`) is refused before
-/// anything runs or is claimed: it would put every call of the tool in the run on one record.
+/// An empty caller key (an absent `Idempotency-Key` header passed on as `""`), or one of only
+/// white space, is refused before anything runs or is claimed: it would put every call of the
+/// tool in the run on one record.
 #[tokio::test(start_paused = true)]
 async fn an_empty_caller_key_is_refused_and_nothing_runs() {
     let tool = PayTool::new(RetryClass::Keyed, ToolOptions::default(), &[], Step::Succeed);
     let idem = executor();
-    let got = idem.run("r").with_idempotency_key("").call(&*tool, args("cus_1", 4900)).await;
-    match got {
-        Err(
-            e @ Error::InvalidArguments { source: idem_core::KeyError::EmptyIdempotencyKey, .. },
-        ) => {
-            let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
-            assert!(why.contains("idempotency key is empty"), "{e}: {why}")
+    // Only white space is as empty: a header of spaces, a template left unset.
+    for empty in ["", " ", "\t \n"] {
+        let run = idem.run("r").with_idempotency_key(empty);
+        match run.call(&*tool, args("cus_1", 4900)).await {
+            Err(
+                e @ Error::InvalidArguments {
+                    source: idem_core::KeyError::EmptyIdempotencyKey, ..
+                },
+            ) => {
+                let why =
+                    std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+                assert!(why.contains("idempotency key is empty"), "{e}: {why}")
+            }
+            other => panic!("{empty:?}: {other:?}"),
         }
-        other => panic!("{other:?}"),
     }
     assert_eq!(tool.runs(), 0);
     // Without it, the same call runs once, under a key derived from the arguments.

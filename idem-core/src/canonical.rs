@@ -114,11 +114,11 @@ pub enum KeyError {
         limit: usize,
     },
     /// The caller's idempotency key ([`Run::with_idempotency_key`](crate::Run::with_idempotency_key))
-    /// is empty: every call of the tool in the run would share one record (an absent
-    /// `Idempotency-Key` header passed on as `""`, say), and any other arguments would be refused
-    /// as a reuse. The IETF Idempotency-Key draft's key is a non-empty string.
+    /// is empty or only white space: every call of the tool in the run would share one record
+    /// (an absent `Idempotency-Key` header passed on as `""`, say), and any other arguments would
+    /// be refused as a reuse. The IETF Idempotency-Key draft's key is a non-empty string.
     #[error(
-        "the caller's idempotency key is empty; pass a non-empty key (unique to the operation), or none to derive the key from the arguments"
+        "the caller's idempotency key is empty (or only white space); pass a key unique to the operation, or none to derive the key from the arguments"
     )]
     EmptyIdempotencyKey,
     /// The value's `Serialize` implementation failed, or produced something that is not one JSON

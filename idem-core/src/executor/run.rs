@@ -171,7 +171,8 @@ impl Run {
             return Err(Error::InvalidArguments { tool: def.name, source });
         }
         let caller_key = self.caller_key.as_deref();
-        if caller_key == Some("") {
+        // Only white space is as empty (a header of spaces, a template left unset).
+        if caller_key.is_some_and(|key| key.trim().is_empty()) {
             crate::metrics::call(def.name, def.class.as_str(), "failed");
             return Err(Error::InvalidArguments {
                 tool: def.name,
