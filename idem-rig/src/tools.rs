@@ -197,11 +197,13 @@ async fn call(
 fn run_for(bound: &Run, cx: &ToolContext) -> Result<Run, ToolExecutionError> {
     match cx.get::<RunId>() {
         Ok(None) => Ok(bound.clone()),
-        Ok(Some(RunId(id))) if !id.is_empty() => {
+        // Only white space is as empty: a template left unset would put every prompt that
+        // sends it in one run, answered with one another's outcomes.
+        Ok(Some(RunId(id))) if !id.trim().is_empty() => {
             // The bound run in another scope: its caller key, call id and wait hook stay.
             Ok(bound.in_scope(Scope::run(id).with_tenant(bound.scope().tenant())))
         }
-        Ok(Some(_)) => Err(context_error("it is empty".to_owned())),
+        Ok(Some(_)) => Err(context_error("it is empty or only white space".to_owned())),
         Err(e) => Err(context_error(e.to_string())),
     }
 }
@@ -210,7 +212,7 @@ fn context_error(why: String) -> ToolExecutionError {
     ToolExecutionError::new(
         ToolErrorKind::Other,
         format!(
-            "Error (invalid_run): the tool context's `{}` must be a non-empty string ({why}); nothing was executed",
+            "Error (invalid_run): the tool context's `{}` must be a string with more than white space ({why}); nothing was executed",
             RunId::KEY
         ),
     )
@@ -348,5 +350,18 @@ mod tests {
         assert_eq!(run.caller_key(), Some("key-1"));
         assert_eq!(run.call_id(), Some("call-1"));
         // The wait hook has no accessor: the test above shows it is reached in a prompt's run.
+    }
+
+    #[test]
+    fn a_run_id_of_only_white_space_is_refused() {
+        let bound = Idem::in_memory().run("default");
+        for id in ["", " ", "\t\n"] {
+            let mut cx = ToolContext::new();
+            cx.insert(RunId(id.into())).unwrap();
+            let e = run_for(&bound, &cx).unwrap_err();
+            assert_eq!(e.code(), Some("invalid_run"), "{id:?}");
+            let said = e.model_feedback().unwrap_or_default();
+            assert!(said.contains("empty or only white space"), "{said}");
+        }
     }
 }
