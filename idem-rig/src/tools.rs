@@ -18,7 +18,8 @@ use crate::result::to_rig;
 
 /// The run a rig agent's tool calls belong to, for one prompt: put it in the prompt's
 /// [`ToolContext`] (`agent.prompt(..).tool_context(cx)`) to scope that conversation's keys
-/// without building the tools again. A non-empty string; the tenant of the bound run is kept.
+/// without building the tools again. A string with more than white space; the tenant of the
+/// bound run is kept.
 /// Without it, the run the tools were bound to applies.
 ///
 /// Its slot is `idem/run`, the name MCP requests use in `_meta` for the same thing.

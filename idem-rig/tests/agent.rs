@@ -379,9 +379,12 @@ async fn the_prompt_names_its_run_in_the_tool_context() {
     assert_eq!(replay, serde_json::from_str::<Charge>(&b[0].text).unwrap());
     assert_eq!(payments.charge_count(), 2);
 
-    let (_, bad, _) = run_agent(&tools, in_run(""), once).await;
-    assert!(bad[0].is_error);
-    assert!(bad[0].text.contains("`idem/run` must be a non-empty string"), "{}", bad[0].text);
+    for blank in ["", "  "] {
+        let (_, bad, _) = run_agent(&tools, in_run(blank), once).await;
+        assert!(bad[0].is_error);
+        let said = &bad[0].text;
+        assert!(said.contains("`idem/run` must be a string with more than white space"), "{said}");
+    }
     assert_eq!(payments.charge_count(), 2);
 }
 
