@@ -135,7 +135,9 @@ async fn an_empty_caller_key_is_refused_and_nothing_runs() {
             ) => {
                 let why =
                     std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
-                assert!(why.contains("idempotency key is empty"), "{e}: {why}")
+                assert!(why.contains("idempotency key is empty"), "{e}: {why}");
+                let said = e.to_string();
+                assert!(said.contains("the caller's idempotency key cannot make"), "{said}");
             }
             other => panic!("{empty:?}: {other:?}"),
         }

@@ -191,6 +191,11 @@ async fn a_hash_set_parameter_is_refused_rather_than_keyed_at_random() {
     }
     let typed = tag(&run, "c".into(), tags.into_iter().collect()).await;
     assert!(matches!(typed, Err(idem_core::Error::InvalidArguments { .. })), "{typed:?}");
+    // `{e}` names the part refused, the cause why.
+    let e = typed.unwrap_err();
+    assert!(e.to_string().ends_with("its arguments cannot make an idempotency key"), "{e}");
+    let why = idem_core::ErrorChain(&e).to_string();
+    assert!(why.contains(": argument `tags` is a HashSet"), "{why}");
     assert_eq!(TAGGED.load(Ordering::SeqCst), 0, "never run, never keyed at random");
 }
 

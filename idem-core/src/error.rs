@@ -51,9 +51,10 @@ pub enum Error<E> {
 
     /// No key could be made: the arguments have no canonical form (NaN, an infinity, a map with
     /// non-string keys), are larger than the policy allows, or the caller's idempotency key is
-    /// empty. The tool did not run; `source` says which, and what to fix.
+    /// empty (or only white space). The tool did not run; `source` says which, and what to fix.
     #[error(
-        "tool `{tool}` was not called: its arguments (or the caller's idempotency key) cannot make an idempotency key"
+        "tool `{tool}` was not called: {} cannot make an idempotency key",
+        refused_part(source)
     )]
     InvalidArguments {
         /// The tool's stable name.
@@ -246,6 +247,14 @@ pub enum Error<E> {
         /// What went wrong.
         what: String,
     },
+}
+
+/// What an idempotency key could not be made of: the caller's key, or the arguments.
+fn refused_part(source: &KeyError) -> &'static str {
+    match source {
+        KeyError::EmptyIdempotencyKey => "the caller's idempotency key",
+        _ => "its arguments",
+    }
 }
 
 /// What the caller of a tool the store refused can do: wait for an outage to pass, or not.
