@@ -530,48 +530,26 @@ mod tests {
     /// `initialize`. The session starts when `initialize` comes, and serves as usual.
     #[tokio::test]
     async fn a_notification_or_a_response_before_initialize_does_not_end_the_session() {
-        use rmcp::ServiceExt;
-        let (client, server) = tokio::io::duplex(1 << 16);
-        let (server_read, server_write) = tokio::io::split(server);
-        let idem = idem_core::Idem::in_memory();
-        let served = tokio::spawn(async move {
-            let transport = LineTransport::new(server_read, server_write);
-            let running = crate::IdemServer::new(idem_core::ToolSet::new(), &idem)
-                .serve(transport)
-                .await
-                .map_err(|e| e.to_string())?;
-            running.waiting().await.map_err(|e| e.to_string())?;
-            Ok::<(), String>(())
-        });
-        let (read, mut write) = tokio::io::split(client);
-        let lines = [
+        let replies = replies_to(&[
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":0}}"#,
             r#"{"jsonrpc":"2.0","id":"s-1","result":{}}"#,
             r#"{"jsonrpc":"2.0","id":"s-2","error":{"code":-32601,"message":"no"}}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            INITIALIZE,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
-        ];
-        for line in lines {
-            write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
-        }
-        let mut replies = tokio::io::BufReader::new(read).lines();
-        for id in [1, 2] {
-            let line = replies.next_line().await.unwrap();
-            let line =
-                line.unwrap_or_else(|| panic!("the server ended: {:?}", served.is_finished()));
-            let reply: serde_json::Value = serde_json::from_str(&line).unwrap();
+        ])
+        .await;
+        assert_eq!(replies.len(), 2, "{replies:?}");
+        for (reply, id) in replies.iter().zip([serde_json::json!("init"), serde_json::json!(2)]) {
             assert_eq!(reply["id"], id, "{reply}");
             assert!(reply["result"].is_object(), "{reply}");
         }
-        write.shutdown().await.unwrap();
-        assert_eq!(replies.next_line().await.unwrap(), None, "nothing else was answered");
-        served.await.unwrap().unwrap();
     }
 
-    /// Serves `lines` on a new session and returns the replies, one per line, until the client
-    /// closes; the server must not end before (rmcp ends it on a lifecycle it cannot follow).
+    /// Serves `lines` on a new session and returns the replies, one per request, until the
+    /// client closes; the server must not end before (rmcp ends it on a lifecycle it cannot
+    /// follow), and answers nothing else.
     async fn replies_to(lines: &[&str]) -> Vec<serde_json::Value> {
         use rmcp::ServiceExt;
         let (client, server) = tokio::io::duplex(1 << 16);
@@ -591,8 +569,8 @@ mod tests {
         let mut out = Vec::new();
         for line in lines {
             write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
-            // One at a time: a reply, if the line gets one, before the next line is sent.
-            if line.contains("\"id\"") {
+            // One at a time: a request's reply before the next line is sent.
+            if line.contains("\"id\"") && line.contains("\"method\"") {
                 let reply = replies.next_line().await.unwrap();
                 let reply = reply.unwrap_or_else(|| panic!("the server ended after {line}"));
                 out.push(serde_json::from_str(&reply).unwrap());
