@@ -19,13 +19,9 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
             // idem's text of a string: itself, or `""` for an empty or blank one, which a
             // provider's API would refuse as a text block (`ToolResult::text`).
             Value::String(_) => ToolOutput::text(result.text),
-            // Members sorted as in idem's text: rig-core turns on serde_json's
-            // `preserve_order`, and a replay decodes the output again (a `HashMap` then lists its
-            // members in another order), so a first call and its replay would differ.
-            mut other => {
-                other.sort_all_objects();
-                ToolOutput::json(other)
-            }
+            // Members sorted by name (`ToolResult::success`), so that a replay gives the model
+            // the block its first call did, also under rig-core's `preserve_order`.
+            other => ToolOutput::json(other),
         });
     }
     Err(tool_error(&result))

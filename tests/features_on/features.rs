@@ -58,11 +58,16 @@ fn raw_value_is_written_as_the_data_it_holds() {
 }
 
 #[test]
-fn the_text_a_model_reads_sorts_members_whatever_the_map() {
+fn a_result_sorts_members_whatever_the_map() {
     let v: Value = serde_json::from_str(r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#).unwrap();
+    // The build keeps member order (otherwise this would prove nothing).
+    assert_eq!(v.to_string(), r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#);
     let result = idem_core::ToolResult::success(v.clone());
-    assert_eq!(result.text, r#"{"a":"s","b":{"x":[{"c":2,"d":1}],"y":1}}"#);
-    assert_eq!(result.content.to_string(), r#"{"b":{"y":1,"x":[{"d":1,"c":2}]},"a":"s"}"#);
+    let sorted = r#"{"a":"s","b":{"x":[{"c":2,"d":1}],"y":1}}"#;
+    // What the model reads, and the content every format sends on, in one order.
+    assert_eq!(result.text, sorted);
+    assert_eq!(result.content.to_string(), sorted);
+    assert_eq!(result.content, v, "the same value");
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, thiserror::Error)]

@@ -31,7 +31,7 @@ impl ToolResult {
         let response = if self.is_error {
             json!({ "error": self.text })
         } else {
-            json!({ "output": super::result::sorted_value(&self.content) })
+            json!({ "output": self.content })
         };
         let mut answer = json!({ "name": name, "response": response });
         if !id.is_empty()

@@ -119,8 +119,9 @@ const MCP_RESULT_DEPTH: usize = crate::limits::MAX_DEPTH - 2;
 impl ToolResult {
     /// MCP `CallToolResult` JSON (spec 2025-11-25): one text block with [`Self::text`],
     /// `isError`, `structuredContent` when the output is a JSON object (its members sorted by name,
-    /// as in the text, so that a replay answers as its first call did; nested at most 125 levels,
-    /// so that the whole JSON-RPC answer stays within the depth JSON readers accept, as
+    /// as [`ToolResult::success`] holds them, so that a replay answers as its first call did;
+    /// nested at most 125 levels, so that the whole JSON-RPC answer stays within the depth JSON
+    /// readers accept, as
     /// `idem_core::limits::MAX_DEPTH` explains), and `_meta` saying what
     /// idem did once the arguments were accepted: `{"idem/run": "<run id>", "idem/key": "<64 hex
     /// digits>", "idem/outcome": "executed" | "replayed" | "joined" | "unknown"}` (`idem/outcome`
@@ -137,10 +138,7 @@ impl ToolResult {
             && self.content.is_object()
             && crate::limits::check_value_depth_within(&self.content, MCP_RESULT_DEPTH).is_ok()
         {
-            // Members sorted as in the text: a replay's output is the stored text read back
-            // (a `HashMap` then lists its members in another order), so under serde_json's
-            // `preserve_order` a first call and its replay would differ.
-            out.insert("structuredContent".into(), super::result::sorted_value(&self.content));
+            out.insert("structuredContent".into(), self.content.clone());
         }
         if let Some(report) = &self.report {
             let mut meta = Map::new();

@@ -19,8 +19,9 @@ use crate::tool::ToolDef;
 /// The outcome of one dispatched call, typed for Rust callers and renderable for every format.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolResult {
-    /// On success the tool's output as JSON (an integer beyond 64 bits, which a `Value` cannot
-    /// hold, as a string of its digits; `text` has it as a number). On error
+    /// On success the tool's output as JSON, object members sorted by name at every level (an
+    /// integer beyond 64 bits, which a `Value` cannot hold, as a string of its digits; `text`
+    /// has it as a number). On error
     /// `{"error": {"kind", "message", "detail"?, "retryable"?}}`, where `detail` is the tool's own
     /// error as JSON (for `tool_error`) or `{"idempotency_key"}` (for `outcome_unknown`), and
     /// `retryable` (for `tool_error`) says whether a repeat runs the tool again (`true`: the last
@@ -43,13 +44,18 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
-    /// A successful result carrying `output`. Object members in the text are sorted by name at
-    /// every level, so the text (and a replay's text) does not depend on serde_json's
-    /// `preserve_order` feature, which any crate in the build may turn on (rig-core does).
-    pub fn success(output: Value) -> Self {
+    /// A successful result carrying `output`, its object members sorted by name at every level,
+    /// in `content` and in the text. Every format (MCP `structuredContent`, Gemini's output, a rig
+    /// block) then answers a first call and its replay alike, whichever map serde_json was built
+    /// with: under its `preserve_order` feature, which any crate in the build may turn on
+    /// (rig-core does), a replay decodes the output again, and a `HashMap` output comes back in
+    /// another order.
+    pub fn success(mut output: Value) -> Self {
+        // No work without `preserve_order`, whose maps are always sorted.
+        output.sort_all_objects();
         let text = match &output {
             Value::String(s) => string_text(s),
-            other => sorted_text(other),
+            other => other.to_string(),
         };
         ToolResult { content: output, text, is_error: false, error_kind: None, report: None }
     }
@@ -67,7 +73,8 @@ impl ToolResult {
             Value::String(s) => string_text(s),
             _ => {
                 let mut text = String::with_capacity(json.len());
-                // Members sorted as `sorted_text` sorts them.
+                // Members sorted as `success` sorts them (and as `content`, built from a
+                // `BTreeMap`, holds them).
                 crate::json_text::sorted_compact(
                     raw,
                     crate::json_text::Compact { sets: false, read_strings: false },
@@ -134,40 +141,6 @@ fn bounded(message: String) -> String {
 /// tool that answered "nothing". The quotes also tell the model what it got.
 fn string_text(s: &str) -> String {
     if s.trim().is_empty() { serde_json::Value::from(s).to_string() } else { s.to_owned() }
-}
-
-/// A [`Value`] written with object members in byte order of their names (the order of
-/// serde_json's default map), whichever map serde_json was built with.
-struct Sorted<'a>(&'a Value);
-
-impl Serialize for Sorted<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Value::Object(map) => {
-                let mut members: Vec<_> = map.iter().collect();
-                members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-                s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
-            }
-            Value::Array(items) => s.collect_seq(items.iter().map(Sorted)),
-            other => other.serialize(s),
-        }
-    }
-}
-
-/// Compact JSON text of `value` with object members sorted by name (see [`Sorted`]).
-fn sorted_text(value: &Value) -> String {
-    // Writing a `Value` cannot fail (its keys are strings); the fallback is unsorted text.
-    serde_json::to_string(&Sorted(value)).unwrap_or_else(|_| value.to_string())
-}
-
-/// A copy of `value` whose objects hold their members sorted by name, also when a crate in the
-/// build turns on serde_json's `preserve_order` (rig-core does), so that what a host sends on
-/// does not depend on it.
-pub(super) fn sorted_value(value: &Value) -> Value {
-    let mut copy = value.clone();
-    // No work without `preserve_order`, whose maps are always sorted.
-    copy.sort_all_objects();
-    copy
 }
 
 /// An integer token (`-12`, `340282366920938463463374607431768211455`) beyond what a [`Value`]
