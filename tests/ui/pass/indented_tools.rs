@@ -1,16 +1,6 @@
 //! Indented tools that `#[tool]` must not take for ones in a block that cannot hold them: it
 //! reads the source file to find the block around an indented fn, and nothing here may fool it.
-use idem_core::{Idem, tool};
-
-#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("failed")]
-pub struct Failed;
-
-impl idem_core::Classify for Failed {
-    fn classify(&self) -> idem_core::Failure {
-        idem_core::Failure::permanent()
-    }
-}
+use idem_core::{Idem, NoError, tool};
 
 pub struct Desk;
 
@@ -18,7 +8,7 @@ impl Desk {
     /// Length in inches.
     #[tool(retry = "safe", description = r#"Length in inches (")"#)]
     #[doc = r"Files live under C:\"]
-    pub async fn measure(&self, x: u32) -> Result<u32, Failed> {
+    pub async fn measure(&self, x: u32) -> Result<u32, NoError> {
         Ok(x)
     }
 }
@@ -31,7 +21,7 @@ where
 {
     /// A method tool after a bound whose `for` and `<` a comment separates.
     #[tool(retry = "safe")]
-    pub async fn length(&self, s: String) -> Result<usize, Failed> {
+    pub async fn length(&self, s: String) -> Result<usize, NoError> {
         Ok((self.0)(&s))
     }
 }
@@ -42,7 +32,7 @@ pub struct Named<'a>(pub &'a str);
 impl Named<'static> {
     /// A method tool of a type that names only `'static`.
     #[tool(retry = "safe")]
-    pub async fn greet(&self, n: u32) -> Result<String, Failed> {
+    pub async fn greet(&self, n: u32) -> Result<String, NoError> {
         Ok(format!("{}{n}", self.0))
     }
 }
@@ -52,7 +42,7 @@ macro_rules! tools {
     (impl $owner:ident { $(fn $name:ident;)* }) => {
         $(
             #[tool(retry = "safe")]
-            pub async fn $name(x: u32) -> Result<u32, Failed> {
+            pub async fn $name(x: u32) -> Result<u32, NoError> {
                 Ok(x)
             }
         )*
@@ -71,7 +61,7 @@ mod dsl {
 
     /// An indented free tool after it.
     #[tool(retry = "keyed")]
-    pub async fn in_a_module(n: u32) -> Result<u32, Failed> {
+    pub async fn in_a_module(n: u32) -> Result<u32, NoError> {
         Ok(n)
     }
 }
@@ -79,7 +69,7 @@ mod dsl {
 macro_rules! arm {
     (impl) => {
         #[tool(retry = "safe")]
-        pub async fn from_an_arm(x: u32) -> Result<u32, Failed> {
+        pub async fn from_an_arm(x: u32) -> Result<u32, NoError> {
             Ok(x)
         }
     };
