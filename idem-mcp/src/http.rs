@@ -673,8 +673,7 @@ where
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
             // The standalone stream of a `GET`.
-            let answer = if priming { answer } else { without_priming(answer) };
-            let mut answer = answer;
+            let mut answer = if priming { answer } else { without_priming(answer) };
             if let Some(head) = delete
                 && answer.status().is_success()
             {
