@@ -160,12 +160,12 @@ fn looks_like_tool(attr: &Attribute) -> bool {
     )
 }
 
-/// Whether the header is a trait impl's (`impl Describe for Desk`). Read as syn reads an `impl`
-/// (with an empty body), not by looking for `for`: a bound of the inherent block may be
-/// higher-ranked (`where F: for<'a> Fn(&'a str)`). A header that is not an `impl` is left to
-/// the parse of the body.
-fn is_trait_impl(header: &TokenStream) -> bool {
-    syn::parse2::<syn::ItemImpl>(quote!(#header {})).is_ok_and(|i| i.trait_.is_some())
+/// The header (`impl<..> Type where ..`) read as syn reads an `impl` (with an empty body): a
+/// trait impl is told by syn, not by looking for `for` (a bound of the inherent block may be
+/// higher-ranked: `where F: for<'a> Fn(&'a str)`). A header that is not an `impl` is `None`,
+/// left to the parse of the body.
+fn read_header(header: &TokenStream) -> Option<syn::ItemImpl> {
+    syn::parse2::<syn::ItemImpl>(quote!(#header {})).ok()
 }
 
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -183,7 +183,8 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let header: TokenStream = header.into_iter().collect();
-    if is_trait_impl(&header) {
+    let read = read_header(&header);
+    if read.as_ref().is_some_and(|i| i.trait_.is_some()) {
         errors.at(
             &header,
             "`#[tool_set]` goes on an inherent `impl` block (`impl Payments { .. }`), not a trait impl",
@@ -195,9 +196,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
         return out;
     }
-    let borrowing = syn::parse2::<syn::ItemImpl>(quote!(#header {}))
-        .ok()
-        .filter(crate::enclosing::impl_borrows);
+    let borrowing = read.filter(crate::enclosing::impl_borrows);
     let (inner, entries) = match parse_entries.parse2(body.stream()) {
         Ok(parsed) => parsed,
         Err(e) => {
