@@ -1,6 +1,7 @@
-//! A method tool, or a `#[tool_set]`, on a type that borrows: one error each, at the method's
-//! name or the block's type, saying `Self` must be `'static`; the typed calls and `tool_set`
-//! keep their shapes, so their callers type-check.
+//! A method tool, or a `#[tool_set]`, on a type that borrows (a lifetime named, written `'_`
+//! or elided in `&str`): one error each, at the method's name or the block's type, saying `Self`
+//! must be `'static`; the typed calls and `tool_set` keep their shapes, so their callers
+//! type-check.
 use std::sync::Arc;
 
 use idem_core::{Ctx, NoError, tool};
@@ -31,6 +32,18 @@ impl Shelf<'_> {
     }
 }
 
+pub struct Named<T> {
+    name: T,
+}
+
+impl Named<&str> {
+    /// Says the name.
+    #[tool(retry = "safe")]
+    pub async fn say(&self) -> Result<String, NoError> {
+        Ok(self.name.to_owned())
+    }
+}
+
 #[tokio::main]
 async fn main() {
     // The typed calls, as callers write them once the types own their data.
@@ -41,4 +54,6 @@ async fn main() {
     let shelf = Arc::new(Shelf { items: &items });
     let _: Result<usize, idem_core::Error<NoError>> = shelf.count(&run, String::new()).await;
     let _: idem_core::ToolSet = shelf.tool_set();
+    let named = Arc::new(Named { name: "desk" });
+    let _: Result<String, idem_core::Error<NoError>> = named.say(&run).await;
 }
