@@ -541,6 +541,7 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     }
     let config = idem_mcp::http::StreamableHttpServerConfig::default();
     let mcp = idem_mcp::http::service_with_sessions(make, config, sessions);
+    let shutdown = mcp.shutdown();
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(Arc::new(tokens), authenticate));
@@ -549,8 +550,10 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!("payments_mcp: listening on http://{local}/mcp");
-    // SIGTERM (a container stop) lets the charges in flight finish and store their outcomes
-    // before the process exits; their clients' repeats are then replayed.
-    let served = tools.serve_until_shutdown(axum::serve(listener, app).into_future()).await;
-    served.unwrap_or(Ok(())).map_err(|e| e.to_string())
+    // SIGTERM (a container stop) closes the listener, lets the charges in flight finish and
+    // store their outcomes, sends their clients the results, then ends the open streams.
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.on_signal(tools))
+        .await
+        .map_err(|e| e.to_string())
 }

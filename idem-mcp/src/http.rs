@@ -129,6 +129,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     let config =
         if config.allowed_origins.is_empty() { config.enforce_origin_validation() } else { config };
     let sessions = config.legacy_session_mode;
+    let streams = config.cancellation_token.clone();
     let manager = Arc::new(manager);
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::clone(&manager), config);
     let versions = Versions { keep_alive: owners.keep_alive, sessions: Arc::default() };
@@ -140,6 +141,8 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         versions,
         sessions,
         manager,
+        responses: OpenResponses::default(),
+        streams,
     }
 }
 
@@ -397,6 +400,133 @@ pub struct Checked<S> {
     sessions: bool,
     /// rmcp's sessions on this instance: whether a `DELETE` names one (see [`Owners::knows`]).
     manager: Arc<LocalSessionManager>,
+    /// The POSTed messages whose responses are still being sent (see [`Shutdown`]).
+    responses: OpenResponses,
+    /// rmcp's `cancellation_token`: cancelled, it ends every stream and session.
+    streams: tokio_util::sync::CancellationToken,
+}
+
+impl<S> Checked<S> {
+    /// The handle that ends this service gracefully: take it before the service is mounted (it
+    /// shares the service's state, clones included).
+    pub fn shutdown(&self) -> Shutdown {
+        Shutdown { responses: self.responses.clone(), streams: self.streams.clone() }
+    }
+}
+
+/// Ends a [`Checked`] service so that the calls it is serving finish and their clients receive
+/// their results, for axum's (or hyper's) graceful shutdown, which stops accepting connections
+/// and then waits for the open ones to close:
+///
+/// ```no_run
+/// # async fn demo(
+/// #     tools: idem_mcp::IdemTools,
+/// #     make: impl Fn() -> idem_mcp::IdemServer + Send + Sync + 'static,
+/// # ) {
+/// use idem_mcp::http::{StreamableHttpServerConfig, service};
+/// let mcp = service(make, StreamableHttpServerConfig::default());
+/// let shutdown = mcp.shutdown();
+/// // let app = axum::Router::new().nest_service("/mcp", mcp);
+/// // axum::serve(listener, app).with_graceful_shutdown(shutdown.on_signal(tools)).await?;
+/// # let _ = (mcp, shutdown.on_signal(tools));
+/// # }
+/// ```
+///
+/// On the first SIGTERM, SIGINT or SIGHUP (Ctrl-C off Unix):
+/// 1. the server stops accepting connections (the future given to axum resolves);
+/// 2. calls that wait to retry or for another owner start nothing more and release their keys
+///    ([`IdemTools::stop_calls`](crate::IdemTools::stop_calls)), and new calls start nothing;
+/// 3. once every call started through `tools` has finished and been stored
+///    ([`IdemTools::calls_finished`](crate::IdemTools::calls_finished)) and every POST's
+///    response has been sent (or its client has gone), rmcp's `cancellation_token` is
+///    cancelled: the standalone `GET` streams and the sessions end, their connections close,
+///    and axum's `serve` returns.
+///
+/// A second signal cancels at once: responses still open are cut, and calls still running are
+/// left to their leases (a `keyed` repeat runs again once the lease ends, a `never` one
+/// answers "outcome unknown"). A client that never reads its response holds step 3 until then,
+/// or until the SIGKILL that follows SIGTERM (after 10 s with `docker stop`, 30 s in
+/// Kubernetes). Use this or [`IdemTools::serve_until_shutdown`](crate::IdemTools::serve_until_shutdown),
+/// not both: that one drops the server at the first signal, cutting the open responses (the
+/// calls are still stored, and their repeats replayed).
+#[derive(Clone, Debug)]
+pub struct Shutdown {
+    responses: OpenResponses,
+    streams: tokio_util::sync::CancellationToken,
+}
+
+impl Shutdown {
+    /// The future for `with_graceful_shutdown`: resolves at the first signal, and drains as
+    /// described on [`Shutdown`]. The signal handlers are installed when this is called, for
+    /// the whole process; `tools` must be the ones every session serves (clones of one
+    /// [`IdemTools`](crate::IdemTools)).
+    pub fn on_signal(
+        self,
+        tools: crate::IdemTools,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut signals = crate::shutdown::Signals::new();
+        async move {
+            let signal = signals.next().await;
+            tracing::info!(
+                signal,
+                "draining the MCP service: no new connections; the calls still running finish \
+                 and their responses are sent"
+            );
+            tools.stop_calls();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = async {
+                        tools.calls_finished().await;
+                        self.responses.all_closed().await;
+                    } => {}
+                    signal = signals.next() => {
+                        tracing::warn!(
+                            signal,
+                            calls = tools.calls_running(),
+                            responses = self.responses.count(),
+                            "ending the open responses; the calls still running are left to their leases"
+                        );
+                    }
+                }
+                self.streams.cancel();
+            });
+        }
+    }
+}
+
+/// How many POSTed messages' responses [`Checked`] is still sending.
+#[derive(Clone, Debug)]
+struct OpenResponses(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Default for OpenResponses {
+    fn default() -> Self {
+        OpenResponses(Arc::new(tokio::sync::watch::channel(0).0))
+    }
+}
+
+impl OpenResponses {
+    fn open(&self) -> OpenResponse {
+        self.0.send_modify(|n| *n += 1);
+        OpenResponse(self.clone())
+    }
+
+    fn count(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    async fn all_closed(&self) {
+        // The sender lives in `self`, so the wait ends only with the count at zero.
+        let _ = self.0.subscribe().wait_for(|&n| n == 0).await;
+    }
+}
+
+/// One open response: counted until dropped (sent in full, or its client went away).
+struct OpenResponse(OpenResponses);
+
+impl Drop for OpenResponse {
+    fn drop(&mut self) {
+        self.0.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// Put in a request's head by [`Checked`]: whether rmcp serves the request in a session (a
@@ -457,10 +587,12 @@ impl Drop for IdInFlight {
     }
 }
 
-/// A response body that holds its request's [`IdInFlight`] until it is dropped.
+/// A response body that holds its request's [`IdInFlight`], if any, and its place among the
+/// [`OpenResponses`] until it is dropped.
 struct Tracked {
     body: BoxBody<Bytes, Infallible>,
-    _id: IdInFlight,
+    _id: Option<IdInFlight>,
+    _open: OpenResponse,
 }
 
 impl http_body::Body for Tracked {
@@ -530,6 +662,7 @@ where
         let versions = self.versions.clone();
         let sessions = self.sessions;
         let manager = Arc::clone(&self.manager);
+        let responses = self.responses.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             let refused = match owners.allows(&parts).await {
@@ -628,6 +761,7 @@ where
                         match claimed {
                             Err((status, answer)) => (status, answer.to_string().into()),
                             Ok(id) => {
+                                let open = responses.open();
                                 let head = opens.then(|| parts.clone());
                                 let priming = versions.reads_priming(&parts, Some(&*message));
                                 // rmcp parses the body again: it gets the message as checked
@@ -644,12 +778,9 @@ where
                                     versions.opened(&answer, priming);
                                 }
                                 let answer = if priming { answer } else { without_priming(answer) };
-                                return Ok(match id {
-                                    Some(id) => {
-                                        answer.map(|body| BoxBody::new(Tracked { body, _id: id }))
-                                    }
-                                    None => answer,
-                                });
+                                return Ok(answer.map(|body| {
+                                    BoxBody::new(Tracked { body, _id: id, _open: open })
+                                }));
                             }
                         }
                     }
@@ -1614,6 +1745,40 @@ mod tests {
     /// MUST answer requests naming it with 404, and a DELETE is such a request. rmcp answers 202
     /// to a DELETE of any session id, so a client that closes a session twice, or one the server
     /// already closed for silence, is told it closed something.
+    /// The drain after a signal ends rmcp's streams (and with them the sessions and their
+    /// connections) only once no response is open: a call's result still being written is sent.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_graceful_shutdown_ends_the_streams_once_the_open_responses_close() {
+        let idem = Idem::in_memory();
+        let tools = crate::IdemTools::new(ToolSet::new(), &idem);
+        let make = {
+            let tools = tools.clone();
+            move || IdemServer::from_tools(tools.clone())
+        };
+        let mcp = service(make, StreamableHttpServerConfig::default());
+        let shutdown = mcp.shutdown();
+        let streams = shutdown.streams.clone();
+        let open = mcp.responses.open();
+        let signalled = tokio::spawn(shutdown.on_signal(tools));
+        // SIGHUP, as a terminal closing: the handler is installed by `on_signal`.
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &std::process::id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+        let guard = std::time::Duration::from_secs(60);
+        tokio::time::timeout(guard, signalled).await.expect("resolves at the signal").unwrap();
+        // The drain has had time to run: with no call running, only the open response holds it.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!streams.is_cancelled(), "the streams ended while a response was open");
+        assert_eq!(mcp.responses.count(), 1);
+        drop(open);
+        tokio::time::timeout(guard, streams.cancelled())
+            .await
+            .expect("the streams end once the last response closes");
+    }
+
     #[tokio::test]
     async fn a_delete_naming_an_unknown_or_closed_session_is_404() {
         let store = Arc::new(SharedSessions::default());

@@ -26,9 +26,10 @@ Cases:
 - lifecycle: a session DELETEd while its charge is in flight: the charge finishes once, a request
   in the deleted session gets 404, and the same call in a new session is replayed; a client whose
   connection drops mid-call resumes the response stream with GET and `Last-Event-ID`.
-- sigterm: SIGTERM while a charge is in flight (a container stop): the server stops serving,
-  lets the charge finish and store its outcome, and exits 0; the repeat on a restarted server is
-  replayed, and the provider was asked once.
+- sigterm: SIGTERM while a charge is in flight (a container stop): the server closes its
+  listener, lets the charge finish and store its outcome, sends the client its result, ends the
+  session's open `GET` stream and exits 0; the repeat on a restarted server is replayed, and the
+  provider was asked once.
 - numbers: integers beyond 64 bits (a `u128` argument) and beyond 2^53 (a `u64` argument) reach
   the tool and the key exactly: two integers that are one double are two charges.
 
@@ -635,19 +636,32 @@ async def sigterm(binary, work):
     args, run = {"customer": "cus_t", "amount_cents": 700}, {"idem/run": "conversation-T"}
     env = {"PAYMENTS_DELAY_MS": "3000"}
     proc, url = start(binary, work, env)
-    terminated = False
+    terminated, first, refused = False, None, None
     try:
         async with session(url, A) as s:
+            # The SDK lists the tools to check a result's `structuredContent` against its
+            # schema: listed now, not after SIGTERM, when the server takes no new connection.
+            await s.list_tools()
             call = asyncio.create_task(s.call_tool("charge_card", args, meta=run))
             await asyncio.sleep(0.5)
             proc.terminate()
             terminated = True
-            # The response stream goes with the server: what the client heard does not matter.
-            await asyncio.gather(call, return_exceptions=True)
+            await asyncio.sleep(0.5)
+            # Draining: the listener is closed, so a new connection is refused.
+            try:
+                async with httpx2.AsyncClient() as fresh:
+                    await fresh.post(url, json={})
+            except httpx2.ConnectError as e:
+                refused = e
+            first = await asyncio.wait_for(call, HANG_GUARD)
     except* Exception:
-        # The SDK's own tasks fail when the server goes away mid-stream.
+        # Leaving the session (its DELETE, a reconnecting GET) fails once the server is gone.
         pass
     check(terminated, "the call was not sent")
+    check(refused is not None, "a new connection was accepted after SIGTERM")
+    check(first is not None, "the call in flight at SIGTERM got no result")
+    check(outcome(first) == "executed", f"the call in flight at SIGTERM: {first}")
+    first_id = charge_id(first)
     try:
         code = proc.wait(timeout=HANG_GUARD)
     except subprocess.TimeoutExpired:
@@ -663,10 +677,11 @@ async def sigterm(binary, work):
         async with session(url, A) as s:
             again = await s.call_tool("charge_card", args, meta=run)
             check(outcome(again) == "replayed", f"after SIGTERM and a restart: {again.meta}")
+            check(charge_id(again) == first_id, f"{charge_id(again)} replayed for {first_id}")
         check(ledger(work)["charge_requests"] == 1, f"the provider was asked again: {ledger(work)}")
     finally:
         stop(proc)
-    return f"{charge_id(again)} finished at SIGTERM and replayed after a restart"
+    return f"{first_id} answered after SIGTERM and replayed after a restart"
 
 
 CASES = {
