@@ -198,8 +198,8 @@ impl IdemTools {
     ///
     /// On the first signal `serving` is dropped (no new request is read; over HTTP the
     /// listener closes and open responses end, and the client's repeat is answered from the
-    /// store; `http::Shutdown`, feature `http`, sends them instead), and calls that wait to retry or for another owner start nothing more and release
-    /// their keys ([`stop_calls`](Self::stop_calls)): the SIGKILL that follows comes soon. A
+    /// store; `http::Shutdown`, feature `http`, sends them instead), and calls that wait to
+    /// retry or for another owner start nothing more and release their keys ([`stop_calls`](Self::stop_calls)): the SIGKILL that follows comes soon. A
     /// second signal stops the wait, leaving the calls still running to their leases. The
     /// handlers are installed for the whole process when this is called.
     /// [`IdemServer::serve_stdio`](crate::IdemServer::serve_stdio) does this.
