@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::store::{MemoryStore, Store};
-use idem_core::{Classify, Error, Failure, Idem, StopSignal, tool};
+use idem_core::{Classify, Error, ErrorKind, Failure, Idem, StopSignal, tool};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -122,8 +122,8 @@ async fn refund(charge: String) -> Result<String, RateLimited> {
 }
 
 /// A call that waits for another process's owner (two runtimes on one store) and is stopped
-/// meanwhile does not run the tool when the key comes free: `Cancelled` with no attempt, and the
-/// key is free for the next caller.
+/// meanwhile does not run the tool when the key comes free: `StoppedWaiting` (kind `cancelled`),
+/// and the key is free for the next caller.
 #[tokio::test(start_paused = true)]
 async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -143,8 +143,8 @@ async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
     GATE.add_permits(1);
     assert!(owner.await.unwrap().is_err(), "the owner's attempt failed and let go");
     match waiter.await.unwrap() {
-        Err(Error::Cancelled { attempts: 0, .. }) => {}
-        other => panic!("expected Cancelled with no attempt, got {other:?}"),
+        Err(e @ Error::StoppedWaiting { .. }) => assert_eq!(e.kind(), ErrorKind::Cancelled),
+        other => panic!("expected StoppedWaiting, got {other:?}"),
     }
     assert_eq!(REFUNDS.load(Ordering::SeqCst), 1, "the stopped waiter ran nothing");
     let before = Instant::now();
@@ -216,7 +216,7 @@ async fn a_call_stopped_while_it_waits_answers_at_once_and_takes_nothing_over() 
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.stop();
     let stopped = waiter.await.unwrap();
-    assert!(matches!(stopped, Err(Error::Cancelled { attempts: 0, .. })), "{stopped:?}");
+    assert!(matches!(stopped, Err(Error::StoppedWaiting { .. })), "{stopped:?}");
     assert!(claimed.elapsed() < Duration::from_secs(1), "the stop was heard during the wait");
     assert_eq!(pay(&run, "bob".into()).await.unwrap(), "p_bob");
     assert!(claimed.elapsed() < Duration::from_secs(11), "only the dead owner's lease was waited");
@@ -251,7 +251,12 @@ async fn a_stopped_joiner_answers_at_once_and_the_call_goes_on() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.stop();
-    assert!(matches!(joiner.await.unwrap(), Err(Error::Cancelled { attempts: 0, .. })));
+    // Told that the call it joined goes on, not that nothing is stored and a repeat runs.
+    let stopped = joiner.await.unwrap().expect_err("stopped");
+    let text = stopped.to_string();
+    assert!(matches!(stopped, Error::StoppedWaiting { tool: "launch", .. }), "{stopped:?}");
+    assert!(text.contains("did not stop that call"), "{text}");
+    assert!(text.contains("a repeat gets that call's outcome"), "{text}");
     JOINED.add_permits(1);
     assert_eq!(leader.await.unwrap().unwrap(), "l_s1");
     assert_eq!(launch(&run, "s1".into()).await.unwrap(), "l_s1", "replayed");

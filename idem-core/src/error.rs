@@ -237,6 +237,25 @@ pub enum Error<E> {
         attempts: u32,
     },
 
+    /// The caller stopped the call ([`Run::with_stop`](crate::Run::with_stop)) while it waited
+    /// for another call holding the same key: a duplicate in flight in this process, which it
+    /// had joined, or an owner in another. It ran nothing and claimed nothing, and the call it
+    /// waited for is not stopped by this. A repeat is answered by that call: with its outcome
+    /// once stored, or, should that call end without one (its owner died, or was stopped
+    /// too), as after any such owner. [`ErrorKind::Cancelled`], as [`Error::Cancelled`], whose
+    /// message (nothing stored, a repeat runs the tool) would be false here.
+    #[error(
+        "the call of `{tool}` was stopped by its caller while it waited for another call with \
+         its idempotency key {key}; it ran nothing and did not stop that call, so a repeat gets \
+         that call's outcome once it is stored"
+    )]
+    StoppedWaiting {
+        /// The tool's stable name.
+        tool: &'static str,
+        /// The idempotency key both calls hold.
+        key: Key,
+    },
+
     /// A broken invariant of idem itself, reported instead of a panic. Please report it.
     #[error("internal error in idem for tool `{tool}` (key {key}): {what}; please report it")]
     Internal {
@@ -357,6 +376,7 @@ impl<E> Error<E> {
                 Error::Panicked { tool, attempt, message }
             }
             Error::Cancelled { tool, attempts } => Error::Cancelled { tool, attempts },
+            Error::StoppedWaiting { tool, key } => Error::StoppedWaiting { tool, key },
             Error::Internal { tool, key, what } => Error::Internal { tool, key, what },
         })
     }
@@ -387,7 +407,7 @@ impl<E> Error<E> {
             Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
             Error::OutputNotStorable { .. } => ErrorKind::OutputNotStorable,
             Error::Panicked { .. } => ErrorKind::Panicked,
-            Error::Cancelled { .. } => ErrorKind::Cancelled,
+            Error::Cancelled { .. } | Error::StoppedWaiting { .. } => ErrorKind::Cancelled,
             Error::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -490,7 +510,7 @@ pub enum ErrorKind {
     Internal,
     /// `tool_panicked`: [`Error::Panicked`].
     Panicked,
-    /// `cancelled`: [`Error::Cancelled`].
+    /// `cancelled`: [`Error::Cancelled`], [`Error::StoppedWaiting`].
     Cancelled,
 }
 

@@ -714,7 +714,9 @@ impl<T: Tool> Call<'_, T> {
         match self.take_back().await {
             // Stopped while it waited for the new owner: this call's tool ran, so it is not
             // `Cancelled` with nothing run; the key is the new owner's.
-            Err(Some(Err(Error::Cancelled { .. }))) | Err(None) => Err(self.lease_lost()),
+            Err(Some(Err(Error::Cancelled { .. } | Error::StoppedWaiting { .. }))) | Err(None) => {
+                Err(self.lease_lost())
+            }
             Err(Some(answer)) => answer,
             Ok(fence) => {
                 match self.store_outcome(fence, outcome, self.policy.ttl).await {
@@ -744,7 +746,9 @@ impl<T: Tool> Call<'_, T> {
                 self.owns_after_waiting();
                 Ok(fence)
             }
-            Err(Some(Err(Error::Cancelled { .. }))) => Err(Err(self.cancelled(attempts))),
+            Err(Some(Err(Error::Cancelled { .. } | Error::StoppedWaiting { .. }))) => {
+                Err(Err(self.cancelled(attempts)))
+            }
             Err(Some(answer)) => Err(answer),
             // The store cannot be asked for the new owner's answer: "unavailable, nothing was
             // executed" would be false after this call's attempts; the new owner's result

@@ -202,7 +202,7 @@ impl<T: Tool> Call<'_, T> {
                     let joined = tokio::time::timeout_at(leave, slot.wait());
                     // A stopped joiner waits no more; the call it joined goes on.
                     let Some(joined) = self.unless_stopped(joined).await else {
-                        return Err(self.cancelled(0));
+                        return Err(self.stopped_waiting());
                     };
                     let shared = match joined {
                         Err(_) if leave < self.deadline => {
@@ -243,7 +243,7 @@ impl<T: Tool> Call<'_, T> {
                         }
                         // Stopped by this caller, not by the joiners: they start over, as
                         // after a leader that went away, and one of them runs the call.
-                        Err(e @ Error::Cancelled { .. }) => {
+                        Err(e @ (Error::Cancelled { .. } | Error::StoppedWaiting { .. })) => {
                             drop(leader);
                             Err(e)
                         }

@@ -140,7 +140,7 @@ impl<T: Tool> Call<'_, T> {
         let store = &self.inner.store;
         // A stopped call waits no more: it holds nothing, and taking the key over afterwards
         // only to let it go would hold it up for a lease.
-        let stopped = || Ok(Owned::Answer(Err(self.cancelled(0))));
+        let stopped = || Ok(Owned::Answer(Err(self.stopped_waiting())));
         // Waits in a row that returned with the same owner still holding the key.
         let mut early: u32 = 0;
         loop {
@@ -417,6 +417,11 @@ impl<T: Tool> Call<'_, T> {
     /// The error of a call its caller stopped after `attempts` attempts.
     pub(super) fn cancelled(&self, attempts: u32) -> Error<T::Error> {
         Error::Cancelled { tool: self.name(), attempts }
+    }
+
+    /// The error of a call its caller stopped while it waited for another call with its key.
+    pub(super) fn stopped_waiting(&self) -> Error<T::Error> {
+        Error::StoppedWaiting { tool: self.name(), key: self.key }
     }
 
     /// Ends a call its caller stopped after `attempts` attempts: the key it holds is released

@@ -82,7 +82,8 @@ impl Run {
     /// The same run, whose calls start nothing more once `stop` is stopped (see [`StopSignal`]):
     /// an attempt already running finishes and its outcome is stored; no further attempt starts
     /// (not a retry, nor the first one of a call that waited for another owner); a key claimed
-    /// with nothing run under it is released. Such a call ends with [`Error::Cancelled`]; one
+    /// with nothing run under it is released. Such a call ends with [`Error::Cancelled`], or
+    /// [`Error::StoppedWaiting`] when it was waiting for another call with its key; one
     /// stopped before it started whose key has an outcome stored answers it, as any repeat does.
     /// Duplicates that joined it in this process are not stopped: one of them runs the call.
     pub fn with_stop(&self, stop: StopSignal) -> Run {
