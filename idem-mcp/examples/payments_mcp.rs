@@ -552,8 +552,11 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     eprintln!("payments_mcp: listening on http://{local}/mcp");
     // SIGTERM (a container stop) closes the listener, lets the charges in flight finish and
     // store their outcomes, sends their clients the results, then ends the open streams.
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.on_signal(tools))
-        .await
-        .map_err(|e| e.to_string())
+    let served = shutdown
+        .serve(tools, |draining| {
+            axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
+        })
+        .await;
+    // `None`: a second signal, or connections left open, cut the wait; returning ends them.
+    served.unwrap_or(Ok(())).map_err(|e| e.to_string())
 }

@@ -142,6 +142,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         sessions,
         manager,
         responses: OpenResponses::default(),
+        draining: tokio_util::sync::CancellationToken::new(),
         streams,
     }
 }
@@ -346,6 +347,17 @@ fn with_json_type(mut answer: Response) -> Response {
     answer
 }
 
+/// The answer to a request that would open a session, or use one, on a server that is
+/// shutting down ([`Shutdown`]): 503, to be retried, on another instance or after a restart.
+fn shutting_down() -> Response {
+    let mut answer = reply(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        Bytes::from_static(b"Service Unavailable: the server is shutting down"),
+    );
+    answer.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    answer
+}
+
 /// rmcp's answer for a session it does not know.
 fn unknown_session() -> Response {
     reply(http::StatusCode::NOT_FOUND, Bytes::from_static(b"Not Found: Session not found"))
@@ -402,6 +414,8 @@ pub struct Checked<S> {
     manager: Arc<LocalSessionManager>,
     /// The POSTed messages whose responses are still being sent (see [`Shutdown`]).
     responses: OpenResponses,
+    /// Cancelled when a [`Shutdown`] starts draining: no new session is opened.
+    draining: tokio_util::sync::CancellationToken,
     /// rmcp's `cancellation_token`: cancelled, it ends every stream and session.
     streams: tokio_util::sync::CancellationToken,
 }
@@ -410,13 +424,17 @@ impl<S> Checked<S> {
     /// The handle that ends this service gracefully: take it before the service is mounted (it
     /// shares the service's state, clones included).
     pub fn shutdown(&self) -> Shutdown {
-        Shutdown { responses: self.responses.clone(), streams: self.streams.clone() }
+        Shutdown {
+            responses: self.responses.clone(),
+            draining: self.draining.clone(),
+            streams: self.streams.clone(),
+        }
     }
 }
 
 /// Ends a [`Checked`] service so that the calls it is serving finish and their clients receive
-/// their results, for axum's (or hyper's) graceful shutdown, which stops accepting connections
-/// and then waits for the open ones to close:
+/// their results. [`Shutdown::serve`] runs the server (axum's `serve` with its graceful
+/// shutdown, or hyper's) until a signal, then drains it:
 ///
 /// ```no_run
 /// # async fn demo(
@@ -427,69 +445,149 @@ impl<S> Checked<S> {
 /// let mcp = service(make, StreamableHttpServerConfig::default());
 /// let shutdown = mcp.shutdown();
 /// // let app = axum::Router::new().nest_service("/mcp", mcp);
-/// // axum::serve(listener, app).with_graceful_shutdown(shutdown.on_signal(tools)).await?;
-/// # let _ = (mcp, shutdown.on_signal(tools));
+/// // let served = shutdown
+/// //     .serve(tools, |draining| {
+/// //         axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
+/// //     })
+/// //     .await;
+/// # let _ = (mcp, shutdown.serve(tools, |draining| draining));
 /// # }
 /// ```
 ///
 /// On the first SIGTERM, SIGINT or SIGHUP (Ctrl-C off Unix):
-/// 1. the server stops accepting connections (the future given to axum resolves);
-/// 2. calls that wait to retry or for another owner start nothing more and release their keys
-///    ([`IdemTools::stop_calls`](crate::IdemTools::stop_calls)), and new calls start nothing;
-/// 3. once every call started through `tools` has finished and been stored
-///    ([`IdemTools::calls_finished`](crate::IdemTools::calls_finished)) and every POST's
-///    response has been sent (or its client has gone), rmcp's `cancellation_token` is
-///    cancelled: the standalone `GET` streams and the sessions end, their connections close,
-///    and axum's `serve` returns.
+/// 1. `draining` resolves: the server stops accepting connections. A new `initialize` on an
+///    open connection is answered 503 (the client starts its session elsewhere).
+/// 2. Calls that wait to retry or for another owner start nothing more and release their keys
+///    ([`IdemTools::stop_calls`](crate::IdemTools::stop_calls)); new calls start nothing.
+/// 3. Once every call started through `tools` has finished and been stored
+///    ([`IdemTools::calls_finished`](crate::IdemTools::calls_finished)) and every response
+///    that carries a call's result has been sent, or its client has gone (a POST's, or a
+///    `GET` resuming one with `Last-Event-ID`), rmcp's `cancellation_token` is cancelled: the
+///    standalone `GET` streams and the sessions end, and any request still arriving is
+///    answered 503.
+/// 4. The connections then have [`CLOSE_GRACE`] to close (the server's own future ends);
+///    after it, those still open (a request sent in part, a client that stopped reading) are
+///    dropped with the server's future.
 ///
-/// A second signal cancels at once: responses still open are cut, and calls still running are
-/// left to their leases (a `keyed` repeat runs again once the lease ends, a `never` one
-/// answers "outcome unknown"). A client that never reads its response holds step 3 until then,
-/// or until the SIGKILL that follows SIGTERM (after 10 s with `docker stop`, 30 s in
-/// Kubernetes). Use this or [`IdemTools::serve_until_shutdown`](crate::IdemTools::serve_until_shutdown),
-/// not both: that one drops the server at the first signal, cutting the open responses (the
-/// calls are still stored, and their repeats replayed).
+/// A second signal ends the wait at once: responses still open are cut, and calls still
+/// running are left to their leases (a `keyed` repeat runs again once the lease ends, a
+/// `never` one answers "outcome unknown"). Two signals of one kind sent back to back may
+/// arrive as one (pending signals coalesce); another signal kind, or a pause, always counts.
+/// A client that never reads its response holds step 3 until then, or until the SIGKILL that
+/// follows SIGTERM (after 10 s with `docker stop`, 30 s in Kubernetes). Use this or
+/// [`IdemTools::serve_until_shutdown`](crate::IdemTools::serve_until_shutdown), not both:
+/// that one drops the server at the first signal, cutting the open responses (the calls are
+/// still stored, and their repeats replayed).
 #[derive(Clone, Debug)]
 pub struct Shutdown {
     responses: OpenResponses,
+    draining: tokio_util::sync::CancellationToken,
     streams: tokio_util::sync::CancellationToken,
 }
 
+/// How long the connections have to close once the drain is done (see [`Shutdown`]): enough
+/// to flush the last responses, short beside the 10 s a container stop leaves.
+pub const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Resolves when a [`Shutdown`] starts draining: the future for `with_graceful_shutdown`.
+pub struct Draining(std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>);
+
+impl std::future::Future for Draining {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl std::fmt::Debug for Draining {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Draining")
+    }
+}
+
 impl Shutdown {
-    /// The future for `with_graceful_shutdown`: resolves at the first signal, and drains as
-    /// described on [`Shutdown`]. The signal handlers are installed when this is called, for
-    /// the whole process; `tools` must be the ones every session serves (clones of one
-    /// [`IdemTools`](crate::IdemTools)).
-    pub fn on_signal(
+    /// Runs the server `serve` makes (given the [`Draining`] future to stop accepting on) until
+    /// it ends, or until a signal and the drain described on [`Shutdown`]. Returns what the
+    /// server's future returned, or `None` when the wait was cut (a second signal, or
+    /// connections still open after [`CLOSE_GRACE`]): the server's future is dropped then, and
+    /// the process should return from `main`, which ends the connections' tasks. The signal
+    /// handlers are installed for the whole process when this is called; `tools` must be the
+    /// ones every session serves (clones of one [`IdemTools`](crate::IdemTools)).
+    pub fn serve<F: std::future::Future>(
         self,
         tools: crate::IdemTools,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut signals = crate::shutdown::Signals::new();
-        async move {
-            let signal = signals.next().await;
-            tracing::info!(
+        serve: impl FnOnce(Draining) -> F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        // Installed now: a signal that comes before the future is first polled is not missed.
+        let signals = crate::shutdown::Signals::new();
+        let serving = serve(Draining(Box::pin(self.draining.clone().cancelled_owned())));
+        self.drain(tools, signals, serving)
+    }
+
+    async fn drain<F: std::future::Future>(
+        self,
+        tools: crate::IdemTools,
+        mut signals: crate::shutdown::Signals,
+        serving: F,
+    ) -> Option<F::Output> {
+        let mut serving = std::pin::pin!(serving);
+        let signal = tokio::select! {
+            served = &mut serving => return Some(served),
+            signal = signals.next() => signal,
+        };
+        tracing::info!(
+            signal,
+            "draining the MCP service: no new connections; the calls still running finish and \
+             their responses are sent"
+        );
+        tools.stop_calls();
+        self.draining.cancel();
+        let cut = |signal: &str, responses: usize| {
+            tracing::warn!(
                 signal,
-                "draining the MCP service: no new connections; the calls still running finish \
-                 and their responses are sent"
+                calls = tools.calls_running(),
+                responses,
+                "ending the open responses; the calls still running are left to their leases"
             );
-            tools.stop_calls();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = async {
-                        tools.calls_finished().await;
-                        self.responses.all_closed().await;
-                    } => {}
-                    signal = signals.next() => {
-                        tracing::warn!(
-                            signal,
-                            calls = tools.calls_running(),
-                            responses = self.responses.count(),
-                            "ending the open responses; the calls still running are left to their leases"
-                        );
-                    }
+        };
+        // The server may end first (its last connection closed): the calls still running are
+        // waited for all the same, as their outcomes must be stored before the process exits.
+        let mut served = None;
+        let drained = async {
+            tools.calls_finished().await;
+            self.responses.all_closed().await;
+        };
+        let mut drained = std::pin::pin!(drained);
+        loop {
+            tokio::select! {
+                out = &mut serving, if served.is_none() => served = Some(out),
+                () = &mut drained => break,
+                signal = signals.next() => {
+                    cut(signal, self.responses.count());
+                    self.streams.cancel();
+                    return served;
                 }
-                self.streams.cancel();
-            });
+            }
+        }
+        self.streams.cancel();
+        if served.is_some() {
+            return served;
+        }
+        tokio::select! {
+            served = &mut serving => Some(served),
+            () = tokio::time::sleep(CLOSE_GRACE) => {
+                tracing::warn!(
+                    grace = ?CLOSE_GRACE,
+                    "connections still open after the drain (a request sent in part, a client \
+                     that stopped reading): dropping them"
+                );
+                None
+            }
+            signal = signals.next() => {
+                cut(signal, 0);
+                None
+            }
         }
     }
 }
@@ -663,9 +761,12 @@ where
         let sessions = self.sessions;
         let manager = Arc::clone(&self.manager);
         let responses = self.responses.clone();
+        let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             let refused = match owners.allows(&parts).await {
+                // The sessions are gone: a 404 would send the client to open another here.
+                _ if ended => Some(shutting_down()),
                 Access::Allowed => None,
                 Access::Refused => Some(unknown_session()),
                 Access::StoreFailed => {
@@ -739,6 +840,9 @@ where
                         // MCP 2025-11-25 "Lifecycle": initialization is a session's first
                         // interaction, once; rmcp would negotiate again inside the open
                         // session. One naming a session rmcp does not know gets its 404.
+                        if opens && draining.is_cancelled() {
+                            return Ok(shutting_down());
+                        }
                         let reinitialize = match (&*message, session_id(&parts)) {
                             (ClientJsonRpcMessage::Request(r), Some(session))
                                 if routed
@@ -801,6 +905,11 @@ where
                 _ => false,
             };
             let priming = versions.reads_priming(&parts, None);
+            // A `GET` resuming a request's stream (rmcp's event ids `<index>/<request>`) carries
+            // that call's result: a drain waits for it as for a POST's response.
+            let resumes = parts.method == http::Method::GET
+                && parts.headers.get("last-event-id").is_some_and(|v| v.as_bytes().contains(&b'/'));
+            let open = resumes.then(|| responses.open());
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
             // The standalone stream of a `GET`.
@@ -820,7 +929,12 @@ where
                     *answer.status_mut() = http::StatusCode::OK;
                 }
             }
-            Ok(answer)
+            Ok(match open {
+                Some(open) => {
+                    answer.map(|body| BoxBody::new(Tracked { body, _id: None, _open: open }))
+                }
+                None => answer,
+            })
         })
     }
 }
@@ -1745,38 +1859,90 @@ mod tests {
     /// MUST answer requests naming it with 404, and a DELETE is such a request. rmcp answers 202
     /// to a DELETE of any session id, so a client that closes a session twice, or one the server
     /// already closed for silence, is told it closed something.
-    /// The drain after a signal ends rmcp's streams (and with them the sessions and their
-    /// connections) only once no response is open: a call's result still being written is sent.
+    /// Sends SIGHUP to this process (as a closed terminal does), and lets its handlers run.
     #[cfg(unix)]
-    #[tokio::test]
-    async fn a_graceful_shutdown_ends_the_streams_once_the_open_responses_close() {
-        let idem = Idem::in_memory();
-        let tools = crate::IdemTools::new(ToolSet::new(), &idem);
-        let make = {
-            let tools = tools.clone();
-            move || IdemServer::from_tools(tools.clone())
-        };
-        let mcp = service(make, StreamableHttpServerConfig::default());
-        let shutdown = mcp.shutdown();
-        let streams = shutdown.streams.clone();
-        let open = mcp.responses.open();
-        let signalled = tokio::spawn(shutdown.on_signal(tools));
-        // SIGHUP, as a terminal closing: the handler is installed by `on_signal`.
+    async fn hang_up() {
         let sent = std::process::Command::new("kill")
             .args(["-HUP", &std::process::id().to_string()])
             .status()
             .expect("kill runs");
         assert!(sent.success());
+    }
+
+    /// A graceful shutdown, signal by signal (one test: the signals reach the whole process).
+    /// The first stops new sessions (503) and ends rmcp's streams only once no response that
+    /// carries a result is open; the server's own end is then waited for. A second signal cuts
+    /// the wait; so does a server still open after the close grace.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_graceful_shutdown_waits_for_open_responses_and_a_second_signal_cuts() {
         let guard = std::time::Duration::from_secs(60);
-        tokio::time::timeout(guard, signalled).await.expect("resolves at the signal").unwrap();
+        let make_server = || {
+            let tools = crate::IdemTools::new(ToolSet::new(), &Idem::in_memory());
+            let make = {
+                let tools = tools.clone();
+                move || IdemServer::from_tools(tools.clone())
+            };
+            (tools, service(make, StreamableHttpServerConfig::default()))
+        };
+
+        // The drain: the streams end once the open response closes, then the server ends.
+        let (tools, mut mcp) = make_server();
+        let shutdown = mcp.shutdown();
+        let streams = shutdown.streams.clone();
+        let open = mcp.responses.open();
+        let serving = tokio::spawn(shutdown.serve(tools, {
+            let streams = streams.clone();
+            // As axum's serve: stops accepting at `draining`, ends once the streams have.
+            move |draining| async move {
+                draining.await;
+                streams.cancelled().await;
+                "served"
+            }
+        }));
+        hang_up().await;
+        tokio::time::timeout(guard, mcp.draining.cancelled()).await.expect("draining");
+        let refused = post(&mut mcp, "alice", None, initialize()).await;
+        assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()[http::header::RETRY_AFTER], "1");
         // The drain has had time to run: with no call running, only the open response holds it.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!streams.is_cancelled(), "the streams ended while a response was open");
         assert_eq!(mcp.responses.count(), 1);
         drop(open);
-        tokio::time::timeout(guard, streams.cancelled())
-            .await
-            .expect("the streams end once the last response closes");
+        let served = tokio::time::timeout(guard, serving).await.expect("ends").unwrap();
+        assert_eq!(served, Some("served"));
+        assert!(streams.is_cancelled());
+        // Once the streams are gone, every request is 503, not the 404 of an unknown session.
+        let late = post(&mut mcp, "alice", Some("any-session"), list()).await;
+        assert_eq!(late.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+
+        // A second signal ends the wait for a response that stays open.
+        let (tools, mcp) = make_server();
+        let shutdown = mcp.shutdown();
+        let streams = shutdown.streams.clone();
+        let _open = mcp.responses.open();
+        let serving = tokio::spawn(shutdown.serve(tools, |draining| async move {
+            draining.await;
+            std::future::pending::<()>().await
+        }));
+        hang_up().await;
+        tokio::time::timeout(guard, mcp.draining.cancelled()).await.expect("draining");
+        // Apart: two signals of one kind sent at once may arrive as one.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        hang_up().await;
+        let served = tokio::time::timeout(guard, serving).await.expect("cut").unwrap();
+        assert_eq!(served, None);
+        assert!(streams.is_cancelled());
+
+        // A server that does not end once drained (a connection that sent half a request) is
+        // dropped after the close grace, with no second signal.
+        let (tools, mcp) = make_server();
+        let serving = tokio::spawn(mcp.shutdown().serve(tools, |_| std::future::pending::<()>()));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        hang_up().await;
+        let served = tokio::time::timeout(guard, serving).await.expect("dropped").unwrap();
+        assert_eq!(served, None);
     }
 
     #[tokio::test]
