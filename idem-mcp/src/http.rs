@@ -412,7 +412,7 @@ pub struct Checked<S> {
     sessions: bool,
     /// rmcp's sessions on this instance: whether a `DELETE` names one (see [`Owners::knows`]).
     manager: Arc<LocalSessionManager>,
-    /// The POSTed messages whose responses are still being sent (see [`Shutdown`]).
+    /// The responses still being sent that carry a call's result (see [`Shutdown`]).
     responses: OpenResponses,
     /// Cancelled when a [`Shutdown`] starts draining: no new session is opened.
     draining: tokio_util::sync::CancellationToken,
@@ -592,7 +592,8 @@ impl Shutdown {
     }
 }
 
-/// How many POSTed messages' responses [`Checked`] is still sending.
+/// How many responses that carry a call's result (a POST's, or a `GET` resuming one)
+/// [`Checked`] is still sending.
 #[derive(Clone, Debug)]
 struct OpenResponses(Arc<tokio::sync::watch::Sender<usize>>);
 
@@ -1855,13 +1856,9 @@ mod tests {
         serve(server, request).await.status()
     }
 
-    /// MCP 2025-11-25 "Transports" (Session Management): once a session is terminated the server
-    /// MUST answer requests naming it with 404, and a DELETE is such a request. rmcp answers 202
-    /// to a DELETE of any session id, so a client that closes a session twice, or one the server
-    /// already closed for silence, is told it closed something.
-    /// Sends SIGHUP to this process (as a closed terminal does), and lets its handlers run.
+    /// Sends SIGHUP to this process, as a closed terminal does.
     #[cfg(unix)]
-    async fn hang_up() {
+    fn hang_up() {
         let sent = std::process::Command::new("kill")
             .args(["-HUP", &std::process::id().to_string()])
             .status()
@@ -1900,7 +1897,7 @@ mod tests {
                 "served"
             }
         }));
-        hang_up().await;
+        hang_up();
         tokio::time::timeout(guard, mcp.draining.cancelled()).await.expect("draining");
         let refused = post(&mut mcp, "alice", None, initialize()).await;
         assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
@@ -1926,11 +1923,11 @@ mod tests {
             draining.await;
             std::future::pending::<()>().await
         }));
-        hang_up().await;
+        hang_up();
         tokio::time::timeout(guard, mcp.draining.cancelled()).await.expect("draining");
         // Apart: two signals of one kind sent at once may arrive as one.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        hang_up().await;
+        hang_up();
         let served = tokio::time::timeout(guard, serving).await.expect("cut").unwrap();
         assert_eq!(served, None);
         assert!(streams.is_cancelled());
@@ -1940,11 +1937,15 @@ mod tests {
         let (tools, mcp) = make_server();
         let serving = tokio::spawn(mcp.shutdown().serve(tools, |_| std::future::pending::<()>()));
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        hang_up().await;
+        hang_up();
         let served = tokio::time::timeout(guard, serving).await.expect("dropped").unwrap();
         assert_eq!(served, None);
     }
 
+    /// MCP 2025-11-25 "Transports" (Session Management): once a session is terminated the server
+    /// MUST answer requests naming it with 404, and a DELETE is such a request. rmcp answers 202
+    /// to a DELETE of any session id, so a client that closes a session twice, or one the server
+    /// already closed for silence, is told it closed something.
     #[tokio::test]
     async fn a_delete_naming_an_unknown_or_closed_session_is_404() {
         let store = Arc::new(SharedSessions::default());
