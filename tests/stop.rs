@@ -122,8 +122,8 @@ async fn refund(charge: String) -> Result<String, RateLimited> {
 }
 
 /// A call that waits for another process's owner (two runtimes on one store) and is stopped
-/// meanwhile does not run the tool when the key comes free: `StoppedWaiting` (kind `cancelled`),
-/// and the key is free for the next caller.
+/// meanwhile does not run the tool when the key comes free: `StoppedWaiting` (kind
+/// `stopped_waiting`), and the key is free for the next caller.
 #[tokio::test(start_paused = true)]
 async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -143,7 +143,12 @@ async fn a_call_stopped_while_it_waits_for_another_owner_runs_nothing() {
     GATE.add_permits(1);
     assert!(owner.await.unwrap().is_err(), "the owner's attempt failed and let go");
     match waiter.await.unwrap() {
-        Err(e @ Error::StoppedWaiting { .. }) => assert_eq!(e.kind(), ErrorKind::Cancelled),
+        Err(e @ Error::StoppedWaiting { .. }) => {
+            assert_eq!(
+                (e.kind(), e.kind().as_str()),
+                (ErrorKind::StoppedWaiting, "stopped_waiting")
+            );
+        }
         other => panic!("expected StoppedWaiting, got {other:?}"),
     }
     assert_eq!(REFUNDS.load(Ordering::SeqCst), 1, "the stopped waiter ran nothing");

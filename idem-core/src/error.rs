@@ -242,8 +242,8 @@ pub enum Error<E> {
     /// had joined, or an owner in another. It ran nothing and claimed nothing, and the call it
     /// waited for is not stopped by this. A repeat is answered by that call: with its outcome
     /// once stored, or, should that call end without one (its owner died, or was stopped
-    /// too), as after any such owner. [`ErrorKind::Cancelled`], as [`Error::Cancelled`], whose
-    /// message (nothing stored, a repeat runs the tool) would be false here.
+    /// too), as after any such owner. Not [`Error::Cancelled`], whose message (nothing stored,
+    /// a repeat runs the tool) would be false here.
     #[error(
         "the call of `{tool}` was stopped by its caller while it waited for another call with \
          its idempotency key {key}; it ran nothing and did not stop that call, so a repeat gets \
@@ -407,7 +407,8 @@ impl<E> Error<E> {
             Error::ReplayFailed { .. } => ErrorKind::ReplayFailed,
             Error::OutputNotStorable { .. } => ErrorKind::OutputNotStorable,
             Error::Panicked { .. } => ErrorKind::Panicked,
-            Error::Cancelled { .. } | Error::StoppedWaiting { .. } => ErrorKind::Cancelled,
+            Error::Cancelled { .. } => ErrorKind::Cancelled,
+            Error::StoppedWaiting { .. } => ErrorKind::StoppedWaiting,
             Error::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -510,8 +511,12 @@ pub enum ErrorKind {
     Internal,
     /// `tool_panicked`: [`Error::Panicked`].
     Panicked,
-    /// `cancelled`: [`Error::Cancelled`], [`Error::StoppedWaiting`].
+    /// `cancelled`: [`Error::Cancelled`].
     Cancelled,
+    /// `stopped_waiting`: [`Error::StoppedWaiting`]. Apart from `cancelled` because a repeat is
+    /// answered differently: after `cancelled` it runs the tool, after this it gets the outcome
+    /// of the call that was waited for.
+    StoppedWaiting,
 }
 
 impl ErrorKind {
@@ -535,6 +540,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::Panicked => "tool_panicked",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::StoppedWaiting => "stopped_waiting",
         }
     }
 }

@@ -554,6 +554,10 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     // store their outcomes, sends their clients the results, then ends the open streams.
     let served = shutdown
         .serve(tools, |draining| {
+            let draining = async move {
+                draining.await;
+                eprintln!("payments_mcp: draining: finishing the calls in flight, then exiting");
+            };
             axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
         })
         .await;

@@ -102,8 +102,18 @@ pub fn service_with_sessions(
 ) -> Checked<StreamableHttpService<IdemServer, LocalSessionManager>> {
     // The principal function every session's server is made with: one server made here only to
     // read it (making one is cheap and starts nothing).
-    let principal = make().tools().principal_fn();
-    service_for(make, principal, config, sessions)
+    let sample = make().tools().clone();
+    if !sample.shares_calls(make().tools()) {
+        tracing::warn!(
+            "each MCP session gets IdemTools of its own (`make` builds them, as \
+             `IdemServer::new` does): a shutdown cannot wait for their calls once their clients \
+             have gone; build one IdemTools and give every session a clone \
+             (`IdemServer::from_tools(tools.clone())`)"
+        );
+    }
+    let mut checked = service_for(make, sample.principal_fn(), config, sessions);
+    checked.tools = Some(sample);
+    checked
 }
 
 /// [`service_with_sessions`] for a server of the app's own (an rmcp `ServerHandler` whose router
@@ -143,6 +153,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         manager,
         responses: OpenResponses::default(),
         draining: tokio_util::sync::CancellationToken::new(),
+        tools: None,
         streams,
     }
 }
@@ -416,6 +427,9 @@ pub struct Checked<S> {
     responses: OpenResponses,
     /// Cancelled when a [`Shutdown`] starts draining: no new session is opened.
     draining: tokio_util::sync::CancellationToken,
+    /// The tools of the sessions' servers, when this service makes them: a [`Shutdown`] checks
+    /// that it waits for the same calls.
+    tools: Option<crate::IdemTools>,
     /// rmcp's `cancellation_token`: cancelled, it ends every stream and session.
     streams: tokio_util::sync::CancellationToken,
 }
@@ -428,6 +442,7 @@ impl<S> Checked<S> {
             responses: self.responses.clone(),
             draining: self.draining.clone(),
             streams: self.streams.clone(),
+            sessions_tools: self.tools.clone(),
         }
     }
 }
@@ -483,6 +498,8 @@ pub struct Shutdown {
     responses: OpenResponses,
     draining: tokio_util::sync::CancellationToken,
     streams: tokio_util::sync::CancellationToken,
+    /// See [`Checked`]'s `tools`.
+    sessions_tools: Option<crate::IdemTools>,
 }
 
 /// How long the connections have to close once the drain is done (see [`Shutdown`]): enough
@@ -519,6 +536,13 @@ impl Shutdown {
         tools: crate::IdemTools,
         serve: impl FnOnce(Draining) -> F,
     ) -> impl std::future::Future<Output = Option<F::Output>> {
+        if self.sessions_tools.as_ref().is_some_and(|own| !own.shares_calls(&tools)) {
+            tracing::warn!(
+                "the IdemTools given to Shutdown::serve are not the ones the MCP sessions use: \
+                 the drain waits only for calls whose clients are still connected; pass the \
+                 IdemTools whose clones `make` gives the sessions"
+            );
+        }
         // Installed now: a signal that comes before the future is first polled is not missed.
         let signals = crate::shutdown::Signals::new();
         let serving = serve(Draining(Box::pin(self.draining.clone().cancelled_owned())));
@@ -1854,6 +1878,16 @@ mod tests {
             .body(Full::new(Bytes::new()))
             .unwrap();
         serve(server, request).await.status()
+    }
+
+    /// Clones of one `IdemTools` wait for each other's calls; two built apart do not (which
+    /// `service_with_sessions` and `Shutdown::serve` warn of).
+    #[test]
+    fn tools_share_calls_only_with_their_clones() {
+        let idem = Idem::in_memory();
+        let one = crate::IdemTools::new(ToolSet::new(), &idem);
+        assert!(one.shares_calls(&one.clone()));
+        assert!(!one.shares_calls(&crate::IdemTools::new(ToolSet::new(), &idem)));
     }
 
     /// Sends SIGHUP to this process, as a closed terminal does.

@@ -281,6 +281,12 @@ impl IdemTools {
         self.principal.clone()
     }
 
+    /// Whether `other` is this value or a clone of it, so that each waits for the other's calls.
+    #[cfg(feature = "http")]
+    pub(crate) fn shares_calls(&self, other: &IdemTools) -> bool {
+        TaskTracker::ptr_eq(&self.calls, &other.calls)
+    }
+
     /// The session run for a request: over HTTP, inside the request's principal. `Err` is the
     /// refusal of a `keyed` or `never` call that has no principal.
     fn session_for(&self, name: &str, context: &RequestContext<RoleServer>) -> Result<Run, String> {

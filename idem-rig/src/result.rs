@@ -39,6 +39,7 @@ pub fn to_rig(result: ToolResult) -> Result<ToolOutput, ToolExecutionError> {
 /// | `budget_exhausted` | `RateLimited` | yes, later |
 /// | `store_unavailable` | `Network` | yes, when the store is back (nothing ran) |
 /// | `lease_lost` | `Other` | yes: a repeat returns the new owner's result |
+/// | `stopped_waiting` | `Other` | yes: a repeat returns the result of the call it waited for |
 /// | `tool_error` | `Provider` | as the result's `error.retryable`: no for a permanent error (stored and replayed), yes for the last of transient or ambiguous failures (nothing stored; a repeat runs again) |
 /// | `outcome_unknown`, `key_reuse_mismatch`, `replay_failed`, `output_not_json`, `tool_panicked`, others | `Other` | no |
 pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
@@ -50,7 +51,7 @@ pub fn tool_error(result: &ToolResult) -> ToolExecutionError {
         Some(ErrorKind::Timeout) => (ToolErrorKind::Timeout, true),
         Some(ErrorKind::BudgetExhausted) => (ToolErrorKind::RateLimited, true),
         Some(ErrorKind::StoreUnavailable) => (ToolErrorKind::Network, true),
-        Some(ErrorKind::LeaseLost) => (ToolErrorKind::Other, true),
+        Some(ErrorKind::LeaseLost | ErrorKind::StoppedWaiting) => (ToolErrorKind::Other, true),
         Some(ErrorKind::Tool) => {
             let retryable = result.content["error"]["retryable"].as_bool().unwrap_or(false);
             (ToolErrorKind::Provider, retryable)
@@ -93,6 +94,7 @@ mod tests {
             (ErrorKind::KeyReuseMismatch, ToolErrorKind::Other, Some(false)),
             (ErrorKind::Timeout, ToolErrorKind::Timeout, Some(true)),
             (ErrorKind::StoreUnavailable, ToolErrorKind::Network, Some(true)),
+            (ErrorKind::StoppedWaiting, ToolErrorKind::Other, Some(true)),
             (ErrorKind::Tool, ToolErrorKind::Provider, Some(false)),
         ];
         for (idem_kind, rig_kind, retryable) in cases {
