@@ -561,6 +561,13 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
             axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
         })
         .await;
-    // `None`: a second signal, or connections left open, cut the wait; returning ends them.
-    served.unwrap_or(Ok(())).map_err(|e| e.to_string())
+    match served {
+        idem_mcp::http::Served::Ended(served) => served.map_err(|e| e.to_string()),
+        // Every call finished and was stored; returning ends the connections left open.
+        idem_mcp::http::Served::Drained => Ok(()),
+        // A supervisor hears that calls were left to their leases.
+        idem_mcp::http::Served::Cut { calls } => Err(format!(
+            "stopped by a second signal with {calls} call(s) still running, left to their leases"
+        )),
+    }
 }

@@ -464,7 +464,7 @@ impl<S> Checked<S> {
 /// //     .serve(tools, |draining| {
 /// //         axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
 /// //     })
-/// //     .await;
+/// //     .await; // Served::Ended(io::Result<()>), Served::Drained, or Served::Cut { calls }
 /// # let _ = (mcp, shutdown.serve(tools, |draining| draining));
 /// # }
 /// ```
@@ -480,12 +480,12 @@ impl<S> Checked<S> {
 ///    `GET` resuming one with `Last-Event-ID`), rmcp's `cancellation_token` is cancelled: the
 ///    standalone `GET` streams and the sessions end, and any request still arriving is
 ///    answered 503.
-/// 4. The connections then have [`CLOSE_GRACE`] to close (the server's own future ends);
-///    after it, those still open (a request sent in part, a client that stopped reading) are
-///    dropped with the server's future.
+/// 4. The connections then have [`CLOSE_GRACE`] to close (the server's own future ends:
+///    [`Served::Ended`]); after it, those still open (a request sent in part, a client that
+///    stopped reading) are dropped with the server's future ([`Served::Drained`]).
 ///
-/// A second signal ends the wait at once: responses still open are cut, and calls still
-/// running are left to their leases (a `keyed` repeat runs again once the lease ends, a
+/// A second signal ends the wait at once ([`Served::Cut`]): responses still open are cut, and
+/// calls still running are left to their leases (a `keyed` repeat runs again once the lease ends, a
 /// `never` one answers "outcome unknown"). Two signals of one kind sent back to back may
 /// arrive as one (pending signals coalesce); another signal kind, or a pause, always counts.
 /// A client that never reads its response holds step 3 until then, or until the SIGKILL that
@@ -523,19 +523,37 @@ impl std::fmt::Debug for Draining {
     }
 }
 
+/// How a server run by [`Shutdown::serve`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Served<T> {
+    /// The server's own future ended (after a drain, or before any signal) with this output.
+    Ended(T),
+    /// Drained: every call finished and was stored and every result was sent, but connections
+    /// still open after [`CLOSE_GRACE`] (or at a second signal) were dropped with the server's
+    /// future. Nothing was lost.
+    Drained,
+    /// A second signal cut the drain: responses still open were cut, and `calls` calls still
+    /// running were left to their leases (a `keyed` repeat runs again once a lease ends, a
+    /// `never` one answers "outcome unknown"). A supervisor may want to hear of it: exit with
+    /// an error.
+    Cut {
+        /// The calls still running when the drain was cut.
+        calls: usize,
+    },
+}
+
 impl Shutdown {
     /// Runs the server `serve` makes (given the [`Draining`] future to stop accepting on) until
-    /// it ends, or until a signal and the drain described on [`Shutdown`]. Returns what the
-    /// server's future returned, or `None` when the wait was cut (a second signal, or
-    /// connections still open after [`CLOSE_GRACE`]): the server's future is dropped then, and
-    /// the process should return from `main`, which ends the connections' tasks. The signal
-    /// handlers are installed for the whole process when this is called; `tools` must be the
-    /// ones every session serves (clones of one [`IdemTools`](crate::IdemTools)).
+    /// it ends, or until a signal and the drain described on [`Shutdown`], and says how it
+    /// ended ([`Served`]). Unless it is [`Served::Ended`], the server's future was dropped,
+    /// and the process should return from `main`, which ends the connections' tasks. The
+    /// signal handlers are installed for the whole process when this is called; `tools` must
+    /// be the ones every session serves (clones of one [`IdemTools`](crate::IdemTools)).
     pub fn serve<F: std::future::Future>(
         self,
         tools: crate::IdemTools,
         serve: impl FnOnce(Draining) -> F,
-    ) -> impl std::future::Future<Output = Option<F::Output>> {
+    ) -> impl std::future::Future<Output = Served<F::Output>> {
         if self.sessions_tools.as_ref().is_some_and(|own| !own.shares_calls(&tools)) {
             tracing::warn!(
                 "the IdemTools given to Shutdown::serve are not the ones the MCP sessions use: \
@@ -554,10 +572,10 @@ impl Shutdown {
         tools: crate::IdemTools,
         mut signals: crate::shutdown::Signals,
         serving: F,
-    ) -> Option<F::Output> {
+    ) -> Served<F::Output> {
         let mut serving = std::pin::pin!(serving);
         let signal = tokio::select! {
-            served = &mut serving => return Some(served),
+            served = &mut serving => return Served::Ended(served),
             signal = signals.next() => signal,
         };
         tracing::info!(
@@ -567,14 +585,6 @@ impl Shutdown {
         );
         tools.stop_calls();
         self.draining.cancel();
-        let cut = |signal: &str, responses: usize| {
-            tracing::warn!(
-                signal,
-                calls = tools.calls_running(),
-                responses,
-                "ending the open responses; the calls still running are left to their leases"
-            );
-        };
         // The server may end first (its last connection closed): the calls still running are
         // waited for all the same, as their outcomes must be stored before the process exits.
         let mut served = None;
@@ -588,31 +598,34 @@ impl Shutdown {
                 out = &mut serving, if served.is_none() => served = Some(out),
                 () = &mut drained => break,
                 signal = signals.next() => {
-                    cut(signal, self.responses.count());
+                    let calls = tools.calls_running();
+                    tracing::warn!(
+                        signal,
+                        calls,
+                        responses = self.responses.count(),
+                        "ending the open responses; the calls still running are left to their \
+                         leases"
+                    );
                     self.streams.cancel();
-                    return served;
+                    return Served::Cut { calls };
                 }
             }
         }
         self.streams.cancel();
-        if served.is_some() {
-            return served;
+        if let Some(served) = served {
+            return Served::Ended(served);
         }
-        tokio::select! {
-            served = &mut serving => Some(served),
-            () = tokio::time::sleep(CLOSE_GRACE) => {
-                tracing::warn!(
-                    grace = ?CLOSE_GRACE,
-                    "connections still open after the drain (a request sent in part, a client \
-                     that stopped reading): dropping them"
-                );
-                None
-            }
-            signal = signals.next() => {
-                cut(signal, 0);
-                None
-            }
-        }
+        let why = tokio::select! {
+            served = &mut serving => return Served::Ended(served),
+            () = tokio::time::sleep(CLOSE_GRACE) => "the close grace ended",
+            signal = signals.next() => signal,
+        };
+        tracing::warn!(
+            why,
+            "connections still open after the drain (a request sent in part, a client that \
+             stopped reading): dropping them"
+        );
+        Served::Drained
     }
 }
 
@@ -1942,7 +1955,7 @@ mod tests {
         assert_eq!(mcp.responses.count(), 1);
         drop(open);
         let served = tokio::time::timeout(guard, serving).await.expect("ends").unwrap();
-        assert_eq!(served, Some("served"));
+        assert_eq!(served, Served::Ended("served"));
         assert!(streams.is_cancelled());
         // Once the streams are gone, every request is 503, not the 404 of an unknown session.
         let late = post(&mut mcp, "alice", Some("any-session"), list()).await;
@@ -1963,7 +1976,8 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         hang_up();
         let served = tokio::time::timeout(guard, serving).await.expect("cut").unwrap();
-        assert_eq!(served, None);
+        // Cut while a response was open (no call runs in this test's tools).
+        assert_eq!(served, Served::Cut { calls: 0 });
         assert!(streams.is_cancelled());
 
         // A server that does not end once drained (a connection that sent half a request) is
@@ -1973,7 +1987,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         hang_up();
         let served = tokio::time::timeout(guard, serving).await.expect("dropped").unwrap();
-        assert_eq!(served, None);
+        assert_eq!(served, Served::Drained);
     }
 
     /// MCP 2025-11-25 "Transports" (Session Management): once a session is terminated the server
