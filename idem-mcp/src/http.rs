@@ -1914,28 +1914,40 @@ mod tests {
     }
 
     /// A graceful shutdown, signal by signal (one test: the signals reach the whole process).
-    /// The first stops new sessions (503) and ends rmcp's streams only once no response that
-    /// carries a result is open; the server's own end is then waited for. A second signal cuts
-    /// the wait; so does a server still open after the close grace.
+    /// The first stops new sessions (503) and lets a call that runs (1.5 s) finish and send its
+    /// result before rmcp's streams end; the server's own end is then waited for. A second
+    /// signal cuts the wait, naming the call it leaves; so does a server still open after the
+    /// close grace, with nothing lost.
     #[cfg(unix)]
     #[tokio::test]
-    async fn a_graceful_shutdown_waits_for_open_responses_and_a_second_signal_cuts() {
+    async fn a_graceful_shutdown_sends_the_running_calls_results_and_a_second_signal_cuts() {
         let guard = std::time::Duration::from_secs(60);
         let make_server = || {
-            let tools = crate::IdemTools::new(ToolSet::new(), &Idem::in_memory());
+            let set = ToolSet::new().with(SlowLookupTool).unwrap();
+            let tools = crate::IdemTools::new(set, &Idem::in_memory());
             let make = {
                 let tools = tools.clone();
                 move || IdemServer::from_tools(tools.clone())
             };
             (tools, service(make, StreamableHttpServerConfig::default()))
         };
+        let lookup = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "drained"}}});
+        let call = |session: &str| {
+            request_of(Some("2025-11-25"), http::Method::POST, Some(session), Some(lookup.clone()))
+        };
 
-        // The drain: the streams end once the open response closes, then the server ends.
+        // The drain: the call finishes and its client reads the result, then the streams end,
+        // then the server.
         let (tools, mut mcp) = make_server();
+        let session = open_session(&mut mcp).await;
+        let stream = serve(&mut mcp, call(&session)).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        // A second response carrying a result, still being sent once the call is done.
+        let open = mcp.responses.open();
         let shutdown = mcp.shutdown();
         let streams = shutdown.streams.clone();
-        let open = mcp.responses.open();
-        let serving = tokio::spawn(shutdown.serve(tools, {
+        let serving = tokio::spawn(shutdown.serve(tools.clone(), {
             let streams = streams.clone();
             // As axum's serve: stops accepting at `draining`, ends once the streams have.
             move |draining| async move {
@@ -1949,7 +1961,15 @@ mod tests {
         let refused = post(&mut mcp, "alice", None, initialize()).await;
         assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(refused.headers()[http::header::RETRY_AFTER], "1");
-        // The drain has had time to run: with no call running, only the open response holds it.
+        // The drain has had time to run; the call has not (1.5 s).
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!streams.is_cancelled(), "the streams ended while a call ran");
+        assert_eq!((tools.calls_running(), mcp.responses.count()), (1, 2));
+        let result = tokio::time::timeout(guard, text(stream)).await.expect("the result");
+        assert!(result.contains(r#""text":"drained""#), "{result}");
+        assert!(result.contains(r#""isError":false"#), "{result}");
+        // The call is done and its result sent: only the other open response holds the drain.
+        tokio::time::timeout(guard, tools.calls_finished()).await.expect("finished");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!streams.is_cancelled(), "the streams ended while a response was open");
         assert_eq!(mcp.responses.count(), 1);
@@ -1958,14 +1978,15 @@ mod tests {
         assert_eq!(served, Served::Ended("served"));
         assert!(streams.is_cancelled());
         // Once the streams are gone, every request is 503, not the 404 of an unknown session.
-        let late = post(&mut mcp, "alice", Some("any-session"), list()).await;
+        let late = post(&mut mcp, "alice", Some(&session), list()).await;
         assert_eq!(late.status(), http::StatusCode::SERVICE_UNAVAILABLE);
 
-        // A second signal ends the wait for a response that stays open.
-        let (tools, mcp) = make_server();
+        // A second signal ends the wait for a call that still runs, and names it.
+        let (tools, mut mcp) = make_server();
+        let session = open_session(&mut mcp).await;
+        let _stream = serve(&mut mcp, call(&session)).await;
         let shutdown = mcp.shutdown();
         let streams = shutdown.streams.clone();
-        let _open = mcp.responses.open();
         let serving = tokio::spawn(shutdown.serve(tools, |draining| async move {
             draining.await;
             std::future::pending::<()>().await
@@ -1976,8 +1997,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         hang_up();
         let served = tokio::time::timeout(guard, serving).await.expect("cut").unwrap();
-        // Cut while a response was open (no call runs in this test's tools).
-        assert_eq!(served, Served::Cut { calls: 0 });
+        assert_eq!(served, Served::Cut { calls: 1 });
         assert!(streams.is_cancelled());
 
         // A server that does not end once drained (a connection that sent half a request) is
