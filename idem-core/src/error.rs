@@ -381,6 +381,11 @@ impl<E> Error<E> {
         })
     }
 
+    /// Whether the caller stopped the call ([`Error::Cancelled`], [`Error::StoppedWaiting`]).
+    pub(crate) fn is_stopped(&self) -> bool {
+        matches!(self, Error::Cancelled { .. } | Error::StoppedWaiting { .. })
+    }
+
     /// The tool's own error: of [`Error::Tool`], or the last one before a budget stopped the
     /// retries ([`Error::BudgetExhausted`]).
     pub fn tool_error(&self) -> Option<&E> {

@@ -802,12 +802,14 @@ where
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            let refused = match owners.allows(&parts).await {
-                // The sessions are gone: a 404 would send the client to open another here.
-                _ if ended => Some(shutting_down()),
-                Access::Allowed => None,
-                Access::Refused => Some(unknown_session()),
-                Access::StoreFailed => {
+            // The sessions are gone: a 404 would send the client to open another here. Decided
+            // before the owner is looked up, which may read the session store.
+            let access = if ended { None } else { Some(owners.allows(&parts).await) };
+            let refused = match access {
+                None => Some(shutting_down()),
+                Some(Access::Allowed) => None,
+                Some(Access::Refused) => Some(unknown_session()),
+                Some(Access::StoreFailed) => {
                     let text = "Service Unavailable: the session store could not be read";
                     Some(reply(http::StatusCode::SERVICE_UNAVAILABLE, text.into()))
                 }

@@ -714,9 +714,8 @@ impl<T: Tool> Call<'_, T> {
         match self.take_back().await {
             // Stopped while it waited for the new owner: this call's tool ran, so it is not
             // `Cancelled` with nothing run; the key is the new owner's.
-            Err(Some(Err(Error::Cancelled { .. } | Error::StoppedWaiting { .. }))) | Err(None) => {
-                Err(self.lease_lost())
-            }
+            Err(Some(Err(e))) if e.is_stopped() => Err(self.lease_lost()),
+            Err(None) => Err(self.lease_lost()),
             Err(Some(answer)) => answer,
             Ok(fence) => {
                 match self.store_outcome(fence, outcome, self.policy.ttl).await {
@@ -746,9 +745,7 @@ impl<T: Tool> Call<'_, T> {
                 self.owns_after_waiting();
                 Ok(fence)
             }
-            Err(Some(Err(Error::Cancelled { .. } | Error::StoppedWaiting { .. }))) => {
-                Err(Err(self.cancelled(attempts)))
-            }
+            Err(Some(Err(e))) if e.is_stopped() => Err(Err(self.cancelled(attempts))),
             Err(Some(answer)) => Err(answer),
             // The store cannot be asked for the new owner's answer: "unavailable, nothing was
             // executed" would be false after this call's attempts; the new owner's result

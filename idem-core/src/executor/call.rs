@@ -243,7 +243,7 @@ impl<T: Tool> Call<'_, T> {
                         }
                         // Stopped by this caller, not by the joiners: they start over, as
                         // after a leader that went away, and one of them runs the call.
-                        Err(e @ (Error::Cancelled { .. } | Error::StoppedWaiting { .. })) => {
+                        Err(e) if e.is_stopped() => {
                             drop(leader);
                             Err(e)
                         }
