@@ -1933,6 +1933,13 @@ mod tests {
             };
             (tools, service(make, StreamableHttpServerConfig::default()))
         };
+        // The response's head comes before rmcp hands the call to the tools: a signal before
+        // that would stop it from starting at all.
+        let until_running = |tools: crate::IdemTools| async move {
+            while tools.calls_running() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
         let lookup = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "drained"}}});
         let call = |session: &str| {
@@ -1945,6 +1952,7 @@ mod tests {
         let session = open_session(&mut mcp).await;
         let stream = serve(&mut mcp, call(&session)).await;
         assert_eq!(stream.status(), http::StatusCode::OK);
+        tokio::time::timeout(guard, until_running(tools.clone())).await.expect("the call runs");
         // A second response carrying a result, still being sent once the call is done.
         let open = mcp.responses.open();
         let shutdown = mcp.shutdown();
@@ -1987,6 +1995,7 @@ mod tests {
         let (tools, mut mcp) = make_server();
         let session = open_session(&mut mcp).await;
         let _stream = serve(&mut mcp, call(&session)).await;
+        tokio::time::timeout(guard, until_running(tools.clone())).await.expect("the call runs");
         let shutdown = mcp.shutdown();
         let streams = shutdown.streams.clone();
         let serving = tokio::spawn(shutdown.serve(tools, |draining| async move {
