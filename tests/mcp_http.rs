@@ -49,7 +49,8 @@ fn case(name: &str) {
 }
 
 #[test]
-fn an_expired_session_answers_404_and_its_reinitialized_repeat_replays_for_the_same_token_only() {
+fn a_call_longer_than_the_idle_limit_keeps_its_session_then_it_expires_with_404_and_a_repeat_replays()
+ {
     case("expiry");
 }
 

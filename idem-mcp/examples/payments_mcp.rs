@@ -23,7 +23,8 @@
 //! - `PAYMENTS_DELAY_MS` (default 0): how long the provider takes to answer a charge, in ms
 //!   (lets a client time out while the charge is still in flight).
 //! - `PAYMENTS_SESSION_IDLE_MS` (default rmcp's 5 minutes; only with `--http`): how long an MCP
-//!   session may be silent before the server closes it (a request in it then gets HTTP 404).
+//!   session may be idle (no request, no call's response being sent) before the server closes it
+//!   (a request in it then gets HTTP 404).
 //! - `PAYMENTS_AMBIGUOUS_REFUND_CENTS` (default 13): a refund of exactly this amount reaches the
 //!   provider, takes effect, and then times out. `refund` then reconciles: it looks the refund up
 //!   in the provider's list of refunds by its idempotency key, finds it and answers with it.

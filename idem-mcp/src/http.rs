@@ -66,6 +66,8 @@ pub use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService,
 };
 
+mod idle;
+
 use crate::IdemServer;
 use crate::jsonrpc::{
     ArgumentsText, CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_lossy,
@@ -88,9 +90,12 @@ pub fn service(
 }
 
 /// [`service`] with rmcp's settings for its sessions: `keep_alive` (default 5 minutes) is how
-/// long a session may go without a message before rmcp closes it; a request naming a closed
-/// session gets HTTP 404, and the client starts a new session. rmcp counts a tool call that is
-/// still running as silence, so keep it longer than the slowest tool.
+/// long a session may stay idle before it is closed; a request naming a closed session gets HTTP
+/// 404, and the client starts a new session. A session is idle while no request names it and no
+/// response carrying a call's result is open: a tool call that runs for longer than `keep_alive`
+/// keeps its session, and its client gets the result. (rmcp alone counts a running call as
+/// silence; [`Checked`] keeps this timer in its place.) A standalone `GET` stream does not keep a
+/// session open, as for rmcp.
 ///
 /// Keys do not depend on the session: a client that re-initializes and repeats a call with the
 /// same principal and `_meta["idem/run"]` gets the first call's outcome; one that names no run
@@ -126,14 +131,18 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     config: StreamableHttpServerConfig,
     sessions: SessionConfig,
 ) -> Checked<StreamableHttpService<H, LocalSessionManager>> {
+    let idle = idle::Idle::new(sessions.keep_alive);
     let owners = Owners {
         principal,
         keep_alive: sessions.keep_alive,
+        idle: idle.clone(),
         sessions: Arc::default(),
         store: config.session_store.clone(),
     };
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
+    // Idle sessions are closed by `idle`, which does not count a running call as silence.
+    manager.session_config.keep_alive = None;
     let max_body_bytes = config.max_request_body_bytes;
     // The MCP spec's MUST: with no origins listed, rmcp would check none.
     let config =
@@ -142,8 +151,10 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     let streams = config.cancellation_token.clone();
     let manager = Arc::new(manager);
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::clone(&manager), config);
-    let versions = Versions { keep_alive: owners.keep_alive, sessions: Arc::default() };
+    let versions =
+        Versions { keep_alive: owners.keep_alive, idle: idle.clone(), sessions: Arc::default() };
     Checked {
+        idle,
         inner,
         max_body_bytes,
         in_flight: Arc::default(),
@@ -164,6 +175,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
 struct Owners {
     principal: Option<PrincipalFn>,
     keep_alive: Option<std::time::Duration>,
+    idle: idle::Idle,
     sessions: Arc<std::sync::Mutex<SessionOwners>>,
     /// rmcp's `session_store`, shared with other instances: where a session opened elsewhere
     /// keeps its owner.
@@ -207,18 +219,20 @@ impl std::fmt::Debug for Owners {
 const OWNERS_SWEEP_AT: usize = 1024;
 
 /// Notes `value` for `session` (now its last use), in a map of what this layer keeps per session
-/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those idle for longer than
-/// rmcp keeps a session are forgotten first.
+/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those idle for longer than a
+/// session is kept are forgotten first (the task that closes them forgets them too; this bounds
+/// the map should one be missed).
 fn note_session<V>(
     sessions: &mut std::collections::HashMap<String, (V, Instant)>,
     keep_alive: Option<std::time::Duration>,
+    idle: &idle::Idle,
     session: &str,
     value: V,
 ) {
     if sessions.len() >= OWNERS_SWEEP_AT
         && let Some(keep) = keep_alive
     {
-        sessions.retain(|_, (_, seen)| seen.elapsed() <= keep);
+        sessions.retain(|id, (_, seen)| seen.elapsed() <= keep || idle.in_use(id));
     }
     sessions.insert(session.to_owned(), (value, Instant::now()));
 }
@@ -267,10 +281,7 @@ impl Owners {
     /// before any other instance can be asked for the session).
     async fn opened(&self, parts: &http::request::Parts, answer: &Response) {
         let Some(principal) = &self.principal else { return };
-        let Some(session) = answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
-        else {
-            return;
-        };
+        let Some(session) = opened_session(answer) else { return };
         let who = principal(parts);
         if let Some(store) = &self.store {
             // rmcp stored the state before answering. A failure leaves it without an owner,
@@ -292,7 +303,7 @@ impl Owners {
     }
 
     fn note(&self, session: &str, who: Option<String>) {
-        note_session(&mut self.lock(), self.keep_alive, session, who);
+        note_session(&mut self.lock(), self.keep_alive, &self.idle, session, who);
     }
 
     /// Whether `session` is open here or, with a session store, stored for another instance to
@@ -311,8 +322,12 @@ impl Owners {
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.lock().remove(session);
+            self.forget(session);
         }
+    }
+
+    fn forget(&self, session: &str) {
+        self.lock().remove(session);
     }
 }
 
@@ -320,6 +335,11 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 fn session_id(parts: &http::request::Parts) -> Option<&str> {
     parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// The session an `initialize` answer opened.
+fn opened_session(answer: &Response) -> Option<&str> {
+    answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
 }
 
 /// The MCP session rmcp serves the request in, if any: behind [`Checked`] as it routed the
@@ -413,6 +433,8 @@ const TERMINATED: &[u8] = b"Session service terminated";
 #[derive(Clone, Debug)]
 pub struct Checked<S> {
     inner: S,
+    /// When each session was last used, and the task that closes the idle ones.
+    idle: idle::Idle,
     max_body_bytes: usize,
     /// The requests of each session whose response is still being sent: (session, request id).
     in_flight: InFlightIds,
@@ -723,12 +745,13 @@ impl Drop for IdInFlight {
     }
 }
 
-/// A response body that holds its request's [`IdInFlight`], if any, and its place among the
-/// [`OpenResponses`] until it is dropped.
+/// A response body that holds, until it is dropped, its request's [`IdInFlight`], its place
+/// among the [`OpenResponses`] and its session's use, each if any.
 struct Tracked {
     body: BoxBody<Bytes, Infallible>,
     _id: Option<IdInFlight>,
-    _open: OpenResponse,
+    _open: Option<OpenResponse>,
+    _in_use: Option<idle::InUse>,
 }
 
 impl http_body::Body for Tracked {
@@ -800,6 +823,14 @@ where
         let manager = Arc::clone(&self.manager);
         let responses = self.responses.clone();
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
+        let idle = self.idle.clone();
+        idle.start_closing(&self.manager, &self.streams, {
+            let (owners, versions) = (owners.clone(), versions.clone());
+            move |session| {
+                owners.forget(session);
+                versions.forget(session);
+            }
+        });
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             // The sessions are gone: a 404 would send the client to open another here. Decided
@@ -914,16 +945,30 @@ where
                                 // rmcp is handed the message itself. The arguments' exact text
                                 // is in the head.
                                 let body = serde_json::to_vec(&*message).map_or(bytes, Bytes::from);
+                                let named =
+                                    session_id(&parts).filter(|_| routed).map(str::to_owned);
                                 let request = http::Request::from_parts(parts, Full::new(body));
                                 let answer =
                                     terminated_as_unknown(inner.call(request).await?).await;
                                 if let Some(head) = head {
                                     owners.opened(&head, &answer).await;
                                     versions.opened(&answer, priming);
+                                    if let Some(opened) = opened_session(&answer) {
+                                        idle.used(opened);
+                                    }
                                 }
+                                // Until its response ends, the request keeps its session open.
+                                let in_use = named
+                                    .filter(|_| answer.status().is_success())
+                                    .map(|session| idle.call_response(&session));
                                 let answer = if priming { answer } else { without_priming(answer) };
                                 return Ok(answer.map(|body| {
-                                    BoxBody::new(Tracked { body, _id: id, _open: open })
+                                    BoxBody::new(Tracked {
+                                        body,
+                                        _id: id,
+                                        _open: Some(open),
+                                        _in_use: in_use,
+                                    })
                                 }));
                             }
                         }
@@ -950,8 +995,22 @@ where
             let resumes = parts.method == http::Method::GET
                 && parts.headers.get("last-event-id").is_some_and(|v| v.as_bytes().contains(&b'/'));
             let open = resumes.then(|| responses.open());
+            let named = session_id(&parts).filter(|_| sessions).map(str::to_owned);
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
+            // A resumed call's stream keeps its session open until it ends; a standalone stream
+            // is a use of it when it opens.
+            let in_use = match named {
+                Some(session) if answer.status().is_success() && delete.is_none() => {
+                    if resumes {
+                        Some(idle.call_response(&session))
+                    } else {
+                        idle.used(&session);
+                        None
+                    }
+                }
+                _ => None,
+            };
             // The standalone stream of a `GET`.
             let mut answer = if priming { answer } else { without_priming(answer) };
             if let Some(head) = delete
@@ -959,6 +1018,9 @@ where
             {
                 owners.closed(&head);
                 versions.closed(&head);
+                if let Some(session) = session_id(&head) {
+                    idle.closed(session);
+                }
                 if unknown {
                     return Ok(unknown_session());
                 }
@@ -969,11 +1031,11 @@ where
                     *answer.status_mut() = http::StatusCode::OK;
                 }
             }
-            Ok(match open {
-                Some(open) => {
-                    answer.map(|body| BoxBody::new(Tracked { body, _id: None, _open: open }))
-                }
-                None => answer,
+            Ok(match (open, in_use) {
+                (None, None) => answer,
+                (open, in_use) => answer.map(|body| {
+                    BoxBody::new(Tracked { body, _id: None, _open: open, _in_use: in_use })
+                }),
             })
         })
     }
@@ -1040,6 +1102,7 @@ const PRIMING_SINCE: &str = "2025-11-25";
 #[derive(Clone, Debug)]
 struct Versions {
     keep_alive: Option<std::time::Duration>,
+    idle: idle::Idle,
     sessions: Arc<std::sync::Mutex<std::collections::HashMap<String, (bool, Instant)>>>,
 }
 
@@ -1097,18 +1160,19 @@ impl Versions {
 
     /// Notes how the client of the session `answer` opened reads priming events.
     fn opened(&self, answer: &Response, reads: bool) {
-        let Some(session) = answer.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok())
-        else {
-            return;
-        };
-        note_session(&mut self.lock(), self.keep_alive, session, reads);
+        let Some(session) = opened_session(answer) else { return };
+        note_session(&mut self.lock(), self.keep_alive, &self.idle, session, reads);
     }
 
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.lock().remove(session);
+            self.forget(session);
         }
+    }
+
+    fn forget(&self, session: &str) {
+        self.lock().remove(session);
     }
 }
 
@@ -1737,12 +1801,13 @@ mod tests {
         assert!(answer.contains(r#""id":4,"result":{}"#), "{answer}");
     }
 
-    /// A session closed for idleness while a call still runs is listed until the call ends, and
-    /// rmcp answered its requests with a 500 ("Session service terminated"), on which clients
-    /// give up. It is the 404 of a terminated session (MCP 2025-11-25 "Transports"), on which
-    /// they start a new one.
+    /// A call that runs for longer than the session's `keep_alive` keeps its session open (rmcp
+    /// alone closed it at `keep_alive`, and the call's client never got its result); once the
+    /// call's response has been sent, the session is idle, and it is closed after `keep_alive`:
+    /// a request naming it then gets 404, the answer for a terminated session (MCP 2025-11-25
+    /// "Transports") on which clients start a new one.
     #[tokio::test]
-    async fn a_session_closed_while_a_call_runs_is_404() {
+    async fn a_running_call_keeps_its_session_open_and_an_idle_one_is_closed() {
         let idem = Idem::in_memory();
         let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
         let mut sessions = SessionConfig::default();
@@ -1754,15 +1819,40 @@ mod tests {
             request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(body))
         };
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "slow_lookup", "arguments": {"what": "a"}}});
+            "params": {"name": "slow_lookup", "arguments": {"what": "kept"}}});
         let stream = serve(&mut server, post(call)).await;
         assert_eq!(stream.status(), http::StatusCode::OK);
-        // Past the keep-alive, before the call (1.5 s) ends.
-        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        // The call (1.5 s) is read to its end, with nothing else sent in the session: seven
+        // times its keep-alive of silence from the client.
+        let result = text(stream).await;
+        assert!(result.contains(r#""text":"kept""#), "the call's stream: {result}");
+        assert!(result.contains(r#""isError":false"#), "the call's stream: {result}");
+        // The session outlived the call; now idle, it is closed.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         let ping = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
         let answer = serve(&mut server, post(ping)).await;
         assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{}", text(answer).await);
-        drop(stream);
+    }
+
+    /// While a session is used, it stays open however long that lasts: requests more often than
+    /// its `keep_alive` keep it.
+    #[tokio::test]
+    async fn requests_keep_a_session_open() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
+        let mut sessions = SessionConfig::default();
+        sessions.keep_alive = Some(std::time::Duration::from_millis(400));
+        let mut server =
+            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
+        let session = open_session(&mut server).await;
+        for id in 3..13 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let ping = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+            let request =
+                request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(ping));
+            let answer = serve(&mut server, request).await;
+            assert_eq!(answer.status(), http::StatusCode::OK, "ping {id}: {}", text(answer).await);
+        }
     }
 
     static SENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -4,8 +4,9 @@ official Python MCP SDK (`mcp` on PyPI), one case per run, each with its own ser
 Usage: python http_cases_test.py CASE SERVER_BINARY WORK_DIR
 
 Cases:
-- expiry: the server closes an idle session (PAYMENTS_SESSION_IDLE_MS); the client's next request
-  in it gets HTTP 404; a new session with the same token and run id replays the charge (the
+- expiry: a charge that takes longer than the session's idle limit (PAYMENTS_SESSION_IDLE_MS)
+  keeps its session and its client gets the result; then the server closes the idle session, and
+  the client's next request in it gets HTTP 404; a new session with the same token and run id replays the charge (the
   provider is not asked again); one with another token and the same run id and arguments is a
   charge of its own.
 - joins: duplicates sent while the first charge is in flight (the provider takes 3 s), from two
@@ -153,15 +154,17 @@ async def session(url, token, wire=None):
 
 
 async def expiry(binary, work):
-    # 1 s: a loaded machine can take a few hundred ms to answer a call, which rmcp counts as
-    # silence; a shorter limit closed the sessions of the calls below too.
-    proc, url = start(binary, work, {"PAYMENTS_SESSION_IDLE_MS": "1000"})
+    # Each charge takes 2.5 s, longer than the 1 s idle limit: a running call is not idleness
+    # (rmcp alone closed the session under the call, and the client never got its result).
+    env = {"PAYMENTS_SESSION_IDLE_MS": "1000", "PAYMENTS_DELAY_MS": "2500"}
+    proc, url = start(binary, work, env)
     args, run = {"customer": "cus_e", "amount_cents": 700}, {"idem/run": "conversation-E"}
     try:
         wire = Wire()
         async with session(url, A, wire) as s:
             first = await s.call_tool("charge_card", args, meta=run)
             check(outcome(first) == "executed", f"first: {first.meta}")
+            check(ledger(work)["charge_requests"] == 1, f"ledger: {ledger(work)}")
             # Silence, five times the idle limit: the server closes the session.
             await asyncio.sleep(5)
             try:
