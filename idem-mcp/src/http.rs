@@ -219,9 +219,10 @@ impl std::fmt::Debug for Owners {
 const OWNERS_SWEEP_AT: usize = 1024;
 
 /// Notes `value` for `session` (now its last use), in a map of what this layer keeps per session
-/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those idle for longer than a
-/// session is kept are forgotten first (the task that closes them forgets them too; this bounds
-/// the map should one be missed).
+/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those no longer open here and
+/// not named for longer than a session is kept are forgotten first (the task that closes idle
+/// sessions forgets them too; this bounds the map should one be missed). A session still open is
+/// never forgotten, however long ago a request named it: its owner must still be checked.
 fn note_session<V>(
     sessions: &mut std::collections::HashMap<String, (V, Instant)>,
     keep_alive: Option<std::time::Duration>,
@@ -232,7 +233,7 @@ fn note_session<V>(
     if sessions.len() >= OWNERS_SWEEP_AT
         && let Some(keep) = keep_alive
     {
-        sessions.retain(|id, (_, seen)| seen.elapsed() <= keep || idle.in_use(id));
+        sessions.retain(|id, (_, seen)| idle.knows(id) || seen.elapsed() <= keep);
     }
     sessions.insert(session.to_owned(), (value, Instant::now()));
 }
@@ -246,8 +247,9 @@ impl Owners {
     /// configured, or it names none). A session this layer did not see opened is looked up in
     /// the session store, if any: one stored there is allowed for its owner only (and noted),
     /// one stored nowhere is left to rmcp, which answers 404 for it too; nothing is noted for
-    /// it, so ids a client makes up take no memory.
-    async fn allows(&self, parts: &http::request::Parts) -> Access {
+    /// it, so ids a client makes up take no memory. A session open here whose owner is not
+    /// known (which should not happen) is refused: the check fails closed.
+    async fn allows(&self, parts: &http::request::Parts, manager: &LocalSessionManager) -> Access {
         let Some(principal) = &self.principal else { return Access::Allowed };
         let Some(session) = session_id(parts) else { return Access::Allowed };
         let who = principal(parts);
@@ -259,7 +261,16 @@ impl Owners {
             Some(_) => return Access::Refused,
             None => {}
         }
-        let Some(store) = &self.store else { return Access::Allowed };
+        let Some(store) = &self.store else {
+            use rmcp::transport::streamable_http_server::session::SessionManager;
+            if manager.has_session(&session.into()).await.unwrap_or(true) {
+                tracing::warn!(
+                    "a request named an open MCP session whose owner is not known; refused"
+                );
+                return Access::Refused;
+            }
+            return Access::Allowed;
+        };
         let state = match store.load(session).await {
             Ok(Some(state)) => state,
             Ok(None) => return Access::Allowed,
@@ -835,7 +846,7 @@ where
             let (mut parts, body) = request.into_parts();
             // The sessions are gone: a 404 would send the client to open another here. Decided
             // before the owner is looked up, which may read the session store.
-            let access = if ended { None } else { Some(owners.allows(&parts).await) };
+            let access = if ended { None } else { Some(owners.allows(&parts, &manager).await) };
             let refused = match access {
                 None => Some(shutting_down()),
                 Some(Access::Allowed) => None,
@@ -945,22 +956,32 @@ where
                                 // rmcp is handed the message itself. The arguments' exact text
                                 // is in the head.
                                 let body = serde_json::to_vec(&*message).map_or(bytes, Bytes::from);
-                                let named =
-                                    session_id(&parts).filter(|_| routed).map(str::to_owned);
+                                // Until its response ends, the request keeps its session
+                                // open; one naming a session being closed is told it is gone.
+                                let in_use = match session_id(&parts).filter(|_| routed) {
+                                    Some(session) => match idle.begin(session) {
+                                        Ok(in_use) => Some(in_use),
+                                        Err(idle::Closing) => return Ok(unknown_session()),
+                                    },
+                                    None => None,
+                                };
                                 let request = http::Request::from_parts(parts, Full::new(body));
                                 let answer =
                                     terminated_as_unknown(inner.call(request).await?).await;
                                 if let Some(head) = head {
+                                    // Open before its owner is noted: what is noted of an open
+                                    // session is kept.
+                                    if let Some(opened) = opened_session(&answer) {
+                                        idle.opened(opened);
+                                    }
                                     owners.opened(&head, &answer).await;
                                     versions.opened(&answer, priming);
-                                    if let Some(opened) = opened_session(&answer) {
-                                        idle.used(opened);
-                                    }
                                 }
-                                // Until its response ends, the request keeps its session open.
-                                let in_use = named
-                                    .filter(|_| answer.status().is_success())
-                                    .map(|session| idle.call_response(&session));
+                                if let Some(in_use) = &in_use
+                                    && answer.status().is_success()
+                                {
+                                    in_use.served();
+                                }
                                 let answer = if priming { answer } else { without_priming(answer) };
                                 return Ok(answer.map(|body| {
                                     BoxBody::new(Tracked {
@@ -976,6 +997,10 @@ where
                 };
                 if let Some(refused) = refused_by_transport(&mut inner, &parts, text).await {
                     return Ok(refused);
+                }
+                // rmcp accepted the request's head: a request in its session, answered here.
+                if let Some(session) = session_id(&parts).filter(|_| sessions) {
+                    idle.named(session);
                 }
                 // A JSON-RPC answer, also with an HTTP error status (400).
                 return Ok(with_json_type(reply(status, own)));
@@ -995,22 +1020,23 @@ where
             let resumes = parts.method == http::Method::GET
                 && parts.headers.get("last-event-id").is_some_and(|v| v.as_bytes().contains(&b'/'));
             let open = resumes.then(|| responses.open());
-            let named = session_id(&parts).filter(|_| sessions).map(str::to_owned);
+            let in_use = match session_id(&parts).filter(|_| sessions && delete.is_none()) {
+                Some(session) => match idle.begin(session) {
+                    Ok(in_use) => Some(in_use),
+                    Err(idle::Closing) => return Ok(unknown_session()),
+                },
+                None => None,
+            };
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
+            if let Some(in_use) = &in_use
+                && answer.status().is_success()
+            {
+                in_use.served();
+            }
             // A resumed call's stream keeps its session open until it ends; a standalone stream
             // is a use of it when it opens.
-            let in_use = match named {
-                Some(session) if answer.status().is_success() && delete.is_none() => {
-                    if resumes {
-                        Some(idle.call_response(&session))
-                    } else {
-                        idle.used(&session);
-                        None
-                    }
-                }
-                _ => None,
-            };
+            let in_use = in_use.filter(|_| resumes);
             // The standalone stream of a `GET`.
             let mut answer = if priming { answer } else { without_priming(answer) };
             if let Some(head) = delete
@@ -1832,6 +1858,83 @@ mod tests {
         let ping = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
         let answer = serve(&mut server, post(ping)).await;
         assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{}", text(answer).await);
+    }
+
+    /// Requests this layer answers itself (here arguments with a repeated member, refused
+    /// before rmcp reads them) are requests naming the session all the same: they keep it open.
+    #[tokio::test]
+    async fn requests_answered_before_rmcp_keep_their_session_open() {
+        let idem = Idem::in_memory();
+        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
+        let mut sessions = SessionConfig::default();
+        sessions.keep_alive = Some(std::time::Duration::from_millis(400));
+        let mut server =
+            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
+        let session = open_session(&mut server).await;
+        for id in 3..13 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let body = format!(
+                r#"{{"jsonrpc": "2.0", "id": {id}, "method": "tools/call", "params": {{"name": "slow_lookup", "arguments": {{"what": "a", "what": "b"}}}}}}"#
+            );
+            let mut request =
+                request_of(Some("2025-11-25"), http::Method::POST, Some(&session), None);
+            *request.body_mut() = Full::new(Bytes::from(body));
+            let answer = serve(&mut server, request).await;
+            assert_eq!(answer.status(), http::StatusCode::OK);
+            let answer = text(answer).await;
+            assert!(answer.contains("isError"), "request {id}: {answer}");
+        }
+        let ping = serde_json::json!({"jsonrpc": "2.0", "id": 20, "method": "ping"});
+        let request =
+            request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(ping));
+        let answer = serve(&mut server, request).await;
+        assert_eq!(answer.status(), http::StatusCode::OK, "{}", text(answer).await);
+    }
+
+    /// What is kept of each session (its owner) is forgotten only once the session is closed:
+    /// past `OWNERS_SWEEP_AT` sessions, those not named for a while are forgotten, but not one
+    /// still open, however long ago a request named it (one whose call outlived its
+    /// `keep_alive`). Forgotten, its owner would not be checked, and any user could use it.
+    #[test]
+    fn an_open_session_keeps_its_owner_when_others_are_forgotten() {
+        let keep = std::time::Duration::from_millis(10);
+        let idle = idle::Idle::new(Some(keep));
+        idle.opened("open");
+        let long_ago = Instant::now() - std::time::Duration::from_secs(1);
+        let mut noted: HashMap<String, (Option<String>, Instant)> = (0..OWNERS_SWEEP_AT)
+            .map(|i| (format!("closed-{i}"), (Some("bob".to_owned()), long_ago)))
+            .collect();
+        noted.insert("open".into(), (Some("alice".into()), long_ago));
+        note_session(&mut noted, Some(keep), &idle, "new", Some("bob".into()));
+        let mut left: Vec<&str> = noted.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["new", "open"]);
+        assert_eq!(noted["open"].0.as_deref(), Some("alice"));
+    }
+
+    /// A session open here whose owner this layer does not know (it should never forget one)
+    /// is refused to everyone, as an unknown session: the owner check fails closed.
+    #[tokio::test]
+    async fn an_open_session_whose_owner_is_not_known_is_refused() {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+            IdemServer::from_tools(tools)
+        };
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let opened = post(&mut server, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let own = post(&mut server, "alice", Some(&session), list()).await;
+        assert_eq!(own.status(), http::StatusCode::OK);
+        let other = post(&mut server, "bob", Some(&session), list()).await;
+        assert_eq!(other.status(), http::StatusCode::NOT_FOUND);
+        server.owners.forget(&session);
+        for user in ["bob", "alice"] {
+            let answer = post(&mut server, user, Some(&session), list()).await;
+            assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{user}");
+        }
     }
 
     /// While a session is used, it stays open however long that lasts: requests more often than

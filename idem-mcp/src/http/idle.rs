@@ -1,4 +1,4 @@
-//! Closing idle MCP sessions without closing one whose call is still running.
+//! Closing idle MCP sessions without closing one whose call is still being answered.
 //!
 //! rmcp closes a session after `keep_alive` without a message from its client, and counts a
 //! running tool call as silence: a charge that took longer than `keep_alive` lost its session
@@ -6,6 +6,11 @@
 //! off and keeps its own: a session is idle while no request names it and no response carrying a
 //! call's result is open (a POST's, or a `GET` resuming one; a standalone `GET` stream is not a
 //! call, as for rmcp), and it is closed once idle for `keep_alive`.
+//!
+//! A request counts from before it reaches rmcp ([`Idle::begin`]) and a session is chosen for
+//! closing under the same lock: one that a request has begun in is not closed, and a request
+//! that names a session being closed is answered 404 without reaching rmcp. Either the request
+//! is served in full or it is told the session is gone; never a stream cut by the close.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +20,8 @@ use std::time::{Duration, Instant};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
-/// The sessions this instance serves, with when each was last used and its open call responses.
+/// The sessions this instance serves, with when each was last used and its requests still being
+/// answered.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Idle(Arc<Sessions>);
 
@@ -24,33 +30,56 @@ struct Sessions {
     /// `None`: sessions are never closed for idleness (rmcp's `keep_alive: None`).
     keep_alive: Option<Duration>,
     lives: Mutex<HashMap<String, Life>>,
-    /// Whether the task that closes idle sessions was started (at the first session, inside the
+    /// Whether the task that closes idle sessions was started (at the first request, inside the
     /// runtime that serves it).
     closing: AtomicBool,
 }
 
 #[derive(Debug)]
 struct Life {
-    /// The last request that named the session, or the last of its call responses to end.
+    /// The last request that named the session began or ended then.
     seen: Instant,
-    /// Its call responses still open.
+    /// Its requests begun and not yet answered in full (a call's response: until its end).
     open: usize,
+    /// rmcp served a request in it, or opened it: the session exists. An entry made by requests
+    /// naming an id rmcp does not know goes with the last of them.
+    known: bool,
+    /// Chosen for closing: requests naming it are refused until it is gone.
+    closing: bool,
 }
 
-/// A call response of a session, counted as use of it until dropped (sent in full, or its client
-/// went away).
+/// The session a request named is being closed for idleness: answer as for a closed session.
+#[derive(Debug)]
+pub(super) struct Closing;
+
+/// A request of a session, counted as use of it until dropped: at once for most requests, when
+/// the response has been sent in full (or its client went away) for a call's.
 pub(super) struct InUse {
     idle: Weak<Sessions>,
     session: String,
 }
 
-impl Drop for InUse {
-    fn drop(&mut self) {
+impl InUse {
+    /// rmcp served the request: the session exists.
+    pub(super) fn served(&self) {
         if let Some(sessions) = self.idle.upgrade()
             && let Some(life) = sessions.lock().get_mut(&self.session)
         {
+            life.known = true;
+        }
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        let Some(sessions) = self.idle.upgrade() else { return };
+        let mut lives = sessions.lock();
+        if let Some(life) = lives.get_mut(&self.session) {
             life.open = life.open.saturating_sub(1);
             life.seen = Instant::now();
+            if life.open == 0 && !life.known {
+                lives.remove(&self.session);
+            }
         }
     }
 }
@@ -60,25 +89,47 @@ impl Idle {
         Idle(Arc::new(Sessions { keep_alive, ..Sessions::default() }))
     }
 
-    /// A request named `session`, or its answer opened it.
-    pub(super) fn used(&self, session: &str) {
-        let now = Instant::now();
-        self.0.lock().entry(session.to_owned()).or_insert(Life { seen: now, open: 0 }).seen = now;
-    }
-
-    /// A call response of `session` starts: the session is in use until the guard is dropped.
-    pub(super) fn call_response(&self, session: &str) -> InUse {
+    /// A request naming `session` is about to reach rmcp: the session is not closed until the
+    /// guard is dropped. Refused when the session is being closed.
+    pub(super) fn begin(&self, session: &str) -> Result<InUse, Closing> {
         let now = Instant::now();
         let mut lives = self.0.lock();
-        let life = lives.entry(session.to_owned()).or_insert(Life { seen: now, open: 0 });
+        let life = lives.entry(session.to_owned()).or_insert(Life {
+            seen: now,
+            open: 0,
+            known: false,
+            closing: false,
+        });
+        if life.closing {
+            return Err(Closing);
+        }
         life.seen = now;
         life.open += 1;
-        InUse { idle: Arc::downgrade(&self.0), session: session.to_owned() }
+        Ok(InUse { idle: Arc::downgrade(&self.0), session: session.to_owned() })
     }
 
-    /// Whether `session` has a call response open (it is not idle, whenever it was last named).
-    pub(super) fn in_use(&self, session: &str) -> bool {
-        self.0.lock().get(session).is_some_and(|life| life.open > 0)
+    /// rmcp opened `session` (an `initialize` answer).
+    pub(super) fn opened(&self, session: &str) {
+        let now = Instant::now();
+        self.0
+            .lock()
+            .insert(session.to_owned(), Life { seen: now, open: 0, known: true, closing: false });
+    }
+
+    /// A request named `session` and was answered without reaching rmcp (after rmcp accepted
+    /// its head): a use of the session, if it is one this instance serves.
+    pub(super) fn named(&self, session: &str) {
+        if let Some(life) = self.0.lock().get_mut(session)
+            && life.known
+            && !life.closing
+        {
+            life.seen = Instant::now();
+        }
+    }
+
+    /// Whether `session` is open here: what is kept about it beside rmcp (its owner) must stay.
+    pub(super) fn knows(&self, session: &str) -> bool {
+        self.0.lock().get(session).is_some_and(|life| life.known)
     }
 
     /// The client closed `session` (`DELETE`).
@@ -112,19 +163,17 @@ impl Idle {
                     () = tokio::time::sleep(tick) => {}
                 }
                 let Some(sessions) = sessions.upgrade() else { return };
-                let idle: Vec<String> = {
-                    let mut lives = sessions.lock();
-                    let idle = lives
-                        .iter()
-                        .filter(|(_, life)| life.open == 0 && life.seen.elapsed() >= keep_alive)
-                        .map(|(id, _)| id.clone())
-                        .collect();
-                    for id in &idle {
-                        lives.remove(id);
-                    }
-                    idle
-                };
-                drop(sessions);
+                let idle: Vec<String> = sessions
+                    .lock()
+                    .iter_mut()
+                    .filter(|(_, life)| {
+                        !life.closing && life.open == 0 && life.seen.elapsed() >= keep_alive
+                    })
+                    .map(|(id, life)| {
+                        life.closing = true;
+                        id.clone()
+                    })
+                    .collect();
                 for id in idle {
                     // A session rmcp already ended (its client's transport failed) is not there:
                     // nothing to close.
@@ -132,6 +181,7 @@ impl Idle {
                         tracing::debug!(error = %e, "closing an idle MCP session");
                     }
                     forget(&id);
+                    sessions.lock().remove(&id);
                 }
             }
         });
@@ -141,5 +191,67 @@ impl Idle {
 impl Sessions {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Life>> {
         self.lives.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session is not closed while a request is in it, however long it takes; once idle for
+    /// `keep_alive` it is, and a request that names it while it is being closed is refused
+    /// (answered as for a closed session) instead of being served into a session closed under it.
+    #[tokio::test]
+    async fn a_session_in_use_stays_and_one_being_closed_lets_no_request_in() {
+        let idle = Idle::new(Some(Duration::from_millis(40)));
+        idle.opened("s");
+        let request = idle.begin("s").unwrap();
+        request.served();
+        let (forgot, forgotten) = std::sync::mpsc::channel();
+        let probe = idle.clone();
+        let manager = Arc::new(LocalSessionManager::default());
+        let ended = tokio_util::sync::CancellationToken::new();
+        idle.start_closing(&manager, &ended, move |id| {
+            let let_in = probe.begin(id).is_ok();
+            forgot.send((id.to_owned(), let_in)).unwrap();
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(forgotten.try_recv().is_err(), "closed while a request was in it");
+        assert!(idle.knows("s"));
+        drop(request);
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(closed) = forgotten.try_recv() {
+                    break closed;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the idle session is closed");
+        assert_eq!(closed, ("s".to_owned(), false), "a request was let into a closing session");
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while idle.knows("s") {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a closed session is forgotten");
+        ended.cancel();
+    }
+
+    /// Requests naming an id rmcp does not know leave nothing behind: ids a client makes up
+    /// take no memory.
+    #[test]
+    fn a_made_up_session_is_not_kept() {
+        let idle = Idle::new(Some(Duration::from_secs(300)));
+        let (one, two) = (idle.begin("made-up").unwrap(), idle.begin("made-up").unwrap());
+        drop(one);
+        assert_eq!(idle.0.lock().len(), 1, "kept while a request names it");
+        drop(two);
+        assert!(idle.0.lock().is_empty());
+        // One that rmcp served is kept.
+        idle.begin("real").unwrap().served();
+        assert!(idle.knows("real"));
     }
 }
