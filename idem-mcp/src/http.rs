@@ -762,7 +762,15 @@ struct Tracked {
     body: BoxBody<Bytes, Infallible>,
     _id: Option<IdInFlight>,
     _open: Option<OpenResponse>,
-    _in_use: Option<idle::InUse>,
+    _in_use: Option<Arc<idle::InUse>>,
+}
+
+/// Put in the head of a request rmcp serves in a session: the session stays open while it is
+/// held. An idem tool's call holds it until the call has run, so that its session outlives a
+/// client that dropped the call's stream and may resume it (see [`idle`]).
+#[derive(Clone)]
+pub(crate) struct SessionUse {
+    _held: Arc<idle::InUse>,
 }
 
 impl http_body::Body for Tracked {
@@ -960,11 +968,18 @@ where
                                 // open; one naming a session being closed is told it is gone.
                                 let in_use = match session_id(&parts).filter(|_| routed) {
                                     Some(session) => match idle.begin(session) {
-                                        Ok(in_use) => Some(in_use),
+                                        Ok(in_use) => Some(Arc::new(in_use)),
                                         Err(idle::Closing) => return Ok(unknown_session()),
                                     },
                                     None => None,
                                 };
+                                // An idem tool's call holds it too, until it has run: a client
+                                // that dropped the stream may resume it for its result.
+                                if let Some(in_use) = &in_use {
+                                    parts
+                                        .extensions
+                                        .insert(SessionUse { _held: Arc::clone(in_use) });
+                                }
                                 let request = http::Request::from_parts(parts, Full::new(body));
                                 let answer =
                                     terminated_as_unknown(inner.call(request).await?).await;
@@ -1022,7 +1037,7 @@ where
             let open = resumes.then(|| responses.open());
             let in_use = match session_id(&parts).filter(|_| sessions && delete.is_none()) {
                 Some(session) => match idle.begin(session) {
-                    Ok(in_use) => Some(in_use),
+                    Ok(in_use) => Some(Arc::new(in_use)),
                     Err(idle::Closing) => return Ok(unknown_session()),
                 },
                 None => None,
@@ -1935,6 +1950,52 @@ mod tests {
             let answer = post(&mut server, user, Some(&session), list()).await;
             assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{user}");
         }
+    }
+
+    /// A client that drops a call's stream mid-call (its connection broke) may resume the
+    /// stream for the result (`GET` with `Last-Event-ID`): the session stays open until the call
+    /// has run, then is idle. Before, it was idle from the drop, and closed under the call.
+    #[tokio::test]
+    async fn a_call_whose_stream_was_dropped_keeps_its_session_until_it_has_run() {
+        let set = ToolSet::new().with(SlowLookupTool).unwrap();
+        let tools = crate::IdemTools::new(set, &Idem::in_memory());
+        let make = {
+            let tools = tools.clone();
+            move || IdemServer::from_tools(tools.clone())
+        };
+        let mut sessions = SessionConfig::default();
+        sessions.keep_alive = Some(std::time::Duration::from_millis(200));
+        let mut server =
+            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
+        let session = open_session(&mut server).await;
+        let post = |body: serde_json::Value| {
+            request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(body))
+        };
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "dropped"}}});
+        let stream = serve(&mut server, post(call)).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        let guard = std::time::Duration::from_secs(60);
+        tokio::time::timeout(guard, async {
+            while tools.calls_running() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the call runs");
+        drop(stream);
+        // Past the keep-alive since the drop; the call (1.5 s) still runs.
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        assert_eq!(tools.calls_running(), 1);
+        let ping = |id: u32| serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+        let answer = serve(&mut server, post(ping(3))).await;
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        assert!(text(answer).await.contains(r#""result":{}"#));
+        // Once it has run, the session is idle, and closed.
+        tokio::time::timeout(guard, tools.calls_finished()).await.expect("the call ends");
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let answer = serve(&mut server, post(ping(4))).await;
+        assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{}", text(answer).await);
     }
 
     /// While a session is used, it stays open however long that lasts: requests more often than

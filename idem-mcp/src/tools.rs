@@ -482,11 +482,19 @@ impl IdemTools {
         let tools = Arc::clone(&self.tools);
         let missing_run = if sessionless(&context) { MissingRun::Refuse } else { self.missing_run };
         let name = name.to_owned();
+        #[cfg(feature = "http")]
+        let in_session = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<crate::http::SessionUse>().cloned());
         // The call runs in its own task: if the client gives up on the request (or cancels it),
         // the effect still finishes and its outcome is stored, so the client's repeat is answered
         // from it; a joiner that goes away leaves the run it joined alone. The tracker tells
         // `calls_finished` when it is done.
         let mut task = self.calls.spawn(async move {
+            // Over HTTP, its session stays open until the call has run.
+            #[cfg(feature = "http")]
+            let _in_session = in_session;
             let value = arguments.map(Value::Object);
             let args = match (&text, &value) {
                 (Some(text), _) => Arguments::Text(&text.0),

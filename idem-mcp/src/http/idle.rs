@@ -3,9 +3,10 @@
 //! rmcp closes a session after `keep_alive` without a message from its client, and counts a
 //! running tool call as silence: a charge that took longer than `keep_alive` lost its session
 //! (and its client the response) while it ran. So [`Checked`](super::Checked) turns rmcp's timer
-//! off and keeps its own: a session is idle while no request names it and no response carrying a
+//! off and keeps its own: a session is idle while no request names it, no response carrying a
 //! call's result is open (a POST's, or a `GET` resuming one; a standalone `GET` stream is not a
-//! call, as for rmcp), and it is closed once idle for `keep_alive`.
+//! call, as for rmcp) and no idem tool's call in it is still running (its client may have dropped
+//! the stream, and resume it), and it is closed once idle for `keep_alive`.
 //!
 //! A request counts from before it reaches rmcp ([`Idle::begin`]) and a session is chosen for
 //! closing under the same lock: one that a request has begun in is not closed, and a request
