@@ -333,12 +333,8 @@ impl Owners {
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.forget(session);
+            self.lock().remove(session);
         }
-    }
-
-    fn forget(&self, session: &str) {
-        self.lock().remove(session);
     }
 }
 
@@ -844,10 +840,21 @@ where
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         let idle = self.idle.clone();
         idle.start_closing(&self.manager, &self.streams, {
-            let (owners, versions) = (owners.clone(), versions.clone());
+            // Weak: the closing task ends once the service is dropped, and the maps with it.
+            let owners = Arc::downgrade(&owners.sessions);
+            let versions = Arc::downgrade(&versions.sessions);
             move |session| {
-                owners.forget(session);
-                versions.forget(session);
+                if let Some(owners) = owners.upgrade() {
+                    owners
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(session);
+                }
+                if let Some(versions) = versions.upgrade() {
+                    let mut versions =
+                        versions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    versions.remove(session);
+                }
             }
         });
         Box::pin(async move {
@@ -1208,12 +1215,8 @@ impl Versions {
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.forget(session);
+            self.lock().remove(session);
         }
-    }
-
-    fn forget(&self, session: &str) {
-        self.lock().remove(session);
     }
 }
 
@@ -1945,7 +1948,7 @@ mod tests {
         assert_eq!(own.status(), http::StatusCode::OK);
         let other = post(&mut server, "bob", Some(&session), list()).await;
         assert_eq!(other.status(), http::StatusCode::NOT_FOUND);
-        server.owners.forget(&session);
+        server.owners.lock().remove(&session);
         for user in ["bob", "alice"] {
             let answer = post(&mut server, user, Some(&session), list()).await;
             assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{user}");
@@ -1996,6 +1999,33 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
         let answer = serve(&mut server, post(ping(4))).await;
         assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{}", text(answer).await);
+    }
+
+    /// The task that closes idle sessions ends with the service: dropped, it leaves no task
+    /// behind, and the sessions' maps go with it.
+    #[tokio::test]
+    async fn the_closing_task_ends_with_the_service() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let mut sessions = SessionConfig::default();
+        sessions.keep_alive = Some(std::time::Duration::from_millis(40));
+        let mut server = service_with_sessions(
+            || IdemServer::from_tools(crate::IdemTools::new(ToolSet::new(), &Idem::in_memory())),
+            StreamableHttpServerConfig::default(),
+            sessions,
+        );
+        let answer = post(&mut server, "alice", Some("made-up"), list()).await;
+        assert_eq!(answer.status(), http::StatusCode::NOT_FOUND);
+        drop(answer);
+        assert_eq!(metrics.num_alive_tasks(), before + 1, "the closing task runs");
+        drop(server);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while metrics.num_alive_tasks() > before {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "{} tasks left", metrics.num_alive_tasks() - before);
     }
 
     /// While a session is used, it stays open however long that lasts: requests more often than
