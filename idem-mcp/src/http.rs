@@ -67,6 +67,7 @@ pub use rmcp::transport::streamable_http_server::{
 };
 
 mod idle;
+mod late;
 
 use crate::IdemServer;
 use crate::jsonrpc::{
@@ -139,6 +140,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         sessions: Arc::default(),
         store: config.session_store.clone(),
     };
+    let late = late::LateResults::new(sessions.completed_cache_ttl);
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
     // Idle sessions are closed by `idle`, which does not count a running call as silence.
@@ -155,6 +157,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         Versions { keep_alive: owners.keep_alive, idle: idle.clone(), sessions: Arc::default() };
     Checked {
         idle,
+        late,
         inner,
         max_body_bytes,
         in_flight: Arc::default(),
@@ -442,6 +445,8 @@ pub struct Checked<S> {
     inner: S,
     /// When each session was last used, and the task that closes the idle ones.
     idle: idle::Idle,
+    /// What clients that dropped a call's stream missed, for a late resume.
+    late: late::LateResults,
     max_body_bytes: usize,
     /// The requests of each session whose response is still being sent: (session, request id).
     in_flight: InFlightIds,
@@ -756,9 +761,41 @@ impl Drop for IdInFlight {
 /// among the [`OpenResponses`] and its session's use, each if any.
 struct Tracked {
     body: BoxBody<Bytes, Infallible>,
-    _id: Option<IdInFlight>,
+    id: Option<IdInFlight>,
     _open: Option<OpenResponse>,
-    _in_use: Option<Arc<idle::InUse>>,
+    in_use: Option<Arc<idle::InUse>>,
+    /// For a call's stream in a session: where to keep what its client misses if it drops the
+    /// stream before the end (see [`late`]).
+    late: Option<(late::LateResults, String)>,
+    ended: bool,
+}
+
+impl Tracked {
+    fn new(
+        body: BoxBody<Bytes, Infallible>,
+        id: Option<IdInFlight>,
+        open: Option<OpenResponse>,
+        in_use: Option<Arc<idle::InUse>>,
+    ) -> Self {
+        Tracked { body, id, _open: open, in_use, late: None, ended: false }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // The client went away before the end: the rest is read here, and the request's id and
+        // its session's use are held until it has come.
+        if !self.ended
+            && let Some((late, session)) = self.late.take()
+        {
+            let body = std::mem::replace(&mut self.body, empty_body());
+            late.read_on(session, body, (self.id.take(), self.in_use.take()));
+        }
+    }
+}
+
+fn empty_body() -> BoxBody<Bytes, Infallible> {
+    BoxBody::new(http_body_util::Empty::new())
 }
 
 /// Put in the head of a request rmcp serves in a session: the session stays open while it is
@@ -777,7 +814,11 @@ impl http_body::Body for Tracked {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.ended = true;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -839,11 +880,14 @@ where
         let responses = self.responses.clone();
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         let idle = self.idle.clone();
+        let late = self.late.clone();
         idle.start_closing(&self.manager, &self.streams, {
             // Weak: the closing task ends once the service is dropped, and the maps with it.
             let owners = Arc::downgrade(&owners.sessions);
             let versions = Arc::downgrade(&versions.sessions);
+            let kept = late.downgrade();
             move |session| {
+                late::forget(&kept, session);
                 if let Some(owners) = owners.upgrade() {
                     owners
                         .lock()
@@ -973,7 +1017,9 @@ where
                                 let body = serde_json::to_vec(&*message).map_or(bytes, Bytes::from);
                                 // Until its response ends, the request keeps its session
                                 // open; one naming a session being closed is told it is gone.
-                                let in_use = match session_id(&parts).filter(|_| routed) {
+                                let session =
+                                    session_id(&parts).filter(|_| routed).map(str::to_owned);
+                                let in_use = match &session {
                                     Some(session) => match idle.begin(session) {
                                         Ok(in_use) => Some(Arc::new(in_use)),
                                         Err(idle::Closing) => return Ok(unknown_session()),
@@ -1004,14 +1050,17 @@ where
                                 {
                                     in_use.served();
                                 }
+                                let late = session
+                                    .filter(|_| {
+                                        answer.status().is_success()
+                                            && is_event_stream(answer.headers())
+                                    })
+                                    .map(|session| (late.clone(), session));
                                 let answer = if priming { answer } else { without_priming(answer) };
                                 return Ok(answer.map(|body| {
-                                    BoxBody::new(Tracked {
-                                        body,
-                                        _id: id,
-                                        _open: Some(open),
-                                        _in_use: in_use,
-                                    })
+                                    let mut tracked = Tracked::new(body, id, Some(open), in_use);
+                                    tracked.late = late;
+                                    BoxBody::new(tracked)
                                 }));
                             }
                         }
@@ -1042,13 +1091,32 @@ where
             let resumes = parts.method == http::Method::GET
                 && parts.headers.get("last-event-id").is_some_and(|v| v.as_bytes().contains(&b'/'));
             let open = resumes.then(|| responses.open());
-            let in_use = match session_id(&parts).filter(|_| sessions && delete.is_none()) {
+            let session = session_id(&parts).filter(|_| sessions).map(str::to_owned);
+            let in_use = match session.as_deref().filter(|_| delete.is_none()) {
                 Some(session) => match idle.begin(session) {
                     Ok(in_use) => Some(Arc::new(in_use)),
                     Err(idle::Closing) => return Ok(unknown_session()),
                 },
                 None => None,
             };
+            // A resume of a call's stream whose client dropped it before the call's end: what it
+            // missed is kept here (rmcp no longer has it once the call has answered).
+            let kept = match (&session, parts.headers.get("last-event-id")) {
+                (Some(session), Some(last)) if resumes => {
+                    last.to_str().ok().and_then(|last| late.after(session, last))
+                }
+                _ => None,
+            };
+            if let Some(kept) = kept {
+                let answer = http::Response::builder()
+                    .header(http::header::CONTENT_TYPE, "text/event-stream")
+                    .header(http::header::CACHE_CONTROL, "no-cache")
+                    .body(BoxBody::new(Full::new(kept)))
+                    .unwrap_or_else(|_| {
+                        reply(http::StatusCode::INTERNAL_SERVER_ERROR, Bytes::new())
+                    });
+                return Ok(answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use))));
+            }
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
             if let Some(in_use) = &in_use
@@ -1068,6 +1136,7 @@ where
                 versions.closed(&head);
                 if let Some(session) = session_id(&head) {
                     idle.closed(session);
+                    late::forget(&late.downgrade(), session);
                 }
                 if unknown {
                     return Ok(unknown_session());
@@ -1079,10 +1148,16 @@ where
                     *answer.status_mut() = http::StatusCode::OK;
                 }
             }
+            // A resumed stream dropped again is read on as the call's own was.
+            let late = session
+                .filter(|_| resumes && answer.status().is_success())
+                .map(|session| (late.clone(), session));
             Ok(match (open, in_use) {
                 (None, None) => answer,
                 (open, in_use) => answer.map(|body| {
-                    BoxBody::new(Tracked { body, _id: None, _open: open, _in_use: in_use })
+                    let mut tracked = Tracked::new(body, None, open, in_use);
+                    tracked.late = late;
+                    BoxBody::new(tracked)
                 }),
             })
         })
@@ -1092,7 +1167,8 @@ where
 /// Notes a request's id as in flight in its session, or refuses the request when a request of
 /// that id is already in flight there: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be
 /// reused in a session, and rmcp would run both and send only one response, leaving the other
-/// request's stream open with nothing to come (the client waits for ever). Messages rmcp does not
+/// request's stream open with nothing to come (the client waits for ever). A request whose client
+/// dropped its stream stays in flight until its answer has come (see [`late`]). Messages rmcp does not
 /// serve in the session they name (`routed` false: `initialize`, a stateless server, a
 /// 2026-07-28 request, whose `Mcp-Session-Id` may be stale or made up and shared by strangers)
 /// are not tracked.
@@ -1493,6 +1569,14 @@ fn is_json(headers: &http::HeaderMap) -> bool {
     headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
         let essence = v.split_once(';').map_or(v, |(essence, _)| essence);
         essence.trim().eq_ignore_ascii_case("application/json")
+    })
+}
+
+/// Whether a response is an event stream (a call's stream, not a JSON answer).
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let essence = v.split_once(';').map_or(v, |(essence, _)| essence);
+        essence.trim().eq_ignore_ascii_case("text/event-stream")
     })
 }
 
@@ -2026,6 +2110,77 @@ mod tests {
         })
         .await;
         assert!(ended.is_ok(), "{} tasks left", metrics.num_alive_tasks() - before);
+    }
+
+    /// A client whose connection broke mid-call, resuming the call's stream only once the call
+    /// has ended, gets the result: the dropped stream is read on to its end and what the client
+    /// missed is kept (over TCP rmcp 3.11 had lost it by then and sent an empty stream, on which
+    /// the Python SDK reconnects for ever: `tests/mcp/http_cases_test.py` `lifecycle`). A resume
+    /// from the last event gets nothing more, and another session naming the stream gets nothing
+    /// of it.
+    #[tokio::test]
+    async fn a_stream_dropped_mid_call_is_resumed_after_the_call_with_its_result() {
+        let set = ToolSet::new().with(SlowLookupTool).unwrap();
+        let tools = crate::IdemTools::new(set, &Idem::in_memory());
+        let make = {
+            let tools = tools.clone();
+            move || IdemServer::from_tools(tools.clone())
+        };
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let session = open_session(&mut server).await;
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "late"}}});
+        let post = request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(call));
+        let stream = serve(&mut server, post).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        // The priming event, then the connection breaks.
+        let mut body = stream.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        let first = String::from_utf8(first.to_vec()).unwrap();
+        let last_id = first
+            .lines()
+            .find_map(|line| line.strip_prefix("id:"))
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("no event id in {first:?}"));
+        drop(body);
+        let guard = std::time::Duration::from_secs(60);
+        tokio::time::timeout(guard, tools.calls_finished()).await.expect("the call ends");
+        // The dropped stream was read on to its end, and its result kept.
+        let kept = tokio::time::timeout(guard, async {
+            loop {
+                if let Some(kept) = server.late.after(&session, &last_id) {
+                    break kept;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the result is kept");
+        assert!(String::from_utf8_lossy(&kept).contains(r#""text":"late""#), "{kept:?}");
+        let resume = |session: &str, last: &str| {
+            let mut request =
+                request_of(Some("2025-11-25"), http::Method::GET, Some(session), None);
+            request.headers_mut().insert("last-event-id", last.parse().unwrap());
+            request
+        };
+        let resumed = serve(&mut server, resume(&session, &last_id)).await;
+        assert_eq!(resumed.status(), http::StatusCode::OK);
+        let resumed = tokio::time::timeout(guard, text(resumed)).await.expect("the stream ends");
+        assert!(resumed.contains(r#""text":"late""#), "resumed: {resumed:?}");
+        assert!(resumed.contains(r#""id":2"#), "resumed: {resumed:?}");
+        // From its last event: nothing more to send (rmcp's empty stream).
+        let result_id = resumed
+            .lines()
+            .filter_map(|line| line.strip_prefix("id:"))
+            .next_back()
+            .map(|id| id.trim().to_owned())
+            .unwrap();
+        let again = serve(&mut server, resume(&session, &result_id)).await;
+        assert!(!text(again).await.contains("late"));
+        // Another session: not its stream.
+        let other = open_session(&mut server).await;
+        let stolen = serve(&mut server, resume(&other, &last_id)).await;
+        assert!(!text(stolen).await.contains("late"));
     }
 
     /// While a session is used, it stays open however long that lasts: requests more often than

@@ -591,10 +591,31 @@ async def lifecycle(binary, work):
                             if resumed[-1].get("id") == 5:
                                 break
             check(resumed and resumed[-1]["result"]["_meta"]["idem/outcome"] == "executed", f"resumed: {resumed}")
-        check(ledger(work)["charge_requests"] == 2, f"provider requests: {ledger(work)['charge_requests']}")
+
+            # The same, resumed only once the charge has ended: its result is still sent (rmcp
+            # alone had dropped it by then and sent an empty stream, on which the SDK reconnects
+            # for ever).
+            late = {"customer": "cus_l3", "amount_cents": 23}
+            event_id = None
+            async with c.stream("POST", url, headers=head, json=raw_call(6, late, "conv-L")) as s:
+                async for line in s.aiter_lines():
+                    if line.startswith("id:"):
+                        event_id = line[3:].strip()
+                        break
+            check(event_id, "the response stream has no event id to resume from")
+            async with asyncio.timeout(HANG_GUARD):
+                while ledger(work)["charge_requests"] < 3:
+                    await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            r = await c.get(url, headers={**head, "Last-Event-ID": event_id})
+            check(r.status_code == 200, f"a late GET with Last-Event-ID: {r.status_code}")
+            late_answer = [m for m in sse_messages(r.text) if m.get("id") == 6]
+            check(late_answer and late_answer[0]["result"]["_meta"]["idem/outcome"] == "executed",
+                  f"resumed after the charge: {r.text!r}")
+        check(ledger(work)["charge_requests"] == 3, f"provider requests: {ledger(work)['charge_requests']}")
     finally:
         stop(proc)
-    return "DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID"
+    return "DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID, also after the call"
 
 
 async def duplicate_ids(binary, work):

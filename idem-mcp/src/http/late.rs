@@ -1,0 +1,185 @@
+//! What a call's client missed when it dropped the call's stream, kept for a late resume.
+//!
+//! A client whose connection breaks mid-call resumes the call's stream with `GET` and
+//! `Last-Event-ID` (MCP 2025-11-25 "Transports", resumability). rmcp keeps a request's events
+//! after its response for such late resumes (`SessionConfig::completed_cache_ttl`), but 3.11
+//! removes them as the response is sent: a resume that came after the call had ended got an
+//! empty stream, and the official Python SDK reconnected for ever without the result. So
+//! [`Checked`](super::Checked) reads a dropped call's stream on to its end itself, keeps the
+//! events the client did not get for `completed_cache_ttl`, and answers a resume of that stream
+//! from them. A resume while the call still runs goes to rmcp, which then sends the rest to the
+//! resumed stream instead.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+
+/// The most of a dropped stream kept (bytes of whole events); a longer one is not kept, and its
+/// resume is rmcp's.
+const MAX_KEPT_BYTES: usize = 16 << 20;
+
+/// The events kept per (session, rmcp's request stream id).
+#[derive(Clone, Debug)]
+pub(super) struct LateResults(Arc<Mutex<Kept>>);
+
+#[derive(Debug)]
+pub(super) struct Kept {
+    /// How long events are kept: rmcp's `completed_cache_ttl`.
+    ttl: Duration,
+    streams: HashMap<(String, u64), (Vec<Event>, Instant)>,
+}
+
+/// One whole SSE event and its index in its stream (rmcp's event id `<index>/<stream>`).
+#[derive(Debug)]
+struct Event {
+    index: u64,
+    bytes: Bytes,
+}
+
+impl LateResults {
+    pub(super) fn new(ttl: Duration) -> Self {
+        LateResults(Arc::new(Mutex::new(Kept { ttl, streams: HashMap::new() })))
+    }
+
+    pub(super) fn downgrade(&self) -> Weak<Mutex<Kept>> {
+        Arc::downgrade(&self.0)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Kept> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The kept events of `session`'s stream named by `last_event_id` (`<index>/<stream>`) that
+    /// come after it, as one event-stream body; `None` when none are kept.
+    pub(super) fn after(&self, session: &str, last_event_id: &str) -> Option<Bytes> {
+        let (index, stream) = last_event_id.trim().split_once('/')?;
+        let (index, stream) = (index.parse::<u64>().ok()?, stream.parse::<u64>().ok()?);
+        let mut kept = self.lock();
+        kept.expire();
+        let (events, _) = kept.streams.get(&(session.to_owned(), stream))?;
+        let mut body = Vec::new();
+        for event in events.iter().filter(|e| e.index > index) {
+            body.extend_from_slice(&event.bytes);
+        }
+        (!body.is_empty()).then(|| Bytes::from(body))
+    }
+
+    /// Reads the rest of a call's stream, dropped by its client, to its end (the call's
+    /// response, or the session's end) and keeps its events. `held` (the request's id in its
+    /// session, its session's use) is let go of once the stream has ended. Outside a runtime,
+    /// the stream is dropped as before.
+    pub(super) fn read_on<H: Send + 'static>(
+        &self,
+        session: String,
+        mut body: BoxBody<Bytes, Infallible>,
+        held: H,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let results = self.downgrade();
+        runtime.spawn(async move {
+            let mut read = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    if read.len() + data.len() > MAX_KEPT_BYTES {
+                        return;
+                    }
+                    read.extend_from_slice(&data);
+                }
+            }
+            drop(held);
+            let mut stream = None;
+            let mut events = Vec::new();
+            for event in whole_events(&read) {
+                if let Some((index, of)) = event_id(event) {
+                    stream.get_or_insert(of);
+                    events.push(Event { index, bytes: Bytes::copy_from_slice(event) });
+                }
+            }
+            if let (Some(stream), Some(results)) = (stream, results.upgrade()) {
+                let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
+                kept.expire();
+                kept.streams.insert((session, stream), (events, Instant::now()));
+            }
+        });
+    }
+}
+
+/// Forgets what is kept for `session` (closed).
+pub(super) fn forget(results: &Weak<Mutex<Kept>>, session: &str) {
+    if let Some(results) = results.upgrade() {
+        let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.streams.retain(|(of, _), _| of != session);
+    }
+}
+
+impl Kept {
+    fn expire(&mut self) {
+        let ttl = self.ttl;
+        self.streams.retain(|_, (_, at)| at.elapsed() < ttl);
+    }
+}
+
+/// The whole events of an event stream (each with the blank line that ends it).
+fn whole_events(stream: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut line_start = 0;
+    let mut ends = Vec::new();
+    for (i, b) in stream.iter().enumerate() {
+        if *b == b'\n' {
+            let line = &stream[line_start..i];
+            if line.strip_suffix(b"\r").unwrap_or(line).is_empty() {
+                ends.push((start, i + 1));
+                start = i + 1;
+            }
+            line_start = i + 1;
+        }
+    }
+    ends.into_iter().map(move |(from, to)| &stream[from..to])
+}
+
+/// An event's rmcp id, `<index>/<stream>`; `None` for one without (a keep-alive comment).
+fn event_id(event: &[u8]) -> Option<(u64, u64)> {
+    event.split(|b| *b == b'\n').find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let id = line.strip_prefix(b"id:")?;
+        let id = std::str::from_utf8(id).ok()?.trim();
+        let (index, stream) = id.split_once('/')?;
+        Some((index.parse().ok()?, stream.parse().ok()?))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_split_and_their_ids_read() {
+        let stream = b"data: \nid: 0/7\nretry: 3000\n\n: keep-alive\n\ndata: {\"a\":1}\r\nid: 1/7\r\n\r\npartial";
+        let events: Vec<&[u8]> = whole_events(stream).collect();
+        assert_eq!(events.len(), 3);
+        let ids: Vec<Option<(u64, u64)>> = events.iter().map(|e| event_id(e)).collect();
+        assert_eq!(ids, [Some((0, 7)), None, Some((1, 7))]);
+    }
+
+    #[test]
+    fn a_resume_gets_the_kept_events_after_its_last_id_of_its_own_session_only() {
+        let results = LateResults::new(Duration::from_secs(60));
+        let events = vec![
+            Event { index: 0, bytes: Bytes::from_static(b"data: \nid: 0/7\n\n") },
+            Event { index: 1, bytes: Bytes::from_static(b"data: {}\nid: 1/7\n\n") },
+        ];
+        results.lock().streams.insert(("s".into(), 7), (events, Instant::now()));
+        assert_eq!(results.after("s", "0/7").as_deref(), Some(&b"data: {}\nid: 1/7\n\n"[..]));
+        assert_eq!(results.after("s", "1/7"), None, "nothing after the last");
+        assert_eq!(results.after("other", "0/7"), None, "another session's");
+        assert_eq!(results.after("s", "0/8"), None, "another stream");
+        assert_eq!(results.after("s", "bad"), None);
+        forget(&results.downgrade(), "s");
+        assert_eq!(results.after("s", "0/7"), None, "forgotten with its session");
+    }
+}
