@@ -23,6 +23,10 @@ use http_body_util::combinators::BoxBody;
 /// resume is rmcp's.
 const MAX_KEPT_BYTES: usize = 16 << 20;
 
+/// The most kept in all; past it the oldest streams go first. Each stream is kept for a client
+/// that may never come back, so what many dropped calls leave behind is bounded.
+const MAX_TOTAL_BYTES: usize = 64 << 20;
+
 /// The events kept per (session, rmcp's request stream id).
 #[derive(Clone, Debug)]
 pub(super) struct LateResults(Arc<Mutex<Kept>>);
@@ -32,6 +36,8 @@ pub(super) struct Kept {
     /// How long events are kept: rmcp's `completed_cache_ttl`.
     ttl: Duration,
     streams: HashMap<(String, u64), (Vec<Event>, Instant)>,
+    /// The bytes of every kept event.
+    bytes: usize,
 }
 
 /// One whole SSE event and its index in its stream (rmcp's event id `<index>/<stream>`).
@@ -43,7 +49,7 @@ struct Event {
 
 impl LateResults {
     pub(super) fn new(ttl: Duration) -> Self {
-        LateResults(Arc::new(Mutex::new(Kept { ttl, streams: HashMap::new() })))
+        LateResults(Arc::new(Mutex::new(Kept { ttl, streams: HashMap::new(), bytes: 0 })))
     }
 
     pub(super) fn downgrade(&self) -> Weak<Mutex<Kept>> {
@@ -102,8 +108,7 @@ impl LateResults {
             }
             if let (Some(stream), Some(results)) = (stream, results.upgrade()) {
                 let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
-                kept.expire();
-                kept.streams.insert((session, stream), (events, Instant::now()));
+                kept.keep((session, stream), events);
             }
         });
     }
@@ -113,14 +118,49 @@ impl LateResults {
 pub(super) fn forget(results: &Weak<Mutex<Kept>>, session: &str) {
     if let Some(results) = results.upgrade() {
         let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.streams.retain(|(of, _), _| of != session);
+        kept.remove_where(|(of, _), _| of == session);
     }
+}
+
+fn size(events: &[Event]) -> usize {
+    events.iter().map(|e| e.bytes.len()).sum()
 }
 
 impl Kept {
     fn expire(&mut self) {
         let ttl = self.ttl;
-        self.streams.retain(|_, (_, at)| at.elapsed() < ttl);
+        self.remove_where(|_, at| at.elapsed() >= ttl);
+    }
+
+    fn remove_where(&mut self, mut gone: impl FnMut(&(String, u64), Instant) -> bool) {
+        let mut freed = 0;
+        self.streams.retain(|stream, (events, at)| {
+            let keep = !gone(stream, *at);
+            if !keep {
+                freed += size(events);
+            }
+            keep
+        });
+        self.bytes = self.bytes.saturating_sub(freed);
+    }
+
+    fn keep(&mut self, stream: (String, u64), events: Vec<Event>) {
+        self.expire();
+        let adds = size(&events);
+        while self.bytes + adds > MAX_TOTAL_BYTES {
+            let Some(oldest) =
+                self.streams.iter().min_by_key(|(_, (_, at))| *at).map(|(s, _)| s.clone())
+            else {
+                break;
+            };
+            if let Some((events, _)) = self.streams.remove(&oldest) {
+                self.bytes = self.bytes.saturating_sub(size(&events));
+            }
+        }
+        if let Some((replaced, _)) = self.streams.insert(stream, (events, Instant::now())) {
+            self.bytes = self.bytes.saturating_sub(size(&replaced));
+        }
+        self.bytes += adds;
     }
 }
 
@@ -166,6 +206,26 @@ mod tests {
         assert_eq!(ids, [Some((0, 7)), None, Some((1, 7))]);
     }
 
+    /// What dropped streams leave is bounded in all: the oldest go first.
+    #[test]
+    fn the_oldest_streams_go_past_the_total_bound() {
+        let results = LateResults::new(Duration::from_secs(60));
+        let big = |n: u64| {
+            let mut bytes = format!("id: 0/{n}\ndata: ").into_bytes();
+            bytes.resize(MAX_TOTAL_BYTES / 3, b'x');
+            bytes.extend_from_slice(b"\n\n");
+            vec![Event { index: 1, bytes: Bytes::from(bytes) }]
+        };
+        for n in 0..5 {
+            results.lock().keep(("s".into(), n), big(n));
+        }
+        let kept = results.lock();
+        let mut streams: Vec<u64> = kept.streams.keys().map(|(_, n)| *n).collect();
+        streams.sort_unstable();
+        assert_eq!(streams, [3, 4]);
+        assert_eq!(kept.bytes, 2 * (MAX_TOTAL_BYTES / 3 + 2));
+    }
+
     #[test]
     fn a_resume_gets_the_kept_events_after_its_last_id_of_its_own_session_only() {
         let results = LateResults::new(Duration::from_secs(60));
@@ -173,7 +233,7 @@ mod tests {
             Event { index: 0, bytes: Bytes::from_static(b"data: \nid: 0/7\n\n") },
             Event { index: 1, bytes: Bytes::from_static(b"data: {}\nid: 1/7\n\n") },
         ];
-        results.lock().streams.insert(("s".into(), 7), (events, Instant::now()));
+        results.lock().keep(("s".into(), 7), events);
         assert_eq!(results.after("s", "0/7").as_deref(), Some(&b"data: {}\nid: 1/7\n\n"[..]));
         assert_eq!(results.after("s", "1/7"), None, "nothing after the last");
         assert_eq!(results.after("other", "0/7"), None, "another session's");
@@ -181,5 +241,6 @@ mod tests {
         assert_eq!(results.after("s", "bad"), None);
         forget(&results.downgrade(), "s");
         assert_eq!(results.after("s", "0/7"), None, "forgotten with its session");
+        assert_eq!(results.lock().bytes, 0);
     }
 }
