@@ -1168,7 +1168,8 @@ where
 /// that id is already in flight there: MCP 2025-11-25 "Basic" (Requests) says an id MUST NOT be
 /// reused in a session, and rmcp would run both and send only one response, leaving the other
 /// request's stream open with nothing to come (the client waits for ever). A request whose client
-/// dropped its stream stays in flight until its answer has come (see [`late`]). Messages rmcp does not
+/// dropped its stream stays in flight until its answer has come (see [`late`]), or until the
+/// client resumes the stream mid-call and rmcp moves the call there. Messages rmcp does not
 /// serve in the session they name (`routed` false: `initialize`, a stateless server, a
 /// 2026-07-28 request, whose `Mcp-Session-Id` may be stale or made up and shared by strangers)
 /// are not tracked.
