@@ -786,6 +786,7 @@ impl Drop for Tracked {
         // The client went away before the end: the rest is read here, and the request's id and
         // its session's use are held until it has come.
         if !self.ended
+            && !http_body::Body::is_end_stream(&self.body)
             && let Some((late, session)) = self.late.take()
         {
             let body = std::mem::replace(&mut self.body, empty_body());
