@@ -92,9 +92,9 @@ pub fn service(
 
 /// [`service`] with rmcp's settings for its sessions: `keep_alive` (default 5 minutes) is how
 /// long a session may stay idle before it is closed; a request naming a closed session gets HTTP
-/// 404, and the client starts a new session. A session is idle while no request names it and no
-/// response carrying a call's result is open: a tool call that runs for longer than `keep_alive`
-/// keeps its session, and its client gets the result. (rmcp alone counts a running call as
+/// 404, and the client starts a new session. A session is idle while no request names it, no
+/// response carrying a call's result is open and no idem tool call in it still runs: a call that
+/// runs for longer than `keep_alive` keeps its session, and its client gets the result. (rmcp alone counts a running call as
 /// silence; [`Checked`] keeps this timer in its place.) A standalone `GET` stream does not keep a
 /// session open, as for rmcp.
 ///
