@@ -1931,6 +1931,33 @@ mod tests {
         assert!(answer.contains(r#""id":4,"result":{}"#), "{answer}");
     }
 
+    type SlowService = Checked<StreamableHttpService<IdemServer, LocalSessionManager>>;
+
+    /// A service of [`SlowLookupTool`] whose sessions close after `keep_alive` idle (in ms;
+    /// rmcp's default without), the tools its sessions share (to count running calls), and a
+    /// session opened in it.
+    async fn slow_service(keep_alive: Option<u64>) -> (crate::IdemTools, SlowService, String) {
+        let set = ToolSet::new().with(SlowLookupTool).unwrap();
+        let tools = crate::IdemTools::new(set, &Idem::in_memory());
+        let make = {
+            let tools = tools.clone();
+            move || IdemServer::from_tools(tools.clone())
+        };
+        let mut sessions = SessionConfig::default();
+        if let Some(ms) = keep_alive {
+            sessions.keep_alive = Some(std::time::Duration::from_millis(ms));
+        }
+        let mut server =
+            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
+        let session = open_session(&mut server).await;
+        (tools, server, session)
+    }
+
+    /// A POST of `body` in `session`.
+    fn post_in(session: &str, body: serde_json::Value) -> http::Request<Full<Bytes>> {
+        request_of(Some("2025-11-25"), http::Method::POST, Some(session), Some(body))
+    }
+
     /// A call that runs for longer than the session's `keep_alive` keeps its session open (rmcp
     /// alone closed it at `keep_alive`, and the call's client never got its result); once the
     /// call's response has been sent, the session is idle, and it is closed after `keep_alive`:
@@ -1938,16 +1965,8 @@ mod tests {
     /// "Transports") on which clients start a new one.
     #[tokio::test]
     async fn a_running_call_keeps_its_session_open_and_an_idle_one_is_closed() {
-        let idem = Idem::in_memory();
-        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
-        let mut sessions = SessionConfig::default();
-        sessions.keep_alive = Some(std::time::Duration::from_millis(200));
-        let mut server =
-            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
-        let session = open_session(&mut server).await;
-        let post = |body: serde_json::Value| {
-            request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(body))
-        };
+        let (_, mut server, session) = slow_service(Some(200)).await;
+        let post = |body| post_in(&session, body);
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "kept"}}});
         let stream = serve(&mut server, post(call)).await;
@@ -1968,13 +1987,7 @@ mod tests {
     /// before rmcp reads them) are requests naming the session all the same: they keep it open.
     #[tokio::test]
     async fn requests_answered_before_rmcp_keep_their_session_open() {
-        let idem = Idem::in_memory();
-        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
-        let mut sessions = SessionConfig::default();
-        sessions.keep_alive = Some(std::time::Duration::from_millis(400));
-        let mut server =
-            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
-        let session = open_session(&mut server).await;
+        let (_, mut server, session) = slow_service(Some(400)).await;
         for id in 3..13 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             let body = format!(
@@ -2046,20 +2059,8 @@ mod tests {
     /// has run, then is idle. Before, it was idle from the drop, and closed under the call.
     #[tokio::test]
     async fn a_call_whose_stream_was_dropped_keeps_its_session_until_it_has_run() {
-        let set = ToolSet::new().with(SlowLookupTool).unwrap();
-        let tools = crate::IdemTools::new(set, &Idem::in_memory());
-        let make = {
-            let tools = tools.clone();
-            move || IdemServer::from_tools(tools.clone())
-        };
-        let mut sessions = SessionConfig::default();
-        sessions.keep_alive = Some(std::time::Duration::from_millis(200));
-        let mut server =
-            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
-        let session = open_session(&mut server).await;
-        let post = |body: serde_json::Value| {
-            request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(body))
-        };
+        let (tools, mut server, session) = slow_service(Some(200)).await;
+        let post = |body| post_in(&session, body);
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "dropped"}}});
         let stream = serve(&mut server, post(call)).await;
@@ -2122,18 +2123,10 @@ mod tests {
     /// of it.
     #[tokio::test]
     async fn a_stream_dropped_mid_call_is_resumed_after_the_call_with_its_result() {
-        let set = ToolSet::new().with(SlowLookupTool).unwrap();
-        let tools = crate::IdemTools::new(set, &Idem::in_memory());
-        let make = {
-            let tools = tools.clone();
-            move || IdemServer::from_tools(tools.clone())
-        };
-        let mut server = service(make, StreamableHttpServerConfig::default());
-        let session = open_session(&mut server).await;
+        let (tools, mut server, session) = slow_service(None).await;
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "late"}}});
-        let post = request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(call));
-        let stream = serve(&mut server, post).await;
+        let stream = serve(&mut server, post_in(&session, call)).await;
         assert_eq!(stream.status(), http::StatusCode::OK);
         // The priming event, then the connection breaks.
         let mut body = stream.into_body();
@@ -2189,19 +2182,11 @@ mod tests {
     /// its `keep_alive` keep it.
     #[tokio::test]
     async fn requests_keep_a_session_open() {
-        let idem = Idem::in_memory();
-        let make = move || IdemServer::new(ToolSet::new().with(SlowLookupTool).unwrap(), &idem);
-        let mut sessions = SessionConfig::default();
-        sessions.keep_alive = Some(std::time::Duration::from_millis(400));
-        let mut server =
-            service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
-        let session = open_session(&mut server).await;
+        let (_, mut server, session) = slow_service(Some(400)).await;
         for id in 3..13 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             let ping = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
-            let request =
-                request_of(Some("2025-11-25"), http::Method::POST, Some(&session), Some(ping));
-            let answer = serve(&mut server, request).await;
+            let answer = serve(&mut server, post_in(&session, ping)).await;
             assert_eq!(answer.status(), http::StatusCode::OK, "ping {id}: {}", text(answer).await);
         }
     }
