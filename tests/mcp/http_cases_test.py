@@ -552,6 +552,15 @@ async def big_body(binary, work):
     return f"bodies over {limit} bytes are 413, the session goes on"
 
 
+async def first_event_id(c, url, head, call):
+    """POSTs `call` and reads its stream up to its first event id; then the connection drops."""
+    async with c.stream("POST", url, headers=head, json=call) as s:
+        async for line in s.aiter_lines():
+            if line.startswith("id:"):
+                return line[3:].strip()
+    check(False, "the response stream has no event id to resume from")
+
+
 async def lifecycle(binary, work):
     proc, url = start(binary, work, {"PAYMENTS_DELAY_MS": "2000"})
     args = {"customer": "cus_l", "amount_cents": 21}
@@ -574,13 +583,7 @@ async def lifecycle(binary, work):
 
             # The connection drops after the stream's first event; GET with Last-Event-ID resumes it.
             slow = {"customer": "cus_l2", "amount_cents": 22}
-            event_id = None
-            async with c.stream("POST", url, headers=head, json=raw_call(5, slow, "conv-L")) as s:
-                async for line in s.aiter_lines():
-                    if line.startswith("id:"):
-                        event_id = line[3:].strip()
-                        break
-            check(event_id, "the response stream has no event id to resume from")
+            event_id = await first_event_id(c, url, head, raw_call(5, slow, "conv-L"))
             resumed = []
             async with c.stream("GET", url, headers={**head, "Last-Event-ID": event_id}) as s:
                 check(s.status_code == 200, f"GET with Last-Event-ID: {s.status_code}")
@@ -596,13 +599,7 @@ async def lifecycle(binary, work):
             # alone had dropped it by then and sent an empty stream, on which the SDK reconnects
             # for ever).
             late = {"customer": "cus_l3", "amount_cents": 23}
-            event_id = None
-            async with c.stream("POST", url, headers=head, json=raw_call(6, late, "conv-L")) as s:
-                async for line in s.aiter_lines():
-                    if line.startswith("id:"):
-                        event_id = line[3:].strip()
-                        break
-            check(event_id, "the response stream has no event id to resume from")
+            event_id = await first_event_id(c, url, head, raw_call(6, late, "conv-L"))
             async with asyncio.timeout(HANG_GUARD):
                 while ledger(work)["charge_requests"] < 3:
                     await asyncio.sleep(0.1)
