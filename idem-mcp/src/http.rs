@@ -1102,8 +1102,9 @@ where
             };
             // A resume of a call's stream whose client dropped it before the call's end: what it
             // missed is kept here (rmcp no longer has it once the call has answered).
+            // Only in a session still open here: one closed may have lost its owner check.
             let kept = match (&session, parts.headers.get("last-event-id")) {
-                (Some(session), Some(last)) if resumes => {
+                (Some(session), Some(last)) if resumes && idle.knows(session) => {
                     last.to_str().ok().and_then(|last| late.after(session, last))
                 }
                 _ => None,
@@ -2176,6 +2177,42 @@ mod tests {
         let other = open_session(&mut server).await;
         let stolen = serve(&mut server, resume(&other, &last_id)).await;
         assert!(!text(stolen).await.contains("late"));
+    }
+
+    /// What a dropped stream left is sent only in a session still open here: once the session
+    /// is closed (its owner forgotten), a resume naming it is rmcp's 404, also when the stream's
+    /// reader kept its events after the close.
+    #[tokio::test]
+    async fn a_closed_sessions_kept_events_are_not_sent() {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+            IdemServer::from_tools(tools)
+        };
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let opened = post(&mut server, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let resume = |user: &str| {
+            let mut request =
+                request_of(Some("2025-11-25"), http::Method::GET, Some(&session), None);
+            request.headers_mut().insert("last-event-id", "0/7".parse().unwrap());
+            request.headers_mut().insert("x-user", user.parse().unwrap());
+            request
+        };
+        server.late.keep_for_test(&session, b"data: {\"result\":\"alice's\"}\nid: 1/7\n\n");
+        let own = serve(&mut server, resume("alice")).await;
+        assert!(text(own).await.contains("alice's"), "the owner's resume");
+        let bob = serve(&mut server, resume("bob")).await;
+        assert_eq!(bob.status(), http::StatusCode::NOT_FOUND);
+        let mut delete = request_of(Some("2025-11-25"), http::Method::DELETE, Some(&session), None);
+        delete.headers_mut().insert("x-user", "alice".parse().unwrap());
+        assert!(serve(&mut server, delete).await.status().is_success());
+        // Kept after the close, as by a reader that ended just then.
+        server.late.keep_for_test(&session, b"data: {\"result\":\"alice's\"}\nid: 1/7\n\n");
+        let bob = serve(&mut server, resume("bob")).await;
+        assert_eq!(bob.status(), http::StatusCode::NOT_FOUND, "{}", text(bob).await);
     }
 
     /// While a session is used, it stays open however long that lasts: requests more often than

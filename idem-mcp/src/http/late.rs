@@ -97,7 +97,6 @@ impl LateResults {
                     read.extend_from_slice(&data);
                 }
             }
-            drop(held);
             let mut stream = None;
             let mut events = Vec::new();
             for event in whole_events(&read) {
@@ -110,7 +109,19 @@ impl LateResults {
                 let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
                 kept.keep((session, stream), events);
             }
+            // Once kept: a resume from then on finds it.
+            drop(held);
         });
+    }
+}
+
+#[cfg(test)]
+impl LateResults {
+    /// Keeps `event` (whole, with its id `<index>/<stream>`) as if read from a dropped stream.
+    pub(super) fn keep_for_test(&self, session: &str, event: &'static [u8]) {
+        let (index, stream) = event_id(event).expect("an event with an rmcp id");
+        let events = vec![Event { index, bytes: Bytes::from_static(event) }];
+        self.lock().keep((session.to_owned(), stream), events);
     }
 }
 
