@@ -28,5 +28,5 @@ fn the_example_prints_the_lines_the_readme_shows() {
         assert!(printed.contains(&line), "the README shows {line:?}; the example printed:\n{out}");
         lines += 1;
     }
-    assert_eq!(lines, 7, "{shown}");
+    assert_eq!(lines, 8, "{shown}");
 }

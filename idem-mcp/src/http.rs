@@ -98,6 +98,13 @@ pub fn service(
 /// silence; [`Checked`] keeps this timer in its place.) A standalone `GET` stream does not keep a
 /// session open, as for rmcp.
 ///
+/// A client whose connection broke mid-call resumes the call's stream (`GET` with
+/// `Last-Event-ID`, MCP "Transports", resumability) for its result: while the call runs, or up
+/// to `completed_cache_ttl` (60 s by default) after it ended, as long as the session is open. An
+/// idem call holds its session until it has run; a tool of your own server (see [`service_for`])
+/// holds it only while its response is open. What a dropped stream missed is kept up to 16 MiB
+/// per stream and 64 MiB in all.
+///
 /// Keys do not depend on the session: a client that re-initializes and repeats a call with the
 /// same principal and `_meta["idem/run"]` gets the first call's outcome; one that names no run
 /// was scoped to the closed session's run, and its repeat runs again.
