@@ -1,7 +1,8 @@
 //! The MCP server, driven by a client nobody on this team wrote: the official Python MCP SDK
 //! (`mcp` on PyPI, pinned below), running `tests/mcp/client_test.py` against the `payments_mcp`
 //! example (idem-mcp, SQLite store), restarted once in the middle, and `tests/mcp/mixed_test.py`
-//! against `mixed_mcp` (idem tools inside a plain rmcp server), and `tests/mcp/http_test.py`
+//! against `mixed_mcp` (idem tools inside a plain rmcp server, over stdio and over HTTP), and
+//! `tests/mcp/http_test.py`
 //! against `payments_mcp --http` (two users with bearer tokens over streamable HTTP).
 //!
 //! The tests build the examples with `cargo build -p idem-mcp --features sqlite,http --example
@@ -45,6 +46,23 @@ fn python_mcp_client_drives_idem_tools_inside_a_plain_rmcp_server() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("ok: rmcp tool and idem tools in one server"), "{stdout}");
+}
+
+/// The same server over streamable HTTP (`mixed_mcp --http`, mounted with `service_for`): the
+/// rmcp tool and the idem tools in one session, each bearer token's user in a scope of its own.
+#[test]
+fn python_mcp_client_drives_idem_tools_inside_a_plain_rmcp_server_over_http() {
+    let Some(python) = or_skip("python3 with the `mcp` package", python_with_mcp()) else {
+        return;
+    };
+    let server = mcp_support::build_example("mixed_mcp");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/mixed_test.py");
+    let out = Command::new(python).arg(script).arg(&server).arg("--http").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the Python MCP client failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("ok: rmcp tool and idem tools in one server"), "{stdout}");
+    assert!(stdout.contains("ok: over HTTP too, each user in a scope of their own"), "{stdout}");
 }
 
 #[test]

@@ -4,10 +4,15 @@
 //!
 //! ```text
 //! cargo run -p idem-mcp --example mixed_mcp
+//! MIXED_TOKENS=tok-alice=alice cargo run -p idem-mcp --features http --example mixed_mcp -- --http 127.0.0.1:8080
 //! ```
 //!
 //! Serves MCP over stdio ([`idem_mcp::stdio`], which answers every request line, even one rmcp
-//! could not parse). Records live in memory.
+//! could not parse), or with `--http ADDR` over streamable HTTP at `http://ADDR/mcp`
+//! ([`idem_mcp::http::service_for`]: the same server, one per session, behind idem's checks).
+//! Over HTTP a request needs `Authorization: Bearer TOKEN` with a token of `MIXED_TOKENS`
+//! (`token=user,token=user`), else HTTP 401; the token's user is the principal, the scope of
+//! every key. Records live in memory.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,7 +102,13 @@ impl Tickets {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match serve().await {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let served = match args.as_slice() {
+        [] => serve().await,
+        [flag, addr] if flag == "--http" => serve_http(addr).await,
+        _ => Err("usage: mixed_mcp [--http ADDR]".to_owned()),
+    };
+    match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("mixed_mcp: {message}");
@@ -106,13 +117,18 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn serve() -> Result<(), String> {
+/// The help desk's idem tools, over one store.
+fn idem_tools() -> Result<IdemTools, String> {
     let tickets = Arc::new(Tickets::default());
     let set = ToolSet::new()
         .with(tickets.create_ticket_tool())
         .and_then(|s| s.with(tickets.ticket_count_tool()))
         .map_err(|e| e.to_string())?;
-    let idem = IdemTools::new(set, &Idem::in_memory());
+    Ok(IdemTools::new(set, &Idem::in_memory()))
+}
+
+async fn serve() -> Result<(), String> {
+    let idem = idem_tools()?;
     // The server's own router plus idem's: one `tools/list`, one `tools/call`. A name in both
     // is refused here rather than one tool silently replacing the other.
     let desk = Desk { tool_router: idem.mount(Desk::tool_router()).map_err(|e| e.to_string())? };
@@ -122,5 +138,48 @@ async fn serve() -> Result<(), String> {
     match idem.serve_until_shutdown(running.waiting()).await {
         Some(ended) => ended.map(drop).map_err(|e| e.to_string()),
         None => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "http"))]
+async fn serve_http(addr: &str) -> Result<(), String> {
+    Err(format!("--http {addr}: this build has no HTTP server; run with `--features http`"))
+}
+
+#[cfg(feature = "http")]
+#[path = "common/bearer.rs"]
+mod bearer;
+
+#[cfg(feature = "http")]
+async fn serve_http(addr: &str) -> Result<(), String> {
+    let tokens = bearer::tokens(&std::env::var("MIXED_TOKENS").unwrap_or_default());
+    // One `IdemTools` for every session: its calls are the ones a shutdown waits for.
+    let idem = idem_tools()?.with_principal(bearer::principal);
+    let router = idem.mount(Desk::tool_router()).map_err(|e| e.to_string())?;
+    let make = move || Desk { tool_router: router.clone() };
+    let config = idem_mcp::http::StreamableHttpServerConfig::default();
+    let sessions = idem_mcp::http::SessionConfig::default();
+    let mcp = idem_mcp::http::service_for(make, idem.principal_fn(), config, sessions);
+    let shutdown = mcp.shutdown();
+    let app = axum::Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(tokens, bearer::authenticate));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("mixed_mcp: listening on http://{local}/mcp");
+    // SIGTERM lets the calls in flight finish and reach their clients, then exits.
+    let served = shutdown
+        .serve(idem, |draining| {
+            axum::serve(listener, app).with_graceful_shutdown(draining).into_future()
+        })
+        .await;
+    match served {
+        idem_mcp::http::Served::Ended(served) => served.map_err(|e| e.to_string()),
+        idem_mcp::http::Served::Drained => Ok(()),
+        idem_mcp::http::Served::Cut { calls } => {
+            Err(format!("stopped by a second signal with {calls} call(s) still running"))
+        }
     }
 }

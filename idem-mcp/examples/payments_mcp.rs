@@ -459,65 +459,14 @@ async fn serve_http(addr: &Path, _: Arc<Payments>, _: Idem) -> Result<(), String
     ))
 }
 
-/// The user a bearer token belongs to, put in the request by [`authenticate`].
 #[cfg(feature = "http")]
-#[derive(Clone)]
-struct User(String);
-
-/// The app's auth layer: `Authorization: Bearer TOKEN` with a known token, else HTTP 401.
-#[cfg(feature = "http")]
-async fn authenticate(
-    axum::extract::State(tokens): axum::extract::State<
-        Arc<std::collections::HashMap<String, String>>,
-    >,
-    mut request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    // RFC 7235 §2.1: the scheme's name is case-insensitive.
-    let bearer = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match bearer.and_then(|token| tokens.get(token)) {
-        Some(user) => {
-            request.extensions_mut().insert(User(user.clone()));
-            next.run(request).await
-        }
-        None => {
-            let mut response = axum::response::Response::new(axum::body::Body::from(
-                "a known bearer token is required",
-            ));
-            *response.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
-            // RFC 6750 §3: a 401 names the scheme the client must use.
-            response.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer realm=\"payments_mcp\""),
-            );
-            // The body of a request without a known token is not read, so the server closes the
-            // connection after this answer; said here, a client that keeps connections (httpx,
-            // undici) opens a new one for its next request instead of sending it on this one
-            // and hearing "disconnected without a response".
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-            response
-        }
-    }
-}
+#[path = "common/bearer.rs"]
+mod bearer;
 
 #[cfg(feature = "http")]
 async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<(), String> {
     let addr = addr.to_str().ok_or("--http ADDR is not text")?.to_owned();
-    let tokens: std::collections::HashMap<String, String> = std::env::var("PAYMENTS_TOKENS")
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(token, user)| (token.to_owned(), user.to_owned()))
-        .collect();
+    let tokens = bearer::tokens(&std::env::var("PAYMENTS_TOKENS").unwrap_or_default());
     server(&payments, &idem)?; // the tool set is valid
     // Only to show the refusal of a multi-user server with no principal (tests/mcp/http_test.py).
     let bound = std::env::var_os("PAYMENTS_NO_PRINCIPAL").is_none();
@@ -525,7 +474,7 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     // the calls in flight, which the process waits for when it is stopped.
     let mut tools = idem_mcp::IdemTools::new(tools(&payments).map_err(|e| e.to_string())?, &idem);
     if bound {
-        tools = tools.with_principal(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
+        tools = tools.with_principal(bearer::principal);
     }
     let make = {
         let tools = tools.clone();
@@ -545,7 +494,7 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
     let shutdown = mcp.shutdown();
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)
-        .layer(axum::middleware::from_fn_with_state(Arc::new(tokens), authenticate));
+        .layer(axum::middleware::from_fn_with_state(tokens, bearer::authenticate));
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;

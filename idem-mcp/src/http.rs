@@ -1939,12 +1939,12 @@ mod tests {
         assert!(answer.contains(r#""id":4,"result":{}"#), "{answer}");
     }
 
-    type SlowService = Checked<StreamableHttpService<IdemServer, LocalSessionManager>>;
+    type TestService = Checked<StreamableHttpService<IdemServer, LocalSessionManager>>;
 
     /// A service of [`SlowLookupTool`] whose sessions close after `keep_alive` idle (in ms;
     /// rmcp's default without), the tools its sessions share (to count running calls), and a
     /// session opened in it.
-    async fn slow_service(keep_alive: Option<u64>) -> (crate::IdemTools, SlowService, String) {
+    async fn slow_service(keep_alive: Option<u64>) -> (crate::IdemTools, TestService, String) {
         let set = ToolSet::new().with(SlowLookupTool).unwrap();
         let tools = crate::IdemTools::new(set, &Idem::in_memory());
         let make = {
@@ -1959,6 +1959,21 @@ mod tests {
             service_with_sessions(make, StreamableHttpServerConfig::default(), sessions);
         let session = open_session(&mut server).await;
         (tools, server, session)
+    }
+
+    /// A service whose principal is the `x-user` header, and a session alice opened in it.
+    async fn alices_session() -> (TestService, String) {
+        let idem = Idem::in_memory();
+        let make = move || {
+            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
+                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+            });
+            IdemServer::from_tools(tools)
+        };
+        let mut server = service(make, StreamableHttpServerConfig::default());
+        let opened = post(&mut server, "alice", None, initialize()).await;
+        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        (server, session)
     }
 
     /// A POST of `body` in `session`.
@@ -2041,16 +2056,7 @@ mod tests {
     /// is refused to everyone, as an unknown session: the owner check fails closed.
     #[tokio::test]
     async fn an_open_session_whose_owner_is_not_known_is_refused() {
-        let idem = Idem::in_memory();
-        let make = move || {
-            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
-                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
-            });
-            IdemServer::from_tools(tools)
-        };
-        let mut server = service(make, StreamableHttpServerConfig::default());
-        let opened = post(&mut server, "alice", None, initialize()).await;
-        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let (mut server, session) = alices_session().await;
         let own = post(&mut server, "alice", Some(&session), list()).await;
         assert_eq!(own.status(), http::StatusCode::OK);
         let other = post(&mut server, "bob", Some(&session), list()).await;
@@ -2191,16 +2197,7 @@ mod tests {
     /// reader kept its events after the close.
     #[tokio::test]
     async fn a_closed_sessions_kept_events_are_not_sent() {
-        let idem = Idem::in_memory();
-        let make = move || {
-            let tools = crate::IdemTools::new(ToolSet::new(), &idem).with_principal(|parts| {
-                parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
-            });
-            IdemServer::from_tools(tools)
-        };
-        let mut server = service(make, StreamableHttpServerConfig::default());
-        let opened = post(&mut server, "alice", None, initialize()).await;
-        let session = opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned();
+        let (mut server, session) = alices_session().await;
         let resume = |user: &str| {
             let mut request =
                 request_of(Some("2025-11-25"), http::Method::GET, Some(&session), None);
