@@ -94,9 +94,9 @@ pub fn service(
 /// long a session may stay idle before it is closed; a request naming a closed session gets HTTP
 /// 404, and the client starts a new session. A session is idle while no request names it, no
 /// response carrying a call's result is open and no idem tool call in it still runs: a call that
-/// runs for longer than `keep_alive` keeps its session, and its client gets the result. (rmcp alone counts a running call as
-/// silence; [`Checked`] keeps this timer in its place.) A standalone `GET` stream does not keep a
-/// session open, as for rmcp.
+/// runs for longer than `keep_alive` keeps its session, and its client gets the result. (rmcp
+/// alone counts a running call as silence; [`Checked`] keeps this timer in its place.) A
+/// standalone `GET` stream does not keep a session open, as for rmcp.
 ///
 /// A client whose connection broke mid-call resumes the call's stream (`GET` with
 /// `Last-Event-ID`, MCP "Transports", resumability) for its result: while the call runs, or up
@@ -352,6 +352,17 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 fn session_id(parts: &http::request::Parts) -> Option<&str> {
     parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// Forgets what a per-session map ([`Owners`], [`Versions`]) kept for `session`, if the map is
+/// still there.
+fn forget_in<V>(
+    map: &std::sync::Weak<std::sync::Mutex<std::collections::HashMap<String, V>>>,
+    session: &str,
+) {
+    if let Some(map) = map.upgrade() {
+        map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(session);
+    }
 }
 
 /// The session an `initialize` answer opened.
@@ -783,8 +794,9 @@ impl Tracked {
         id: Option<IdInFlight>,
         open: Option<OpenResponse>,
         in_use: Option<Arc<idle::InUse>>,
+        late: Option<(late::LateResults, String)>,
     ) -> Self {
-        Tracked { body, id, _open: open, in_use, late: None, ended: false }
+        Tracked { body, id, _open: open, in_use, late, ended: false }
     }
 }
 
@@ -889,24 +901,15 @@ where
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         let idle = self.idle.clone();
         let late = self.late.clone();
-        idle.start_closing(&self.manager, &self.streams, {
+        idle.start_closing(&self.manager, &self.streams, || {
             // Weak: the closing task ends once the service is dropped, and the maps with it.
             let owners = Arc::downgrade(&owners.sessions);
             let versions = Arc::downgrade(&versions.sessions);
             let kept = late.downgrade();
-            move |session| {
+            move |session: &str| {
                 late::forget(&kept, session);
-                if let Some(owners) = owners.upgrade() {
-                    owners
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(session);
-                }
-                if let Some(versions) = versions.upgrade() {
-                    let mut versions =
-                        versions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    versions.remove(session);
-                }
+                forget_in(&owners, session);
+                forget_in(&versions, session);
             }
         });
         Box::pin(async move {
@@ -1066,9 +1069,7 @@ where
                                     .map(|session| (late.clone(), session));
                                 let answer = if priming { answer } else { without_priming(answer) };
                                 return Ok(answer.map(|body| {
-                                    let mut tracked = Tracked::new(body, id, Some(open), in_use);
-                                    tracked.late = late;
-                                    BoxBody::new(tracked)
+                                    BoxBody::new(Tracked::new(body, id, Some(open), in_use, late))
                                 }));
                             }
                         }
@@ -1124,7 +1125,9 @@ where
                     .unwrap_or_else(|_| {
                         reply(http::StatusCode::INTERNAL_SERVER_ERROR, Bytes::new())
                     });
-                return Ok(answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use))));
+                return Ok(
+                    answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use, None)))
+                );
             }
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
@@ -1145,7 +1148,7 @@ where
                 versions.closed(&head);
                 if let Some(session) = session_id(&head) {
                     idle.closed(session);
-                    late::forget(&late.downgrade(), session);
+                    late.forget(session);
                 }
                 if unknown {
                     return Ok(unknown_session());
@@ -1163,11 +1166,9 @@ where
                 .map(|session| (late.clone(), session));
             Ok(match (open, in_use) {
                 (None, None) => answer,
-                (open, in_use) => answer.map(|body| {
-                    let mut tracked = Tracked::new(body, None, open, in_use);
-                    tracked.late = late;
-                    BoxBody::new(tracked)
-                }),
+                (open, in_use) => {
+                    answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use, late)))
+                }
             })
         })
     }

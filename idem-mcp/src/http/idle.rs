@@ -139,20 +139,25 @@ impl Idle {
     }
 
     /// Starts, once, the task that closes sessions idle for `keep_alive` on `manager`, calling
-    /// `forget` with each so that what is kept beside rmcp goes too. It ends when the service is
-    /// dropped or `ended` (rmcp's `cancellation_token`, which ends every session) is cancelled.
-    pub(super) fn start_closing(
+    /// the function `forget` makes with each so that what is kept beside rmcp goes too. It ends
+    /// when the service is dropped or `ended` (rmcp's `cancellation_token`, which ends every
+    /// session) is cancelled. Called at every request: once started, it costs one atomic load.
+    pub(super) fn start_closing<F: Fn(&str) + Send + 'static>(
         &self,
         manager: &Arc<LocalSessionManager>,
         ended: &tokio_util::sync::CancellationToken,
-        forget: impl Fn(&str) + Send + 'static,
+        forget: impl FnOnce() -> F,
     ) {
+        if self.0.closing.load(Ordering::Acquire) {
+            return;
+        }
         let Some(keep_alive) = self.0.keep_alive else { return };
         // Outside a runtime (a service called by hand), tried again at the next request.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         if self.0.closing.swap(true, Ordering::AcqRel) {
             return;
         }
+        let forget = forget();
         // A session is closed between `keep_alive` and a quarter of it later.
         let tick = (keep_alive / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
         let (sessions, manager, ended) =
@@ -212,9 +217,11 @@ mod tests {
         let probe = idle.clone();
         let manager = Arc::new(LocalSessionManager::default());
         let ended = tokio_util::sync::CancellationToken::new();
-        idle.start_closing(&manager, &ended, move |id| {
-            let let_in = probe.begin(id).is_ok();
-            forgot.send((id.to_owned(), let_in)).unwrap();
+        idle.start_closing(&manager, &ended, || {
+            move |id: &str| {
+                let let_in = probe.begin(id).is_ok();
+                forgot.send((id.to_owned(), let_in)).unwrap();
+            }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(forgotten.try_recv().is_err(), "closed while a request was in it");

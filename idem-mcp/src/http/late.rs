@@ -125,11 +125,17 @@ impl LateResults {
     }
 }
 
-/// Forgets what is kept for `session` (closed).
+impl LateResults {
+    /// Forgets what is kept for `session` (closed).
+    pub(super) fn forget(&self, session: &str) {
+        self.lock().remove_where(|(of, _), _| of == session);
+    }
+}
+
+/// [`LateResults::forget`] through a weak reference (the task that closes idle sessions).
 pub(super) fn forget(results: &Weak<Mutex<Kept>>, session: &str) {
     if let Some(results) = results.upgrade() {
-        let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.remove_where(|(of, _), _| of == session);
+        LateResults(results).forget(session);
     }
 }
 
@@ -250,7 +256,7 @@ mod tests {
         assert_eq!(results.after("other", "0/7"), None, "another session's");
         assert_eq!(results.after("s", "0/8"), None, "another stream");
         assert_eq!(results.after("s", "bad"), None);
-        forget(&results.downgrade(), "s");
+        results.forget("s");
         assert_eq!(results.after("s", "0/7"), None, "forgotten with its session");
         assert_eq!(results.lock().bytes, 0);
     }
