@@ -2023,7 +2023,10 @@ mod tests {
             let answer = serve(&mut server, request).await;
             assert_eq!(answer.status(), http::StatusCode::OK);
             let answer = text(answer).await;
-            assert!(answer.contains("isError"), "request {id}: {answer}");
+            // Refused before the tool ran: `invalid_arguments`, with the request's id.
+            assert!(answer.contains(r#""isError":true"#), "request {id}: {answer}");
+            assert!(answer.contains("invalid_arguments"), "request {id}: {answer}");
+            assert!(answer.contains(&format!(r#""id":{id}"#)), "request {id}: {answer}");
         }
         let ping = serde_json::json!({"jsonrpc": "2.0", "id": 20, "method": "ping"});
         let request =
