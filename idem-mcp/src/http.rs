@@ -103,7 +103,9 @@ pub fn service(
 /// to `completed_cache_ttl` (60 s by default) after it ended, as long as the session is open. An
 /// idem call holds its session until it has run; a tool of your own server (see [`service_for`])
 /// holds it only while its response is open. What a dropped stream missed is kept up to 16 MiB
-/// per stream and 64 MiB in all.
+/// per stream and 64 MiB in all. Past that, a resume with nothing to send is answered 410
+/// ("Gone"), so that the client stops resuming and its call fails; the repeat, with the same
+/// run, replays the stored outcome.
 ///
 /// Keys do not depend on the session: a client that re-initializes and repeats a call with the
 /// same principal and `_meta["idem/run"]` gets the first call's outcome; one that names no run
@@ -442,6 +444,38 @@ async fn terminated_as_unknown(answer: Response) -> Response {
 
 /// What rmcp's session manager says of a session whose service has ended.
 const TERMINATED: &[u8] = b"Session service terminated";
+
+/// rmcp's answer to a `GET` resuming a request's stream, with its 200 and an empty stream that
+/// ends at once made 410 ("Gone"). rmcp answers so whenever it has nothing to send on the stream:
+/// the request is unknown to it, or its events are gone (rmcp keeps a completed request's events
+/// for `completed_cache_ttl`, and none of a connection that failed without closing). The MCP
+/// SDKs take that empty 200 as a working reconnect and resume again with the same
+/// `Last-Event-ID`, for ever: the Python SDK (2.3) starts its count of attempts over after each
+/// one, and so does rmcp's own client. An error status is counted, so the client gives up after
+/// a few attempts and its call fails; the host's repeat of the call, with the same run, replays
+/// the stored outcome. A stream with something to send, or still open (a call that runs), is
+/// passed on unchanged: rmcp has queued what it resends before it answers, so one poll tells.
+fn gone_if_empty(answer: Response) -> Response {
+    use futures_util::{FutureExt, StreamExt};
+    if answer.status() != http::StatusCode::OK {
+        return answer;
+    }
+    let (parts, mut body) = answer.into_parts();
+    match body.frame().now_or_never() {
+        Some(None) => reply(http::StatusCode::GONE, Bytes::from_static(GONE)),
+        Some(Some(first)) => {
+            let rest = http_body_util::BodyStream::new(body);
+            let body =
+                http_body_util::StreamBody::new(futures_util::stream::iter([first]).chain(rest));
+            http::Response::from_parts(parts, BoxBody::new(body))
+        }
+        None => http::Response::from_parts(parts, body),
+    }
+}
+
+const GONE: &[u8] =
+    b"Gone: nothing is left to send on this stream (its events are no longer kept); \
+repeat the call with the same run id for its stored outcome";
 
 /// A tower service that reads each POSTed JSON-RPC message with
 /// [`crate::jsonrpc::check_message`] before rmcp does, as the stdio transport does: a request it
@@ -1131,6 +1165,7 @@ where
             }
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
+            let answer = if resumes { gone_if_empty(answer) } else { answer };
             if let Some(in_use) = &in_use
                 && answer.status().is_success()
             {
@@ -2181,7 +2216,8 @@ mod tests {
         let resumed = tokio::time::timeout(guard, text(resumed)).await.expect("the stream ends");
         assert!(resumed.contains(r#""text":"late""#), "resumed: {resumed:?}");
         assert!(resumed.contains(r#""id":2"#), "resumed: {resumed:?}");
-        // From its last event: nothing more to send (rmcp's empty stream).
+        // From its last event: nothing more to send. rmcp's empty 200 would have the client
+        // resume for ever; 410 ends its retries.
         let result_id = resumed
             .lines()
             .filter_map(|line| line.strip_prefix("id:"))
@@ -2189,11 +2225,76 @@ mod tests {
             .map(|id| id.trim().to_owned())
             .unwrap();
         let again = serve(&mut server, resume(&session, &result_id)).await;
+        assert_eq!(again.status(), http::StatusCode::GONE);
         assert!(!text(again).await.contains("late"));
         // Another session: not its stream.
         let other = open_session(&mut server).await;
         let stolen = serve(&mut server, resume(&other, &last_id)).await;
+        assert_eq!(stolen.status(), http::StatusCode::GONE);
         assert!(!text(stolen).await.contains("late"));
+    }
+
+    /// A resume of a request's stream that has nothing to send (the request is unknown, or
+    /// answered and its events gone) is 410, not rmcp's 200 with an empty stream: on that, the
+    /// MCP SDKs resume again with the same `Last-Event-ID` for ever. A resume of a call that
+    /// still runs is the open stream that brings its result, and a resume of the standalone
+    /// stream (an event id without a request) stays rmcp's.
+    #[tokio::test]
+    async fn a_resume_with_nothing_to_send_is_gone_and_one_of_a_running_call_is_not() {
+        let (tools, mut server, session) = slow_service(None).await;
+        let resume = |last: &str| {
+            let mut request =
+                request_of(Some("2025-11-25"), http::Method::GET, Some(&session), None);
+            request.headers_mut().insert("last-event-id", last.parse().unwrap());
+            request
+        };
+        for unknown in ["0/99", "3/1"] {
+            let answer = serve(&mut server, resume(unknown)).await;
+            assert_eq!(answer.status(), http::StatusCode::GONE, "{unknown}");
+            assert!(text(answer).await.contains("same run id"), "{unknown}");
+        }
+        // A ping, answered in full: its stream ends with it.
+        let ping = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+        let answered = text(serve(&mut server, post_in(&session, ping)).await).await;
+        let ping_id = answered
+            .lines()
+            .filter_map(|line| line.strip_prefix("id:"))
+            .next_back()
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("no event id in {answered:?}"));
+        let answer = serve(&mut server, resume(&ping_id)).await;
+        assert_eq!(answer.status(), http::StatusCode::GONE, "{ping_id}");
+        // A call that runs: its resumed stream stays open and brings the result.
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "running"}}});
+        let stream = serve(&mut server, post_in(&session, call)).await;
+        let mut body = stream.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        let first = String::from_utf8(first.to_vec()).unwrap();
+        let last_id = first
+            .lines()
+            .find_map(|line| line.strip_prefix("id:"))
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("no event id in {first:?}"));
+        drop(body);
+        let guard = std::time::Duration::from_secs(60);
+        tokio::time::timeout(guard, async {
+            while tools.calls_running() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the call runs");
+        let resumed = serve(&mut server, resume(&last_id)).await;
+        assert_eq!(resumed.status(), http::StatusCode::OK);
+        assert_eq!(tools.calls_running(), 1, "resumed while the call runs");
+        let resumed = tokio::time::timeout(guard, text(resumed)).await.expect("the stream ends");
+        assert!(resumed.contains(r#""text":"running""#), "resumed: {resumed:?}");
+        // The standalone stream's resume: rmcp's open stream.
+        let standalone = serve(&mut server, resume("0")).await;
+        assert_eq!(standalone.status(), http::StatusCode::OK);
+        use futures_util::FutureExt;
+        assert!(standalone.into_body().frame().now_or_never().is_none(), "it stays open");
     }
 
     /// What a dropped stream left is sent only in a session still open here: once the session

@@ -609,10 +609,17 @@ async def lifecycle(binary, work):
             late_answer = [m for m in sse_messages(r.text) if m.get("id") == 6]
             check(late_answer and late_answer[0]["result"]["_meta"]["idem/outcome"] == "executed",
                   f"resumed after the charge: {r.text!r}")
+            # Nothing more to send after the result, or on a stream the server never had: 410,
+            # not an empty 200 (on which the SDKs resume again with the same id, for ever).
+            result_id = [line[3:].strip() for line in r.text.splitlines() if line.startswith("id:")][-1]
+            for last in (result_id, "0/9999"):
+                r = await c.get(url, headers={**head, "Last-Event-ID": last})
+                check(r.status_code == 410, f"a resume with nothing to send ({last}): {r.status_code} {r.text!r}")
         check(ledger(work)["charge_requests"] == 3, f"provider requests: {ledger(work)['charge_requests']}")
     finally:
         stop(proc)
-    return "DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID, also after the call"
+    return ("DELETE mid-call stored once and replayed, 404 after, the stream resumed by Last-Event-ID, "
+            "also after the call, 410 once nothing is left")
 
 
 async def duplicate_ids(binary, work):
