@@ -10,7 +10,7 @@
 //! from them. A resume while the call still runs goes to rmcp, which then sends the rest to the
 //! resumed stream instead.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -35,9 +35,24 @@ pub(super) struct LateResults(Arc<Mutex<Kept>>);
 pub(super) struct Kept {
     /// How long events are kept: rmcp's `completed_cache_ttl`.
     ttl: Duration,
-    streams: HashMap<(String, u64), (Vec<Event>, Instant)>,
+    /// Per session, per rmcp request stream id: its events and the number of their keeping.
+    sessions: HashMap<String, HashMap<u64, (Vec<Event>, u64)>>,
+    /// What was kept, oldest first: expiry and the total bound take from the front, so that
+    /// neither walks every stream (many dropped calls keep many). An entry whose stream has
+    /// since gone (its session forgotten, or kept again under a later number) is passed over.
+    order: VecDeque<Keeping>,
+    /// The number of the next keeping.
+    next: u64,
     /// The bytes of every kept event.
     bytes: usize,
+}
+
+#[derive(Debug)]
+struct Keeping {
+    session: String,
+    stream: u64,
+    number: u64,
+    at: Instant,
 }
 
 /// One whole SSE event and its index in its stream (rmcp's event id `<index>/<stream>`).
@@ -49,7 +64,13 @@ struct Event {
 
 impl LateResults {
     pub(super) fn new(ttl: Duration) -> Self {
-        LateResults(Arc::new(Mutex::new(Kept { ttl, streams: HashMap::new(), bytes: 0 })))
+        LateResults(Arc::new(Mutex::new(Kept {
+            ttl,
+            sessions: HashMap::new(),
+            order: VecDeque::new(),
+            next: 0,
+            bytes: 0,
+        })))
     }
 
     pub(super) fn downgrade(&self) -> Weak<Mutex<Kept>> {
@@ -67,7 +88,7 @@ impl LateResults {
         let (index, stream) = (index.parse::<u64>().ok()?, stream.parse::<u64>().ok()?);
         let mut kept = self.lock();
         kept.expire();
-        let (events, _) = kept.streams.get(&(session.to_owned(), stream))?;
+        let (events, _) = kept.sessions.get(session)?.get(&stream)?;
         let mut body = Vec::new();
         for event in events.iter().filter(|e| e.index > index) {
             body.extend_from_slice(&event.bytes);
@@ -128,7 +149,11 @@ impl LateResults {
 impl LateResults {
     /// Forgets what is kept for `session` (closed).
     pub(super) fn forget(&self, session: &str) {
-        self.lock().remove_where(|(of, _), _| of == session);
+        let mut kept = self.lock();
+        if let Some(streams) = kept.sessions.remove(session) {
+            let freed: usize = streams.values().map(|(events, _)| size(events)).sum();
+            kept.bytes = kept.bytes.saturating_sub(freed);
+        }
     }
 }
 
@@ -145,38 +170,39 @@ fn size(events: &[Event]) -> usize {
 
 impl Kept {
     fn expire(&mut self) {
-        let ttl = self.ttl;
-        self.remove_where(|_, at| at.elapsed() >= ttl);
+        while self.order.front().is_some_and(|oldest| oldest.at.elapsed() >= self.ttl) {
+            self.drop_oldest();
+        }
     }
 
-    fn remove_where(&mut self, mut gone: impl FnMut(&(String, u64), Instant) -> bool) {
-        let mut freed = 0;
-        self.streams.retain(|stream, (events, at)| {
-            let keep = !gone(stream, *at);
-            if !keep {
-                freed += size(events);
-            }
-            keep
-        });
-        self.bytes = self.bytes.saturating_sub(freed);
-    }
-
-    fn keep(&mut self, stream: (String, u64), events: Vec<Event>) {
-        self.expire();
-        let adds = size(&events);
-        while self.bytes + adds > MAX_TOTAL_BYTES {
-            let Some(oldest) =
-                self.streams.iter().min_by_key(|(_, (_, at))| *at).map(|(s, _)| s.clone())
-            else {
-                break;
-            };
-            if let Some((events, _)) = self.streams.remove(&oldest) {
+    /// Drops the oldest keeping's stream, if it is still kept; `false` when nothing is kept.
+    fn drop_oldest(&mut self) -> bool {
+        let Some(oldest) = self.order.pop_front() else { return false };
+        if let Some(streams) = self.sessions.get_mut(&oldest.session) {
+            if streams.get(&oldest.stream).is_some_and(|(_, number)| *number == oldest.number)
+                && let Some((events, _)) = streams.remove(&oldest.stream)
+            {
                 self.bytes = self.bytes.saturating_sub(size(&events));
             }
+            if streams.is_empty() {
+                self.sessions.remove(&oldest.session);
+            }
         }
-        if let Some((replaced, _)) = self.streams.insert(stream, (events, Instant::now())) {
+        true
+    }
+
+    fn keep(&mut self, (session, stream): (String, u64), events: Vec<Event>) {
+        self.expire();
+        let replaced = self.sessions.get_mut(&session).and_then(|streams| streams.remove(&stream));
+        if let Some((replaced, _)) = replaced {
             self.bytes = self.bytes.saturating_sub(size(&replaced));
         }
+        let adds = size(&events);
+        while self.bytes + adds > MAX_TOTAL_BYTES && self.drop_oldest() {}
+        let number = self.next;
+        self.next += 1;
+        self.sessions.entry(session.clone()).or_default().insert(stream, (events, number));
+        self.order.push_back(Keeping { session, stream, number, at: Instant::now() });
         self.bytes += adds;
     }
 }
@@ -237,10 +263,40 @@ mod tests {
             results.lock().keep(("s".into(), n), big(n));
         }
         let kept = results.lock();
-        let mut streams: Vec<u64> = kept.streams.keys().map(|(_, n)| *n).collect();
+        let mut streams: Vec<u64> = kept.sessions["s"].keys().copied().collect();
         streams.sort_unstable();
         assert_eq!(streams, [3, 4]);
         assert_eq!(kept.bytes, 2 * (MAX_TOTAL_BYTES / 3 + 2));
+    }
+
+    /// Expiry and the total bound take the oldest keeping first, and pass over one whose stream
+    /// has gone since (its session forgotten) or was kept again: that stream stays, counted once.
+    #[test]
+    fn expiry_passes_over_forgotten_and_kept_again_streams() {
+        let results = LateResults::new(Duration::from_millis(200));
+        let event = |stream: u64| {
+            let bytes = format!("data: {{}}\nid: 1/{stream}\n\n").into_bytes();
+            vec![Event { index: 1, bytes: Bytes::from(bytes) }]
+        };
+        let one = size(&event(1));
+        results.lock().keep(("a".into(), 1), event(1));
+        results.lock().keep(("b".into(), 2), event(2));
+        results.lock().keep(("a".into(), 3), event(3));
+        results.forget("a");
+        assert_eq!(results.lock().bytes, one, "b's stream only");
+        // Kept again: its first keeping, now the oldest, must not take it.
+        results.lock().keep(("b".into(), 2), event(2));
+        assert_eq!(results.lock().bytes, one);
+        assert!(results.lock().drop_oldest(), "a's first, gone");
+        assert!(results.lock().drop_oldest(), "b's first, kept again since");
+        assert!(results.lock().drop_oldest(), "a's second, gone");
+        assert!(results.after("b", "0/2").is_some(), "b's stream stays");
+        assert_eq!(results.lock().bytes, one);
+        std::thread::sleep(Duration::from_millis(250));
+        results.lock().keep(("c".into(), 4), event(4));
+        let kept = results.lock();
+        assert!(!kept.sessions.contains_key("b"), "expired");
+        assert_eq!((kept.bytes, kept.order.len()), (one, 1));
     }
 
     #[test]
