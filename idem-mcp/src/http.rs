@@ -230,11 +230,17 @@ impl std::fmt::Debug for Owners {
 /// How many sessions are noted before the idle ones are looked for.
 const OWNERS_SWEEP_AT: usize = 1024;
 
+/// Past [`OWNERS_SWEEP_AT`], the idle ones are looked for each time the map has this many more
+/// (or fewer): with thousands of sessions open, a walk over all of them at every new session
+/// made opening sessions cost the square of their number, under the lock every request takes.
+const OWNERS_SWEEP_EVERY: usize = 256;
+
 /// Notes `value` for `session` (now its last use), in a map of what this layer keeps per session
-/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, those no longer open here and
-/// not named for longer than a session is kept are forgotten first (the task that closes idle
-/// sessions forgets them too; this bounds the map should one be missed). A session still open is
-/// never forgotten, however long ago a request named it: its owner must still be checked.
+/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, at every
+/// [`OWNERS_SWEEP_EVERY`]th size, those no longer open here and not named for longer than a
+/// session is kept are forgotten first (the task that closes idle sessions forgets them too; this
+/// bounds the map should one be missed). A session still open is never forgotten, however long
+/// ago a request named it: its owner must still be checked.
 fn note_session<V>(
     sessions: &mut std::collections::HashMap<String, (V, Instant)>,
     keep_alive: Option<std::time::Duration>,
@@ -243,6 +249,7 @@ fn note_session<V>(
     value: V,
 ) {
     if sessions.len() >= OWNERS_SWEEP_AT
+        && sessions.len().is_multiple_of(OWNERS_SWEEP_EVERY)
         && let Some(keep) = keep_alive
     {
         sessions.retain(|id, (_, seen)| idle.knows(id) || seen.elapsed() <= keep);
@@ -2080,7 +2087,7 @@ mod tests {
         let idle = idle::Idle::new(Some(keep));
         idle.opened("open");
         let long_ago = Instant::now() - std::time::Duration::from_secs(1);
-        let mut noted: HashMap<String, (Option<String>, Instant)> = (0..OWNERS_SWEEP_AT)
+        let mut noted: HashMap<String, (Option<String>, Instant)> = (1..OWNERS_SWEEP_AT)
             .map(|i| (format!("closed-{i}"), (Some("bob".to_owned()), long_ago)))
             .collect();
         noted.insert("open".into(), (Some("alice".into()), long_ago));
@@ -2089,6 +2096,21 @@ mod tests {
         left.sort_unstable();
         assert_eq!(left, ["new", "open"]);
         assert_eq!(noted["open"].0.as_deref(), Some("alice"));
+        // Many sessions open: not walked at each new one, yet what is missed still goes within
+        // a few hundred.
+        for i in 0..2 * OWNERS_SWEEP_AT {
+            idle.opened(&format!("open-{i}"));
+            noted.insert(format!("open-{i}"), (Some("alice".into()), long_ago));
+        }
+        noted.insert("missed".into(), (Some("bob".into()), long_ago));
+        let mut added = 0;
+        while noted.contains_key("missed") {
+            added += 1;
+            idle.opened(&format!("more-{added}"));
+            note_session(&mut noted, Some(keep), &idle, &format!("more-{added}"), None);
+            assert!(added <= OWNERS_SWEEP_EVERY, "still there after {added} new sessions");
+        }
+        assert_eq!(noted.len(), 2 * OWNERS_SWEEP_AT + 2 + added, "every open session kept");
     }
 
     /// A session open here whose owner this layer does not know (it should never forget one)
