@@ -69,6 +69,8 @@ pub use rmcp::transport::streamable_http_server::{
 mod idle;
 mod late;
 
+pub use idle::SessionLimits;
+
 use crate::IdemServer;
 use crate::jsonrpc::{
     ArgumentsText, CancelledIds, Inbound, check_message, error_reply, id_cancelled, id_in_lossy,
@@ -110,6 +112,11 @@ pub fn service(
 /// Keys do not depend on the session: a client that re-initializes and repeats a call with the
 /// same principal and `_meta["idem/run"]` gets the first call's outcome; one that names no run
 /// was scoped to the closed session's run, and its repeat runs again.
+///
+/// Open sessions are bounded ([`SessionLimits`], by default 100 per principal and 10,000 in
+/// all; [`Checked::with_session_limits`]): a principal at its bound that opens another closes
+/// its own least recently used idle session, and an `initialize` that finds no room is 503 with
+/// `Retry-After`.
 pub fn service_with_sessions(
     make: impl Fn() -> IdemServer + Send + Sync + 'static,
     config: StreamableHttpServerConfig,
@@ -178,6 +185,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
         draining: tokio_util::sync::CancellationToken::new(),
         tools: None,
         streams,
+        limits: SessionLimits::default(),
     }
 }
 
@@ -352,8 +360,13 @@ impl Owners {
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.lock().remove(session);
+            self.forget(session);
         }
+    }
+
+    /// A session closed here.
+    fn forget(&self, session: &str) {
+        self.lock().remove(session);
     }
 }
 
@@ -424,6 +437,42 @@ fn shutting_down() -> Response {
     );
     answer.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
     answer
+}
+
+/// The answer to an `initialize` that [`SessionLimits`] leave no room for: 503 with
+/// `Retry-After` (seconds) and a JSON-RPC error with the request's id saying what to do.
+fn too_many_sessions(
+    message: &ClientJsonRpcMessage,
+    full: &idle::Full,
+    limits: SessionLimits,
+) -> Response {
+    let text = match (full, limits.per_principal, limits.total) {
+        (idle::Full::Principal, Some(n), _) => format!(
+            "Service Unavailable: this user has {n} MCP sessions open, the most allowed, and a \
+             request is running in each; close one (DELETE) or retry once one is done"
+        ),
+        (_, _, Some(n)) => format!(
+            "Service Unavailable: the server has {n} MCP sessions open, the most allowed; \
+             retry later"
+        ),
+        _ => "Service Unavailable: too many MCP sessions open; retry later".to_owned(),
+    };
+    let id = match message {
+        ClientJsonRpcMessage::Request(r) => Some(&r.id),
+        _ => None,
+    };
+    let answer = error_reply(id, ErrorCode::INTERNAL_ERROR, text);
+    let mut answer = json_reply(http::StatusCode::SERVICE_UNAVAILABLE, &answer);
+    answer.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("5"));
+    answer
+}
+
+/// Closes `session` in rmcp; one rmcp has already ended is not there, nothing to close.
+async fn close_here(manager: &LocalSessionManager, session: &str) {
+    use rmcp::transport::streamable_http_server::session::SessionManager;
+    if let Err(e) = manager.close_session(&session.into()).await {
+        tracing::debug!(error = %e, "closing an MCP session");
+    }
 }
 
 /// rmcp's answer for a session it does not know.
@@ -525,9 +574,18 @@ pub struct Checked<S> {
     tools: Option<crate::IdemTools>,
     /// rmcp's `cancellation_token`: cancelled, it ends every stream and session.
     streams: tokio_util::sync::CancellationToken,
+    /// How many sessions may be open, per principal and in all.
+    limits: SessionLimits,
 }
 
 impl<S> Checked<S> {
+    /// This service with other bounds on its open sessions than [`SessionLimits::default`] (100
+    /// per principal, 10,000 in all).
+    pub fn with_session_limits(mut self, limits: SessionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// The handle that ends this service gracefully: take it before the service is mounted (it
     /// shares the service's state, clones included).
     pub fn shutdown(&self) -> Shutdown {
@@ -942,6 +1000,7 @@ where
         let (draining, ended) = (self.draining.clone(), self.streams.is_cancelled());
         let idle = self.idle.clone();
         let late = self.late.clone();
+        let limits = self.limits;
         idle.start_closing(&self.manager, &self.streams, || {
             // Weak: the closing task ends once the service is dropped, and the maps with it.
             let owners = Arc::downgrade(&owners.sessions);
@@ -1058,6 +1117,28 @@ where
                         match claimed {
                             Err((status, answer)) => (status, answer.to_string().into()),
                             Ok(id) => {
+                                // A session it opens must fit the bounds; a principal at its own
+                                // closes its least recently used idle one first.
+                                let opening = if opens && sessions {
+                                    let who = owners.principal.as_ref().and_then(|f| f(&parts));
+                                    match idle.admit(who.as_deref(), limits) {
+                                        Ok((opening, evicted)) => {
+                                            if let Some(evicted) = evicted {
+                                                close_here(&manager, &evicted).await;
+                                                idle.closed(&evicted);
+                                                late.forget(&evicted);
+                                                owners.forget(&evicted);
+                                                versions.forget(&evicted);
+                                            }
+                                            Some((opening, who))
+                                        }
+                                        Err(full) => {
+                                            return Ok(too_many_sessions(&message, &full, limits));
+                                        }
+                                    }
+                                } else {
+                                    None
+                                };
                                 let open = responses.open();
                                 let head = opens.then(|| parts.clone());
                                 let priming = versions.reads_priming(&parts, Some(&*message));
@@ -1092,8 +1173,11 @@ where
                                     // Open before its owner is noted: what is noted of an open
                                     // session is kept.
                                     if let Some(opened) = opened_session(&answer) {
-                                        idle.opened(opened);
+                                        let who =
+                                            opening.as_ref().and_then(|(_, who)| who.as_deref());
+                                        idle.opened(opened, who);
                                     }
+                                    drop(opening);
                                     owners.opened(&head, &answer).await;
                                     versions.opened(&answer, priming);
                                 }
@@ -1344,8 +1428,13 @@ impl Versions {
     /// A session its owner closed (`DELETE`).
     fn closed(&self, parts: &http::request::Parts) {
         if let Some(session) = session_id(parts) {
-            self.lock().remove(session);
+            self.forget(session);
         }
+    }
+
+    /// A session closed here.
+    fn forget(&self, session: &str) {
+        self.lock().remove(session);
     }
 }
 
@@ -1984,6 +2073,107 @@ mod tests {
 
     type TestService = Checked<StreamableHttpService<IdemServer, LocalSessionManager>>;
 
+    /// A service whose principal is the `x-user` header, of [`SlowLookupTool`], under `limits`.
+    fn limited(limits: SessionLimits) -> (crate::IdemTools, TestService) {
+        let set = ToolSet::new().with(SlowLookupTool).unwrap();
+        let tools = crate::IdemTools::new(set, &Idem::in_memory()).with_principal(|parts| {
+            parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(str::to_owned)
+        });
+        let make = {
+            let tools = tools.clone();
+            move || IdemServer::from_tools(tools.clone())
+        };
+        let server = service(make, StreamableHttpServerConfig::default());
+        (tools, server.with_session_limits(limits))
+    }
+
+    /// `user` opens a session: its id.
+    async fn open_as(server: &mut TestService, user: &str) -> String {
+        let opened = post(server, user, None, initialize()).await;
+        assert_eq!(opened.status(), http::StatusCode::OK, "{user}'s initialize");
+        opened.headers()[SESSION_HEADER].to_str().unwrap().to_owned()
+    }
+
+    /// A principal at its bound that opens another session closes its own least recently used
+    /// idle one (a request naming it then gets 404, on which clients open a new session); the
+    /// others stay, and another principal's sessions are not touched.
+    #[tokio::test]
+    async fn a_principal_at_its_bound_closes_its_oldest_idle_session() {
+        let limits = SessionLimits { per_principal: Some(2), total: None };
+        let (_, mut server) = limited(limits);
+        let bobs = open_as(&mut server, "bob").await;
+        let first = open_as(&mut server, "alice").await;
+        let second = open_as(&mut server, "alice").await;
+        // The first is used since: the second is now the least recently used.
+        assert_eq!(
+            post(&mut server, "alice", Some(&first), list()).await.status(),
+            http::StatusCode::OK
+        );
+        let third = open_as(&mut server, "alice").await;
+        let status = |s: Response| s.status();
+        assert_eq!(
+            status(post(&mut server, "alice", Some(&second), list()).await),
+            http::StatusCode::NOT_FOUND
+        );
+        for session in [&first, &third] {
+            assert_eq!(
+                status(post(&mut server, "alice", Some(session), list()).await),
+                http::StatusCode::OK
+            );
+        }
+        assert_eq!(
+            status(post(&mut server, "bob", Some(&bobs), list()).await),
+            http::StatusCode::OK
+        );
+        // A session its client closed frees its place: no other is closed for the next.
+        let mut delete = request_of(Some("2025-11-25"), http::Method::DELETE, Some(&first), None);
+        delete.headers_mut().insert("x-user", "alice".parse().unwrap());
+        assert!(serve(&mut server, delete).await.status().is_success());
+        let fourth = open_as(&mut server, "alice").await;
+        for session in [&third, &fourth] {
+            assert_eq!(
+                status(post(&mut server, "alice", Some(session), list()).await),
+                http::StatusCode::OK
+            );
+        }
+    }
+
+    /// With every session of the principal in use (a call running in it), another `initialize`
+    /// is 503 with `Retry-After` and a JSON-RPC error carrying its id; the running call is not
+    /// disturbed, and once it is done a new session takes the idle one's place. The whole
+    /// server's bound refuses any principal's new session.
+    #[tokio::test]
+    async fn an_initialize_past_every_bound_in_use_is_503_and_a_running_call_is_not_touched() {
+        let limits = SessionLimits { per_principal: Some(1), total: Some(2) };
+        let (tools, mut server) = limited(limits);
+        let alices = open_as(&mut server, "alice").await;
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "slow_lookup", "arguments": {"what": "kept"}}});
+        let running = post(&mut server, "alice", Some(&alices), call).await;
+        assert_eq!(running.status(), http::StatusCode::OK);
+        let refused = post(&mut server, "alice", None, initialize()).await;
+        assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()[http::header::RETRY_AFTER], "5");
+        let refused: serde_json::Value = serde_json::from_str(&text(refused).await).unwrap();
+        assert_eq!(refused["id"], 1, "{refused}");
+        assert!(
+            refused["error"]["message"].as_str().unwrap().contains("1 MCP sessions open"),
+            "{refused}"
+        );
+        let guard = std::time::Duration::from_secs(60);
+        let answer = tokio::time::timeout(guard, text(running)).await.expect("the call ends");
+        assert!(answer.contains(r#""text":"kept""#), "{answer}");
+        assert_eq!(tools.calls_running(), 0);
+        let _again = open_as(&mut server, "alice").await;
+        let status = post(&mut server, "alice", Some(&alices), list()).await.status();
+        assert_eq!(status, http::StatusCode::NOT_FOUND, "the idle one made room");
+        // The server's bound: alice's and bob's make two.
+        let _bobs = open_as(&mut server, "bob").await;
+        let refused = post(&mut server, "carol", None, initialize()).await;
+        assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(text(refused).await.contains("the server has 2 MCP sessions open"));
+    }
+
     /// A service of [`SlowLookupTool`] whose sessions close after `keep_alive` idle (in ms;
     /// rmcp's default without), the tools its sessions share (to count running calls), and a
     /// session opened in it.
@@ -2085,7 +2275,7 @@ mod tests {
     fn an_open_session_keeps_its_owner_when_others_are_forgotten() {
         let keep = std::time::Duration::from_millis(10);
         let idle = idle::Idle::new(Some(keep));
-        idle.opened("open");
+        idle.opened("open", None);
         let long_ago = Instant::now() - std::time::Duration::from_secs(1);
         let mut noted: HashMap<String, (Option<String>, Instant)> = (1..OWNERS_SWEEP_AT)
             .map(|i| (format!("closed-{i}"), (Some("bob".to_owned()), long_ago)))
@@ -2099,14 +2289,14 @@ mod tests {
         // Many sessions open: not walked at each new one, yet what is missed still goes within
         // a few hundred.
         for i in 0..2 * OWNERS_SWEEP_AT {
-            idle.opened(&format!("open-{i}"));
+            idle.opened(&format!("open-{i}"), None);
             noted.insert(format!("open-{i}"), (Some("alice".into()), long_ago));
         }
         noted.insert("missed".into(), (Some("bob".into()), long_ago));
         let mut added = 0;
         while noted.contains_key("missed") {
             added += 1;
-            idle.opened(&format!("more-{added}"));
+            idle.opened(&format!("more-{added}"), None);
             note_session(&mut noted, Some(keep), &idle, &format!("more-{added}"), None);
             assert!(added <= OWNERS_SWEEP_EVERY, "still there after {added} new sessions");
         }

@@ -12,6 +12,9 @@
 //! closing under the same lock: one that a request has begun in is not closed, and a request
 //! that names a session being closed is answered 404 without reaching rmcp. Either the request
 //! is served in full or it is told the session is gone; never a stream cut by the close.
+//!
+//! The same table bounds how many sessions are open ([`SessionLimits`]): per principal, where
+//! one at its bound closes its own least recently used idle session to open another, and in all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,10 +33,111 @@ pub(super) struct Idle(Arc<Sessions>);
 struct Sessions {
     /// `None`: sessions are never closed for idleness (rmcp's `keep_alive: None`).
     keep_alive: Option<Duration>,
-    lives: Mutex<HashMap<String, Life>>,
+    lives: Mutex<Table>,
     /// Whether the task that closes idle sessions was started (at the first request, inside the
     /// runtime that serves it).
     closing: AtomicBool,
+}
+
+/// The sessions, and how many each principal has open or is opening (for [`SessionLimits`]).
+#[derive(Debug, Default)]
+struct Table {
+    lives: HashMap<String, Life>,
+    /// Per principal: its sessions open here (known, and opened by an `initialize` here).
+    open_by: HashMap<String, usize>,
+    /// Sessions open here, whoever opened them.
+    open: usize,
+    /// `initialize` requests admitted and not yet answered: per principal, and in all.
+    opening_by: HashMap<String, usize>,
+    opening: usize,
+}
+
+impl std::ops::Deref for Table {
+    type Target = HashMap<String, Life>;
+    fn deref(&self) -> &Self::Target {
+        &self.lives
+    }
+}
+
+impl std::ops::DerefMut for Table {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.lives
+    }
+}
+
+impl Table {
+    /// Forgets `session`, and that it counted against its principal.
+    fn remove(&mut self, session: &str) -> Option<Life> {
+        let life = self.lives.remove(session)?;
+        if life.known {
+            self.open = self.open.saturating_sub(1);
+            if let Some(principal) = &life.principal {
+                decrement(&mut self.open_by, principal);
+            }
+        }
+        Some(life)
+    }
+}
+
+fn decrement(counts: &mut HashMap<String, usize>, principal: &str) {
+    if let Some(n) = counts.get_mut(principal) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(principal);
+        }
+    }
+}
+
+/// How many MCP sessions may be open at once, per principal and in all (`None`: no bound).
+/// Each open session costs memory (rmcp's per-session task and buffers, tens of KiB) until it is
+/// closed, by its client (`DELETE`, which most clients never send) or when idle for
+/// `keep_alive`; without a bound, a client that opens a session per request, or one in a loop,
+/// makes the server keep them all for `keep_alive`.
+///
+/// A principal at its bound that opens another closes its own least recently used idle session
+/// (no request in it, no call running): a client that leaks sessions loses only its own old ones,
+/// and a request naming that one gets 404, on which MCP clients open a new session. With all of
+/// them in use, or the whole server at `total`, an `initialize` is refused with 503 and
+/// `Retry-After`. Requests without a principal count toward `total` only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Sessions one principal may have open (default 100).
+    pub per_principal: Option<usize>,
+    /// Sessions open in all (default 10,000, as the official Python SDK's server).
+    pub total: Option<usize>,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits { per_principal: Some(100), total: Some(10_000) }
+    }
+}
+
+/// An `initialize` admitted under [`SessionLimits`]: counted as opening until dropped (after its
+/// answer, by then counted as open if it opened a session).
+pub(super) struct Opening {
+    idle: Weak<Sessions>,
+    principal: Option<String>,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let Some(sessions) = self.idle.upgrade() else { return };
+        let mut table = sessions.lock();
+        table.opening = table.opening.saturating_sub(1);
+        if let Some(principal) = &self.principal {
+            decrement(&mut table.opening_by, principal);
+        }
+    }
+}
+
+/// Why an `initialize` may not open a session now.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Full {
+    /// The principal's sessions are all in use.
+    Principal,
+    /// The server has `total` open.
+    Total,
 }
 
 #[derive(Debug)]
@@ -47,6 +151,8 @@ struct Life {
     known: bool,
     /// Chosen for closing: requests naming it are refused until it is gone.
     closing: bool,
+    /// Who opened it here (`None`: no principal, or opened elsewhere).
+    principal: Option<String>,
 }
 
 /// The session a request named is being closed for idleness: answer as for a closed session.
@@ -100,6 +206,7 @@ impl Idle {
             open: 0,
             known: false,
             closing: false,
+            principal: None,
         });
         if life.closing {
             return Err(Closing);
@@ -109,12 +216,73 @@ impl Idle {
         Ok(InUse { idle: Arc::downgrade(&self.0), session: session.to_owned() })
     }
 
-    /// rmcp opened `session` (an `initialize` answer).
-    pub(super) fn opened(&self, session: &str) {
-        let now = Instant::now();
-        self.0
-            .lock()
-            .insert(session.to_owned(), Life { seen: now, open: 0, known: true, closing: false });
+    /// rmcp opened `session` (an `initialize` answer) for `principal`.
+    pub(super) fn opened(&self, session: &str, principal: Option<&str>) {
+        let life = Life {
+            seen: Instant::now(),
+            open: 0,
+            known: true,
+            closing: false,
+            principal: principal.map(str::to_owned),
+        };
+        let mut table = self.0.lock();
+        table.remove(session);
+        table.open += 1;
+        if let Some(principal) = principal {
+            *table.open_by.entry(principal.to_owned()).or_default() += 1;
+        }
+        table.lives.insert(session.to_owned(), life);
+    }
+
+    /// Admits an `initialize` of `principal` under `limits`: counted as opening until the
+    /// returned guard is dropped. At the principal's bound, its least recently used idle session
+    /// is chosen for closing (requests naming it are refused from now on) and returned: the
+    /// caller closes it.
+    pub(super) fn admit(
+        &self,
+        principal: Option<&str>,
+        limits: SessionLimits,
+    ) -> Result<(Opening, Option<String>), Full> {
+        let mut table = self.0.lock();
+        let mut evicted = None;
+        if let (Some(principal), Some(bound)) = (principal, limits.per_principal) {
+            let has = table.open_by.get(principal).copied().unwrap_or(0)
+                + table.opening_by.get(principal).copied().unwrap_or(0);
+            if has >= bound {
+                let oldest = table
+                    .lives
+                    .iter()
+                    .filter(|(_, life)| {
+                        life.known
+                            && !life.closing
+                            && life.open == 0
+                            && life.principal.as_deref() == Some(principal)
+                    })
+                    .min_by_key(|(_, life)| life.seen)
+                    .map(|(id, _)| id.clone())
+                    .ok_or(Full::Principal)?;
+                evicted = Some(oldest);
+            }
+        }
+        // One being closed frees its place.
+        let freed = usize::from(evicted.is_some());
+        if let Some(total) = limits.total
+            && table.open + table.opening - freed >= total
+        {
+            return Err(Full::Total);
+        }
+        if let Some(id) = &evicted
+            && let Some(life) = table.lives.get_mut(id)
+        {
+            life.closing = true;
+        }
+        table.opening += 1;
+        if let Some(principal) = principal {
+            *table.opening_by.entry(principal.to_owned()).or_default() += 1;
+        }
+        let opening =
+            Opening { idle: Arc::downgrade(&self.0), principal: principal.map(str::to_owned) };
+        Ok((opening, evicted))
     }
 
     /// A request named `session` and was answered without reaching rmcp (after rmcp accepted
@@ -133,7 +301,7 @@ impl Idle {
         self.0.lock().get(session).is_some_and(|life| life.known)
     }
 
-    /// The client closed `session` (`DELETE`).
+    /// The client closed `session` (`DELETE`), or it was closed here.
     pub(super) fn closed(&self, session: &str) {
         self.0.lock().remove(session);
     }
@@ -195,7 +363,7 @@ impl Idle {
 }
 
 impl Sessions {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Life>> {
+    fn lock(&self) -> MutexGuard<'_, Table> {
         self.lives.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -210,7 +378,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_in_use_stays_and_one_being_closed_lets_no_request_in() {
         let idle = Idle::new(Some(Duration::from_millis(40)));
-        idle.opened("s");
+        idle.opened("s", None);
         let request = idle.begin("s").unwrap();
         request.served();
         let (forgot, forgotten) = std::sync::mpsc::channel();
@@ -246,6 +414,32 @@ mod tests {
         .await
         .expect("a closed session is forgotten");
         ended.cancel();
+    }
+
+    /// `initialize` requests not yet answered count against the bounds, so that concurrent ones
+    /// cannot pass them together; one that opened nothing gives its place back.
+    #[test]
+    fn sessions_being_opened_count_against_the_bounds() {
+        let idle = Idle::new(Some(Duration::from_secs(300)));
+        let limits = SessionLimits { per_principal: Some(1), total: Some(2) };
+        let (first, evicted) = idle.admit(Some("alice"), limits).unwrap();
+        assert_eq!(evicted, None);
+        assert_eq!(idle.admit(Some("alice"), limits).err(), Some(Full::Principal));
+        let (bobs, _) = idle.admit(Some("bob"), limits).unwrap();
+        assert_eq!(idle.admit(None, limits).err(), Some(Full::Total));
+        // Bob's opened nothing (an error answer): its place is free again.
+        drop(bobs);
+        let (carols, _) = idle.admit(Some("carol"), limits).unwrap();
+        idle.opened("a1", Some("alice"));
+        drop(first);
+        drop(carols);
+        // Alice's session, idle: her next one closes it.
+        let (_, evicted) = idle.admit(Some("alice"), limits).unwrap();
+        assert_eq!(evicted.as_deref(), Some("a1"));
+        assert!(idle.begin("a1").is_err(), "being closed: no request let in");
+        idle.closed("a1");
+        let table = idle.0.lock();
+        assert_eq!((table.open, table.open_by.len()), (0, 0));
     }
 
     /// Requests naming an id rmcp does not know leave nothing behind: ids a client makes up
