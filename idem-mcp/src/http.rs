@@ -2073,6 +2073,46 @@ mod tests {
 
     type TestService = Checked<StreamableHttpService<IdemServer, LocalSessionManager>>;
 
+    /// POSTs `call` in `session`, reads its stream's first event and drops the stream, as a
+    /// broken connection does: that event's id.
+    async fn first_event_then_drop(
+        server: &mut TestService,
+        session: &str,
+        call: serde_json::Value,
+    ) -> String {
+        let stream = serve(server, post_in(session, call)).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        let first = stream.into_body().frame().await.unwrap().unwrap().into_data().unwrap();
+        let first = String::from_utf8(first.to_vec()).unwrap();
+        first
+            .lines()
+            .find_map(|line| line.strip_prefix("id:"))
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("no event id in {first:?}"))
+    }
+
+    /// Waits until a call of `tools` runs.
+    async fn until_a_call_runs(tools: &crate::IdemTools) {
+        let guard = std::time::Duration::from_secs(60);
+        tokio::time::timeout(guard, async {
+            while tools.calls_running() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the call runs");
+    }
+
+    /// The id of an event stream's last event.
+    fn last_event_id(stream: &str) -> String {
+        stream
+            .lines()
+            .filter_map(|line| line.strip_prefix("id:"))
+            .next_back()
+            .map(|id| id.trim().to_owned())
+            .unwrap_or_else(|| panic!("no event id in {stream:?}"))
+    }
+
     /// A service whose principal is the `x-user` header, of [`SlowLookupTool`], under `limits`.
     fn limited(limits: SessionLimits) -> (crate::IdemTools, TestService) {
         let set = ToolSet::new().with(SlowLookupTool).unwrap();
@@ -2331,13 +2371,7 @@ mod tests {
         let stream = serve(&mut server, post(call)).await;
         assert_eq!(stream.status(), http::StatusCode::OK);
         let guard = std::time::Duration::from_secs(60);
-        tokio::time::timeout(guard, async {
-            while tools.calls_running() == 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("the call runs");
+        until_a_call_runs(&tools).await;
         drop(stream);
         // Past the keep-alive since the drop; the call (1.5 s) still runs.
         tokio::time::sleep(std::time::Duration::from_millis(700)).await;
@@ -2391,18 +2425,8 @@ mod tests {
         let (tools, mut server, session) = slow_service(None).await;
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "late"}}});
-        let stream = serve(&mut server, post_in(&session, call)).await;
-        assert_eq!(stream.status(), http::StatusCode::OK);
         // The priming event, then the connection breaks.
-        let mut body = stream.into_body();
-        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        let first = String::from_utf8(first.to_vec()).unwrap();
-        let last_id = first
-            .lines()
-            .find_map(|line| line.strip_prefix("id:"))
-            .map(|id| id.trim().to_owned())
-            .unwrap_or_else(|| panic!("no event id in {first:?}"));
-        drop(body);
+        let last_id = first_event_then_drop(&mut server, &session, call).await;
         let guard = std::time::Duration::from_secs(60);
         tokio::time::timeout(guard, tools.calls_finished()).await.expect("the call ends");
         // The dropped stream was read on to its end, and its result kept.
@@ -2430,12 +2454,7 @@ mod tests {
         assert!(resumed.contains(r#""id":2"#), "resumed: {resumed:?}");
         // From its last event: nothing more to send. rmcp's empty 200 would have the client
         // resume for ever; 410 ends its retries.
-        let result_id = resumed
-            .lines()
-            .filter_map(|line| line.strip_prefix("id:"))
-            .next_back()
-            .map(|id| id.trim().to_owned())
-            .unwrap();
+        let result_id = last_event_id(&resumed);
         let again = serve(&mut server, resume(&session, &result_id)).await;
         assert_eq!(again.status(), http::StatusCode::GONE);
         assert!(!text(again).await.contains("late"));
@@ -2468,35 +2487,15 @@ mod tests {
         // A ping, answered in full: its stream ends with it.
         let ping = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
         let answered = text(serve(&mut server, post_in(&session, ping)).await).await;
-        let ping_id = answered
-            .lines()
-            .filter_map(|line| line.strip_prefix("id:"))
-            .next_back()
-            .map(|id| id.trim().to_owned())
-            .unwrap_or_else(|| panic!("no event id in {answered:?}"));
+        let ping_id = last_event_id(&answered);
         let answer = serve(&mut server, resume(&ping_id)).await;
         assert_eq!(answer.status(), http::StatusCode::GONE, "{ping_id}");
         // A call that runs: its resumed stream stays open and brings the result.
         let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
             "params": {"name": "slow_lookup", "arguments": {"what": "running"}}});
-        let stream = serve(&mut server, post_in(&session, call)).await;
-        let mut body = stream.into_body();
-        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        let first = String::from_utf8(first.to_vec()).unwrap();
-        let last_id = first
-            .lines()
-            .find_map(|line| line.strip_prefix("id:"))
-            .map(|id| id.trim().to_owned())
-            .unwrap_or_else(|| panic!("no event id in {first:?}"));
-        drop(body);
+        let last_id = first_event_then_drop(&mut server, &session, call).await;
         let guard = std::time::Duration::from_secs(60);
-        tokio::time::timeout(guard, async {
-            while tools.calls_running() == 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("the call runs");
+        until_a_call_runs(&tools).await;
         let resumed = serve(&mut server, resume(&last_id)).await;
         assert_eq!(resumed.status(), http::StatusCode::OK);
         assert_eq!(tools.calls_running(), 1, "resumed while the call runs");
