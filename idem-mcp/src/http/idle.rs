@@ -167,12 +167,16 @@ pub(super) struct InUse {
 }
 
 impl InUse {
-    /// rmcp served the request: the session exists.
+    /// rmcp served the request: the session exists (one opened elsewhere and restored here
+    /// counts toward the total from now on).
     pub(super) fn served(&self) {
-        if let Some(sessions) = self.idle.upgrade()
-            && let Some(life) = sessions.lock().get_mut(&self.session)
+        let Some(sessions) = self.idle.upgrade() else { return };
+        let mut table = sessions.lock();
+        if let Some(life) = table.get_mut(&self.session)
+            && !life.known
         {
             life.known = true;
+            table.open += 1;
         }
     }
 }
@@ -267,7 +271,7 @@ impl Idle {
         // One being closed frees its place.
         let freed = usize::from(evicted.is_some());
         if let Some(total) = limits.total
-            && table.open + table.opening - freed >= total
+            && (table.open + table.opening).saturating_sub(freed) >= total
         {
             return Err(Full::Total);
         }
@@ -452,8 +456,11 @@ mod tests {
         assert_eq!(idle.0.lock().len(), 1, "kept while a request names it");
         drop(two);
         assert!(idle.0.lock().is_empty());
-        // One that rmcp served is kept.
+        // One that rmcp served is kept, and counted as open until it goes.
         idle.begin("real").unwrap().served();
         assert!(idle.knows("real"));
+        assert_eq!(idle.0.lock().open, 1);
+        idle.closed("real");
+        assert_eq!(idle.0.lock().open, 0);
     }
 }
