@@ -10,7 +10,10 @@
 //! - a body over the server's limit is 413, also when the server would answer it itself;
 //! - a request reusing the id of one in flight in its session is 400, -32600 and runs nothing;
 //! - a session DELETEd mid-call: the call is stored once and replayed in a new session, 404
-//!   after; a dropped response stream resumes with GET and `Last-Event-ID`;
+//!   after; a dropped response stream resumes with GET and `Last-Event-ID`, and a resume with
+//!   nothing left to send is 410;
+//! - a user's 101st open session closes that user's least recently used one (404 after), and
+//!   no other;
 //! - SIGTERM while a charge is in flight: the charge finishes and is stored before the server
 //!   exits, and the repeat on a restarted server is replayed;
 //! - integers beyond 64 bits and beyond 2^53 in arguments are exact, as over stdio;
@@ -97,6 +100,11 @@ fn a_request_reusing_the_id_of_one_in_flight_is_refused_and_runs_nothing() {
 #[test]
 fn a_body_over_the_limit_is_413_and_not_kept() {
     case("big_body");
+}
+
+#[test]
+fn a_users_sessions_are_bounded_and_the_least_recently_used_goes() {
+    case("bound");
 }
 
 #[test]

@@ -712,11 +712,38 @@ async def sigterm(binary, work):
     return f"{first_id} answered after SIGTERM and replayed after a restart"
 
 
+async def bound(binary, work):
+    # Sessions a client opens and never closes are bounded per user (100 by default): the 101st
+    # closes the user's least recently used idle one, whose next request gets 404 (MCP: start a
+    # new session); the others, and another user's, stay.
+    proc, url = start(binary, work)
+    ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=60) as c:
+            alices = [await raw_session(c, url) for _ in range(100)]
+            async with httpx2.AsyncClient(headers={**RAW, "Authorization": f"Bearer {B}"}, timeout=60) as b:
+                bobs = await raw_session(b, url)
+            r = await c.post(url, headers=alices[0], json=ping)  # the oldest, used: not the one to go
+            check(r.status_code == 200, f"alice's first session: {r.status_code}")
+            newest = await raw_session(c, url)
+            for name, head, want in [("the least recently used", alices[1], 404),
+                                     ("the first, used since", alices[0], 200),
+                                     ("the newest", newest, 200), ("the 100th", alices[99], 200)]:
+                r = await c.post(url, headers=head, json=ping)
+                check(r.status_code == want, f"alice's {name} session: {r.status_code} {r.text}")
+            r = await c.post(url, headers={**bobs, "Authorization": f"Bearer {B}"}, json=ping)
+            check(r.status_code == 200, f"bob's session: {r.status_code} {r.text}")
+    finally:
+        stop(proc)
+    return "the 101st session of a user closed the user's least recently used one, and no other"
+
+
 CASES = {
     "duplicate_ids": duplicate_ids,
     "big_body": big_body, "lifecycle": lifecycle,
     "expiry": expiry, "joins": joins, "cancel": cancel, "restart": restart, "numbers": numbers,
     "not_utf8": not_utf8, "sessions": sessions, "owners": owners, "sigterm": sigterm,
+    "bound": bound,
 }
 
 
