@@ -115,7 +115,8 @@ pub fn service(
 ///
 /// Open sessions are bounded ([`SessionLimits`], by default 100 per principal and 10,000 in
 /// all; [`Checked::with_session_limits`]): a principal at its bound that opens another closes
-/// its own least recently used idle session, and an `initialize` that finds no room is 503 with
+/// its own least recently used idle session, at the total the least recently used idle one of
+/// anyone goes, and an `initialize` that finds every candidate in use is 503 with
 /// `Retry-After`.
 pub fn service_with_sessions(
     make: impl Fn() -> IdemServer + Send + Sync + 'static,
@@ -452,8 +453,8 @@ fn too_many_sessions(
              request is running in each; close one (DELETE) or retry once one is done"
         ),
         (_, _, Some(n)) => format!(
-            "Service Unavailable: the server has {n} MCP sessions open, the most allowed; \
-             retry later"
+            "Service Unavailable: the server has {n} MCP sessions open, the most allowed, and a \
+             request is running in each; retry later"
         ),
         _ => "Service Unavailable: too many MCP sessions open; retry later".to_owned(),
     };
@@ -2204,14 +2205,29 @@ mod tests {
         let answer = tokio::time::timeout(guard, text(running)).await.expect("the call ends");
         assert!(answer.contains(r#""text":"kept""#), "{answer}");
         assert_eq!(tools.calls_running(), 0);
-        let _again = open_as(&mut server, "alice").await;
+        let again = open_as(&mut server, "alice").await;
         let status = post(&mut server, "alice", Some(&alices), list()).await.status();
         assert_eq!(status, http::StatusCode::NOT_FOUND, "the idle one made room");
-        // The server's bound: alice's and bob's make two.
-        let _bobs = open_as(&mut server, "bob").await;
-        let refused = post(&mut server, "carol", None, initialize()).await;
+        // The server's bound: alice's and bob's make two, and carol's takes the place of the
+        // least recently used idle one, whoever's it is.
+        let bobs = open_as(&mut server, "bob").await;
+        let carols = open_as(&mut server, "carol").await;
+        let status = post(&mut server, "alice", Some(&again), list()).await.status();
+        assert_eq!(status, http::StatusCode::NOT_FOUND, "the least recently used made room");
+        // With a call running in each, there is none to close: 503.
+        let mut running = Vec::new();
+        for (user, session) in [("bob", &bobs), ("carol", &carols)] {
+            let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "slow_lookup", "arguments": {"what": user}}});
+            running.push(post(&mut server, user, Some(session), call).await);
+        }
+        let refused = post(&mut server, "dave", None, initialize()).await;
         assert_eq!(refused.status(), http::StatusCode::SERVICE_UNAVAILABLE);
         assert!(text(refused).await.contains("the server has 2 MCP sessions open"));
+        for (answer, user) in running.into_iter().zip(["bob", "carol"]) {
+            let answer = tokio::time::timeout(guard, text(answer)).await.expect("the call ends");
+            assert!(answer.contains(&format!(r#""text":"{user}""#)), "{answer}");
+        }
     }
 
     /// A service of [`SlowLookupTool`] whose sessions close after `keep_alive` idle (in ms;

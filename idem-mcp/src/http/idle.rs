@@ -66,6 +66,21 @@ impl std::ops::DerefMut for Table {
 }
 
 impl Table {
+    /// The idle session (open here, no request in it, not being closed) used least recently,
+    /// of `principal` or of anyone.
+    fn least_recently_used(&self, principal: Option<&str>) -> Option<String> {
+        self.lives
+            .iter()
+            .filter(|(_, life)| {
+                life.known
+                    && !life.closing
+                    && life.open == 0
+                    && principal.is_none_or(|p| life.principal.as_deref() == Some(p))
+            })
+            .min_by_key(|(_, life)| life.seen)
+            .map(|(id, _)| id.clone())
+    }
+
     /// Forgets `session`, and that it counted against its principal.
     fn remove(&mut self, session: &str) -> Option<Life> {
         let life = self.lives.remove(session)?;
@@ -96,9 +111,10 @@ fn decrement(counts: &mut HashMap<String, usize>, principal: &str) {
 ///
 /// A principal at its bound that opens another closes its own least recently used idle session
 /// (no request in it, no call running): a client that leaks sessions loses only its own old ones,
-/// and a request naming that one gets 404, on which MCP clients open a new session. With all of
-/// them in use, or the whole server at `total`, an `initialize` is refused with 503 and
-/// `Retry-After`. Requests without a principal count toward `total` only.
+/// and a request naming that one gets 404, on which MCP clients open a new session. At `total`,
+/// the least recently used idle session of anyone makes room. Only when every candidate is in
+/// use is an `initialize` refused, with 503 and `Retry-After`. Requests without a principal
+/// count toward `total` only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionLimits {
     /// Sessions one principal may have open (default 100).
@@ -253,27 +269,18 @@ impl Idle {
             let has = table.open_by.get(principal).copied().unwrap_or(0)
                 + table.opening_by.get(principal).copied().unwrap_or(0);
             if has >= bound {
-                let oldest = table
-                    .lives
-                    .iter()
-                    .filter(|(_, life)| {
-                        life.known
-                            && !life.closing
-                            && life.open == 0
-                            && life.principal.as_deref() == Some(principal)
-                    })
-                    .min_by_key(|(_, life)| life.seen)
-                    .map(|(id, _)| id.clone())
-                    .ok_or(Full::Principal)?;
+                let oldest = table.least_recently_used(Some(principal)).ok_or(Full::Principal)?;
                 evicted = Some(oldest);
             }
         }
-        // One being closed frees its place.
-        let freed = usize::from(evicted.is_some());
+        // One being closed frees its place; at the total, the least recently used idle session
+        // of any principal makes room: refusing instead would shut every client out for as long
+        // as idle sessions stay (for ever with `keep_alive: None`).
         if let Some(total) = limits.total
-            && (table.open + table.opening).saturating_sub(freed) >= total
+            && evicted.is_none()
+            && table.open + table.opening >= total
         {
-            return Err(Full::Total);
+            evicted = Some(table.least_recently_used(None).ok_or(Full::Total)?);
         }
         if let Some(id) = &evicted
             && let Some(life) = table.lives.get_mut(id)
