@@ -16,7 +16,7 @@
 //! The same table bounds how many sessions are open ([`SessionLimits`]): per principal, where
 //! one at its bound closes its own least recently used idle session to open another, and in all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -43,8 +43,9 @@ struct Sessions {
 #[derive(Debug, Default)]
 struct Table {
     lives: HashMap<String, Life>,
-    /// Per principal: its sessions open here (known, and opened by an `initialize` here).
-    open_by: HashMap<String, usize>,
+    /// Per principal: its sessions open here (known, and opened by an `initialize` here), so
+    /// that one at its bound is looked for among its own, not among every session.
+    open_by: HashMap<String, HashSet<String>>,
     /// Sessions open here, whoever opened them.
     open: usize,
     /// `initialize` requests admitted and not yet answered: per principal, and in all.
@@ -69,16 +70,20 @@ impl Table {
     /// The idle session (open here, no request in it, not being closed) used least recently,
     /// of `principal` or of anyone.
     fn least_recently_used(&self, principal: Option<&str>) -> Option<String> {
-        self.lives
-            .iter()
-            .filter(|(_, life)| {
-                life.known
-                    && !life.closing
-                    && life.open == 0
-                    && principal.is_none_or(|p| life.principal.as_deref() == Some(p))
-            })
-            .min_by_key(|(_, life)| life.seen)
-            .map(|(id, _)| id.clone())
+        let idle = |life: &Life| life.known && !life.closing && life.open == 0;
+        let oldest = match principal {
+            Some(principal) => self
+                .open_by
+                .get(principal)?
+                .iter()
+                .filter_map(|id| self.lives.get(id).map(|life| (id, life)))
+                .filter(|(_, life)| idle(life))
+                .min_by_key(|(_, life)| life.seen),
+            None => {
+                self.lives.iter().filter(|(_, life)| idle(life)).min_by_key(|(_, life)| life.seen)
+            }
+        };
+        oldest.map(|(id, _)| id.clone())
     }
 
     /// Forgets `session`, and that it counted against its principal.
@@ -86,8 +91,13 @@ impl Table {
         let life = self.lives.remove(session)?;
         if life.known {
             self.open = self.open.saturating_sub(1);
-            if let Some(principal) = &life.principal {
-                decrement(&mut self.open_by, principal);
+            if let Some(principal) = &life.principal
+                && let Some(sessions) = self.open_by.get_mut(principal)
+            {
+                sessions.remove(session);
+                if sessions.is_empty() {
+                    self.open_by.remove(principal);
+                }
             }
         }
         Some(life)
@@ -249,7 +259,7 @@ impl Idle {
         table.remove(session);
         table.open += 1;
         if let Some(principal) = principal {
-            *table.open_by.entry(principal.to_owned()).or_default() += 1;
+            table.open_by.entry(principal.to_owned()).or_default().insert(session.to_owned());
         }
         table.lives.insert(session.to_owned(), life);
     }
@@ -266,7 +276,7 @@ impl Idle {
         let mut table = self.0.lock();
         let mut evicted = None;
         if let (Some(principal), Some(bound)) = (principal, limits.per_principal) {
-            let has = table.open_by.get(principal).copied().unwrap_or(0)
+            let has = table.open_by.get(principal).map_or(0, HashSet::len)
                 + table.opening_by.get(principal).copied().unwrap_or(0);
             if has >= bound {
                 let oldest = table.least_recently_used(Some(principal)).ok_or(Full::Principal)?;
