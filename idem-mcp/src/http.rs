@@ -502,10 +502,11 @@ async fn terminated_as_unknown(answer: Response) -> Response {
 /// What rmcp's session manager says of a session whose service has ended.
 const TERMINATED: &[u8] = b"Session service terminated";
 
-/// rmcp's answer to a `GET` resuming a request's stream, with its 200 and an empty stream that
-/// ends at once made 410 ("Gone"). rmcp answers so whenever it has nothing to send on the stream:
-/// the request is unknown to it, or its events are gone (rmcp keeps a completed request's events
-/// for `completed_cache_ttl`, and none of a connection that failed without closing). The MCP
+/// rmcp's answer to a `GET` with a `Last-Event-ID`, with its 200 and an empty stream that ends
+/// at once made 410 ("Gone"). rmcp answers so whenever it cannot resume: the id is not one of its
+/// (`abc`), the request is unknown to it, or its events are gone (rmcp keeps a completed
+/// request's events for `completed_cache_ttl`, and none of a connection that failed without
+/// closing). The MCP
 /// SDKs take that empty 200 as a working reconnect and resume again with the same
 /// `Last-Event-ID`, for ever: the Python SDK (2.3) starts its count of attempts over after each
 /// one, and so does rmcp's own client. An error status is counted, so the client gives up after
@@ -528,6 +529,24 @@ fn gone_if_empty(answer: Response) -> Response {
         }
         None => http::Response::from_parts(parts, body),
     }
+}
+
+/// How long a resume that rmcp has nothing for waits for the session's dropped streams still
+/// being read, before it is answered 410.
+const READERS_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A resume answered from what a dropped stream left ([`late::LateResults`]).
+fn kept_answer(
+    kept: Bytes,
+    open: Option<OpenResponse>,
+    in_use: Option<Arc<idle::InUse>>,
+) -> Response {
+    let answer = http::Response::builder()
+        .header(http::header::CONTENT_TYPE, "text/event-stream")
+        .header(http::header::CACHE_CONTROL, "no-cache")
+        .body(BoxBody::new(Full::new(kept)))
+        .unwrap_or_else(|_| reply(http::StatusCode::INTERNAL_SERVER_ERROR, Bytes::new()));
+    answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use, None)))
 }
 
 const GONE: &[u8] =
@@ -1221,10 +1240,15 @@ where
                 _ => false,
             };
             let priming = versions.reads_priming(&parts, None);
-            // A `GET` resuming a request's stream (rmcp's event ids `<index>/<request>`) carries
+            // A `GET` resuming a stream, with `Last-Event-ID` as rmcp reads it (text: a value
+            // that is not, rmcp ignores, and opens a standalone stream).
+            let last_event_id = (parts.method == http::Method::GET)
+                .then(|| parts.headers.get("last-event-id").and_then(|v| v.to_str().ok()))
+                .flatten()
+                .map(str::to_owned);
+            // One resuming a request's stream (rmcp's event ids `<index>/<request>`) carries
             // that call's result: a drain waits for it as for a POST's response.
-            let resumes = parts.method == http::Method::GET
-                && parts.headers.get("last-event-id").is_some_and(|v| v.as_bytes().contains(&b'/'));
+            let resumes = last_event_id.as_deref().is_some_and(|last| last.contains('/'));
             let open = resumes.then(|| responses.open());
             let session = session_id(&parts).filter(|_| sessions).map(str::to_owned);
             let in_use = match session.as_deref().filter(|_| delete.is_none()) {
@@ -1237,27 +1261,27 @@ where
             // A resume of a call's stream whose client dropped it before the call's end: what it
             // missed is kept here (rmcp no longer has it once the call has answered).
             // Only in a session still open here: one closed may have lost its owner check.
-            let kept = match (&session, parts.headers.get("last-event-id")) {
+            let kept_for = |session: &Option<String>| match (session, &last_event_id) {
                 (Some(session), Some(last)) if resumes && idle.knows(session) => {
-                    last.to_str().ok().and_then(|last| late.after(session, last))
+                    Some((session.clone(), last.clone()))
                 }
                 _ => None,
             };
-            if let Some(kept) = kept {
-                let answer = http::Response::builder()
-                    .header(http::header::CONTENT_TYPE, "text/event-stream")
-                    .header(http::header::CACHE_CONTROL, "no-cache")
-                    .body(BoxBody::new(Full::new(kept)))
-                    .unwrap_or_else(|_| {
-                        reply(http::StatusCode::INTERNAL_SERVER_ERROR, Bytes::new())
-                    });
-                return Ok(
-                    answer.map(|body| BoxBody::new(Tracked::new(body, None, open, in_use, None)))
-                );
+            let kept_for = kept_for(&session);
+            if let Some(kept) = kept_for.as_ref().and_then(|(s, last)| late.after(s, last)) {
+                return Ok(kept_answer(kept, open, in_use));
             }
             let answer = inner.call(http::Request::from_parts(parts, Full::new(bytes))).await?;
             let answer = terminated_as_unknown(answer).await;
-            let answer = if resumes { gone_if_empty(answer) } else { answer };
+            let answer = if last_event_id.is_some() { gone_if_empty(answer) } else { answer };
+            // Nothing from rmcp: the call may have answered a moment ago, its events not yet
+            // kept by the reader of its dropped stream.
+            if answer.status() == http::StatusCode::GONE
+                && let Some((session, last)) = &kept_for
+                && let Some(kept) = late.after_readers(session, last, READERS_WAIT).await
+            {
+                return Ok(kept_answer(kept, open, in_use));
+            }
             if let Some(in_use) = &in_use
                 && answer.status().is_success()
             {
@@ -2495,7 +2519,7 @@ mod tests {
             request.headers_mut().insert("last-event-id", last.parse().unwrap());
             request
         };
-        for unknown in ["0/99", "3/1"] {
+        for unknown in ["0/99", "3/1", "abc", ""] {
             let answer = serve(&mut server, resume(unknown)).await;
             assert_eq!(answer.status(), http::StatusCode::GONE, "{unknown}");
             assert!(text(answer).await.contains("same run id"), "{unknown}");
@@ -2522,6 +2546,28 @@ mod tests {
         assert_eq!(standalone.status(), http::StatusCode::OK);
         use futures_util::FutureExt;
         assert!(standalone.into_body().frame().now_or_never().is_none(), "it stays open");
+    }
+
+    /// A `Last-Event-ID` that is not text is not a resume: rmcp ignores it and opens a
+    /// standalone stream, which does not keep the session open (it held the session, and a
+    /// graceful shutdown, for as long as the client kept the stream).
+    #[tokio::test]
+    async fn a_last_event_id_that_is_not_text_opens_a_standalone_stream() {
+        let (_, mut server, session) = slow_service(Some(200)).await;
+        let mut get = request_of(Some("2025-11-25"), http::Method::GET, Some(&session), None);
+        let not_text = http::HeaderValue::from_bytes(b"\xc3\xa9/1").unwrap();
+        get.headers_mut().insert("last-event-id", not_text);
+        let stream = serve(&mut server, get).await;
+        assert_eq!(stream.status(), http::StatusCode::OK);
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let ping = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+        let answer = serve(&mut server, post_in(&session, ping)).await;
+        assert_eq!(
+            answer.status(),
+            http::StatusCode::NOT_FOUND,
+            "closed while the stream was open"
+        );
+        drop(stream);
     }
 
     /// What a dropped stream left is sent only in a session still open here: once the session

@@ -43,6 +43,10 @@ pub(super) struct Kept {
     order: VecDeque<Keeping>,
     /// The number of the next keeping.
     next: u64,
+    /// Per session, the dropped streams still being read (their events not kept yet).
+    reading: HashMap<String, usize>,
+    /// Told whenever a reader ends.
+    read: Arc<tokio::sync::Notify>,
     /// The bytes of every kept event.
     bytes: usize,
 }
@@ -69,6 +73,8 @@ impl LateResults {
             sessions: HashMap::new(),
             order: VecDeque::new(),
             next: 0,
+            reading: HashMap::new(),
+            read: Arc::default(),
             bytes: 0,
         })))
     }
@@ -108,7 +114,10 @@ impl LateResults {
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let results = self.downgrade();
+        *self.lock().reading.entry(session.clone()).or_default() += 1;
+        let reading = Reading { results: results.clone(), session: session.clone() };
         runtime.spawn(async move {
+            let _reading = reading;
             let mut read = Vec::new();
             while let Some(Ok(frame)) = body.frame().await {
                 if let Ok(data) = frame.into_data() {
@@ -133,6 +142,56 @@ impl LateResults {
             // Once kept: a resume from then on finds it.
             drop(held);
         });
+    }
+}
+
+/// A dropped stream being read on: counted in [`Kept::reading`] until dropped.
+struct Reading {
+    results: Weak<Mutex<Kept>>,
+    session: String,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let Some(results) = self.results.upgrade() else { return };
+        let mut kept = results.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = kept.reading.get_mut(&self.session) {
+            *n -= 1;
+            if *n == 0 {
+                kept.reading.remove(&self.session);
+            }
+        }
+        kept.read.notify_waiters();
+    }
+}
+
+impl LateResults {
+    /// [`after`](Self::after), waiting up to `max` for the dropped streams of `session` still
+    /// being read: rmcp drops a request's events as it answers, a moment before the reader of
+    /// the dropped stream has kept them, and a resume in between found neither.
+    pub(super) async fn after_readers(
+        &self,
+        session: &str,
+        last_event_id: &str,
+        max: Duration,
+    ) -> Option<Bytes> {
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            let read = Arc::clone(&self.lock().read);
+            let ended = read.notified();
+            tokio::pin!(ended);
+            // Registered before the check: a reader that ends in between is not missed.
+            ended.as_mut().enable();
+            if let Some(kept) = self.after(session, last_event_id) {
+                return Some(kept);
+            }
+            if !self.lock().reading.contains_key(session) {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return self.after(session, last_event_id);
+            }
+        }
     }
 }
 
@@ -297,6 +356,38 @@ mod tests {
         let kept = results.lock();
         assert!(!kept.sessions.contains_key("b"), "expired");
         assert_eq!((kept.bytes, kept.order.len()), (one, 1));
+    }
+
+    /// A resume that comes while a dropped stream of its session is still being read waits for
+    /// the reader, and gets what it keeps; with no reader, it does not wait.
+    #[tokio::test]
+    async fn a_resume_waits_for_the_readers_of_its_session() {
+        let results = LateResults::new(Duration::from_secs(60));
+        let (send, frames) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let frames = futures_util::stream::unfold(frames, |mut frames| async move {
+            let frame = frames.recv().await?;
+            Some((Ok::<_, Infallible>(http_body::Frame::data(frame)), frames))
+        });
+        results.read_on("s".into(), BoxBody::new(http_body_util::StreamBody::new(frames)), ());
+        let waiting = {
+            let results = results.clone();
+            tokio::spawn(
+                async move { results.after_readers("s", "0/7", Duration::from_secs(60)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "waits while the stream is read");
+        send.send(Bytes::from_static(b"data: {\"result\":1}\nid: 1/7\n\n")).unwrap();
+        drop(send);
+        let kept = waiting.await.unwrap();
+        assert_eq!(kept.as_deref(), Some(&b"data: {\"result\":1}\nid: 1/7\n\n"[..]));
+        // No reader in the session: answered at once.
+        let none = tokio::time::timeout(
+            Duration::from_secs(30),
+            results.after_readers("s", "0/8", Duration::from_secs(60)),
+        );
+        assert_eq!(none.await.expect("no wait"), None);
+        assert!(results.lock().reading.is_empty());
     }
 
     #[test]
