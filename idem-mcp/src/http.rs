@@ -1137,21 +1137,13 @@ where
                         match claimed {
                             Err((status, answer)) => (status, answer.to_string().into()),
                             Ok(id) => {
-                                // A session it opens must fit the bounds; a principal at its own
-                                // closes its least recently used idle one first.
+                                // A session it opens must fit the bounds; at one, an idle session
+                                // is chosen to make room, and closed once rmcp has opened this
+                                // one (not for an `initialize` that rmcp refuses).
                                 let opening = if opens && sessions {
                                     let who = owners.principal.as_ref().and_then(|f| f(&parts));
                                     match idle.admit(who.as_deref(), limits) {
-                                        Ok((opening, evicted)) => {
-                                            if let Some(evicted) = evicted {
-                                                close_here(&manager, &evicted).await;
-                                                idle.closed(&evicted);
-                                                late.forget(&evicted);
-                                                owners.forget(&evicted);
-                                                versions.forget(&evicted);
-                                            }
-                                            Some((opening, who))
-                                        }
+                                        Ok((opening, evicted)) => Some((opening, who, evicted)),
                                         Err(full) => {
                                             return Ok(too_many_sessions(&message, &full, limits));
                                         }
@@ -1180,8 +1172,15 @@ where
                                     None => None,
                                 };
                                 // An idem tool's call holds it too, until it has run: a client
-                                // that dropped the stream may resume it for its result.
-                                if let Some(in_use) = &in_use {
+                                // that dropped the stream may resume it for its result. Only a
+                                // call: rmcp keeps a request's head a moment past its answer,
+                                // and a session is idle once its requests are answered.
+                                let calls = matches!(
+                                    &*message,
+                                    ClientJsonRpcMessage::Request(r)
+                                        if matches!(r.request, ClientRequest::CallToolRequest(_))
+                                );
+                                if let Some(in_use) = in_use.as_ref().filter(|_| calls) {
                                     parts
                                         .extensions
                                         .insert(SessionUse { _held: Arc::clone(in_use) });
@@ -1192,12 +1191,24 @@ where
                                 if let Some(head) = head {
                                     // Open before its owner is noted: what is noted of an open
                                     // session is kept.
-                                    if let Some(opened) = opened_session(&answer) {
-                                        let who =
-                                            opening.as_ref().and_then(|(_, who)| who.as_deref());
-                                        idle.opened(opened, who);
+                                    if let Some((opening, who, evicted)) = opening {
+                                        let opened = opened_session(&answer);
+                                        if let Some(opened) = opened {
+                                            idle.opened(opened, who.as_deref());
+                                        }
+                                        match evicted {
+                                            Some(evicted) if opened.is_some() => {
+                                                close_here(&manager, &evicted).await;
+                                                idle.closed(&evicted);
+                                                late.forget(&evicted);
+                                                owners.forget(&evicted);
+                                                versions.forget(&evicted);
+                                            }
+                                            Some(evicted) => idle.spared(&evicted),
+                                            None => {}
+                                        }
+                                        drop(opening);
                                     }
-                                    drop(opening);
                                     owners.opened(&head, &answer).await;
                                     versions.opened(&answer, priming);
                                 }
@@ -2201,6 +2212,32 @@ mod tests {
                 http::StatusCode::OK
             );
         }
+    }
+
+    /// An `initialize` that rmcp refuses (a browser page's `Origin`, not allowed) opens nothing,
+    /// and so closes nothing to make room: the idle session stays, and serves.
+    #[tokio::test]
+    async fn an_initialize_rmcp_refuses_closes_no_session() {
+        let limits = SessionLimits { per_principal: Some(1), total: Some(1) };
+        let (_, mut server) = limited(limits);
+        let alices = open_as(&mut server, "alice").await;
+        for user in ["alice", "bob"] {
+            let mut init =
+                request_of(Some("2025-11-25"), http::Method::POST, None, Some(initialize()));
+            init.headers_mut().insert("x-user", user.parse().unwrap());
+            init.headers_mut().insert("origin", "http://evil.example".parse().unwrap());
+            let refused = serve(&mut server, init).await;
+            assert_eq!(refused.status(), http::StatusCode::FORBIDDEN, "{user}");
+        }
+        // Read in full, as a client reads it: a response dropped unread is a dropped stream,
+        // read on, which holds its session a moment longer.
+        let listed = post(&mut server, "alice", Some(&alices), list()).await;
+        assert_eq!(listed.status(), http::StatusCode::OK);
+        assert!(text(listed).await.contains("tools"));
+        // Still the one to go for a session that opens.
+        let _again = open_as(&mut server, "alice").await;
+        let status = post(&mut server, "alice", Some(&alices), list()).await.status();
+        assert_eq!(status, http::StatusCode::NOT_FOUND);
     }
 
     /// With every session of the principal in use (a call running in it), another `initialize`

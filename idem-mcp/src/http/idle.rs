@@ -265,9 +265,10 @@ impl Idle {
     }
 
     /// Admits an `initialize` of `principal` under `limits`: counted as opening until the
-    /// returned guard is dropped. At the principal's bound, its least recently used idle session
-    /// is chosen for closing (requests naming it are refused from now on) and returned: the
-    /// caller closes it.
+    /// returned guard is dropped. At a bound, the least recently used idle session (the
+    /// principal's own at its bound, anyone's at the total) is chosen for closing (requests
+    /// naming it are refused from now on) and returned: the caller closes it once the new
+    /// session is open, or [spares](Self::spared) it.
     pub(super) fn admit(
         &self,
         principal: Option<&str>,
@@ -320,6 +321,13 @@ impl Idle {
     /// Whether `session` is open here: what is kept about it beside rmcp (its owner) must stay.
     pub(super) fn knows(&self, session: &str) -> bool {
         self.0.lock().get(session).is_some_and(|life| life.known)
+    }
+
+    /// `session`, chosen to make room for a session that was not opened after all, stays.
+    pub(super) fn spared(&self, session: &str) {
+        if let Some(life) = self.0.lock().get_mut(session) {
+            life.closing = false;
+        }
     }
 
     /// The client closed `session` (`DELETE`), or it was closed here.
