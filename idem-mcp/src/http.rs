@@ -468,6 +468,45 @@ fn too_many_sessions(
     answer
 }
 
+/// Notes the session an `initialize` answer opened (its owner, its protocol version, its place
+/// under [`SessionLimits`]) and closes the session chosen to make room for it, or spares that
+/// one when none was opened.
+async fn note_opened(
+    (idle, owners, versions, late, manager): (
+        idle::Idle,
+        Owners,
+        Versions,
+        late::LateResults,
+        Arc<LocalSessionManager>,
+    ),
+    opening: Option<(idle::Opening, Option<String>, Option<String>)>,
+    head: &http::request::Parts,
+    answer: &Response,
+    priming: bool,
+) {
+    // Open before its owner is noted: what is noted of an open session is kept.
+    if let Some((opening, who, evicted)) = opening {
+        let opened = opened_session(answer);
+        if let Some(opened) = opened {
+            idle.opened(opened, who.as_deref());
+        }
+        match evicted {
+            Some(evicted) if opened.is_some() => {
+                close_here(&manager, &evicted).await;
+                idle.closed(&evicted);
+                late.forget(&evicted);
+                owners.forget(&evicted);
+                versions.forget(&evicted);
+            }
+            Some(evicted) => idle.spared(&evicted),
+            None => {}
+        }
+        drop(opening);
+    }
+    owners.opened(head, answer).await;
+    versions.opened(answer, priming);
+}
+
 /// Closes `session` in rmcp; one rmcp has already ended is not there, nothing to close.
 async fn close_here(manager: &LocalSessionManager, session: &str) {
     use rmcp::transport::streamable_http_server::session::SessionManager;
@@ -1186,32 +1225,45 @@ where
                                         .insert(SessionUse { _held: Arc::clone(in_use) });
                                 }
                                 let request = http::Request::from_parts(parts, Full::new(body));
-                                let answer =
-                                    terminated_as_unknown(inner.call(request).await?).await;
-                                if let Some(head) = head {
-                                    // Open before its owner is noted: what is noted of an open
-                                    // session is kept.
-                                    if let Some((opening, who, evicted)) = opening {
-                                        let opened = opened_session(&answer);
-                                        if let Some(opened) = opened {
-                                            idle.opened(opened, who.as_deref());
-                                        }
-                                        match evicted {
-                                            Some(evicted) if opened.is_some() => {
-                                                close_here(&manager, &evicted).await;
-                                                idle.closed(&evicted);
-                                                late.forget(&evicted);
-                                                owners.forget(&evicted);
-                                                versions.forget(&evicted);
+                                let call = inner.call(request);
+                                let answer = match head {
+                                    // An `initialize` runs to its end in a task of its own, and
+                                    // its session is noted, also when its client hangs up first:
+                                    // rmcp opens the session before it answers, and one not
+                                    // noted here is neither counted nor ever closed (rmcp's own
+                                    // timer is off).
+                                    Some(head) => {
+                                        let opens = (
+                                            idle.clone(),
+                                            owners.clone(),
+                                            versions.clone(),
+                                            late.clone(),
+                                            Arc::clone(&manager),
+                                        );
+                                        let noted = async move {
+                                            let Ok(answer) = call.await;
+                                            let answer = terminated_as_unknown(answer).await;
+                                            note_opened(opens, opening, &head, &answer, priming)
+                                                .await;
+                                            answer
+                                        };
+                                        match tokio::runtime::Handle::try_current() {
+                                            Ok(runtime) => {
+                                                runtime.spawn(noted).await.unwrap_or_else(|_| {
+                                                    reply(
+                                                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                                                        Bytes::new(),
+                                                    )
+                                                })
                                             }
-                                            Some(evicted) => idle.spared(&evicted),
-                                            None => {}
+                                            Err(_) => noted.await,
                                         }
-                                        drop(opening);
                                     }
-                                    owners.opened(&head, &answer).await;
-                                    versions.opened(&answer, priming);
-                                }
+                                    None => {
+                                        let Ok(answer) = call.await;
+                                        terminated_as_unknown(answer).await
+                                    }
+                                };
                                 if let Some(in_use) = &in_use
                                     && answer.status().is_success()
                                 {
