@@ -358,14 +358,7 @@ impl Owners {
         }
     }
 
-    /// A session its owner closed (`DELETE`).
-    fn closed(&self, parts: &http::request::Parts) {
-        if let Some(session) = session_id(parts) {
-            self.forget(session);
-        }
-    }
-
-    /// A session closed here.
+    /// A session closed (by its client's `DELETE`, or here).
     fn forget(&self, session: &str) {
         self.lock().remove(session);
     }
@@ -493,10 +486,7 @@ async fn note_opened(
         match evicted {
             Some(evicted) if opened.is_some() => {
                 close_here(&manager, &evicted).await;
-                idle.closed(&evicted);
-                late.forget(&evicted);
-                owners.forget(&evicted);
-                versions.forget(&evicted);
+                forget_session(&evicted, (&idle, &owners, &versions, &late));
             }
             Some(evicted) => idle.spared(&evicted),
             None => {}
@@ -505,6 +495,19 @@ async fn note_opened(
     }
     owners.opened(head, answer).await;
     versions.opened(answer, priming);
+}
+
+/// Forgets what this layer keeps of `session` beside rmcp, once it is closed (by its client's
+/// `DELETE`, or to make room). The task that closes idle sessions does the same through weak
+/// references.
+fn forget_session(
+    session: &str,
+    (idle, owners, versions, late): (&idle::Idle, &Owners, &Versions, &late::LateResults),
+) {
+    idle.closed(session);
+    owners.forget(session);
+    versions.forget(session);
+    late.forget(session);
 }
 
 /// Closes `session` in rmcp; one rmcp has already ended is not there, nothing to close.
@@ -1324,13 +1327,12 @@ where
             // A resume of a call's stream whose client dropped it before the call's end: what it
             // missed is kept here (rmcp no longer has it once the call has answered).
             // Only in a session still open here: one closed may have lost its owner check.
-            let kept_for = |session: &Option<String>| match (session, &last_event_id) {
+            let kept_for = match (&session, &last_event_id) {
                 (Some(session), Some(last)) if resumes && idle.knows(session) => {
-                    Some((session.clone(), last.clone()))
+                    Some((session, last))
                 }
                 _ => None,
             };
-            let kept_for = kept_for(&session);
             if let Some(kept) = kept_for.as_ref().and_then(|(s, last)| late.after(s, last)) {
                 return Ok(kept_answer(kept, open, in_use));
             }
@@ -1358,11 +1360,8 @@ where
             if let Some(head) = delete
                 && answer.status().is_success()
             {
-                owners.closed(&head);
-                versions.closed(&head);
                 if let Some(session) = session_id(&head) {
-                    idle.closed(session);
-                    late.forget(session);
+                    forget_session(session, (&idle, &owners, &versions, &late));
                 }
                 if unknown {
                     return Ok(unknown_session());
@@ -1513,14 +1512,7 @@ impl Versions {
         note_session(&mut self.lock(), self.keep_alive, &self.idle, session, reads);
     }
 
-    /// A session its owner closed (`DELETE`).
-    fn closed(&self, parts: &http::request::Parts) {
-        if let Some(session) = session_id(parts) {
-            self.forget(session);
-        }
-    }
-
-    /// A session closed here.
+    /// A session closed (by its client's `DELETE`, or here).
     fn forget(&self, session: &str) {
         self.lock().remove(session);
     }
