@@ -53,19 +53,6 @@ struct Table {
     opening: usize,
 }
 
-impl std::ops::Deref for Table {
-    type Target = HashMap<String, Life>;
-    fn deref(&self) -> &Self::Target {
-        &self.lives
-    }
-}
-
-impl std::ops::DerefMut for Table {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.lives
-    }
-}
-
 impl Table {
     /// The idle session (open here, no request in it, not being closed) used least recently,
     /// of `principal` or of anyone.
@@ -198,7 +185,7 @@ impl InUse {
     pub(super) fn served(&self) {
         let Some(sessions) = self.idle.upgrade() else { return };
         let mut table = sessions.lock();
-        if let Some(life) = table.get_mut(&self.session)
+        if let Some(life) = table.lives.get_mut(&self.session)
             && !life.known
         {
             life.known = true;
@@ -210,12 +197,12 @@ impl InUse {
 impl Drop for InUse {
     fn drop(&mut self) {
         let Some(sessions) = self.idle.upgrade() else { return };
-        let mut lives = sessions.lock();
-        if let Some(life) = lives.get_mut(&self.session) {
+        let mut table = sessions.lock();
+        if let Some(life) = table.lives.get_mut(&self.session) {
             life.open = life.open.saturating_sub(1);
             life.seen = Instant::now();
             if life.open == 0 && !life.known {
-                lives.remove(&self.session);
+                table.remove(&self.session);
             }
         }
     }
@@ -230,8 +217,8 @@ impl Idle {
     /// guard is dropped. Refused when the session is being closed.
     pub(super) fn begin(&self, session: &str) -> Result<InUse, Closing> {
         let now = Instant::now();
-        let mut lives = self.0.lock();
-        let life = lives.entry(session.to_owned()).or_insert(Life {
+        let mut table = self.0.lock();
+        let life = table.lives.entry(session.to_owned()).or_insert(Life {
             seen: now,
             open: 0,
             known: false,
@@ -310,7 +297,7 @@ impl Idle {
     /// A request named `session` and was answered without reaching rmcp (after rmcp accepted
     /// its head): a use of the session, if it is one this instance serves.
     pub(super) fn named(&self, session: &str) {
-        if let Some(life) = self.0.lock().get_mut(session)
+        if let Some(life) = self.0.lock().lives.get_mut(session)
             && life.known
             && !life.closing
         {
@@ -320,12 +307,12 @@ impl Idle {
 
     /// Whether `session` is open here: what is kept about it beside rmcp (its owner) must stay.
     pub(super) fn knows(&self, session: &str) -> bool {
-        self.0.lock().get(session).is_some_and(|life| life.known)
+        self.0.lock().lives.get(session).is_some_and(|life| life.known)
     }
 
     /// `session`, chosen to make room for a session that was not opened after all, stays.
     pub(super) fn spared(&self, session: &str) {
-        if let Some(life) = self.0.lock().get_mut(session) {
+        if let Some(life) = self.0.lock().lives.get_mut(session) {
             life.closing = false;
         }
     }
@@ -368,6 +355,7 @@ impl Idle {
                 let Some(sessions) = sessions.upgrade() else { return };
                 let idle: Vec<String> = sessions
                     .lock()
+                    .lives
                     .iter_mut()
                     .filter(|(_, life)| {
                         !life.closing && life.open == 0 && life.seen.elapsed() >= keep_alive
@@ -478,9 +466,9 @@ mod tests {
         let idle = Idle::new(Some(Duration::from_secs(300)));
         let (one, two) = (idle.begin("made-up").unwrap(), idle.begin("made-up").unwrap());
         drop(one);
-        assert_eq!(idle.0.lock().len(), 1, "kept while a request names it");
+        assert_eq!(idle.0.lock().lives.len(), 1, "kept while a request names it");
         drop(two);
-        assert!(idle.0.lock().is_empty());
+        assert!(idle.0.lock().lives.is_empty());
         // One that rmcp served is kept, and counted as open until it goes.
         idle.begin("real").unwrap().served();
         assert!(idle.knows("real"));
