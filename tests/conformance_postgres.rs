@@ -147,6 +147,8 @@ struct Migrated {
     fp: idem_core::Fingerprint,
     fence: idem_core::store::Fence,
     answers: Option<Answers>,
+    /// The completed record as the operator's `inspect` reads it after the migration.
+    inspected: Option<Result<Option<idem_core::store::RecordInfo>, idem_core::StoreError>>,
 }
 
 async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {
@@ -171,6 +173,10 @@ async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {
         .query_one(&format!("SELECT value FROM {schema}.idem_meta WHERE name = '{meta}'"), &[])
         .await
         .map(|row| row.get::<_, i64>(0));
+    let inspected = match &store {
+        Ok(s) => Some(s.inspect(&done).await),
+        Err(_) => None,
+    };
     let answers = match &store {
         Ok(s) => Some((
             s.claim(claim_req(&done, &fp)).await,
@@ -181,7 +187,7 @@ async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {
     };
     drop(store);
     pg::drop_schema(&admin, &schema).await;
-    Migrated { meta, fp, fence, answers }
+    Migrated { meta, fp, fence, answers, inspected }
 }
 
 /// A database at schema version 1 (the tables without the `idem_claim` function) is migrated
@@ -190,7 +196,8 @@ async fn migrated(tag: &str, meta: &str, to_version_1: bool) -> Migrated {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_version_1_is_migrated_and_keeps_its_records() {
     let Some(_) = store().await else { return };
-    let Migrated { meta, fp, fence, answers } = migrated("migrate", "schema_version", true).await;
+    let Migrated { meta, fp, fence, answers, .. } =
+        migrated("migrate", "schema_version", true).await;
     assert_eq!(meta.expect("version row"), idem_core::store::postgres::SCHEMA_VERSION);
     let (replay, in_flight, completed) =
         answers.expect("a version 1 database must be migrated, not refused");
@@ -214,9 +221,13 @@ async fn schema_version_1_is_migrated_and_keeps_its_records() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_revision_0_is_migrated_and_keeps_its_records() {
     let Some(_) = store().await else { return };
-    let Migrated { meta, fence, answers, .. } =
+    let Migrated { meta, fence, answers, inspected, .. } =
         migrated("revision", "schema_revision", false).await;
     assert_eq!(meta.expect("revision row"), idem_core::store::postgres::SCHEMA_REVISION);
+    // Written before records had an origin and a start: both unknown, not an age of 0 (which
+    // would show the oldest stuck records as brand new).
+    let info = inspected.expect("connected").expect("inspect").expect("the record is kept");
+    assert_eq!((info.origin, info.age), (None, None), "unknown origin and age");
     let (replay, in_flight, completed) = answers.expect("revision 0 must be migrated");
     assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
     assert!(

@@ -20,9 +20,12 @@ use crate::store::{
     StoredOrigin, UnreadableRecord,
 };
 
+/// Lease and age as signed milliseconds, clamped at 0 when read: SQL's `greatest` passes over a
+/// NULL, so `greatest(.., 0)` made the age of a record written before `since` existed 0 instead
+/// of unknown.
 const COLUMNS: &str = "key, fingerprint, fence, state, \
-    greatest((extract(epoch FROM lease_until - now()) * 1000)::bigint, 0), kind, payload, tool, \
-    tenant, run_id, greatest((extract(epoch FROM now() - since) * 1000)::bigint, 0)";
+    (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload, tool, \
+    tenant, run_id, (extract(epoch FROM now() - since) * 1000)::bigint";
 
 /// Not past retention.
 const LIVE: &str = "NOT (state = 1 AND expires_at <= now())";
