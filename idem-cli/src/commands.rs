@@ -18,17 +18,32 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     let Some(url) = cli.store.as_deref() else {
         return Err(Failure::new(Exit::Usage, "no store: pass --store URL or set IDEM_STORE"));
     };
+    // What the operator typed is checked before the store is reached: a mistyped key or result
+    // is said at once, not after a connection that may time out.
+    let key = match &cli.command {
+        Command::Show { key } | Command::Forget { key, .. } => Some(parse_key(key)?),
+        Command::Resolve(args) => Some(parse_key(&args.key)?),
+        _ => None,
+    };
+    let resolution = match &cli.command {
+        Command::Resolve(args) => Some(resolution(args)?),
+        _ => None,
+    };
     // Never creates a store: a mistyped PostgreSQL database or SQLite path, and a store that
     // lives in one process, are refused, not shown as an empty store.
     let store = store::open_existing(url).await?;
     let json = cli.json;
-    match cli.command {
-        Command::List(args) => list(&*store, args, json).await,
-        Command::Show { key } => show(&*store, &parse_key(&key)?, json).await,
-        Command::Resolve(args) => resolve(&store, args, json).await,
-        Command::Forget { key, yes } => forget(&*store, &parse_key(&key)?, yes, json).await,
-        Command::Purge { expired: _, yes } => purge(&*store, yes, json).await,
-        Command::Stats => stats(&*store, json).await,
+    match (cli.command, key, resolution) {
+        (Command::List(args), ..) => list(&*store, args, json).await,
+        (Command::Show { .. }, Some(key), _) => show(&*store, &key, json).await,
+        (Command::Resolve(args), Some(key), Some(resolution)) => {
+            resolve(&store, key, resolution, args.yes, json).await
+        }
+        (Command::Forget { yes, .. }, Some(key), _) => forget(&*store, &key, yes, json).await,
+        (Command::Purge { expired: _, yes }, ..) => purge(&*store, yes, json).await,
+        (Command::Stats, ..) => stats(&*store, json).await,
+        // Each command's key and resolution were read above.
+        _ => Err(Failure::new(Exit::Failed, "internal: a command's arguments were not read")),
     }
 }
 
@@ -51,7 +66,10 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
         };
         Failure::new(
             Exit::Usage,
-            format!("{key:?} is not an idempotency key (64 hex digits){hint}"),
+            format!(
+                "{:?} is not an idempotency key (64 hex digits){hint}",
+                idem_core::shortened(key, 80)
+            ),
         )
     })
 }
@@ -178,8 +196,8 @@ fn not_resolvable(info: &RecordInfo) -> String {
     }
 }
 
-const ALREADY_RESOLVED: &str = "already resolved as happened with this result: later calls \
-     replay it (its retention is as first set: a repeated resolve does not change it)";
+const ALREADY_RESOLVED: &str = "the record already holds this result (stored by the tool, or \
+     by an earlier resolve): later calls replay it, and its retention is unchanged";
 
 /// Whether the record already holds the result `resolution` would store (the same JSON up to
 /// whitespace, member order and string escapes: `idem_core::json_text::same_json`): a repeat
@@ -196,21 +214,40 @@ fn already_resolved(info: &RecordInfo, resolution: &Resolution) -> bool {
     }
 }
 
-async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Result<(), Failure> {
-    let key = parse_key(&args.key)?;
-    let resolution = match &args.happened {
-        Some(result) => {
-            // Stored as given, not as a `serde_json::Value` writes it back: that would turn an
-            // integer beyond 64 bits into a float and keep only the last of two equal member
-            // names, so later calls would replay another result than the operator gave.
-            idem_core::json_text::check_unique(result).map_err(|e| {
-                Failure::new(Exit::Usage, format!("--happened takes the result as JSON: {e}"))
-            })?;
-            let outcome = Outcome::Success(result.trim().to_owned());
-            Resolution::Happened { outcome, ttl: args.ttl }
-        }
-        None => Resolution::NotHappened,
+/// What `resolve` is to store: the result given to `--happened` (as JSON text, `-` for standard
+/// input, `@FILE` for a file's content: a result larger than the system lets one argument be,
+/// 128 KiB on Linux), or that nothing happened.
+fn resolution(args: &ResolveArgs) -> Result<Resolution, Failure> {
+    let Some(given) = &args.happened else { return Ok(Resolution::NotHappened) };
+    let read = |what: &str, text: std::io::Result<String>| {
+        text.map_err(|e| Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}")))
     };
+    // Neither `-` nor `@..` is JSON, so neither takes a result's place.
+    let result = match given.as_str() {
+        "-" => read("standard input", std::io::read_to_string(std::io::stdin()))?,
+        path if path.starts_with('@') => {
+            let path = &path[1..];
+            read(&format!("{path:?}"), std::fs::read_to_string(path))?
+        }
+        text => text.to_owned(),
+    };
+    // Stored as given, not as a `serde_json::Value` writes it back: that would turn an integer
+    // beyond 64 bits into a float and keep only the last of two equal member names, so later
+    // calls would replay another result than the operator gave.
+    idem_core::json_text::check_unique(&result).map_err(|e| {
+        Failure::new(Exit::Usage, format!("--happened takes the result as JSON: {e}"))
+    })?;
+    let outcome = Outcome::Success(result.trim().to_owned());
+    Ok(Resolution::Happened { outcome, ttl: args.ttl })
+}
+
+async fn resolve(
+    store: &Arc<dyn Store>,
+    key: Key,
+    resolution: Resolution,
+    yes: bool,
+    json: bool,
+) -> Result<(), Failure> {
     let info = match found(&**store, &key).await {
         Err(missing) if missing.exit == Exit::NotFound && resolution == Resolution::NotHappened => {
             return Err(Failure::new(
@@ -240,7 +277,7 @@ async fn resolve(store: &Arc<dyn Store>, args: ResolveArgs, json: bool) -> Resul
             render::state_in_words(&info.state),
             origin(&info)
         ),
-        args.yes,
+        yes,
     )?;
     match store.resolve(&key, info.fence, &resolution).await {
         Ok(()) => {}

@@ -98,7 +98,9 @@ struct ListArgs {
     /// Only records whose run id starts with this.
     #[arg(long, value_name = "PREFIX", conflicts_with = "run")]
     run_prefix: Option<String>,
-    /// Only records in their state for at least this long (e.g. 90s, 15m, 1h, 2d).
+    /// Only records in their state for at least this long (e.g. 90s, 15m, 1h, 2d). A record
+    /// written before idem kept when a record began (its age shows as `?`) never matches: list
+    /// without --older-than to see those.
     #[arg(long, value_parser = parse_duration)]
     older_than: Option<Duration>,
     /// Print at most this many records (1 or more).
@@ -114,7 +116,8 @@ struct ResolveArgs {
     /// The idempotency key.
     key: String,
     /// The effect took place and returned this result (JSON): it is stored and later calls
-    /// replay it.
+    /// replay it. `-` reads it from standard input and `@FILE` from a file (for a result larger
+    /// than one argument may be; with `-`, confirm with --yes, as the prompt cannot read).
     #[arg(
         long,
         value_name = "RESULT_JSON",

@@ -213,12 +213,16 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     // Sent again (its answer lost), the same resolution is done, not refused; another result
     // is refused and changes nothing.
     let again = ok(url, &["resolve", &unknown_key, "--happened", result, "--yes"]);
-    assert!(again.contains("already resolved as happened"), "{again}");
-    assert!(again.contains("retention is as first set"), "{again}");
+    assert!(again.contains("already holds this result"), "{again}");
+    assert!(again.contains("retention is unchanged"), "{again}");
     // The same JSON written with other whitespace, and as JSON output: told apart from a
     // resolution that changed the record.
-    let spaced = r#" { "refund_id" : "re_checked" } "#;
-    let said = json(url, &["resolve", &unknown_key, "--happened", spaced, "--yes"]);
+    // Given in a file (`@FILE`), as a result too large for an argument is.
+    let spaced = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{name}-{}-result.json", std::process::id()));
+    std::fs::write(&spaced, r#" { "refund_id" : "re_checked" } "#).expect("write");
+    let from_file = format!("@{}", spaced.display());
+    let said = json(url, &["resolve", &unknown_key, "--happened", &from_file, "--yes"]);
     assert_eq!(said["status"], "already-resolved", "{said}");
     let other = r#"{"refund_id":"re_other"}"#;
     let why = exits(url, &["resolve", &unknown_key, "--happened", other, "--yes"], 4);
@@ -387,6 +391,37 @@ async fn a_negative_result_is_a_value_of_happened() {
         let why = exits(&url, &["resolve", &missing, "--happened", result, "--yes"], 3);
         assert!(why.contains("no record"), "{result}: {why}");
     }
+}
+
+/// What the operator typed is checked before the store is reached: a bad key on an unreachable
+/// store is a usage error at once, not a connection failure after a timeout. A result larger
+/// than one argument may be (128 KiB on Linux) is read from a file (`@FILE`) or standard input
+/// (`-`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_is_checked_before_the_store_and_a_result_can_come_from_a_file() {
+    let unreachable = "postgres://nobody@127.0.0.1:1/none";
+    let why = exits(unreachable, &["show", "zz"], 2);
+    assert!(why.contains("is not an idempotency key"), "{why}");
+    let missing = "0".repeat(64);
+    let why = exits(unreachable, &["resolve", &missing, "--happened", "{oops", "--yes"], 2);
+    assert!(why.contains("--happened takes the result as JSON"), "{why}");
+    // A pasted file as a key is quoted cut short.
+    let why = exits(unreachable, &["forget", &"g".repeat(10_000), "--yes"], 2);
+    assert!(why.len() < 600 && why.contains("10000 bytes in all"), "{why}");
+
+    let (dir, url, _store) = sqlite_store("idem-cli-result-file").await;
+    let large = dir.join("result.json");
+    let result = serde_json::json!({ "receipt": "r".repeat(200 * 1024) }).to_string();
+    std::fs::write(&large, &result).expect("write");
+    let from_file = format!("@{}", large.display());
+    // Read and checked (no record of this key: 3, not a usage error).
+    let why = exits(&url, &["resolve", &missing, "--happened", &from_file, "--yes"], 3);
+    assert!(why.contains("no record"), "{why}");
+    let why = exits(&url, &["resolve", &missing, "--happened", "@/no/such/file", "--yes"], 2);
+    assert!(why.contains("cannot read") && why.contains("/no/such/file"), "{why}");
+    // `-`: standard input, here empty: not JSON.
+    let why = exits(&url, &["resolve", &missing, "--happened", "-", "--yes"], 2);
+    assert!(why.contains("--happened takes the result as JSON"), "{why}");
 }
 
 /// `--state lease-ended` lists the in-flight records whose owner's lease ended (a dead owner), and

@@ -50,7 +50,7 @@ pub use failure::{Classify, Failure, FailureKind, NoError, ToolFailure};
 pub use key::{Fingerprint, Key, KeyError, Scope, canonicalize, to_canonical_string};
 pub use limits::MAX_DEPTH;
 pub use policy::{Backoff, MIN_LEASE, MIN_TTL, Policy, ToolOptions};
-pub use printable::{printable, printable_json, printable_lines};
+pub use printable::{printable, printable_json, printable_lines, shortened};
 pub use reconcile::Reconciled;
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;

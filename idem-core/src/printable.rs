@@ -91,9 +91,28 @@ fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// At most `max` characters of `text` (an input quoted back in an error: a key, a cursor), with
+/// how long the whole was when it is cut, so that a pasted file does not fill the screen.
+pub fn shortened(text: &str, max: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => Cow::Owned(format!("{}… ({} bytes in all)", &text[..cut], text.len())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_input_is_cut_at_a_character_and_says_how_long_it_was() {
+        assert!(matches!(shortened("abc", 3), Cow::Borrowed("abc")));
+        assert_eq!(shortened("abcd", 3), "abc… (4 bytes in all)");
+        // Cut between characters, never inside one.
+        assert_eq!(shortened("ééé", 2), "éé… (6 bytes in all)");
+        let pasted = "x".repeat(100_000);
+        assert!(shortened(&pasted, 128).len() < 160);
+    }
 
     #[test]
     fn what_acts_on_a_terminal_is_escaped_and_nothing_else() {

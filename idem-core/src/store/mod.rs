@@ -187,7 +187,8 @@ pub enum StoreError {
     /// Cluster node that is no longer a master). Nothing was read; list again from the first
     /// page, or give the `next` of an earlier page.
     #[error(
-        "not a cursor of this store: {0:?} (a cursor of another store, or of its servers before they changed); list from the first page, or give the `next` cursor of an earlier page"
+        "not a cursor of this store: {:?} (a cursor of another store, or of its servers before they changed); list from the first page, or give the `next` cursor of an earlier page",
+        crate::printable::shortened(.0, 128)
     )]
     InvalidCursor(String),
 }
