@@ -309,10 +309,28 @@ async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(
     // completed while the question was on screen (its result would be lost, and the next call
     // would run the effect again).
     let (what, seen) = match store.inspect(key).await {
-        Ok(Some(info)) => (
-            format!("{} record {key} of {}", render::state_in_words(&info.state), origin(&info)),
-            Some((info.fence, info.state.is_done())),
-        ),
+        Ok(Some(info)) => {
+            let mut what = format!(
+                "{} record {key} of {}",
+                render::state_in_words(&info.state),
+                origin(&info)
+            );
+            // The one state where forgetting loses a result on its way: said before, and with
+            // --yes on stderr, since `resolve` refuses it and `forget` does not.
+            if let RecordState::InFlight { lease_remaining } = info.state
+                && !lease_remaining.is_zero()
+            {
+                let warning = format!(
+                    " whose owner holds a live lease for {} more, so it may be running the effect                      now: its result will not be stored, and the next call runs the effect again",
+                    render::duration(lease_remaining)
+                );
+                what.push_str(&warning);
+                if yes {
+                    note(&format!("idem: forgetting {what}"));
+                }
+            }
+            (what, Some((info.fence, info.state.is_done())))
+        }
         Ok(None) => return Err(Failure::new(Exit::NotFound, format!("no record of key {key}"))),
         // An unreadable record (edited by hand, another version) is what forget is for.
         Err(idem_core::StoreError::Incompatible(why)) => {

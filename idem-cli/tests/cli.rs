@@ -244,7 +244,11 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     refund(&run, flaky.clone()).await.expect("replayed");
     assert_eq!(ran(&flaky), 2, "and is replayed afterwards");
 
-    // Forget, show of a missing record, bad keys, stats and purge.
+    // Forget, show of a missing record, bad keys, stats and purge. A record a live owner holds
+    // is said to be one, before anything is removed.
+    let why = exits(url, &["forget", &in_flight], 4);
+    assert!(why.contains("live lease") && why.contains("runs the effect again"), "{why}");
+    assert_eq!(json(url, &["show", &in_flight])["state"], "in-flight");
     exits(url, &["forget", &failed], 4);
     ok(url, &["forget", &failed, "--yes"]);
     exits(url, &["show", &failed], 3);
