@@ -54,6 +54,63 @@ fn unblock(text: &str) -> String {
     lines.join("\n")
 }
 
+/// The text of a `/** .. */` comment as rustdoc shows it (rustc's `beautify_doc_string` for a
+/// block comment): a first line of only `*` and a last line of only `*` dropped, blank lines at
+/// both ends passed over, and when every remaining line but a first one without `*` starts with
+/// the same indentation and a `*`, that indentation removed from every line, and then a `*`
+/// followed by a space (or alone, or doubled) removed. Used when the literal's source shows it
+/// was written as a block comment; [`unblock`] guesses for the others.
+fn beautify_block(text: &str) -> String {
+    let mut lines: Vec<&str> = text.lines().collect();
+    let stars = |line: &str| line.chars().all(|c| c == '*');
+    let from = usize::from(lines.first().is_some_and(|l| stars(l)));
+    let mut to = lines.len();
+    if to > from && !lines[to - 1].is_empty() && stars(lines[to - 1]) {
+        to -= 1;
+    }
+    let lines = &mut lines[from..to];
+    if let Some(prefix) = block_prefix(lines) {
+        for line in lines.iter_mut() {
+            if let Some(rest) = line.strip_prefix(prefix.as_str()) {
+                *line = rest;
+                if *line == "*" || line.starts_with("* ") || line.starts_with("**") {
+                    *line = &line[1..];
+                }
+            }
+        }
+    }
+    lines.join("\n")
+}
+
+/// The indentation before the `*` that every line of a block comment (but a first one without
+/// it, and blank lines at both ends) starts with, if all do.
+fn block_prefix(lines: &[&str]) -> Option<String> {
+    let mut i = usize::from(!lines.first().is_some_and(|l| l.trim_start().starts_with('*')));
+    let mut j = lines.len();
+    while i < j && lines[i].trim().is_empty() {
+        i += 1;
+    }
+    while j > i && lines[j - 1].trim().is_empty() {
+        j -= 1;
+    }
+    let lines = &lines[i.min(j)..j];
+    let mut at: Option<usize> = None;
+    for line in lines {
+        let star = line.char_indices().find(|&(_, c)| !matches!(c, ' ' | '\t'))?;
+        if star.1 != '*' || at.is_some_and(|at| at != star.0) {
+            return None;
+        }
+        at = Some(star.0);
+    }
+    Some(lines.first()?[..at?].to_owned())
+}
+
+/// Whether the literal was written as a `/** .. */` comment (its source, where the compiler
+/// gives it: not for a literal made by another macro).
+fn written_as_block(lit: &syn::LitStr) -> bool {
+    lit.span().source_text().is_some_and(|source| source.starts_with("/**"))
+}
+
 enum Part {
     Text(String),
     Expr(Expr),
@@ -65,7 +122,11 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
     for doc in docs {
         match doc {
             Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => {
-                let lines = unblock(&s.value());
+                let lines = if written_as_block(s) {
+                    beautify_block(&s.value())
+                } else {
+                    unblock(&s.value())
+                };
                 let lines = lines
                     .split('\n')
                     .map(|line| line.strip_prefix(' ').unwrap_or(line).trim_end())
@@ -111,7 +172,25 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
 
 #[cfg(test)]
 mod tests {
-    use super::unblock;
+    use super::{beautify_block, unblock};
+
+    /// As rustdoc shows them (checked against rustdoc 1.95's output of the same comments).
+    #[test]
+    fn block_comments_read_as_rustdoc_reads_them() {
+        // `*/` on the last text line.
+        assert_eq!(
+            beautify_block(" Block doc\n * with stars\n *  and more "),
+            "Block doc\n with stars\n  and more "
+        );
+        assert_eq!(
+            beautify_block("*\n * Charge a card.\n *\n * In cents.\n "),
+            " Charge a card.\n\n In cents.\n"
+        );
+        // Lines without a star keep their text.
+        assert_eq!(beautify_block(" a\n   b\n"), " a\n   b");
+        // Stars at two indentations: not a frame.
+        assert_eq!(beautify_block(" a\n * b\n  * c"), " a\n * b\n  * c");
+    }
 
     #[test]
     fn block_comments_lose_their_frame_and_stars() {

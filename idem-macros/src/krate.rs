@@ -45,6 +45,24 @@ fn plain_in(manifest: &str) -> bool {
     })
 }
 
+/// Said once per `#[tool]` or `#[tool_set]` when no `crate = ".."` is given and the crate's
+/// Cargo.toml does not depend on idem-core (proc-macro-crate found no such dependency): the
+/// generated code's `::idem_core` then fails with rustc's "cannot find `idem_core`", which does
+/// not say that a facade crate's users name its path. `None` when the dependency is there, or
+/// the manifest could not be read (another build system: `::idem_core` stays the guess).
+pub fn not_a_dependency(explicit: Option<&syn::Path>) -> Option<syn::Error> {
+    if explicit.is_some() || plainly_named() {
+        return None;
+    }
+    match proc_macro_crate::crate_name("idem-core") {
+        Err(proc_macro_crate::Error::CrateNotFound { .. }) => Some(syn::Error::new(
+            Span::call_site(),
+            "idem-core is not a dependency of this crate: when a crate of yours re-exports it, name that path with `crate = \"my_facade::idem_core\"` in this attribute; otherwise add `idem-core` to [dependencies]",
+        )),
+        _ => None,
+    }
+}
+
 /// The path to emit: `crate = ".."` when given, else `::<name in Cargo.toml>`, else `::idem_core`.
 pub fn resolve(explicit: Option<&syn::Path>) -> TokenStream {
     if let Some(path) = explicit {

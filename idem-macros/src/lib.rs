@@ -287,6 +287,12 @@ pub(crate) fn tool_item(
         attr.krate = default_krate.cloned();
     }
     let explicit_krate = attr.krate.clone();
+    // Inside a `#[tool_set]` (`attr_span`), the block says it once.
+    if attr_span.is_none()
+        && let Some(e) = krate::not_a_dependency(explicit_krate.as_ref())
+    {
+        errors.push(e);
+    }
     validate::take_second_tool_attr(&mut item, &mut errors);
     let param_attrs = validate::take_param_attrs(&mut item, &mut errors);
     let fallback_item = item.clone();

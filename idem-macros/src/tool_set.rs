@@ -171,6 +171,9 @@ fn read_header(header: &TokenStream) -> Option<syn::ItemImpl> {
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let default_krate = parse_attr(attr, &mut errors);
+    if let Some(e) = crate::krate::not_a_dependency(default_krate.as_ref()) {
+        errors.push(e);
+    }
 
     // The header (`impl<..> Type where ..`) is emitted as written; the last brace group is the body.
     let mut header: Vec<TokenTree> = item.into_iter().collect();

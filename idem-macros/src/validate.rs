@@ -58,6 +58,9 @@ pub struct Model {
     pub class: Class,
     /// The stable name (key and model-facing).
     pub name: String,
+    /// The name is given (`name = ".."`), not the fn's own: declared deliberately, it may be
+    /// shared with another declaration (a tool renamed or rewritten, in one process).
+    pub named: bool,
     /// A `&'static str` expression: `description = ".."`, or the doc comment's text.
     pub description: TokenStream,
     /// The path idem-core is reached at (`::idem_core`, `::idem`, or `crate = ".."`).
@@ -194,12 +197,16 @@ pub fn validate(
             "`#[tool]` does not support lifetime parameters: a tool's future outlives the call that started it (retries, duplicates that join), so its arguments own their data (`String`, not `&'a str`) and a method takes plain `&self`",
         );
     } else if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.at(
-            &sig.generics,
-            "`#[tool]` does not support generic parameters or where clauses: arguments are deserialized from the model's JSON into concrete types, so use concrete types",
-        );
+        let why = "`#[tool]` does not support generic parameters or where clauses: arguments are deserialized from the model's JSON into concrete types, so use concrete types";
+        // `Generics` writes no tokens for a where clause alone: the error would land on the
+        // attribute.
+        match &sig.generics.where_clause {
+            Some(clause) if sig.generics.params.is_empty() => errors.at(clause, why),
+            _ => errors.at(&sig.generics, why),
+        }
     }
 
+    let named = attr.name.is_some();
     let name = match &attr.name {
         Some(lit) => {
             let name = lit.value();
@@ -367,6 +374,23 @@ pub fn validate(
                     }
                     CtxShape::No => {}
                 }
+                // A name Anthropic's API refuses fails every request that lists the tool; the
+                // set would refuse it at run time (`ToolSetError::InvalidArgumentName`), and a
+                // parameter cannot be renamed with serde's `rename`.
+                let published = ident.unraw().to_string();
+                if pattr.flatten.is_none() && !valid_argument_name(&published) {
+                    errors.spanned(
+                        ident.span(),
+                        format!(
+                            "tool parameter `{published}` becomes an argument name that Anthropic's API refuses for the whole request ({}): name it with 1 to 64 ASCII letters, digits or `_`",
+                            if published.is_ascii() {
+                                format!("it is {} characters long", published.len())
+                            } else {
+                                "it is not ASCII".to_owned()
+                            }
+                        ),
+                    );
+                }
                 if let Some(it) = find_impl_trait(&pt.ty) {
                     errors.at(
                         it,
@@ -451,18 +475,35 @@ pub fn validate(
     // rustc's "defined multiple times" and three errors about the generated code.
     if !method {
         let base = crate::expand::camel(&sig.ident);
+        let generated = [format!("{base}Args"), format!("{base}Tool")];
         for p in params.iter().filter(|p| !p.flatten) {
-            let Type::Path(tp) = &p.ty else { continue };
-            let Some(last) = tp.path.segments.last() else { continue };
-            let generated = [format!("{base}Args"), format!("{base}Tool")];
-            if tp.path.segments.len() == 1 && generated.iter().any(|g| last.ident == g) {
-                errors.at(
-                    &p.ty,
-                    format!(
-                        "`#[tool]` generates `{base}Args` and `{base}Tool` for `{fn_name}`, so a type of that name here would be defined twice: mark the parameter `#[idem(flatten)]` if its fields are the tool's arguments, or rename the type"
-                    ),
-                );
-            }
+            // The type itself, or one inside it (`Vec<SearchArgs>`), named by one segment: the
+            // module's own type, which the generated one would clash with.
+            let named = |t: &Type| {
+                matches!(t, Type::Path(tp) if tp.qself.is_none()
+                    && tp.path.segments.len() == 1
+                    && generated.iter().any(|g| tp.path.segments[0].ident == g))
+            };
+            let mut clash = None;
+            visit_types(&p.ty, &mut |t| {
+                if named(t) {
+                    clash.get_or_insert_with(|| t.clone());
+                }
+            });
+            let Some(clash) = clash else { continue };
+            let advice = if named(&p.ty) {
+                "mark the parameter `#[idem(flatten)]` if its fields are the tool's arguments, or rename the type".to_owned()
+            } else {
+                format!(
+                    "rename the type, or the fn (keeping the tool's name with `#[tool(name = \"{name}\", ..)]`)"
+                )
+            };
+            errors.at(
+                &clash,
+                format!(
+                    "`#[tool]` generates `{base}Args` and `{base}Tool` for `{fn_name}`, so a type of that name here would be defined twice: {advice}"
+                ),
+            );
         }
     }
 
@@ -581,6 +622,7 @@ pub fn validate(
         item,
         class,
         name,
+        named,
         description,
         krate,
         options,
@@ -591,6 +633,13 @@ pub fn validate(
         reconcile,
         shape_ok,
     })
+}
+
+/// What `ToolSet` accepts as a top-level argument name (`^[a-zA-Z0-9_.-]{1,64}$`, Anthropic's
+/// rule for property keys).
+fn valid_argument_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// Tool names must be usable by every agent protocol: OpenAI function names are
@@ -622,7 +671,8 @@ pub(crate) enum CtxShape {
 }
 
 /// The context parameter, unmarked: a shared reference to `Ctx`, `idem_core::Ctx` or
-/// `<idem-core's name>::Ctx`, as written. Any other path ending in `Ctx` (a type of the user's)
+/// `<idem-core's name>::Ctx`, as written, or a path through a re-export ending in
+/// `idem_core::Ctx`. Any other path ending in `Ctx` (a type of the user's)
 /// is an ordinary parameter; `#[idem(ctx)]` marks the context under any other spelling.
 fn is_ctx_path(ty: &Type, krate_names: &[Vec<String>]) -> bool {
     match ty {
@@ -633,7 +683,10 @@ fn is_ctx_path(ty: &Type, krate_names: &[Vec<String>]) -> bool {
                 return false;
             }
             let prefix: Vec<String> = prefix.iter().map(|s| s.ident.to_string()).collect();
-            (prefix.is_empty() && tp.path.leading_colon.is_none()) || krate_names.contains(&prefix)
+            // `facade::idem_core::Ctx`: idem-core reached through a crate that re-exports it.
+            (prefix.is_empty() && tp.path.leading_colon.is_none())
+                || krate_names.contains(&prefix)
+                || prefix.last().is_some_and(|s| s == "idem_core")
         }
         Type::Paren(p) => is_ctx_path(&p.elem, krate_names),
         Type::Group(g) => is_ctx_path(&g.elem, krate_names),

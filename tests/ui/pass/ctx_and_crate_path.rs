@@ -38,6 +38,18 @@ pub async fn via_facade(cx: &facade::idem::Ctx, n: u64) -> Result<u64, Failed> {
     Ok(n)
 }
 
+mod reexport {
+    pub use idem_core;
+}
+
+/// The context named through a module that re-exports idem-core, with no `crate = ".."`: still
+/// the context, not a borrowed argument.
+#[tool(retry = "safe")]
+pub async fn via_reexport(cx: &reexport::idem_core::Ctx, n: u64) -> Result<u64, Failed> {
+    let _ = cx;
+    Ok(n)
+}
+
 fn main() {
-    let _ = (WhoamiTool, TenantKeyTool, ViaFacadeTool);
+    let _ = (WhoamiTool, TenantKeyTool, ViaFacadeTool, ViaReexportTool);
 }
