@@ -807,8 +807,12 @@ async fn void_charge(
      * shown to the customer.
      */
     reason: String,
+    /** Who asked:
+     * a name
+     *  or an id, see [`Charge`]. */
+    asked_by: String,
 ) -> Result<String, PayError> {
-    Ok(format!("{charge_id}: {reason}"))
+    Ok(format!("{charge_id}: {reason} ({asked_by})"))
 }
 
 #[test]
@@ -824,6 +828,11 @@ fn block_doc_comments_read_as_rustdoc_shows_them() {
     assert_eq!(
         schema["properties"]["reason"]["description"],
         "Why, for the ledger:\nshown to the customer."
+    );
+    // `*/` on the last line of text: the stars go all the same, as in rustdoc.
+    assert_eq!(
+        schema["properties"]["asked_by"]["description"],
+        "Who asked:\na name\n or an id, see `Charge`."
     );
 }
 
@@ -1219,4 +1228,61 @@ async fn an_instrumented_method_tool_has_its_span_named_as_the_method() {
     assert!(names.iter().any(|n| n == "orders.cancel"), "{names:?}");
     assert!(names.iter().any(|n| n == "orders.refund"), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("__idem")), "{names:?}");
+}
+
+/// Two tools that each took the name of their fn, `get`, in two modules: the name is part of
+/// every key, so the second would be answered with the first one's stored result.
+mod users {
+    use idem_core::{NoError, tool};
+
+    #[tool(retry = "keyed")]
+    pub async fn get(id: u64) -> Result<String, NoError> {
+        Ok(format!("user-{id}"))
+    }
+
+    pub static LOOKUPS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// `get` rewritten under another fn name, keeping the tool's name.
+    #[tool(retry = "keyed", name = "get")]
+    pub async fn lookup(id: u64) -> Result<String, NoError> {
+        LOOKUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(format!("user {id}"))
+    }
+}
+
+mod orders {
+    use idem_core::{NoError, tool};
+
+    pub static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    #[tool(retry = "keyed")]
+    pub async fn get(id: u64) -> Result<String, NoError> {
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(format!("order-{id}"))
+    }
+}
+
+#[tokio::test]
+async fn a_second_tool_under_a_name_another_tool_was_called_by_is_refused() {
+    let idem = Idem::in_memory();
+    let run = idem.run("same-name");
+    assert_eq!(users::get(&run, 1).await.unwrap(), "user-1");
+    // Not `user-1` from the store: refused, naming both declarations, and its body never ran.
+    let err = orders::get(&run, 1).await.unwrap_err();
+    assert_eq!(err.kind().as_str(), "tool_name_taken");
+    let Error::NameTaken { tool, declared_at, held_by } = &err else { panic!("{err}") };
+    assert_eq!(*tool, "get");
+    assert!(declared_at.starts_with("macro_tools::orders::get (tests/macro_tools.rs:"), "{err}");
+    assert!(held_by.starts_with("macro_tools::users::get (tests/macro_tools.rs:"), "{err}");
+    assert!(err.to_string().contains("#[tool(name ="), "{err}");
+    assert_eq!(orders::RUNS.load(Ordering::SeqCst), 0);
+    // Refused in another run too (the keys would meet there as well), and every time.
+    assert!(matches!(orders::get(&idem.run("other"), 2).await, Err(Error::NameTaken { .. })));
+    // The holder goes on; another `Idem` (its own store) takes the other declaration.
+    assert_eq!(users::get(&run, 1).await.unwrap(), "user-1");
+    assert_eq!(orders::get(&Idem::in_memory().run("same-name"), 1).await.unwrap(), "order-1");
+    // A tool given the name (`name = "get"`) says it is that tool (a version renamed or
+    // rewritten): it shares the keys, as `open_ticket`'s versions above do.
+    assert_eq!(users::lookup(&run, 1).await.unwrap(), "user-1");
+    assert_eq!(users::LOOKUPS.load(Ordering::SeqCst), 0, "replayed");
 }

@@ -256,6 +256,24 @@ pub enum Error<E> {
         key: Key,
     },
 
+    /// Another fn of the same name, declared elsewhere, was called as a tool first in this
+    /// [`Idem`](crate::Idem), both taking their stable name from their fn
+    /// ([`Tool::declared_at`](crate::Tool::declared_at)): the name is part of every key, so each
+    /// would be answered with the other's stored results. Nothing ran. Give one of them a name
+    /// of its own (`#[tool(name = "..")]`), or, when one is the other rewritten, give it this
+    /// name (`name = "<this name>"`) to say so.
+    #[error(
+        "tool `{tool}` was not called: another fn named so, {held_by}, is already a tool of that name, and this one is {declared_at}; the name is part of every key, so each would replay the other's results. Give one of them a name of its own with #[tool(name = \"..\")] (or, if this one is the other rewritten, #[tool(name = \"{tool}\")] to say so)"
+    )]
+    NameTaken {
+        /// The stable name both tools have.
+        tool: &'static str,
+        /// Where the refused tool is declared ([`Tool::declared_at`](crate::Tool::declared_at)).
+        declared_at: &'static str,
+        /// Where the tool holding the name is declared.
+        held_by: &'static str,
+    },
+
     /// A broken invariant of idem itself, reported instead of a panic. Please report it.
     #[error("internal error in idem for tool `{tool}` (key {key}): {what}; please report it")]
     Internal {
@@ -377,6 +395,9 @@ impl<E> Error<E> {
             }
             Error::Cancelled { tool, attempts } => Error::Cancelled { tool, attempts },
             Error::StoppedWaiting { tool, key } => Error::StoppedWaiting { tool, key },
+            Error::NameTaken { tool, declared_at, held_by } => {
+                Error::NameTaken { tool, declared_at, held_by }
+            }
             Error::Internal { tool, key, what } => Error::Internal { tool, key, what },
         })
     }
@@ -414,6 +435,7 @@ impl<E> Error<E> {
             Error::Panicked { .. } => ErrorKind::Panicked,
             Error::Cancelled { .. } => ErrorKind::Cancelled,
             Error::StoppedWaiting { .. } => ErrorKind::StoppedWaiting,
+            Error::NameTaken { .. } => ErrorKind::NameTaken,
             Error::Internal { .. } => ErrorKind::Internal,
         }
     }
@@ -522,6 +544,8 @@ pub enum ErrorKind {
     /// answered differently: after `cancelled` it runs the tool, after this it gets the outcome
     /// of the call that was waited for.
     StoppedWaiting,
+    /// `tool_name_taken`: [`Error::NameTaken`].
+    NameTaken,
 }
 
 impl ErrorKind {
@@ -546,6 +570,7 @@ impl ErrorKind {
             ErrorKind::Panicked => "tool_panicked",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::StoppedWaiting => "stopped_waiting",
+            ErrorKind::NameTaken => "tool_name_taken",
         }
     }
 }

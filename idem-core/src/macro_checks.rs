@@ -186,13 +186,14 @@ impl<P, O, E> Checked<P, O, E> {
         self,
         def: &'static ToolDef,
         body: FnBody<Args<P, F>, O, E>,
+        at: &'static str,
     ) -> FnTool<Args<P, F>, O, E>
     where
         Args<P, F>: ToolArgs,
         O: ToolOutput,
         E: ToolError,
     {
-        FnTool::new(def, body)
+        FnTool::new(def, body, at)
     }
 
     /// A method tool, typed by the checks.
@@ -211,13 +212,14 @@ impl<A, O, E> Checked<(A,), O, E> {
         self,
         def: &'static ToolDef,
         body: FnBody<Flat<A>, O, E>,
+        at: &'static str,
     ) -> FnTool<Flat<A>, O, E>
     where
         Flat<A>: ToolArgs,
         O: ToolOutput,
         E: ToolError,
     {
-        FnTool::new(def, body)
+        FnTool::new(def, body, at)
     }
 
     /// A method tool taking one arguments struct, typed by the checks.

@@ -151,12 +151,19 @@ pub struct MethodTool<S, A, O, E> {
     def: &'static ToolDef,
     body: MethodBody<S, A, O, E>,
     check: Option<MethodCheck<S, A, O>>,
+    /// [`Tool::declared_at`].
+    at: &'static str,
 }
 
 impl<S, A, O, E> MethodTool<S, A, O, E> {
-    /// The tool of `receiver`, whose definition is `def`, running `body`.
-    pub fn new(receiver: Arc<S>, def: &'static ToolDef, body: MethodBody<S, A, O, E>) -> Self {
-        MethodTool { receiver, def, body, check: None }
+    /// The tool of `receiver`, whose definition is `def`, running `body`, declared at `at`.
+    pub fn new(
+        receiver: Arc<S>,
+        def: &'static ToolDef,
+        body: MethodBody<S, A, O, E>,
+        at: &'static str,
+    ) -> Self {
+        MethodTool { receiver, def, body, check: None, at }
     }
 
     /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).
@@ -172,6 +179,7 @@ impl<S, A, O, E> Clone for MethodTool<S, A, O, E> {
             def: self.def,
             body: self.body,
             check: self.check,
+            at: self.at,
         }
     }
 }
@@ -195,6 +203,10 @@ where
 
     fn def(&self) -> &'static ToolDef {
         self.def
+    }
+
+    fn declared_at(&self) -> &'static str {
+        self.at
     }
 
     const ARGS_FROM_INTENT: bool = A::FROM_INTENT;
@@ -231,6 +243,8 @@ pub struct FnTool<A, O, E> {
     body: FnBody<A, O, E>,
     check: Option<FnCheck<A, O>>,
     call: FnCall<A, O, E>,
+    /// [`Tool::declared_at`].
+    at: &'static str,
 }
 
 /// The typed call of a free fn tool, instantiated where the tool's constant is built: the typed
@@ -239,14 +253,14 @@ pub type FnCall<A, O, E> =
     for<'a> fn(&'a Run, FnTool<A, O, E>, A) -> BoxFuture<'a, Result<O, Error<E>>>;
 
 impl<A, O, E> FnTool<A, O, E> {
-    /// The tool whose definition is `def`, running `body`.
-    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>) -> Self
+    /// The tool whose definition is `def`, running `body`, declared at `at`.
+    pub const fn new(def: &'static ToolDef, body: FnBody<A, O, E>, at: &'static str) -> Self
     where
         A: ToolArgs,
         O: ToolOutput,
         E: ToolError,
     {
-        FnTool { def, body, check: None, call: call_owned::<FnTool<A, O, E>> }
+        FnTool { def, body, check: None, call: call_owned::<FnTool<A, O, E>>, at }
     }
 
     /// The same tool, reconciled by `check` (`#[tool(reconcile = ..)]`).
@@ -288,6 +302,10 @@ where
 
     fn def(&self) -> &'static ToolDef {
         self.def
+    }
+
+    fn declared_at(&self) -> &'static str {
+        self.at
     }
 
     const ARGS_FROM_INTENT: bool = A::FROM_INTENT;

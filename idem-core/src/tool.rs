@@ -41,6 +41,17 @@ pub trait Tool: Send + Sync + 'static {
     /// The tool's definition.
     fn def(&self) -> &'static ToolDef;
 
+    /// Where the tool is declared (`app::orders::get (src/orders.rs:12)`), written by `#[tool]`
+    /// for a tool whose name is its fn's; empty for one given its name (`name = ".."`, which
+    /// says it is the tool of that name: a version renamed or rewritten) and for one implemented
+    /// by hand, neither of which is checked. The stable name is part of every key, so two fns
+    /// that happen to share a name (`users::get`, `orders::get`) would replay each other's
+    /// results: an [`Idem`](crate::Idem) refuses a call of a tool whose name another declaration
+    /// was called under first ([`Error::NameTaken`](crate::Error::NameTaken)).
+    fn declared_at(&self) -> &'static str {
+        ""
+    }
+
     /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
     /// arguments that make up the intent into `out`. See [`crate::canonicalize`]. By default all
     /// of `args` are the intent; `#[tool]` leaves out the parameters marked `#[idem(skip)]`, and

@@ -436,6 +436,22 @@ fn def_expr(model: &Model) -> TokenStream {
     }
 }
 
+/// Where the tool is declared, for `Tool::declared_at`: `module::path::fn (file.rs:line)`, the
+/// line of the attribute that expanded it, told apart from another tool that took the same name
+/// from its fn (`users::get`, `orders::get`). Empty for a tool given its name (`name = ".."`):
+/// that one says it is the tool of that name, as a renamed or rewritten version may.
+fn declared_at(model: &Model) -> TokenStream {
+    if model.named {
+        return quote!("");
+    }
+    let name = model.item.sig.ident.unraw().to_string();
+    quote! {
+        ::core::concat!(
+            ::core::module_path!(), "::", #name, " (", ::core::file!(), ":", ::core::line!(), ")"
+        )
+    }
+}
+
 /// `static DEF: ToolDef = ..;`, for a method tool's constructor (a fn body, where a borrowed
 /// `ToolDef` calling `Duration::new` would not be promoted to `'static`).
 fn def_static(model: &Model) -> TokenStream {
@@ -824,6 +840,7 @@ fn expand_free(model: &Model) -> TokenStream {
         #krate::__private::checks::tool_body(#ident(#cx_arg #body_args))
     };
     let reconcile = reconcile_call(model, &tool_args);
+    let declared_at = declared_at(model);
 
     let deprecated = &attrs.deprecated;
     // After the user's doc comment only: an undocumented tool stays undocumented, so that
@@ -871,6 +888,7 @@ fn expand_free(model: &Model) -> TokenStream {
                     #inner
                     #send_check
                 },
+                #declared_at,
             )
             #reconcile
         } #semi
@@ -934,6 +952,7 @@ fn expand_method(model: &Model) -> TokenStream {
         #krate::__private::checks::tool_body(Self::#hidden(recv, #cx_arg #body_args))
     };
     let reconcile = reconcile_call(model, &args_ty);
+    let declared_at = declared_at(model);
 
     let deprecated = &attrs.deprecated;
     let lints: Vec<Attribute> = attrs.lints.iter().map(copied_lint).collect();
@@ -980,6 +999,7 @@ fn expand_method(model: &Model) -> TokenStream {
                         let _ = cx;
                         #send_check
                     },
+                    #declared_at,
                 )
                 #reconcile,
             )

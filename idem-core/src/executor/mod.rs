@@ -11,6 +11,7 @@ mod attempts;
 mod call;
 mod caught;
 mod lease;
+mod names;
 mod reconcile;
 mod report;
 mod run;
@@ -63,6 +64,8 @@ struct Inner {
     safe_fail_open: bool,
     /// Completions the store refused, being sent again in the background (`store_later.rs`).
     late: Arc<store_later::LateCompletions>,
+    /// The declaration that holds each tool name (`names.rs`).
+    names: names::Names,
 }
 
 impl Inner {
@@ -140,6 +143,7 @@ impl IdemBuilder {
                 policy: self.policy,
                 budget: self.budget.unwrap_or_default(),
                 flights: Flights::default(),
+                names: names::Names::new(),
                 rng: Mutex::new(rng),
                 safe_fail_open: self.safe_fail_open,
                 late: Arc::default(),

@@ -137,6 +137,11 @@ impl Run {
     ) -> Result<T::Output, Error<T::Error>> {
         let def = tool.def();
         let inner = &self.idem.inner;
+        if let Err(held_by) = inner.names.check(def, tool.declared_at()) {
+            crate::metrics::call(def.name, def.class.as_str(), "failed");
+            let declared_at = tool.declared_at();
+            return Err(Error::NameTaken { tool: def.name, declared_at, held_by });
+        }
         // Lent by the executor unless the tool has options of its own: no copy per call.
         let with_options;
         let policy = match inner.class_policy(def.class, &def.options) {
