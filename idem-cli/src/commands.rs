@@ -378,6 +378,18 @@ async fn stats(store: &dyn Store, json: bool) -> Result<(), Failure> {
     } else {
         out(&render::stats_table(&stats))?;
     }
+    // As `list` does: a script must not take counts that leave records out for the whole store.
+    if stats.unreadable > 0 {
+        return Err(Failure::new(
+            Exit::Incompatible,
+            format!(
+                "{} record(s) have a state this idem cannot read; `idem list` names each, with \
+                 how to remove it (the counts read each record's state only: `list`, which \
+                 reads whole records, may find more)",
+                stats.unreadable
+            ),
+        ));
+    }
     Ok(())
 }
 

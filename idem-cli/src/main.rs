@@ -6,8 +6,8 @@
 //! 3 no such record; 4 refused (the record is held by a live owner, already settled, changed
 //! meanwhile, or the operator did not confirm); 5 store unavailable; 6 a record or schema of
 //! another idem version. `list` exits 6 when a record it met cannot be read, after printing
-//! every record that can and naming each that cannot: a script must not take such a listing
-//! for the whole store.
+//! every record that can and naming each that cannot, and `stats` when it counted one: a
+//! script must not take such a listing or count for the whole store.
 
 mod commands;
 mod render;
@@ -43,7 +43,7 @@ const EXIT_CODES: &str = "Exit codes: 0 done, 1 other failure, 2 bad usage or a 
 3 no such record, \
 4 refused (live owner, already settled, changed meanwhile, not confirmed), 5 store unavailable, \
 6 record or schema this idem cannot read: another idem version, a damaged file (list: the readable records are printed all the same, \
-and each unreadable one is named).";
+and each unreadable one is named; stats: after the counts).";
 
 #[derive(Subcommand, Debug)]
 enum Command {
