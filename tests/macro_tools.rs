@@ -577,6 +577,30 @@ async fn tool_set_on_an_impl_block_holds_its_tools_and_runs_them_through_idem() 
     assert_eq!(shop.count_orders(&run).await.unwrap(), 0);
 }
 
+/// A second block of the same type (one per file, say): its set's method is named, since each
+/// block adds one and a type cannot have two `tool_set`s.
+#[idem_core::tool_set(fn_name = "refund_tools")]
+impl Shop {
+    /// Refund the last order.
+    #[tool(retry = "keyed")]
+    async fn refund_last(&self) -> Result<Option<String>, PayError> {
+        Ok(self.orders.lock().unwrap().pop())
+    }
+}
+
+#[tokio::test]
+async fn two_blocks_of_one_type_each_name_their_set_and_merge() {
+    let shop = Arc::new(Shop::default());
+    let set = shop.tool_set().merge(shop.refund_tools()).expect("no name in both");
+    let names: Vec<&str> = set.definitions().map(|d| d.name).collect();
+    assert_eq!(names, ["count_orders", "place_order", "refund_last"]);
+    let run = Idem::in_memory().run("r2");
+    set.call(&run, "place_order", &serde_json::json!({"item": "pen"})).await;
+    let refunded = set.call(&run, "refund_last", &serde_json::json!({})).await;
+    assert_eq!((refunded.is_error, refunded.content), (false, serde_json::json!("pen")));
+    assert!(shop.orders.lock().unwrap().is_empty());
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Destination {

@@ -255,7 +255,9 @@ fn first_span(item: &syn::ItemFn) -> proc_macro2::Span {
 /// compiles both, so exclusive versions of one tool may share it), and no other fn or const of
 /// the block may have a name the block's expansion adds (`<method>_tool`, `tool_set`); `Self`
 /// must be `Send + Sync + 'static` (a block for a type with a lifetime other than `'static` is one
-/// error at the type). Options: `crate = ".."` (see
+/// error at the type). Options: `fn_name = ".."` names the method that returns the set
+/// (default `tool_set`; a type with two blocks, one per file say, names at least one, and
+/// `ToolSet::merge` joins the sets), and `crate = ".."` (see
 /// `#[tool]`), applied to every tool of the block that does not give its own. The block's
 /// `#[tool]` attributes are read here, so they need no import (an imported `tool` used only
 /// inside the block is reported unused); one applied by `#[cfg_attr(cond, tool(..))]` makes

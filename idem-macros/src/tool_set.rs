@@ -10,11 +10,35 @@ use syn::parse::{ParseStream, Parser};
 
 use crate::parse::Errors;
 
-/// `#[tool_set(crate = "..")]`.
-fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
+/// `#[tool_set(crate = "..", fn_name = "..")]`.
+struct SetAttr {
+    krate: Option<syn::Path>,
+    /// The method that returns the set: `tool_set` unless named, so that two blocks of one type
+    /// (one per file, say) each add their own.
+    set_fn: syn::Ident,
+}
+
+fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> SetAttr {
     let mut krate = None;
+    let mut set_fn: Option<syn::Ident> = None;
     let parser = syn::meta::parser(|meta| {
-        if meta.path.is_ident("crate") {
+        if meta.path.is_ident("fn_name") {
+            let lit: syn::LitStr = meta.value()?.parse()?;
+            let ident = lit.parse::<syn::Ident>().map_err(|_| {
+                syn::Error::new(
+                    lit.span(),
+                    "`fn_name` names the method that returns the set: write an identifier, such as `fn_name = \"billing_tools\"`",
+                )
+            })?;
+            if set_fn.is_some() {
+                return Err(syn::Error::new_spanned(
+                    &meta.path,
+                    "`fn_name` is given twice; keep one",
+                ));
+            }
+            set_fn = Some(syn::Ident::new(&ident.to_string(), lit.span()));
+            Ok(())
+        } else if meta.path.is_ident("crate") {
             let lit: syn::LitStr = meta.value()?.parse()?;
             let path = lit.parse::<syn::Path>()?;
             // As `#[tool]` says: the last would win silently.
@@ -27,13 +51,16 @@ fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> Option<syn::Path> {
             krate = Some(path);
             Ok(())
         } else {
-            Err(meta.error("unknown option: `#[tool_set]` takes only `crate = \"..\"`"))
+            Err(meta.error(
+                "unknown option: `#[tool_set]` takes `crate = \"..\"` and `fn_name = \"..\"`",
+            ))
         }
     });
     if let Err(e) = parser.parse2(tokens) {
         errors.push(e);
     }
-    krate
+    let set_fn = set_fn.unwrap_or_else(|| syn::Ident::new("tool_set", Span::call_site()));
+    SetAttr { krate, set_fn }
 }
 
 /// An item of the block: a fn (body kept as tokens) or anything else, emitted as written.
@@ -170,7 +197,7 @@ fn read_header(header: &TokenStream) -> Option<syn::ItemImpl> {
 
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
-    let default_krate = parse_attr(attr, &mut errors);
+    let SetAttr { krate: default_krate, set_fn } = parse_attr(attr, &mut errors);
     if let Some(e) = crate::krate::not_a_dependency(default_krate.as_ref()) {
         errors.push(e);
     }
@@ -215,6 +242,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     if let Some(item) = borrowing {
         return borrowing_set(
             &header,
+            &set_fn,
             &item.self_ty,
             inner,
             entries,
@@ -379,18 +407,21 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         " The tools of this block as one tool set: {list}. Every call goes through idem's protocol. A tool whose arguments' schema model APIs refuse (`ToolSetError`) is left out: logged at error level, listed by `ToolSet::refusals`, and a call of it says why."
     );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
-    let tool_set_fn = match defined.iter().find(|(name, _)| name == "tool_set") {
+    let set_name = set_fn.to_string();
+    let tool_set_fn = match defined.iter().find(|(name, _)| *name == set_name) {
         // The block's own `tool_set` is kept (its callers reach it), without the set's.
         Some((_, at)) => {
             errors.spanned(
                 *at,
-                "`#[tool_set]` adds the method `tool_set` (the block's tools as one set) to this block: rename this one (a tool keeps its name with `#[tool(name = \"tool_set\", ..)]`)",
+                format!(
+                    "`#[tool_set]` adds the method `{set_name}` (the block's tools as one set) to this block: rename this one (a tool keeps its name with `#[tool(name = \"{set_name}\", ..)]`), or name the set's method with `#[tool_set(fn_name = \"..\")]`"
+                ),
             );
             quote!()
         }
         None => quote! {
             #[doc = #doc]
-            #vis fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet
+            #vis fn #set_fn(self: &::std::sync::Arc<Self>) -> #krate::ToolSet
             where
                 Self: ::core::marker::Send + ::core::marker::Sync + 'static,
             {
@@ -418,6 +449,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// error.
 fn borrowing_set(
     header: &TokenStream,
+    set_fn: &syn::Ident,
     self_ty: &syn::Type,
     inner: Vec<Attribute>,
     entries: Vec<Entry>,
@@ -429,7 +461,8 @@ fn borrowing_set(
         "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static` and name no lifetime parameter; give the type owned data (`String`, `Arc<T>`) instead of references, or write the block for `'static` borrows (`impl Type<'static>`)",
     );
     // The block's own `tool_set` is kept, and none added (a second error).
-    let own_tool_set = entries.iter().filter_map(defined_name).any(|(name, _)| name == "tool_set");
+    let own_tool_set =
+        entries.iter().filter_map(defined_name).any(|(name, _)| *name == set_fn.to_string());
     // Each tool keeps its typed call's shape (`tool_stub`), with no error of its own.
     let items = entries.into_iter().map(|entry| match entry {
         Entry::Other(tokens) => tokens,
@@ -449,7 +482,7 @@ fn borrowing_set(
     let tool_set = (!own_tool_set).then(|| {
         quote! {
             #[allow(dead_code)]
-            pub fn tool_set(self: &::std::sync::Arc<Self>) -> #krate::ToolSet {
+            pub fn #set_fn(self: &::std::sync::Arc<Self>) -> #krate::ToolSet {
                 #krate::ToolSet::new()
             }
         }

@@ -76,6 +76,11 @@ impl Tool for ChargeCard {
     fn def(&self) -> &'static ToolDef {
         &DEF
     }
+    // As `#[tool]` writes for a tool named after its fn: each call checks that no other
+    // declaration holds the name (`executor/names.rs`).
+    fn declared_at(&self) -> &'static str {
+        "benches::charge_card (idem-core/benches/common/mod.rs:1)"
+    }
     fn run(
         &self,
         _cx: &Ctx,
