@@ -219,18 +219,48 @@ fn already_resolved(info: &RecordInfo, resolution: &Resolution) -> bool {
 /// 128 KiB on Linux), or that nothing happened.
 fn resolution(args: &ResolveArgs) -> Result<Resolution, Failure> {
     let Some(given) = &args.happened else { return Ok(Resolution::NotHappened) };
-    let read = |what: &str, text: std::io::Result<String>| {
-        text.map_err(|e| Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}")))
+    // What the executor stores at most by default (`Policy::max_outcome_bytes`): read no more
+    // than that and one byte, so that a wrong file (`@/dev/zero`, a dump) is refused at once.
+    let limit = idem_core::Policy::default().max_outcome_bytes;
+    let read = |what: &str, from: &mut dyn std::io::Read| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(from, limit as u64 + 1), &mut text)
+            .map_err(|e| {
+                Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}"))
+            })?;
+        Ok::<_, Failure>(text)
     };
     // Neither `-` nor `@..` is JSON, so neither takes a result's place.
     let result = match given.as_str() {
-        "-" => read("standard input", std::io::read_to_string(std::io::stdin()))?,
+        "-" => {
+            if !args.yes && !std::io::stdin().is_terminal() {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    "--happened - reads the result from standard input, so the question cannot \
+                     be asked there: pass --yes",
+                ));
+            }
+            read("standard input", &mut std::io::stdin().lock())?
+        }
         path if path.starts_with('@') => {
             let path = &path[1..];
-            read(&format!("{path:?}"), std::fs::read_to_string(path))?
+            let what = format!("{path:?}");
+            let mut file = std::fs::File::open(path).map_err(|e| {
+                Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}"))
+            })?;
+            read(&what, &mut file)?
         }
         text => text.to_owned(),
     };
+    if result.len() > limit {
+        return Err(Failure::new(
+            Exit::Usage,
+            format!(
+                "--happened: the result is larger than {limit} bytes, the most a tool's output may \
+                 be by default (Policy::max_outcome_bytes); the rest was not read"
+            ),
+        ));
+    }
     // Stored as given, not as a `serde_json::Value` writes it back: that would turn an integer
     // beyond 64 bits into a float and keep only the last of two equal member names, so later
     // calls would replay another result than the operator gave.
@@ -310,24 +340,22 @@ async fn forget(store: &dyn Store, key: &Key, yes: bool, json: bool) -> Result<(
     // would run the effect again).
     let (what, seen) = match store.inspect(key).await {
         Ok(Some(info)) => {
-            let mut what = format!(
+            let what = format!(
                 "{} record {key} of {}",
                 render::state_in_words(&info.state),
                 origin(&info)
             );
-            // The one state where forgetting loses a result on its way: said before, and with
-            // --yes on stderr, since `resolve` refuses it and `forget` does not.
+            // The one state where forgetting loses a result on its way: said first (`resolve`
+            // refuses such a record; `forget` removes it if told to).
             if let RecordState::InFlight { lease_remaining } = info.state
                 && !lease_remaining.is_zero()
             {
-                let warning = format!(
-                    " whose owner holds a live lease for {} more, so it may be running the effect                      now: its result will not be stored, and the next call runs the effect again",
+                note(&format!(
+                    "idem: warning: its owner holds a live lease for {} more and may be running \
+                     the effect now; forgotten, its result is not stored and the next call runs \
+                     the effect again",
                     render::duration(lease_remaining)
-                );
-                what.push_str(&warning);
-                if yes {
-                    note(&format!("idem: forgetting {what}"));
-                }
+                ));
             }
             (what, Some((info.fence, info.state.is_done())))
         }

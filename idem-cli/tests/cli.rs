@@ -439,9 +439,15 @@ async fn input_is_checked_before_the_store_and_a_result_can_come_from_a_file() {
     assert!(why.contains("no record"), "{why}");
     let why = exits(&url, &["resolve", &missing, "--happened", "@/no/such/file", "--yes"], 2);
     assert!(why.contains("cannot read") && why.contains("/no/such/file"), "{why}");
-    // `-`: standard input, here empty: not JSON.
+    // `-`: standard input, here empty: not JSON; and without --yes, the question could not be
+    // read from it: refused before the store is reached.
     let why = exits(&url, &["resolve", &missing, "--happened", "-", "--yes"], 2);
     assert!(why.contains("--happened takes the result as JSON"), "{why}");
+    let why = exits(unreachable, &["resolve", &missing, "--happened", "-"], 2);
+    assert!(why.contains("pass --yes"), "{why}");
+    // No more is read than the largest output a tool may have by default (4 MiB).
+    let why = exits(&url, &["resolve", &missing, "--happened", "@/dev/zero", "--yes"], 2);
+    assert!(why.contains("larger than 4194304 bytes"), "{why}");
 }
 
 /// `--state lease-ended` lists the in-flight records whose owner's lease ended (a dead owner), and
