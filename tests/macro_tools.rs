@@ -588,6 +588,24 @@ impl Shop {
     }
 }
 
+struct Matcher;
+
+/// A set's method may be named with a keyword, written raw.
+#[idem_core::tool_set(fn_name = "r#match")]
+impl Matcher {
+    /// Match.
+    #[tool(retry = "safe")]
+    async fn matches(&self, text: String) -> Result<bool, PayError> {
+        Ok(text.is_empty())
+    }
+}
+
+#[test]
+fn a_set_method_named_with_a_raw_keyword() {
+    let set = Arc::new(Matcher).r#match();
+    assert_eq!(set.definitions().map(|d| d.name).collect::<Vec<_>>(), ["matches"]);
+}
+
 #[tokio::test]
 async fn two_blocks_of_one_type_each_name_their_set_and_merge() {
     let shop = Arc::new(Shop::default());
@@ -837,6 +855,18 @@ async fn void_charge(
     asked_by: String,
 ) -> Result<String, PayError> {
     Ok(format!("{charge_id}: {reason} ({asked_by})"))
+}
+
+// A literal's bullets are a list, as rustdoc shows them: not a block comment's frame.
+#[tool(retry = "safe")]
+#[doc = "Options:\n* by name\n* by id\n"]
+async fn find_charge(charge_id: String) -> Result<String, PayError> {
+    Ok(charge_id)
+}
+
+#[test]
+fn a_doc_literal_keeps_its_bullets() {
+    assert_eq!(FindChargeTool.def().description, "Options:\n* by name\n* by id");
 }
 
 #[test]
@@ -1284,6 +1314,32 @@ mod orders {
         RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(format!("order-{id}"))
     }
+}
+
+/// The same method name on two types, written once by a macro: two tools of one name.
+macro_rules! services {
+    ($($ty:ident),*) => {$(
+        struct $ty;
+
+        impl $ty {
+            #[tool(retry = "keyed")]
+            async fn lookup(&self, id: u64) -> Result<String, idem_core::NoError> {
+                Ok(format!("{}-{id}", stringify!($ty)))
+            }
+        }
+    )*};
+}
+
+services!(SvcA, SvcB);
+
+#[tokio::test]
+async fn the_same_method_of_another_type_under_the_same_name_is_refused() {
+    let run = Idem::in_memory().run("methods");
+    assert_eq!(Arc::new(SvcA).lookup(&run, 1).await.unwrap(), "SvcA-1");
+    let err = Arc::new(SvcB).lookup(&run, 1).await.unwrap_err();
+    let Error::NameTaken { declared_at, held_by, .. } = &err else { panic!("{err}") };
+    assert!(declared_at.ends_with("a method of macro_tools::SvcB"), "{err}");
+    assert!(held_by.ends_with("a method of macro_tools::SvcA"), "{err}");
 }
 
 #[tokio::test]

@@ -256,22 +256,23 @@ pub enum Error<E> {
         key: Key,
     },
 
-    /// Another fn of the same name, declared elsewhere, was called as a tool first in this
-    /// [`Idem`](crate::Idem), both taking their stable name from their fn
-    /// ([`Tool::declared_at`](crate::Tool::declared_at)): the name is part of every key, so each
-    /// would be answered with the other's stored results. Nothing ran. Give one of them a name
+    /// Another fn of the same name, declared elsewhere (or the same method of another type),
+    /// was called as a tool first in this [`Idem`](crate::Idem), both taking their stable name
+    /// from their fn ([`Tool::declared_at`](crate::Tool::declared_at)): the name is part of
+    /// every key, so each would be answered with the other's stored results. Nothing ran. Give one of them a name
     /// of its own (`#[tool(name = "..")]`), or, when one is the other rewritten, give it this
     /// name (`name = "<this name>"`) to say so.
     #[error(
-        "tool `{tool}` was not called: another fn named so, {held_by}, is already a tool of that name, and this one is {declared_at}; the name is part of every key, so each would replay the other's results. Give one of them a name of its own with #[tool(name = \"..\")] (or, if this one is the other rewritten, #[tool(name = \"{tool}\")] to say so)"
+        "tool `{tool}` was not called: the name `{tool}` is already held in this Idem by another tool, {held_by}; this one is {declared_at}. A tool's name is part of every key, so the two would replay each other's results: give one of them a name of its own with #[tool(name = \"..\")], or, if this one replaces the other, write #[tool(name = \"{tool}\")] on it to share its keys"
     )]
     NameTaken {
         /// The stable name both tools have.
         tool: &'static str,
-        /// Where the refused tool is declared ([`Tool::declared_at`](crate::Tool::declared_at)).
-        declared_at: &'static str,
-        /// Where the tool holding the name is declared.
-        held_by: &'static str,
+        /// Where the refused tool is declared ([`Tool::declared_at`](crate::Tool::declared_at),
+        /// and for a method the type: `app::find (src/app.rs:5), a method of app::Beta`).
+        declared_at: String,
+        /// Where the tool holding the name is declared, written the same way.
+        held_by: String,
     },
 
     /// A broken invariant of idem itself, reported instead of a panic. Please report it.

@@ -209,6 +209,10 @@ where
         self.at
     }
 
+    fn declared_on(&self) -> &'static str {
+        std::any::type_name::<S>()
+    }
+
     const ARGS_FROM_INTENT: bool = A::FROM_INTENT;
 
     fn write_intent(args: &A, out: &mut Vec<u8>) -> Result<(), KeyError> {

@@ -52,6 +52,14 @@ pub trait Tool: Send + Sync + 'static {
         ""
     }
 
+    /// For a method tool, the type it is a method of (`std::any::type_name` of the receiver:
+    /// `app::Alpha`, `app::Repo<u8>`), told apart with [`declared_at`](Self::declared_at): two
+    /// types' methods of one name, or one generic block used with two types, are two tools.
+    /// Empty for a free fn's tool and one implemented by hand.
+    fn declared_on(&self) -> &'static str {
+        ""
+    }
+
     /// Writes the canonical text (JCS (RFC 8785) with exact integers, `docs/key-spec.md`) of the
     /// arguments that make up the intent into `out`. See [`crate::canonicalize`]. By default all
     /// of `args` are the intent; `#[tool]` leaves out the parameters marked `#[idem(skip)]`, and

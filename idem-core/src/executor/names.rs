@@ -11,18 +11,29 @@ use std::sync::{PoisonError, RwLock};
 
 use crate::tool::ToolDef;
 
+/// Where a tool is declared: [`Tool::declared_at`](crate::Tool::declared_at) and, for a method,
+/// [`Tool::declared_on`](crate::Tool::declared_on).
+pub(crate) type Declared = (&'static str, &'static str);
+
+/// A declaration as the operator reads it: `app::find (src/app.rs:5)`, and for a method `, a
+/// method of app::Alpha`.
+pub(crate) fn shown((at, on): Declared) -> String {
+    if on.is_empty() { at.to_owned() } else { format!("{at}, a method of {on}") }
+}
+
 /// The declarations called under each name, in one `Idem`.
 pub(crate) struct Names {
     /// Tells this table apart from any other, for the per-thread memo (an address could be
     /// reused by a table made after this one is dropped).
     id: u64,
-    held: RwLock<HashMap<&'static str, &'static str, foldhash::fast::RandomState>>,
+    held: RwLock<HashMap<&'static str, Declared, foldhash::fast::RandomState>>,
 }
 
 thread_local! {
     /// The last (table, definition, declaration) this thread found holding its name: calls of one
-    /// tool in a row compare four words instead of taking the table's lock.
-    static LAST: Cell<(u64, usize, usize, usize)> = const { Cell::new((0, 0, 0, 0)) };
+    /// tool in a row compare six words instead of taking the table's lock.
+    static LAST: Cell<(u64, usize, usize, usize, usize, usize)> =
+        const { Cell::new((0, 0, 0, 0, 0, 0)) };
 }
 
 impl Names {
@@ -31,38 +42,41 @@ impl Names {
         Names { id: NEXT.fetch_add(1, Ordering::Relaxed), held: RwLock::default() }
     }
 
-    /// `Ok` when `at` (a [`Tool::declared_at`](crate::Tool::declared_at)) holds `def.name`, or
-    /// does now; otherwise the declaration that holds it. A tool implemented by hand (`at`
-    /// empty) is not checked.
+    /// `Ok` when the declaration `(at, on)` holds `def.name`, or does now; otherwise the one that
+    /// holds it. A tool implemented by hand or given its name (`at` empty) is not checked.
     #[inline]
-    pub(crate) fn check(
-        &self,
-        def: &'static ToolDef,
-        at: &'static str,
-    ) -> Result<(), &'static str> {
+    pub(crate) fn check(&self, def: &'static ToolDef, declared: Declared) -> Result<(), Declared> {
+        let (at, on) = declared;
         if at.is_empty() {
             return Ok(());
         }
-        // A definition at one address has one name: the memo stands for the (name, at) pair.
-        let this = (self.id, def as *const ToolDef as usize, at.as_ptr() as usize, at.len());
+        // A definition at one address has one name: the memo stands for (name, at, on).
+        let this = (
+            self.id,
+            def as *const ToolDef as usize,
+            at.as_ptr() as usize,
+            at.len(),
+            on.as_ptr() as usize,
+            on.len(),
+        );
         if LAST.with(Cell::get) == this {
             return Ok(());
         }
-        self.held_by(def.name, at)?;
+        self.held_by(def.name, declared)?;
         LAST.with(|last| last.set(this));
         Ok(())
     }
 
-    fn held_by(&self, name: &'static str, at: &'static str) -> Result<(), &'static str> {
+    fn held_by(&self, name: &'static str, declared: Declared) -> Result<(), Declared> {
         let read = self.held.read().unwrap_or_else(PoisonError::into_inner).get(name).copied();
         let holder = match read {
             Some(holder) => holder,
             None => {
                 let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
-                *held.entry(name).or_insert(at)
+                *held.entry(name).or_insert(declared)
             }
         };
-        if holder == at { Ok(()) } else { Err(holder) }
+        if holder == declared { Ok(()) } else { Err(holder) }
     }
 }
 
@@ -85,18 +99,23 @@ mod tests {
     fn the_first_declaration_called_under_a_name_holds_it() {
         let names = Names::new();
         let (users, orders) = (def("get"), def("get"));
-        assert_eq!(names.check(users, "app::users::get (src/users.rs:3)"), Ok(()));
+        let users_get = ("app::users::get (src/users.rs:3)", "");
+        let orders_get = ("app::orders::get (src/orders.rs:9)", "");
+        assert_eq!(names.check(users, users_get), Ok(()));
         // Again, from the memo and from the table (another definition of the same tool).
-        assert_eq!(names.check(users, "app::users::get (src/users.rs:3)"), Ok(()));
-        assert_eq!(names.check(def("get"), "app::users::get (src/users.rs:3)"), Ok(()));
-        assert_eq!(
-            names.check(orders, "app::orders::get (src/orders.rs:9)"),
-            Err("app::users::get (src/users.rs:3)")
-        );
+        assert_eq!(names.check(users, users_get), Ok(()));
+        assert_eq!(names.check(def("get"), users_get), Ok(()));
+        assert_eq!(names.check(orders, orders_get), Err(users_get));
         // Refused every time, not only the first.
-        assert!(names.check(orders, "app::orders::get (src/orders.rs:9)").is_err());
+        assert!(names.check(orders, orders_get).is_err());
+        // One method declaration on two types (a generic block, a block a macro wrote twice).
+        let a = ("app::find (src/app.rs:5)", "app::A");
+        let b = ("app::find (src/app.rs:5)", "app::B");
+        assert_eq!(names.check(def("find"), a), Ok(()));
+        assert_eq!(names.check(def("find"), b), Err(a));
+        assert_eq!(shown(b), "app::find (src/app.rs:5), a method of app::B");
         // Hand-written tools are not checked; another table knows nothing of this one.
-        assert_eq!(names.check(orders, ""), Ok(()));
-        assert_eq!(Names::new().check(orders, "app::orders::get (src/orders.rs:9)"), Ok(()));
+        assert_eq!(names.check(orders, ("", "")), Ok(()));
+        assert_eq!(Names::new().check(orders, orders_get), Ok(()));
     }
 }

@@ -137,9 +137,11 @@ impl Run {
     ) -> Result<T::Output, Error<T::Error>> {
         let def = tool.def();
         let inner = &self.idem.inner;
-        if let Err(held_by) = inner.names.check(def, tool.declared_at()) {
+        let declared = (tool.declared_at(), tool.declared_on());
+        if let Err(holder) = inner.names.check(def, declared) {
             crate::metrics::call(def.name, def.class.as_str(), "failed");
-            let declared_at = tool.declared_at();
+            let (declared_at, held_by) =
+                (super::names::shown(declared), super::names::shown(holder));
             return Err(Error::NameTaken { tool: def.name, declared_at, held_by });
         }
         // Lent by the executor unless the tool has options of its own: no copy per call.
