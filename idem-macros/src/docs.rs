@@ -61,6 +61,10 @@ fn unblock(text: &str) -> String {
 /// followed by a space (or alone, or doubled) removed. Used when the literal's source shows it
 /// was written as a block comment; [`unblock`] guesses for the others.
 fn beautify_block(text: &str) -> String {
+    // rustc leaves a comment of one line as it is (`/** * a */` keeps its star).
+    if !text.contains('\n') {
+        return text.to_owned();
+    }
     let mut lines: Vec<&str> = text.lines().collect();
     let stars = |line: &str| line.chars().all(|c| c == '*');
     let from = usize::from(lines.first().is_some_and(|l| stars(l)));
@@ -105,10 +109,22 @@ fn block_prefix(lines: &[&str]) -> Option<String> {
     Some(lines.first()?[..at?].to_owned())
 }
 
-/// Whether the literal was written as a `/** .. */` comment (its source, where the compiler
-/// gives it: not for a literal made by another macro).
-fn written_as_block(lit: &syn::LitStr) -> bool {
-    lit.span().source_text().is_some_and(|source| source.starts_with("/**"))
+/// How a doc literal was written, from its source where the compiler gives it.
+enum Written {
+    /// A `/** .. */` comment.
+    Block,
+    /// A `///` line or a `#[doc = ".."]` literal: read as it is.
+    Plain,
+    /// No source (another tool than rustc expanded the macro): guessed from the text.
+    Unknown,
+}
+
+fn written(lit: &syn::LitStr) -> Written {
+    match lit.span().source_text() {
+        Some(source) if source.starts_with("/**") => Written::Block,
+        Some(_) => Written::Plain,
+        None => Written::Unknown,
+    }
 }
 
 enum Part {
@@ -122,10 +138,10 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
     for doc in docs {
         match doc {
             Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => {
-                let lines = if written_as_block(s) {
-                    beautify_block(&s.value())
-                } else {
-                    unblock(&s.value())
+                let lines = match written(s) {
+                    Written::Block => beautify_block(&s.value()),
+                    Written::Plain => s.value(),
+                    Written::Unknown => unblock(&s.value()),
                 };
                 let lines = lines
                     .split('\n')
@@ -190,6 +206,8 @@ mod tests {
         assert_eq!(beautify_block(" a\n   b\n"), " a\n   b");
         // Stars at two indentations: not a frame.
         assert_eq!(beautify_block(" a\n * b\n  * c"), " a\n * b\n  * c");
+        // One line: as it is.
+        assert_eq!(beautify_block(" * single "), " * single ");
     }
 
     #[test]

@@ -24,7 +24,7 @@ fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> SetAttr {
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("fn_name") {
             let lit: syn::LitStr = meta.value()?.parse()?;
-            let ident = lit.parse::<syn::Ident>().map_err(|_| {
+            let mut ident = lit.parse::<syn::Ident>().map_err(|_| {
                 syn::Error::new(
                     lit.span(),
                     "`fn_name` names the method that returns the set: write an identifier, such as `fn_name = \"billing_tools\"`",
@@ -36,7 +36,9 @@ fn parse_attr(tokens: TokenStream, errors: &mut Errors) -> SetAttr {
                     "`fn_name` is given twice; keep one",
                 ));
             }
-            set_fn = Some(syn::Ident::new(&ident.to_string(), lit.span()));
+            // Kept as parsed (`r#match` stays raw), located at the value.
+            ident.set_span(lit.span());
+            set_fn = Some(ident);
             Ok(())
         } else if meta.path.is_ident("crate") {
             let lit: syn::LitStr = meta.value()?.parse()?;
@@ -259,6 +261,8 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut adds = Vec::new();
     // Each tool's name, where it is written, and the conditions of its `#[cfg(..)]`s.
     let mut names: Vec<(String, Span, Vec<TokenStream>)> = Vec::new();
+    // The tools' methods, whose `<method>_tool` the expansion adds.
+    let mut tool_methods: Vec<String> = Vec::new();
     let mut vis: Option<syn::Visibility> = None;
     // With whether the entry is a method left without its `cfg_attr`'s tool (below).
     let mut entries: std::collections::VecDeque<(Entry, bool)> =
@@ -393,6 +397,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 }
             }
             names.push((name, span, conditions));
+            tool_methods.push(ident.unraw().to_string());
             let factory = format_ident!("{}_tool", ident.unraw());
             adds.push(quote! {
                 #(#cfg)*
@@ -407,14 +412,25 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         " The tools of this block as one tool set: {list}. Every call goes through idem's protocol. A tool whose arguments' schema model APIs refuse (`ToolSetError`) is left out: logged at error level, listed by `ToolSet::refusals`, and a call of it says why."
     );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
-    let set_name = set_fn.to_string();
+    let set_name = set_fn.unraw().to_string();
+    // A tool's `<method>_tool`, which the expansion adds too.
+    let factory_clash = tool_methods.iter().any(|m| format!("{m}_tool") == set_name);
     let tool_set_fn = match defined.iter().find(|(name, _)| *name == set_name) {
         // The block's own `tool_set` is kept (its callers reach it), without the set's.
         Some((_, at)) => {
             errors.spanned(
                 *at,
                 format!(
-                    "`#[tool_set]` adds the method `{set_name}` (the block's tools as one set) to this block: rename this one (a tool keeps its name with `#[tool(name = \"{set_name}\", ..)]`), or name the set's method with `#[tool_set(fn_name = \"..\")]`"
+                    "`#[tool_set]` adds the method `{set_name}` (the block's tools as one set) to this block, which already has an item of that name: rename this one, or name the set's method with `#[tool_set(fn_name = \"..\")]`"
+                ),
+            );
+            quote!()
+        }
+        None if factory_clash => {
+            errors.spanned(
+                set_fn.span(),
+                format!(
+                    "`{set_name}` is also the name `#[tool]` gives a tool of this block as a value (`<method>_tool`): name the set's method otherwise"
                 ),
             );
             quote!()
@@ -461,8 +477,8 @@ fn borrowing_set(
         "`#[tool_set]` on a type that borrows: the set holds an `Arc<Self>` for as long as it serves calls, so `Self` must be `'static` and name no lifetime parameter; give the type owned data (`String`, `Arc<T>`) instead of references, or write the block for `'static` borrows (`impl Type<'static>`)",
     );
     // The block's own `tool_set` is kept, and none added (a second error).
-    let own_tool_set =
-        entries.iter().filter_map(defined_name).any(|(name, _)| *name == set_fn.to_string());
+    let set_name = set_fn.unraw().to_string();
+    let own_tool_set = entries.iter().filter_map(defined_name).any(|(name, _)| name == set_name);
     // Each tool keeps its typed call's shape (`tool_stub`), with no error of its own.
     let items = entries.into_iter().map(|entry| match entry {
         Entry::Other(tokens) => tokens,

@@ -201,6 +201,10 @@ pub fn validate(
         // `Generics` writes no tokens for a where clause alone: the error would land on the
         // attribute.
         match &sig.generics.where_clause {
+            // A clause without predicates (`where {}`) writes no tokens either: at its keyword.
+            Some(clause) if sig.generics.params.is_empty() && clause.predicates.is_empty() => {
+                errors.spanned(clause.where_token.span, why)
+            }
             Some(clause) if sig.generics.params.is_empty() => errors.at(clause, why),
             _ => errors.at(&sig.generics, why),
         }
@@ -476,22 +480,29 @@ pub fn validate(
     if !method {
         let base = crate::expand::camel(&sig.ident);
         let generated = [format!("{base}Args"), format!("{base}Tool")];
-        for p in params.iter().filter(|p| !p.flatten) {
-            // The type itself, or one inside it (`Vec<SearchArgs>`), named by one segment: the
-            // module's own type, which the generated one would clash with.
-            let named = |t: &Type| {
-                matches!(t, Type::Path(tp) if tp.qself.is_none()
-                    && tp.path.segments.len() == 1
-                    && generated.iter().any(|g| tp.path.segments[0].ident == g))
-            };
+        // The module's own type of a generated name (`SearchArgs`, `self::SearchArgs`), which
+        // the generated one would clash with: a parameter's type or one inside it
+        // (`Vec<SearchArgs>`), or inside the return type.
+        let named = |t: &Type| {
+            matches!(t, Type::Path(tp) if tp.qself.is_none()
+                && tp.path.leading_colon.is_none()
+                && tp.path.segments.iter().rev().skip(1).all(|s| s.ident == "self")
+                && tp.path.segments.last().is_some_and(|last| generated.iter().any(|g| last.ident == g)))
+        };
+        let output = match &sig.output {
+            syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
+            syn::ReturnType::Default => None,
+        };
+        let typed = params.iter().filter(|p| !p.flatten).map(|p| (&p.ty, true));
+        for (ty, is_param) in typed.chain(output.iter().map(|ty| (ty, false))) {
             let mut clash = None;
-            visit_types(&p.ty, &mut |t| {
+            visit_types(ty, &mut |t| {
                 if named(t) {
                     clash.get_or_insert_with(|| t.clone());
                 }
             });
             let Some(clash) = clash else { continue };
-            let advice = if named(&p.ty) {
+            let advice = if is_param && named(ty) {
                 "mark the parameter `#[idem(flatten)]` if its fields are the tool's arguments, or rename the type".to_owned()
             } else {
                 format!(
