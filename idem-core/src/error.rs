@@ -269,7 +269,7 @@ pub enum Error<E> {
         /// The stable name both tools have.
         tool: &'static str,
         /// Where the refused tool is declared ([`Tool::declared_at`](crate::Tool::declared_at),
-        /// and for a method the type: `app::find (src/app.rs:5), a method of app::Beta`).
+        /// and for a method the type: `app::find, a method of app::Beta`).
         declared_at: String,
         /// Where the tool holding the name is declared, written the same way.
         held_by: String,

@@ -41,7 +41,7 @@ pub trait Tool: Send + Sync + 'static {
     /// The tool's definition.
     fn def(&self) -> &'static ToolDef;
 
-    /// Where the tool is declared (`app::orders::get (src/orders.rs:12)`), written by `#[tool]`
+    /// Where the tool is declared (`app::orders::get`), written by `#[tool]`
     /// for a tool whose name is its fn's; empty for one given its name (`name = ".."`, which
     /// says it is the tool of that name: a version renamed or rewritten) and for one implemented
     /// by hand, neither of which is checked. The stable name is part of every key, so two fns

@@ -436,20 +436,17 @@ fn def_expr(model: &Model) -> TokenStream {
     }
 }
 
-/// Where the tool is declared, for `Tool::declared_at`: `module::path::fn (file.rs:line)`, the
-/// line of the attribute that expanded it, told apart from another tool that took the same name
-/// from its fn (`users::get`, `orders::get`). Empty for a tool given its name (`name = ".."`):
+/// Where the tool is declared, for `Tool::declared_at`: `module::path::fn`, told apart from
+/// another tool that took the same name from its fn (`users::get`, `orders::get`); a method is
+/// told apart by its type too (`Tool::declared_on`). No file and line: they cost a tenth more
+/// of what this adds per tool to a check, and the path names the fn. Empty for a tool given its name (`name = ".."`):
 /// that one says it is the tool of that name, as a renamed or rewritten version may.
 fn declared_at(model: &Model) -> TokenStream {
     if model.named {
         return quote!("");
     }
-    let name = model.item.sig.ident.unraw().to_string();
-    quote! {
-        ::core::concat!(
-            ::core::module_path!(), "::", #name, " (", ::core::file!(), ":", ::core::line!(), ")"
-        )
-    }
+    let name = format!("::{}", model.item.sig.ident.unraw());
+    quote!(::core::concat!(::core::module_path!(), #name))
 }
 
 /// `static DEF: ToolDef = ..;`, for a method tool's constructor (a fn body, where a borrowed

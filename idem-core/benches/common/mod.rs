@@ -79,7 +79,7 @@ impl Tool for ChargeCard {
     // As `#[tool]` writes for a tool named after its fn: each call checks that no other
     // declaration holds the name (`executor/names.rs`).
     fn declared_at(&self) -> &'static str {
-        "benches::charge_card (idem-core/benches/common/mod.rs:1)"
+        "benches::charge_card"
     }
     fn run(
         &self,
