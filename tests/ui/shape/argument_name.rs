@@ -1,21 +1,11 @@
 //! A parameter whose name Anthropic's API refuses as a property key (beyond ASCII, or longer than
 //! 64 characters): one error at the name, at compile time instead of a refusal by `ToolSet`; the
 //! call sites type-check.
-use idem_core::tool;
-
-#[derive(Debug, serde::Serialize, serde::Deserialize, thiserror::Error)]
-#[error("failed")]
-pub struct Failed;
-
-impl idem_core::Classify for Failed {
-    fn classify(&self) -> idem_core::Failure {
-        idem_core::Failure::permanent()
-    }
-}
+use idem_core::{NoError, tool};
 
 /// Order a box.
 #[tool(retry = "safe")]
-pub async fn order_box(größe: u32) -> Result<u32, Failed> {
+pub async fn order_box(größe: u32) -> Result<u32, NoError> {
     Ok(größe)
 }
 
@@ -28,7 +18,7 @@ impl Shop {
     pub async fn weigh(
         &self,
         the_weight_of_the_parcel_in_grams_as_read_from_the_scale_at_the_desk: u32,
-    ) -> Result<u32, Failed> {
+    ) -> Result<u32, NoError> {
         Ok(the_weight_of_the_parcel_in_grams_as_read_from_the_scale_at_the_desk)
     }
 }
