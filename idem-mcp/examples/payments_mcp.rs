@@ -25,6 +25,10 @@
 //! - `PAYMENTS_SESSION_IDLE_MS` (default rmcp's 5 minutes; only with `--http`): how long an MCP
 //!   session may be idle (no request, no call's response being sent) before the server closes it
 //!   (a request in it then gets HTTP 404).
+//! - `PAYMENTS_SESSIONS_PER_USER` and `PAYMENTS_SESSIONS_TOTAL` (defaults 100 and 10,000; `none`:
+//!   no bound; only with `--http`): how many MCP sessions one user, and everyone, may have open
+//!   (`idem_mcp::http::SessionLimits`); past a user's bound, that user's least recently used idle
+//!   session is closed to open another.
 //! - `PAYMENTS_AMBIGUOUS_REFUND_CENTS` (default 13): a refund of exactly this amount reaches the
 //!   provider, takes effect, and then times out. `refund` then reconciles: it looks the refund up
 //!   in the provider's list of refunds by its idempotency key, finds it and answers with it.
@@ -490,7 +494,19 @@ async fn serve_http(addr: &Path, payments: Arc<Payments>, idem: Idem) -> Result<
         sessions.keep_alive = Some(Duration::from_millis(ms));
     }
     let config = idem_mcp::http::StreamableHttpServerConfig::default();
-    let mcp = idem_mcp::http::service_with_sessions(make, config, sessions);
+    let mut limits = idem_mcp::http::SessionLimits::default();
+    for (name, bound) in [
+        ("PAYMENTS_SESSIONS_PER_USER", &mut limits.per_principal),
+        ("PAYMENTS_SESSIONS_TOTAL", &mut limits.total),
+    ] {
+        match std::env::var(name).as_deref() {
+            Ok("none") => *bound = None,
+            Ok(n) => *bound = Some(n.parse().map_err(|e| format!("{name}={n:?}: {e}"))?),
+            Err(_) => {}
+        }
+    }
+    let mcp =
+        idem_mcp::http::service_with_sessions(make, config, sessions).with_session_limits(limits);
     let shutdown = mcp.shutdown();
     let app = axum::Router::new()
         .nest_service("/mcp", mcp)

@@ -735,7 +735,18 @@ async def bound(binary, work):
             check(r.status_code == 200, f"bob's session: {r.status_code} {r.text}")
     finally:
         stop(proc)
-    return "the 101st session of a user closed the user's least recently used one, and no other"
+    # The bound as the example's operator sets it (`SessionLimits`): 3 a user.
+    proc, url = start(binary, work, {"PAYMENTS_SESSIONS_PER_USER": "3"})
+    try:
+        async with httpx2.AsyncClient(headers=RAW, timeout=60) as c:
+            heads = [await raw_session(c, url) for _ in range(4)]
+            for i, want in [(0, 404), (1, 200), (3, 200)]:
+                r = await c.post(url, headers=heads[i], json=ping)
+                check(r.status_code == want, f"session {i} of 4 at a bound of 3: {r.status_code}")
+    finally:
+        stop(proc)
+    return ("the 101st session of a user closed the user's least recently used one, and no other; "
+            "PAYMENTS_SESSIONS_PER_USER=3 made it the 4th")
 
 
 CASES = {
