@@ -130,8 +130,9 @@ struct ResolveArgs {
     /// The effect did not take place: the record is removed and the next call runs.
     #[arg(long)]
     not_happened: bool,
-    /// How long a stored result is kept and replayed (e.g. 24h, 7d; at least 1s). Only with
-    /// --happened: --not-happened stores nothing.
+    /// How long a stored result is kept and replayed (e.g. 24h, 7d; at least 1s; the stores keep
+    /// one longer than about a century for a century). Only with --happened: --not-happened
+    /// stores nothing.
     #[arg(
         long,
         value_parser = parse_retention,
