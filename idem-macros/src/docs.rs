@@ -21,37 +21,29 @@ pub fn doc_values(attrs: &[Attribute]) -> Vec<Expr> {
         .collect()
 }
 
-/// The text of a `/** .. */` comment (one literal of several lines) without its frame, as
-/// rustdoc shows it: blank or all-`*` first and last lines dropped, and when every other line
-/// starts with `*` after its indentation, that prefix (and one space after it) removed. A `///`
-/// line has no newline and comes back as it is, and so does a literal that does not end as a
-/// block comment does (a last line of blanks before `*/`), such as `#[doc = "a\n* b"]`.
+/// [`beautify_block`] for a literal whose source is not known, when it ends as a block comment
+/// does (a last line of blanks or stars before `*/`); any other, such as `#[doc = "a\n* b"]`, is
+/// read as it is.
 fn unblock(text: &str) -> String {
     let frame = |line: &str| line.trim().chars().all(|c| c == '*');
     match text.rsplit_once('\n') {
-        Some((_, last)) if frame(last) => {}
-        _ => return text.to_owned(),
+        Some((_, last)) if frame(last) => beautify_block(text),
+        _ => text.to_owned(),
     }
-    let mut lines: Vec<&str> = text.split('\n').collect();
-    while lines.first().is_some_and(|l| frame(l)) {
-        lines.remove(0);
-    }
-    while lines.last().is_some_and(|l| frame(l)) {
-        lines.pop();
-    }
-    // The first line follows `/**` directly (` Charge a card.`): only the others need the star.
-    let starred = |l: &&str| l.trim_start().starts_with('*');
-    if lines.len() > 1 && lines[1..].iter().all(starred) {
-        for line in &mut lines[1..] {
-            let rest = &line.trim_start()[1..];
-            *line = rest.strip_prefix(' ').unwrap_or(rest);
-        }
-        if starred(&lines[0]) {
-            let rest = &lines[0].trim_start()[1..];
-            lines[0] = rest.strip_prefix(' ').unwrap_or(rest);
-        }
-    }
-    lines.join("\n")
+}
+
+/// A doc literal's text as the model reads it: a block comment's frame removed (as it was
+/// written, see [`Written`]), and on each line the space after `///` and trailing blanks.
+fn literal_text(value: &str, written: Written) -> String {
+    let text = match written {
+        Written::Block => beautify_block(value),
+        Written::Plain => value.to_owned(),
+        Written::Unknown => unblock(value),
+    };
+    text.split('\n')
+        .map(|line| line.strip_prefix(' ').unwrap_or(line).trim_end())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The text of a `/** .. */` comment as rustdoc shows it (rustc's `beautify_doc_string` for a
@@ -138,16 +130,7 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
     for doc in docs {
         match doc {
             Expr::Lit(syn::ExprLit { lit: Lit::Str(s), .. }) => {
-                let lines = match written(s) {
-                    Written::Block => beautify_block(&s.value()),
-                    Written::Plain => s.value(),
-                    Written::Unknown => unblock(&s.value()),
-                };
-                let lines = lines
-                    .split('\n')
-                    .map(|line| line.strip_prefix(' ').unwrap_or(line).trim_end())
-                    .collect::<Vec<_>>()
-                    .join("\n");
+                let lines = literal_text(&s.value(), written(s));
                 match parts.last_mut() {
                     Some(Part::Text(text)) => {
                         text.push('\n');
@@ -188,7 +171,7 @@ pub fn text_expr(docs: &[Expr], krate: &TokenStream) -> TokenStream {
 
 #[cfg(test)]
 mod tests {
-    use super::{beautify_block, unblock};
+    use super::{Written, beautify_block, literal_text};
 
     /// As rustdoc shows them (checked against rustdoc 1.95's output of the same comments).
     #[test]
@@ -210,18 +193,22 @@ mod tests {
         assert_eq!(beautify_block(" * single "), " * single ");
     }
 
+    /// Without the literal's source, the frame is removed from what ends as a block comment.
     #[test]
     fn block_comments_lose_their_frame_and_stars() {
+        let read = |text: &str| literal_text(text, Written::Unknown);
         assert_eq!(
-            unblock("*\n * Charge a card.\n *\n * In cents.\n "),
-            "Charge a card.\n\nIn cents."
+            read("*\n * Charge a card.\n *\n * In cents.\n "),
+            "Charge a card.\n\nIn cents.\n"
         );
-        assert_eq!(unblock(" Charge a card.\n * In cents.\n "), " Charge a card.\nIn cents.");
-        assert_eq!(unblock(" Charge a card.\n   In cents.\n"), " Charge a card.\n   In cents.");
+        assert_eq!(read(" Charge a card.\n * In cents.\n "), "Charge a card.\nIn cents.\n");
+        assert_eq!(read(" Charge a card.\n   In cents.\n"), "Charge a card.\n  In cents.");
         // A literal written as such, with `*` bullets: not a block comment.
-        assert_eq!(unblock("Options:\n* a\n* b"), "Options:\n* a\n* b");
-        assert_eq!(unblock(" One line."), " One line.");
+        assert_eq!(read("Options:\n* a\n* b"), "Options:\n* a\n* b");
+        assert_eq!(read(" One line."), "One line.");
         // A line that is not starred keeps every star of the others.
-        assert_eq!(unblock(" a\n * b\n c\n "), " a\n * b\n c");
+        assert_eq!(read(" a\n * b\n c\n "), "a\n* b\nc\n");
+        // With the source known, a literal keeps its bullets whatever its last line.
+        assert_eq!(literal_text("Options:\n* a\n* b\n", Written::Plain), "Options:\n* a\n* b\n");
     }
 }
