@@ -1,6 +1,6 @@
 //! What each command does against the store.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::sync::Arc;
 
 use idem_core::Key;
@@ -20,31 +20,38 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
     };
     // What the operator typed is checked before the store is reached: a mistyped key or result
     // is said at once, not after a connection that may time out.
-    let key = match &cli.command {
-        Command::Show { key } | Command::Forget { key, .. } => Some(parse_key(key)?),
-        Command::Resolve(args) => Some(parse_key(&args.key)?),
-        _ => None,
-    };
-    let resolution = match &cli.command {
-        Command::Resolve(args) => Some(resolution(args)?),
-        _ => None,
+    let todo = match cli.command {
+        Command::List(args) => Todo::List(args),
+        Command::Show { key } => Todo::Show(parse_key(&key)?),
+        Command::Resolve(args) => {
+            Todo::Resolve(parse_key(&args.key)?, resolution(&args)?, args.yes)
+        }
+        Command::Forget { key, yes } => Todo::Forget(parse_key(&key)?, yes),
+        Command::Purge { expired: _, yes } => Todo::Purge(yes),
+        Command::Stats => Todo::Stats,
     };
     // Never creates a store: a mistyped PostgreSQL database or SQLite path, and a store that
     // lives in one process, are refused, not shown as an empty store.
     let store = store::open_existing(url).await?;
     let json = cli.json;
-    match (cli.command, key, resolution) {
-        (Command::List(args), ..) => list(&*store, args, json).await,
-        (Command::Show { .. }, Some(key), _) => show(&*store, &key, json).await,
-        (Command::Resolve(args), Some(key), Some(resolution)) => {
-            resolve(&store, key, resolution, args.yes, json).await
-        }
-        (Command::Forget { yes, .. }, Some(key), _) => forget(&*store, &key, yes, json).await,
-        (Command::Purge { expired: _, yes }, ..) => purge(&*store, yes, json).await,
-        (Command::Stats, ..) => stats(&*store, json).await,
-        // Each command's key and resolution were read above.
-        _ => Err(Failure::new(Exit::Failed, "internal: a command's arguments were not read")),
+    match todo {
+        Todo::List(args) => list(&*store, args, json).await,
+        Todo::Show(key) => show(&*store, &key, json).await,
+        Todo::Resolve(key, resolution, yes) => resolve(&store, key, resolution, yes, json).await,
+        Todo::Forget(key, yes) => forget(&*store, &key, yes, json).await,
+        Todo::Purge(yes) => purge(&*store, yes, json).await,
+        Todo::Stats => stats(&*store, json).await,
     }
+}
+
+/// A command with what the operator typed read (keys parsed, the result read and checked).
+enum Todo {
+    List(ListArgs),
+    Show(Key),
+    Resolve(Key, Resolution, bool),
+    Forget(Key, bool),
+    Purge(bool),
+    Stats,
 }
 
 /// Keys are printed in lowercase; one copied from a tool that upper-cases hex is the same key.
@@ -222,12 +229,11 @@ fn resolution(args: &ResolveArgs) -> Result<Resolution, Failure> {
     // What the executor stores at most by default (`Policy::max_outcome_bytes`): read no more
     // than that and one byte, so that a wrong file (`@/dev/zero`, a dump) is refused at once.
     let limit = idem_core::Policy::default().max_outcome_bytes;
-    let read = |what: &str, from: &mut dyn std::io::Read| {
+    let read = |what: &str, from: std::io::Result<Box<dyn std::io::Read>>| {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::Read::take(from, limit as u64 + 1), &mut text)
-            .map_err(|e| {
-                Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}"))
-            })?;
+        from.and_then(|from| from.take(limit as u64 + 1).read_to_string(&mut text)).map_err(
+            |e| Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}")),
+        )?;
         Ok::<_, Failure>(text)
     };
     // Neither `-` nor `@..` is JSON, so neither takes a result's place.
@@ -240,15 +246,12 @@ fn resolution(args: &ResolveArgs) -> Result<Resolution, Failure> {
                      be asked there: pass --yes",
                 ));
             }
-            read("standard input", &mut std::io::stdin().lock())?
+            read("standard input", Ok(Box::new(std::io::stdin())))?
         }
         path if path.starts_with('@') => {
             let path = &path[1..];
-            let what = format!("{path:?}");
-            let mut file = std::fs::File::open(path).map_err(|e| {
-                Failure::new(Exit::Usage, format!("--happened: cannot read {what}: {e}"))
-            })?;
-            read(&what, &mut file)?
+            let file = std::fs::File::open(path).map(|f| Box::new(f) as Box<dyn std::io::Read>);
+            read(&format!("{path:?}"), file)?
         }
         text => text.to_owned(),
     };
