@@ -150,13 +150,8 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     sessions: SessionConfig,
 ) -> Checked<StreamableHttpService<H, LocalSessionManager>> {
     let idle = idle::Idle::new(sessions.keep_alive);
-    let owners = Owners {
-        principal,
-        keep_alive: sessions.keep_alive,
-        idle: idle.clone(),
-        sessions: Arc::default(),
-        store: config.session_store.clone(),
-    };
+    let notes = Notes { keep_alive: sessions.keep_alive, idle: idle.clone(), map: Arc::default() };
+    let owners = Owners { principal, notes: notes.clone(), store: config.session_store.clone() };
     let late = late::LateResults::new(sessions.completed_cache_ttl);
     let mut manager = LocalSessionManager::default();
     manager.session_config = sessions;
@@ -170,8 +165,7 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
     let streams = config.cancellation_token.clone();
     let manager = Arc::new(manager);
     let inner = StreamableHttpService::new(move || Ok(make()), Arc::clone(&manager), config);
-    let versions =
-        Versions { keep_alive: owners.keep_alive, idle: idle.clone(), sessions: Arc::default() };
+    let versions = Versions { notes };
     Checked {
         idle,
         late,
@@ -195,9 +189,8 @@ pub fn service_for<H: rmcp::ServerHandler + Send + 'static>(
 #[derive(Clone)]
 struct Owners {
     principal: Option<PrincipalFn>,
-    keep_alive: Option<std::time::Duration>,
-    idle: idle::Idle,
-    sessions: Arc<std::sync::Mutex<SessionOwners>>,
+    /// Shared with [`Versions`].
+    notes: Notes,
     /// rmcp's `session_store`, shared with other instances: where a session opened elsewhere
     /// keeps its owner.
     store: Option<Arc<dyn SessionStore>>,
@@ -227,8 +220,41 @@ fn owner_mark(who: &Option<String>) -> String {
     }
 }
 
-/// Session id → (the principal that opened it, when a request last named it).
-type SessionOwners = std::collections::HashMap<String, (Option<String>, Instant)>;
+/// What this layer notes of one session beside rmcp.
+#[derive(Debug)]
+struct Note {
+    /// The principal that opened it ([`Owners`]; `None`: not noted).
+    owner: Option<Option<String>>,
+    /// Whether its client reads priming events ([`Versions`]; `None`: not noted).
+    reads_priming: Option<bool>,
+    /// When a request last named it.
+    seen: Instant,
+}
+
+/// The notes of every session, in one map: forgotten together once the session closes, and
+/// swept together ([`note_session`]).
+#[derive(Clone, Debug)]
+struct Notes {
+    keep_alive: Option<std::time::Duration>,
+    idle: idle::Idle,
+    map: Arc<std::sync::Mutex<std::collections::HashMap<String, Note>>>,
+}
+
+impl Notes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Note>> {
+        self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes `session` with `noted` (now its last use).
+    fn note(&self, session: &str, noted: impl FnOnce(&mut Note)) {
+        note_session(&mut self.lock(), self.keep_alive, &self.idle, session, noted);
+    }
+
+    /// A session closed (by its client's `DELETE`, or here).
+    fn forget(&self, session: &str) {
+        self.lock().remove(session);
+    }
+}
 
 impl std::fmt::Debug for Owners {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -244,33 +270,36 @@ const OWNERS_SWEEP_AT: usize = 1024;
 /// made opening sessions cost the square of their number, under the lock every request takes.
 const OWNERS_SWEEP_EVERY: usize = 256;
 
-/// Notes `value` for `session` (now its last use), in a map of what this layer keeps per session
-/// ([`Owners`], [`Versions`]); past [`OWNERS_SWEEP_AT`] sessions, at every
+/// Notes `session` with `noted` (now its last use) in the map of what this layer keeps per
+/// session ([`Notes`]); past [`OWNERS_SWEEP_AT`] sessions, at every
 /// [`OWNERS_SWEEP_EVERY`]th size, those no longer open here and not named for longer than a
 /// session is kept are forgotten first (the task that closes idle sessions forgets them too; this
 /// bounds the map should one be missed). A session still open is never forgotten, however long
 /// ago a request named it: its owner must still be checked.
-fn note_session<V>(
-    sessions: &mut std::collections::HashMap<String, (V, Instant)>,
+fn note_session(
+    sessions: &mut std::collections::HashMap<String, Note>,
     keep_alive: Option<std::time::Duration>,
     idle: &idle::Idle,
     session: &str,
-    value: V,
+    noted: impl FnOnce(&mut Note),
 ) {
     if sessions.len() >= OWNERS_SWEEP_AT
         && sessions.len().is_multiple_of(OWNERS_SWEEP_EVERY)
         && let Some(keep) = keep_alive
     {
-        sessions.retain(|id, (_, seen)| idle.knows(id) || seen.elapsed() <= keep);
+        sessions.retain(|id, note| idle.knows(id) || note.seen.elapsed() <= keep);
     }
-    sessions.insert(session.to_owned(), (value, Instant::now()));
+    let now = Instant::now();
+    let note = sessions.entry(session.to_owned()).or_insert_with(|| Note {
+        owner: None,
+        reads_priming: None,
+        seen: now,
+    });
+    noted(note);
+    note.seen = now;
 }
 
 impl Owners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SessionOwners> {
-        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Whether the request may use the session it names (any request when no principal is
     /// configured, or it names none). A session this layer did not see opened is looked up in
     /// the session store, if any: one stored there is allowed for its owner only (and noted),
@@ -281,13 +310,13 @@ impl Owners {
         let Some(principal) = &self.principal else { return Access::Allowed };
         let Some(session) = session_id(parts) else { return Access::Allowed };
         let who = principal(parts);
-        match self.lock().get_mut(session) {
-            Some((owner, seen)) if *owner == who => {
+        match self.notes.lock().get_mut(session) {
+            Some(Note { owner: Some(owner), seen, .. }) if *owner == who => {
                 *seen = Instant::now();
                 return Access::Allowed;
             }
-            Some(_) => return Access::Refused,
-            None => {}
+            Some(Note { owner: Some(_), .. }) => return Access::Refused,
+            _ => {}
         }
         let Some(store) = &self.store else {
             use rmcp::transport::streamable_http_server::session::SessionManager;
@@ -342,7 +371,7 @@ impl Owners {
     }
 
     fn note(&self, session: &str, who: Option<String>) {
-        note_session(&mut self.lock(), self.keep_alive, &self.idle, session, who);
+        self.notes.note(session, |note| note.owner = Some(who));
     }
 
     /// Whether `session` is open here or, with a session store, stored for another instance to
@@ -357,28 +386,12 @@ impl Owners {
             None => false,
         }
     }
-
-    /// A session closed (by its client's `DELETE`, or here).
-    fn forget(&self, session: &str) {
-        self.lock().remove(session);
-    }
 }
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
 fn session_id(parts: &http::request::Parts) -> Option<&str> {
     parts.headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok())
-}
-
-/// Forgets what a per-session map ([`Owners`], [`Versions`]) kept for `session`, if the map is
-/// still there.
-fn forget_in<V>(
-    map: &std::sync::Weak<std::sync::Mutex<std::collections::HashMap<String, V>>>,
-    session: &str,
-) {
-    if let Some(map) = map.upgrade() {
-        map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(session);
-    }
 }
 
 /// The session an `initialize` answer opened.
@@ -486,7 +499,7 @@ async fn note_opened(
         match evicted {
             Some(evicted) if opened.is_some() => {
                 close_here(&manager, &evicted).await;
-                forget_session(&evicted, (&idle, &owners, &versions, &late));
+                forget_session(&evicted, (&idle, &owners.notes, &late));
             }
             Some(evicted) => idle.spared(&evicted),
             None => {}
@@ -500,13 +513,9 @@ async fn note_opened(
 /// Forgets what this layer keeps of `session` beside rmcp, once it is closed (by its client's
 /// `DELETE`, or to make room). The task that closes idle sessions does the same through weak
 /// references.
-fn forget_session(
-    session: &str,
-    (idle, owners, versions, late): (&idle::Idle, &Owners, &Versions, &late::LateResults),
-) {
+fn forget_session(session: &str, (idle, notes, late): (&idle::Idle, &Notes, &late::LateResults)) {
     idle.closed(session);
-    owners.forget(session);
-    versions.forget(session);
+    notes.forget(session);
     late.forget(session);
 }
 
@@ -1065,13 +1074,13 @@ where
         let limits = self.limits;
         idle.start_closing(&self.manager, &self.streams, || {
             // Weak: the closing task ends once the service is dropped, and the maps with it.
-            let owners = Arc::downgrade(&owners.sessions);
-            let versions = Arc::downgrade(&versions.sessions);
+            let notes = Arc::downgrade(&owners.notes.map);
             let kept = late.downgrade();
             move |session: &str| {
                 late::forget(&kept, session);
-                forget_in(&owners, session);
-                forget_in(&versions, session);
+                if let Some(notes) = notes.upgrade() {
+                    notes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(session);
+                }
             }
         });
         Box::pin(async move {
@@ -1361,7 +1370,7 @@ where
                 && answer.status().is_success()
             {
                 if let Some(session) = session_id(&head) {
-                    forget_session(session, (&idle, &owners, &versions, &late));
+                    forget_session(session, (&idle, &owners.notes, &late));
                 }
                 if unknown {
                     return Ok(unknown_session());
@@ -1445,22 +1454,15 @@ const PRIMING_SINCE: &str = "2025-11-25";
 
 /// Whether each session's client reads priming events ([`PRIMING_SINCE`]), by the protocol
 /// version its `initialize` negotiated: MCP 2025-06-18 "Transports" says to use that for a
-/// request without `MCP-Protocol-Version` before assuming 2025-03-26. Sessions idle for longer
-/// than rmcp keeps them are forgotten, as by [`Owners`].
+/// request without `MCP-Protocol-Version` before assuming 2025-03-26. Kept in the sessions'
+/// [`Notes`], beside their owners.
 #[derive(Clone, Debug)]
 struct Versions {
-    keep_alive: Option<std::time::Duration>,
-    idle: idle::Idle,
-    sessions: Arc<std::sync::Mutex<std::collections::HashMap<String, (bool, Instant)>>>,
+    /// Shared with [`Owners`].
+    notes: Notes,
 }
 
 impl Versions {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (bool, Instant)>> {
-        self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Whether the client of this request reads rmcp's priming events, by the protocol version
     /// it speaks: an `initialize` names it (rmcp answers one it does not know with a later
     /// version, which does), another request in its `_meta` or the `MCP-Protocol-Version`
@@ -1498,9 +1500,9 @@ impl Versions {
             return version.as_str() >= PRIMING_SINCE;
         }
         let opened = session_id(parts).and_then(|session| {
-            self.lock().get_mut(session).map(|(reads, seen)| {
-                *seen = Instant::now();
-                *reads
+            self.notes.lock().get_mut(session).and_then(|note| {
+                note.seen = Instant::now();
+                note.reads_priming
             })
         });
         opened.unwrap_or(ProtocolVersion::V_2025_03_26.as_str() >= PRIMING_SINCE)
@@ -1509,12 +1511,7 @@ impl Versions {
     /// Notes how the client of the session `answer` opened reads priming events.
     fn opened(&self, answer: &Response, reads: bool) {
         let Some(session) = opened_session(answer) else { return };
-        note_session(&mut self.lock(), self.keep_alive, &self.idle, session, reads);
-    }
-
-    /// A session closed (by its client's `DELETE`, or here).
-    fn forget(&self, session: &str) {
-        self.lock().remove(session);
+        self.notes.note(session, |note| note.reads_priming = Some(reads));
     }
 }
 
@@ -2438,27 +2435,35 @@ mod tests {
         let idle = idle::Idle::new(Some(keep));
         idle.opened("open", None);
         let long_ago = Instant::now() - std::time::Duration::from_secs(1);
-        let mut noted: HashMap<String, (Option<String>, Instant)> = (1..OWNERS_SWEEP_AT)
-            .map(|i| (format!("closed-{i}"), (Some("bob".to_owned()), long_ago)))
-            .collect();
-        noted.insert("open".into(), (Some("alice".into()), long_ago));
-        note_session(&mut noted, Some(keep), &idle, "new", Some("bob".into()));
+        let owned = |who: &str| Note {
+            owner: Some(Some(who.to_owned())),
+            reads_priming: Some(true),
+            seen: long_ago,
+        };
+        let mut noted: HashMap<String, Note> =
+            (1..OWNERS_SWEEP_AT).map(|i| (format!("closed-{i}"), owned("bob"))).collect();
+        noted.insert("open".into(), owned("alice"));
+        // Open, as a noted session is: a later sweep keeps it however long the test takes.
+        idle.opened("new", None);
+        note_session(&mut noted, Some(keep), &idle, "new", |n| n.owner = Some(Some("bob".into())));
         let mut left: Vec<&str> = noted.keys().map(String::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["new", "open"]);
-        assert_eq!(noted["open"].0.as_deref(), Some("alice"));
+        assert_eq!(noted["open"].owner, Some(Some("alice".to_owned())));
         // Many sessions open: not walked at each new one, yet what is missed still goes within
         // a few hundred.
         for i in 0..2 * OWNERS_SWEEP_AT {
             idle.opened(&format!("open-{i}"), None);
-            noted.insert(format!("open-{i}"), (Some("alice".into()), long_ago));
+            noted.insert(format!("open-{i}"), owned("alice"));
         }
-        noted.insert("missed".into(), (Some("bob".into()), long_ago));
+        noted.insert("missed".into(), owned("bob"));
         let mut added = 0;
         while noted.contains_key("missed") {
             added += 1;
             idle.opened(&format!("more-{added}"), None);
-            note_session(&mut noted, Some(keep), &idle, &format!("more-{added}"), None);
+            note_session(&mut noted, Some(keep), &idle, &format!("more-{added}"), |n| {
+                n.owner = Some(None)
+            });
             assert!(added <= OWNERS_SWEEP_EVERY, "still there after {added} new sessions");
         }
         assert_eq!(noted.len(), 2 * OWNERS_SWEEP_AT + 2 + added, "every open session kept");
@@ -2473,7 +2478,10 @@ mod tests {
         assert_eq!(own.status(), http::StatusCode::OK);
         let other = post(&mut server, "bob", Some(&session), list()).await;
         assert_eq!(other.status(), http::StatusCode::NOT_FOUND);
-        server.owners.lock().remove(&session);
+        // Its notes stay (its protocol version), its owner is gone.
+        if let Some(note) = server.owners.notes.lock().get_mut(&session) {
+            note.owner = None;
+        }
         for user in ["bob", "alice"] {
             let answer = post(&mut server, user, Some(&session), list()).await;
             assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{user}");
