@@ -405,19 +405,15 @@ impl RedisStore {
         record: &str,
         fingerprint: &Fingerprint,
     ) -> Result<Option<Claim>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(record);
-        pipe.ignore_errors();
         // A read: sent again like any step whose reply may have been lost. The first command
         // after a pause may go out on a connection the server has closed meanwhile (its idle
         // `timeout`, a proxy's), which the connection manager learns of only from that command;
         // it then connects again, and a repeat must not fail closed for it.
-        let replies = resend::resend(|_| async {
-            self.inner.conn.pipeline(&pipe, 1, record.as_bytes()).await.map_err(reply::failed)
-        })
-        .await;
-        let raw = match replies?.into_iter().next() {
-            Some(redis::Value::BulkString(raw)) => raw,
+        let reply =
+            resend::resend(|_| async { self.inner.conn.get(record).await.map_err(reply::failed) })
+                .await;
+        let raw = match reply? {
+            redis::Value::BulkString(raw) => raw,
             // Absent, or not a string (a version 1 hash: WRONGTYPE): the claim's to handle.
             _ => return Ok(None),
         };
@@ -460,9 +456,9 @@ impl Store for RedisStore {
             OnExpired::TakeOver => "t",
             OnExpired::Unknown => "u",
         };
-        let owner = Owner::new();
-        let (record, counter) = (self.record_key(req.key), self.fence_key(req.key));
-        // Most likely a replay: one read first (see `recent.rs`).
+        let record = self.record_key(req.key);
+        // Most likely a replay: one read first (see `recent.rs`). Nothing below (the owner
+        // token, the counter's name) is made for it.
         if self.inner.recent.likely(req.key) {
             match self.read_completed(&record, req.fingerprint).await {
                 Ok(Some(claim)) => return Ok(claim),
@@ -470,6 +466,8 @@ impl Store for RedisStore {
                 Err(e) => return Err(e),
             }
         }
+        let owner = Owner::new();
+        let counter = self.fence_key(req.key);
         let give_up = GiveUp::arm({
             let (store, key) = (self.clone(), *req.key);
             move || {

@@ -445,6 +445,26 @@ impl Conn {
         }
     }
 
+    /// `GET key`'s reply (a server error as a value). One server takes it as a single command:
+    /// no pipeline to build, encode and collect for the read a replay is; a cluster, as a
+    /// pipeline of one, to follow redirections.
+    pub(super) async fn get(&self, key: &str) -> RedisResult<Value> {
+        let mut get = redis::cmd("GET");
+        get.arg(key);
+        match self {
+            Conn::One(c) => {
+                let (generation, mut conn) = c.manager();
+                c.saw(generation, conn.req_packed_command(&get).await)
+            }
+            Conn::Cluster(c) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(get).ignore_errors();
+                let replies = cluster_send(c, &pipe, 1, key.as_bytes()).await?;
+                Ok(replies.into_iter().next().unwrap_or(Value::Nil))
+            }
+        }
+    }
+
     /// The replies of `count` commands of `pipe` (server errors among them as values), on the
     /// master of `key`'s slot, following redirections (see the module docs). After `ASK` the
     /// importing node runs only the first command: put the one on `key` first.
