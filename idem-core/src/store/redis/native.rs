@@ -33,7 +33,6 @@
 //!   `SET .. NX GET` then answers the record the first send wrote, which this claim recognizes by
 //!   its owner token and acquires with the fence in it.
 
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -173,21 +172,28 @@ pub(super) fn pipeline(
     // The layout of the claim script's `inflight` (see the parent module): not waited on.
     // Since: the estimated server time the fence is made of, in ms.
     // One buffer, sized once: a claim builds this for every call, replays included.
+    // Written part by part: `write!` costs a first call about 3,000 instructions here.
     let origin = &req.origin;
     let mut record =
-        String::with_capacity(150 + origin.tool.len() + origin.tenant.len() + origin.run.len());
-    let _ = write!(
-        record,
-        "{SCHEMA_VERSION}|f|{fence}|0|{lease_end_ms}|{}|{}|{}|",
-        req.fingerprint.as_str(),
-        owner.as_str(),
-        fence / 1000,
-    );
+        String::with_capacity(176 + origin.tool.len() + origin.tenant.len() + origin.run.len());
+    let mut number = itoa::Buffer::new();
+    for part in [SCHEMA_VERSION, "|f|", number.format(fence), "|0|"] {
+        record.push_str(part);
+    }
+    for part in [number.format(lease_end_ms), "|", req.fingerprint.as_str(), "|", owner.as_str()] {
+        record.push_str(part);
+    }
+    for part in ["|", number.format(fence / 1000), "|"] {
+        record.push_str(part);
+    }
     super::reply::write_origin(&mut record, origin);
     record.push('|');
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET").arg(record_key).arg(record).arg("NX").arg("GET");
-    pipe.cmd("GET").arg(counter_key);
+    let mut set = redis::Cmd::with_capacity(5, 16 + record_key.len() + record.len());
+    set.arg("SET").arg(record_key).arg(record).arg("NX").arg("GET");
+    let mut get = redis::Cmd::with_capacity(2, 8 + counter_key.len());
+    get.arg("GET").arg(counter_key);
+    let mut pipe = redis::Pipeline::with_capacity(2);
+    pipe.add_command(set).add_command(get);
     // Each reply on its own: a refused `SET` is read above, not a failure of the pipeline.
     pipe.ignore_errors();
     pipe

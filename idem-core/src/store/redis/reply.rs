@@ -151,9 +151,14 @@ pub(super) fn encode_origin(origin: &Origin<'_>) -> String {
 
 /// [`encode_origin`] appended to `out`.
 pub(super) fn write_origin(out: &mut String, origin: &Origin<'_>) {
-    use std::fmt::Write as _;
-    let esc = |s| utf8_percent_encode(s, ORIGIN_ESCAPED);
-    let _ = write!(out, "o{},{},{}", esc(origin.tool), esc(origin.tenant), esc(origin.run));
+    out.push('o');
+    for (i, part) in [origin.tool, origin.tenant, origin.run].into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // Each escaped piece is pushed as it comes: most origins need no escape at all.
+        out.extend(utf8_percent_encode(part, ORIGIN_ESCAPED));
+    }
 }
 
 /// Whether `field` is an origin [`decode_origin`] reads; without copying it (an origin without

@@ -84,37 +84,66 @@ impl Script {
 
     /// An invocation to which keys and arguments are added.
     pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
-        Invocation { script: self, keys: Vec::new(), args: Vec::new() }
+        Invocation {
+            script: self,
+            keys: Cmd::with_capacity(2, 160),
+            args: Cmd::with_capacity(8, 256),
+        }
     }
 }
 
-/// One call of a [`Script`]: its keys and arguments.
+/// One call of a [`Script`]: its keys and arguments, each packed into one buffer as the redis
+/// crate packs a command's (a [`Cmd`] used as a list of arguments): a completion adds two keys
+/// and six arguments, which as a `Vec` each cost two allocations apiece.
 pub(super) struct Invocation<'a> {
     script: &'a Script,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    keys: Cmd,
+    args: Cmd,
 }
 
 impl Invocation<'_> {
     pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        self.keys.extend(key.to_redis_args());
+        self.keys.arg(key);
         self
     }
 
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.args.extend(arg.to_redis_args());
+        self.args.arg(arg);
         self
     }
 
+    /// The first key: the one whose slot a cluster routes the invocation by.
+    fn first_key(&self) -> &[u8] {
+        match self.keys.args_iter().next() {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        }
+    }
+
     /// By the script's SHA-1 (`EVALSHA`), or with its text (`EVAL`, when the server's cache
-    /// lacks it).
+    /// lacks it). Sized once: a first call builds one for its completion.
     fn command(&self, by_hash: bool) -> Cmd {
-        let mut cmd = if by_hash {
-            redis::cmd("EVALSHA").arg(self.script.script.get_hash()).to_owned()
+        let (name, body) = if by_hash {
+            ("EVALSHA", self.script.script.get_hash())
         } else {
-            redis::cmd("EVAL").arg(&self.script.code).to_owned()
+            ("EVAL", self.script.code.as_str())
         };
-        cmd.arg(self.keys.len()).arg(&*self.keys).arg(&*self.args);
+        let (keys, args) = (self.keys.args_iter(), self.args.args_iter());
+        let size = |cmd: &Cmd| {
+            cmd.args_iter()
+                .map(|a| if let redis::Arg::Simple(a) = a { a.len() } else { 0 })
+                .sum::<usize>()
+        };
+        let mut cmd = Cmd::with_capacity(
+            3 + keys.len() + args.len(),
+            32 + body.len() + size(&self.keys) + size(&self.args),
+        );
+        cmd.arg(name).arg(body).arg(keys.len());
+        for arg in keys.chain(args) {
+            if let redis::Arg::Simple(arg) = arg {
+                cmd.arg(arg);
+            }
+        }
         cmd
     }
 
@@ -269,6 +298,29 @@ impl Cluster {
     }
 }
 
+/// What [`One::sent`] sends: a pipeline of `count` commands, or one command.
+#[derive(Clone, Copy)]
+enum Sending<'a> {
+    Pipeline(&'a Pipeline, usize),
+    One(&'a Cmd),
+}
+
+/// The replies of what [`One::sent`] sent.
+enum Sent {
+    Pipeline(Vec<Value>),
+    One(Value),
+}
+
+impl Sent {
+    /// The first reply, which says whether the server refused the writes.
+    fn first(&self) -> Option<&Value> {
+        match self {
+            Sent::Pipeline(replies) => replies.first(),
+            Sent::One(reply) => Some(reply),
+        }
+    }
+}
+
 /// One server's connection manager, replaced by a new connection when the server it reached
 /// answers `READONLY` (a master demoted to a replica in a failover: Sentinel, a managed Redis
 /// whose primary endpoint now names another node), or does not answer within the response
@@ -343,13 +395,36 @@ impl One {
     /// connects again and sends it again after a full-jitter pause, for [`REFUSED_FOR`] at
     /// most; then the refusal is the answer.
     async fn send(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        match self.sent(Sending::Pipeline(pipe, count)).await? {
+            Sent::Pipeline(replies) => Ok(replies),
+            Sent::One(reply) => Ok(vec![reply]),
+        }
+    }
+
+    /// [`One::send`] of one command, without a pipeline around it.
+    async fn send_one(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self.sent(Sending::One(cmd)).await? {
+            Sent::One(reply) => Ok(reply),
+            Sent::Pipeline(replies) => Ok(replies.into_iter().next().unwrap_or(Value::Nil)),
+        }
+    }
+
+    /// Sends `what` until the (first) reply is not `READONLY`.
+    async fn sent(&self, what: Sending<'_>) -> RedisResult<Sent> {
         let started = tokio::time::Instant::now();
         let mut pause = REFUSED_PAUSE.0;
         loop {
             let (generation, mut conn) = self.manager();
-            let sent = self.saw(generation, conn.req_packed_commands(pipe, 0, count).await);
+            let sent = match what {
+                Sending::Pipeline(pipe, count) => self
+                    .saw(generation, conn.req_packed_commands(pipe, 0, count).await)
+                    .map(Sent::Pipeline),
+                Sending::One(cmd) => {
+                    self.saw(generation, conn.req_packed_command(cmd).await).map(Sent::One)
+                }
+            };
             let refused = match &sent {
-                Ok(replies) => matches!(replies.first(), Some(Value::ServerError(e))
+                Ok(sent) => matches!(sent.first(), Some(Value::ServerError(e))
                     if e.kind() == Some(ServerErrorKind::ReadOnly)),
                 Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly),
             };
@@ -389,7 +464,21 @@ impl Conn {
             pipe
         };
         let count = if wait.is_some() { 2 } else { 1 };
-        let key = inv.keys.first().map(Vec::as_slice).unwrap_or_default();
+        let key = inv.first_key();
+        // Without `WAIT`, one server takes the script as a single command: no pipeline to
+        // build, encode and collect for each completion.
+        if let (Conn::One(one), None) = (self, wait) {
+            let mut reply = one.send_one(&inv.command(true)).await?;
+            if matches!(&reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+            {
+                reply = one.send_one(&inv.command(false)).await?;
+                if matches!(&reply, Value::ServerError(e) if super::reply::server_refused(e)) {
+                    self.command(&inv.load()).await?.extract_error()?;
+                    reply = one.send_one(&inv.command(true)).await?;
+                }
+            }
+            return Ok((reply.extract_error()?, None));
+        }
         let mut replies = self.pipeline(&pipe(true), count, key).await?;
         if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
         {
@@ -452,6 +541,7 @@ impl Conn {
         let mut get = redis::cmd("GET");
         get.arg(key);
         match self {
+            // A read: never refused as a write (`READONLY`), so no check for it.
             Conn::One(c) => {
                 let (generation, mut conn) = c.manager();
                 c.saw(generation, conn.req_packed_command(&get).await)
