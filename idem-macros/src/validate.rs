@@ -366,6 +366,19 @@ pub fn validate(
                                 ),
                             );
                         }
+                        // Lent to the body for one attempt: a `'static` borrow cannot be
+                        // given, and rustc would say so about the generated code's names.
+                        if let Type::Reference(r) = &*pt.ty
+                            && let Some(lifetime) =
+                                r.lifetime.as_ref().filter(|l| l.ident == "static")
+                        {
+                            errors.at(
+                                lifetime,
+                                format!(
+                                    "the context is lent to the tool for one attempt, not for `'static`: take it as `{ident}: &Ctx`, and copy what must outlive the attempt (`{ident}.key().to_owned()`)"
+                                ),
+                            );
+                        }
                         ctx = Some(ident);
                         continue;
                     }
