@@ -254,6 +254,19 @@ pub(super) fn error_result<E: Serialize + Display + Classify>(
         Error::OutputNotStorable { key, .. } => {
             ToolResult::error(kind, err.to_string(), Some(key_detail(key)))
         }
+        // A mistake in the application, which the model can neither fix nor get past by
+        // calling again, and whose advice (module paths, `#[tool(name = ..)]`) is for its
+        // developer: that goes to the log, the model is told what it can do.
+        Error::NameTaken { .. } => {
+            tracing::error!(tool = name, "{err}");
+            ToolResult::error(
+                kind,
+                format!(
+                    "`{name}` was not run: the application declares two different tools under this name, a mistake in the application, not in the arguments; calling it again fails the same way, so do not repeat it and tell the user this tool is unavailable"
+                ),
+                None,
+            )
+        }
         other => ToolResult::error(kind, other.to_string(), None),
     }
 }
