@@ -126,10 +126,15 @@ impl<const N: usize> DocText<N> {
     /// At `[` (index `open`): writes the link's text and returns the index after the link, or
     /// returns `open` when this is not rustdoc link markup (kept as written).
     const fn link(&mut self, src: &[u8], open: usize, end: usize, web: &WebDefinitions) -> usize {
-        let Some(close) = find(src, open + 1, end, b']') else { return open };
+        let Some(close) = closing_bracket(src, open + 1, end) else { return open };
         let after = close + 1;
         if open + 1 < close && src[open + 1] == b'^' {
             // A footnote reference: markdown, not a link to an item.
+            return open;
+        }
+        if holds_a_link(src, open + 1, close) {
+            // Links do not nest (CommonMark §6.3): the inner one is the link, read when the
+            // loop reaches it, and these brackets are text.
             return open;
         }
         if after < end && src[after] == b'(' {
@@ -166,6 +171,43 @@ impl<const N: usize> DocText<N> {
             open
         }
     }
+}
+
+/// The `]` that closes the `[` before `from`: brackets between them pair up (a link's text may
+/// hold `[1]`), a backslash escapes one.
+const fn closing_bracket(src: &[u8], from: usize, end: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = from;
+    while i < end {
+        match src[i] {
+            b'\\' => i += 1,
+            b'[' => depth += 1,
+            b']' if depth == 0 => return Some(i),
+            b']' => depth -= 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Whether `src[from..to]`, a link's text, holds a link itself: `[Item]`, `[text](target)` or
+/// `[text][label]`.
+const fn holds_a_link(src: &[u8], from: usize, to: usize) -> bool {
+    let mut i = from;
+    while i < to {
+        if src[i] == b'['
+            && can_open_link(src, i)
+            && let Some(close) = closing_bracket(src, i + 1, to)
+        {
+            let followed = close + 1 < to && (src[close + 1] == b'(' || src[close + 1] == b'[');
+            if followed || names_an_item(src, i + 1, close) {
+                return true;
+            }
+        }
+        i += 1;
+    }
+    false
 }
 
 /// `[` can open a link unless it follows a word or is escaped (`a[0]`, `\[`).
@@ -407,6 +449,14 @@ mod tests {
         assert_eq!(text!("See [`Ledger::post`][post]."), "See `Ledger::post`.");
         assert_eq!(text!("A [Charge] or [`Vec<u8>`]"), "A Charge or `Vec<u8>`");
         assert_eq!(text!("Uses [struct@Charge]"), "Uses Charge");
+    }
+
+    #[test]
+    fn a_link_text_may_hold_brackets_but_not_another_link() {
+        assert_eq!(text!("See [the [1] ledger](crate::Ledger)."), "See the [1] ledger.");
+        assert_eq!(text!("See [a [b, c] list](crate::List)."), "See a [b, c] list.");
+        // The inner link is the link (as rustdoc renders it); the outer brackets stay text.
+        assert_eq!(text!("See [the [`Ledger`] docs](x)."), "See [the `Ledger` docs](x).");
     }
 
     #[test]
