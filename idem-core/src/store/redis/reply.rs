@@ -66,8 +66,8 @@ fn malformed(record: &str, version: &str, what: &str) -> StoreError {
 
 /// Reads a record of this version, or of version 2 (no since, no origin: they read as unknown).
 /// `record` names it in errors. The record is checked as UTF-8 once, whole (the payload is JSON
-/// text, every other field ASCII); its fields are then found with `str`'s byte search, which a
-/// replay pays for each record it reads.
+/// text, every other field ASCII), then split at its separators; a replay pays this for each
+/// record it reads.
 pub(super) fn parse<'a>(record: &str, raw: &'a [u8]) -> Result<Parsed<'a>, StoreError> {
     let version = raw.split(|&b| b == b'|').next().unwrap_or_default();
     let (version, count): (&'static str, usize) = if version == SCHEMA_VERSION.as_bytes() {

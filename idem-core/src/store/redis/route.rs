@@ -86,7 +86,8 @@ impl Script {
     pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
         Invocation {
             script: self,
-            keys: Cmd::with_capacity(2, 160),
+            // Two keys of about a hundred bytes each (prefix, `{key}`, suffix).
+            keys: Cmd::with_capacity(2, 256),
             args: Cmd::with_capacity(8, 256),
         }
     }
