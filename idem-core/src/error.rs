@@ -261,7 +261,9 @@ pub enum Error<E> {
     /// from their fn ([`Tool::declared_at`](crate::Tool::declared_at)): the name is part of
     /// every key, so each would be answered with the other's stored results. Nothing ran. Give one of them a name
     /// of its own (`#[tool(name = "..")]`), or, when one is the other rewritten, give it this
-    /// name (`name = "<this name>"`) to say so.
+    /// name (`name = "<this name>"`) to say so. Through a [`ToolSet`](crate::ToolSet) the model
+    /// reads only that the tool is unavailable and that a repeat fails the same way; this text,
+    /// which is for the application's developer, goes to the log (`tracing`, error level).
     #[error(
         "tool `{tool}` was not called: the name `{tool}` is already held in this Idem by another tool, {held_by}; this one is {declared_at}. A tool's name is part of every key, so the two would replay each other's results: give one of them a name of its own with #[tool(name = \"..\")], or, if this one replaces the other, write #[tool(name = \"{tool}\")] on it to share its keys"
     )]
