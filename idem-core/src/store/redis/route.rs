@@ -454,41 +454,15 @@ impl Conn {
         inv: &Invocation<'_>,
         wait: Option<Replicas>,
     ) -> RedisResult<(Value, Option<i64>)> {
-        let pipe = |by_hash: bool| {
-            let mut pipe = redis::pipe();
-            pipe.add_command(inv.command(by_hash));
-            if let Some(w) = wait {
-                // At least 1 ms: `WAIT n 0` would wait for ever (a zero timeout is refused when
-                // the store opens; one under a millisecond would round to 0).
-                pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout).max(1));
-            }
-            pipe
-        };
-        let count = if wait.is_some() { 2 } else { 1 };
-        let key = inv.first_key();
-        // Without `WAIT`, one server takes the script as a single command: no pipeline to
-        // build, encode and collect for each completion.
-        if let (Conn::One(one), None) = (self, wait) {
-            let mut reply = one.send_one(&inv.command(true)).await?;
-            if matches!(&reply, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
-            {
-                reply = one.send_one(&inv.command(false)).await?;
-                if matches!(&reply, Value::ServerError(e) if super::reply::server_refused(e)) {
-                    self.command(&inv.load()).await?.extract_error()?;
-                    reply = one.send_one(&inv.command(true)).await?;
-                }
-            }
-            return Ok((reply.extract_error()?, None));
-        }
-        let mut replies = self.pipeline(&pipe(true), count, key).await?;
+        let mut replies = self.send_script(inv, wait, true).await?;
         if matches!(replies.first(), Some(Value::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript))
         {
-            replies = self.pipeline(&pipe(false), count, key).await?;
+            replies = self.send_script(inv, wait, false).await?;
             // An ACL user allowed `SCRIPT LOAD` and `EVALSHA` but not `EVAL`.
             if matches!(replies.first(), Some(Value::ServerError(e)) if super::reply::server_refused(e))
             {
                 self.command(&inv.load()).await?.extract_error()?;
-                replies = self.pipeline(&pipe(true), count, key).await?;
+                replies = self.send_script(inv, wait, true).await?;
             }
         }
         let mut replies = replies.into_iter();
@@ -501,6 +475,29 @@ impl Conn {
             }
         });
         Ok((reply, acks))
+    }
+
+    /// Sends the script (by hash, or with its text), and with `wait` then `WAIT`; the replies.
+    /// Without `WAIT` one server takes the script as a single command: no pipeline to build,
+    /// encode and collect for each completion.
+    async fn send_script(
+        &self,
+        inv: &Invocation<'_>,
+        wait: Option<Replicas>,
+        by_hash: bool,
+    ) -> RedisResult<Vec<Value>> {
+        if let (Conn::One(one), None) = (self, wait) {
+            return Ok(vec![one.send_one(&inv.command(by_hash)).await?]);
+        }
+        let mut pipe = Pipeline::with_capacity(2);
+        pipe.add_command(inv.command(by_hash));
+        if let Some(w) = wait {
+            // At least 1 ms: `WAIT n 0` would wait for ever (a zero timeout is refused when
+            // the store opens; one under a millisecond would round to 0).
+            pipe.cmd("WAIT").arg(w.count).arg(ms(w.timeout).max(1));
+        }
+        let count = if wait.is_some() { 2 } else { 1 };
+        self.pipeline(&pipe, count, inv.first_key()).await
     }
 
     /// Checks that the servers answer (on a cluster, one node of it).
