@@ -261,8 +261,8 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut adds = Vec::new();
     // Each tool's name, where it is written, and the conditions of its `#[cfg(..)]`s.
     let mut names: Vec<(String, Span, Vec<TokenStream>)> = Vec::new();
-    // The tools' methods, whose `<method>_tool` the expansion adds.
-    let mut tool_methods: Vec<String> = Vec::new();
+    // Each tool's value as a method, `<method>_tool`, which the expansion adds.
+    let mut factories: Vec<String> = Vec::new();
     let mut vis: Option<syn::Visibility> = None;
     // With whether the entry is a method left without its `cfg_attr`'s tool (below).
     let mut entries: std::collections::VecDeque<(Entry, bool)> =
@@ -397,13 +397,13 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 }
             }
             names.push((name, span, conditions));
-            tool_methods.push(ident.unraw().to_string());
-            let factory = format_ident!("{}_tool", ident.unraw());
+            let factory_ident = format_ident!("{factory}", span = ident.span());
+            factories.push(factory);
             adds.push(quote! {
                 #(#cfg)*
                 // Names are checked above (valid, unique); an arguments schema no model API
                 // accepts is known only now: kept as the set's refusal, logged, and said on a call.
-                set.add_or_keep_refusal(Self::#factory(self));
+                set.add_or_keep_refusal(Self::#factory_ident(self));
             });
         }
     }
@@ -413,8 +413,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     );
     let vis = vis.unwrap_or(syn::Visibility::Inherited);
     let set_name = set_fn.unraw().to_string();
-    // A tool's `<method>_tool`, which the expansion adds too.
-    let factory_clash = tool_methods.iter().any(|m| format!("{m}_tool") == set_name);
+    let factory_clash = factories.contains(&set_name);
     let tool_set_fn = match defined.iter().find(|(name, _)| *name == set_name) {
         // The block's own `tool_set` is kept (its callers reach it), without the set's.
         Some((_, at)) => {
