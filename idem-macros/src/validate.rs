@@ -503,11 +503,11 @@ pub fn validate(
                 && tp.path.segments.last().is_some_and(|last| generated.iter().any(|g| last.ident == g)))
         };
         let output = match &sig.output {
-            syn::ReturnType::Type(_, ty) => Some((**ty).clone()),
+            syn::ReturnType::Type(_, ty) => Some((&**ty, false)),
             syn::ReturnType::Default => None,
         };
         let typed = params.iter().filter(|p| !p.flatten).map(|p| (&p.ty, true));
-        for (ty, is_param) in typed.chain(output.iter().map(|ty| (ty, false))) {
+        for (ty, is_param) in typed.chain(output) {
             let mut clash = None;
             visit_types(ty, &mut |t| {
                 if named(t) {
