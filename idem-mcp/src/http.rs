@@ -237,12 +237,20 @@ struct Note {
 struct Notes {
     keep_alive: Option<std::time::Duration>,
     idle: idle::Idle,
-    map: Arc<std::sync::Mutex<std::collections::HashMap<String, Note>>>,
+    map: Arc<NoteMap>,
+}
+
+/// The map of [`Notes`].
+type NoteMap = std::sync::Mutex<std::collections::HashMap<String, Note>>;
+
+/// Locks the notes' map (one that a panic left locked is still read).
+fn lock_notes(map: &NoteMap) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Note>> {
+    map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Notes {
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Note>> {
-        self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock_notes(&self.map)
     }
 
     /// Notes `session` with `noted` (now its last use).
@@ -1079,7 +1087,7 @@ where
             move |session: &str| {
                 late::forget(&kept, session);
                 if let Some(notes) = notes.upgrade() {
-                    notes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(session);
+                    lock_notes(&notes).remove(session);
                 }
             }
         });
@@ -2479,9 +2487,7 @@ mod tests {
         let other = post(&mut server, "bob", Some(&session), list()).await;
         assert_eq!(other.status(), http::StatusCode::NOT_FOUND);
         // Its notes stay (its protocol version), its owner is gone.
-        if let Some(note) = server.owners.notes.lock().get_mut(&session) {
-            note.owner = None;
-        }
+        server.owners.notes.lock().get_mut(&session).expect("the session is noted").owner = None;
         for user in ["bob", "alice"] {
             let answer = post(&mut server, user, Some(&session), list()).await;
             assert_eq!(answer.status(), http::StatusCode::NOT_FOUND, "{user}");
