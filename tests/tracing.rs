@@ -246,3 +246,68 @@ async fn a_run_with_an_empty_id_is_a_warning() {
     assert_eq!(warnings.len(), 4, "one for each empty or blank id: {warnings:?}");
     assert!(warnings.iter().all(|w| w.contains("empty id")), "{warnings:?}");
 }
+
+/// A tool that takes its name, `get`, from its fn, declared at `at` (as `#[tool]` writes it).
+struct Get {
+    at: &'static str,
+    runs: &'static AtomicUsize,
+}
+
+static GET: ToolDef =
+    ToolDef { name: "get", description: "", class: RetryClass::Keyed, options: ToolOptions::NONE };
+
+impl Tool for Get {
+    type Args = Args;
+    type Output = String;
+    type Error = Reset;
+    fn def(&self) -> &'static ToolDef {
+        &GET
+    }
+    fn declared_at(&self) -> &'static str {
+        self.at
+    }
+    fn run(&self, _cx: &Ctx, args: Args) -> impl Future<Output = Result<String, Reset>> + Send {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(format!("{} {}", self.at, args.customer)))
+    }
+}
+
+/// A second declaration under a name another holds, called through a tool set: the model reads
+/// what it can do (not repeat the call), not the developer's advice (module paths,
+/// `#[tool(name = ..)]`), which goes to the log at error level naming both declarations.
+#[tokio::test]
+async fn a_name_taken_through_a_tool_set_tells_the_model_not_to_repeat_it_and_logs_why() {
+    static USERS_RUNS: AtomicUsize = AtomicUsize::new(0);
+    static ORDERS_RUNS: AtomicUsize = AtomicUsize::new(0);
+    let spans = spans::Spans::default();
+    let _guard = spans.install();
+    let run = Idem::in_memory().run("same-name-set");
+    let users = Get { at: "app::users::get", runs: &USERS_RUNS };
+    let orders = Get { at: "app::orders::get", runs: &ORDERS_RUNS };
+    let users_set = idem_core::ToolSet::new().with(users).unwrap();
+    let orders_set = idem_core::ToolSet::new().with(orders).unwrap();
+    let args = serde_json::json!({ "customer": "cus_7", "amount_cents": 1 });
+    let first = users_set.call(&run, "get", &args).await;
+    assert_eq!(first.text, "app::users::get cus_7", "{first:?}");
+    let refused = orders_set.call(&run, "get", &args).await;
+    assert!(refused.is_error, "{refused:?}");
+    assert_eq!(refused.error_kind.map(|k| k.as_str()), Some("tool_name_taken"));
+    assert!(refused.text.contains("do not repeat it"), "{}", refused.text);
+    for internal in ["app::", "#[tool"] {
+        assert!(!refused.text.contains(internal), "{}", refused.text);
+    }
+    assert_eq!(ORDERS_RUNS.load(Ordering::SeqCst), 0, "the body never ran");
+    assert_eq!(USERS_RUNS.load(Ordering::SeqCst), 1);
+    let errors: Vec<String> = spans
+        .1
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::ERROR)
+        .map(|(_, fields)| format!("{fields:?}"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    for logged in ["app::users::get", "app::orders::get", "#[tool(name ="] {
+        assert!(errors[0].contains(logged), "{logged}: {errors:?}");
+    }
+}
