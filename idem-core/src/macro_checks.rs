@@ -39,11 +39,20 @@ pub struct Checking<T>(pub T);
 
 /// One requirement: a marker trait with its message and a check trait whose method applies
 /// only when the requirement holds.
+/// With `contained`, a second note says what to do when the type is a standard container
+/// (rustc names `Vec<Customer>`, not the `Customer` that lacks the trait).
 macro_rules! requirement {
     ($(#[$doc:meta])* $marker:ident, $check:ident, $method:ident, [$($bound:tt)*],
-     $message:literal, $label:literal, $note:literal) => {
+     $message:literal, $label:literal, $note:literal, contained) => {
+        requirement!(
+            $(#[$doc])* $marker, $check, $method, [$($bound)*], $message, $label, $note,
+            "for a standard container such as `Vec<X>` or `Option<X>`, the type it holds needs the trait: derive it there"
+        );
+    };
+    ($(#[$doc:meta])* $marker:ident, $check:ident, $method:ident, [$($bound:tt)*],
+     $message:literal, $label:literal, $($note:literal),+) => {
         $(#[$doc])*
-        #[diagnostic::on_unimplemented(message = $message, label = $label, note = $note)]
+        #[diagnostic::on_unimplemented(message = $message, label = $label, $(note = $note),+)]
         pub trait $marker<T> {}
 
         #[diagnostic::do_not_recommend]
@@ -66,28 +75,32 @@ requirement!(
     ArgJsonSchema, CheckArgJsonSchema, __idem_arg_json_schema, [JsonSchema],
     "`{T}` cannot be a tool argument: it does not implement `schemars::JsonSchema`",
     "the model is shown each argument's JSON Schema",
-    "derive `schemars::JsonSchema` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds) with schemars 1 (`schemars = \"1\"` in Cargo.toml: the derive of schemars 0.8 implements another trait); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`"
+    "derive `schemars::JsonSchema` for `{T}` with schemars 1 (`schemars = \"1\"` in Cargo.toml: the derive of schemars 0.8 implements another trait); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync. idem's context is not an argument: take it as `cx: &Ctx`",
+    contained
 );
 requirement!(
     /// A tool argument is part of the call's intent, serialized into its idempotency key.
     ArgSerialize, CheckArgSerialize, __idem_arg_serialize, [Serialize],
     "`{T}` cannot be a tool argument: it does not implement `serde::Serialize`",
     "each argument is serialized into the call's idempotency key (its canonical JSON)",
-    "derive `serde::Serialize` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds; `Arc<str>` and `Rc<T>` need serde's `rc` feature); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `serde::Serialize` for `{T}` (`Arc<str>` and `Rc<T>` need serde's `rc` feature); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
+    contained
 );
 requirement!(
     /// A tool argument is read from the model's JSON.
     ArgDeserialize, CheckArgDeserialize, __idem_arg_deserialize, [DeserializeOwned],
     "`{T}` cannot be a tool argument: it does not implement `serde::Deserialize` (owned)",
     "the model sends each argument as JSON",
-    "derive `serde::Deserialize` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds; an owned type: `String`, not `&str`); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `serde::Deserialize` for `{T}` (an owned type: `String`, not `&str`); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
+    contained
 );
 requirement!(
     /// A tool argument is cloned for every attempt.
     ArgClone, CheckArgClone, __idem_arg_clone, [Clone],
     "`{T}` cannot be a tool argument: it does not implement `Clone`",
     "every attempt of a retried call gets its own copy of the arguments",
-    "derive `Clone` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds); a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync"
+    "derive `Clone` for `{T}`; a tool argument must be Serialize, Deserialize, JsonSchema, Clone, Send and Sync",
+    contained
 );
 requirement!(
     /// A tool argument moves between threads with the call.
@@ -101,14 +114,16 @@ requirement!(
     OutputSerialize, CheckOutputSerialize, __idem_output_serialize, [Serialize],
     "`{T}` cannot be stored and replayed: a tool's success type must implement `serde::Serialize`",
     "the result is stored as JSON and replayed to every repeat of the call",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds)"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`",
+    contained
 );
 requirement!(
     /// A tool's success value is read back for every replay.
     OutputDeserialize, CheckOutputDeserialize, __idem_output_deserialize, [DeserializeOwned],
     "`{T}` cannot be stored and replayed: a tool's success type must implement `serde::Deserialize`",
     "the result is stored as JSON and replayed to every repeat of the call",
-    "derive `serde::Serialize` and `serde::Deserialize` for `{T}` (or, for a standard container such as `Vec<X>` or `Option<X>`, for the type it holds)"
+    "derive `serde::Serialize` and `serde::Deserialize` for `{T}`",
+    contained
 );
 requirement!(
     /// A tool's success value is handed to callers on any thread.
