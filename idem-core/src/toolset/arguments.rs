@@ -140,6 +140,16 @@ fn too_many_repairs(tool: &str) -> String {
 /// repairs stopped at (none for the first, which the caller has); [`Repaired::TooMany`] past
 /// the limit.
 ///
+/// serde reads some parts whole before it types what they hold (an internally tagged enum, the
+/// object of a `#[serde(flatten)]` field), and its refusal there names the part, not the number.
+/// Inside such a part, the first number (in the text's order; in a parsed value, its maps'
+/// order) written with a fraction or an exponent whose value is the refused one is read as the integer: an `f64` or a `Value` in
+/// that part holding the same number may take the integer instead, which changes nothing an
+/// `f64` reads nor the key (RFC 8785 writes `5.0` and `5` alike), and the next read refuses the
+/// number again if it was not the one. An untagged enum that no variant matched names no
+/// number: its whole numbers are read as integers one at a time until a variant matches (or
+/// none is left, and the enum's refusal stands).
+///
 /// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
 /// though their doubles are), and the integer is exact at any width a parameter holds.
 fn repaired_text<A: DeserializeOwned>(
@@ -156,10 +166,14 @@ fn repaired_text<A: DeserializeOwned>(
     let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>, text: &str| {
         Repaired::Refused(latest.as_ref().map(|e| text_field_error::<A>(tool, text, e)))
     };
+    let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
         // with a syntax error whose path is unknown: its position names the number instead.
         let range = match token_at(&text, &path) {
+            Some((start, end)) if text[start..end].starts_with(['{', '[']) => {
+                Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
+            }
             Some(range) => Some(range),
             None if inner == serde_json::error::Category::Syntax => number_at(&text, at),
             None => None,
@@ -180,6 +194,7 @@ fn repaired_text<A: DeserializeOwned>(
             Err(e) => {
                 (path, inner) = (e.path().clone(), e.inner().classify());
                 at = (e.inner().line(), e.inner().column());
+                said = e.inner().to_string();
                 latest = Some(e);
             }
         }
@@ -216,8 +231,14 @@ fn repaired_value<A: DeserializeOwned>(
     let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>| {
         Repaired::Refused(latest.as_ref().map(|e| field_error(tool, e)))
     };
+    let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
-        let Some(target) = value_at(&mut value, &path) else { return refused(&latest) };
+        let Some(mut target) = value_at(&mut value, &path) else { return refused(&latest) };
+        if target.is_object() || target.is_array() {
+            let inside = Refused::of(&said).and_then(|r| float_in(target, r));
+            let Some(number) = inside else { return refused(&latest) };
+            target = number;
+        }
         let f = match target {
             Value::Number(n) if n.is_f64() => n.as_f64(),
             _ => None,
@@ -236,6 +257,7 @@ fn repaired_value<A: DeserializeOwned>(
             Ok(args) => return Repaired::Read(args),
             Err(e) => {
                 path = e.path().clone();
+                said = e.inner().to_string();
                 latest = Some(e);
             }
         }
@@ -282,6 +304,87 @@ fn value_at<'v>(value: &'v mut Value, path: &Path) -> Option<&'v mut Value> {
         };
     }
     Some(at)
+}
+
+/// Which number a refusal inside a part serde read whole was about.
+#[derive(Clone, Copy)]
+enum Refused {
+    /// "invalid type: floating point `5.0`, expected u64": the whole number 5.
+    Equal(f64),
+    /// "data did not match any variant of untagged enum ..": no number named, any whole one.
+    AnyWhole,
+}
+
+impl Refused {
+    /// From serde's words; `None` for any other refusal, and for a fraction.
+    fn of(said: &str) -> Option<Refused> {
+        if said.starts_with("data did not match any variant of untagged enum") {
+            return Some(Refused::AnyWhole);
+        }
+        let rest = said.strip_prefix("invalid type: floating point `")?;
+        let x: f64 = rest.split_once('`')?.0.parse().ok()?;
+        (x.is_finite() && x.fract() == 0.0).then_some(Refused::Equal(x))
+    }
+
+    /// Whether `f`, a whole number, may be the refused one.
+    fn is(self, f: f64) -> bool {
+        match self {
+            Refused::Equal(x) => f == x,
+            Refused::AnyWhole => true,
+        }
+    }
+}
+
+/// The first whole number in `value` (depth first, in the map's order) read as a float that may
+/// be the refused one.
+fn float_in(value: &mut Value, refused: Refused) -> Option<&mut Value> {
+    let whole = |n: &serde_json::Number| {
+        n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0).is_some_and(|f| refused.is(f))
+    };
+    if matches!(value, Value::Number(n) if whole(n)) {
+        return Some(value);
+    }
+    match value {
+        Value::Array(items) => items.iter_mut().find_map(|item| float_in(item, refused)),
+        Value::Object(members) => members.values_mut().find_map(|member| float_in(member, refused)),
+        _ => None,
+    }
+}
+
+/// The byte range of the first number token within `range` of `text` (valid JSON) that is a
+/// whole number not written as an integer and may be the refused one.
+fn float_token_in(
+    text: &str,
+    (start, end): (usize, usize),
+    refused: Refused,
+) -> Option<(usize, usize)> {
+    let bytes = &text.as_bytes()[..end];
+    let mut i = start;
+    while i < end {
+        match bytes[i] {
+            b'"' => {
+                // Past the string: its escapes hide no quote that ends it.
+                i += 1;
+                while i < end && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let from = i;
+                while i < end && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                let token = &text[from..i];
+                if integer_text(token).is_some() && token.parse().is_ok_and(|f| refused.is(f)) {
+                    return Some((from, i));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// The integer a JSON number token equals, written as an integer, when it is one and was not

@@ -1204,6 +1204,162 @@ async fn only_the_refused_number_is_read_as_an_integer() {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Payment {
+    Card { amount: u64, fee: f64, memo: Value },
+    Transfer { amount: u64 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Retries {
+    retries: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct TaggedArgs {
+    payment: Payment,
+    #[serde(flatten)]
+    retries: Retries,
+}
+
+/// serde reads an internally tagged enum, and a `#[serde(flatten)]` field's object, as a whole
+/// before it types the parts, and its refusal of `5.0` for an integer there names the enclosing
+/// field, not the number: the whole number inside that part equal to the refused one is read as
+/// the integer, by text and by value, with the key of the integers. A fraction is still refused,
+/// and an `f64` or a `Value` in the same part may take the integer (the same number, the same key).
+#[tokio::test]
+async fn a_whole_number_inside_a_tagged_enum_or_a_flattened_field_is_an_integer() {
+    fn pay(a: &TaggedArgs, _: u32) -> Result<Value, PayError> {
+        Ok(match &a.payment {
+            Payment::Card { amount, fee, memo } => {
+                json!(["card", amount, fee, memo, a.retries.retries])
+            }
+            Payment::Transfer { amount } => json!(["transfer", amount, a.retries.retries]),
+        })
+    }
+    let tool = fake("pay", RetryClass::Keyed, pay);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let plain = r#"{"payment": {"kind": "card", "amount": 5, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2}"#;
+    let first = set.call_text(&run, "pay", plain).await;
+    assert!(!first.is_error, "{}", first.text);
+    assert_eq!(first.content, json!(["card", 5, 0.5, {"n": 7.5}, 2]));
+    let key = first.report.as_ref().unwrap().key;
+    for text in [
+        r#"{"payment": {"kind": "card", "amount": 5.0, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2}"#,
+        r#"{"payment": {"kind": "card", "amount": 5e0, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2.0}"#,
+        r#"{"retries": 2e0, "payment": {"memo": {"n": 7.5}, "fee": 0.5, "amount": 500e-2, "kind": "card"}}"#,
+    ] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "pay", text).await, set.call(&run, "pay", &value).await] {
+            assert!(!r.is_error, "{text}: {}", r.text);
+            assert_eq!(r.content, json!(["card", 5, 0.5, {"n": 7.5}, 2]), "{text}");
+            assert_eq!(r.report.as_ref().unwrap().key, key, "{text}: the key of the integers");
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "every repeat replayed the first call");
+    // An `f64` and a `Value` in the same part holding the same number as the refused one: the
+    // call runs once more (a new intent), with the integer where the type needs one.
+    let text =
+        r#"{"payment": {"kind": "card", "fee": 9.0, "memo": [9.0], "amount": 9.0}, "retries": 1}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    let mut keys = Vec::new();
+    for r in [set.call_text(&run, "pay", text).await, set.call(&run, "pay", &value).await] {
+        assert!(!r.is_error, "{}", r.text);
+        let c = &r.content;
+        assert!(c[0] == "card" && c[1].is_u64() && c[1] == 9 && c[4] == 1, "{c}");
+        assert!(c[2].as_f64() == Some(9.0) && c[3][0].as_f64() == Some(9.0), "{c}");
+        keys.push(r.report.unwrap().key);
+    }
+    assert_eq!(keys[0], keys[1], "one intent, one key");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Refused as before: a fraction, a whole number beyond the type, a number for a string.
+    for (text, needle) in [
+        (
+            r#"{"payment": {"kind": "transfer", "amount": 5.5}, "retries": 1}"#,
+            "field `payment`: invalid type: floating point `5.5`, expected u64",
+        ),
+        (
+            r#"{"payment": {"kind": "transfer", "amount": 1}, "retries": 1.5}"#,
+            "invalid type: floating point `1.5`, expected u32",
+        ),
+        (
+            r#"{"payment": {"kind": "transfer", "amount": -1.0}, "retries": 1}"#,
+            "field `payment`: the number -1 is out of range for u64",
+        ),
+    ] {
+        for r in [
+            set.call_text(&run, "pay", text).await,
+            set.call(&run, "pay", &serde_json::from_str(text).unwrap()).await,
+        ] {
+            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "no refused call ran");
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+enum Recipient {
+    Account { account: u64 },
+    Named { name: String },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct SendArgs {
+    to: Recipient,
+    limit: Limit,
+}
+
+/// An untagged enum that no variant takes as sent names no number in its refusal: its whole
+/// numbers are read as integers until a variant takes it. One that a variant takes as sent
+/// (a float variant) keeps its float.
+#[tokio::test]
+async fn a_whole_number_inside_an_untagged_enum_no_variant_took_is_an_integer() {
+    fn send(a: &SendArgs, _: u32) -> Result<Value, PayError> {
+        let to = match &a.to {
+            Recipient::Account { account } => json!({ "account": account }),
+            Recipient::Named { name } => json!({ "name": name }),
+        };
+        let limit = match a.limit {
+            Limit::Count(n) => format!("count {n}"),
+            Limit::Fraction(f) => format!("fraction {f}"),
+        };
+        Ok(json!([to, limit]))
+    }
+    let tool = fake("send", RetryClass::Keyed, send);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let want = json!([{"account": 42}, "fraction 1"]);
+    let mut keys = Vec::new();
+    for text in
+        [r#"{"to": {"account": 42}, "limit": 1.0}"#, r#"{"to": {"account": 4.2e1}, "limit": 1.0}"#]
+    {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "send", text).await, set.call(&run, "send", &value).await] {
+            assert!(!r.is_error, "{text}: {}", r.text);
+            assert_eq!(r.content, want, "{text}");
+            keys.push(r.report.unwrap().key);
+        }
+    }
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one intent, one key: {keys:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let text = r#"{"to": {"account": 42.5}, "limit": 1}"#;
+    for r in [
+        set.call_text(&run, "send", text).await,
+        set.call(&run, "send", &serde_json::from_str(text).unwrap()).await,
+    ] {
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+        let needle = "field `to`: data did not match any variant of untagged enum Recipient";
+        assert!(r.text.contains(needle), "{} lacks {needle:?}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the refused call did not run");
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 struct Address {
     /// The street and number.
     street: String,
