@@ -1366,3 +1366,53 @@ async fn a_second_tool_under_a_name_another_tool_was_called_by_is_refused() {
     assert_eq!(users::lookup(&run, 1).await.unwrap(), "user-1");
     assert_eq!(users::LOOKUPS.load(Ordering::SeqCst), 0, "replayed");
 }
+
+static SETTLES: AtomicU32 = AtomicU32::new(0);
+
+/// Settles an order with a provider that never answers: every call ends with its outcome
+/// unknown, for an operator to resolve.
+#[tool(retry = "never")]
+async fn settle(order: String) -> Result<Charge, PayError> {
+    let _ = order;
+    SETTLES.fetch_add(1, Ordering::SeqCst);
+    std::future::pending().await
+}
+
+/// An operator's result (`idem resolve --happened`, written by hand or by a script that passes
+/// numbers through a float) may spell an integer `4900.0`: a replay reads it as the integer it
+/// equals, as a model's arguments are read. A fraction is still no integer: that replay fails,
+/// naming it.
+#[tokio::test(start_paused = true)]
+async fn an_operators_result_replays_a_whole_number_written_as_a_float_as_the_integer() {
+    use idem_core::store::{MemoryStore, Outcome, Resolution, Store};
+    let store = Arc::new(MemoryStore::new());
+    let run = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build().run("r1");
+    for (order, given, want) in [
+        ("ord_1", r#"{"id":"ch_op","amount_cents":4900.0}"#, Ok(4900)),
+        ("ord_2", r#"{"id":"ch_op","amount_cents":49e2}"#, Ok(4900)),
+        ("ord_3", r#"{"id":"ch_op","amount_cents":4900.5}"#, Err("floating point `4900.5`")),
+    ] {
+        let first = settle(&run, order.into());
+        assert!(tokio::time::timeout(Duration::from_millis(10), first).await.is_err());
+        // Past the owner's lease: a never tool's record is not run again but reported unknown.
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let Err(Error::OutcomeUnknown { key, .. }) = settle(&run, order.into()).await else {
+            panic!("{order}: the outcome is unknown");
+        };
+        let info = store.inspect(&key).await.unwrap().expect("the record");
+        let outcome = Outcome::Success(given.into());
+        let happened = Resolution::Happened { outcome, ttl: Duration::from_secs(600) };
+        store.resolve(&key, info.fence, &happened).await.expect("resolve");
+        let replayed = settle(&run, order.into()).await;
+        match (replayed, want) {
+            (Ok(charge), Ok(cents)) => {
+                assert_eq!(charge, Charge { id: "ch_op".into(), amount_cents: cents }, "{order}");
+            }
+            (Err(Error::ReplayFailed { reason, .. }), Err(needle)) => {
+                assert!(reason.contains(needle), "{order}: {reason}");
+            }
+            (got, _) => panic!("{order}: {got:?}"),
+        }
+    }
+    assert_eq!(SETTLES.load(Ordering::SeqCst), 3, "each order's body ran once, never again");
+}

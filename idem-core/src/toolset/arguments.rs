@@ -202,6 +202,20 @@ fn repaired_text<A: DeserializeOwned>(
     Repaired::Refused(None)
 }
 
+/// `text` read as `A` with its whole numbers written as floats (`5.0`, `1e3`) read as the
+/// integers they equal where `A` refused them, as for a model's arguments (see
+/// [`repaired_text`]); `None` when `A` reads `text` as it is, or refuses it for another reason.
+/// For JSON that did not come from serde: a result an operator gave (`idem resolve
+/// --happened`), read back when a call replays it.
+pub(crate) fn with_whole_numbers_as_integers<A: DeserializeOwned>(text: &str) -> Option<A> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let first = serde_path_to_error::deserialize::<_, A>(&mut de).err()?;
+    match repaired_text("", text, &first) {
+        Repaired::Read(read) => Some(read),
+        Repaired::Refused(_) | Repaired::TooMany => None,
+    }
+}
+
 /// The byte range of the number token around serde_json's error position (one-based line and
 /// column, the column in bytes).
 fn number_at(text: &str, (line, column): (usize, usize)) -> Option<(usize, usize)> {

@@ -27,7 +27,7 @@
 //! Responses, Anthropic, Gemini, MCP).
 
 mod anthropic;
-mod arguments;
+pub(crate) mod arguments;
 mod gemini;
 mod mcp;
 mod openai;
