@@ -1157,6 +1157,28 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Calls `tool` with each of `texts` as text and as a parsed value: every call answers `want`,
+/// all under one key, which is returned.
+async fn one_key_for(
+    set: &ToolSet,
+    run: &crate::Run,
+    tool: &str,
+    texts: &[&str],
+    want: &Value,
+) -> Key {
+    let mut keys = Vec::new();
+    for text in texts {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(run, tool, text).await, set.call(run, tool, &value).await] {
+            assert!(!r.is_error, "{text}: {}", r.text);
+            assert_eq!(&r.content, want, "{text}");
+            keys.push(r.report.expect("a report").key);
+        }
+    }
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one intent, one key: {keys:?}");
+    keys[0]
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 enum Limit {
@@ -1191,16 +1213,7 @@ async fn only_the_refused_number_is_read_as_an_integer() {
     let plain = r#"{"limit": 1.0, "page": 2, "scale": -0.0, "filter": {"price": 5.0}}"#;
     let spelled = r#"{"limit": 1.0, "page": 2.0, "scale": -0.0, "filter": {"price": 5.0}}"#;
     let want = json!(["fraction 1", 2, true, r#"{"price":5.0}"#]);
-    let mut keys = Vec::new();
-    for text in [plain, spelled] {
-        let value: Value = serde_json::from_str(text).unwrap();
-        for r in [set.call_text(&run, "page", text).await, set.call(&run, "page", &value).await] {
-            assert!(!r.is_error, "{text}: {}", r.text);
-            assert_eq!(r.content, want, "{text}");
-            keys.push(r.report.unwrap().key);
-        }
-    }
-    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one intent, one key: {keys:?}");
+    one_key_for(&set, &run, "page", &[plain, spelled], &want).await;
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -1241,23 +1254,14 @@ async fn a_whole_number_inside_a_tagged_enum_or_a_flattened_field_is_an_integer(
     let runs = tool.runs.clone();
     let run = Idem::in_memory().run("r");
     let set = ToolSet::new().with(tool).unwrap();
-    let plain = r#"{"payment": {"kind": "card", "amount": 5, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2}"#;
-    let first = set.call_text(&run, "pay", plain).await;
-    assert!(!first.is_error, "{}", first.text);
-    assert_eq!(first.content, json!(["card", 5, 0.5, {"n": 7.5}, 2]));
-    let key = first.report.as_ref().unwrap().key;
-    for text in [
+    let spellings = [
+        r#"{"payment": {"kind": "card", "amount": 5, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2}"#,
         r#"{"payment": {"kind": "card", "amount": 5.0, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2}"#,
         r#"{"payment": {"kind": "card", "amount": 5e0, "fee": 0.5, "memo": {"n": 7.5}}, "retries": 2.0}"#,
         r#"{"retries": 2e0, "payment": {"memo": {"n": 7.5}, "fee": 0.5, "amount": 500e-2, "kind": "card"}}"#,
-    ] {
-        let value: Value = serde_json::from_str(text).unwrap();
-        for r in [set.call_text(&run, "pay", text).await, set.call(&run, "pay", &value).await] {
-            assert!(!r.is_error, "{text}: {}", r.text);
-            assert_eq!(r.content, json!(["card", 5, 0.5, {"n": 7.5}, 2]), "{text}");
-            assert_eq!(r.report.as_ref().unwrap().key, key, "{text}: the key of the integers");
-        }
-    }
+    ];
+    let want = json!(["card", 5, 0.5, {"n": 7.5}, 2]);
+    one_key_for(&set, &run, "pay", &spellings, &want).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1, "every repeat replayed the first call");
     // Digits inside a string are text, whatever its escapes: the number after it is read.
     let text = r#"{"payment": {"kind": "card", "memo": "5.0 \"5.0\" \\", "fee": 0.5, "amount": 5.0}, "retries": 2}"#;
@@ -1339,18 +1343,9 @@ async fn a_whole_number_inside_an_untagged_enum_no_variant_took_is_an_integer() 
     let run = Idem::in_memory().run("r");
     let set = ToolSet::new().with(tool).unwrap();
     let want = json!([{"account": 42}, "fraction 1"]);
-    let mut keys = Vec::new();
-    for text in
-        [r#"{"to": {"account": 42}, "limit": 1.0}"#, r#"{"to": {"account": 4.2e1}, "limit": 1.0}"#]
-    {
-        let value: Value = serde_json::from_str(text).unwrap();
-        for r in [set.call_text(&run, "send", text).await, set.call(&run, "send", &value).await] {
-            assert!(!r.is_error, "{text}: {}", r.text);
-            assert_eq!(r.content, want, "{text}");
-            keys.push(r.report.unwrap().key);
-        }
-    }
-    assert!(keys.windows(2).all(|w| w[0] == w[1]), "one intent, one key: {keys:?}");
+    let spellings =
+        [r#"{"to": {"account": 42}, "limit": 1.0}"#, r#"{"to": {"account": 4.2e1}, "limit": 1.0}"#];
+    one_key_for(&set, &run, "send", &spellings, &want).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let text = r#"{"to": {"account": 42.5}, "limit": 1}"#;
     for r in [
