@@ -143,12 +143,16 @@ fn too_many_repairs(tool: &str) -> String {
 /// serde reads some parts whole before it types what they hold (an internally tagged enum, the
 /// object of a `#[serde(flatten)]` field), and its refusal there names the part, not the number.
 /// Inside such a part, the first number (in the text's order; in a parsed value, its maps'
-/// order) written with a fraction or an exponent whose value is the refused one is read as the integer: an `f64` or a `Value` in
-/// that part holding the same number may take the integer instead, which changes nothing an
-/// `f64` reads nor the key (RFC 8785 writes `5.0` and `5` alike), and the next read refuses the
-/// number again if it was not the one. An untagged enum that no variant matched names no
-/// number: its whole numbers are read as integers one at a time until a variant matches (or
-/// none is left, and the enum's refusal stands).
+/// order) written with a fraction or an exponent that equals the refused one, zero's sign
+/// included, is read as the integer, and the next read refuses the number again if it was not
+/// the one. serde's refusal does not say which it was, so another float of that part holding
+/// the same number (an `f64`, a `Value`, an untagged enum's float variant) may take the integer
+/// first: the key is the same (RFC 8785 writes `5.0` and `5` alike), an `f64` reads the same
+/// number, a `Value` holds `5` and the untagged enum its integer variant. An untagged enum that
+/// no variant matched names no number: its whole numbers are read as integers one at a time
+/// until a variant matches, or none is left (or [`MAX_REPAIRS`] were), and the enum's refusal
+/// stands. A float refused where no integer is expected (a string, a boolean) is not touched,
+/// so the refusal quotes what was sent.
 ///
 /// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
 /// though their doubles are), and the integer is exact at any width a parameter holds.
@@ -168,11 +172,17 @@ fn repaired_text<A: DeserializeOwned>(
     };
     let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
+        if !may_want_an_integer(&said) {
+            return refused(&latest, &text);
+        }
+        let mut untagged = false;
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
         // with a syntax error whose path is unknown: its position names the number instead.
         let range = match token_at(&text, &path) {
             Some((start, end)) if text[start..end].starts_with(['{', '[']) => {
-                Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
+                let refusal = Refused::of(&said);
+                untagged = matches!(refusal, Some(Refused::AnyWhole));
+                refusal.and_then(|r| float_token_in(&text, (start, end), r))
             }
             Some(range) => Some(range),
             None if inner == serde_json::error::Category::Syntax => number_at(&text, at),
@@ -183,7 +193,9 @@ fn repaired_text<A: DeserializeOwned>(
             return refused(&latest, &text);
         };
         if repairs == MAX_REPAIRS {
-            return Repaired::TooMany;
+            // An untagged enum's refusal names no number: more whole numbers than the limit
+            // says nothing about what it refused, which its own words still say.
+            return if untagged { refused(&latest, &text) } else { Repaired::TooMany };
         }
         text.replace_range(start..end, &integer);
         let mut de = serde_json::Deserializer::from_str(&text);
@@ -247,10 +259,17 @@ fn repaired_value<A: DeserializeOwned>(
     };
     let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
+        if !may_want_an_integer(&said) {
+            return refused(&latest);
+        }
         let Some(mut target) = value_at(&mut value, &path) else { return refused(&latest) };
+        let mut untagged = false;
         if target.is_object() || target.is_array() {
-            let inside = Refused::of(&said).and_then(|r| float_in(target, r));
-            let Some(number) = inside else { return refused(&latest) };
+            let refusal = Refused::of(&said);
+            untagged = matches!(refusal, Some(Refused::AnyWhole));
+            let Some(number) = refusal.and_then(|r| float_in(target, r)) else {
+                return refused(&latest);
+            };
             target = number;
         }
         let f = match target {
@@ -261,7 +280,7 @@ fn repaired_value<A: DeserializeOwned>(
             return refused(&latest);
         };
         if repairs == MAX_REPAIRS {
-            return Repaired::TooMany;
+            return if untagged { refused(&latest) } else { Repaired::TooMany };
         }
         // Exact: a whole double below 2^53 converts without rounding.
         #[allow(clippy::cast_possible_truncation)]
@@ -340,13 +359,25 @@ impl Refused {
         (x.is_finite() && x.fract() == 0.0).then_some(Refused::Equal(x))
     }
 
-    /// Whether `f`, a whole number, may be the refused one.
+    /// Whether `f`, a whole number, may be the refused one. A zero's sign counts: serde names
+    /// `-0.0` as such, and an `f64` beside it holding the other zero keeps its own.
     fn is(self, f: f64) -> bool {
         match self {
-            Refused::Equal(x) => f == x,
+            Refused::Equal(x) => f == x && f.is_sign_negative() == x.is_sign_negative(),
             Refused::AnyWhole => true,
         }
     }
+}
+
+/// Whether a refusal may be of a whole number where an integer was expected: not when serde
+/// says it refused a float and expected something else ("invalid type: floating point `5.0`,
+/// expected a string"), which a repair would only make it say of a number the client did not
+/// send ("integer `5`").
+fn may_want_an_integer(said: &str) -> bool {
+    let Some(rest) = said.strip_prefix("invalid type: floating point `") else { return true };
+    let Some((_, expected)) = rest.split_once("`, expected ") else { return true };
+    let words = expected.split(|c: char| !c.is_ascii_alphanumeric());
+    words.into_iter().any(|w| w == "integer" || INTEGER_TYPES.iter().any(|(name, ..)| *name == w))
 }
 
 /// The first whole number in `value` (depth first, in the map's order) read as a float that may

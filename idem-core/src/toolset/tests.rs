@@ -1157,6 +1157,18 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// Calls `tool` with each case's text, as text and as a parsed value: each is refused as
+/// invalid arguments, saying the case's needle.
+async fn refused_saying(set: &ToolSet, run: &crate::Run, tool: &str, cases: &[(&str, &str)]) {
+    for (text, needle) in cases {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(run, tool, text).await, set.call(run, tool, &value).await] {
+            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
+        }
+    }
+}
+
 /// Calls `tool` with each of `texts` as text and as a parsed value: every call answers `want`,
 /// all under one key, which is returned.
 async fn one_key_for(
@@ -1283,8 +1295,18 @@ async fn a_whole_number_inside_a_tagged_enum_or_a_flattened_field_is_an_integer(
     }
     assert_eq!(keys[0], keys[1], "one intent, one key");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // Zeros: the refused `0.0` is the integer; an `f64` before it holding `-0.0` keeps its sign.
+    let text =
+        r#"{"payment": {"kind": "card", "fee": -0.0, "memo": null, "amount": 0.0}, "retries": 1}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    for r in [set.call_text(&run, "pay", text).await, set.call(&run, "pay", &value).await] {
+        let c = &r.content;
+        assert!(c[1].is_u64() && c[1] == 0, "{}", r.text);
+        assert!(c[2].as_f64().is_some_and(|f| f == 0.0 && f.is_sign_negative()), "{c}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
     // Refused as before: a fraction, a whole number beyond the type, a number for a string.
-    for (text, needle) in [
+    let cases = [
         (
             r#"{"payment": {"kind": "transfer", "amount": 5.5}, "retries": 1}"#,
             "field `payment`: invalid type: floating point `5.5`, expected u64",
@@ -1297,16 +1319,9 @@ async fn a_whole_number_inside_a_tagged_enum_or_a_flattened_field_is_an_integer(
             r#"{"payment": {"kind": "transfer", "amount": -1.0}, "retries": 1}"#,
             "field `payment`: the number -1 is out of range for u64",
         ),
-    ] {
-        for r in [
-            set.call_text(&run, "pay", text).await,
-            set.call(&run, "pay", &serde_json::from_str(text).unwrap()).await,
-        ] {
-            assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
-            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
-        }
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "no refused call ran");
+    ];
+    refused_saying(&set, &run, "pay", &cases).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "no refused call ran");
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
@@ -1356,7 +1371,56 @@ async fn a_whole_number_inside_an_untagged_enum_no_variant_took_is_an_integer() 
         let needle = "field `to`: data did not match any variant of untagged enum Recipient";
         assert!(r.text.contains(needle), "{} lacks {needle:?}", r.text);
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the refused call did not run");
+    // Refused for another reason (no variant takes a name that is not a string), with more whole
+    // numbers than the repairs' limit beside it: the enum's own refusal, not the limit's.
+    let floats: Vec<String> = (0..70).map(|i| format!(r#""x{i}": {i}.0"#)).collect();
+    let text = format!(r#"{{"to": {{"name": true, {}}}, "limit": 1}}"#, floats.join(", "));
+    for r in [
+        set.call_text(&run, "send", &text).await,
+        set.call(&run, "send", &serde_json::from_str(&text).unwrap()).await,
+    ] {
+        let needle = "field `to`: data did not match any variant of untagged enum Recipient";
+        assert!(r.text.contains(needle), "{} lacks {needle:?}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the refused calls did not run");
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct TodoArgs {
+    text: String,
+    done: bool,
+    count: u32,
+}
+
+/// A whole number written as a float where no integer is expected (a string, a boolean) is
+/// refused in serde's words about what was sent, not about an integer the client never sent.
+#[tokio::test]
+async fn a_whole_float_where_no_integer_is_expected_is_refused_as_sent() {
+    fn todo(_: &TodoArgs, _: u32) -> Result<Value, PayError> {
+        Ok(Value::Null)
+    }
+    let tool = fake("todo", RetryClass::Keyed, todo);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let cases = [
+        (
+            r#"{"text": 5.0, "done": true, "count": 1}"#,
+            "field `text`: invalid type: floating point `5.0`, expected a string",
+        ),
+        (
+            r#"{"text": "a", "done": 1.0, "count": 1}"#,
+            "field `done`: invalid type: floating point `1.0`, expected a boolean",
+        ),
+        (
+            r#"{"text": 5.0, "done": true, "count": 1.0}"#,
+            "field `text`: invalid type: floating point `5.0`, expected a string",
+        ),
+    ];
+    refused_saying(&set, &run, "todo", &cases).await;
+    let ok = set.call_text(&run, "todo", r#"{"text": "a", "done": true, "count": 1.0}"#).await;
+    assert!(!ok.is_error, "{}", ok.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
