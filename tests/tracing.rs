@@ -129,6 +129,14 @@ mod spans {
             tracing::callsite::rebuild_interest_cache();
             guard
         }
+        /// The fields, as text, of every event logged at `level`.
+        pub fn events(&self, level: tracing::Level) -> Vec<String> {
+            let all = self.1.lock().unwrap();
+            all.iter()
+                .filter(|(at, _)| *at == level)
+                .map(|(_, fields)| format!("{fields:?}"))
+                .collect()
+        }
         /// The last value of `field` in each span named `execute_tool`.
         pub fn field(&self, field: &str) -> Vec<Option<String>> {
             let all = self.0.lock().unwrap();
@@ -209,16 +217,9 @@ async fn an_mcp_call_that_changes_something_without_a_run_id_is_a_warning() {
         let result = set.dispatch_mcp(&session, call, MissingRun::Warn).await.unwrap();
         assert!(!result.is_error, "{}", result.text);
     }
-    let warnings: Vec<_> = spans
-        .1
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(level, _)| *level == tracing::Level::WARN)
-        .map(|(_, fields)| fields.clone())
-        .collect();
+    let warnings = spans.events(tracing::Level::WARN);
     assert_eq!(warnings.len(), 1, "one warning, for the call without a run id: {warnings:?}");
-    let text = format!("{:?}", warnings[0]);
+    let text = &warnings[0];
     assert!(text.contains("without _meta"), "{text}");
     assert!(text.contains("charge_card") && text.contains("mcp-session-1"), "{text}");
 }
@@ -235,14 +236,7 @@ async fn a_run_with_an_empty_id_is_a_warning() {
         let _ = idem.run(id);
     }
     let _ = idem.scope(idem_core::Scope::run("").with_tenant("acme"));
-    let warnings: Vec<String> = spans
-        .1
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(level, _)| *level == tracing::Level::WARN)
-        .map(|(_, fields)| format!("{fields:?}"))
-        .collect();
+    let warnings = spans.events(tracing::Level::WARN);
     assert_eq!(warnings.len(), 4, "one for each empty or blank id: {warnings:?}");
     assert!(warnings.iter().all(|w| w.contains("empty id")), "{warnings:?}");
 }
@@ -298,14 +292,7 @@ async fn a_name_taken_through_a_tool_set_tells_the_model_not_to_repeat_it_and_lo
     }
     assert_eq!(ORDERS_RUNS.load(Ordering::SeqCst), 0, "the body never ran");
     assert_eq!(USERS_RUNS.load(Ordering::SeqCst), 1);
-    let errors: Vec<String> = spans
-        .1
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(level, _)| *level == tracing::Level::ERROR)
-        .map(|(_, fields)| format!("{fields:?}"))
-        .collect();
+    let errors = spans.events(tracing::Level::ERROR);
     assert_eq!(errors.len(), 1, "{errors:?}");
     for logged in ["app::users::get", "app::orders::get", "#[tool(name ="] {
         assert!(errors[0].contains(logged), "{logged}: {errors:?}");
