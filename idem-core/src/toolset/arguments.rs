@@ -175,14 +175,11 @@ fn repaired_text<A: DeserializeOwned>(
         if !may_want_an_integer(&said) {
             return refused(&latest, &text);
         }
-        let mut untagged = false;
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
         // with a syntax error whose path is unknown: its position names the number instead.
         let range = match token_at(&text, &path) {
             Some((start, end)) if text[start..end].starts_with(['{', '[']) => {
-                let refusal = Refused::of(&said);
-                untagged = matches!(refusal, Some(Refused::AnyWhole));
-                refusal.and_then(|r| float_token_in(&text, (start, end), r))
+                Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
             }
             Some(range) => Some(range),
             None if inner == serde_json::error::Category::Syntax => number_at(&text, at),
@@ -193,9 +190,11 @@ fn repaired_text<A: DeserializeOwned>(
             return refused(&latest, &text);
         };
         if repairs == MAX_REPAIRS {
-            // An untagged enum's refusal names no number: more whole numbers than the limit
-            // says nothing about what it refused, which its own words still say.
-            return if untagged { refused(&latest, &text) } else { Repaired::TooMany };
+            return if Refused::names_no_number(&said) {
+                refused(&latest, &text)
+            } else {
+                Repaired::TooMany
+            };
         }
         text.replace_range(start..end, &integer);
         let mut de = serde_json::Deserializer::from_str(&text);
@@ -263,13 +262,9 @@ fn repaired_value<A: DeserializeOwned>(
             return refused(&latest);
         }
         let Some(mut target) = value_at(&mut value, &path) else { return refused(&latest) };
-        let mut untagged = false;
         if target.is_object() || target.is_array() {
-            let refusal = Refused::of(&said);
-            untagged = matches!(refusal, Some(Refused::AnyWhole));
-            let Some(number) = refusal.and_then(|r| float_in(target, r)) else {
-                return refused(&latest);
-            };
+            let inside = Refused::of(&said).and_then(|r| float_in(target, r));
+            let Some(number) = inside else { return refused(&latest) };
             target = number;
         }
         let f = match target {
@@ -280,7 +275,11 @@ fn repaired_value<A: DeserializeOwned>(
             return refused(&latest);
         };
         if repairs == MAX_REPAIRS {
-            return if untagged { refused(&latest) } else { Repaired::TooMany };
+            return if Refused::names_no_number(&said) {
+                refused(&latest)
+            } else {
+                Repaired::TooMany
+            };
         }
         // Exact: a whole double below 2^53 converts without rounding.
         #[allow(clippy::cast_possible_truncation)]
@@ -348,15 +347,26 @@ enum Refused {
     AnyWhole,
 }
 
+/// serde's words for a float refused ("invalid type: floating point `5.0`, expected u64").
+const FLOAT_REFUSED: &str = "invalid type: floating point `";
+/// serde's words for an untagged enum no variant took.
+const NO_VARIANT: &str = "data did not match any variant of untagged enum";
+
 impl Refused {
     /// From serde's words; `None` for any other refusal, and for a fraction.
     fn of(said: &str) -> Option<Refused> {
-        if said.starts_with("data did not match any variant of untagged enum") {
+        if Refused::names_no_number(said) {
             return Some(Refused::AnyWhole);
         }
-        let rest = said.strip_prefix("invalid type: floating point `")?;
+        let rest = said.strip_prefix(FLOAT_REFUSED)?;
         let x: f64 = rest.split_once('`')?.0.parse().ok()?;
         (x.is_finite() && x.fract() == 0.0).then_some(Refused::Equal(x))
+    }
+
+    /// An untagged enum's refusal, which names no number: more whole numbers than the repairs'
+    /// limit say nothing about what it refused, which its own words still say.
+    fn names_no_number(said: &str) -> bool {
+        said.starts_with(NO_VARIANT)
     }
 
     /// Whether `f`, a whole number, may be the refused one. A zero's sign counts: serde names
@@ -374,7 +384,7 @@ impl Refused {
 /// expected a string"), which a repair would only make it say of a number the client did not
 /// send ("integer `5`").
 fn may_want_an_integer(said: &str) -> bool {
-    let Some(rest) = said.strip_prefix("invalid type: floating point `") else { return true };
+    let Some(rest) = said.strip_prefix(FLOAT_REFUSED) else { return true };
     let Some((_, expected)) = rest.split_once("`, expected ") else { return true };
     let words = expected.split(|c: char| !c.is_ascii_alphanumeric());
     words.into_iter().any(|w| w == "integer" || INTEGER_TYPES.iter().any(|(name, ..)| *name == w))
