@@ -29,6 +29,8 @@ trap 'rm -rf "$WORK"' EXIT
 # A private target dir: the crates depend on this checkout's idem-core by path.
 # Set COMPILE_COST_TARGET to keep the warmed dependencies between runs.
 export CARGO_TARGET_DIR="${COMPILE_COST_TARGET:-$WORK/target}"
+# shellcheck source=benches/compile_common.sh
+. "$ROOT/benches/compile_common.sh"
 
 gen() { # gen NAME annotated|plain|derived|rmcp|idem_set
   local dir="$WORK/$1"
@@ -54,16 +56,7 @@ TOML
   if [ "$2" = rmcp ]; then gen_rmcp > "$dir/src/lib.rs"; return; fi
   if [ "$2" = idem_set ]; then gen_idem_set > "$dir/src/lib.rs"; return; fi
   {
-    echo 'use serde::{Deserialize, Serialize};'
-    echo
-    echo '#[derive(Debug, Serialize, Deserialize)]'
-    echo 'pub struct AppError(pub String);'
-    echo 'impl std::fmt::Display for AppError {'
-    echo '    fn fmt(&self, f: &mut std::fmt::Formatter<'"'"'_>) -> std::fmt::Result { f.write_str(&self.0) }'
-    echo '}'
-    echo 'impl idem_core::Classify for AppError {'
-    echo '    fn classify(&self) -> idem_core::Failure { idem_core::Failure::permanent() }'
-    echo '}'
+    app_error
     for i in $(seq 1 "$N"); do
       echo
       echo "/// Tool number $i."
@@ -79,10 +72,7 @@ TOML
         echo '#[schemars(crate = "idem_core::__private::schemars")]'
         echo "pub struct Tool${i}Args { pub customer: String, pub amount_cents: u64 }"
       fi
-      echo "pub async fn tool_$i(customer: String, amount_cents: u64) -> Result<String, AppError> {"
-      echo "    if amount_cents == 0 { return Err(AppError(customer)); }"
-      echo "    Ok(format!(\"{customer}:{amount_cents}:$i\"))"
-      echo "}"
+      tool_fn "tool_$i" "$i"
     done
   } > "$dir/src/lib.rs"
 }
@@ -113,16 +103,7 @@ gen_rmcp() { # the peer: rmcp's documented shape, one Parameters struct per tool
 }
 
 gen_idem_set() { # the same methods as idem tools in one #[tool_set] impl
-  echo 'use serde::{Deserialize, Serialize};'
-  echo
-  echo '#[derive(Debug, Serialize, Deserialize)]'
-  echo 'pub struct AppError(pub String);'
-  echo 'impl std::fmt::Display for AppError {'
-  echo '    fn fmt(&self, f: &mut std::fmt::Formatter<'"'"'_>) -> std::fmt::Result { f.write_str(&self.0) }'
-  echo '}'
-  echo 'impl idem_core::Classify for AppError {'
-  echo '    fn classify(&self) -> idem_core::Failure { idem_core::Failure::permanent() }'
-  echo '}'
+  app_error
   echo
   echo 'pub struct Server;'
   echo
@@ -196,14 +177,7 @@ printf '  per tool over plain:        %5.1f ms wall\n' "$(echo "($aw - $pw) * 10
 
 if [ "${COMPILE_COST_INSTRUCTIONS:-0}" = 1 ]; then
   command -v valgrind >/dev/null || { echo "COMPILE_COST_INSTRUCTIONS=1 needs valgrind" >&2; exit 1; }
-  instructions() { # the rustc command of a full check of crate $1, under callgrind; prints Ir
-    local dir="$WORK/$1" cmd
-    touch "$dir/src/lib.rs"
-    cmd=$(cd "$dir" && CARGO_INCREMENTAL=0 cargo check -v 2>&1 | sed -n 's/^ *Running `\(.*--crate-name '"$1"' .*\)`$/\1/p' | tail -n1)
-    cmd=${cmd/--error-format=json --json=diagnostic-rendered-ansi,artifacts,future-incompat/}
-    (cd "$dir" && eval "valgrind --tool=callgrind --callgrind-out-file=$WORK/cg-$1.out $cmd" >"$WORK/cg-$1.log" 2>&1)
-    sed -n 's/^summary: //p' "$WORK/cg-$1.out"
-  }
+  instructions() { check_instructions "$WORK/$1" "$1" "$WORK/cg-$1.out"; }
   ia=$(instructions tools_annotated); ip=$(instructions tools_plain)
   ir=$(instructions tools_rmcp); is=$(instructions tools_idem_set)
   printf 'instructions of one full check (rustc under callgrind, proc macros included)\n'

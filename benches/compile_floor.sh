@@ -35,6 +35,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export CARGO_TARGET_DIR="${COMPILE_COST_TARGET:-$WORK/target}"
+# shellcheck source=benches/compile_common.sh
+. "$ROOT/benches/compile_common.sh"
 VARIANTS=(plain pass sig boxed sig_boxed types merged closure own_def bounds value typed_call checks annotated)
 
 # The two attribute macros, in a proc-macro crate of their own (same syn, quote, proc-macro2).
@@ -102,13 +104,6 @@ floor_macros = { path = "../floor_macros" }
 TOML
 cp "$ROOT/Cargo.lock" "$WORK/floor/Cargo.lock"
 
-body() { # body NAME I
-  echo "pub async fn $1(customer: String, amount_cents: u64) -> Result<String, AppError> {"
-  echo "    if amount_cents == 0 { return Err(AppError(customer)); }"
-  echo "    Ok(format!(\"{customer}:{amount_cents}:$2\"))"
-  echo "}"
-}
-
 types() { # types I TOOL_TYPE
   cat <<RS
 pub type Tool$1Args = ::idem_core::__private::Args<(String, u64), __IdemTool$1Fields>;
@@ -135,15 +130,15 @@ tool() { # tool VARIANT I: one tool's items
   local v=$1 i=$2
   echo "/// Tool number $i."
   case $v in
-    plain) body "tool_$i" "$i" ;;
-    pass) echo '#[floor_macros::pass]'; body "tool_$i" "$i" ;;
-    sig) echo '#[floor_macros::sig]'; body "tool_$i" "$i" ;;
+    plain) tool_fn "tool_$i" "$i" ;;
+    pass) echo '#[floor_macros::pass]'; tool_fn "tool_$i" "$i" ;;
+    sig) echo '#[floor_macros::sig]'; tool_fn "tool_$i" "$i" ;;
     boxed | sig_boxed)
       [ "$v" = sig_boxed ] && echo '#[floor_macros::sig]'
-      body "tool_$i" "$i"
+      tool_fn "tool_$i" "$i"
       echo "pub fn tool_${i}_boxed(customer: String, amount_cents: u64) -> BoxFut<Result<String, AppError>> { Box::pin(tool_$i(customer, amount_cents)) }"
       ;;
-    types) body "__idem_tool_$i" "$i"; types "$i" Held ;;
+    types) tool_fn "__idem_tool_$i" "$i"; types "$i" Held ;;
     merged)
       types "$i" Held
       cat <<RS
@@ -159,14 +154,14 @@ pub const Tool${i}Tool: Tool${i}Tool = Held { def: &SHARED_DEF, body: __idem_box
 RS
       ;;
     closure | own_def | bounds)
-      body "__idem_tool_$i" "$i"; types "$i" Held
+      tool_fn "__idem_tool_$i" "$i"; types "$i" Held
       local def='&SHARED_DEF'
       [ "$v" != closure ] && def=$(own_def "$i")
       echo "pub const Tool${i}Tool: Tool${i}Tool = Held { def: $def, body: $(closure "$i") };"
       [ "$v" = bounds ] && echo "const _: () = bounds::<Tool${i}Args, String, AppError>();"
       ;;
     value | typed_call | checks)
-      body "__idem_tool_$i" "$i"; types "$i" ::idem_core::__private::FnTool
+      tool_fn "__idem_tool_$i" "$i"; types "$i" ::idem_core::__private::FnTool
       if [ "$v" = checks ]; then
         cat <<RS
 pub const Tool${i}Tool: Tool${i}Tool = {
@@ -189,23 +184,14 @@ pub fn tool_$i<'__idem>(run: &'__idem ::idem_core::Run, customer: String, amount
 }
 RS
       ;;
-    annotated) echo '#[idem_core::tool(retry = "keyed", timeout = "10s")]'; body "tool_$i" "$i" ;;
+    annotated) echo '#[idem_core::tool(retry = "keyed", timeout = "10s")]'; tool_fn "tool_$i" "$i" ;;
   esac
 }
 
 gen() { # gen VARIANT > lib.rs
+  echo '#![allow(dead_code)]'
+  app_error
   cat <<'RS'
-#![allow(dead_code)]
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct AppError(pub String);
-impl std::fmt::Display for AppError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(&self.0) }
-}
-impl idem_core::Classify for AppError {
-    fn classify(&self) -> idem_core::Failure { idem_core::Failure::permanent() }
-}
 
 pub type BoxFut<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 /// A tool value with nothing proved: a definition and a body.
@@ -218,12 +204,7 @@ RS
 
 instructions() { # instructions VARIANT: prints the count of a full check of the crate
   gen "$1" > "$WORK/floor/src/lib.rs"
-  local cmd
-  cmd=$(cd "$WORK/floor" && CARGO_INCREMENTAL=0 cargo check -v 2>&1 | sed -n 's/^ *Running `\(.*--crate-name floor .*\)`$/\1/p' | tail -n1)
-  [ -n "$cmd" ] || { (cd "$WORK/floor" && cargo check) >&2; echo "variant $1 does not build" >&2; exit 1; }
-  cmd=${cmd/--error-format=json --json=diagnostic-rendered-ansi,artifacts,future-incompat/}
-  (cd "$WORK/floor" && eval "valgrind --tool=callgrind --callgrind-out-file=$WORK/cg-$1.out $cmd" >"$WORK/cg-$1.log" 2>&1)
-  sed -n 's/^summary: //p' "$WORK/cg-$1.out"
+  check_instructions "$WORK/floor" floor "$WORK/cg-$1.out"
 }
 
 echo "warming dependencies..." >&2
