@@ -1378,41 +1378,80 @@ async fn settle(order: String) -> Result<Charge, PayError> {
     std::future::pending().await
 }
 
+/// Settles a transfer in wei, whose amounts go beyond 64 bits; its provider never answers.
+#[tool(retry = "never")]
+async fn settle_wei(order: String) -> Result<u128, PayError> {
+    let _ = order;
+    SETTLES.fetch_add(1, Ordering::SeqCst);
+    std::future::pending().await
+}
+
+/// Calls a `never` tool whose provider never answers, waits past its owner's lease, resolves
+/// the record as an operator does with `given` as the result, and calls it once more: what that
+/// replay returns.
+async fn resolved_by_hand<O, F>(
+    store: &Arc<idem_core::store::MemoryStore>,
+    call: impl Fn() -> F,
+    given: &str,
+) -> Result<O, Error<PayError>>
+where
+    F: std::future::Future<Output = Result<O, Error<PayError>>>,
+{
+    use idem_core::store::{Outcome, Resolution, Store};
+    assert!(tokio::time::timeout(Duration::from_millis(10), call()).await.is_err());
+    // Past the owner's lease: a never tool's record is not run again but reported unknown.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let Err(Error::OutcomeUnknown { key, .. }) = call().await else {
+        panic!("{given}: the outcome is unknown");
+    };
+    let info = store.inspect(&key).await.unwrap().expect("the record");
+    let happened = Resolution::Happened {
+        outcome: Outcome::Success(given.into()),
+        ttl: Duration::from_secs(600),
+    };
+    store.resolve(&key, info.fence, &happened).await.expect("resolve");
+    call().await
+}
+
 /// An operator's result (`idem resolve --happened`, written by hand or by a script that passes
 /// numbers through a float) may spell an integer `4900.0`: a replay reads it as the integer it
-/// equals, as a model's arguments are read. A fraction is still no integer: that replay fails,
-/// naming it.
+/// equals, as a model's arguments are read, also a 128-bit one, alone or inside the result. A
+/// fraction is still no integer: that replay fails, naming it.
 #[tokio::test(start_paused = true)]
 async fn an_operators_result_replays_a_whole_number_written_as_a_float_as_the_integer() {
-    use idem_core::store::{MemoryStore, Outcome, Resolution, Store};
+    use idem_core::store::{MemoryStore, Store};
     let store = Arc::new(MemoryStore::new());
     let run = Idem::builder_shared(Arc::clone(&store) as Arc<dyn Store>).build().run("r1");
-    for (order, given, want) in [
+    let wei = 10_u128.pow(21);
+    let cases: [(&str, &str, Result<u128, &str>); 7] = [
         ("ord_1", r#"{"id":"ch_op","amount_cents":4900.0}"#, Ok(4900)),
         ("ord_2", r#"{"id":"ch_op","amount_cents":49e2}"#, Ok(4900)),
         ("ord_3", r#"{"id":"ch_op","amount_cents":4900.5}"#, Err("floating point `4900.5`")),
-    ] {
-        let first = settle(&run, order.into());
-        assert!(tokio::time::timeout(Duration::from_millis(10), first).await.is_err());
-        // Past the owner's lease: a never tool's record is not run again but reported unknown.
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        let Err(Error::OutcomeUnknown { key, .. }) = settle(&run, order.into()).await else {
-            panic!("{order}: the outcome is unknown");
+        ("wei_1", "1000000000000000000000.0", Ok(wei)),
+        ("wei_2", "1e21", Ok(wei)),
+        ("wei_3", " 1.0E+21 ", Ok(wei)),
+        (
+            "wei_4",
+            "1000000000000000000000.5",
+            Err("floating point `1000000000000000000000.5`, expected u128"),
+        ),
+    ];
+    for (order, given, want) in cases {
+        let got = if order.starts_with("wei") {
+            resolved_by_hand(&store, || settle_wei(&run, order.into()), given).await
+        } else {
+            resolved_by_hand(&store, || settle(&run, order.into()), given).await.map(|charge| {
+                assert_eq!(charge.id, "ch_op", "{order}");
+                u128::from(charge.amount_cents)
+            })
         };
-        let info = store.inspect(&key).await.unwrap().expect("the record");
-        let outcome = Outcome::Success(given.into());
-        let happened = Resolution::Happened { outcome, ttl: Duration::from_secs(600) };
-        store.resolve(&key, info.fence, &happened).await.expect("resolve");
-        let replayed = settle(&run, order.into()).await;
-        match (replayed, want) {
-            (Ok(charge), Ok(cents)) => {
-                assert_eq!(charge, Charge { id: "ch_op".into(), amount_cents: cents }, "{order}");
-            }
+        match (got, want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{order}"),
             (Err(Error::ReplayFailed { reason, .. }), Err(needle)) => {
                 assert!(reason.contains(needle), "{order}: {reason}");
             }
             (got, _) => panic!("{order}: {got:?}"),
         }
     }
-    assert_eq!(SETTLES.load(Ordering::SeqCst), 3, "each order's body ran once, never again");
+    assert_eq!(SETTLES.load(Ordering::SeqCst), 7, "each order's body ran once, never again");
 }

@@ -107,20 +107,18 @@ fn share_err<E: serde::Serialize>(
 /// A stored outcome read as the tool's type; a panic in its `Deserialize` (the user's code) is a
 /// replay that failed, and the record stays as it is. What the tool returned was written by
 /// serde and reads back as it is; a result an operator gave (`idem resolve --happened`) may
-/// spell an integer `5.0`, which is read as the integer it equals, as a model's arguments are.
+/// spell an integer `5.0`, which is read as the integer it equals, as a model's arguments are,
+/// and one the type refuses is said as a model's arguments are (the field, the number as
+/// written).
 fn decode<V: DeserializeOwned, E>(tool: &'static str, key: Key, json: &str) -> Result<V, Error<E>> {
     let failed = |reason| Error::ReplayFailed { tool, key, reason };
     let panicked = |message| failed(format!("its `Deserialize` panicked: {message}"));
     match super::caught::caught(|| serde_json::from_str(json)) {
         Ok(Ok(read)) => Ok(read),
-        Ok(Err(e)) => {
-            let whole = super::caught::caught(|| with_whole_numbers_as_integers(json));
-            match whole {
-                Ok(Some(read)) => Ok(read),
-                Ok(None) => Err(failed(e.to_string())),
-                Err(message) => Err(panicked(message)),
-            }
-        }
+        Ok(Err(_)) => match super::caught::caught(|| with_whole_numbers_as_integers(json)) {
+            Ok(read) => read.map_err(failed),
+            Err(message) => Err(panicked(message)),
+        },
         Err(message) => Err(panicked(message)),
     }
 }

@@ -88,11 +88,12 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                 Ok(args) => {
                     de.end().map(|()| args).map_err(|e| json_text::not_json(tool, text, &e))
                 }
-                Err(e) => match repaired_text(tool, text, &e) {
+                Err(e) => match repaired_text(text, &e) {
                     Repaired::Read(args) => Ok(args),
-                    Repaired::Refused(why) => {
-                        Err(why.unwrap_or_else(|| text_field_error::<A>(tool, text, &e)))
-                    }
+                    Repaired::Refused(why) => Err(arguments_refused(
+                        tool,
+                        &why.unwrap_or_else(|| text_refusal::<A>(text, &e)),
+                    )),
                     Repaired::TooMany => Err(too_many_repairs(tool)),
                 },
             };
@@ -101,9 +102,9 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
     if !value.is_object() {
         return Err(json_text::not_an_object(tool, value));
     }
-    serde_path_to_error::deserialize(value).or_else(|e| match repaired_value(tool, value, &e) {
+    serde_path_to_error::deserialize(value).or_else(|e| match repaired_value(value, &e) {
         Repaired::Read(args) => Ok(args),
-        Repaired::Refused(why) => Err(why.unwrap_or_else(|| field_error(tool, &e))),
+        Repaired::Refused(why) => Err(arguments_refused(tool, &why.unwrap_or_else(|| refusal(&e)))),
         Repaired::TooMany => Err(too_many_repairs(tool)),
     })
 }
@@ -111,8 +112,8 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
 /// What reading whole numbers as integers gave.
 enum Repaired<A> {
     Read(A),
-    /// A refusal that is not such a number, or a number that is not whole: its message, or
-    /// `None` when it is the first refusal (which the caller reports).
+    /// A refusal that is not such a number, or a number that is not whole: what it says
+    /// ([`refusal`]), or `None` when it is the first refusal (which the caller reports).
     Refused(Option<String>),
     /// More such numbers than [`MAX_REPAIRS`]: the first refusal names a value that would have
     /// been read, so the caller is told about the limit instead.
@@ -157,7 +158,6 @@ fn too_many_repairs(tool: &str) -> String {
 /// From text, the number's own digits decide (`1.0000000000000001` and `1e-400` are not whole,
 /// though their doubles are), and the integer is exact at any width a parameter holds.
 fn repaired_text<A: DeserializeOwned>(
-    tool: &str,
     text: &str,
     first: &serde_path_to_error::Error<serde_json::Error>,
 ) -> Repaired<A> {
@@ -168,7 +168,7 @@ fn repaired_text<A: DeserializeOwned>(
     // whose value was read.
     let mut latest = None;
     let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>, text: &str| {
-        Repaired::Refused(latest.as_ref().map(|e| text_field_error::<A>(tool, text, e)))
+        Repaired::Refused(latest.as_ref().map(|e| text_refusal::<A>(text, e)))
     };
     let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
@@ -176,15 +176,17 @@ fn repaired_text<A: DeserializeOwned>(
             return refused(&latest, &text);
         }
         // serde_json reads a 128-bit integer by scanning digits itself, and refuses `1e3` there
-        // with a syntax error whose path is unknown: its position names the number instead.
-        let range = match token_at(&text, &path) {
-            Some((start, end)) if text[start..end].starts_with(['{', '[']) => {
-                Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
+        // with a syntax error whose path names the field or the array holding it (`v` for
+        // `v[0]`): its position names the number instead.
+        let syntax = inner == serde_json::error::Category::Syntax;
+        let range = syntax.then(|| number_at(&text, at)).flatten().or_else(|| {
+            match token_at(&text, &path)? {
+                (start, end) if text[start..end].starts_with(['{', '[']) => {
+                    Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
+                }
+                range => Some(range),
             }
-            Some(range) => Some(range),
-            None if inner == serde_json::error::Category::Syntax => number_at(&text, at),
-            None => None,
-        };
+        });
         let Some((start, end)) = range else { return refused(&latest, &text) };
         let Some(integer) = integer_text(&text[start..end]) else {
             return refused(&latest, &text);
@@ -215,15 +217,41 @@ fn repaired_text<A: DeserializeOwned>(
 
 /// `text` read as `A` with its whole numbers written as floats (`5.0`, `1e3`) read as the
 /// integers they equal where `A` refused them, as for a model's arguments (see
-/// [`repaired_text`]); `None` when `A` reads `text` as it is, or refuses it for another reason.
-/// For JSON that did not come from serde: a result an operator gave (`idem resolve
-/// --happened`), read back when a call replays it.
-pub(crate) fn with_whole_numbers_as_integers<A: DeserializeOwned>(text: &str) -> Option<A> {
+/// [`repaired_text`]), or what `A` refuses, said as for arguments ([`text_refusal`]: "field
+/// `amount`: invalid type: floating point `4900.5`, expected u64"). For JSON that did not come
+/// from serde: a result an operator gave (`idem resolve --happened`), read back when a call
+/// replays it.
+pub(crate) fn with_whole_numbers_as_integers<A: DeserializeOwned>(text: &str) -> Result<A, String> {
     let mut de = serde_json::Deserializer::from_str(text);
-    let first = serde_path_to_error::deserialize::<_, A>(&mut de).err()?;
-    match repaired_text("", text, &first) {
-        Repaired::Read(read) => Some(read),
-        Repaired::Refused(_) | Repaired::TooMany => None,
+    let first = match serde_path_to_error::deserialize::<_, A>(&mut de) {
+        Err(first) => first,
+        // A 128-bit integer is read by scanning its digits, which stop at `.` or `e`: a result
+        // that is one such number (`5.0`, `5e2`) reads as its first digits, and the rest is
+        // left over.
+        Ok(read) => {
+            let Err(left_over) = de.end() else { return Ok(read) };
+            let at = number_at(text, (left_over.line(), left_over.column()));
+            let whole = at.and_then(|(start, end)| {
+                let mut text = text.to_owned();
+                text.replace_range(start..end, &integer_text(&text[start..end])?);
+                serde_json::from_str(&text).ok()
+            });
+            return whole.ok_or_else(|| match serde_json::from_str::<Value>(text) {
+                Ok(value) => match serde_path_to_error::deserialize::<_, A>(&value) {
+                    Err(again) => quoted_as_sent(refusal(&again), text, at),
+                    Ok(_) => without_position(&left_over.to_string()).to_owned(),
+                },
+                Err(_) => without_position(&left_over.to_string()).to_owned(),
+            });
+        }
+    };
+    match repaired_text(text, &first) {
+        Repaired::Read(read) => Ok(read),
+        Repaired::Refused(why) => Err(why.unwrap_or_else(|| text_refusal::<A>(text, &first))),
+        Repaired::TooMany => Err(format!(
+            "more than {MAX_REPAIRS} numbers are written with a fraction or an exponent where \
+             integers are expected"
+        )),
     }
 }
 
@@ -245,7 +273,6 @@ fn number_at(text: &str, (line, column): (usize, usize)) -> Option<(usize, usize
 /// `9007199254740993.0` reads as 2^53, and running a tool with a number the client did not
 /// send is worse than refusing it).
 fn repaired_value<A: DeserializeOwned>(
-    tool: &str,
     value: &Value,
     first: &serde_path_to_error::Error<serde_json::Error>,
 ) -> Repaired<A> {
@@ -254,7 +281,7 @@ fn repaired_value<A: DeserializeOwned>(
     let mut path = first.path().clone();
     let mut latest: Option<serde_path_to_error::Error<serde_json::Error>> = None;
     let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>| {
-        Repaired::Refused(latest.as_ref().map(|e| field_error(tool, e)))
+        Repaired::Refused(latest.as_ref().map(refusal))
     };
     let mut said = first.inner().to_string();
     for repairs in 0..=MAX_REPAIRS {
@@ -495,9 +522,10 @@ fn integer_text(token: &str) -> Option<String> {
 /// `,` or `}`", "number out of range" or "invalid number", with no field named. Read again from
 /// the parsed value, the same mistake is said as a type error at its field; when that read
 /// succeeds (a float beyond an `f32`, which the value rounds to infinity), the text's own error
-/// stands.
-fn text_field_error<A: DeserializeOwned>(
-    tool: &str,
+/// stands. A float is quoted as the client wrote it: serde quotes the double it read
+/// (`1.0000000000000001` as `1.0`, `1E2` as `100.0`), which would tell the model it sent a number
+/// it did not.
+fn text_refusal<A: DeserializeOwned>(
     text: &str,
     e: &serde_path_to_error::Error<serde_json::Error>,
 ) -> String {
@@ -506,15 +534,36 @@ fn text_field_error<A: DeserializeOwned>(
         && let Ok(value) = serde_json::from_str::<Value>(text)
         && let Err(again) = serde_path_to_error::deserialize::<_, A>(&value)
     {
-        return field_error(tool, &again);
+        return quoted_as_sent(refusal(&again), text, token_at(text, again.path()));
     }
-    field_error(tool, e)
+    quoted_as_sent(refusal(e), text, token_at(text, e.path()))
 }
 
-/// "invalid arguments for `tool`: field `a.b`: <what serde said>; ...".
-fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> String {
+/// `said` with the float it quotes (serde's "floating point `1.0`") written as `sent`, the
+/// number's range in `text`, when that holds a number written otherwise.
+fn quoted_as_sent(said: String, text: &str, sent: Option<(usize, usize)>) -> String {
+    let Some(token) = sent.map(|(start, end)| &text[start..end]) else { return said };
+    let Some(at) = said.find(FLOAT_REFUSED).map(|i| i + FLOAT_REFUSED.len()) else { return said };
+    let Some(len) = said[at..].find('`') else { return said };
+    let is_number = serde_json::from_str::<serde_json::Number>(token).is_ok();
+    if !is_number || token == &said[at..at + len] {
+        return said;
+    }
+    format!("{}{token}{}", &said[..at], &said[at + len..])
+}
+
+/// "invalid arguments for `tool`: <said>; nothing was executed, ..." for a [`refusal`].
+fn arguments_refused(tool: &str, said: &str) -> String {
+    format!(
+        "invalid arguments for `{tool}`: {said}; nothing was executed, fix the arguments and \
+         call again"
+    )
+}
+
+/// "field `a.b`: <what serde said>", a number out of range said as such ([`out_of_range`]).
+fn refusal<E: Display>(e: &serde_path_to_error::Error<E>) -> String {
     let path = e.path().to_string();
-    let mut msg = format!("invalid arguments for `{tool}`: ");
+    let mut msg = String::new();
     if path != "." {
         let _ = write!(msg, "field `{path}`: ");
     }
@@ -535,7 +584,6 @@ fn field_error<E: Display>(tool: &str, e: &serde_path_to_error::Error<E>) -> Str
             None => msg.push_str(inner),
         },
     }
-    msg.push_str("; nothing was executed, fix the arguments and call again");
     msg
 }
 

@@ -1136,11 +1136,18 @@ async fn a_whole_number_written_as_a_float_is_an_integer_with_the_same_key() {
         // Read as the integer 300, which is then what is refused.
         (r#"{"b": 3e2}"#, "field `b`: the number 300 is out of range for u8"),
         (r#"{"n": -0}"#, "field `n`: invalid value: integer `0`, expected a nonzero u64"),
-        // The digits decide, not the double they round to.
-        (r#"{"u": 1.0000000000000001}"#, "field `u`: invalid type: floating point `1.0`"),
-        (r#"{"u": 2.9999999999999999}"#, "field `u`: invalid type: floating point `3.0`"),
-        (r#"{"u": 1e-400}"#, "field `u`: invalid type: floating point `0.0`"),
-        (r#"{"u": -1e-400}"#, "field `u`: invalid type: floating point `-0.0`"),
+        // The digits decide, not the double they round to, and the refusal quotes them.
+        (
+            r#"{"u": 1.0000000000000001}"#,
+            "field `u`: invalid type: floating point `1.0000000000000001`, expected u64",
+        ),
+        (
+            r#"{"u": 2.9999999999999999}"#,
+            "field `u`: invalid type: floating point `2.9999999999999999`",
+        ),
+        (r#"{"u": 1e-400}"#, "field `u`: invalid type: floating point `1e-400`"),
+        (r#"{"u": -1e-400}"#, "field `u`: invalid type: floating point `-1e-400`"),
+        (r#"{"w": 1.5E0}"#, "field `w`: invalid type: floating point `1.5E0`, expected u128"),
     ] {
         let r = set.call_text(&run, "widths", text).await;
         assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
@@ -2013,4 +2020,54 @@ fn a_long_message_keeps_its_start_and_end() {
         format!("{} … (7712 characters left out) … {}", &long[..head], &long[long.len() - tail..]);
     assert_eq!(message, expected);
     assert_eq!(cut.content["error"]["message"], expected);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct LedgerArgs {
+    amounts: Vec<u128>,
+    floor: Option<i128>,
+}
+
+/// serde_json reads a 128-bit integer from text by scanning digits, and refuses `1e3` or `2.0`
+/// inside an array with a syntax error at the array, not at the number: found by its position,
+/// such a number is the integer it equals inside an array as at a field, by text as by value,
+/// under the integers' key. A fraction there is refused quoting it as the client wrote it.
+#[tokio::test]
+async fn a_128_bit_integer_written_as_a_float_inside_an_array_is_the_integer() {
+    fn ledger(a: &LedgerArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!(format!("{:?} {:?}", a.amounts, a.floor)))
+    }
+    let tool = fake("ledger", RetryClass::Keyed, ledger);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let texts = [
+        r#"{"amounts": [1000, 2, 1000000000000000], "floor": -10}"#,
+        r#"{"amounts": [1e3, 2.0, 1e15], "floor": -1e1}"#,
+        r#"{"amounts": [1000.0, 0.2e1, 1000000000000000.0], "floor": -10.0}"#,
+    ];
+    let want = json!("[1000, 2, 1000000000000000] Some(-10)");
+    one_key_for(&set, &run, "ledger", &texts, &want).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "every repeat replayed the first call");
+    let cases = [
+        (
+            r#"{"amounts": [1, 2.5]}"#,
+            "field `amounts[1]`: invalid type: floating point `2.5`, expected u128",
+        ),
+        (r#"{"amounts": [], "floor": -0.5}"#, "field `floor`: invalid type: floating point `-0.5`"),
+    ];
+    refused_saying(&set, &run, "ledger", &cases).await;
+    // From text only, where the digits are kept: quoted as written, not as the double.
+    let text = r#"{"amounts": [7, 1.0000000000000001]}"#;
+    let r = set.call_text(&run, "ledger", text).await;
+    assert!(
+        r.text.contains("`amounts[1]`: invalid type: floating point `1.0000000000000001`"),
+        "{}",
+        r.text
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused call ran");
+    // Beyond 64 bits, from text (a parsed value holds only a double there).
+    let r = set.call_text(&run, "ledger", r#"{"amounts": [1e21, 12.5e20]}"#).await;
+    assert_eq!(r.content, json!("[1000000000000000000000, 1250000000000000000000] None"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
