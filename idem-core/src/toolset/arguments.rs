@@ -94,7 +94,7 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
                         tool,
                         &why.unwrap_or_else(|| text_refusal::<A>(text, &e)),
                     )),
-                    Repaired::TooMany => Err(too_many_repairs(tool)),
+                    Repaired::TooMany(most) => Err(too_many_repairs(tool, most)),
                 },
             };
         }
@@ -105,7 +105,7 @@ pub(super) fn parse<A: DeserializeOwned>(tool: &str, args: Arguments<'_>) -> Res
     serde_path_to_error::deserialize(value).or_else(|e| match repaired_value(value, &e) {
         Repaired::Read(args) => Ok(args),
         Repaired::Refused(why) => Err(arguments_refused(tool, &why.unwrap_or_else(|| refusal(&e)))),
-        Repaired::TooMany => Err(too_many_repairs(tool)),
+        Repaired::TooMany(most) => Err(too_many_repairs(tool, most)),
     })
 }
 
@@ -115,17 +115,24 @@ enum Repaired<A> {
     /// A refusal that is not such a number, or a number that is not whole: what it says
     /// ([`refusal`]), or `None` when it is the first refusal (which the caller reports).
     Refused(Option<String>),
-    /// More such numbers than [`MAX_REPAIRS`]: the first refusal names a value that would have
-    /// been read, so the caller is told about the limit instead.
-    TooMany,
+    /// More such numbers than [`repairs_allowed`] (the number it allowed): the first refusal
+    /// names a value that would have been read, so the caller is told about the limit instead.
+    TooMany(usize),
 }
 
-fn too_many_repairs(tool: &str) -> String {
+fn too_many_repairs(tool: &str, most: usize) -> String {
     format!(
-        "invalid arguments for `{tool}`: more than {MAX_REPAIRS} numbers are written with a \
-         fraction or an exponent (`5.0`, `1e3`) where the tool takes integers, and at most \
-         {MAX_REPAIRS} are read as the integers they equal; nothing was executed. Send integers \
-         (`5`)"
+        "invalid arguments for `{tool}`: {}; nothing was executed. Send integers (`5`)",
+        too_many(most)
+    )
+}
+
+fn too_many(most: usize) -> String {
+    format!(
+        "more than {most} numbers are written with a fraction or an exponent (`5.0`, `1e3`) \
+         where integers are expected, and at most {most} are read as the integers they equal \
+         ({MAX_REPAIRS} in arguments of up to {} KiB, fewer in larger ones)",
+        REPAIR_BYTES / MAX_REPAIRS / 1024
     )
 }
 
@@ -171,7 +178,8 @@ fn repaired_text<A: DeserializeOwned>(
         Repaired::Refused(latest.as_ref().map(|e| text_refusal::<A>(text, e)))
     };
     let mut said = first.inner().to_string();
-    for repairs in 0..=MAX_REPAIRS {
+    let most = repairs_allowed(text.len());
+    for repairs in 0..=most {
         if !may_want_an_integer(&said) {
             return refused(&latest, &text);
         }
@@ -191,11 +199,11 @@ fn repaired_text<A: DeserializeOwned>(
         let Some(integer) = integer_text(&text[start..end]) else {
             return refused(&latest, &text);
         };
-        if repairs == MAX_REPAIRS {
+        if repairs == most {
             return if Refused::names_no_number(&said) {
                 refused(&latest, &text)
             } else {
-                Repaired::TooMany
+                Repaired::TooMany(most)
             };
         }
         text.replace_range(start..end, &integer);
@@ -248,10 +256,7 @@ pub(crate) fn with_whole_numbers_as_integers<A: DeserializeOwned>(text: &str) ->
     match repaired_text(text, &first) {
         Repaired::Read(read) => Ok(read),
         Repaired::Refused(why) => Err(why.unwrap_or_else(|| text_refusal::<A>(text, &first))),
-        Repaired::TooMany => Err(format!(
-            "more than {MAX_REPAIRS} numbers are written with a fraction or an exponent where \
-             integers are expected"
-        )),
+        Repaired::TooMany(most) => Err(too_many(most)),
     }
 }
 
@@ -284,7 +289,8 @@ fn repaired_value<A: DeserializeOwned>(
         Repaired::Refused(latest.as_ref().map(refusal))
     };
     let mut said = first.inner().to_string();
-    for repairs in 0..=MAX_REPAIRS {
+    let most = repairs_allowed(text_size(&value));
+    for repairs in 0..=most {
         if !may_want_an_integer(&said) {
             return refused(&latest);
         }
@@ -301,11 +307,11 @@ fn repaired_value<A: DeserializeOwned>(
         let Some(f) = f.filter(|f| f.fract() == 0.0 && f.abs() < EXACT) else {
             return refused(&latest);
         };
-        if repairs == MAX_REPAIRS {
+        if repairs == most {
             return if Refused::names_no_number(&said) {
                 refused(&latest)
             } else {
-                Repaired::TooMany
+                Repaired::TooMany(most)
             };
         }
         // Exact: a whole double below 2^53 converts without rounding.
@@ -327,6 +333,32 @@ fn repaired_value<A: DeserializeOwned>(
 /// How many numbers of one call's arguments may be written as integers (each costs one more
 /// typed read of the arguments).
 const MAX_REPAIRS: usize = 64;
+
+/// How many bytes of arguments the repairs of one call may read again in all: each repair reads
+/// the whole arguments once more, so a large text (a 15 MiB stdio line) with 64 whole floats
+/// would cost 64 full reads, one client's request taking seconds of CPU.
+const REPAIR_BYTES: usize = 4 << 20;
+
+/// About how many bytes `value` takes as JSON text (its strings, and a few bytes per value):
+/// what a typed read of it walks. Recursive: the arguments were checked against the depth limit
+/// when they were read.
+fn text_size(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => items.iter().map(|item| text_size(item) + 1).sum::<usize>() + 2,
+        Value::Object(members) => {
+            members.iter().map(|(name, member)| name.len() + 4 + text_size(member)).sum::<usize>()
+                + 2
+        }
+        _ => 8,
+    }
+}
+
+/// The repairs allowed for arguments of `size` bytes: [`MAX_REPAIRS`] up to 64 KiB, then fewer,
+/// at least one.
+fn repairs_allowed(size: usize) -> usize {
+    (REPAIR_BYTES / size.max(1)).clamp(1, MAX_REPAIRS)
+}
 
 /// The digits an integer parameter may need: 39 for a `u128` or an `i128`, one more so that a
 /// number just beyond is refused as out of range rather than as a float.
@@ -837,6 +869,40 @@ mod tests {
         // The first refusal, when it is not a whole number, is named as before.
         let why = parse::<Batch>("batch", Arguments::Text(r#"{"ids": [2.5]}"#)).unwrap_err();
         assert!(why.contains("`ids[0]`") && why.contains("2.5"), "{why}");
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct PaddedBatch {
+        ids: Vec<u32>,
+        #[allow(dead_code)]
+        note: String,
+    }
+
+    /// Each repair reads the whole arguments again: in large arguments fewer are made, so that
+    /// one request cannot cost 64 reads of megabytes. The refusal names the limit that applied.
+    #[test]
+    fn large_arguments_get_fewer_repairs() {
+        let note = "x".repeat(1 << 20);
+        let most = super::repairs_allowed(note.len() + 40);
+        assert_eq!(most, 3, "about 1 MiB: 4 MiB of reading again, 3 repairs");
+        for n in [most, most + 1] {
+            let ids: Vec<String> = (0..n).map(|i| format!("{i}.0")).collect();
+            let text = format!("{{\"ids\": [{}], \"note\": \"{note}\"}}", ids.join(","));
+            let value: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            for args in [Arguments::Text(&text), Arguments::Json(&value)] {
+                match parse::<PaddedBatch>("batch", args) {
+                    Ok(batch) if n == most => assert_eq!(batch.ids.len(), n),
+                    Err(why) if n > most => {
+                        assert!(why.contains(&format!("more than {most} numbers")), "{why}");
+                        assert!(why.contains("64 in arguments of up to 64 KiB"), "{why}");
+                    }
+                    other => panic!("{n} whole floats: {:?}", other.map(|b| b.ids)),
+                }
+            }
+        }
+        // Small arguments keep every repair; the largest still get one.
+        assert_eq!(super::repairs_allowed(64 << 10), MAX_REPAIRS);
+        assert_eq!(super::repairs_allowed(100 << 20), 1);
     }
 
     #[test]
