@@ -526,3 +526,73 @@ async fn a_null_read_as_clear_is_refused_where_its_key_is_the_key_of_absence() {
         "the clear ran only where its key differs from the leave's"
     );
 }
+
+/// A line of a ledger update whose note a model may send as `null`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Attachment {
+    note: Option<String>,
+}
+
+/// A ledger update in the shape OpenAI's strict mode sends (every optional member present,
+/// `null` when unset), with a limit beyond 64 bits and a `description` whose `null` clears it.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct LedgerPatch {
+    id: String,
+    #[serde(default)]
+    attachments: Vec<Attachment>,
+    #[serde(default)]
+    limit: Option<u128>,
+    #[serde(default, deserialize_with = "present")]
+    description: Option<Option<String>>,
+}
+
+static LEDGER_PATCHES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Updates a ledger entry.
+#[tool(retry = "keyed")]
+async fn patch_ledger(#[idem(flatten)] patch: LedgerPatch) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    LEDGER_PATCHES.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// The clear is refused however many other `null`s come before it (the check once gave up
+/// after 16) and whatever numbers beside it a parsed value cannot hold (it read the arguments
+/// again from a value, which failed on a limit beyond 64 bits, and the call was accepted): in
+/// both, the clear was answered with the leave's outcome and never ran.
+#[tokio::test]
+async fn a_null_read_as_clear_is_refused_beside_many_nulls_and_wide_numbers() {
+    let set = ToolSet::new().with(PatchLedgerTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let lines = vec![json!({"note": null}); 40];
+    let leave = json!({"id": "t1", "attachments": lines});
+    let mut clear = leave.clone();
+    clear["description"] = serde_json::Value::Null;
+    let r = set.call(&run, "patch_ledger", &leave).await;
+    assert_eq!(r.content, json!("t1: None"), "{}", r.text);
+    let wide = r#"{"id":"t2","limit":18446744073709551616}"#;
+    let r = set.call_text(&run, "patch_ledger", wide).await;
+    assert_eq!(r.content, json!("t2: None"), "{}", r.text);
+    let clear_text = clear.to_string();
+    for r in [
+        set.call(&run, "patch_ledger", &clear).await,
+        set.call_text(&run, "patch_ledger", &clear_text).await,
+        set.call_text(
+            &run,
+            "patch_ledger",
+            r#"{"id":"t2","limit":18446744073709551616,"description":null}"#,
+        )
+        .await,
+        // Encoded twice, as some clients send arguments.
+        set.call(
+            &run,
+            "patch_ledger",
+            &json!(r#"{"description":null,"limit":18446744073709551616,"id":"t2"}"#),
+        )
+        .await,
+    ] {
+        assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{}", r.text);
+        assert!(r.text.contains("argument `description` is `Some`"), "{}", r.text);
+    }
+    assert_eq!(*LEDGER_PATCHES.lock().unwrap(), ["t1: None", "t2: None"], "only the leaves ran");
+}

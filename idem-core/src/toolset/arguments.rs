@@ -1,7 +1,7 @@
 //! The arguments a model sends, parsed into a tool's typed arguments with errors that name the
 //! field and say that nothing was executed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::{Display, Write as _};
 
 use serde::de::DeserializeOwned;
@@ -699,18 +699,20 @@ fn out_of_range(said: &str) -> Option<String> {
     outside.then(|| format!("the number {integer} is out of range for {what} ({range})"))
 }
 
-/// How many explicit `null` members of one call's arguments are tried by
-/// [`null_read_as_some`] (each costs one more typed read).
-const MAX_NULLS_TRIED: usize = 16;
-
 /// Where the arguments hold a `null` that was read as something other than what its absence
 /// reads as, with the same key: a field read with a "null is `Some(None)`" deserializer (the
 /// double-option pattern of PATCH-style tools, `null` = clear, absent = leave) and written as
 /// `null` whichever it holds (no `skip_serializing_if`). The clear would be answered with the
 /// leave's outcome. Only asked when the typed arguments hold a `Some` written as `null`, which
-/// the standard `Option` never reads from JSON; then each explicit `null` member (up to
-/// [`MAX_NULLS_TRIED`]) is left out, the arguments read again, and compared: the same key with
-/// fewer such `Some`s means the two are told apart by the tool but not by the key.
+/// the standard `Option` never reads from JSON; then explicit `null` members are left out, the
+/// arguments read again (from their text when they came as text, which keeps every number's
+/// digits), and compared: the same key with fewer such `Some`s means the two are told apart by
+/// the tool but not by the key.
+///
+/// Each `null` is tried alone while the reads stay within [`REPAIR_BYTES`] (so one request
+/// with megabytes of `null`s cannot cost a read per member); those left are then left out
+/// together, and when that shows one, halved until one is named. Arguments that read
+/// differently without a `null` in a way the key tells apart, or not at all, are not refused.
 pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     tool: &str,
     args: Arguments<'_>,
@@ -718,18 +720,19 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
 ) -> Option<String> {
     // Most calls hold no explicit `null`: found by a look at the text or a walk of the parsed
     // JSON, before anything is canonicalized again or copied.
-    let read;
-    let value: &Value = match args {
+    let (read, twice);
+    let (value, text): (&Value, Option<&str>) = match args {
         Arguments::Json(Value::String(s)) if s.contains("null") => {
             read = serde_json::from_str::<Value>(s).ok()?;
-            &read
+            (&read, Some(s))
         }
         Arguments::Json(Value::String(_)) | Arguments::Absent => return None,
-        Arguments::Json(v) => v,
+        Arguments::Json(v) => (v, None),
         Arguments::Text(text) if text.contains("null") => {
-            let inner = json_text::twice_encoded(text);
-            read = serde_json::from_str::<Value>(inner.as_deref().unwrap_or(text)).ok()?;
-            &read
+            twice = json_text::twice_encoded(text);
+            let text = twice.as_deref().unwrap_or(text);
+            read = serde_json::from_str::<Value>(text).ok()?;
+            (&read, Some(text))
         }
         Arguments::Text(_) => return None,
     };
@@ -744,28 +747,105 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     null_members(value, &mut Vec::new(), &mut nulls);
     let mut key = Vec::new();
     T::write_intent(parsed, &mut key).ok()?;
-    for path in nulls.into_iter().take(MAX_NULLS_TRIED) {
-        let mut without = value.clone();
-        remove_at(&mut without, &path)?;
-        let Ok(other) = parse::<T::Args>(tool, Arguments::Json(&without)) else { continue };
-        let mut other_key = Vec::new();
-        if T::write_intent(&other, &mut other_key).is_err() || other_key != key {
-            continue;
-        }
-        let fewer = crate::canonical::canonicalize_counting(&other, &mut Vec::new())
-            .is_ok_and(|n| n < some_nulls);
-        if fewer {
-            let mut shown = crate::canonical::PathText::default();
-            for segment in &path {
-                match segment {
-                    Step::Member(name) => shown.key(name),
-                    Step::Index(i) => shown.index(*i),
-                }
+    // Whether the arguments without the members at `paths` read as arguments of the same key
+    // with fewer `Some`s written as `null`.
+    let same_key_fewer = |paths: &[Vec<Step>]| {
+        let other = match text {
+            Some(text) => {
+                let Some(without) = text_without(text, paths) else { return false };
+                parse::<T::Args>(tool, Arguments::Text(&without))
             }
-            return Some(shown.finish());
+            None => {
+                let mut without = value.clone();
+                if paths.iter().any(|path| remove_at(&mut without, path).is_none()) {
+                    return false;
+                }
+                parse::<T::Args>(tool, Arguments::Json(&without))
+            }
+        };
+        let Ok(other) = other else { return false };
+        let mut other_key = Vec::new();
+        T::write_intent(&other, &mut other_key).is_ok()
+            && other_key == key
+            && crate::canonical::canonicalize_counting(&other, &mut Vec::new())
+                .is_ok_and(|n| n < some_nulls)
+    };
+    let size = text.map_or_else(|| text_size(value), str::len);
+    let alone = (REPAIR_BYTES / size.max(1)).min(nulls.len());
+    if let Some(path) =
+        nulls[..alone].iter().find(|path| same_key_fewer(std::slice::from_ref(path)))
+    {
+        return Some(path_text(path));
+    }
+    let mut left = &nulls[alone..];
+    if left.is_empty() || !same_key_fewer(left) {
+        return None;
+    }
+    // At most one read per halving: about 20 for a million `null`s.
+    while left.len() > 1 {
+        let (first, second) = left.split_at(left.len() / 2);
+        left = if same_key_fewer(first) { first } else { second };
+    }
+    Some(path_text(&left[0]))
+}
+
+/// A path as errors show it (`order.items[2].note`).
+fn path_text(path: &[Step]) -> String {
+    let mut shown = crate::canonical::PathText::default();
+    for segment in path {
+        match segment {
+            Step::Member(name) => shown.key(name),
+            Step::Index(i) => shown.index(*i),
         }
     }
-    None
+    shown.finish()
+}
+
+/// `text` (a JSON object) without the object members at `paths`, every other value kept as its
+/// text (a number's digits exactly, which a `Value` would round). Members come out in name
+/// order, which no typed read depends on (duplicate names were refused before).
+fn text_without(text: &str, paths: &[Vec<Step>]) -> Option<String> {
+    fn without(raw: &RawValue, paths: &[&[Step]]) -> Option<Box<RawValue>> {
+        if paths.is_empty() {
+            return Some(raw.to_owned());
+        }
+        let text = if raw.get().trim_start().starts_with('{') {
+            let members: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).ok()?;
+            let mut kept = BTreeMap::new();
+            for (name, member) in members {
+                let inside: Vec<&[Step]> = paths
+                    .iter()
+                    .filter_map(|path| match path.split_first() {
+                        Some((Step::Member(n), rest)) if *n == name => Some(rest),
+                        _ => None,
+                    })
+                    .collect();
+                if inside.iter().any(|rest| rest.is_empty()) {
+                    continue;
+                }
+                kept.insert(name, without(member, &inside)?);
+            }
+            serde_json::to_string(&kept).ok()?
+        } else {
+            let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+            let mut kept = Vec::with_capacity(items.len());
+            for (i, item) in items.into_iter().enumerate() {
+                let inside: Vec<&[Step]> = paths
+                    .iter()
+                    .filter_map(|path| match path.split_first() {
+                        Some((Step::Index(at), rest)) if *at == i => Some(rest),
+                        _ => None,
+                    })
+                    .collect();
+                kept.push(without(item, &inside)?);
+            }
+            serde_json::to_string(&kept).ok()?
+        };
+        RawValue::from_string(text).ok()
+    }
+    let raw: &RawValue = serde_json::from_str(text).ok()?;
+    let paths: Vec<&[Step]> = paths.iter().map(Vec::as_slice).collect();
+    Some(without(raw, &paths)?.get().to_owned())
 }
 
 /// Whether an object member somewhere in `value` is `null` (what [`null_members`] lists, found

@@ -2071,3 +2071,51 @@ async fn a_128_bit_integer_written_as_a_float_inside_an_array_is_the_integer() {
     assert_eq!(r.content, json!("[1000000000000000000000, 1250000000000000000000] None"));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// Reads a present member as `Some`, `null` included (the double-option pattern).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct Line {
+    note: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct NotesPatch {
+    #[serde(default)]
+    lines: Vec<Line>,
+    pad: String,
+    #[serde(default, deserialize_with = "present")]
+    wipe: Option<Option<String>>,
+}
+
+/// In megabytes of arguments only the first `null`s are tried one at a time (each try reads
+/// the whole arguments again); the rest are left out together, and a clear among them is still
+/// found and named, by halving.
+#[tokio::test]
+async fn a_null_read_as_clear_is_named_among_many_in_large_arguments() {
+    fn notes(a: &NotesPatch, _: u32) -> Result<Value, PayError> {
+        Ok(json!(format!("{} lines, wipe {:?}", a.lines.len(), a.wipe)))
+    }
+    let tool = fake("notes", RetryClass::Keyed, notes);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let lines = vec![json!({"note": null}); 10];
+    // 900 KiB: four `null`s are tried one at a time.
+    let leave = json!({"lines": lines, "pad": "x".repeat(900 << 10)});
+    let r = set.call(&run, "notes", &leave).await;
+    assert_eq!(r.content, json!("10 lines, wipe None"), "{}", r.text);
+    let mut clear = leave.clone();
+    clear["wipe"] = Value::Null;
+    let text = clear.to_string();
+    for r in [set.call(&run, "notes", &clear).await, set.call_text(&run, "notes", &text).await] {
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", &r.text[..200]);
+        assert!(r.text.contains("argument `wipe` is `Some`"), "{}", &r.text[..200]);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the leave ran");
+}
