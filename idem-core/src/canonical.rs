@@ -87,6 +87,20 @@ pub enum KeyError {
         /// The parameter's name.
         path: String,
     },
+    /// A whole number written as a float (`5.0`) that the arguments' type reads as another value
+    /// than the integer the key writes (`5`, RFC 8785): an untagged enum with an integer and a
+    /// float variant (`Cents(u64)`, `Dollars(f64)`) reads `5` and `5.0` as two values, and the
+    /// two calls would share one key. Checked on a tool set, for a model's arguments.
+    #[error(
+        "{} is `{number}`, a whole number written as a float; the idempotency key writes it as the integer it equals (RFC 8785), which the arguments' type reads as another value (an integer variant beside a float one), so two calls the tool tells apart would share one key; tag the enum (`#[serde(tag = \"..\")]`) or give its variants types that JSON tells apart",
+        describe(path)
+    )]
+    AmbiguousNumber {
+        /// Where the number is (`payment.amount`).
+        path: String,
+        /// The number as the tool read it (`5.0`).
+        number: String,
+    },
     /// A `RawValue`'s text holds a number that the canonical form writes as another one: an
     /// integer beyond 64 bits or a fraction with more digits than a 64-bit float holds (read,
     /// as serde_json reads them, as the nearest float). The tool reads the text's own digits,

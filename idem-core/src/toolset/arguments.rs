@@ -1,7 +1,7 @@
 //! The arguments a model sends, parsed into a tool's typed arguments with errors that name the
 //! field and say that nothing was executed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::{Display, Write as _};
 
 use serde::de::DeserializeOwned;
@@ -141,7 +141,7 @@ fn too_many(most: usize) -> String {
 /// clients that pass numbers through a float (Python's, many model SDKs') send them so, and
 /// serde refuses a float for an integer type. Tried only after the typed read was refused, and
 /// only where it was refused: the number at the refused field is written as the integer it
-/// equals and the arguments are read again, up to [`MAX_REPAIRS`] times. Nothing else changes,
+/// equals and the arguments are read again, up to [`repairs_allowed`] times. Nothing else changes,
 /// so a float a parameter accepts (an `f64`, a `Value`, an untagged enum's float variant) is
 /// read as sent, and the key (derived from the typed arguments) is the integer's.
 /// [`Repaired::Refused`] when the refused value is not such a number, with the refusal the
@@ -156,7 +156,9 @@ fn too_many(most: usize) -> String {
 /// the one. serde's refusal does not say which it was, so another float of that part holding
 /// the same number (an `f64`, a `Value`, an untagged enum's float variant) may take the integer
 /// first: the key is the same (RFC 8785 writes `5.0` and `5` alike), an `f64` reads the same
-/// number, a `Value` holds `5` and the untagged enum its integer variant. An untagged enum that
+/// number, a `Value` holds `5` and the untagged enum its integer variant (which the check of
+/// `same_key.rs` cannot tell from a `5` the client sent: sent alone, that `5.0` would have been
+/// refused as a number two variants read). An untagged enum that
 /// no variant matched names no number: its whole numbers are read as integers one at a time
 /// until a variant matches, or none is left (or [`MAX_REPAIRS`] were), and the enum's refusal
 /// stands. A float refused where no integer is expected (a string, a boolean) is not touched,
@@ -337,12 +339,12 @@ const MAX_REPAIRS: usize = 64;
 /// How many bytes of arguments the repairs of one call may read again in all: each repair reads
 /// the whole arguments once more, so a large text (a 15 MiB stdio line) with 64 whole floats
 /// would cost 64 full reads, one client's request taking seconds of CPU.
-const REPAIR_BYTES: usize = 4 << 20;
+pub(super) const REPAIR_BYTES: usize = 4 << 20;
 
 /// About how many bytes `value` takes as JSON text (its strings, and a few bytes per value):
 /// what a typed read of it walks. Recursive: the arguments were checked against the depth limit
 /// when they were read.
-fn text_size(value: &Value) -> usize {
+pub(super) fn text_size(value: &Value) -> usize {
     match value {
         Value::String(s) => s.len() + 2,
         Value::Array(items) => items.iter().map(|item| text_size(item) + 1).sum::<usize>() + 2,
@@ -399,7 +401,7 @@ fn value_at<'v>(value: &'v mut Value, path: &Path) -> Option<&'v mut Value> {
 
 /// Which number a refusal inside a part serde read whole was about.
 #[derive(Clone, Copy)]
-enum Refused {
+pub(super) enum Refused {
     /// "invalid type: floating point `5.0`, expected u64": the whole number 5.
     Equal(f64),
     /// "data did not match any variant of untagged enum ..": no number named, any whole one.
@@ -467,7 +469,7 @@ fn float_in(value: &mut Value, refused: Refused) -> Option<&mut Value> {
 
 /// The byte range of the first number token within `range` of `text` (valid JSON) that is a
 /// whole number not written as an integer and may be the refused one.
-fn float_token_in(
+pub(super) fn float_token_in(
     text: &str,
     (start, end): (usize, usize),
     refused: Refused,
@@ -697,217 +699,6 @@ fn out_of_range(said: &str) -> Option<String> {
     };
     // In range but refused (0 for a nonzero type): serde's message says why.
     outside.then(|| format!("the number {integer} is out of range for {what} ({range})"))
-}
-
-/// Where the arguments hold a `null` that was read as something other than what its absence
-/// reads as, with the same key: a field read with a "null is `Some(None)`" deserializer (the
-/// double-option pattern of PATCH-style tools, `null` = clear, absent = leave) and written as
-/// `null` whichever it holds (no `skip_serializing_if`). The clear would be answered with the
-/// leave's outcome. Only asked when the typed arguments hold a `Some` written as `null`, which
-/// the standard `Option` never reads from JSON; then explicit `null` members are left out, the
-/// arguments read again (from their text when they came as text, which keeps every number's
-/// digits), and compared: the same key with fewer such `Some`s means the two are told apart by
-/// the tool but not by the key.
-///
-/// Each `null` is tried alone while the reads stay within [`REPAIR_BYTES`] (so one request
-/// with megabytes of `null`s cannot cost a read per member); those left are then left out
-/// together, and when that shows one, halved until one is named. Arguments that read
-/// differently without a `null` in a way the key tells apart, or not at all, are not refused.
-pub(super) fn null_read_as_some<T: crate::tool::Tool>(
-    tool: &str,
-    args: Arguments<'_>,
-    parsed: &T::Args,
-) -> Option<String> {
-    // Most calls hold no explicit `null`: found by a look at the text or a walk of the parsed
-    // JSON, before anything is canonicalized again or copied.
-    let (read, twice);
-    let (value, text): (&Value, Option<&str>) = match args {
-        Arguments::Json(Value::String(s)) if s.contains("null") => {
-            read = serde_json::from_str::<Value>(s).ok()?;
-            (&read, Some(s))
-        }
-        Arguments::Json(Value::String(_)) | Arguments::Absent => return None,
-        Arguments::Json(v) => (v, None),
-        Arguments::Text(text) if text.contains("null") => {
-            twice = json_text::twice_encoded(text);
-            let text = twice.as_deref().unwrap_or(text);
-            read = serde_json::from_str::<Value>(text).ok()?;
-            (&read, Some(text))
-        }
-        Arguments::Text(_) => return None,
-    };
-    if !holds_null_member(value) {
-        return None;
-    }
-    let some_nulls = crate::canonical::canonicalize_counting(parsed, &mut Vec::new()).ok()?;
-    if some_nulls == 0 {
-        return None;
-    }
-    let mut nulls = Vec::new();
-    null_members(value, &mut Vec::new(), &mut nulls);
-    let mut key = Vec::new();
-    T::write_intent(parsed, &mut key).ok()?;
-    // Whether the arguments without the members at `paths` read as arguments of the same key
-    // with fewer `Some`s written as `null`.
-    let same_key_fewer = |paths: &[Vec<Step>]| {
-        let other = match text {
-            Some(text) => {
-                let Some(without) = text_without(text, paths) else { return false };
-                parse::<T::Args>(tool, Arguments::Text(&without))
-            }
-            None => {
-                let mut without = value.clone();
-                if paths.iter().any(|path| remove_at(&mut without, path).is_none()) {
-                    return false;
-                }
-                parse::<T::Args>(tool, Arguments::Json(&without))
-            }
-        };
-        let Ok(other) = other else { return false };
-        let mut other_key = Vec::new();
-        T::write_intent(&other, &mut other_key).is_ok()
-            && other_key == key
-            && crate::canonical::canonicalize_counting(&other, &mut Vec::new())
-                .is_ok_and(|n| n < some_nulls)
-    };
-    let size = text.map_or_else(|| text_size(value), str::len);
-    let alone = (REPAIR_BYTES / size.max(1)).min(nulls.len());
-    if let Some(path) =
-        nulls[..alone].iter().find(|path| same_key_fewer(std::slice::from_ref(path)))
-    {
-        return Some(path_text(path));
-    }
-    let mut left = &nulls[alone..];
-    if left.is_empty() || !same_key_fewer(left) {
-        return None;
-    }
-    // At most one read per halving: about 20 for a million `null`s.
-    while left.len() > 1 {
-        let (first, second) = left.split_at(left.len() / 2);
-        left = if same_key_fewer(first) { first } else { second };
-    }
-    Some(path_text(&left[0]))
-}
-
-/// A path as errors show it (`order.items[2].note`).
-fn path_text(path: &[Step]) -> String {
-    let mut shown = crate::canonical::PathText::default();
-    for segment in path {
-        match segment {
-            Step::Member(name) => shown.key(name),
-            Step::Index(i) => shown.index(*i),
-        }
-    }
-    shown.finish()
-}
-
-/// `text` (a JSON object) without the object members at `paths`, every other value kept as its
-/// text (a number's digits exactly, which a `Value` would round). Members come out in name
-/// order, which no typed read depends on (duplicate names were refused before).
-fn text_without(text: &str, paths: &[Vec<Step>]) -> Option<String> {
-    fn without(raw: &RawValue, paths: &[&[Step]]) -> Option<Box<RawValue>> {
-        if paths.is_empty() {
-            return Some(raw.to_owned());
-        }
-        let text = if raw.get().trim_start().starts_with('{') {
-            let members: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).ok()?;
-            let mut kept = BTreeMap::new();
-            for (name, member) in members {
-                let inside: Vec<&[Step]> = paths
-                    .iter()
-                    .filter_map(|path| match path.split_first() {
-                        Some((Step::Member(n), rest)) if *n == name => Some(rest),
-                        _ => None,
-                    })
-                    .collect();
-                if inside.iter().any(|rest| rest.is_empty()) {
-                    continue;
-                }
-                kept.insert(name, without(member, &inside)?);
-            }
-            serde_json::to_string(&kept).ok()?
-        } else {
-            let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
-            let mut kept = Vec::with_capacity(items.len());
-            for (i, item) in items.into_iter().enumerate() {
-                let inside: Vec<&[Step]> = paths
-                    .iter()
-                    .filter_map(|path| match path.split_first() {
-                        Some((Step::Index(at), rest)) if *at == i => Some(rest),
-                        _ => None,
-                    })
-                    .collect();
-                kept.push(without(item, &inside)?);
-            }
-            serde_json::to_string(&kept).ok()?
-        };
-        RawValue::from_string(text).ok()
-    }
-    let raw: &RawValue = serde_json::from_str(text).ok()?;
-    let paths: Vec<&[Step]> = paths.iter().map(Vec::as_slice).collect();
-    Some(without(raw, &paths)?.get().to_owned())
-}
-
-/// Whether an object member somewhere in `value` is `null` (what [`null_members`] lists, found
-/// without building paths). Recursive: the arguments were checked against the depth limit when
-/// they were read.
-fn holds_null_member(value: &Value) -> bool {
-    match value {
-        Value::Object(members) => {
-            members.values().any(|member| member.is_null() || holds_null_member(member))
-        }
-        Value::Array(items) => items.iter().any(holds_null_member),
-        _ => false,
-    }
-}
-
-/// One step of a path into a `Value`.
-#[derive(Clone)]
-enum Step {
-    Member(String),
-    Index(usize),
-}
-
-/// The paths of the object members whose value is `null`, outermost first. Recursive: the
-/// arguments were checked against the depth limit when they were read.
-fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
-    match value {
-        Value::Object(members) => {
-            for (name, member) in members {
-                at.push(Step::Member(name.clone()));
-                if member.is_null() {
-                    out.push(at.clone());
-                } else {
-                    null_members(member, at, out);
-                }
-                at.pop();
-            }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                at.push(Step::Index(i));
-                null_members(item, at, out);
-                at.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Removes the object member at `path` (its last step names it).
-fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
-    let (last, parents) = path.split_last()?;
-    let mut at = value;
-    for step in parents {
-        at = match step {
-            Step::Member(name) => at.get_mut(name.as_str())?,
-            Step::Index(i) => at.get_mut(*i)?,
-        };
-    }
-    match last {
-        Step::Member(name) => at.as_object_mut()?.remove(name.as_str()).map(drop),
-        Step::Index(_) => None,
-    }
 }
 
 #[cfg(test)]

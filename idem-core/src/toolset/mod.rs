@@ -33,6 +33,7 @@ mod mcp;
 mod openai;
 mod openai_responses;
 mod result;
+mod same_key;
 #[cfg(test)]
 mod tests;
 
@@ -294,8 +295,13 @@ async fn dispatch_typed<T: Tool>(
             return ToolResult::error(ErrorKind::InvalidArguments, message, None);
         }
     };
-    if let Some(path) = arguments::null_read_as_some::<T>(def.name, args, &parsed) {
-        let source = crate::KeyError::AmbiguousNull { path };
+    let ambiguous = same_key::null_read_as_some::<T>(def.name, args, &parsed)
+        .map(|path| crate::KeyError::AmbiguousNull { path })
+        .or_else(|| {
+            same_key::float_keyed_as_integer::<T>(args, &parsed)
+                .map(|(path, number)| crate::KeyError::AmbiguousNumber { path, number })
+        });
+    if let Some(source) = ambiguous {
         let e = crate::Error::<T::Error>::InvalidArguments { tool: def.name, source };
         return result::error_result(def, &e, cx);
     }

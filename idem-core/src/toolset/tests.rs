@@ -1229,9 +1229,9 @@ async fn only_the_refused_number_is_read_as_an_integer() {
     let tool = fake("page", RetryClass::Keyed, page);
     let set = ToolSet::new().with(tool).unwrap();
     let run = Idem::in_memory().run("r");
-    let plain = r#"{"limit": 1.0, "page": 2, "scale": -0.0, "filter": {"price": 5.0}}"#;
-    let spelled = r#"{"limit": 1.0, "page": 2.0, "scale": -0.0, "filter": {"price": 5.0}}"#;
-    let want = json!(["fraction 1", 2, true, r#"{"price":5.0}"#]);
+    let plain = r#"{"limit": 0.5, "page": 2, "scale": -0.0, "filter": {"price": 5.0}}"#;
+    let spelled = r#"{"limit": 0.5, "page": 2.0, "scale": -0.0, "filter": {"price": 5.0}}"#;
+    let want = json!(["fraction 0.5", 2, true, r#"{"price":5.0}"#]);
     one_key_for(&set, &run, "page", &[plain, spelled], &want).await;
 }
 
@@ -1346,7 +1346,8 @@ struct SendArgs {
 
 /// An untagged enum that no variant takes as sent names no number in its refusal: its whole
 /// numbers are read as integers until a variant takes it. One that a variant takes as sent
-/// (a float variant) keeps its float.
+/// (a float variant) keeps its float (a whole one there is refused: its key would be the
+/// integer variant's, `a_whole_float_an_untagged_enum_would_read_as_another_variant_is_refused`).
 #[tokio::test]
 async fn a_whole_number_inside_an_untagged_enum_no_variant_took_is_an_integer() {
     fn send(a: &SendArgs, _: u32) -> Result<Value, PayError> {
@@ -1364,9 +1365,9 @@ async fn a_whole_number_inside_an_untagged_enum_no_variant_took_is_an_integer() 
     let runs = tool.runs.clone();
     let run = Idem::in_memory().run("r");
     let set = ToolSet::new().with(tool).unwrap();
-    let want = json!([{"account": 42}, "fraction 1"]);
+    let want = json!([{"account": 42}, "fraction 0.5"]);
     let spellings =
-        [r#"{"to": {"account": 42}, "limit": 1.0}"#, r#"{"to": {"account": 4.2e1}, "limit": 1.0}"#];
+        [r#"{"to": {"account": 42}, "limit": 0.5}"#, r#"{"to": {"account": 4.2e1}, "limit": 0.5}"#];
     one_key_for(&set, &run, "send", &spellings, &want).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let text = r#"{"to": {"account": 42.5}, "limit": 1}"#;
@@ -2118,4 +2119,62 @@ async fn a_null_read_as_clear_is_named_among_many_in_large_arguments() {
         assert!(r.text.contains("argument `wipe` is `Some`"), "{}", &r.text[..200]);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "only the leave ran");
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+enum Amount {
+    Cents(u64),
+    Dollars(f64),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct PayoutArgs {
+    to: String,
+    amount: Amount,
+    #[serde(default)]
+    splits: Vec<Amount>,
+    #[serde(default)]
+    fee: f64,
+    #[serde(default)]
+    memo: Value,
+}
+
+/// `5` and `5.0` share a key (RFC 8785 writes them alike), and an untagged enum with an
+/// integer and a float variant reads them as two values: a payout of 5 cents and one of 5
+/// dollars would share a key, and the second would be answered with the first's outcome. Such a
+/// number is refused, naming where it is; a fraction, an integer, and a whole float where the
+/// schema has one number type (an `f64`, a `Value`) run as before.
+#[tokio::test]
+async fn a_whole_float_an_untagged_enum_would_read_as_another_variant_is_refused() {
+    fn payout(a: &PayoutArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!(format!("{} {:?} {:?} {} {}", a.to, a.amount, a.splits, a.fee, a.memo)))
+    }
+    let tool = fake("payout", RetryClass::Keyed, payout);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let r = set.call_text(&run, "payout", r#"{"to": "a", "amount": 5}"#).await;
+    assert_eq!(r.content, json!("a Cents(5) [] 0 null"), "{}", r.text);
+    let cases = [
+        (r#"{"to": "a", "amount": 5.0}"#, "argument `amount` is `5.0`"),
+        (r#"{"to": "a", "amount": 5e0, "fee": 1}"#, "argument `amount` is `5.0`"),
+        (r#"{"to": "a", "amount": 7, "splits": [1, 2.0]}"#, "argument `splits[1]` is `2.0`"),
+    ];
+    refused_saying(&set, &run, "payout", &cases).await;
+    for (text, _) in cases {
+        let r = set.call_text(&run, "payout", text).await;
+        assert!(r.text.contains("would share one key"), "{}", r.text);
+        assert!(r.text.contains("#[serde(tag"), "{}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no refused call ran");
+    // A fraction is a float to the key as well; an f64 and a Value read `5.0` as the number 5.
+    let r = set.call_text(&run, "payout", r#"{"to": "a", "amount": 5.5}"#).await;
+    assert_eq!(r.content, json!("a Dollars(5.5) [] 0 null"), "{}", r.text);
+    let texts = [
+        r#"{"to": "b", "amount": 1, "fee": 2.0, "memo": {"n": 3.0}}"#,
+        r#"{"to": "b", "amount": 1, "fee": 2, "memo": {"n": 3.0}}"#,
+    ];
+    one_key_for(&set, &run, "payout", &texts, &json!("b Cents(1) [] 2 {\"n\":3.0}")).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
