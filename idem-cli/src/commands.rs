@@ -110,6 +110,8 @@ async fn list(store: &dyn Store, args: ListArgs, json: bool) -> Result<(), Failu
             // The operator's --cursor (a later page's refusal, after a Redis Cluster changed,
             // says so itself).
             Err(store::StoreError::InvalidCursor(cursor)) if query.cursor == given => {
+                // Cut: a pasted file must not fill the screen.
+                let cursor = render::clip(cursor, 128);
                 return Err(Failure::new(
                     Exit::Usage,
                     format!(

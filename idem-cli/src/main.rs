@@ -232,7 +232,10 @@ impl From<idem_core::StoreError> for Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -248,4 +251,29 @@ fn main() -> ExitCode {
             ExitCode::from(f.exit as u8)
         }
     }
+}
+
+/// clap's message for a command line it refused, with every argument that holds a password
+/// masked: a store URL typed without `--store` (`idem postgres://app:pw@db list`) is quoted as an
+/// unknown subcommand or value, and the message lands in terminals, logs and bug reports.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    let mut said = e.render().to_string();
+    for arg in std::env::args_os().skip(1) {
+        let arg = arg.to_string_lossy();
+        // `--store=URL` is quoted as the URL alone.
+        let value = arg.split_once('=').map(|(_, value)| value);
+        for text in std::iter::once(arg.as_ref()).chain(value) {
+            let shown = idem_core::store::redacted_url(text);
+            if shown != text {
+                said = said.replace(text, &shown);
+            }
+        }
+    }
+    // Help and version are printed to standard output and end well; the rest is an error.
+    if e.use_stderr() {
+        eprint!("{said}");
+    } else {
+        print!("{said}");
+    }
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(Exit::Usage as u8))
 }

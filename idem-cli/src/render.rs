@@ -197,7 +197,7 @@ fn lease(info: &RecordInfo) -> String {
 const CELL_MAX: usize = 48;
 
 /// `cell` cut to at most `max` terminal columns, ending in `…` when cut.
-fn clip(cell: String, max: usize) -> String {
+pub fn clip(cell: String, max: usize) -> String {
     if cell.width() <= max {
         return cell;
     }

@@ -263,6 +263,9 @@ async fn workflow(url: &str, store: Arc<dyn Store>, name: &str) {
     let why = exits(url, &["list", "--cursor", "zz"], 2);
     assert!(why.contains("--cursor \"zz\" is not a cursor of this store"), "{why}");
     assert!(!why.contains("store configuration"), "the store is fine: {why}");
+    // A pasted file is not printed back whole.
+    let why = exits(url, &["list", "--cursor", &"a".repeat(100_000)], 2);
+    assert!(why.len() < 1_000, "{} bytes: {}", why.len(), &why[..300]);
     // The store is shared with the other tests, some of which leave unreadable records for a
     // moment: `stats` then exits 6, after printing the counts.
     let counted = |args: &[&str]| {
@@ -355,6 +358,33 @@ fn a_password_in_the_store_url_is_never_printed() {
         let why = exits(url, &["stats"], 2);
         assert!(!why.contains("s3cretPW"), "{url}: {why}");
         assert!(why.contains("***"), "the masked URL is still shown: {why}");
+    }
+    // A `?` or `/` in a Redis URL's password ends its user info, and the rest of the password
+    // became an option or a path that the error quoted; in a connection string that does not
+    // parse, a space or a quote inside the password ended the part that was masked.
+    for url in [
+        "redis://:s3cret?PWtail@127.0.0.1:6379/7",
+        "rediss://u:s3cret#PWtail@127.0.0.1:6379/7",
+        "redis+cluster://:s3cret/PWtail@10.0.0.1:6379,10.0.0.2:6379/",
+        "redis://:s3cret?wait_replicas=PWtail@127.0.0.1:6379/",
+        "host=127.0.0.1 user=app password=s3cret PWtail dbname=app",
+        "host=127.0.0.1 user=app password='s3c'PWtail-secret' dbname=app",
+    ] {
+        let why = exits(url, &["stats"], 2);
+        assert!(!why.contains("PWtail") && !why.contains("s3c"), "{url}: {why}");
+        assert!(why.contains("***"), "the masked URL is still shown: {why}");
+    }
+    // A store URL typed where clap does not expect it is quoted by clap's refusal.
+    for args in [
+        &["postgres://app:s3cretPW@db/app", "list"][..],
+        &["list", "postgres://app:s3cretPW@db/app"],
+        &["--json=postgres://app:s3cretPW@db/app", "list"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem")).args(args).output().expect("run idem");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(!said.contains("s3cretPW"), "{args:?}: {said}");
+        assert!(said.contains("postgres://app:***@db/app"), "{args:?}: {said}");
     }
     // An `@` in the password: PostgreSQL's URL reading ends the user info at the first one, so
     // the rest of the password would be the host that connection errors name.
@@ -1295,3 +1325,4 @@ async fn json_output_stays_on_one_line_for_a_pretty_printed_result() {
     assert_eq!(results, [&want, &want]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+

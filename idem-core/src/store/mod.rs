@@ -59,6 +59,11 @@ pub use memory::MemoryStore;
 pub use open::{open, open_existing};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+/// A store URL or connection string as it may be printed: its password masked
+/// (`postgres://app:***@db/app`, `host=db password=***`), also where the URL is malformed (a
+/// mistyped or missing scheme); what errors of [`open`] show. For an application's or a tool's
+/// own messages that name the store.
+pub use redact::redacted as redacted_url;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 

@@ -41,7 +41,7 @@ impl std::fmt::Debug for SecretUrl {
 /// `=` allowed; a URL query), quoted or not, backslash escapes included, to its end (a space,
 /// `&`, or the closing quote; the rest of the text when a quote is not closed). Errs on the side
 /// of masking: an `@` later in the text (a query) masks more than the password.
-pub(crate) fn redacted(url: &str) -> Cow<'_, str> {
+pub fn redacted(url: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(url);
     if let Some(masked) = user_info_masked(&out) {
         out = Cow::Owned(masked);
@@ -50,6 +50,18 @@ pub(crate) fn redacted(url: &str) -> Cow<'_, str> {
         out = Cow::Owned(masked);
     }
     out
+}
+
+/// `text`, a connection string that did not parse, with everything from its first password's
+/// value to its end masked: where the text is malformed, where a password ends cannot be told (a
+/// space or a quote inside it), so nothing after its start is shown. A URL's user info is masked
+/// as by [`redacted`] (to the last `@`, whatever it holds).
+pub(crate) fn redacted_unparsed(text: &str) -> Cow<'_, str> {
+    let masked = redacted(text);
+    match next_password_value(&masked.to_ascii_lowercase(), masked.as_bytes(), 0) {
+        Some(value) => Cow::Owned(format!("{}{MASK} (the rest is not shown)", &masked[..value])),
+        None => masked,
+    }
 }
 
 /// The user info `user:password@` before the last `@`, its password masked. Without `://` the
@@ -72,15 +84,13 @@ fn user_info_masked(url: &str) -> Option<String> {
     Some(format!("{}{MASK}{}", &url[..=colon], &url[at..]))
 }
 
-/// The values of `password` pairs (`password=`, `password = `, any case) masked, and of `pass`
-/// pairs (the password option of a Redis socket URL, `redis+unix:///s.sock?pass=`).
-fn password_pairs_masked(text: &str) -> Option<String> {
+/// Where the value of the next `password` pair (`password=`, `password = `, any case) or `pass`
+/// pair (the password option of a Redis socket URL, `redis+unix:///s.sock?pass=`) at or after
+/// `from` starts. `lower` is the text in ASCII lower case, `bytes` the text's.
+fn next_password_value(lower: &str, bytes: &[u8], mut from: usize) -> Option<usize> {
     const NAME: &str = "pass";
-    let lower = text.to_ascii_lowercase();
-    let bytes = text.as_bytes();
-    let mut out = String::new();
-    let (mut copied, mut from) = (0, 0);
-    while let Some(found) = lower[from..].find(NAME) {
+    loop {
+        let found = lower[from..].find(NAME)?;
         let mut i = from + found + NAME.len();
         if lower[i..].starts_with("word") {
             i += "word".len();
@@ -96,6 +106,17 @@ fn password_pairs_masked(text: &str) -> Option<String> {
         while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
         }
+        return Some(i);
+    }
+}
+
+/// The values of `password` and `pass` pairs ([`next_password_value`]) masked.
+fn password_pairs_masked(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let (mut copied, mut from) = (0, 0);
+    while let Some(mut i) = next_password_value(&lower, bytes, from) {
         let value = i;
         let end = if bytes.get(i) == Some(&b'\'') {
             i += 1;
@@ -121,7 +142,7 @@ fn password_pairs_masked(text: &str) -> Option<String> {
         out.push_str(&text[copied..value]);
         out.push_str(MASK);
         copied = end;
-        from = end.max(from);
+        from = end.max(value);
     }
     if copied == 0 && out.is_empty() {
         return None;

@@ -397,7 +397,8 @@ fn url_query(url: &str) -> Option<(&str, &str)> {
 /// may be single-quoted, and a backslash escapes the next character.
 fn conninfo_pairs(s: &str) -> Result<Vec<(&str, &str, String)>, StoreError> {
     let bad = |why: &str| {
-        let shown = crate::store::redact::redacted(s);
+        // Malformed: where its password ends cannot be told, so nothing after it is shown.
+        let shown = crate::store::redact::redacted_unparsed(s);
         StoreError::InvalidConfig(format!("PostgreSQL connection string {shown:?}: {why}"))
     };
     let mut pairs = Vec::new();

@@ -130,6 +130,52 @@ fn invalid(what: impl std::fmt::Display) -> StoreError {
 /// Errors: [`StoreError::InvalidConfig`] for a malformed URL, an unknown scheme or option, an
 /// unreadable CA file, or TLS without the `redis-tls` feature.
 pub(super) fn target(url: &str) -> Result<Target, StoreError> {
+    parsed(url).map_err(|e| match e {
+        // A `?`, `/` or `#` in the user info ends it early (RFC 3986 §3.2), and the part of the
+        // password after it is then read as a query, a path or a fragment, which errors quote
+        // ("unknown option \"x@host\""): they are not shown, the URL is, its password masked.
+        StoreError::InvalidConfig(said) if user_info_may_be_cut(url) => {
+            StoreError::InvalidConfig(format!(
+                "Redis URL {:?} does not parse ({}); a `?`, `/` or `#` in a user name or \
+                 password ends that part of the URL: write them as %3F, %2F and %23 (the parts \
+                 of the URL the error named are not shown, as they may hold the password)",
+                crate::store::redact::redacted(url),
+                unquoted(said.strip_prefix("Redis URL: ").unwrap_or(&said)),
+            ))
+        }
+        other => other,
+    })
+}
+
+/// Whether the text between `://` and the last `@` holds a `?`, `/` or `#`: a user info cut
+/// short, or an `@` after the authority (in a query). Either way errors may quote a part of a
+/// password.
+fn user_info_may_be_cut(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else { return false };
+    rest.rfind('@').is_some_and(|at| rest[..at].contains(['?', '/', '#']))
+}
+
+/// `said` with every double-quoted part (as `{:?}` writes a string) written `"…"`.
+fn unquoted(said: &str) -> String {
+    let mut out = String::with_capacity(said.len());
+    let mut chars = said.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '"' {
+            out.push_str("…\"");
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => drop(chars.next()),
+                    '"' => break,
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+fn parsed(url: &str) -> Result<Target, StoreError> {
     let Some((scheme, rest)) = url.split_once("://") else {
         let shown = crate::store::redact::redacted(url);
         return Err(invalid(format_args!("{shown:?} has no scheme")));
@@ -165,7 +211,7 @@ pub(super) fn target(url: &str) -> Result<Target, StoreError> {
     let ca = match &opts.ca {
         Some(path) => Some(
             std::fs::read(path)
-                .map_err(|e| StoreError::InvalidConfig(format!("Redis CA file {path}: {e}")))?,
+                .map_err(|e| StoreError::InvalidConfig(format!("Redis CA file {path:?}: {e}")))?,
         ),
         None => None,
     };
