@@ -1326,3 +1326,54 @@ async fn json_output_stays_on_one_line_for_a_pretty_printed_result() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The operator's view of `key`, a completed record of `run` whose end of retention was removed
+/// (edited by hand, or damaged): the application still meets it (SQLite replays it, PostgreSQL
+/// refuses its claims as another version's record), so the CLI lists, counts and shows it, and
+/// `forget` removes it. It was hidden from all four, and `forget` said "no record".
+fn without_an_end_of_retention(url: &str, run: &str, key: &str) {
+    assert_eq!(sorted_keys(&json(url, &["list", "--run", run])), [key], "listed");
+    assert!(ok(url, &["show", key]).contains(key), "shown");
+    let stats = json(url, &["stats"]);
+    assert!(stats["completed"].as_u64().is_some_and(|n| n >= 1), "counted: {stats}");
+    ok(url, &["forget", key, "--yes"]);
+    exits(url, &["show", key], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_shows_a_record_without_an_end_of_retention() {
+    use idem_core::store::{Origin, Outcome};
+    let (dir, url, store) = sqlite_store("idem-cli-no-expiry").await;
+    let origin = Origin { tool: "a", tenant: "", run: "no-expiry" };
+    let key = record_of(&*store, origin, Outcome::Success("{}".into())).await;
+    let db = rusqlite::Connection::open(dir.join("idem.db")).expect("open the file");
+    let sql = "UPDATE idem_records SET expires_at = NULL WHERE key = ?1";
+    assert_eq!(db.execute(sql, [&key]).expect(sql), 1);
+    tokio::task::spawn_blocking(move || without_an_end_of_retention(&url, "no-expiry", &key))
+        .await
+        .expect("the operator's view");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_shows_a_record_without_an_end_of_retention() {
+    use idem_core::store::{Origin, Outcome};
+    let url = pg_url();
+    let Some(store) = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await) else {
+        return;
+    };
+    let run = unique_run("pg-no-expiry");
+    let origin = Origin { tool: "a", tenant: "", run: &run };
+    let key = record_of(&*store, origin, Outcome::Success("{}".into())).await;
+    let (client, conn) =
+        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("raw");
+    tokio::spawn(conn);
+    let sql = "UPDATE idem_records SET expires_at = NULL WHERE key = $1";
+    assert_eq!(client.execute(sql, &[&key]).await.expect(sql), 1);
+    let checked = tokio::task::spawn_blocking({
+        let key = key.clone();
+        move || without_an_end_of_retention(&url, &run, &key)
+    })
+    .await;
+    let _ = client.execute("DELETE FROM idem_records WHERE key = $1", &[&key]).await;
+    checked.expect("the operator's view");
+}

@@ -27,14 +27,16 @@ const COLUMNS: &str = "key, fingerprint, fence, state, \
     (extract(epoch FROM lease_until - now()) * 1000)::bigint, kind, payload, tool, \
     tenant, run_id, (extract(epoch FROM now() - since) * 1000)::bigint";
 
-/// Not past retention.
-const LIVE: &str = "NOT (state = 1 AND expires_at <= now())";
+/// Not past retention. A completed record without an end of retention (edited by hand, or
+/// damaged) is kept, as the claims and the sweeps keep it: listed, counted, shown and removable,
+/// not hidden from the operator while the application still meets it.
+const LIVE: &str = "NOT (state = 1 AND expires_at IS NOT NULL AND expires_at <= now())";
 
 /// Resolvable under the fence `$2`: outcome unknown, or a lease that ended. `state + 0`: found
 /// by the primary key, not the listing index (see `conn.rs`).
 const RESOLVABLE: &str = "key = $1 AND fence = $2 AND (
     (state + 0 = 0 AND lease_until <= now())
-    OR (state + 0 = 1 AND kind = 3 AND expires_at > now()))";
+    OR (state + 0 = 1 AND kind = 3 AND (expires_at IS NULL OR expires_at > now())))";
 
 /// The record of row `r`, or, when it cannot be read (edited by hand, or written by another
 /// version), its key as stored and why: a listing reports it and goes on. An error only when the

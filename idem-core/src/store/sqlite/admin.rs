@@ -20,12 +20,14 @@ pub(super) const SWEEP_BATCH: usize = 1000;
 const COLUMNS: &str = "key, fingerprint, fence, state, lease_until, kind, payload, tool, tenant, \
                        run_id, since";
 
-/// Not past retention (`?1` is now).
-const LIVE: &str = "NOT (state = 1 AND expires_at <= ?1)";
+/// Not past retention (`?1` is now). A completed record without an end of retention (edited by
+/// hand, or damaged) is kept, as the claims and the sweeps keep it: listed, counted, shown and
+/// removable, not hidden from the operator while the application still meets it.
+const LIVE: &str = "NOT (state = 1 AND expires_at IS NOT NULL AND expires_at <= ?1)";
 
 /// Resolvable under the fence `?3` at `?4` (now): outcome unknown, or a lease that ended.
 const RESOLVABLE: &str = "key = ?1 AND fence = ?3 AND (
-    (state = 0 AND lease_until <= ?4) OR (state = 1 AND kind = 3 AND expires_at > ?4))";
+    (state = 0 AND lease_until <= ?4) OR (state = 1 AND kind = 3 AND (expires_at IS NULL OR expires_at > ?4)))";
 
 /// The record of row `r`, or, when it cannot be read (edited by hand, or written by another
 /// version), its key as stored and why: a listing reports it and goes on.
