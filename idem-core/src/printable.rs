@@ -13,7 +13,9 @@ use std::fmt::Write as _;
 /// format character (Unicode's General_Category `Cf`, 15.1): the `Bidi_Control` characters,
 /// and the invisible ones (zero-width space and joiners, U+FEFF, the tag characters U+E0000..),
 /// which make two run ids that differ look the same, shift a table's columns, or carry hidden
-/// text.
+/// text; and the other characters Unicode calls default ignorable (`Default_Ignorable_Code_Point`,
+/// 15.1: the combining grapheme joiner, the Hangul fillers, variation selectors), which a terminal
+/// shows as nothing or as a blank.
 fn acts_on_terminal(c: char) -> bool {
     c.is_control()
         || matches!(
@@ -27,6 +29,11 @@ fn acts_on_terminal(c: char) -> bool {
             | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
             | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}'
             | '\u{1D173}'..='\u{1D17A}' | '\u{E0001}' | '\u{E0020}'..='\u{E007F}'
+            // Default ignorable, not `Cf`:
+            | '\u{034F}' | '\u{115F}'..='\u{1160}' | '\u{17B4}'..='\u{17B5}'
+            | '\u{180B}'..='\u{180D}' | '\u{180F}' | '\u{2065}' | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}' | '\u{FFA0}' | '\u{FFF0}'..='\u{FFF8}'
+            | '\u{E0000}' | '\u{E0002}'..='\u{E001F}' | '\u{E0080}'..='\u{E0FFF}'
         )
 }
 
@@ -83,7 +90,10 @@ fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         if escaped(c) {
-            out.extend(c.escape_debug());
+            // Rust's own escape (`\n`, `\u{1b}`), or, for a character it counts as printable
+            // (a Hangul filler), its code point.
+            let debug = c.escape_debug();
+            if debug.len() > 1 { out.extend(debug) } else { out.extend(c.escape_unicode()) }
         } else {
             out.push(c);
         }
@@ -123,6 +133,12 @@ mod tests {
         // Invisible: two run ids that differ by one look the same, or carry hidden text.
         assert_eq!(printable("run\u{200b}1\u{feff}"), "run\\u{200b}1\\u{feff}");
         assert_eq!(printable("a\u{e0041}\u{ad}"), "a\\u{e0041}\\u{ad}");
+        // Default ignorable though not format characters: shown as nothing or a blank.
+        assert_eq!(
+            printable("re\u{34f}fund conv-42\u{3164}\u{115f} a\u{fe0f}"),
+            "re\\u{34f}fund conv-42\\u{3164}\\u{115f} a\\u{fe0f}"
+        );
+        assert!(matches!(printable("한글 ㄱ ｱ"), Cow::Borrowed(_)), "visible letters are kept");
     }
 
     #[test]
