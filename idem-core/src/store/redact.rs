@@ -56,6 +56,7 @@ pub fn redacted(url: &str) -> Cow<'_, str> {
 /// value to its end masked: where the text is malformed, where a password ends cannot be told (a
 /// space or a quote inside it), so nothing after its start is shown. A URL's user info is masked
 /// as by [`redacted`] (to the last `@`, whatever it holds).
+#[cfg(feature = "postgres")]
 pub(crate) fn redacted_unparsed(text: &str) -> Cow<'_, str> {
     let masked = redacted(text);
     match next_password_value(&masked.to_ascii_lowercase(), masked.as_bytes(), 0) {
