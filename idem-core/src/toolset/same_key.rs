@@ -232,8 +232,9 @@ fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
 /// it they are one number (`docs/key-spec.md`), and it is not refused.
 ///
 /// Only asked when the arguments hold such a number (a scan of the text, or a walk of the
-/// value); then their canonical text is read back and compared, as JSON values (which tell
-/// `5` from `5.0`), with what the tool reads. `(path, the number as the tool read it)`.
+/// value) and the tool holds one as a float; then their canonical text is read back and
+/// compared, as JSON values (which tell `5` from `5.0`), with what the tool reads. `(path, the
+/// number as the tool read it)`.
 pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     args: Arguments<'_>,
     parsed: &T::Args,
@@ -251,10 +252,16 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     if !holds {
         return None;
     }
+    // A whole number read as an integer (an integer parameter, the repair of `arguments.rs`)
+    // reads back as itself: only one the tool holds as a float is asked about.
+    let read = serde_json::to_value(parsed).ok()?;
+    if !holds_whole_float(&read) {
+        return None;
+    }
     let mut canonical = Vec::new();
     crate::canonical::canonicalize(parsed, &mut canonical).ok()?;
     let back: T::Args = serde_json::from_slice(&canonical).ok()?;
-    let (read, keyed) = (serde_json::to_value(parsed).ok()?, serde_json::to_value(&back).ok()?);
+    let keyed = serde_json::to_value(&back).ok()?;
     if read == keyed {
         return None;
     }
