@@ -1061,19 +1061,24 @@ async fn sqlite_lists_around_an_unreadable_record() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The store on the tests' shared PostgreSQL database, its URL, and a plain client of that
+/// database to edit records as a person might; `None` when PostgreSQL is absent outside CI.
+async fn pg_store_and_client() -> Option<(String, Arc<dyn Store>, tokio_postgres::Client)> {
+    let url = pg_url();
+    let store = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await)?;
+    let (client, conn) =
+        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("raw");
+    tokio::spawn(conn);
+    Some((url, store, client))
+}
+
 /// On the tests' shared database: the listing of this test's run selects its unreadable record
 /// (its run id is intact) and no other test's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lists_around_an_unreadable_record() {
-    let url = pg_url();
-    let Some(store) = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await) else {
-        return;
-    };
+    let Some((url, store, client)) = pg_store_and_client().await else { return };
     let run = unique_run("pg-unreadable");
     let (good, bad) = four_records(&*store, &run).await;
-    let (client, conn) =
-        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("raw");
-    tokio::spawn(conn);
     let sql = "UPDATE idem_records SET state = 7 WHERE key = $1";
     assert_eq!(client.execute(sql, &[&bad]).await.expect(sql), 1);
     let checked = tokio::task::spawn_blocking({
@@ -1357,16 +1362,10 @@ async fn sqlite_shows_a_record_without_an_end_of_retention() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_shows_a_record_without_an_end_of_retention() {
     use idem_core::store::{Origin, Outcome};
-    let url = pg_url();
-    let Some(store) = idem_tests::or_skip("PostgreSQL", idem_core::store::open(&url).await) else {
-        return;
-    };
+    let Some((url, store, client)) = pg_store_and_client().await else { return };
     let run = unique_run("pg-no-expiry");
     let origin = Origin { tool: "a", tenant: "", run: &run };
     let key = record_of(&*store, origin, Outcome::Success("{}".into())).await;
-    let (client, conn) =
-        tokio_postgres::connect(&idem_tests::pg_url(), tokio_postgres::NoTls).await.expect("raw");
-    tokio::spawn(conn);
     let sql = "UPDATE idem_records SET expires_at = NULL WHERE key = $1";
     assert_eq!(client.execute(sql, &[&key]).await.expect(sql), 1);
     let checked = tokio::task::spawn_blocking({

@@ -117,6 +117,14 @@ fn path_text(path: &[Step]) -> String {
 /// text (a number's digits exactly, which a `Value` would round). Members come out in name
 /// order, which no typed read depends on (duplicate names were refused before).
 fn text_without(text: &str, paths: &[Vec<Step>]) -> Option<String> {
+    // The rest of each path that starts with `first`.
+    fn under<'p>(paths: &[&'p [Step]], first: &Step) -> Vec<&'p [Step]> {
+        paths
+            .iter()
+            .filter_map(|path| path.split_first().filter(|(step, _)| *step == first))
+            .map(|(_, rest)| rest)
+            .collect()
+    }
     fn without(raw: &RawValue, paths: &[&[Step]]) -> Option<Box<RawValue>> {
         if paths.is_empty() {
             return Some(raw.to_owned());
@@ -125,13 +133,7 @@ fn text_without(text: &str, paths: &[Vec<Step>]) -> Option<String> {
             let members: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get()).ok()?;
             let mut kept = BTreeMap::new();
             for (name, member) in members {
-                let inside: Vec<&[Step]> = paths
-                    .iter()
-                    .filter_map(|path| match path.split_first() {
-                        Some((Step::Member(n), rest)) if *n == name => Some(rest),
-                        _ => None,
-                    })
-                    .collect();
+                let inside = under(paths, &Step::Member(name.clone()));
                 if inside.iter().any(|rest| rest.is_empty()) {
                     continue;
                 }
@@ -142,14 +144,7 @@ fn text_without(text: &str, paths: &[Vec<Step>]) -> Option<String> {
             let items: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
             let mut kept = Vec::with_capacity(items.len());
             for (i, item) in items.into_iter().enumerate() {
-                let inside: Vec<&[Step]> = paths
-                    .iter()
-                    .filter_map(|path| match path.split_first() {
-                        Some((Step::Index(at), rest)) if *at == i => Some(rest),
-                        _ => None,
-                    })
-                    .collect();
-                kept.push(without(item, &inside)?);
+                kept.push(without(item, &under(paths, &Step::Index(i)))?);
             }
             serde_json::to_string(&kept).ok()?
         };
@@ -174,7 +169,7 @@ fn holds_null_member(value: &Value) -> bool {
 }
 
 /// One step of a path into a `Value`.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 enum Step {
     Member(String),
     Index(usize),
