@@ -155,10 +155,9 @@ fn too_many(most: usize) -> String {
 /// included, is read as the integer, and the next read refuses the number again if it was not
 /// the one. serde's refusal does not say which it was, so another float of that part holding
 /// the same number (an `f64`, a `Value`, an untagged enum's float variant) may take the integer
-/// first: the key is the same (RFC 8785 writes `5.0` and `5` alike), an `f64` reads the same
-/// number, a `Value` holds `5` and the untagged enum its integer variant (which the check of
-/// `same_key.rs` cannot tell from a `5` the client sent: sent alone, that `5.0` would have been
-/// refused as a number two variants read). An untagged enum that
+/// first; once the arguments read, each such guess that they read without is undone
+/// ([`unneeded_undone_in_text`]), so that float is read as sent (and a whole one an untagged
+/// enum reads as its float variant is refused by `same_key.rs`). An untagged enum that
 /// no variant matched names no number: its whole numbers are read as integers one at a time
 /// until a variant matches, or none is left (or [`MAX_REPAIRS`] were), and the enum's refusal
 /// stands. A float refused where no integer is expected (a string, a boolean) is not touched,
@@ -181,6 +180,9 @@ fn repaired_text<A: DeserializeOwned>(
     };
     let mut said = first.inner().to_string();
     let most = repairs_allowed(text.len());
+    // Each repair: where its integer starts, the number as it was written, and whether it was
+    // a guess (a number found inside a part serde named, not at the refused path).
+    let mut done: Vec<Done> = Vec::new();
     for repairs in 0..=most {
         if !may_want_an_integer(&said) {
             return refused(&latest, &text);
@@ -189,9 +191,11 @@ fn repaired_text<A: DeserializeOwned>(
         // with a syntax error whose path names the field or the array holding it (`v` for
         // `v[0]`): its position names the number instead.
         let syntax = inner == serde_json::error::Category::Syntax;
+        let mut guessed = false;
         let range = syntax.then(|| number_at(&text, at)).flatten().or_else(|| {
             match token_at(&text, &path)? {
                 (start, end) if text[start..end].starts_with(['{', '[']) => {
+                    guessed = true;
                     Refused::of(&said).and_then(|r| float_token_in(&text, (start, end), r))
                 }
                 range => Some(range),
@@ -208,11 +212,16 @@ fn repaired_text<A: DeserializeOwned>(
                 Repaired::TooMany(most)
             };
         }
-        text.replace_range(start..end, &integer);
+        let sent = text[start..end].to_owned();
+        rewrite(&mut text, &mut done, start, sent.len(), &integer);
+        done.push(Done { start, sent, guessed });
         let mut de = serde_json::Deserializer::from_str(&text);
         match serde_path_to_error::deserialize::<_, A>(&mut de) {
             Ok(args) => {
-                return de.end().map_or(Repaired::Refused(None), |()| Repaired::Read(args));
+                if de.end().is_err() {
+                    return Repaired::Refused(None);
+                }
+                return Repaired::Read(unneeded_undone_in_text(text, done, args));
             }
             Err(e) => {
                 (path, inner) = (e.path().clone(), e.inner().classify());
@@ -284,7 +293,10 @@ fn repaired_value<A: DeserializeOwned>(
     first: &serde_path_to_error::Error<serde_json::Error>,
 ) -> Repaired<A> {
     const EXACT: f64 = 9_007_199_254_740_992.0;
+    let sent = value;
     let mut value = value.clone();
+    // Whether a repair was made inside a part serde named, not at the path it refused.
+    let mut guessed = false;
     let mut path = first.path().clone();
     let mut latest: Option<serde_path_to_error::Error<serde_json::Error>> = None;
     let refused = |latest: &Option<serde_path_to_error::Error<serde_json::Error>>| {
@@ -298,6 +310,7 @@ fn repaired_value<A: DeserializeOwned>(
         }
         let Some(mut target) = value_at(&mut value, &path) else { return refused(&latest) };
         if target.is_object() || target.is_array() {
+            guessed = true;
             let inside = Refused::of(&said).and_then(|r| float_in(target, r));
             let Some(number) = inside else { return refused(&latest) };
             target = number;
@@ -321,6 +334,9 @@ fn repaired_value<A: DeserializeOwned>(
         let integer = f as i64;
         *target = Value::from(integer);
         match serde_path_to_error::deserialize::<_, A>(&value) {
+            Ok(args) if guessed => {
+                return Repaired::Read(unneeded_undone_in_value(sent, value, args));
+            }
             Ok(args) => return Repaired::Read(args),
             Err(e) => {
                 path = e.path().clone();
@@ -330,6 +346,133 @@ fn repaired_value<A: DeserializeOwned>(
         }
     }
     Repaired::Refused(None)
+}
+
+/// A repair made in argument text.
+#[derive(Clone)]
+struct Done {
+    /// Where the integer it wrote starts.
+    start: usize,
+    /// The number as the client wrote it.
+    sent: String,
+    /// Found inside a part serde named, not at the path it refused: maybe not the refused one.
+    guessed: bool,
+}
+
+/// Replaces `len` bytes of `text` at `start` with `with`, moving the repairs in `done` that lie
+/// beyond it.
+fn rewrite(text: &mut String, done: &mut [Done], start: usize, len: usize, with: &str) {
+    text.replace_range(start..start + len, with);
+    for d in done.iter_mut().filter(|d| d.start > start) {
+        d.start = (d.start + with.len()) - len;
+    }
+}
+
+/// After the repairs read the arguments: each guessed repair but the last is undone when the
+/// arguments still read without it. Inside a part serde reads whole, or an untagged enum no
+/// variant took, the number a repair wrote may not be the one refused (serde did not say
+/// which): a float another parameter takes (an `f64`, a `Value`, an untagged enum's float
+/// variant) is then read as sent, as it would be alone, and `same_key.rs` sees it as sent. The
+/// last repair made the arguments read, so it is kept. At most one more read per guess.
+fn unneeded_undone_in_text<A: DeserializeOwned>(
+    mut text: String,
+    mut done: Vec<Done>,
+    mut read: A,
+) -> A {
+    let Some(last) = done.len().checked_sub(1) else { return read };
+    for i in 0..last {
+        let Done { start, ref sent, guessed } = done[i];
+        if !guessed {
+            continue;
+        }
+        // The integer written: its sign and digits, up to what follows the number.
+        let tail = &text[start..];
+        let len = tail.find(|c: char| !(c.is_ascii_digit() || c == '-')).unwrap_or(tail.len());
+        let (mut undone, mut moved, sent) = (text.clone(), done.clone(), sent.clone());
+        rewrite(&mut undone, &mut moved, start, len, &sent);
+        let mut de = serde_json::Deserializer::from_str(&undone);
+        if let Ok(again) = A::deserialize(&mut de)
+            && de.end().is_ok()
+        {
+            (text, done, read) = (undone, moved, again);
+        }
+    }
+    read
+}
+
+/// [`unneeded_undone_in_text`] for a parsed value: the repairs are where `sent` holds a whole
+/// float and `repaired` an integer, and each that the arguments read without is undone.
+fn unneeded_undone_in_value<A: DeserializeOwned>(sent: &Value, mut repaired: Value, read: A) -> A {
+    fn repairs(
+        sent: &Value,
+        repaired: &Value,
+        at: &mut Vec<PathStep>,
+        out: &mut Vec<Vec<PathStep>>,
+    ) {
+        match (sent, repaired) {
+            (Value::Number(a), Value::Number(b)) if a.is_f64() && !b.is_f64() => {
+                out.push(at.clone())
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                for (i, (a, b)) in a.iter().zip(b).enumerate() {
+                    at.push(PathStep::Index(i));
+                    repairs(a, b, at, out);
+                    at.pop();
+                }
+            }
+            (Value::Object(a), Value::Object(b)) => {
+                for (name, a) in a {
+                    if let Some(b) = b.get(name) {
+                        at.push(PathStep::Member(name.clone()));
+                        repairs(a, b, at, out);
+                        at.pop();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    repairs(sent, &repaired, &mut Vec::new(), &mut found);
+    if found.len() < 2 {
+        return read;
+    }
+    let mut read = read;
+    for path in &found {
+        let (Some(was), Some(now)) = (node(sent, path), node(&repaired, path)) else { continue };
+        let (was, now) = (was.clone(), now.clone());
+        set_node(&mut repaired, path, was);
+        match A::deserialize(&repaired) {
+            Ok(again) => read = again,
+            Err(_) => set_node(&mut repaired, path, now),
+        }
+    }
+    read
+}
+
+/// One step of a path into a `Value` (`toolset/same_key.rs` names its paths so too).
+#[derive(Clone, PartialEq)]
+pub(super) enum PathStep {
+    Member(String),
+    Index(usize),
+}
+
+/// The node at `path` in `value`.
+pub(super) fn node<'v>(value: &'v Value, path: &[PathStep]) -> Option<&'v Value> {
+    path.iter().try_fold(value, |at, step| match step {
+        PathStep::Member(name) => at.get(name.as_str()),
+        PathStep::Index(i) => at.get(*i),
+    })
+}
+
+fn set_node(value: &mut Value, path: &[PathStep], to: Value) {
+    let at = path.iter().try_fold(value, |at, step| match step {
+        PathStep::Member(name) => at.get_mut(name.as_str()),
+        PathStep::Index(i) => at.get_mut(*i),
+    });
+    if let Some(at) = at {
+        *at = to;
+    }
 }
 
 /// How many numbers of one call's arguments may be written as integers (each costs one more

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::arguments::{Arguments, REPAIR_BYTES, parse, text_size};
+use super::arguments::{Arguments, PathStep as Step, REPAIR_BYTES, node, parse, text_size};
 use crate::json_text;
 
 /// Where the arguments hold a `null` that was read as something other than what its absence
@@ -168,13 +168,6 @@ fn holds_null_member(value: &Value) -> bool {
     }
 }
 
-/// One step of a path into a `Value`.
-#[derive(Clone, PartialEq)]
-enum Step {
-    Member(String),
-    Index(usize),
-}
-
 /// The paths of the object members whose value is `null`, outermost first. Recursive: the
 /// arguments were checked against the depth limit when they were read.
 fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
@@ -263,7 +256,7 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     let schema = super::input_schema_for::<T::Args>();
     let mut at = Vec::new();
     let path = read_otherwise(&read, &keyed, &schema, &mut at)?;
-    let number = value_at(&read, &path).map(Value::to_string)?;
+    let number = node(&read, &path).map(Value::to_string)?;
     Some((path_text(&path), number))
 }
 
@@ -312,14 +305,6 @@ fn read_otherwise(
         }),
         _ => None,
     }
-}
-
-/// The value at `path` in `value`.
-fn value_at<'v>(value: &'v Value, path: &[Step]) -> Option<&'v Value> {
-    path.iter().try_fold(value, |at, step| match step {
-        Step::Member(name) => at.get(name.as_str()),
-        Step::Index(i) => at.get(*i),
-    })
 }
 
 /// Whether the schemas `root` gives the place at `path` (through every `anyOf`, `oneOf` and

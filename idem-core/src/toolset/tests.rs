@@ -1297,7 +1297,9 @@ async fn a_whole_number_inside_a_tagged_enum_or_a_flattened_field_is_an_integer(
         assert!(!r.is_error, "{}", r.text);
         let c = &r.content;
         assert!(c[0] == "card" && c[1].is_u64() && c[1] == 9 && c[4] == 1, "{c}");
-        assert!(c[2].as_f64() == Some(9.0) && c[3][0].as_f64() == Some(9.0), "{c}");
+        // The `Value` keeps the float as sent: the repair that wrote it an integer was not
+        // needed, and is undone.
+        assert!(c[2].as_f64() == Some(9.0) && c[3][0].is_f64(), "{c}");
         keys.push(r.report.unwrap().key);
     }
     assert_eq!(keys[0], keys[1], "one intent, one key");
@@ -2177,4 +2179,49 @@ async fn a_whole_float_an_untagged_enum_would_read_as_another_variant_is_refused
     ];
     one_key_for(&set, &run, "payout", &texts, &json!("b Cents(1) [] 2 {\"n\":3.0}")).await;
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Tipped {
+    Card { tip: Amount, amount: u64 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct TippedArgs {
+    payment: Tipped,
+}
+
+/// Inside a part serde reads whole, a refused `5.0` names the part, and the first whole `5.0`
+/// found there was read as the integer: an untagged enum's float before the refused number
+/// became its integer variant (a tip of 5 dollars read as 5 cents), and ran. Repairs that the
+/// arguments read without are undone, so the tip is read as sent and refused as a number two
+/// variants read; by text and by value.
+#[tokio::test]
+async fn a_repair_inside_a_tagged_part_leaves_an_untagged_float_as_sent() {
+    fn tipped(a: &TippedArgs, _: u32) -> Result<Value, PayError> {
+        let Tipped::Card { tip, amount } = &a.payment;
+        Ok(json!(format!("{tip:?} {amount}")))
+    }
+    let tool = fake("tipped", RetryClass::Keyed, tipped);
+    let runs = tool.runs.clone();
+    let run = Idem::in_memory().run("r");
+    let set = ToolSet::new().with(tool).unwrap();
+    let cases = [(
+        r#"{"payment": {"kind": "card", "tip": 5.0, "amount": 5.0}}"#,
+        "argument `payment.tip` is `5.0`",
+    )];
+    refused_saying(&set, &run, "tipped", &cases).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    for (text, want) in [
+        (r#"{"payment": {"kind": "card", "tip": 5.5, "amount": 5.0}}"#, "Dollars(5.5) 5"),
+        (r#"{"payment": {"kind": "card", "tip": 5, "amount": 5.0}}"#, "Cents(5) 5"),
+    ] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        for r in [set.call_text(&run, "tipped", text).await, set.call(&run, "tipped", &value).await]
+        {
+            assert_eq!(r.content, json!(want), "{text}: {}", r.text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
