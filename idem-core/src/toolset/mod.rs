@@ -78,6 +78,11 @@ pub struct ToolDefinition {
 #[derive(Clone, Debug, Default)]
 pub struct DispatchContext {
     read_only: Vec<&'static str>,
+    /// Tools whose arguments read every number one way (sorted): no union in their schema
+    /// offers an integer and a number, so `5.0` and `5` cannot be two values to them and the
+    /// check of `same_key.rs` is skipped. Derived from the schema once, when a tool joins the
+    /// set; a context built otherwise holds none, and every call is checked.
+    one_number_reading: Vec<&'static str>,
 }
 
 /// An object-safe view of a [`Tool`], implemented for every `T: Tool`, so that one [`ToolSet`]
@@ -298,6 +303,9 @@ async fn dispatch_typed<T: Tool>(
     let ambiguous = same_key::null_read_as_some::<T>(def.name, args, &parsed)
         .map(|path| crate::KeyError::AmbiguousNull { path })
         .or_else(|| {
+            if cx.one_number_reading.binary_search(&def.name).is_ok() {
+                return None;
+            }
             same_key::float_keyed_as_integer::<T>(args, &parsed)
                 .map(|(path, number)| crate::KeyError::AmbiguousNumber { path, number })
         });
@@ -554,6 +562,10 @@ impl ToolSet {
         if entry.definition.class == RetryClass::Safe {
             self.cx.read_only.push(name);
             self.cx.read_only.sort_unstable();
+        }
+        if !same_key::may_read_a_number_two_ways(&entry.definition.input_schema) {
+            self.cx.one_number_reading.push(name);
+            self.cx.one_number_reading.sort_unstable();
         }
         self.tools.insert(name, entry);
         // A `#[tool_set]` block may have left out a tool of this name: the set holds one now, and

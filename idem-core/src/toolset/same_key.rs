@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
 use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use super::arguments::{Arguments, PathStep as Step, REPAIR_BYTES, node, parse, text_size};
 use crate::json_text;
@@ -258,6 +258,49 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     let path = read_otherwise(&read, &keyed, &schema, &mut at)?;
     let number = node(&read, &path).map(Value::to_string)?;
     Some((path_text(&path), number))
+}
+
+/// Whether a tool's arguments schema could read one number two ways: it holds a union
+/// (`anyOf`, `oneOf`) of two or more branches that are not `null`, and names both the types
+/// `integer` and `number`. Without both, [`float_keyed_as_integer`] can find nothing, so a tool
+/// set asks it only of tools where this holds. Errs towards yes: a tagged enum is a union too.
+pub(super) fn may_read_a_number_two_ways(schema: &Map<String, Value>) -> bool {
+    #[derive(Default)]
+    struct Seen {
+        union: bool,
+        integer: bool,
+        number: bool,
+    }
+    fn object(members: &Map<String, Value>, seen: &mut Seen) {
+        for (name, member) in members {
+            match (name.as_str(), member) {
+                ("type", Value::String(t)) => {
+                    seen.integer |= t == "integer";
+                    seen.number |= t == "number";
+                }
+                ("type", Value::Array(types)) => {
+                    seen.integer |= types.iter().any(|t| t == "integer");
+                    seen.number |= types.iter().any(|t| t == "number");
+                }
+                ("anyOf" | "oneOf", Value::Array(branches)) => {
+                    let null = |b: &Value| b.get("type") == Some(&Value::from("null"));
+                    seen.union |= branches.iter().filter(|b| !null(b)).count() > 1;
+                }
+                _ => {}
+            }
+            value(member, seen);
+        }
+    }
+    fn value(v: &Value, seen: &mut Seen) {
+        match v {
+            Value::Object(members) => object(members, seen),
+            Value::Array(items) => items.iter().for_each(|item| value(item, seen)),
+            _ => {}
+        }
+    }
+    let mut seen = Seen::default();
+    object(schema, &mut seen);
+    seen.union && seen.integer && seen.number
 }
 
 /// Whether `text` (JSON) holds a number token that is whole but not written as an integer.

@@ -2225,3 +2225,20 @@ async fn a_repair_inside_a_tagged_part_leaves_an_untagged_float_as_sent() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// The number check runs only for tools whose schema could read one number two ways: a union
+/// of two or more non-`null` branches, and both `integer` and `number`. Options (`T` or `null`)
+/// and plain integer and float fields side by side are not such a union.
+#[test]
+fn only_tools_with_a_number_union_pay_for_the_number_check() {
+    let set = ToolSet::new()
+        .with(fake("payout", RetryClass::Keyed, |_: &PayoutArgs, _| Ok(Value::Null)))
+        .unwrap()
+        .with(fake("tipped", RetryClass::Keyed, |_: &TippedArgs, _| Ok(Value::Null)))
+        .unwrap()
+        .with(fake("widths", RetryClass::Keyed, |_: &WidthArgs, _| Ok(Value::Null)))
+        .unwrap()
+        .with(fake("ledger", RetryClass::Keyed, |_: &LedgerArgs, _| Ok(Value::Null)))
+        .unwrap();
+    assert_eq!(set.cx.one_number_reading, ["ledger", "widths"]);
+}
