@@ -465,12 +465,16 @@ pub(super) fn node<'v>(value: &'v Value, path: &[PathStep]) -> Option<&'v Value>
     })
 }
 
-fn set_node(value: &mut Value, path: &[PathStep], to: Value) {
-    let at = path.iter().try_fold(value, |at, step| match step {
+/// The node at `path` in `value`, to change.
+pub(super) fn node_mut<'v>(value: &'v mut Value, path: &[PathStep]) -> Option<&'v mut Value> {
+    path.iter().try_fold(value, |at, step| match step {
         PathStep::Member(name) => at.get_mut(name.as_str()),
         PathStep::Index(i) => at.get_mut(*i),
-    });
-    if let Some(at) = at {
+    })
+}
+
+fn set_node(value: &mut Value, path: &[PathStep], to: Value) {
+    if let Some(at) = node_mut(value, path) {
         *at = to;
     }
 }

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::arguments::{Arguments, PathStep as Step, REPAIR_BYTES, node, parse, text_size};
+use super::arguments::{
+    Arguments, PathStep as Step, REPAIR_BYTES, node, node_mut, parse, text_size,
+};
 use crate::json_text;
 
 /// Where the arguments hold a `null` that was read as something other than what its absence
@@ -197,13 +199,7 @@ fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
 /// Removes the object member at `path` (its last step names it).
 fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
     let (last, parents) = path.split_last()?;
-    let mut at = value;
-    for step in parents {
-        at = match step {
-            Step::Member(name) => at.get_mut(name.as_str())?,
-            Step::Index(i) => at.get_mut(*i)?,
-        };
-    }
+    let at = node_mut(value, parents)?;
     match last {
         Step::Member(name) => at.as_object_mut()?.remove(name.as_str()).map(drop),
         Step::Index(_) => None,
