@@ -1353,9 +1353,14 @@ async fn sqlite_shows_a_record_without_an_end_of_retention() {
     let db = rusqlite::Connection::open(dir.join("idem.db")).expect("open the file");
     let sql = "UPDATE idem_records SET expires_at = NULL WHERE key = ?1";
     assert_eq!(db.execute(sql, [&key]).expect(sql), 1);
-    tokio::task::spawn_blocking(move || without_an_end_of_retention(&url, "no-expiry", &key))
-        .await
-        .expect("the operator's view");
+    tokio::task::spawn_blocking(move || {
+        // The store is this test's alone: the record is its one completed record.
+        assert_eq!(json(&url, &["stats"])["completed"], 1, "counted once");
+        without_an_end_of_retention(&url, "no-expiry", &key);
+        assert_eq!(json(&url, &["stats"])["completed"], 0, "forgotten");
+    })
+    .await
+    .expect("the operator's view");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
