@@ -335,6 +335,140 @@ async fn a_nan_argument_is_invalid_and_the_tool_never_runs() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+// ---- Typed calls: two values the tool tells apart, written alike. ----
+
+#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
+#[error("declined")]
+struct Declined;
+
+impl Classify for Declined {
+    fn classify(&self) -> Failure {
+        Failure::permanent()
+    }
+}
+
+/// A tip in cents or in dollars, told apart by how the number is written: `5` and `5.0`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+enum Tip {
+    Cents(u64),
+    Dollars(f64),
+}
+
+/// A payment with its tips.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Tipping {
+    to: String,
+    tips: Vec<Tip>,
+}
+
+static TIPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Pays the tips.
+#[idem_core::tool(retry = "keyed")]
+async fn pay_tips(payment: Tipping, amount: f64) -> Result<String, Declined> {
+    let paid = format!("{} {:?} {amount}", payment.to, payment.tips);
+    TIPS.lock().unwrap().push(paid.clone());
+    Ok(paid)
+}
+
+/// `Dollars(5.0)` and `Cents(5)` were one key (RFC 8785 writes `5.0` as `5`): a typed call of
+/// 5 dollars after 5 cents was answered with the cents' outcome, and never ran. It is refused,
+/// naming the number's path, before anything is claimed; a float that is not whole, an
+/// integer and a whole `f64` field run (and replay) as before.
+#[tokio::test]
+async fn a_typed_whole_float_an_untagged_enum_reads_as_its_integer_is_refused() {
+    let run = Idem::in_memory().run("r");
+    let pay = |tips: Vec<Tip>| PayTipsArgs::new(Tipping { to: "ann".into(), tips }, 20.0);
+    let cents = run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Cents(5)])).await;
+    assert_eq!(cents.unwrap(), "ann [Cents(1), Cents(5)] 20");
+    for run in [run.clone(), Idem::in_memory().run("fresh")] {
+        match run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Dollars(5.0)])).await {
+            Err(Error::InvalidArguments { tool: "pay_tips", source }) => assert_eq!(
+                source,
+                KeyError::AmbiguousNumber { path: "payment.tips[1]".into(), number: "5.0".into() }
+            ),
+            other => panic!("expected AmbiguousNumber, got {other:?}"),
+        }
+    }
+    let dollars = run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Dollars(5.5)])).await;
+    assert_eq!(dollars.unwrap(), "ann [Cents(1), Dollars(5.5)] 20");
+    let again = run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Cents(5)])).await;
+    assert_eq!(again.unwrap(), "ann [Cents(1), Cents(5)] 20", "replayed");
+    assert_eq!(
+        *TIPS.lock().unwrap(),
+        ["ann [Cents(1), Cents(5)] 20", "ann [Cents(1), Dollars(5.5)] 20"],
+        "the cents ran once, the whole dollars never"
+    );
+}
+
+/// A ticket update: `description: Some(None)` clears the description, `None` leaves it. Both are
+/// written `null`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct TicketPatch {
+    id: String,
+    #[serde(default)]
+    description: Option<Option<String>>,
+}
+
+/// The same update with `None` left out when written: two keys.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct TicketPatchSkipping {
+    id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<Option<String>>,
+}
+
+static PATCHES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Updates a ticket.
+#[idem_core::tool(retry = "keyed")]
+async fn patch_ticket(patch: TicketPatch) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    PATCHES.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// Updates a ticket, `None` left out of the key.
+#[idem_core::tool(retry = "keyed")]
+async fn patch_ticket_skipping(patch: TicketPatchSkipping) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    PATCHES.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// A typed call's `Some(None)` below the parameters ("clear it") had the key of `None` ("leave
+/// it") and was answered with the leave's outcome. It is refused, naming the field, where the
+/// two share a key; where `None` is left out of the key, both run.
+#[tokio::test]
+async fn a_typed_some_none_below_the_parameters_is_refused_where_none_has_its_key() {
+    let run = Idem::in_memory().run("r");
+    let patch = |description| TicketPatch { id: "t1".into(), description };
+    let leave = run.call(&PatchTicketTool, PatchTicketArgs::new(patch(None))).await;
+    assert_eq!(leave.unwrap(), "t1: None");
+    for run in [run.clone(), Idem::in_memory().run("fresh")] {
+        match run.call(&PatchTicketTool, PatchTicketArgs::new(patch(Some(None)))).await {
+            Err(Error::InvalidArguments { tool: "patch_ticket", source }) => {
+                assert_eq!(source, KeyError::AmbiguousNull { path: "patch.description".into() })
+            }
+            other => panic!("expected AmbiguousNull, got {other:?}"),
+        }
+    }
+    let set = run.call(&PatchTicketTool, PatchTicketArgs::new(patch(Some(Some("x".into())))));
+    assert_eq!(set.await.unwrap(), r#"t1: Some(Some("x"))"#);
+
+    let skipping = |description| TicketPatchSkipping { id: "t2".into(), description };
+    for description in [None, Some(None)] {
+        let args = PatchTicketSkippingArgs::new(skipping(description));
+        run.call(&PatchTicketSkippingTool, args).await.unwrap();
+    }
+    assert_eq!(
+        *PATCHES.lock().unwrap(),
+        ["t1: None", r#"t1: Some(Some("x"))"#, "t2: None", "t2: Some(None)"],
+        "the clear ran only where its key differs from the leave's"
+    );
+}
+
 // ---- Properties. ----
 
 /// Equality of JSON data: numbers compare by value (`4900` and `4900.0` are one number, as in

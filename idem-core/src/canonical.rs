@@ -7,6 +7,8 @@
 //! the object's bytes are reordered once through a scratch buffer. The span stack, key buffer and
 //! scratch buffer are kept per thread, so a warm call allocates nothing beyond the output.
 
+use std::cell::Cell;
+
 use serde::Serialize;
 
 /// Why arguments cannot be canonicalised. The tool is not run.
@@ -78,7 +80,8 @@ pub enum KeyError {
     /// answered with the other's outcome (a "leave it" and a "clear it" of one field). Checked for
     /// the parameters of a `#[tool]` (one marked `#[idem(skip_if_none)]` tells them apart: its
     /// `None` is left out of the key), and, on a tool set, for an explicit `null` in the model's
-    /// arguments that a field reads as `Some(None)` while its absence has the same key.
+    /// arguments that a field reads as `Some(None)` while its absence has the same key; on a
+    /// typed call, for a field below the parameters whose `Some(None)` has the key of `None`.
     #[error(
         "{} is `Some` of a value written as `null` (`Some(None)`), which the idempotency key cannot tell from `None`, so the two calls would share one key; leave `None` out of the key (`#[idem(skip_if_none)]` on a parameter, `#[serde(skip_serializing_if = \"Option::is_none\")]` on a field), or give it a type that names both cases",
         describe(path)
@@ -90,7 +93,8 @@ pub enum KeyError {
     /// A whole number written as a float (`5.0`) that the arguments' type reads as another value
     /// than the integer the key writes (`5`, RFC 8785): an untagged enum with an integer and a
     /// float variant (`Cents(u64)`, `Dollars(f64)`) reads `5` and `5.0` as two values, and the
-    /// two calls would share one key. Checked on a tool set, for a model's arguments.
+    /// two calls would share one key. Checked on a tool set, for a model's arguments, and on a
+    /// typed call whose arguments write a whole float.
     #[error(
         "{} is `{number}`, a whole number written as a float; the idempotency key writes it as the integer it equals (RFC 8785), which the arguments' type reads as another value (an integer variant beside a float one), so two calls the tool tells apart would share one key; tag the enum (`#[serde(tag = \"..\")]`) or give its variants types that JSON tells apart",
         describe(path)
@@ -169,7 +173,44 @@ pub(crate) fn describe(path: &str) -> String {
 /// set is written (its order differs in every copy), [`KeyError::Custom`] when the value's
 /// `Serialize` fails. On error `out` is left as it was.
 pub fn canonicalize<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), KeyError> {
-    canonicalize_with(value, out, true).map(drop)
+    let seen = canonicalize_with(value, out, true)?;
+    if seen.some_nulls > 0 || seen.whole_floats {
+        let _ = SEEN.try_with(|s| s.set(s.get().or(seen)));
+    }
+    Ok(())
+}
+
+/// What the values written by [`canonicalize`] held that JSON writes as it writes another value
+/// a tool may read differently: `Some`s written as `null` (as `None` is) and whole floats
+/// (written as the integer). Used to ask, only then, whether two calls share a key
+/// (`toolset/same_key.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Seen {
+    pub(crate) some_nulls: usize,
+    pub(crate) whole_floats: bool,
+}
+
+impl Seen {
+    fn or(self, other: Seen) -> Seen {
+        Seen {
+            some_nulls: self.some_nulls.saturating_add(other.some_nulls),
+            whole_floats: self.whole_floats || other.whole_floats,
+        }
+    }
+}
+
+thread_local! {
+    /// What the [`canonicalize`] calls on this thread since the last [`take_seen`] held. A
+    /// thread-local because the key is written through [`crate::Tool::write_intent`], whose
+    /// result is the text only; collecting this beside the walk that writes the key costs a
+    /// branch per float, where a second walk would cost a call's worth.
+    static SEEN: Cell<Seen> = const { Cell::new(Seen { some_nulls: 0, whole_floats: false }) };
+}
+
+/// What the [`canonicalize`] calls on this thread held since the last call of this, and starts
+/// over. Call before and after writing one intent.
+pub(crate) fn take_seen() -> Seen {
+    SEEN.try_with(Cell::take).unwrap_or_default()
 }
 
 /// [`canonicalize`] of a value that is not an intent (an output, a value checked for depth
@@ -180,14 +221,14 @@ pub(crate) fn canonicalize_counting<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
 ) -> Result<usize, KeyError> {
-    canonicalize_with(value, out, false)
+    canonicalize_with(value, out, false).map(|seen| seen.some_nulls)
 }
 
 fn canonicalize_with<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
     refuse_sets: bool,
-) -> Result<usize, KeyError> {
+) -> Result<Seen, KeyError> {
     let mark = out.len();
     let mut canon = Canon {
         out,
@@ -196,15 +237,16 @@ fn canonicalize_with<T: Serialize + ?Sized>(
         nest: 0,
         wrappers: 0,
         some_nulls: 0,
+        whole_floats: false,
         refuse_sets,
     };
     let mut result = value.serialize(&mut canon);
     if result.is_ok() && canon.depth != 0 {
         result = Err(unfinished());
     }
-    let Canon { out, bufs, some_nulls, .. } = canon;
+    let Canon { out, bufs, some_nulls, whole_floats, .. } = canon;
     bufs.give_back();
-    result.map(|()| some_nulls).map_err(|e| {
+    result.map(|()| Seen { some_nulls, whole_floats }).map_err(|e| {
         out.truncate(mark);
         e.into_key_error()
     })

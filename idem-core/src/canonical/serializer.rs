@@ -28,6 +28,8 @@ pub(super) struct Canon<'o> {
     pub(super) wrappers: usize,
     /// `Some`s written as `null`, which JSON cannot tell from `None`.
     pub(super) some_nulls: usize,
+    /// Whether a whole float (`5.0`) was written: as `5`, which an integer writes too.
+    pub(super) whole_floats: bool,
     /// Whether a hash set is refused ([`unordered_seq`]): writing an intent, whose key must be
     /// the same for every copy of the same arguments.
     pub(super) refuse_sets: bool,
@@ -221,9 +223,10 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
     }
     fn serialize_f32(self, v: f32) -> Result<(), Fail> {
         // Exact widening, as JavaScript (and serde_json::Value) would hold the number.
-        write_f64(self.out, f64::from(v))
+        self.serialize_f64(f64::from(v))
     }
     fn serialize_f64(self, v: f64) -> Result<(), Fail> {
+        self.whole_floats |= v.fract() == 0.0;
         write_f64(self.out, v)
     }
     fn serialize_char(self, v: char) -> Result<(), Fail> {

@@ -112,7 +112,7 @@ impl Run {
         args: T::Args,
     ) -> impl Future<Output = Result<T::Output, Error<T::Error>>> {
         // The call's own future, not one wrapped around it: the typed calls come this way.
-        self.call_into(tool, args, None)
+        self.call_into(tool, args, None, false)
     }
 
     /// [`Run::call`], and what the call reports beside its result: its key and how it was served
@@ -124,7 +124,20 @@ impl Run {
         args: T::Args,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let mut report = None;
-        let result = self.call_into(tool, args, Some(&mut report)).await;
+        let result = self.call_into(tool, args, Some(&mut report), false).await;
+        (result, report)
+    }
+
+    /// [`Run::call_reported`] of arguments a [`crate::ToolSet`] read from JSON and checked for
+    /// a key they would share with other arguments (`toolset/same_key.rs`) from the JSON the
+    /// client sent: not asked again from the key's text.
+    pub(crate) async fn call_checked_reported<T: Tool>(
+        &self,
+        tool: &T,
+        args: T::Args,
+    ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
+        let mut report = None;
+        let result = self.call_into(tool, args, Some(&mut report), true).await;
         (result, report)
     }
 
@@ -134,6 +147,7 @@ impl Run {
         tool: &T,
         args: T::Args,
         report: Option<&mut Option<CallReport>>,
+        checked: bool,
     ) -> Result<T::Output, Error<T::Error>> {
         let def = tool.def();
         let inner = &self.idem.inner;
@@ -159,11 +173,25 @@ impl Run {
             return Err(Error::StoreUnavailable { tool: def.name, source });
         }
         let mut canonical = Vec::with_capacity(256);
+        crate::canonical::take_seen();
         // The arguments' `Serialize` is the caller's code: its panic refuses the call (nothing
         // is claimed yet) as any other failure to write the intent does.
         let written = super::caught::caught(|| T::write_intent(&args, &mut canonical))
             .unwrap_or_else(|message| {
                 Err(KeyError::Custom(format!("their `Serialize` panicked: {message}")))
+            })
+            .and_then(|()| {
+                // Two arguments the tool tells apart written alike: the second would be answered
+                // with the first's outcome (`docs/key-spec.md`, `Some(None)` and whole floats).
+                let seen = crate::canonical::take_seen();
+                if checked || (seen.some_nulls == 0 && !seen.whole_floats) {
+                    return Ok(());
+                }
+                super::caught::caught(|| {
+                    crate::toolset::same_key::typed_call::<T>(def.name, &args, &canonical, seen)
+                })
+                .unwrap_or(None)
+                .map_or(Ok(()), Err)
             });
         if let Err(source) = written {
             if matches!(source, KeyError::TooDeep { .. }) {

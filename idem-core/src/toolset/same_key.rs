@@ -3,7 +3,9 @@
 //! reads as different ones alike. Checked on a tool set, where the arguments come as JSON, after
 //! they are read and before anything is claimed.
 
-use std::collections::BTreeMap;
+use std::any::TypeId;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{LazyLock, Mutex};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -11,6 +13,7 @@ use serde_json::{Map, Value};
 use super::arguments::{
     Arguments, PathStep as Step, REPAIR_BYTES, node, node_mut, parse, text_size,
 };
+use crate::canonical::KeyError;
 use crate::json_text;
 
 /// Where the arguments hold a `null` that was read as something other than what its absence
@@ -236,6 +239,13 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     if !holds {
         return None;
     }
+    read_back_otherwise::<T>(parsed)
+}
+
+/// Where `parsed`'s canonical text reads back with a whole float turned into an integer, or the
+/// reverse, and the schema there takes both: [`float_keyed_as_integer`] once the arguments
+/// were seen to hold a whole float.
+fn read_back_otherwise<T: crate::tool::Tool>(parsed: &T::Args) -> Option<(String, String)> {
     // A whole number read as an integer (an integer parameter, the repair of `arguments.rs`)
     // reads back as itself: only one the tool holds as a float is asked about.
     let read = serde_json::to_value(parsed).ok()?;
@@ -254,6 +264,48 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
     let path = read_otherwise(&read, &keyed, &schema, &mut at)?;
     let number = node(&read, &path).map(Value::to_string)?;
     Some((path_text(&path), number))
+}
+
+/// The checks of this file for a typed call ([`crate::Run::call`]), whose arguments the
+/// application built and [`crate::Tool::write_intent`] wrote as `canonical`: a `Some(None)` the
+/// key cannot tell from `None` ([`KeyError::AmbiguousNull`]), and a whole float an untagged enum
+/// would read back as its integer variant ([`KeyError::AmbiguousNumber`]). `seen` is what that
+/// writing held; nothing is asked unless it held a `Some` written as `null` or a whole float,
+/// and the float check only of argument types whose schema could read one number two ways
+/// (decided once per type). The null check reads the key's own text back, so a tool whose
+/// skipped parameters are required is not checked for it.
+pub(crate) fn typed_call<T: crate::tool::Tool>(
+    tool: &str,
+    parsed: &T::Args,
+    canonical: &[u8],
+    seen: crate::canonical::Seen,
+) -> Option<KeyError> {
+    if seen.some_nulls > 0
+        && let Ok(text) = std::str::from_utf8(canonical)
+        && let Some(path) = null_read_as_some::<T>(tool, Arguments::Text(text), parsed)
+    {
+        return Some(KeyError::AmbiguousNull { path });
+    }
+    if seen.whole_floats && may_read_a_number_two_ways_of::<T::Args>() {
+        let (path, number) = read_back_otherwise::<T>(parsed)?;
+        return Some(KeyError::AmbiguousNumber { path, number });
+    }
+    None
+}
+
+/// [`may_read_a_number_two_ways`] of `A`'s schema, generated once per type in the process.
+fn may_read_a_number_two_ways_of<A: schemars::JsonSchema + 'static>() -> bool {
+    static KNOWN: LazyLock<Mutex<HashMap<TypeId, bool>>> = LazyLock::new(Mutex::default);
+    let id = TypeId::of::<A>();
+    if let Some(&may) = crate::sync::lock(&KNOWN).get(&id) {
+        return may;
+    }
+    // Outside the lock: the schema is the application's code. One that panics cannot be asked
+    // where a number is (its path's schema): not checked.
+    let schema = std::panic::catch_unwind(super::input_schema_for::<A>);
+    let may = matches!(schema, Ok(Value::Object(schema)) if may_read_a_number_two_ways(&schema));
+    crate::sync::lock(&KNOWN).insert(id, may);
+    may
 }
 
 /// Whether a tool's arguments schema could read one number two ways: it holds a union
