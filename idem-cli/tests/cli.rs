@@ -1381,3 +1381,37 @@ async fn postgres_shows_a_record_without_an_end_of_retention() {
     let _ = client.execute("DELETE FROM idem_records WHERE key = $1", &[&key]).await;
     checked.expect("the operator's view");
 }
+
+/// A role whose transactions are read-only by default (`default_transaction_read_only`, a
+/// reporting role) lists and shows the records, but cannot settle them. The writes exited 5
+/// ("unavailable", which scripts retry): it is a configuration, so they exit 2 and say which
+/// setting, and the record is as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_through_a_read_only_role_are_a_configuration_error() {
+    use idem_core::store::{Origin, Outcome};
+    let Some((url, store, client)) = pg_store_and_client().await else { return };
+    let run = unique_run("pg-read-only");
+    let origin = Origin { tool: "refund", tenant: "", run: &run };
+    let key = record_of(&*store, origin, Outcome::Unknown).await;
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let read_only = format!("{url}{sep}options=-c%20default_transaction_read_only%3Don");
+    let checked = tokio::task::spawn_blocking({
+        let key = key.clone();
+        move || {
+            assert_eq!(json(&read_only, &["show", &key])["state"], "unknown", "readable");
+            for args in [
+                &["resolve", &key, "--happened", "{}", "--yes"][..],
+                &["resolve", &key, "--not-happened", "--yes"],
+                &["forget", &key, "--yes"],
+                &["purge", "--expired", "--yes"],
+            ] {
+                let why = exits(&read_only, args, 2);
+                assert!(why.contains("default_transaction_read_only"), "{args:?}: {why}");
+            }
+            assert_eq!(json(&url, &["show", &key])["state"], "unknown", "nothing changed");
+        }
+    })
+    .await;
+    let _ = client.execute("DELETE FROM idem_records WHERE key = $1", &[&key]).await;
+    checked.expect("the read-only role's writes");
+}

@@ -267,8 +267,10 @@ impl PostgresStore {
     /// during claims.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let conn = self.conn().await?;
-        let swept = conn.execute(Sql::Sweep, &[]).await;
-        swept.map_err(pg)
+        match conn.execute(Sql::Sweep, &[]).await {
+            Ok(swept) => Ok(swept),
+            Err(e) => Err(pool::write_refused(&conn, e).await),
+        }
     }
 
     async fn wait_inner(&self, key: &Key, fence: Fence, notify: &Notify) -> Result<(), StoreError> {

@@ -232,7 +232,10 @@ impl PostgresStore {
                     .await
             }
         };
-        Ok(rows.map_err(pg)?.len())
+        match rows {
+            Ok(rows) => Ok(rows.len()),
+            Err(e) => Err(super::pool::write_refused(&conn, e).await),
+        }
     }
 
     /// Removes the record of `key` if its fence and state are as seen. One statement, and a
@@ -252,7 +255,10 @@ impl PostgresStore {
         let params: [(&(dyn ToSql + Sync), Type); 3] =
             [(&k, Type::TEXT), (&f, Type::INT8), (&st, Type::INT2)];
         let conn = self.conn().await?;
-        let row = conn.watch(conn.client.query_typed_one(sql, &params)).await.map_err(pg)?;
+        let row = match conn.watch(conn.client.query_typed_one(sql, &params)).await {
+            Ok(row) => row,
+            Err(e) => return Err(super::pool::write_refused(&conn, e).await),
+        };
         let (removed, present): (bool, bool) =
             (row.try_get(0).map_err(pg)?, row.try_get(1).map_err(pg)?);
         match (removed, present) {

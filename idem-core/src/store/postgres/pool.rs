@@ -166,35 +166,11 @@ impl Source {
 ///
 /// The command line, which opens an existing store to look at it, is not refused.
 async fn refuse_unusable_database(conn: &Conn) -> Result<(), StoreError> {
-    // The simple protocol: one round trip, no statement left behind a PgBouncer.
-    let asked = "SELECT current_setting('server_encoding'), current_database(), \
-                 current_setting('transaction_read_only'), pg_is_in_recovery()";
-    let messages = conn.client.simple_query(asked).await.map_err(pg)?;
-    let Some(row) = messages.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
-        _ => None,
-    }) else {
-        return Ok(());
-    };
-    let field = |i| row.get(i).unwrap_or_default();
-    let (encoding, db, read_only, standby) = (field(0), field(1), field(2), field(3));
-    if standby == "t" {
-        return Err(StoreError::unavailable(format!(
-            "PostgreSQL database {db:?} is on a read-only standby (pg_is_in_recovery), where no \
-             claim can be written: name the primary (a managed database's writer endpoint, not \
-             a reader or replica endpoint; with several hosts in the connection string, add \
-             target_session_attrs=read-write), or open the store again once this server is \
-             promoted"
-        )));
+    let Some(server) = Server::asked(conn).await? else { return Ok(()) };
+    if let Some(refused) = server.read_only() {
+        return Err(refused);
     }
-    if read_only == "on" {
-        return Err(StoreError::InvalidConfig(format!(
-            "PostgreSQL makes the store's transactions in database {db:?} read-only \
-             (default_transaction_read_only is on for its role or database), so no claim can be \
-             written: turn it off for idem's role (ALTER ROLE .. SET \
-             default_transaction_read_only = off)"
-        )));
-    }
+    let Server { encoding, db, .. } = server;
     if encoding.eq_ignore_ascii_case("UTF8") || encoding.eq_ignore_ascii_case("SQL_ASCII") {
         return Ok(());
     }
@@ -205,6 +181,75 @@ async fn refuse_unusable_database(conn: &Conn) -> Result<(), StoreError> {
          idem's tables in a UTF8 database (CREATE DATABASE idem ENCODING 'UTF8' TEMPLATE \
          template0)"
     )))
+}
+
+/// What [`refuse_unusable_database`] asks of the server.
+struct Server {
+    encoding: String,
+    db: String,
+    /// `transaction_read_only` is on: the role's or database's default, or a standby's.
+    read_only: bool,
+    /// `pg_is_in_recovery()`: a hot standby.
+    standby: bool,
+}
+
+impl Server {
+    /// Asks on `conn`; `None` when the server answered no row.
+    async fn asked(conn: &Conn) -> Result<Option<Server>, StoreError> {
+        // The simple protocol: one round trip, no statement left behind a PgBouncer.
+        let asked = "SELECT current_setting('server_encoding'), current_database(), \
+                     current_setting('transaction_read_only'), pg_is_in_recovery()";
+        let messages = conn.client.simple_query(asked).await.map_err(pg)?;
+        Ok(messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => {
+                let field = |i| row.get(i).unwrap_or_default().to_owned();
+                Some(Server {
+                    encoding: field(0),
+                    db: field(1),
+                    read_only: field(2) == "on",
+                    standby: field(3) == "t",
+                })
+            }
+            _ => None,
+        }))
+    }
+
+    /// Why no claim can be written here, if the server's transactions are read-only.
+    fn read_only(&self) -> Option<StoreError> {
+        let db = &self.db;
+        if self.standby {
+            return Some(StoreError::unavailable(format!(
+                "PostgreSQL database {db:?} is on a read-only standby (pg_is_in_recovery), where \
+                 no claim can be written: name the primary (a managed database's writer \
+                 endpoint, not a reader or replica endpoint; with several hosts in the \
+                 connection string, add target_session_attrs=read-write), or open the store \
+                 again once this server is promoted"
+            )));
+        }
+        self.read_only.then(|| {
+            StoreError::InvalidConfig(format!(
+                "PostgreSQL makes the store's transactions in database {db:?} read-only \
+                 (default_transaction_read_only is on for its role or database), so no claim can \
+                 be written: turn it off for idem's role (ALTER ROLE .. SET \
+                 default_transaction_read_only = off)"
+            ))
+        })
+    }
+}
+
+/// The error of a write `conn` sent and the server refused: when refused as read-only, why,
+/// as opening the store for calls would say (a role made read-only is a configuration to fix,
+/// [`StoreError::InvalidConfig`]; a standby is [`StoreError::Unavailable`]). For the operator's
+/// writes, which are sent once: the command line opens a store without that check, so that it
+/// can read a replica.
+pub(super) async fn write_refused(conn: &Conn, e: tokio_postgres::Error) -> StoreError {
+    if !super::conn::read_only(&e) {
+        return pg(e);
+    }
+    match Server::asked(conn).await {
+        Ok(Some(server)) => server.read_only().unwrap_or_else(|| pg(e)),
+        _ => pg(e),
+    }
 }
 
 /// Logs a warning when the server acknowledges commits it can still lose: with
