@@ -175,11 +175,17 @@ pub fn json_line(v: &impl Serialize) -> String {
     text
 }
 
-/// A field from the store as shown: `?` when not stored, `-` when empty, else [`printable`].
+/// A field from the store as shown: `?` when not stored, `-` when empty, else [`printable`],
+/// in quotes when it would not show as what it is: with a space at either end (invisible at the
+/// end of a cell, and two run ids apart by it shown alike), or one of those two marks, or
+/// starting with a quote.
 fn unknown_or(v: Option<&str>) -> String {
     match v {
         None => "?".to_owned(),
         Some("") => "-".to_owned(),
+        Some(s) if s.starts_with([' ', '"']) || s.ends_with(' ') || matches!(s, "-" | "?") => {
+            format!("\"{}\"", printable(s))
+        }
         Some(s) => printable(s).into_owned(),
     }
 }
@@ -375,6 +381,40 @@ mod tests {
             ]
         );
         assert!(!table.contains('\x1b') && !table.contains('\r'), "{table:?}");
+    }
+
+    #[test]
+    fn a_run_id_that_would_show_as_another_is_quoted() {
+        let records = [
+            record('a', "refund", "conv-1 ", completed("{}")),
+            record('b', "refund", "conv-1", completed("{}")),
+            record('c', "-", " conv-1", completed("{}")),
+            record('d', "?", "\"conv-1\"", completed("{}")),
+            record('e', "", "conv 1", completed("{}")),
+        ];
+        let table = table(&records);
+        let cells: Vec<Vec<&str>> = table
+            .lines()
+            .skip(1)
+            .map(|l| l.split("  ").filter(|c| !c.is_empty()).collect())
+            .collect();
+        let shown: Vec<[&str; 2]> = cells.iter().map(|c| [c[1].trim(), c[2].trim()]).collect();
+        assert_eq!(
+            shown,
+            [
+                ["refund", "\"conv-1 \""],
+                ["refund", "conv-1"],
+                ["\"-\"", "\" conv-1\""],
+                ["\"?\"", "\"\"conv-1\"\""],
+                ["-", "conv 1"],
+            ],
+            "{table}"
+        );
+        assert!(
+            detail(&records[0]).contains("run          \"conv-1 \"\n"),
+            "{}",
+            detail(&records[0])
+        );
     }
 
     #[test]

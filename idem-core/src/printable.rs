@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 /// which make two run ids that differ look the same, shift a table's columns, or carry hidden
 /// text; and the other characters Unicode calls default ignorable (`Default_Ignorable_Code_Point`,
 /// 15.1: the combining grapheme joiner, the Hangul fillers, variation selectors), which a terminal
-/// shows as nothing or as a blank.
+/// shows as nothing or as a blank; and the spaces other than the ASCII one, shown as it is.
 fn acts_on_terminal(c: char) -> bool {
     c.is_control()
         || matches!(
@@ -34,6 +34,10 @@ fn acts_on_terminal(c: char) -> bool {
             | '\u{180B}'..='\u{180D}' | '\u{180F}' | '\u{2065}' | '\u{3164}'
             | '\u{FE00}'..='\u{FE0F}' | '\u{FFA0}' | '\u{FFF0}'..='\u{FFF8}'
             | '\u{E0000}' | '\u{E0002}'..='\u{E001F}' | '\u{E0080}'..='\u{E0FFF}'
+            // Spaces other than U+0020 (`Zs`: no-break, en, em, thin, ideographic...), which
+            // show as a space: "a b" and "a\u{a0}b" would be two run ids shown alike.
+            | '\u{00A0}' | '\u{1680}' | '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}'
+            | '\u{3000}'
         )
 }
 
@@ -139,6 +143,8 @@ mod tests {
             "re\\u{34f}fund conv-42\\u{3164}\\u{115f} a\\u{fe0f}"
         );
         assert!(matches!(printable("한글 ㄱ ｱ"), Cow::Borrowed(_)), "visible letters are kept");
+        // Spaces that show as the ASCII one.
+        assert_eq!(printable("a\u{a0}b\u{3000}c\u{2009}"), "a\\u{a0}b\\u{3000}c\\u{2009}");
     }
 
     #[test]
