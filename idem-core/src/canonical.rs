@@ -208,7 +208,8 @@ thread_local! {
 }
 
 /// What the [`canonicalize`] calls on this thread held since the last call of this, and starts
-/// over. Call before and after writing one intent.
+/// over: a gate for a check that reads the arguments again, so that what an unrelated walk
+/// left only asks once more.
 pub(crate) fn take_seen() -> Seen {
     SEEN.try_with(Cell::take).unwrap_or_default()
 }

@@ -173,7 +173,6 @@ impl Run {
             return Err(Error::StoreUnavailable { tool: def.name, source });
         }
         let mut canonical = Vec::with_capacity(256);
-        crate::canonical::take_seen();
         // The arguments' `Serialize` is the caller's code: its panic refuses the call (nothing
         // is claimed yet) as any other failure to write the intent does.
         let written = super::caught::caught(|| T::write_intent(&args, &mut canonical))
@@ -183,6 +182,8 @@ impl Run {
             .and_then(|()| {
                 // Two arguments the tool tells apart written alike: the second would be answered
                 // with the first's outcome (`docs/key-spec.md`, `Some(None)` and whole floats).
+                // What another walk on this thread left unread only asks once more: the check
+                // reads these arguments, and refuses only what they hold.
                 let seen = crate::canonical::take_seen();
                 if checked || (seen.some_nulls == 0 && !seen.whole_floats) {
                     return Ok(());
