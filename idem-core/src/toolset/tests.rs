@@ -931,12 +931,28 @@ async fn an_integer_beyond_its_parameter_type_is_out_of_range_not_a_float() {
             assert!(r.text.contains("nothing was executed"), "{}", r.text);
         }
     }
+    // In range, but a double beyond 2^53 in a parsed value, whose digits may not be the
+    // client's: refused, saying so and how to keep them; the same arguments as text run.
+    for text in [r#"{"w": 18446744073709551617}"#, r#"{"u": 1e19}"#, r#"{"i": -1e18}"#] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        let r = set.call(&run, "widths", &value).await;
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{text}: {}", r.text);
+        for needle in ["beyond 2^53 held as a 64-bit float", "ToolSet::call_text"] {
+            assert!(r.text.contains(needle), "{text}: {} lacks {needle:?}", r.text);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    for text in [r#"{"w": 18446744073709551617}"#, r#"{"u": 1e19}"#, r#"{"i": -1e18}"#] {
+        let r = set.call_text(&run, "widths", text).await;
+        assert!(!r.is_error, "{text}: {}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
     // A number beyond any double: refused with the reason, for any parameter.
     let r = set.call_text(&run, "widths", r#"{"u": 1e400}"#).await;
     assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
     assert!(r.text.contains("number out of range"), "{}", r.text);
     assert!(r.text.contains("largest 64-bit float"), "{}", r.text);
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]
