@@ -469,6 +469,36 @@ async fn a_typed_some_none_below_the_parameters_is_refused_where_none_has_its_ke
     );
 }
 
+static VOTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Records votes by answer.
+#[idem_core::tool(retry = "keyed")]
+async fn record_votes(votes: BTreeMap<bool, u32>) -> Result<u32, Declined> {
+    VOTES.fetch_add(1, Ordering::SeqCst);
+    Ok(votes.values().sum())
+}
+
+/// A map with boolean keys reads from JSON (`{"true": 3}`, as serde_json writes it) but its
+/// key was refused, so every call of the tool failed. Its keys are written as serde_json writes
+/// them: it runs once, and repeats replay, typed or through a tool set.
+#[tokio::test]
+async fn a_map_with_boolean_keys_is_keyed_as_json_writes_it() {
+    let run = Idem::in_memory().run("r");
+    let set = idem_core::ToolSet::new().with(RecordVotesTool).unwrap();
+    let args = serde_json::json!({"votes": {"true": 3, "false": 4}});
+    for _ in 0..2 {
+        let r = set.call(&run, "record_votes", &args).await;
+        assert_eq!(r.content, serde_json::json!(7), "{}", r.text);
+    }
+    let typed = RecordVotesArgs::new(BTreeMap::from([(false, 4), (true, 3)]));
+    assert_eq!(run.call(&RecordVotesTool, typed).await.unwrap(), 7);
+    assert_eq!(VOTES.load(Ordering::SeqCst), 1, "one intent, one run");
+    assert_eq!(
+        to_canonical_string(&BTreeMap::from([(true, 3), (false, 4)])).unwrap(),
+        r#"{"false":4,"true":3}"#
+    );
+}
+
 // ---- Properties. ----
 
 /// Equality of JSON data: numbers compare by value (`4900` and `4900.0` are one number, as in

@@ -28,10 +28,11 @@ pub enum KeyError {
         /// `NaN`, `inf` or `-inf`.
         value: &'static str,
     },
-    /// A map key is neither a string nor an integer (JSON object keys are strings; integers are
-    /// written as their decimal text, as serde_json does).
+    /// A map key is neither a string, an integer nor a boolean (JSON object keys are strings;
+    /// integers are written as their decimal text and booleans as `true` and `false`, as
+    /// serde_json does). A float key is refused: `1.0` and `1` would be one name.
     #[error(
-        "{} is a map whose keys are neither strings nor integers; use string (or integer) keys",
+        "{} is a map whose keys are neither strings, integers nor booleans; use string (or integer) keys",
         describe(path)
     )]
     NonStringKey {
@@ -167,7 +168,7 @@ pub(crate) fn describe(path: &str) -> String {
 ///   they hold.
 ///
 /// Errors: [`KeyError::NonFinite`] for NaN and infinities, [`KeyError::NonStringKey`] for map keys
-/// that are not strings or integers, [`KeyError::DuplicateKey`] when two map keys become the same
+/// that are not strings, integers or booleans, [`KeyError::DuplicateKey`] when two map keys become the same
 /// string or a `RawValue`'s text names a member twice, [`KeyError::InexactNumber`] for a
 /// `RawValue` number the canonical form would round, [`KeyError::UnorderedSet`] when a hash
 /// set is written (its order differs in every copy), [`KeyError::Custom`] when the value's

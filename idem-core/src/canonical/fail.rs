@@ -151,7 +151,9 @@ impl fmt::Display for Fail {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0.kind {
             Kind::NonFinite(v) => write!(f, "{v} has no JSON form"),
-            Kind::NonStringKey => f.write_str("map key is neither a string nor an integer"),
+            Kind::NonStringKey => {
+                f.write_str("map key is neither a string, an integer nor a boolean")
+            }
             Kind::DuplicateKey => f.write_str("duplicate object member"),
             Kind::TooDeep => f.write_str("nested too deep"),
             Kind::UnorderedSet => f.write_str("a hash set, whose order differs in every copy"),

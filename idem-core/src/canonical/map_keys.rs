@@ -1,5 +1,5 @@
-//! Map keys: strings as they are, integers as their decimal text (as serde_json does); anything
-//! else has no unambiguous string form.
+//! Map keys: strings as they are, integers as their decimal text and booleans as `true` and
+//! `false` (as serde_json writes and reads them); anything else has no unambiguous string form.
 
 use std::fmt::{self, Write as _};
 
@@ -67,8 +67,9 @@ impl ser::Serializer for KeySer<'_> {
         write!(Bytes(self.0), "{value}").map_err(ser::Error::custom)
     }
 
-    fn serialize_bool(self, _v: bool) -> Result<(), Fail> {
-        non_string_key()
+    fn serialize_bool(self, v: bool) -> Result<(), Fail> {
+        // A map's keys are of one type, so `true` as a key is never also the string "true".
+        self.serialize_str(if v { "true" } else { "false" })
     }
     fn serialize_f32(self, _v: f32) -> Result<(), Fail> {
         non_string_key()

@@ -253,9 +253,20 @@ fn map_keys_integers_become_decimal_text_others_are_refused() {
         to_canonical_string(&Args { table: bad }),
         Err(KeyError::NonStringKey { path: "table".into() })
     );
-    let mut bools = BTreeMap::new();
-    bools.insert(true, 1);
-    assert_eq!(to_canonical_string(&bools), Err(KeyError::NonStringKey { path: String::new() }));
+    // Booleans as serde_json writes (and reads) them.
+    let bools = BTreeMap::from([(true, 1), (false, 2)]);
+    assert_eq!(canon(&bools), r#"{"false":2,"true":1}"#);
+    // A float key is not: `1.0` and `1` would be one name.
+    struct FloatKeys;
+    impl Serialize for FloatKeys {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_map([(1.0f64, 1)])
+        }
+    }
+    assert_eq!(
+        to_canonical_string(&FloatKeys),
+        Err(KeyError::NonStringKey { path: String::new() })
+    );
 }
 
 #[test]

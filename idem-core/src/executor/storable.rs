@@ -176,7 +176,7 @@ fn canonical<O: Serialize>(output: &O) -> Result<(Vec<u8>, usize), Unstorable> {
                 Unstorable::Other(format!("{} is {value}, which JSON cannot carry", within(&path)))
             }
             KeyError::NonStringKey { path } => Unstorable::Other(format!(
-                "{} is a map whose keys are neither strings nor integers",
+                "{} is a map whose keys are neither strings, integers nor booleans",
                 within(&path)
             )),
             KeyError::DuplicateKey { path } => Unstorable::Other(format!(
