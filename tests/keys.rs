@@ -355,11 +355,22 @@ enum Tip {
     Dollars(f64),
 }
 
+/// The same, its float variant first: JSON reads `5` and `5.0` as `Dollars`, but an
+/// application can build `Cents(5)`, with the key of `Dollars(5.0)`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+enum TipFloatFirst {
+    Dollars(f64),
+    Cents(u64),
+}
+
 /// A payment with its tips.
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 struct Tipping {
     to: String,
     tips: Vec<Tip>,
+    #[serde(default)]
+    extra: Option<TipFloatFirst>,
 }
 
 static TIPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -379,7 +390,8 @@ async fn pay_tips(payment: Tipping, amount: f64) -> Result<String, Declined> {
 #[tokio::test]
 async fn a_typed_whole_float_an_untagged_enum_reads_as_its_integer_is_refused() {
     let run = Idem::in_memory().run("r");
-    let pay = |tips: Vec<Tip>| PayTipsArgs::new(Tipping { to: "ann".into(), tips }, 20.0);
+    let pay =
+        |tips: Vec<Tip>| PayTipsArgs::new(Tipping { to: "ann".into(), tips, extra: None }, 20.0);
     let cents = run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Cents(5)])).await;
     assert_eq!(cents.unwrap(), "ann [Cents(1), Cents(5)] 20");
     for run in [run.clone(), Idem::in_memory().run("fresh")] {
@@ -395,9 +407,21 @@ async fn a_typed_whole_float_an_untagged_enum_reads_as_its_integer_is_refused() 
     assert_eq!(dollars.unwrap(), "ann [Cents(1), Dollars(5.5)] 20");
     let again = run.call(&PayTipsTool, pay(vec![Tip::Cents(1), Tip::Cents(5)])).await;
     assert_eq!(again.unwrap(), "ann [Cents(1), Cents(5)] 20", "replayed");
+    // The float variant first: `Dollars(5.0)` reads back as itself, and is refused all the same.
+    let extra = |extra| PayTipsArgs::new(Tipping { to: "bob".into(), tips: vec![], extra }, 1.0);
+    let cents = run.call(&PayTipsTool, extra(Some(TipFloatFirst::Cents(5)))).await;
+    assert_eq!(cents.unwrap(), "bob [] 1");
+    match run.call(&PayTipsTool, extra(Some(TipFloatFirst::Dollars(5.0)))).await {
+        Err(Error::InvalidArguments {
+            source: KeyError::AmbiguousNumber { path, number }, ..
+        }) => {
+            assert_eq!((path.as_str(), number.as_str()), ("payment.extra", "5.0"));
+        }
+        other => panic!("expected AmbiguousNumber, got {other:?}"),
+    }
     assert_eq!(
         *TIPS.lock().unwrap(),
-        ["ann [Cents(1), Cents(5)] 20", "ann [Cents(1), Dollars(5.5)] 20"],
+        ["ann [Cents(1), Cents(5)] 20", "ann [Cents(1), Dollars(5.5)] 20", "bob [] 1"],
         "the cents ran once, the whole dollars never"
     );
 }

@@ -269,7 +269,7 @@ fn read_back_otherwise<T: crate::tool::Tool>(parsed: &T::Args) -> Option<(String
 /// The checks of this file for a typed call ([`crate::Run::call`]), whose arguments the
 /// application built and [`crate::Tool::write_intent`] wrote as `canonical`: a `Some(None)` the
 /// key cannot tell from `None` ([`KeyError::AmbiguousNull`]), and a whole float an untagged enum
-/// would read back as its integer variant ([`KeyError::AmbiguousNumber`]). `seen` is what that
+/// where its schema also takes an integer ([`KeyError::AmbiguousNumber`]). `seen` is what that
 /// writing held; nothing is asked unless it held a `Some` written as `null` or a whole float,
 /// and the float check only of argument types whose schema could read one number two ways
 /// (decided once per type). The null check reads the key's own text back, so a tool whose
@@ -287,10 +287,39 @@ pub(crate) fn typed_call<T: crate::tool::Tool>(
         return Some(KeyError::AmbiguousNull { path });
     }
     if seen.whole_floats && may_read_a_number_two_ways_of::<T::Args>() {
-        let (path, number) = read_back_otherwise::<T>(parsed)?;
-        return Some(KeyError::AmbiguousNumber { path, number });
+        // Not the read-back a tool set makes: an application can build either variant, so a
+        // whole float there is ambiguous even where its text reads back as itself (a float
+        // variant declared before the integer one).
+        let read = serde_json::to_value(parsed).ok()?;
+        let schema = super::input_schema_for::<T::Args>();
+        let path = whole_float_between(&read, &schema, &mut Vec::new())?;
+        let number = node(&read, &path).map(Value::to_string)?;
+        return Some(KeyError::AmbiguousNumber { path: path_text(&path), number });
     }
     None
+}
+
+/// The first path where `read` holds a whole float and the schema takes an integer and a number
+/// there as two alternatives.
+fn whole_float_between(read: &Value, root: &Value, at: &mut Vec<Step>) -> Option<Vec<Step>> {
+    match read {
+        Value::Number(n) if n.is_f64() && n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+            alternatives_integer_and_number(root, at).then(|| at.clone())
+        }
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            at.push(Step::Index(i));
+            let found = whole_float_between(item, root, at);
+            at.pop();
+            found
+        }),
+        Value::Object(members) => members.iter().find_map(|(name, member)| {
+            at.push(Step::Member(name.clone()));
+            let found = whole_float_between(member, root, at);
+            at.pop();
+            found
+        }),
+        _ => None,
+    }
 }
 
 /// [`may_read_a_number_two_ways`] of `A`'s schema, generated once per type in the process.
