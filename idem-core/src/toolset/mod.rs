@@ -417,13 +417,19 @@ fn read_not_written(read: &Value, written: &Value) -> Option<String> {
     if let (Some(Value::Object(r)), Some(Value::Object(w))) =
         (read.get("properties"), written.get("properties"))
     {
-        // Fewer members written than read: one is skipped (a field read under one name and
-        // written under another, `rename(deserialize = ..)`, is still written).
-        let skipped = w.len() < r.len();
+        // A member read and not written is skipped, unless a member written and not read has
+        // the same schema: one field read under one name and written under another
+        // (`rename(deserialize = ..)`). Paired one for one, so that a member only written
+        // (`skip_deserializing`) does not hide one only read.
+        let mut only_written: Vec<&Value> =
+            w.iter().filter(|(name, _)| !r.contains_key(*name)).map(|(_, sub)| sub).collect();
         for (name, sub) in r {
             let Some(w) = w.get(name) else {
-                if skipped {
-                    return Some(name.clone());
+                match only_written.iter().position(|written| *written == sub) {
+                    Some(renamed) => {
+                        only_written.swap_remove(renamed);
+                    }
+                    None => return Some(name.clone()),
                 }
                 continue;
             };
@@ -431,6 +437,14 @@ fn read_not_written(read: &Value, written: &Value) -> Option<String> {
                 return Some(format!("{name}.{inner}"));
             }
         }
+    }
+    // Maps with integer keys (schemars: `patternProperties`, one pattern per key type).
+    if let (Some(Value::Object(r)), Some(Value::Object(w))) =
+        (read.get("patternProperties"), written.get("patternProperties"))
+        && let Some(found) =
+            r.iter().find_map(|(pattern, r)| w.get(pattern).and_then(|w| read_not_written(r, w)))
+    {
+        return Some(found);
     }
     for keyword in ["anyOf", "oneOf", "allOf", "prefixItems"] {
         if let (Some(Value::Array(r)), Some(Value::Array(w))) =
