@@ -177,6 +177,15 @@ async fn with_own_type(order: Order) -> Result<u64, NoError> {
     Ok(order.cents)
 }
 
+#[tool(retry = "keyed")]
+async fn with_some_null(
+    slots: Vec<Option<Option<String>>>,
+    marks: Option<()>,
+) -> Result<u64, NoError> {
+    let _ = (slots, marks);
+    Ok(0)
+}
+
 #[test]
 fn tool_declares_it_for_standard_types_only() {
     const fn declares<T: Tool>(_: &T) -> bool {
@@ -188,5 +197,8 @@ fn tool_declares_it_for_standard_types_only() {
     assert!(!declares(&WithFloatTool));
     assert!(!declares(&WithSkipTool));
     assert!(!declares(&WithOwnTypeTool));
-    let _ = (standard, with_float, with_skip, with_own_type);
+    // `Some(None)` and `Some(())` are written `null`, and read back as `None`: a retry read its
+    // arguments back and ran a "leave it" where the call sent a "clear it".
+    assert!(!declares(&WithSomeNullTool));
+    let _ = (standard, with_float, with_skip, with_own_type, with_some_null);
 }

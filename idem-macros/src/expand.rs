@@ -609,6 +609,17 @@ fn type_args(args: &syn::AngleBracketedGenericArguments) -> Option<Vec<&Type>> {
         .collect()
 }
 
+/// Whether a value of `ty` may be written `null`: an `Option` or `()`.
+fn writes_null(ty: &Type) -> bool {
+    match ty {
+        Type::Tuple(t) => t.elems.is_empty(),
+        Type::Paren(p) => writes_null(&p.elem),
+        Type::Group(g) => writes_null(&g.elem),
+        Type::Path(tp) => tp.path.segments.last().is_some_and(|s| s.ident == "Option"),
+        _ => false,
+    }
+}
+
 /// [`is_std_data`], or with `exact` [`is_exact_data`].
 fn is_plain_data(ty: &Type, exact: bool) -> bool {
     const SCALARS: &[&str] = &[
@@ -627,6 +638,11 @@ fn is_plain_data(ty: &Type, exact: bool) -> bool {
             match (&segment.arguments, name.as_str()) {
                 (syn::PathArguments::None, "f32" | "f64") => !exact,
                 (syn::PathArguments::None, name) => SCALARS.contains(&name),
+                // `Some` of what is written `null` (an `Option`, `()`) reads back as `None`.
+                (syn::PathArguments::AngleBracketed(args), "Option") if exact => matches!(
+                    type_args(args).as_deref(),
+                    Some([inner]) if !writes_null(inner) && is_plain_data(inner, exact)
+                ),
                 (syn::PathArguments::AngleBracketed(args), "Option" | "Vec") => {
                     matches!(type_args(args).as_deref(), Some([inner]) if is_plain_data(inner, exact))
                 }
