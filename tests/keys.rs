@@ -426,6 +426,33 @@ async fn a_typed_whole_float_an_untagged_enum_reads_as_its_integer_is_refused() 
     );
 }
 
+static TIP_ORDERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Pays tips by order id, with a ledger entry beyond 64 bits beside them.
+#[idem_core::tool(retry = "keyed")]
+async fn tip_orders(tips: BTreeMap<u64, Tip>, ledger: u128) -> Result<u32, Declined> {
+    TIP_ORDERS.fetch_add(1, Ordering::SeqCst);
+    Ok(tips.len() as u32)
+}
+
+/// Where the check could not see the whole float: below a map with integer keys (its schema is
+/// under `patternProperties`), and beside an integer a `serde_json::Value` cannot hold.
+#[tokio::test]
+async fn a_typed_whole_float_below_an_integer_keyed_map_beside_a_wide_integer_is_refused() {
+    let run = Idem::in_memory().run("r");
+    let call = |tip| TipOrdersArgs::new(BTreeMap::from([(7, tip)]), u128::from(u64::MAX) + 1);
+    assert_eq!(run.call(&TipOrdersTool, call(Tip::Cents(5))).await.unwrap(), 1);
+    match run.call(&TipOrdersTool, call(Tip::Dollars(5.0))).await {
+        Err(Error::InvalidArguments {
+            source: KeyError::AmbiguousNumber { path, number }, ..
+        }) => {
+            assert_eq!((path.as_str(), number.as_str()), ("tips.7", "5.0"));
+        }
+        other => panic!("expected AmbiguousNumber, got {other:?}"),
+    }
+    assert_eq!(TIP_ORDERS.load(Ordering::SeqCst), 1, "the dollars were not answered with cents");
+}
+
 /// A ticket update: `description: Some(None)` clears the description, `None` leaves it. Both are
 /// written `null`.
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]

@@ -423,6 +423,34 @@ async fn payout_batch(batch: Batch) -> Result<usize, Declined> {
     Ok(batch.payouts.len())
 }
 
+/// Payouts by id: the memo one level down, below a map whose keys are integers (schemars writes
+/// its values under `patternProperties`).
+#[tool(retry = "keyed")]
+async fn payouts_by_id(
+    payouts: std::collections::BTreeMap<u64, Payout>,
+) -> Result<usize, Declined> {
+    PAYOUTS.fetch_add(1, Ordering::SeqCst);
+    Ok(payouts.len())
+}
+
+/// A payout stamped with a version it writes but never reads: one member only written beside
+/// one only read.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct StampedPayout {
+    to: String,
+    #[serde(skip_serializing, default)]
+    memo: String,
+    #[serde(skip_deserializing, default)]
+    version: u32,
+}
+
+/// Sends a stamped payout.
+#[tool(retry = "keyed")]
+async fn stamped_payout(#[idem(flatten)] p: StampedPayout) -> Result<String, Declined> {
+    PAYOUTS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{} {} {}", p.to, p.memo, p.version))
+}
+
 /// The key is derived from what the arguments write: a member they read but skip when written
 /// made `{"to":"a","memo":"rent"}` and `{"to":"a","memo":"refund"}` one key, and the second
 /// payout was answered with the first's outcome. Such a tool is refused when the set is built,
@@ -432,6 +460,10 @@ async fn a_member_read_but_not_written_keeps_the_tool_out_of_the_set() {
     for (tool, member) in [
         (ToolSet::new().with(PayoutTool).map(drop), "memo"),
         (ToolSet::new().with(PayoutBatchTool).map(drop), "batch.payouts.memo"),
+        // Both were served: the map's values were not compared, and a member only written
+        // made the counts of members read and written equal.
+        (ToolSet::new().with(PayoutsByIdTool).map(drop), "payouts.memo"),
+        (ToolSet::new().with(StampedPayoutTool).map(drop), "memo"),
     ] {
         match tool {
             Err(idem_core::ToolSetError::ReadButNotKeyed { property, .. }) => {
@@ -595,4 +627,126 @@ async fn a_null_read_as_clear_is_refused_beside_many_nulls_and_wide_numbers() {
         assert!(r.text.contains("argument `description` is `Some`"), "{}", r.text);
     }
     assert_eq!(*LEDGER_PATCHES.lock().unwrap(), ["t1: None", "t2: None"], "only the leaves ran");
+}
+
+/// A tip in cents or in dollars, told apart by how the number is written: `5` and `5.0`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+enum Tip {
+    Cents(u64),
+    Dollars(f64),
+}
+
+static TIPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Pays tips by order id, with a ledger entry beside them.
+#[tool(retry = "keyed")]
+async fn pay_tips(
+    tips: std::collections::BTreeMap<u64, Tip>,
+    ledger: Option<u128>,
+) -> Result<String, Declined> {
+    let paid = format!("{tips:?} {ledger:?}");
+    TIPS.lock().unwrap().push(paid.clone());
+    Ok(paid)
+}
+
+/// `5.0` dollars was answered with the outcome of `5` cents in three places the check missed:
+/// a map with integer keys (its values' schema is under `patternProperties`), beside an
+/// integer beyond 64 bits (which a parsed value cannot hold, and the check gave up), and as a
+/// fraction whose double is whole (`4.9999999999999999`, read as 5.0, keyed as 5). Each is
+/// refused, naming where; the cents run once.
+#[tokio::test]
+async fn a_whole_float_an_untagged_enum_reads_as_its_integer_is_refused_wherever_it_is() {
+    let set = ToolSet::new().with(PayTipsTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let wide = "18446744073709551616";
+    for cents in
+        [r#"{"tips":{"7":5}}"#.to_owned(), format!(r#"{{"tips":{{"7":5}},"ledger":{wide}}}"#)]
+    {
+        let r = set.call_text(&run, "pay_tips", &cents).await;
+        assert!(!r.is_error, "{cents}: {}", r.text);
+    }
+    for dollars in [
+        r#"{"tips":{"7":5.0}}"#.to_owned(),
+        format!(r#"{{"tips":{{"7":5.0}},"ledger":{wide}}}"#),
+        r#"{"tips":{"7":4.9999999999999999}}"#.to_owned(),
+        r#"{"tips":{"7":5e0}}"#.to_owned(),
+    ] {
+        let r = set.call_text(&run, "pay_tips", &dollars).await;
+        assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{dollars}: {}", r.text);
+        assert!(r.text.contains("argument `tips.7` is `5.0`"), "{dollars}: {}", r.text);
+    }
+    let r = set.call(&run, "pay_tips", &json!({"tips": {"7": 5.0}})).await;
+    assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{}", r.text);
+    // A fraction that is not whole is dollars, and runs.
+    let r = set.call_text(&run, "pay_tips", r#"{"tips":{"7":5.5}}"#).await;
+    assert!(!r.is_error, "{}", r.text);
+    assert_eq!(
+        *TIPS.lock().unwrap(),
+        [
+            "{7: Cents(5)} None",
+            "{7: Cents(5)} Some(18446744073709551616)",
+            "{7: Dollars(5.5)} None"
+        ],
+        "each intent ran once; no whole dollars ran, or were answered with cents"
+    );
+}
+
+/// A document update whose `description: null` clears it, beside a free-form payload and a
+/// field whose absence reads as a default other than its `null`.
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct DocumentPatch {
+    id: String,
+    #[serde(default, deserialize_with = "present")]
+    description: Option<Option<String>>,
+    #[serde(default)]
+    attributes: serde_json::Value,
+    #[serde(default = "three")]
+    copies: Option<u8>,
+}
+
+fn three() -> Option<u8> {
+    Some(3)
+}
+
+static DOCUMENTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Updates a document.
+#[tool(retry = "keyed")]
+async fn patch_document(#[idem(flatten)] patch: DocumentPatch) -> Result<String, Declined> {
+    let done = format!("{}: {:?}", patch.id, patch.description);
+    DOCUMENTS.lock().unwrap().push(done.clone());
+    Ok(done)
+}
+
+/// The clear was answered with the leave's outcome when the arguments held other `null`s whose
+/// absence changes the key (a free-form payload's, a field defaulting to `Some(3)`) and were
+/// too large to try each `null` alone: those were left out together with the clear, the key
+/// changed, and the clear was never named. Only the `null`s the tool reads as such a `Some` are
+/// asked about now.
+#[tokio::test]
+async fn a_null_read_as_clear_is_refused_beside_nulls_whose_absence_changes_the_key() {
+    let set = ToolSet::new().with(PatchDocumentTool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let attributes: serde_json::Map<String, serde_json::Value> =
+        (0..800).map(|i| (format!("k{i:03}"), serde_json::Value::Null)).collect();
+    let mut large: serde_json::Map<String, serde_json::Value> =
+        (0..10).map(|i| (format!("n{i}"), serde_json::Value::Null)).collect();
+    large.insert("pad".into(), json!("p".repeat(900_000)));
+    for (id, extra) in [("flat", json!(attributes)), ("large", json!(large))] {
+        let leave = json!({"id": id, "attributes": extra, "copies": null});
+        let r = set.call(&run, "patch_document", &leave).await;
+        assert_eq!(r.content, json!(format!("{id}: None")), "{}", r.text);
+        let mut clear = leave.clone();
+        clear["description"] = serde_json::Value::Null;
+        let text = clear.to_string();
+        for r in [
+            set.call(&run, "patch_document", &clear).await,
+            set.call_text(&run, "patch_document", &text).await,
+        ] {
+            assert_eq!(r.content["error"]["kind"], "invalid_arguments", "{id}: {}", r.text);
+            assert!(r.text.contains("argument `description` is `Some`"), "{id}: {}", r.text);
+        }
+    }
+    assert_eq!(*DOCUMENTS.lock().unwrap(), ["flat: None", "large: None"], "only the leaves ran");
 }

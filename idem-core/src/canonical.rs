@@ -226,10 +226,28 @@ pub(crate) fn canonicalize_counting<T: Serialize + ?Sized>(
     canonicalize_with(value, out, false).map(|seen| seen.some_nulls)
 }
 
+/// The canonical text of `value` with each `Some` written as `null` written as
+/// [`SOME_NULL_MARK`] instead: read as JSON, the places of the `Some(None)`s, which the text
+/// proper cannot tell from `None`.
+pub(crate) fn with_some_nulls_marked<T: Serialize + ?Sized>(value: &T) -> Result<String, KeyError> {
+    let mut out = Vec::new();
+    canonicalize_marking(value, &mut out, false, true)?;
+    String::from_utf8(out).map_err(|e| KeyError::Custom(e.to_string()))
+}
+
 fn canonicalize_with<T: Serialize + ?Sized>(
     value: &T,
     out: &mut Vec<u8>,
     refuse_sets: bool,
+) -> Result<Seen, KeyError> {
+    canonicalize_marking(value, out, refuse_sets, false)
+}
+
+fn canonicalize_marking<T: Serialize + ?Sized>(
+    value: &T,
+    out: &mut Vec<u8>,
+    refuse_sets: bool,
+    mark_some_nulls: bool,
 ) -> Result<Seen, KeyError> {
     let mark = out.len();
     let mut canon = Canon {
@@ -241,6 +259,7 @@ fn canonicalize_with<T: Serialize + ?Sized>(
         some_nulls: 0,
         whole_floats: false,
         refuse_sets,
+        mark_some_nulls,
     };
     let mut result = value.serialize(&mut canon);
     if result.is_ok() && canon.depth != 0 {
@@ -277,4 +296,5 @@ use fail::*;
 use leaves::*;
 use map_keys::*;
 pub(crate) use plain::write_plain;
+pub(crate) use serializer::SOME_NULL_MARK;
 use serializer::*;

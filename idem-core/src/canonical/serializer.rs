@@ -33,7 +33,14 @@ pub(super) struct Canon<'o> {
     /// Whether a hash set is refused ([`unordered_seq`]): writing an intent, whose key must be
     /// the same for every copy of the same arguments.
     pub(super) refuse_sets: bool,
+    /// Whether a `Some` written as `null` is written as [`SOME_NULL_MARK`] instead, to find
+    /// where the value holds one ([`super::some_null_paths`]).
+    pub(super) mark_some_nulls: bool,
 }
+
+/// What a `Some` written as `null` is written as when they are marked: a string no JSON text
+/// is likely to hold. One that does is only asked about as well.
+pub(crate) const SOME_NULL_MARK: &str = "\u{0}idem:Some(null)\u{0}";
 
 /// Whether a sequence of type `name` (`std::any::type_name` of what `collect_seq` was given)
 /// lists its elements in an order that differs between two copies of one value: the standard
@@ -257,6 +264,10 @@ impl<'a, 'o> ser::Serializer for &'a mut Canon<'o> {
         self.wrapped(value)?;
         if self.out.get(at..) == Some(b"null") {
             self.some_nulls += 1;
+            if self.mark_some_nulls {
+                self.out.truncate(at);
+                write_str(self.out, SOME_NULL_MARK.as_bytes());
+            }
         }
         Ok(())
     }

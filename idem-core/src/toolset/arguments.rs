@@ -618,8 +618,20 @@ fn float_in(value: &mut Value, refused: Refused) -> Option<&mut Value> {
 /// whole number not written as an integer and may be the refused one.
 pub(super) fn float_token_in(
     text: &str,
-    (start, end): (usize, usize),
+    range: (usize, usize),
     refused: Refused,
+) -> Option<(usize, usize)> {
+    number_token_in(text, range, |token| {
+        integer_text(token).is_some() && token.parse().is_ok_and(|f| refused.is(f))
+    })
+}
+
+/// The byte range of the first number token within `range` of `text` (valid JSON) for which
+/// `wanted` holds; strings are passed over.
+pub(super) fn number_token_in(
+    text: &str,
+    (start, end): (usize, usize),
+    wanted: impl Fn(&str) -> bool,
 ) -> Option<(usize, usize)> {
     let bytes = &text.as_bytes()[..end];
     let mut i = start;
@@ -639,8 +651,7 @@ pub(super) fn float_token_in(
                 {
                     i += 1;
                 }
-                let token = &text[from..i];
-                if integer_text(token).is_some() && token.parse().is_ok_and(|f| refused.is(f)) {
+                if wanted(&text[from..i]) {
                     return Some((from, i));
                 }
             }

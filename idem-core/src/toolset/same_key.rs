@@ -26,9 +26,12 @@ use crate::json_text;
 /// digits), and compared: the same key with fewer such `Some`s means the two are told apart by
 /// the tool but not by the key.
 ///
-/// Each `null` is tried alone while the reads stay within [`REPAIR_BYTES`] (so one request
-/// with megabytes of `null`s cannot cost a read per member); those left are then left out
-/// together, and when that shows one, halved until one is named. Arguments that read
+/// Only the `null`s where the tool holds such a `Some` are asked about (the arguments written
+/// with each marked): leaving out another (a `Value`'s, one whose absence reads as a default)
+/// changes the key, and among those left out together would hide the one asked about. Each is
+/// tried alone while the reads stay within [`REPAIR_BYTES`] (so one request with megabytes of
+/// them cannot cost a read per member); those left are then left out together, and when that
+/// shows one, halved until one is named. Arguments that read
 /// differently without a `null` in a way the key tells apart, or not at all, are not refused.
 pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     tool: &str,
@@ -62,6 +65,17 @@ pub(super) fn null_read_as_some<T: crate::tool::Tool>(
     }
     let mut nulls = Vec::new();
     null_members(value, &mut Vec::new(), &mut nulls);
+    // Only the `null`s where the tool holds such a `Some` are asked about: the others (a
+    // `Value`'s, one whose absence reads as a default) change the key when left out, and
+    // would hide the one asked about among them. Where none is found at a `null`'s path (a
+    // member read under another name than it is written), every `null` is asked about.
+    if let Some(marked) = some_null_paths(parsed) {
+        let at_some: Vec<Vec<Step>> =
+            nulls.iter().filter(|path| marked.contains(path)).cloned().collect();
+        if !at_some.is_empty() {
+            nulls = at_some;
+        }
+    }
     let mut key = Vec::new();
     T::write_intent(parsed, &mut key).ok()?;
     // Whether the arguments without the members at `paths` read as arguments of the same key
@@ -199,6 +213,31 @@ fn null_members(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
     }
 }
 
+/// The paths where `parsed` holds a `Some` written as `null`, as its canonical text names them.
+fn some_null_paths<A: serde::Serialize>(parsed: &A) -> Option<Vec<Vec<Step>>> {
+    fn walk(value: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+        match value {
+            Value::String(s) if s == crate::canonical::SOME_NULL_MARK => out.push(at.clone()),
+            Value::Object(members) => members.iter().for_each(|(name, member)| {
+                at.push(Step::Member(name.clone()));
+                walk(member, at, out);
+                at.pop();
+            }),
+            Value::Array(items) => items.iter().enumerate().for_each(|(i, item)| {
+                at.push(Step::Index(i));
+                walk(item, at, out);
+                at.pop();
+            }),
+            _ => {}
+        }
+    }
+    let marked = crate::canonical::with_some_nulls_marked(parsed).ok()?;
+    let marked: Value = serde_json::from_str(&marked).ok()?;
+    let mut out = Vec::new();
+    walk(&marked, &mut Vec::new(), &mut out);
+    Some(out)
+}
+
 /// Removes the object member at `path` (its last step names it).
 fn remove_at(value: &mut Value, path: &[Step]) -> Option<()> {
     let (last, parents) = path.split_last()?;
@@ -248,14 +287,14 @@ pub(super) fn float_keyed_as_integer<T: crate::tool::Tool>(
 fn read_back_otherwise<T: crate::tool::Tool>(parsed: &T::Args) -> Option<(String, String)> {
     // A whole number read as an integer (an integer parameter, the repair of `arguments.rs`)
     // reads back as itself: only one the tool holds as a float is asked about.
-    let read = serde_json::to_value(parsed).ok()?;
+    let read = as_json(parsed)?;
     if !holds_whole_float(&read) {
         return None;
     }
     let mut canonical = Vec::new();
     crate::canonical::canonicalize(parsed, &mut canonical).ok()?;
     let back: T::Args = serde_json::from_slice(&canonical).ok()?;
-    let keyed = serde_json::to_value(&back).ok()?;
+    let keyed = as_json(&back)?;
     if read == keyed {
         return None;
     }
@@ -290,7 +329,7 @@ pub(crate) fn typed_call<T: crate::tool::Tool>(
         // Not the read-back a tool set makes: an application can build either variant, so a
         // whole float there is ambiguous even where its text reads back as itself (a float
         // variant declared before the integer one).
-        let read = serde_json::to_value(parsed).ok()?;
+        let read = as_json(parsed)?;
         let schema = super::input_schema_for::<T::Args>();
         let path = whole_float_between(&read, &schema, &mut Vec::new())?;
         let number = node(&read, &path).map(Value::to_string)?;
@@ -337,6 +376,15 @@ fn may_read_a_number_two_ways_of<A: schemars::JsonSchema + 'static>() -> bool {
     may
 }
 
+/// `value` as a JSON value, through its text when `to_value` refuses it: a `Value` holds an
+/// integer beyond 64 bits only as a double, and such a number beside the one asked about must
+/// not end the check (it is compared as that double on both sides).
+fn as_json<T: serde::Serialize>(value: &T) -> Option<Value> {
+    serde_json::to_value(value)
+        .ok()
+        .or_else(|| serde_json::from_str(&serde_json::to_string(value).ok()?).ok())
+}
+
 /// Whether a tool's arguments schema could read one number two ways: it holds a union
 /// (`anyOf`, `oneOf`) of two or more branches that are not `null`, and names both the types
 /// `integer` and `number`. Without both, [`float_keyed_as_integer`] can find nothing, so a tool
@@ -380,10 +428,16 @@ pub(super) fn may_read_a_number_two_ways(schema: &Map<String, Value>) -> bool {
     seen.union && seen.integer && seen.number
 }
 
-/// Whether `text` (JSON) holds a number token that is whole but not written as an integer.
+/// Whether `text` (JSON) holds a number token not written as an integer whose double is whole:
+/// `5.0` and `1e3`, and also `4.9999999999999999` and `1e-400`, which read as the doubles `5`
+/// and `0`, and are keyed as those integers.
 fn holds_whole_float_token(text: &str) -> bool {
-    super::arguments::float_token_in(text, (0, text.len()), super::arguments::Refused::AnyWhole)
-        .is_some()
+    super::arguments::number_token_in(text, (0, text.len()), |token| {
+        // `-0` too: serde_json reads it as a float, to keep its sign.
+        (token.contains(['.', 'e', 'E']) || token == "-0")
+            && token.parse::<f64>().is_ok_and(|f| f.is_finite() && f.fract() == 0.0)
+    })
+    .is_some()
 }
 
 /// Whether `value` holds a whole number read as a float. Recursive: the arguments were checked
@@ -480,16 +534,27 @@ fn schemas_at<'s>(
         out.push(schema);
         return;
     };
-    let next = match step {
-        Step::Member(name) => schema
-            .get("properties")
-            .and_then(|p| p.get(name.as_str()))
-            .or_else(|| schema.get("additionalProperties")),
-        Step::Index(i) => {
-            schema.get("prefixItems").and_then(|p| p.get(*i)).or_else(|| schema.get("items"))
-        }
+    let next: Vec<&Value> = match step {
+        Step::Member(name) => match schema.get("properties").and_then(|p| p.get(name.as_str())) {
+            Some(member) => vec![member],
+            // A map's value: under `additionalProperties`, or, for integer keys, a pattern
+            // (every pattern's schema is taken: erring towards two alternatives).
+            None => schema
+                .get("patternProperties")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|patterns| patterns.values())
+                .chain(schema.get("additionalProperties"))
+                .collect(),
+        },
+        Step::Index(i) => schema
+            .get("prefixItems")
+            .and_then(|p| p.get(*i))
+            .or_else(|| schema.get("items"))
+            .into_iter()
+            .collect(),
     };
-    if let Some(next) = next {
+    for next in next {
         schemas_at(root, next, rest, refs, out);
     }
 }
