@@ -432,6 +432,7 @@ static TIP_ORDERS: AtomicUsize = AtomicUsize::new(0);
 #[idem_core::tool(retry = "keyed")]
 async fn tip_orders(tips: BTreeMap<u64, Tip>, ledger: u128) -> Result<u32, Declined> {
     TIP_ORDERS.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(ledger, u128::from(u64::MAX) + 1, "the ledger entry as sent");
     Ok(tips.len() as u32)
 }
 
