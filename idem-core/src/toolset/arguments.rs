@@ -746,11 +746,20 @@ fn quoted_as_sent(said: String, text: &str, sent: Option<(usize, usize)>) -> Str
 
 /// "invalid arguments for `tool`: <said>; nothing was executed, ..." for a [`refusal`].
 fn arguments_refused(tool: &str, said: &str) -> String {
+    if said.contains(NO_WIDE_INTEGERS) {
+        return format!(
+            "invalid arguments for `{tool}`: {said}; nothing was executed, and no arguments \
+             can be (the tool's argument type must change)"
+        );
+    }
     format!(
         "invalid arguments for `{tool}`: {said}; nothing was executed, fix the arguments and \
          call again"
     )
 }
+
+/// The words of [`refusal`] for a `u128` or `i128` that serde cannot read where it is.
+const NO_WIDE_INTEGERS: &str = "holds no 128-bit integers";
 
 /// "field `a.b`: <what serde said>", a number out of range said as such ([`out_of_range`]).
 fn refusal<E: Display>(e: &serde_path_to_error::Error<E>) -> String {
@@ -771,6 +780,18 @@ fn refusal<E: Display>(e: &serde_path_to_error::Error<E>) -> String {
                     msg,
                     "the number is out of range for the parameter's type (an f32 holds \
                      magnitudes up to about 3.4e38, an f64 up to about 1.8e308){rest}"
+                );
+            }
+            // serde's default for a deserializer without 128-bit integers: the buffer serde
+            // reads an internally tagged or untagged enum, or a flattened field, through.
+            None if matches!(inner, "u128 is not supported" | "i128 is not supported") => {
+                let ty = &inner[..4];
+                let _ = write!(
+                    msg,
+                    "a {ty} cannot be read here, whatever the number: serde reads an internally \
+                     tagged or untagged enum, or a flattened field, through a buffer that \
+                     {NO_WIDE_INTEGERS}; make the enum externally or adjacently tagged, or the \
+                     field a 64-bit integer or a string"
                 );
             }
             None => msg.push_str(inner),

@@ -867,6 +867,44 @@ async fn an_output_the_executor_stored_is_not_checked_again() {
     assert_eq!(SERIALIZED.load(Ordering::SeqCst), 3);
 }
 
+/// A ledger operation whose id is a `u128`, inside an internally tagged enum.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind")]
+enum LedgerOp {
+    Transfer { id: u128 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+struct LedgerOpArgs {
+    op: LedgerOp,
+}
+
+/// serde reads an internally tagged enum through a buffer without 128-bit integers, so even
+/// `1` is refused there. The refusal said "u128 is not supported; fix the arguments and call
+/// again", which no caller can do: it says that the type must change, and nothing runs.
+#[tokio::test]
+async fn a_wide_integer_serde_cannot_read_where_it_is_says_the_type_must_change() {
+    fn op(_: &LedgerOpArgs, _: u32) -> Result<Value, PayError> {
+        Ok(json!({}))
+    }
+    let tool = fake("ledger_op", RetryClass::Keyed, op);
+    let runs = tool.runs.clone();
+    let set = ToolSet::new().with(tool).unwrap();
+    let run = Idem::in_memory().run("r");
+    let args = json!({"op": {"kind": "Transfer", "id": 1}});
+    for r in [
+        set.call(&run, "ledger_op", &args).await,
+        set.call_text(&run, "ledger_op", &args.to_string()).await,
+    ] {
+        assert_eq!(r.error_kind, Some(ErrorKind::InvalidArguments), "{}", r.text);
+        assert!(r.text.contains("a u128 cannot be read here, whatever the number"), "{}", r.text);
+        assert!(r.text.contains("externally or adjacently tagged"), "{}", r.text);
+        assert!(r.text.contains("the tool's argument type must change"), "{}", r.text);
+        assert!(!r.text.contains("fix the arguments"), "{}", r.text);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 struct WidthArgs {
     u: Option<u64>,
