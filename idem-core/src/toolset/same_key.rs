@@ -1,7 +1,7 @@
 //! Arguments that two calls the tool tells apart would send under one key: the key is the
 //! canonical text of what the arguments write (RFC 8785), and JSON writes some values the tool
 //! reads as different ones alike. Checked on a tool set, where the arguments come as JSON, after
-//! they are read and before anything is claimed.
+//! they are read and before anything is claimed, and on a typed call once its key is written.
 
 use std::any::TypeId;
 use std::collections::{BTreeMap, HashMap};
@@ -307,12 +307,13 @@ fn read_back_otherwise<T: crate::tool::Tool>(parsed: &T::Args) -> Option<(String
 
 /// The checks of this file for a typed call ([`crate::Run::call`]), whose arguments the
 /// application built and [`crate::Tool::write_intent`] wrote as `canonical`: a `Some(None)` the
-/// key cannot tell from `None` ([`KeyError::AmbiguousNull`]), and a whole float an untagged enum
-/// where its schema also takes an integer ([`KeyError::AmbiguousNumber`]). `seen` is what that
+/// key cannot tell from `None` ([`KeyError::AmbiguousNull`]), and a whole float where the
+/// schema also takes an integer, as an untagged enum's ([`KeyError::AmbiguousNumber`]). `seen` is what that
 /// writing held; nothing is asked unless it held a `Some` written as `null` or a whole float,
 /// and the float check only of argument types whose schema could read one number two ways
-/// (decided once per type). The null check reads the key's own text back, so a tool whose
-/// skipped parameters are required is not checked for it.
+/// (decided once per type). The null check reads the key's own text back, so arguments whose
+/// text does not read back (a skipped parameter that is required, a member written with
+/// `skip_serializing_if` and read without `default`) are not checked for it.
 pub(crate) fn typed_call<T: crate::tool::Tool>(
     tool: &str,
     parsed: &T::Args,
