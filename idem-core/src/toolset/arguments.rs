@@ -320,6 +320,26 @@ fn repaired_value<A: DeserializeOwned>(
             _ => None,
         };
         let Some(f) = f.filter(|f| f.fract() == 0.0 && f.abs() < EXACT) else {
+            // In the integer's range, but where a double may be a neighbour of the integer
+            // written: what reached the tool set was a double, not the client's digits.
+            let ty = said
+                .split_once("`, expected ")
+                .map(|(_, t)| t)
+                .filter(|t| INTEGER_TYPES.iter().any(|(name, ..)| t.ends_with(name)));
+            if let (Some(whole), Some(ty)) = (f.filter(|f| f.fract() == 0.0), ty)
+                && out_of_range(&said).is_none()
+            {
+                let at = path.to_string();
+                let field = if at == "." { String::new() } else { format!("field `{at}`: ") };
+                return Repaired::Refused(Some(format!(
+                    "{field}the number `{}` for {ty} is a whole number beyond 2^53 held as a \
+                     64-bit float, which may differ from the integer the client wrote in its \
+                     last digits; send it as an integer (digits only, no fraction or exponent); \
+                     a parsed JSON value holds every integer beyond 64 bits as such a float: \
+                     pass the arguments as text (`ToolSet::call_text`) to keep its digits",
+                    Value::from(whole)
+                )));
+            }
             return refused(&latest);
         };
         if repairs == most {
@@ -864,20 +884,8 @@ fn out_of_range(said: &str) -> Option<String> {
         // serde_json reads an integer literal of at most 64 bits as an integer, so a double at
         // -2^63 for a type of 64 bits or more is a literal below it, rounded up onto the bound.
         let edge = signed && bits >= 64 && value == below;
-        if whole && (value < below || value >= above || edge) {
-            return Some(format!("the number is out of range for {what} ({range})"));
-        }
-        // In range, but where a double may be a neighbour of the integer written (see
-        // `repaired_value`): what reached the tool set was a double, never the client's digits.
-        return (whole && value.abs() >= 9_007_199_254_740_992.0).then(|| {
-            format!(
-                "the number `{float}` for {what} is a whole number beyond 2^53 held as a 64-bit \
-                 float, which may differ from the integer the client wrote in its last digits; \
-                 send it as an integer (digits only, no fraction or exponent); a parsed JSON \
-                 value holds every integer beyond 64 bits as such a float: pass the arguments \
-                 as text (`ToolSet::call_text`) to keep its digits"
-            )
-        });
+        return (whole && (value < below || value >= above || edge))
+            .then(|| format!("the number is out of range for {what} ({range})"));
     }
     let integer = found.strip_prefix("invalid value: integer `")?;
     let value: i128 = integer.parse().ok()?;
