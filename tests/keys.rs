@@ -337,16 +337,6 @@ async fn a_nan_argument_is_invalid_and_the_tool_never_runs() {
 
 // ---- Typed calls: two values the tool tells apart, written alike. ----
 
-#[derive(Debug, Serialize, Deserialize, thiserror::Error)]
-#[error("declined")]
-struct Declined;
-
-impl Classify for Declined {
-    fn classify(&self) -> Failure {
-        Failure::permanent()
-    }
-}
-
 /// A tip in cents or in dollars, told apart by how the number is written: `5` and `5.0`.
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
@@ -377,7 +367,7 @@ static TIPS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 /// Pays the tips.
 #[idem_core::tool(retry = "keyed")]
-async fn pay_tips(payment: Tipping, amount: f64) -> Result<String, Declined> {
+async fn pay_tips(payment: Tipping, amount: f64) -> Result<String, idem_core::NoError> {
     let paid = format!("{} {:?} {amount}", payment.to, payment.tips);
     TIPS.lock().unwrap().push(paid.clone());
     Ok(paid)
@@ -430,7 +420,7 @@ static TIP_ORDERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Pays tips by order id, with a ledger entry beyond 64 bits beside them.
 #[idem_core::tool(retry = "keyed")]
-async fn tip_orders(tips: BTreeMap<u64, Tip>, ledger: u128) -> Result<u32, Declined> {
+async fn tip_orders(tips: BTreeMap<u64, Tip>, ledger: u128) -> Result<u32, idem_core::NoError> {
     TIP_ORDERS.fetch_add(1, Ordering::SeqCst);
     assert_eq!(ledger, u128::from(u64::MAX) + 1, "the ledger entry as sent");
     Ok(tips.len() as u32)
@@ -475,7 +465,7 @@ static PATCHES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new()
 
 /// Updates a ticket.
 #[idem_core::tool(retry = "keyed")]
-async fn patch_ticket(patch: TicketPatch) -> Result<String, Declined> {
+async fn patch_ticket(patch: TicketPatch) -> Result<String, idem_core::NoError> {
     let done = format!("{}: {:?}", patch.id, patch.description);
     PATCHES.lock().unwrap().push(done.clone());
     Ok(done)
@@ -483,7 +473,7 @@ async fn patch_ticket(patch: TicketPatch) -> Result<String, Declined> {
 
 /// Updates a ticket, `None` left out of the key.
 #[idem_core::tool(retry = "keyed")]
-async fn patch_ticket_skipping(patch: TicketPatchSkipping) -> Result<String, Declined> {
+async fn patch_ticket_skipping(patch: TicketPatchSkipping) -> Result<String, idem_core::NoError> {
     let done = format!("{}: {:?}", patch.id, patch.description);
     PATCHES.lock().unwrap().push(done.clone());
     Ok(done)
@@ -525,7 +515,7 @@ static VOTES: AtomicUsize = AtomicUsize::new(0);
 
 /// Records votes by answer.
 #[idem_core::tool(retry = "keyed")]
-async fn record_votes(votes: BTreeMap<bool, u32>) -> Result<u32, Declined> {
+async fn record_votes(votes: BTreeMap<bool, u32>) -> Result<u32, idem_core::NoError> {
     VOTES.fetch_add(1, Ordering::SeqCst);
     Ok(votes.values().sum())
 }

@@ -123,21 +123,21 @@ impl Run {
         tool: &T,
         args: T::Args,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
-        let mut report = None;
-        let result = self.call_into(tool, args, Some(&mut report), false).await;
-        (result, report)
+        self.call_reported_checked(tool, args, false).await
     }
 
-    /// [`Run::call_reported`] of arguments a [`crate::ToolSet`] read from JSON and checked for
-    /// a key they would share with other arguments (`toolset/same_key.rs`) from the JSON the
-    /// client sent: not asked again from the key's text.
-    pub(crate) async fn call_checked_reported<T: Tool>(
+    /// [`Run::call_reported`]; `checked`: the arguments were read from JSON by a
+    /// [`crate::ToolSet`], which checked them for a key they would share with other arguments
+    /// (`toolset/same_key.rs`) from the JSON the client sent, so that is not asked again from
+    /// the key's text.
+    pub(crate) async fn call_reported_checked<T: Tool>(
         &self,
         tool: &T,
         args: T::Args,
+        checked: bool,
     ) -> (Result<T::Output, Error<T::Error>>, Option<CallReport>) {
         let mut report = None;
-        let result = self.call_into(tool, args, Some(&mut report), true).await;
+        let result = self.call_into(tool, args, Some(&mut report), checked).await;
         (result, report)
     }
 

@@ -313,7 +313,7 @@ async fn dispatch_typed<T: Tool>(
         let e = crate::Error::<T::Error>::InvalidArguments { tool: def.name, source };
         return result::error_result(def, &e, cx);
     }
-    let (result, report) = run.call_checked_reported(tool, parsed).await;
+    let (result, report) = run.call_reported_checked(tool, parsed, true).await;
     // The executor checked an output it stored: checking again would walk it 3 times more.
     let checked = report.as_ref().is_some_and(|r| r.output_checked);
     let out = match result {
