@@ -322,10 +322,7 @@ fn repaired_value<A: DeserializeOwned>(
         let Some(f) = f.filter(|f| f.fract() == 0.0 && f.abs() < EXACT) else {
             // In the integer's range, but where a double may be a neighbour of the integer
             // written: what reached the tool set was a double, not the client's digits.
-            let ty = said
-                .split_once("`, expected ")
-                .map(|(_, t)| t)
-                .filter(|t| INTEGER_TYPES.iter().any(|(name, ..)| t.ends_with(name)));
+            let ty = expected_integer(&said).map(|(_, ty, ..)| ty);
             if let (Some(whole), Some(ty)) = (f.filter(|f| f.fract() == 0.0), ty)
                 && out_of_range(&said).is_none()
             {
@@ -847,6 +844,16 @@ const INTEGER_TYPES: [(&str, bool, u32); 12] = [
     ("isize", true, isize::BITS),
 ];
 
+/// serde's refusal of a value for an integer type, split: what it found (`invalid type:
+/// floating point `5.5`), the type as serde named it (`u64`, `a nonzero u64`), and whether
+/// that type is signed and its width in bits. `None` for a refusal that expects anything else.
+fn expected_integer(said: &str) -> Option<(&str, &str, bool, u32)> {
+    let (found, expected) = said.split_once("`, expected ")?;
+    let ty = expected.strip_prefix("a nonzero ").unwrap_or(expected);
+    let &(_, signed, bits) = INTEGER_TYPES.iter().find(|(name, _, _)| *name == ty)?;
+    Some((found, expected, signed, bits))
+}
+
 /// serde's refusal of a number too large or too small for an integer parameter, said as that:
 /// "the number 300 is out of range for u8 (an integer from 0 to 255)". `None` for every other
 /// error, which is then shown as serde wrote it.
@@ -859,10 +866,9 @@ const INTEGER_TYPES: [(&str, bool, u32); 12] = [
 /// message. The forms matched are serde's and serde_json's (`invalid type: floating point `x`,
 /// expected T`, `invalid value: integer `n`, expected T`); the unit tests pin them.
 fn out_of_range(said: &str) -> Option<String> {
-    let (found, expected) = said.split_once("`, expected ")?;
+    let (found, expected, signed, bits) = expected_integer(said)?;
     let nonzero = expected.strip_prefix("a nonzero ");
     let ty = nonzero.unwrap_or(expected);
-    let &(_, signed, bits) = INTEGER_TYPES.iter().find(|(name, _, _)| *name == ty)?;
     // The range as text, and its bounds as doubles (powers of two, exact).
     let (min, max) = match (signed, bits) {
         (false, 128) => ("0".to_owned(), u128::MAX.to_string()),
