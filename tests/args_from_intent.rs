@@ -202,3 +202,23 @@ fn tool_declares_it_for_standard_types_only() {
     assert!(!declares(&WithSomeNullTool));
     let _ = (standard, with_float, with_skip, with_own_type, with_some_null);
 }
+
+static SLOT_ATTEMPTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Sets or clears slots (`Some(None)` clears one); busy on its first attempt.
+#[tool(retry = "keyed")]
+async fn set_slots(slots: Vec<Option<Option<String>>>) -> Result<usize, Busy> {
+    let mut seen = SLOT_ATTEMPTS.lock().unwrap();
+    seen.push(format!("{slots:?}"));
+    if seen.len() == 1 { Err(Busy) } else { Ok(seen.len()) }
+}
+
+/// The retry of a call whose slots hold a `Some(None)` ran with that slot read back from the
+/// intent as `None`: a "leave" where the call sent a "clear". Both attempts get the caller's.
+#[tokio::test(start_paused = true)]
+async fn a_retry_gets_the_callers_some_none_not_what_the_intent_reads_back_as() {
+    let run = Idem::in_memory().run("r");
+    let done = run.call(&SetSlotsTool, SetSlotsArgs::new(vec![Some(None), None])).await;
+    assert_eq!(done.unwrap(), 2, "the second attempt answered");
+    assert_eq!(*SLOT_ATTEMPTS.lock().unwrap(), ["[Some(None), None]", "[Some(None), None]"]);
+}
